@@ -1,0 +1,206 @@
+"""Input validation and access: one place that turns what users hand us into row blocks.
+
+Accepted: NumPy arrays and memory maps, torch tensors (CPU or GPU), anything with DLPack
+(CuPy, JAX, ...), array-likes that support row slicing (``h5py.Dataset``), and nested lists.
+Large inputs are never copied whole: memory maps and datasets are read block by block.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+__all__ = ["InputArray", "as_input", "SUPPORTED_DTYPES", "check_finite"]
+
+#: dtypes knng computes with (all converted to float32 for the screen, float64 for exact).
+SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
+)
+_NUMPY_TO_TORCH = {
+    np.dtype(np.float16): torch.float16,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+    np.dtype(np.uint8): torch.uint8,
+    np.dtype(np.int8): torch.int8,
+}
+
+
+@dataclass
+class InputArray:
+    """A validated 2-D input, readable in row blocks without loading it whole.
+
+    Attributes
+    ----------
+    name : str
+        The argument name, used in error messages.
+    kind : {"numpy", "torch", "dlpack", "rows"}
+        What the user handed in; decides the kind of the output.
+    shape : tuple of int
+        (rows, dimension).
+    dtype : torch.dtype
+        Element type as torch sees it.
+    device : torch.device
+        Where the data lives (CPU for NumPy, memory maps and datasets).
+    """
+
+    name: str
+    kind: str
+    shape: tuple[int, int]
+    dtype: torch.dtype
+    device: torch.device
+    tensor: torch.Tensor | None = None  # whole data as a tensor, when it is in memory
+    source: Any = field(default=None, repr=False)  # lazy row source (memmap, h5py.Dataset)
+    bf16_view: bool = False  # NumPy bfloat16 (ml_dtypes) stored as uint16
+
+    @property
+    def n(self) -> int:
+        """Number of vectors."""
+        return self.shape[0]
+
+    @property
+    def d(self) -> int:
+        """Dimension."""
+        return self.shape[1]
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether the whole input is a tensor already (no disk reads needed)."""
+        return self.tensor is not None
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` as a tensor on the input's own device."""
+        if self.tensor is not None:
+            return self.tensor[start:stop]
+        block = np.ascontiguousarray(self.source[start:stop])
+        return self._from_numpy(block)
+
+    def take(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows at ``index`` (any order, repeats allowed) on the input's own device."""
+        if self.tensor is not None:
+            return self.tensor[index.to(self.tensor.device)]
+        idx = index.detach().cpu().numpy().astype(np.int64, copy=False)
+        flat = idx.ravel()
+        if isinstance(self.source, np.ndarray):
+            block = np.asarray(self.source[flat])
+        else:  # h5py wants increasing, unique indices
+            unique, inverse = np.unique(flat, return_inverse=True)
+            block = np.asarray(self.source[unique])[inverse]
+        return self._from_numpy(np.ascontiguousarray(block)).reshape(*idx.shape, self.d)
+
+    def iter_blocks(self, block_rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(start, rows)`` blocks of at most ``block_rows`` consecutive rows."""
+        for start in range(0, self.n, block_rows):
+            yield start, self.rows(start, min(self.n, start + block_rows))
+
+    def _from_numpy(self, block: np.ndarray) -> torch.Tensor:
+        if self.bf16_view:
+            return torch.from_numpy(block.view(np.uint16)).view(torch.bfloat16)
+        with warnings.catch_warnings():
+            # Read-only buffers (memory maps) are fine: knng never writes into inputs.
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(block)
+
+
+def _torch_dtype_of_numpy(dtype: np.dtype, name: str) -> tuple[torch.dtype, bool]:
+    if dtype in _NUMPY_TO_TORCH:
+        return _NUMPY_TO_TORCH[dtype], False
+    if dtype.name == "bfloat16":  # ml_dtypes' bfloat16
+        return torch.bfloat16, True
+    raise TypeError(f"{name} has unsupported dtype {dtype}; supported: {_supported_names()}")
+
+
+def _supported_names() -> str:
+    return ", ".join(str(t).replace("torch.", "") for t in SUPPORTED_DTYPES)
+
+
+def as_input(x: Any, name: str) -> InputArray:
+    """Validate ``x`` (shape, dtype, emptiness) and wrap it for block access.
+
+    Finiteness is checked as the data streams through the engine (see :func:`check_finite`),
+    so that memory-mapped inputs are not read an extra time.
+
+    Raises
+    ------
+    TypeError
+        Unsupported container or dtype; the message names ``name``.
+    ValueError
+        Not 2-D, or empty; the message names ``name``.
+    """
+    if x is None:
+        raise TypeError(f"{name} must be an array of shape (n, d), got None")
+    if isinstance(x, torch.Tensor):
+        return _wrap_tensor(x, name, kind="torch")
+    if isinstance(x, np.ndarray):
+        return _wrap_numpy(x, name)
+    if hasattr(x, "__dlpack__") and not hasattr(x, "dtype") or _is_foreign_dlpack(x):
+        try:
+            tensor = torch.from_dlpack(x)
+        except Exception as exc:  # pragma: no cover - depends on the foreign library
+            raise TypeError(f"{name} could not be read through DLPack: {exc}") from exc
+        return _wrap_tensor(tensor, name, kind="dlpack")
+    if hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "__getitem__"):
+        return _wrap_rows(x, name)
+    if isinstance(x, (list, tuple)):
+        try:
+            arr = np.asarray(x, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be a rectangular array of numbers: {exc}") from exc
+        return _wrap_numpy(arr, name)
+    raise TypeError(
+        f"{name} must be a NumPy array, a torch tensor, a DLPack-capable array or a sliceable "
+        f"dataset, got {type(x).__name__}"
+    )
+
+
+def _is_foreign_dlpack(x: Any) -> bool:
+    # CuPy, JAX and friends expose __dlpack__ and a dtype; NumPy and torch are handled before.
+    return hasattr(x, "__dlpack__") and type(x).__module__.split(".")[0] in {"cupy", "jax", "jaxlib", "tensorflow", "mxnet", "paddle"}
+
+
+def _check_shape(shape: tuple[int, ...], name: str) -> tuple[int, int]:
+    if len(shape) != 2:
+        hint = "; for a single vector use x[None, :]" if len(shape) == 1 else ""
+        raise ValueError(f"{name} must be 2-D (n_vectors, dimension), got shape {tuple(shape)}{hint}")
+    n, d = int(shape[0]), int(shape[1])
+    if n == 0 or d == 0:
+        raise ValueError(f"{name} is empty (shape {(n, d)}): need at least one vector of dimension ≥ 1")
+    return n, d
+
+
+def _wrap_tensor(x: torch.Tensor, name: str, kind: str) -> InputArray:
+    shape = _check_shape(tuple(x.shape), name)
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has unsupported dtype {x.dtype}; supported: {_supported_names()}")
+    x = x.detach()
+    return InputArray(name, kind, shape, x.dtype, x.device, tensor=x)
+
+
+def _wrap_numpy(x: np.ndarray, name: str) -> InputArray:
+    shape = _check_shape(x.shape, name)
+    dtype, bf16 = _torch_dtype_of_numpy(x.dtype, name)
+    if isinstance(x, np.memmap) or not x.flags.c_contiguous:
+        # Memory maps (and strided views of them, like .fvecs rows) are read block by block.
+        return InputArray(name, "numpy", shape, dtype, torch.device("cpu"), source=x, bf16_view=bf16)
+    wrapped = InputArray(name, "numpy", shape, dtype, torch.device("cpu"), source=x, bf16_view=bf16)
+    wrapped.tensor = wrapped._from_numpy(x)
+    return wrapped
+
+
+def _wrap_rows(x: Any, name: str) -> InputArray:
+    shape = _check_shape(tuple(x.shape), name)
+    dtype, bf16 = _torch_dtype_of_numpy(np.dtype(x.dtype), name)
+    return InputArray(name, "rows", shape, dtype, torch.device("cpu"), source=x, bf16_view=bf16)
+
+
+def check_finite(block: torch.Tensor, name: str, start: int) -> None:
+    """Raise ``ValueError`` naming ``name`` and the first bad row if ``block`` has NaN or Inf."""
+    if block.dtype in (torch.uint8, torch.int8):
+        return
+    finite = torch.isfinite(block).all(dim=1)
+    if not bool(finite.all()):
+        bad = int(torch.nonzero(~finite)[0, 0]) + start
+        raise ValueError(f"{name} contains NaN or Inf (first in row {bad}); knng needs finite values")

@@ -1,0 +1,169 @@
+"""The public entry points: :func:`search` and :func:`graph`.
+
+Each validates its arguments in one place, resolves the device, metric, selection algorithm and
+memory budget, runs the single-device engine and wraps the result in the user's array kind.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import torch
+
+from knng._inputs import InputArray, as_input
+from knng.engine.common import resolve_device
+from knng.engine.graph import GraphReport, exact_graph
+from knng.engine.plan import resolve_budget
+from knng.engine.search import SearchReport, exact_search
+from knng.metrics import get_metric
+from knng.results import Graph, Neighbors
+from knng.select import available as available_selects
+
+__all__ = ["search", "graph", "last_report"]
+
+_LAST_REPORT: dict[str, SearchReport | GraphReport | None] = {"report": None}
+
+
+def last_report() -> SearchReport | GraphReport | None:
+    """The engine's report on the most recent call in this process (plan, fall-backs, saving)."""
+    return _LAST_REPORT["report"]
+
+
+def _check_k(k: Any, limit: int, what: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"k must be an integer, got {type(k).__name__}")
+    k = int(k)
+    if k < 1 or k > limit:
+        raise ValueError(f"k must be between 1 and {limit} ({what}), got {k}")
+    return k
+
+
+def _check_select(select: Any) -> str:
+    if not isinstance(select, str) or select not in available_selects():
+        raise ValueError(f"select must be one of {available_selects()}, got {select!r}")
+    return select
+
+
+def _wrap(like: InputArray, indices: torch.Tensor, distances: torch.Tensor) -> tuple[Any, Any]:
+    """Return results in the kind the user handed in (NumPy → NumPy, torch → torch, same device)."""
+    distances = distances.to(torch.float32)
+    if like.kind in ("numpy", "rows"):
+        return indices.cpu().numpy(), distances.cpu().numpy()
+    return indices.to(like.device), distances.to(like.device)
+
+
+def search(
+    queries: Any,
+    corpus: Any,
+    k: int,
+    *,
+    metric: str = "euclidean",
+    device: str | torch.device = "auto",
+    select: str = "auto",
+    memory_budget: int | str | None = None,
+    progress: bool = False,
+) -> Neighbors:
+    """Exact k nearest neighbours in ``corpus`` of every vector in ``queries``.
+
+    Parameters
+    ----------
+    queries : array-like, shape (n_queries, d)
+        NumPy array or memory map, torch tensor (CPU or GPU), DLPack-capable array, or a
+        row-sliceable dataset (``h5py.Dataset``). dtypes: float16, bfloat16, float32, float64,
+        uint8, int8.
+    corpus : array-like, shape (n_corpus, d)
+        Same kinds and dtypes. Memory maps and datasets stream through in tiles.
+    k : int
+        Neighbours per query, 1 ≤ k ≤ n_corpus.
+    metric : {"euclidean", "sqeuclidean", "cosine", "pearson", "inner_product"}
+        ``cosine`` is 1 − cosine similarity, ``pearson`` 1 − correlation, ``inner_product``
+        is −xᵀy (ascending = most similar).
+    device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device
+        Where to compute. "auto": where a GPU input lives, else a GPU if present, else the CPU.
+    select : str
+        k-selection algorithm (see ``knng.select.available()``); "auto" picks the fastest
+        measured for the shape.
+    memory_budget : int or str, optional
+        Bytes the engine may use on the device (e.g. ``"4GB"``). Default: a safe share of free
+        GPU memory, or of available RAM on a CPU.
+    progress : bool
+        Show a progress bar on standard error.
+
+    Returns
+    -------
+    Neighbors
+        ``indices`` (int64) and ``distances`` (float32), both (n_queries, k), ascending, ties
+        by the smaller index; exact in the sense of ``docs/EXACTNESS.md``. NumPy in gives
+        NumPy out; torch in gives torch out on the queries' device.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For bad input (NaN/Inf, k out of range, mismatched dimensions, empty arrays,
+        unsupported dtypes); the message names the argument.
+    """
+    m = get_metric(metric)
+    q = as_input(queries, "queries")
+    c = as_input(corpus, "corpus")
+    if q.d != c.d:
+        raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
+    k = _check_k(k, c.n, "the corpus size")
+    select = _check_select(select)
+    dev = resolve_device(device, q, c)
+    budget = resolve_budget(memory_budget, dev)
+    idx, dist, report = exact_search(q, c, k, m, dev, select, budget, progress)
+    _LAST_REPORT["report"] = report
+    out_idx, out_dist = _wrap(q, idx, dist)
+    return Neighbors(indices=out_idx, distances=out_dist, metric=m.name)
+
+
+def graph(
+    data: Any,
+    k: int,
+    *,
+    metric: str = "euclidean",
+    include_self: bool = False,
+    device: str | torch.device = "auto",
+    select: str = "auto",
+    memory_budget: int | str | None = None,
+    progress: bool = False,
+) -> Graph:
+    """Exact k-nearest-neighbour graph of ``data``.
+
+    Each point's own row excludes the point itself by index (duplicates of it stay
+    neighbours at distance 0) unless ``include_self`` is true. Only the blocks S(I, J) with
+    I ≤ J of the distance matrix are computed; each serves the rows of part I and the columns
+    of part J.
+
+    Parameters
+    ----------
+    data : array-like, shape (n, d)
+        As ``queries`` in :func:`search`.
+    k : int
+        Neighbours per point, 1 ≤ k ≤ n − 1 (≤ n with ``include_self``).
+    metric, device, select, memory_budget, progress
+        As in :func:`search`.
+    include_self : bool
+        Count each point among its own neighbours.
+
+    Returns
+    -------
+    Graph
+        ``indices`` and ``distances`` (n, k) with ``to_scipy()``, ``symmetrize()``, ``save()``.
+    """
+    m = get_metric(metric)
+    x = as_input(data, "data")
+    if not isinstance(include_self, bool):
+        raise TypeError(f"include_self must be True or False, got {include_self!r}")
+    limit = x.n if include_self else x.n - 1
+    if limit < 1:
+        raise ValueError(f"data has {x.n} point(s): a graph without self-loops needs at least 2")
+    k = _check_k(k, limit, "n with include_self" if include_self else "n − 1 without self")
+    select = _check_select(select)
+    dev = resolve_device(device, x)
+    budget = resolve_budget(memory_budget, dev)
+    idx, dist, report = exact_graph(x, k, m, dev, select, budget, include_self=include_self, progress=progress)
+    _LAST_REPORT["report"] = report
+    out_idx, out_dist = _wrap(x, idx, dist)
+    return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self)

@@ -1,0 +1,1 @@
+"""The single-device engine: tile plans, the screening pass, merges and the exact certificate."""

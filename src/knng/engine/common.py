@@ -1,0 +1,167 @@
+"""Pieces shared by the search and graph loops: device choice, precision guard, the corpus
+pass, prepared-corpus access, the top-k merge, out-of-memory handling and progress."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from knng._inputs import InputArray, check_finite
+from knng.metrics import Metric, Prepared
+
+__all__ = [
+    "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus",
+    "merge_topk", "is_out_of_memory", "Progress",
+]
+
+
+def resolve_device(device: str | torch.device, *inputs: InputArray) -> torch.device:
+    """The compute device for ``device=`` ("auto", "cpu", "cuda", "cuda:1" or a torch.device).
+
+    "auto" computes where a GPU tensor input lives, else on the first GPU if there is one,
+    else on the CPU.
+    """
+    if isinstance(device, str) and device == "auto":
+        for arr in inputs:
+            if arr.device.type == "cuda":
+                return arr.device
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} asks for a GPU but torch sees no CUDA device")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
+    return dev
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """Force IEEE float32 matrix products (no TF32/bf16 shortcuts) while the engine runs.
+
+    The rounding-error bound assumes float32 inputs; a user's global
+    ``torch.set_float32_matmul_precision("high")`` would silently void it.
+    """
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """What one pass over the corpus learns: the common centre (or None)."""
+
+    centre: torch.Tensor | None
+
+
+def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, symmetric: bool,
+                 block_rows: int) -> CorpusStats:
+    """Check the corpus is finite and, where the metric centres, compute its float64 mean."""
+    need_mean = metric.needs_centre(symmetric)
+    total = torch.zeros(corpus.d, dtype=torch.float64, device=device)
+    for start, block in corpus.iter_blocks(block_rows):
+        block = block.to(device, non_blocking=True)
+        check_finite(block, corpus.name, start)
+        if need_mean:
+            total += block.to(torch.float64).sum(dim=0)
+    return CorpusStats(centre=total / corpus.n if need_mean else None)
+
+
+#: Largest prepared-vector norm whose squares and products stay far from float32 overflow.
+MAX_SCREEN_NORM = 1e18
+
+
+class PreparedCorpus:
+    """The corpus in the screen's layout, resident on the device or prepared tile by tile.
+
+    Also holds, for every corpus vector, the float64 norm and term the exactness
+    certificate needs (n floats each, always resident).
+    """
+
+    def __init__(self, corpus: InputArray, metric: Metric, centre: torch.Tensor | None,
+                 device: torch.device, *, resident: bool, block_rows: int, symmetric: bool) -> None:
+        self.corpus, self.metric, self.centre, self.device = corpus, metric, centre, device
+        self.symmetric = symmetric
+        self.resident: torch.Tensor | None = None
+        norms = torch.empty(corpus.n, dtype=torch.float64, device=device)
+        terms = torch.empty(corpus.n, dtype=torch.float64, device=device) if metric.uses_terms else None
+        blocks = []
+        for start, raw in corpus.iter_blocks(block_rows):
+            prep = self._prepare(raw)
+            stop = start + raw.shape[0]
+            norms[start:stop] = prep.norms
+            if terms is not None:
+                terms[start:stop] = prep.terms
+            if resident:
+                blocks.append(prep.vectors)
+        if resident:
+            self.resident = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        self.norms, self.terms = norms, terms
+        self.max_norm = float(norms.max())
+        if self.max_norm > MAX_SCREEN_NORM:
+            raise ValueError(
+                f"{corpus.name} has vectors of norm up to {self.max_norm:.3g} (after centring): too large "
+                f"to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
+
+    def _prepare(self, raw: torch.Tensor) -> Prepared:
+        return self.metric.prepare(raw.to(self.device, non_blocking=True), self.centre,
+                                   side="corpus", symmetric=self.symmetric)
+
+    def tile(self, start: int, stop: int) -> torch.Tensor:
+        """Prepared rows ``start:stop`` (corpus layout) on the device."""
+        if self.resident is not None:
+            return self.resident[start:stop]
+        return self._prepare(self.corpus.rows(start, stop)).vectors
+
+
+def merge_topk(values: torch.Tensor | None, indices: torch.Tensor | None, new_values: torch.Tensor,
+               new_indices: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the k smallest of two partial candidate lists per row (any order within a row)."""
+    if values is None:
+        return new_values, new_indices
+    cat_v = torch.cat([values, new_values], dim=1)
+    cat_i = torch.cat([indices, new_indices], dim=1)
+    if cat_v.shape[1] <= k:
+        return cat_v, cat_i
+    v, pos = torch.topk(cat_v, k, dim=1, largest=False, sorted=False)
+    return v, torch.gather(cat_i, 1, pos)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a device out-of-memory error that smaller tiles may avoid."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+class Progress:
+    """A progress bar on standard error (tqdm) that costs nothing when disabled."""
+
+    def __init__(self, enabled: bool, total: int, desc: str) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="blk", dynamic_ncols=True, leave=False)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

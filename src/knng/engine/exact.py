@@ -1,0 +1,248 @@
+"""From screened candidates to the exact answer: certificate, exact re-rank, fall-back.
+
+The screen gives each row its ``kc`` smallest float32 scores s̃ (kc = k + margin). With the
+per-pair rounding-error bound E from :mod:`knng.metrics`:
+
+* τ_i, the k-th smallest upper bound s̃ + E among a row's candidates, is at least the true
+  k-th smallest score;
+* a candidate whose lower bound s̃ − E exceeds τ_i cannot be in the top k, so only the others
+  are re-ranked, exactly, in float64, from the input vectors;
+* every column the screen did not keep has s̃ ≥ T_i (the largest kept score); if the metric's
+  lower bound for such columns exceeds τ_i, the row is **certified**: its exact re-rank is
+  provably the exact answer.
+
+Rows that fail the certificate (dense near-ties, duplicates, far-away queries) are settled by the
+fall-back: the row is screened again against the whole corpus in float64, every column whose
+float64 lower bound is ≤ the float64 τ is re-ranked exactly. That set is complete by the same
+argument, so every row ends exact; the fall-back costs only what those rows need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from knng._inputs import InputArray
+from knng.metrics import Metric
+
+__all__ = ["Candidates", "finish_rows", "ExactStats"]
+
+UNIT_ROUNDOFF_FP64 = 2.0**-53
+#: Bytes for gathered float64 vectors in one exact re-rank chunk.
+EXACT_CHUNK_BYTES = 256 * 2**20
+
+
+@dataclass
+class Candidates:
+    """Screened candidates for a chunk of rows.
+
+    Attributes
+    ----------
+    values : torch.Tensor
+        float32 (m, kc) screened scores (any order within a row).
+    indices : torch.Tensor
+        int64 (m, kc) corpus indices of the candidates.
+    row_norms : torch.Tensor
+        float64 (m,) norms of the rows' prepared vectors.
+    row_terms : torch.Tensor or None
+        float64 (m,) the rows' own score terms (graphs of the Euclidean family), or None.
+    """
+
+    values: torch.Tensor
+    indices: torch.Tensor
+    row_norms: torch.Tensor
+    row_terms: torch.Tensor | None
+
+
+@dataclass
+class ExactStats:
+    """Counters for reports and tests: rows, rows that needed the fall-back, exact evaluations."""
+
+    rows: int = 0
+    fallback_rows: int = 0
+    exact_evaluations: int = 0
+
+    def add(self, other: "ExactStats") -> None:
+        self.rows += other.rows
+        self.fallback_rows += other.fallback_rows
+        self.exact_evaluations += other.exact_evaluations
+
+
+def _sort_by_value_then_index(dist: torch.Tensor, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k smallest by (distance, index): ties go to the smaller index."""
+    order = torch.argsort(idx, dim=1)
+    idx = torch.gather(idx, 1, order)
+    dist = torch.gather(dist, 1, order)
+    dist, order = torch.sort(dist, dim=1, stable=True)
+    idx = torch.gather(idx, 1, order)
+    return idx[:, :k], dist[:, :k]
+
+
+def _exact_for(metric: Metric, x: torch.Tensor, corpus: InputArray, idx: torch.Tensor,
+               device: torch.device) -> torch.Tensor:
+    """Exact float64 distances between rows ``x`` (m, d) and corpus rows ``idx`` (m, c)."""
+    m, c = idx.shape
+    out = torch.empty((m, c), dtype=torch.float64, device=device)
+    per_row = max(1, c * corpus.d * 8 * 3)
+    step = max(1, EXACT_CHUNK_BYTES // per_row)
+    for r0 in range(0, m, step):
+        r1 = min(m, r0 + step)
+        y = corpus.take(idx[r0:r1]).to(device, non_blocking=True)
+        out[r0:r1] = metric.exact(x[r0:r1, None, :].to(device), y)
+    return out
+
+
+def finish_rows(
+    cands: Candidates,
+    row_ids: torch.Tensor,
+    raw_rows: torch.Tensor,
+    corpus: InputArray,
+    col_norms: torch.Tensor,
+    col_terms: torch.Tensor | None,
+    max_col_norm: float,
+    metric: Metric,
+    k: int,
+    available: int,
+    centre: torch.Tensor | None,
+    exclude_self: bool,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
+    """Certify, re-rank exactly and (for failing rows) fall back; returns exact top-k.
+
+    Parameters
+    ----------
+    cands : Candidates
+        The screen's candidates for ``m`` rows.
+    row_ids : torch.Tensor
+        int64 (m,) global ids of the rows (used to exclude a point from its own graph row).
+    raw_rows : torch.Tensor
+        (m, d) the rows' input vectors, any supported dtype.
+    corpus : InputArray
+        The corpus as the user gave it (exact distances are computed from it).
+    col_norms, col_terms, max_col_norm
+        Per-corpus-vector norms and terms of the prepared corpus, and the largest norm.
+    available : int
+        How many corpus vectors a row may choose from (n, or n − 1 without self).
+
+    Returns
+    -------
+    indices : torch.Tensor
+        int64 (m, k).
+    distances : torch.Tensor
+        float64 (m, k), exact.
+    stats : ExactStats
+    """
+    d = corpus.d
+    vals, idx = cands.values, cands.indices
+    m, kc = vals.shape
+    stats = ExactStats(rows=m)
+    valid = (idx >= 0) & torch.isfinite(vals)
+    safe_idx = idx.clamp_min(0)
+    bound = metric.pair_bound(
+        d, cands.row_norms[:, None], col_norms[safe_idx],
+        None if cands.row_terms is None else cands.row_terms[:, None],
+        None if col_terms is None else col_terms[safe_idx],
+    )
+    vals64 = vals.to(torch.float64)
+    upper = torch.where(valid, vals64 + bound, torch.inf)
+    tau = torch.kthvalue(upper, k, dim=1).values  # k ≤ number of valid candidates
+    lower = vals64 - bound
+    needed = valid & (lower <= tau[:, None])
+
+    if kc >= available:
+        certified = torch.ones(m, dtype=torch.bool, device=device)
+    else:
+        threshold = torch.where(valid, vals64, -torch.inf).max(dim=1).values
+        unselected = metric.unselected_lower_bound(d, threshold, cands.row_norms, cands.row_terms, max_col_norm)
+        certified = unselected > tau
+
+    exact = _exact_for(metric, raw_rows, corpus, safe_idx, device)
+    stats.exact_evaluations += int(valid.sum())
+    exact = torch.where(needed, exact, torch.inf)
+    out_idx, out_dist = _sort_by_value_then_index(exact, idx, k)
+
+    failing = torch.nonzero(~certified).flatten()
+    if failing.numel():
+        stats.fallback_rows += int(failing.numel())
+        f_idx, f_dist, f_evals = fallback(
+            raw_rows[failing.to(raw_rows.device)], row_ids[failing], corpus, metric, k, centre,
+            exclude_self, device)
+        stats.exact_evaluations += f_evals
+        out_idx[failing] = f_idx
+        out_dist[failing] = f_dist
+    return out_idx, out_dist, stats
+
+
+def fallback(
+    raw_rows: torch.Tensor,
+    row_ids: torch.Tensor,
+    corpus: InputArray,
+    metric: Metric,
+    k: int,
+    centre: torch.Tensor | None,
+    exclude_self: bool,
+    device: torch.device,
+    block_cols: int = 16384,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Exact top-k for a few rows: a float64 screen over the whole corpus and a complete set.
+
+    Two passes over the corpus: the first finds τ (the k-th smallest float64 upper bound), the
+    second collects every column whose float64 lower bound is ≤ τ; those are re-ranked exactly.
+    """
+    d = corpus.d
+    f = raw_rows.shape[0]
+    x = raw_rows.to(device)
+    rows = metric.prepare(x, centre, side="query", symmetric=False, dtype=torch.float64)
+    self_ids = row_ids.to(device)
+
+    def blocks():
+        for start in range(0, corpus.n, block_cols):
+            stop = min(corpus.n, start + block_cols)
+            prep = metric.prepare(corpus.rows(start, stop).to(device), centre, side="corpus",
+                                  symmetric=False, dtype=torch.float64)
+            scores = rows.vectors @ prep.vectors.T
+            bound = metric.pair_bound(d, rows.norms[:, None], prep.norms[None, :], None,
+                                      None if prep.terms is None else prep.terms[None, :],
+                                      unit_roundoff=UNIT_ROUNDOFF_FP64)
+            cols = torch.arange(start, stop, device=device)
+            if exclude_self:
+                own = self_ids[:, None] == cols[None, :]
+            else:
+                own = torch.zeros_like(scores, dtype=torch.bool)
+            yield cols, scores, bound, own
+
+    # Pass 1: τ = k-th smallest upper bound per row.
+    best: torch.Tensor | None = None
+    for _cols, scores, bound, own in blocks():
+        upper = torch.where(own, torch.inf, scores + bound)
+        kk = min(k, upper.shape[1])
+        part = torch.topk(upper, kk, dim=1, largest=False).values
+        best = part if best is None else torch.topk(torch.cat([best, part], 1), min(k, best.shape[1] + kk),
+                                                    dim=1, largest=False).values
+    tau = best.max(dim=1).values
+
+    # Pass 2: every column that could be in the top k.
+    pair_rows, pair_cols = [], []
+    for cols, scores, bound, own in blocks():
+        keep = (scores - bound <= tau[:, None]) & ~own
+        r, c = torch.nonzero(keep, as_tuple=True)
+        pair_rows.append(r)
+        pair_cols.append(cols[c])
+    pr = torch.cat(pair_rows)
+    pc = torch.cat(pair_cols)
+
+    # Pad the ragged candidate sets into a matrix and re-rank exactly.
+    counts = torch.bincount(pr, minlength=f)
+    width = int(counts.max())
+    order = torch.argsort(pr, stable=True)
+    pr, pc = pr[order], pc[order]
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(pr.numel(), device=device) - starts[pr]
+    cand = torch.full((f, width), -1, dtype=torch.int64, device=device)
+    cand[pr, slot] = pc
+    valid = cand >= 0
+    exact = _exact_for(metric, x, corpus, cand.clamp_min(0), device)
+    exact = torch.where(valid, exact, torch.inf)
+    idx, dist = _sort_by_value_then_index(exact, cand, k)
+    return idx, dist, int(pr.numel())

@@ -1,0 +1,141 @@
+"""Single-device exact k-NN graph using the symmetry of the distance matrix.
+
+The data are split into P parts; only the blocks S(I, J) with I ≤ J are computed. Each block
+gives the row candidates of part I and the column candidates of part J (a column of S(I, J) is a
+row of S(J, I)), so every pair is screened once for each of its two points and the matrix
+products halve. The screening score is the full symmetric form q_i + r_j + α·a_iᵀa_j (one
+matrix product thanks to the augmented layout of :mod:`knng.metrics`), so one block serves both
+directions. Then every point's candidates go through the same exact finish as a search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from knng._inputs import InputArray
+from knng.engine.common import (
+    PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory, merge_topk,
+)
+from knng.engine.exact import Candidates, ExactStats, finish_rows
+from knng.engine.plan import TilePlan, candidate_count, plan_tiles
+from knng.metrics import Metric
+from knng.select import resolve
+
+__all__ = ["GraphReport", "exact_graph"]
+
+
+@dataclass
+class GraphReport:
+    """How a graph run went, including the symmetric saving."""
+
+    plan: TilePlan
+    part_size: int
+    parts: int
+    blocks_computed: int
+    blocks_full: int
+    oom_retries: int
+    exact: ExactStats
+    candidates_per_row: int
+
+    @property
+    def pairs_saving(self) -> float:
+        """Share of the n² score entries (and matrix-product work) the symmetric plan skips."""
+        return 1.0 - self.blocks_computed / self.blocks_full if self.blocks_full else 0.0
+
+
+def exact_graph(
+    data: InputArray,
+    k: int,
+    metric: Metric,
+    device: torch.device,
+    select: str,
+    budget: int,
+    include_self: bool = False,
+    progress: bool = False,
+    part_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
+    """Exact k-NN graph of ``data``; returns (indices, float64 distances, report)."""
+    n = data.n
+    available = n if include_self else n - 1
+    kc = candidate_count(k, available)
+    plan = plan_tiles(n_queries=n, n_corpus=n, d=data.d, k_cand=kc, budget=budget, device=device,
+                      symmetric=True)
+    b = part_size or max(1, min(plan.query_rows if plan.query_rows < n else plan.corpus_cols, plan.corpus_cols))
+    b = max(b, min(n, kc))  # a part must offer at least kc columns
+    parts = [(s, min(n, s + b)) for s in range(0, n, b)]
+    with full_precision():
+        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=max(b, 4096))
+        pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
+                               block_rows=max(b, 4096), symmetric=True)
+        vals = torch.full((n, kc), torch.inf, dtype=torch.float32, device=device)
+        idx = torch.full((n, kc), -1, dtype=torch.int64, device=device)
+        sub_rows = min(b, plan.query_rows)
+        retries = 0
+        pairs = [(i, j) for i in range(len(parts)) for j in range(i, len(parts))]
+        bar = Progress(progress, total=len(pairs), desc="knng graph")
+        for pi, pj in pairs:
+            (i0, i1), (j0, j1) = parts[pi], parts[pj]
+            col_block = pdata.tile(j0, j1)
+            r0 = i0
+            while r0 < i1:
+                r1 = min(i1, r0 + sub_rows)
+                try:
+                    _screen_block(pdata, metric, col_block, r0, r1, j0, j1, pi == pj, include_self, kc,
+                                  select, device, vals, idx)
+                except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
+                    if not is_out_of_memory(exc):
+                        raise
+                    if sub_rows <= 8:
+                        raise
+                    sub_rows = max(8, sub_rows // 2)
+                    retries += 1
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                    continue
+                r0 = r1
+            bar.update()
+        bar.close()
+
+        # Exact finish, in row chunks sized like a search's.
+        row_norms, row_terms = pdata.norms, pdata.terms
+        out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
+        out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
+        exact_stats = ExactStats()
+        chunk = max(1, min(n, plan.query_rows))
+        for q0 in range(0, n, chunk):
+            q1 = min(n, q0 + chunk)
+            cands = Candidates(vals[q0:q1], idx[q0:q1], row_norms[q0:q1],
+                               None if row_terms is None else row_terms[q0:q1])
+            raw = data.rows(q0, q1).to(device, non_blocking=True)
+            o_i, o_d, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, data, pdata.norms,
+                                       pdata.terms, pdata.max_norm, metric, k, available, stats.centre,
+                                       exclude_self=not include_self, device=device)
+            out_idx[q0:q1], out_dist[q0:q1] = o_i, o_d
+            exact_stats.add(st)
+    report = GraphReport(plan=plan, part_size=b, parts=len(parts), blocks_computed=len(pairs),
+                         blocks_full=len(parts) ** 2, oom_retries=retries, exact=exact_stats,
+                         candidates_per_row=kc)
+    return out_idx, out_dist, report
+
+
+def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor, r0: int, r1: int,
+                  j0: int, j1: int, diagonal: bool, include_self: bool, kc: int, select: str,
+                  device: torch.device, vals: torch.Tensor, idx: torch.Tensor) -> None:
+    """Screen rows r0:r1 of part I against part J; merge row and (off-diagonal) column candidates."""
+    d = pdata.corpus.d
+    rows = metric.query_layout(pdata.tile(r0, r1), d)
+    scores = rows @ col_block.T  # (r1 - r0) × (j1 - j0)
+    if diagonal and not include_self:
+        # Exclude each point from its own list by index, not by distance: duplicates stay.
+        local = torch.arange(r1 - r0, device=device)
+        scores[local, local + (r0 - j0)] = torch.inf
+    kt = min(kc, j1 - j0)
+    selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
+    v, i = selector(scores, kt)
+    vals[r0:r1], idx[r0:r1] = merge_topk(vals[r0:r1], idx[r0:r1], v, i + j0, kc)
+    if not diagonal:
+        kr = min(kc, r1 - r0)
+        cv, ci = selector(scores.T, kr)
+        vals[j0:j1], idx[j0:j1] = merge_topk(vals[j0:j1], idx[j0:j1], cv, ci + r0, kc)

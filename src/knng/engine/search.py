@@ -1,0 +1,99 @@
+"""Single-device exact search: queries × corpus, tile by tile, then the exact finish.
+
+Flow (one way): corpus pass (finite check, centre) → prepared corpus (resident or streamed)
+→ for each query chunk: prepare queries → for each corpus tile: one matrix product → select
+→ merge → exact finish (certificate, re-rank, fall-back) → results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from knng._inputs import InputArray, check_finite
+from knng.engine.common import (
+    PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory, merge_topk,
+)
+from knng.engine.exact import Candidates, ExactStats, finish_rows
+from knng.engine.plan import TilePlan, candidate_count, plan_tiles
+from knng.metrics import Metric
+from knng.select import resolve
+
+__all__ = ["SearchReport", "exact_search"]
+
+
+@dataclass
+class SearchReport:
+    """How a run went: the plan used, OOM retries, and the exactness counters."""
+
+    plan: TilePlan
+    oom_retries: int
+    exact: ExactStats
+    candidates_per_row: int
+
+
+def exact_search(
+    queries: InputArray,
+    corpus: InputArray,
+    k: int,
+    metric: Metric,
+    device: torch.device,
+    select: str,
+    budget: int,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
+    """Exact k nearest corpus vectors of every query; returns (indices, float64 distances, report)."""
+    kc = candidate_count(k, corpus.n)
+    plan = plan_tiles(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k_cand=kc, budget=budget,
+                      device=device)
+    with full_precision():
+        stats = corpus_stats(corpus, metric, device, symmetric=False, block_rows=max(plan.corpus_cols, 4096))
+        pcorpus = PreparedCorpus(corpus, metric, stats.centre, device, resident=plan.corpus_resident,
+                                 block_rows=max(plan.corpus_cols, 4096), symmetric=False)
+        out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
+        out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
+        exact_stats = ExactStats()
+        retries = 0
+        bar = Progress(progress, total=queries.n, desc="knng search")
+        q0 = 0
+        while q0 < queries.n:
+            q1 = min(queries.n, q0 + plan.query_rows)
+            try:
+                raw = queries.rows(q0, q1).to(device, non_blocking=True)
+                check_finite(raw, queries.name, q0)
+                cands = _screen_chunk(raw, pcorpus, metric, kc, plan, select, device)
+                idx, dist, st = finish_rows(
+                    cands, torch.arange(q0, q1, device=device), raw, corpus, pcorpus.norms, pcorpus.terms,
+                    pcorpus.max_norm, metric, k, corpus.n, stats.centre, exclude_self=False, device=device)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
+                if not is_out_of_memory(exc):
+                    raise
+                plan = plan.shrunk()
+                retries += 1
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            out_idx[q0:q1] = idx
+            out_dist[q0:q1] = dist
+            exact_stats.add(st)
+            bar.update(q1 - q0)
+            q0 = q1
+        bar.close()
+    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, kc)
+
+
+def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, metric: Metric, kc: int, plan: TilePlan,
+                  select: str, device: torch.device) -> Candidates:
+    """Screen one chunk of queries against every corpus tile; keep kc candidates per row."""
+    prep = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False)
+    n = pcorpus.corpus.n
+    vals = idx = None
+    for c0 in range(0, n, plan.corpus_cols):
+        c1 = min(n, c0 + plan.corpus_cols)
+        scores = prep.vectors @ pcorpus.tile(c0, c1).T
+        kt = min(kc, c1 - c0)
+        selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
+        v, i = selector(scores, kt)
+        vals, idx = merge_topk(vals, idx, v, i + c0, kc)
+    return Candidates(values=vals, indices=idx, row_norms=prep.norms, row_terms=None)

@@ -1,0 +1,309 @@
+"""One :class:`Metric` per name: how inputs are prepared for the fast screen, how a dot-product
+block becomes screening scores, how large the screen's rounding error can be, and the exact
+float64 distance.
+
+Every metric is screened in the same form (float32 inputs, float32 accumulation)::
+
+    s̃_ij = fl( α · a_iᵀ b_j + r_j [+ q_i] )
+
+where ``a``/``b`` are the prepared query/corpus vectors, ``α`` is −2 (Euclidean family) or −1
+(the similarity family) and ``r``/``q`` are optional per-vector terms (‖b‖² and ‖a‖² for the
+Euclidean family). The row term ``q`` only shifts a row by a constant, so search omits it; the
+graph keeps it so that the block is symmetric and one block serves rows and columns alike.
+
+Why preparation matters: the float32 expansion ‖x‖² + ‖y‖² − 2xᵀy cancels catastrophically far
+from the origin. Euclidean distances ignore translation, so both sides are centred on the corpus
+mean (computed in float64) before rounding to float32; the inner product is centred on the corpus
+side only, which shifts each query row by the constant xᵀμ and leaves its ranking unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32"]
+
+#: Unit roundoff of IEEE float32 (round to nearest).
+UNIT_ROUNDOFF_FP32 = 2.0**-24
+#: Multiplier on the first-order rounding-error bound. The bound below is a worst case for any
+#: summation order with round-to-nearest; the factor covers hardware that truncates, the
+#: second-order terms dropped in the derivation and the float64 preparation steps.
+SAFETY = 2.0
+#: An absolute floor on the bound so that underflowing products cannot escape it.
+TINY = 2.0**-100
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A block of prepared vectors, ready for the screen.
+
+    The per-vector terms ride along as extra columns, so that a single matrix product gives
+    the whole score ``α·aᵀb + r_j + q_i`` (the Euclidean family's ‖·‖² terms cost no extra
+    pass over the score block)::
+
+        query side:   [ α·a , 1 , q ]        corpus side:   [ b , r , 1 ]
+
+    padded with zero columns to a multiple of 4 for aligned matrix products. Zero columns add
+    exact zeros; the two term columns are accounted for in the error bound.
+
+    Attributes
+    ----------
+    vectors : torch.Tensor
+        (m, width) float32 (or float64 for the fall-back) in the layout above.
+    norms : torch.Tensor
+        float64 (m,): Euclidean norms of the unscaled prepared vectors (before rounding).
+    terms : torch.Tensor or None
+        float64 (m,): the additive term (‖·‖² for the Euclidean family), or None.
+    """
+
+    vectors: torch.Tensor
+    norms: torch.Tensor
+    terms: torch.Tensor | None
+
+
+def _aligned_width(d: int, extra: int) -> int:
+    return -(-(d + extra) // 4) * 4
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A distance, described by how knng screens and then computes it exactly.
+
+    Attributes
+    ----------
+    name : str
+        The public name (``metric=`` argument).
+    alpha : float
+        Scale of the dot product in the screening score (−2 or −1; powers of two so that the
+        scaling is exact in floating point).
+    uses_terms : bool
+        Whether scores carry the per-vector squared-norm terms (Euclidean family).
+    centre_queries, centre_corpus : bool
+        Whether each side is shifted by the common centre before rounding to float32.
+    normalize : bool
+        Whether vectors are scaled to unit length (cosine, Pearson).
+    centre_rows : bool
+        Whether each vector is centred on its own mean first (Pearson).
+    """
+
+    name: str
+    alpha: float
+    uses_terms: bool
+    centre_queries: bool
+    centre_corpus: bool
+    normalize: bool = False
+    centre_rows: bool = False
+
+    # ----------------------------------------------------------------------------- preparation
+    def needs_centre(self, symmetric: bool) -> bool:
+        """Whether the engine must compute the corpus mean (one float64 pass) first."""
+        if symmetric:
+            # A graph screens data against itself; both sides must be prepared alike so that
+            # the block is symmetric, which rules out the corpus-only shift of inner products.
+            return self.centre_queries and self.centre_corpus
+        return self.centre_corpus
+
+    def width(self, d: int) -> int:
+        """Columns of a prepared block for input dimension ``d``."""
+        return _aligned_width(d, 2) if self.uses_terms else _aligned_width(d, 0)
+
+    def prepare(
+        self,
+        x: torch.Tensor,
+        centre: torch.Tensor | None,
+        *,
+        side: str,
+        symmetric: bool,
+        dtype: torch.dtype = torch.float32,
+    ) -> Prepared:
+        """Prepare a block of input vectors for the screen.
+
+        Parameters
+        ----------
+        x : torch.Tensor
+            (m, d) input vectors of any supported dtype, on the compute device.
+        centre : torch.Tensor or None
+            float64 (d,) common centre, or None when the metric does not centre.
+        side : {"query", "corpus"}
+            Queries are scaled by α and take the query layout; the corpus the corpus layout.
+        symmetric : bool
+            True for a graph (data against itself): queries also carry the row term q = ‖a‖².
+        dtype : torch.dtype
+            float32 for the screen, float64 for the fall-back pass.
+        """
+        x64 = x.to(torch.float64)
+        if self.centre_rows:
+            x64 = x64 - x64.mean(dim=1, keepdim=True)
+        if self.normalize:
+            norm = torch.linalg.vector_norm(x64, dim=1, keepdim=True)
+            # Zero vectors keep similarity 0 with everything (distance 1), as scikit-learn does.
+            x64 = x64 / torch.where(norm > 0, norm, torch.ones_like(norm))
+        shift = self.needs_centre(True) if symmetric else (
+            self.centre_queries if side == "query" else self.centre_corpus)
+        if shift and centre is not None:
+            x64 = x64 - centre
+        m, d = x64.shape
+        norms = torch.linalg.vector_norm(x64, dim=1)
+        out = torch.zeros((m, self.width(d)), dtype=dtype, device=x64.device)
+        terms = None
+        if side == "query":
+            out[:, :d] = x64 * self.alpha  # exact: α is a power of two
+            if self.uses_terms:
+                out[:, d] = 1.0
+                if symmetric:
+                    terms = norms * norms
+                    out[:, d + 1] = terms
+        else:
+            out[:, :d] = x64
+            if self.uses_terms:
+                terms = norms * norms
+                out[:, d] = terms
+                out[:, d + 1] = 1.0
+        return Prepared(vectors=out, norms=norms, terms=terms)
+
+    def query_layout(self, corpus_side: torch.Tensor, d: int) -> torch.Tensor:
+        """Turn a corpus-layout block into the query layout (for a graph, where data is both)."""
+        out = torch.zeros_like(corpus_side)
+        out[:, :d] = corpus_side[:, :d] * self.alpha
+        if self.uses_terms:
+            out[:, d] = corpus_side[:, d + 1]
+            out[:, d + 1] = corpus_side[:, d]
+        return out
+
+    # --------------------------------------------------------------------------------- bounds
+    def bound_coefficients(self, d: int, unit_roundoff: float = UNIT_ROUNDOFF_FP32) -> tuple[float, float]:
+        """Return ``(c_dot, c_term)`` of the per-pair rounding-error bound of the screen.
+
+        ``|s̃_ij − s_ij| ≤ E_ij = c_dot·‖a_i‖‖b_j‖ + c_term·(|r_j| + |q_i|) + TINY``, where
+        ``s_ij`` is the score of the unrounded prepared vectors. With u the unit roundoff and
+        the product accumulated over the w = d (+2 term columns) entries in any order:
+        rounding the inputs costs 2u on the dot part and u on each term, and the accumulation
+        γ_w = w·u/(1 − w·u) on the sum of absolute products. See ``docs/EXACTNESS.md``.
+        """
+        u = unit_roundoff
+        w = d + 2 if self.uses_terms else d
+        gamma = w * u / (1.0 - w * u)
+        c_dot = SAFETY * abs(self.alpha) * (2.0 * u + gamma)
+        c_term = SAFETY * (u + gamma) if self.uses_terms else 0.0
+        return c_dot, c_term
+
+    def pair_bound(
+        self,
+        d: int,
+        row_norms: torch.Tensor,
+        col_norms: torch.Tensor,
+        row_terms: torch.Tensor | None,
+        col_terms: torch.Tensor | None,
+        unit_roundoff: float = UNIT_ROUNDOFF_FP32,
+    ) -> torch.Tensor:
+        """Elementwise ``E_ij`` (float64) for broadcastable row/column norms and terms."""
+        c_dot, c_term = self.bound_coefficients(d, unit_roundoff)
+        bound = c_dot * row_norms * col_norms + TINY
+        if c_term:
+            if col_terms is not None:
+                bound = bound + c_term * col_terms.abs()
+            if row_terms is not None:
+                bound = bound + c_term * row_terms.abs()
+        return bound
+
+    def unselected_lower_bound(
+        self,
+        d: int,
+        threshold: torch.Tensor,
+        row_norms: torch.Tensor,
+        row_terms: torch.Tensor | None,
+        max_col_norm: float,
+        unit_roundoff: float = UNIT_ROUNDOFF_FP32,
+    ) -> torch.Tensor:
+        """A lower bound on the true score of any column whose screened score is ≥ ``threshold``.
+
+        For the similarity family every column norm is at most ``max_col_norm``, so
+        ``threshold − E(max_col_norm)`` bounds them all. For the Euclidean family one far-away
+        outlier would make that bound useless, so the column norm is also bounded from the score
+        itself: a point with norm β scores at least (β − ‖a‖)² − ‖a‖² + q, so a score near the
+        threshold caps β, and E is evaluated at ``min(β_max, max_col_norm)``. The bound is
+        increasing in the score (its slope is 1 − O(√u)), so evaluating it at the threshold
+        bounds every larger score too.
+        """
+        c_dot, c_term = self.bound_coefficients(d, unit_roundoff)
+        thr = threshold.to(torch.float64)
+        a = row_norms.to(torch.float64)
+        beta = torch.full_like(thr, float(max_col_norm))
+        if self.uses_terms:
+            q = row_terms.to(torch.float64).abs() if row_terms is not None else torch.zeros_like(thr)
+            # Score s = ‖a − b‖² − ‖a‖² + q ≥ (β − ‖a‖)² − ‖a‖² + q, and s ≤ s̃ + E(β) with
+            # E(β) = c_dot·‖a‖β + c_term·(β² + q). Solve (1−c_term)β² − (2+c_dot)‖a‖β
+            # − (thr − q + c_term·q) ≤ 0 for β (the largest root).
+            t = thr - q + c_term * q
+            lin = (2.0 + c_dot) * a
+            disc = (lin * lin + 4.0 * (1.0 - c_term) * t).clamp_min(0.0)
+            beta_max = (lin + torch.sqrt(disc)) / (2.0 * (1.0 - c_term))
+            beta = torch.minimum(beta, beta_max)
+            bound = c_dot * a * beta + c_term * (beta * beta + q) + TINY
+        else:
+            bound = c_dot * a * beta + TINY
+        return thr - bound
+
+    # ---------------------------------------------------------------------------------- exact
+    def exact(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Exact float64 distances between matching rows of ``x`` and ``y`` (broadcasting).
+
+        Computed from the input values directly: by differences for the Euclidean family and on
+        unit vectors (½‖x̂ − ŷ‖², which equals 1 − cos and is exactly 0 for duplicates) for the
+        similarity family.
+        """
+        x64 = x.to(torch.float64)
+        y64 = y.to(torch.float64)
+        if self.name in ("euclidean", "sqeuclidean"):
+            diff = x64 - y64
+            sq = (diff * diff).sum(dim=-1)
+            return torch.sqrt(sq) if self.name == "euclidean" else sq
+        if self.name == "inner_product":
+            return -(x64 * y64).sum(dim=-1)
+        if self.centre_rows:
+            x64 = x64 - x64.mean(dim=-1, keepdim=True)
+            y64 = y64 - y64.mean(dim=-1, keepdim=True)
+        nx = torch.linalg.vector_norm(x64, dim=-1, keepdim=True)
+        ny = torch.linalg.vector_norm(y64, dim=-1, keepdim=True)
+        diff = x64 / torch.where(nx > 0, nx, 1.0) - y64 / torch.where(ny > 0, ny, 1.0)
+        dist = 0.5 * (diff * diff).sum(dim=-1)
+        zero = (nx[..., 0] == 0) | (ny[..., 0] == 0)
+        return torch.where(zero, torch.ones_like(dist), dist)
+
+
+METRICS: dict[str, Metric] = {
+    "euclidean": Metric("euclidean", alpha=-2.0, uses_terms=True, centre_queries=True, centre_corpus=True),
+    "sqeuclidean": Metric("sqeuclidean", alpha=-2.0, uses_terms=True, centre_queries=True, centre_corpus=True),
+    "cosine": Metric("cosine", alpha=-1.0, uses_terms=False, centre_queries=False, centre_corpus=False,
+                     normalize=True),
+    "pearson": Metric("pearson", alpha=-1.0, uses_terms=False, centre_queries=False, centre_corpus=False,
+                      normalize=True, centre_rows=True),
+    "inner_product": Metric("inner_product", alpha=-1.0, uses_terms=False, centre_queries=False,
+                            centre_corpus=True),
+}
+
+
+def get_metric(name: str) -> Metric:
+    """Return the :class:`Metric` called ``name``.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of :data:`METRICS`; the message names the argument ``metric``.
+    """
+    if not isinstance(name, str) or name not in METRICS:
+        raise ValueError(f"metric must be one of {sorted(METRICS)}, got {name!r}")
+    return METRICS[name]
+
+
+def _check_power_of_two(value: float) -> None:
+    # α must scale exactly; kept as a guard for anyone adding a metric.
+    mantissa, _ = math.frexp(abs(value))
+    assert mantissa == 0.5, "alpha must be a power of two"
+
+
+for _metric in METRICS.values():
+    _check_power_of_two(_metric.alpha)

@@ -1,0 +1,16 @@
+"""k-selection algorithms: each picks the k smallest entries of every row of a score block.
+
+Every algorithm has one signature, ``fn(scores, k, *, sorted=False) -> (values, indices)``:
+``scores`` is a 2-D float tensor (rows × columns), ``k ≤ columns``; the result holds each row's
+k smallest values and their column indices (int64), ascending when ``sorted`` is true and in
+any order otherwise. Ties at the k-th value may be resolved either way: the engine's exact
+re-rank, not the selection, decides ties.
+
+Algorithms register by name with :func:`register`; ``select="auto"`` asks :func:`resolve` for the
+fastest one measured for the shape and device.
+"""
+
+from knng.select.registry import SelectFn, available, get, register, resolve
+from knng.select import topk as _topk  # noqa: F401  (registers "topk")
+
+__all__ = ["SelectFn", "available", "get", "register", "resolve"]

@@ -1,0 +1,58 @@
+"""The registry of k-selection algorithms, and the choice behind ``select="auto"``."""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+__all__ = ["SelectFn", "register", "get", "available", "resolve"]
+
+
+class SelectFn(Protocol):
+    """``fn(scores, k, *, sorted=False) -> (values, indices)`` along the last dimension."""
+
+    def __call__(
+        self, scores: torch.Tensor, k: int, *, sorted: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+_REGISTRY: dict[str, SelectFn] = {}
+
+
+def register(name: str) -> Callable[[SelectFn], SelectFn]:
+    """Decorator: register a selection function under ``name``."""
+
+    def wrap(fn: SelectFn) -> SelectFn:
+        if name in _REGISTRY or name == "auto":
+            raise ValueError(f"a selection algorithm named {name!r} is already registered")
+        _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Names accepted by ``select=``: ``"auto"`` and every registered algorithm."""
+    return ["auto", *sorted(_REGISTRY)]
+
+
+def get(name: str) -> SelectFn:
+    """Return the algorithm registered as ``name`` (not ``"auto"``: see :func:`resolve`)."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"select must be one of {available()}, got {name!r}") from None
+
+
+def resolve(name: str, *, rows: int, cols: int, k: int, device: torch.device) -> SelectFn:
+    """Return the function for ``select=name`` on a block of ``rows × cols`` with this ``k``.
+
+    ``"auto"`` picks the fastest algorithm measured for the shape. With only ``"topk"``
+    registered that is ``torch.topk``; faster kernels add their measured regions here.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"select must be a string naming an algorithm, got {type(name).__name__}")
+    if name == "auto":
+        return _REGISTRY["topk"]
+    return get(name)
