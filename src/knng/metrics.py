@@ -249,29 +249,34 @@ class Metric:
 
     # ---------------------------------------------------------------------------------- exact
     def exact(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Exact float64 distances between matching rows of ``x`` and ``y`` (broadcasting).
+        """Exact float64 distances from each row ``x[i]`` (m, d) to its rows ``y[i]`` (m, c, d).
 
-        Computed from the input values directly: by differences for the Euclidean family and on
-        unit vectors (½‖x̂ − ŷ‖², which equals 1 − cos and is exactly 0 for duplicates) for the
-        similarity family.
+        Computed from the input values directly: by differences for the Euclidean family
+        (``torch.cdist`` without the matrix-product shortcut, which sums (x − y)² in float64
+        without materialising the differences) and on unit vectors (½‖x̂ − ŷ‖², equal to
+        1 − cos and exactly 0 for duplicates) for the similarity family.
         """
-        x64 = x.to(torch.float64)
+        x64 = x.to(torch.float64)[:, None, :]
         y64 = y.to(torch.float64)
-        if self.name in ("euclidean", "sqeuclidean"):
-            diff = x64 - y64
-            sq = (diff * diff).sum(dim=-1)
-            return torch.sqrt(sq) if self.name == "euclidean" else sq
         if self.name == "inner_product":
-            return -(x64 * y64).sum(dim=-1)
+            return -(y64 @ x64.transpose(1, 2))[:, :, 0]
+        if self.name in ("euclidean", "sqeuclidean"):
+            dist = _cdist(x64, y64)
+            return dist if self.name == "euclidean" else dist * dist
         if self.centre_rows:
             x64 = x64 - x64.mean(dim=-1, keepdim=True)
             y64 = y64 - y64.mean(dim=-1, keepdim=True)
         nx = torch.linalg.vector_norm(x64, dim=-1, keepdim=True)
         ny = torch.linalg.vector_norm(y64, dim=-1, keepdim=True)
-        diff = x64 / torch.where(nx > 0, nx, 1.0) - y64 / torch.where(ny > 0, ny, 1.0)
-        dist = 0.5 * (diff * diff).sum(dim=-1)
-        zero = (nx[..., 0] == 0) | (ny[..., 0] == 0)
+        half = _cdist(x64 / torch.where(nx > 0, nx, 1.0), y64 / torch.where(ny > 0, ny, 1.0))
+        dist = 0.5 * half * half
+        zero = (nx[:, :, 0] == 0) | (ny[:, :, 0] == 0)
         return torch.where(zero, torch.ones_like(dist), dist)
+
+
+def _cdist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """‖x − y‖ for x (m, 1, d) against y (m, c, d), by differences, as (m, c)."""
+    return torch.cdist(x, y, compute_mode="donot_use_mm_for_euclid_dist")[:, 0, :]
 
 
 METRICS: dict[str, Metric] = {

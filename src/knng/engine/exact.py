@@ -84,12 +84,12 @@ def _exact_for(metric: Metric, x: torch.Tensor, corpus: InputArray, idx: torch.T
     """Exact float64 distances between rows ``x`` (m, d) and corpus rows ``idx`` (m, c)."""
     m, c = idx.shape
     out = torch.empty((m, c), dtype=torch.float64, device=device)
-    per_row = max(1, c * corpus.d * 8 * 3)
+    per_row = max(1, c * corpus.d * 8 * 2)
     step = max(1, EXACT_CHUNK_BYTES // per_row)
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
         y = corpus.take(idx[r0:r1]).to(device, non_blocking=True)
-        out[r0:r1] = metric.exact(x[r0:r1, None, :].to(device), y)
+        out[r0:r1] = metric.exact(x[r0:r1].to(device), y)
     return out
 
 

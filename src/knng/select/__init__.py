@@ -11,6 +11,7 @@ fastest one measured for the shape and device.
 """
 
 from knng.select.registry import SelectFn, available, get, register, resolve
+from knng.select import grouped as _grouped  # noqa: F401  (registers "grouped")
 from knng.select import topk as _topk  # noqa: F401  (registers "topk")
 
 __all__ = ["SelectFn", "available", "get", "register", "resolve"]

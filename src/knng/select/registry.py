@@ -48,11 +48,16 @@ def get(name: str) -> SelectFn:
 def resolve(name: str, *, rows: int, cols: int, k: int, device: torch.device) -> SelectFn:
     """Return the function for ``select=name`` on a block of ``rows × cols`` with this ``k``.
 
-    ``"auto"`` picks the fastest algorithm measured for the shape. With only ``"topk"``
-    registered that is ``torch.topk``; faster kernels add their measured regions here.
+    ``"auto"`` picks the fastest algorithm measured for the shape (``docs/BENCHMARKS.md``):
+    on a GPU the grouped filter wherever it applies (small k next to the row length), else
+    ``torch.topk``; on a CPU ``torch.topk`` (its partial sort beats the filter there).
     """
     if not isinstance(name, str):
         raise TypeError(f"select must be a string naming an algorithm, got {type(name).__name__}")
     if name == "auto":
+        from knng.select.grouped import choose_group
+
+        if device.type == "cuda" and choose_group(cols, k):
+            return _REGISTRY["grouped"]
         return _REGISTRY["topk"]
     return get(name)

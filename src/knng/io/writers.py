@@ -1,0 +1,545 @@
+"""Writers for vector files and k-NN results, all of them atomic.
+
+Every file is first written under a temporary name in its destination folder and only
+``os.replace``-d into place once complete, so a reader never sees a half-written file and
+an interrupted run leaves the previous output (or nothing) behind. The temp-then-rename
+logic lives once, in :func:`atomic_files` / :func:`atomic_write`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+
+from knng.io.readers import (
+    _BIN_DTYPES,
+    _HDF5_SUFFIXES,
+    _HEADER,
+    _TEXMEX_DTYPES,
+    format_of,
+    iter_row_blocks,
+)
+
+__all__ = [
+    "NEIGHBOR_FILES",
+    "atomic_files",
+    "atomic_write",
+    "write_hdf5",
+    "write_neighbors",
+    "write_vectors",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+#: File names written by :func:`write_neighbors` inside its folder.
+NEIGHBOR_FILES: dict[str, str] = {
+    "indices": "indices.npy",
+    "distances": "distances.npy",
+    "metadata": "knng.json",
+}
+
+# Rows are converted and written in blocks of about this many bytes, so converting a
+# memory-mapped file of any size needs only this much memory.
+_BLOCK_BYTES = 32 * 2**20
+_INT32_MAX = 2**31 - 1
+
+
+# --------------------------------------------------------------------------------------
+# Atomic writes
+# --------------------------------------------------------------------------------------
+
+
+def _side_name(path: Path, tag: str) -> Path:
+    """A hidden sibling of ``path``, unique per process and call (``.x.npy.tmp-123-ab12``)."""
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _fsync_file(path: Path) -> None:
+    # Flush the data before the rename: otherwise a crash right after os.replace can
+    # leave the final name pointing at an empty file on some file systems.
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist renames in ``folder``; a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _refuse_existing(finals: Sequence[Path]) -> None:
+    existing = [p for p in finals if os.path.lexists(p)]
+    if existing:
+        raise FileExistsError(
+            errno.EEXIST,
+            f"refusing to overwrite {', '.join(str(p) for p in existing)} "
+            "(pass overwrite=True)",
+            str(existing[0]),
+        )
+
+
+@contextlib.contextmanager
+def atomic_files(
+    paths: Sequence[PathLike],
+    *,
+    overwrite: bool = True,
+    remove: Sequence[PathLike] = (),
+) -> Iterator[list[Path]]:
+    """Write several files so that either all of them appear or none does.
+
+    Yields one temporary path per entry of ``paths`` (a hidden sibling in the same folder,
+    so the final rename never crosses file systems). When the ``with`` body finishes, the
+    temporaries are flushed to disk and renamed into place; files already there are first
+    moved aside and restored if any rename fails, so the folder ends with either the old
+    set or the new set. If the body raises, the temporaries are deleted.
+
+    Parameters
+    ----------
+    paths : sequence of str or os.PathLike
+        Final file names; their folders must exist.
+    overwrite : bool, default True
+        If False and any final name exists, raise FileExistsError (checked before the body
+        runs and again before renaming).
+    remove : sequence of str or os.PathLike, optional
+        Files to delete as part of the same commit (stale companions of the outputs); they
+        are restored too if the commit fails.
+
+    Yields
+    ------
+    list of pathlib.Path
+        Temporary names, in the order of ``paths``; the body must create each one.
+
+    Raises
+    ------
+    FileExistsError
+        If ``overwrite`` is False and an output exists.
+    """
+    finals = [Path(p) for p in paths]
+    doomed = [Path(p) for p in remove if Path(p) not in finals]
+    if not overwrite:
+        _refuse_existing(finals)
+    temps = [_side_name(p, "tmp") for p in finals]
+    try:
+        yield temps
+        if not overwrite:
+            _refuse_existing(finals)
+        for temp in temps:
+            _fsync_file(temp)
+        _commit(finals, temps, doomed)
+    finally:
+        # After a successful commit no temp remains, so this only cleans up failures.
+        for temp in temps:
+            _unlink_quietly(temp)
+    for folder in {p.parent for p in finals}:
+        _fsync_dir(folder)
+
+
+def _commit(finals: list[Path], temps: list[Path], doomed: list[Path]) -> None:
+    """Rename ``temps`` onto ``finals`` and delete ``doomed``, all or nothing."""
+    backups: list[tuple[Path, Path]] = []  # (original name, where it was moved)
+    placed: list[Path] = []
+    try:
+        # Move the files being replaced or removed aside first, so that a failure half
+        # way leaves something we can put back rather than a mix of old and new outputs.
+        for path in [*finals, *doomed]:
+            if os.path.lexists(path):
+                backup = _side_name(path, "bak")
+                os.replace(path, backup)
+                backups.append((path, backup))
+        for temp, final in zip(temps, finals):
+            os.replace(temp, final)
+            placed.append(final)
+    except BaseException:
+        for final in placed:
+            _unlink_quietly(final)
+        for original, backup in reversed(backups):
+            # Best effort: if even this fails the old data survives under the backup name.
+            with contextlib.suppress(OSError):
+                os.replace(backup, original)
+        raise
+    for _, backup in backups:
+        _unlink_quietly(backup)
+
+
+def atomic_write(
+    path: PathLike, write_fn: Callable[[Path], Any], *, overwrite: bool = True
+) -> Path:
+    """Create ``path`` atomically: ``write_fn(temp_path)`` writes, then it is renamed.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Final file name; its folder must exist.
+    write_fn : callable
+        Called with a temporary path in the same folder; must create that file completely.
+    overwrite : bool, default True
+        If False and ``path`` exists, raise FileExistsError.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+    """
+    with atomic_files([path], overwrite=overwrite) as (temp,):
+        write_fn(temp)
+    return Path(path)
+
+
+# --------------------------------------------------------------------------------------
+# Array conversion and checks
+# --------------------------------------------------------------------------------------
+
+
+def _as_source(x: Any, name: str) -> Any:
+    """Return ``x`` as something with ``shape``, ``dtype`` and row slicing.
+
+    Torch tensors become NumPy (duck-typed, so this module never imports torch); memmaps
+    and h5py datasets pass through unchanged so that they are streamed, not loaded.
+    """
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        if str(getattr(x, "dtype", "")) == "torch.bfloat16":  # NumPy has no bfloat16
+            x = x.float()
+        return x.detach().cpu().numpy()
+    if isinstance(x, np.ndarray) or type(x).__module__.startswith("h5py"):
+        return x
+    try:
+        return np.asarray(x)
+    except Exception as exc:
+        raise TypeError(f"{name} must be an array, got {type(x).__name__}") from exc
+
+
+def _check_2d(x: Any, name: str) -> None:
+    if len(x.shape) != 2:
+        raise ValueError(f"{name} must be 2-D (n, d), got shape {tuple(x.shape)}")
+
+
+def _block_rows(x: Any) -> int:
+    row_bytes = max(1, int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize)
+    return max(1, _BLOCK_BYTES // row_bytes)
+
+
+def _target_dtype(x: Any, target: np.dtype, suffix: str, name: str) -> None:
+    """Raise ValueError if ``x``'s dtype cannot be stored as ``target`` in ``suffix``.
+
+    Floating targets take any float (rounded, the usual float64 -> float32 conversion) and
+    integers that convert exactly; integer targets take only integers, whose values are
+    range-checked while writing (see :func:`_convert_block`).
+    """
+    kind = x.dtype.kind
+    if target.kind == "f":
+        ok = kind == "f" or (kind in "iub" and np.can_cast(x.dtype, target, "safe"))
+    else:
+        ok = kind in "iub"
+    if not ok:
+        raise ValueError(
+            f"{name} has dtype {x.dtype}, which does not fit {suffix} ({target.name} values)"
+        )
+
+
+def _convert_block(block: np.ndarray, target: np.dtype, name: str, suffix: str) -> np.ndarray:
+    """Cast one block to ``target``, refusing integers that would wrap around."""
+    if target.kind in "iu" and block.size and not np.can_cast(block.dtype, target, "safe"):
+        info = np.iinfo(target)
+        lo, hi = block.min(), block.max()
+        if lo < info.min or hi > info.max:
+            raise ValueError(
+                f"{name} holds values in [{lo}, {hi}], outside the {target.name} range of "
+                f"{suffix} [{info.min}, {info.max}]"
+            )
+    return block.astype(target, copy=False)
+
+
+# --------------------------------------------------------------------------------------
+# Per-format writers (each writes one complete file to an already-temporary path)
+# --------------------------------------------------------------------------------------
+
+
+def _write_npy(temp: Path, x: Any) -> None:
+    if x.dtype.hasobject:
+        raise ValueError("array has dtype object, which .npy files cannot store safely")
+    if isinstance(x, np.ndarray) and (x.flags.c_contiguous or x.size == 0):
+        # A file object, not a name: np.save would append ".npy" to the temporary name.
+        with open(temp, "wb") as f:
+            np.save(f, x, allow_pickle=False)
+        return
+    # h5py datasets and strided arrays (TEXMEX memmaps): np.save would load the former
+    # whole and write the latter one element per fwrite, so copy blocks into a mapped .npy.
+    out = np.lib.format.open_memmap(temp, mode="w+", dtype=x.dtype, shape=tuple(x.shape))
+    for start, block in iter_row_blocks(x, _block_rows(x)):
+        out[start : start + len(block)] = block
+    out.flush()
+    del out
+
+
+def _write_texmex(temp: Path, x: Any, suffix: str) -> None:
+    target = _TEXMEX_DTYPES[suffix]
+    d = int(x.shape[1])
+    header_cols = _HEADER.itemsize // target.itemsize  # 1 for float32/int32, 4 for uint8
+    header = np.array([d], dtype=_HEADER).view(target)  # d's bytes, as `target` columns
+    with open(temp, "wb") as f:
+        for _, block in iter_row_blocks(x, _block_rows(x)):
+            rows = np.empty((len(block), header_cols + d), dtype=target)
+            # Set the header through an int32 view: assigning an int32 bit pattern as a
+            # float could in principle be normalised on the way.
+            rows.view(np.uint8)[:, : _HEADER.itemsize] = header.view(np.uint8)
+            rows[:, header_cols:] = _convert_block(block, target, "array", suffix)
+            rows.tofile(f)
+
+
+def _write_bin(temp: Path, x: Any, suffix: str) -> None:
+    target = _BIN_DTYPES[suffix]
+    n, d = (int(s) for s in x.shape)
+    with open(temp, "wb") as f:
+        np.array([n, d], dtype=_HEADER).tofile(f)
+        for _, block in iter_row_blocks(x, _block_rows(x)):
+            _convert_block(block, target, "array", suffix).tofile(f)
+
+
+def _write_hdf5_file(temp: Path, datasets: dict[str, Any], attrs: dict[str, Any]) -> None:
+    import h5py  # deferred: only needed for HDF5
+
+    with h5py.File(temp, "w") as f:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        for name, x in datasets.items():
+            ds = f.create_dataset(name, shape=tuple(x.shape), dtype=x.dtype)
+            if len(x.shape) == 0:
+                ds[()] = x[()]
+                continue
+            for start, block in iter_row_blocks(x, _block_rows(x)):
+                ds[start : start + len(block)] = block
+
+
+# --------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------
+
+
+def write_vectors(
+    path: PathLike,
+    array: Any,
+    *,
+    dataset: str | None = None,
+    overwrite: bool = True,
+) -> Path:
+    """Write a 2-D array in the format given by the suffix of ``path``, atomically.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination; its suffix picks the format (see ``knng.io.FORMATS``). Its folder
+        must exist.
+    array : array-like, numpy.memmap, h5py.Dataset or torch.Tensor
+        Shape ``(n, d)``. File-backed inputs are streamed block by block, so converting
+        a file larger than memory works. Dtype rules: ``.npy``/HDF5 keep the dtype;
+        ``.fvecs``/``.fbin`` take floats (stored as float32) and integers that float32
+        holds exactly; ``.ivecs``/``.ibin``/``.bvecs``/``.u8bin``/``.i8bin`` take integers
+        whose values fit int32/uint8/int8.
+    dataset : str, optional
+        HDF5 only: the dataset name (default ``train``); the file holds just this one
+        dataset, use :func:`write_hdf5` for several.
+    overwrite : bool, default True
+        Like ``np.save``, replace an existing file; False raises FileExistsError.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    ValueError
+        If ``array`` is not 2-D or its dtype or values do not fit the format (the message
+        names ``array``), or if ``dataset`` is given for a non-HDF5 file.
+    """
+    suffix = format_of(path)
+    if suffix in _HDF5_SUFFIXES:
+        return write_hdf5(path, overwrite=overwrite, **{dataset or "train": array})
+    if dataset is not None:
+        raise ValueError(f"dataset={dataset!r} only applies to HDF5 files, not to {path}")
+    x = _as_source(array, "array")
+    _check_2d(x, "array")
+    if suffix == ".npy":
+        return atomic_write(path, lambda temp: _write_npy(temp, x), overwrite=overwrite)
+    n, d = (int(s) for s in x.shape)
+    if d == 0:
+        raise ValueError(f"array has 0 columns, which {suffix} files cannot record")
+    if d > _INT32_MAX or (suffix in _BIN_DTYPES and n > _INT32_MAX):
+        raise ValueError(f"array of shape {(n, d)} exceeds the int32 header of {suffix}")
+    if suffix in _TEXMEX_DTYPES:
+        _target_dtype(x, _TEXMEX_DTYPES[suffix], suffix, "array")
+        writer = _write_texmex
+    else:
+        _target_dtype(x, _BIN_DTYPES[suffix], suffix, "array")
+        writer = _write_bin
+    return atomic_write(path, lambda temp: writer(temp, x, suffix), overwrite=overwrite)
+
+
+def write_hdf5(
+    path: PathLike,
+    *,
+    distance: str | None = None,
+    overwrite: bool = True,
+    **datasets: Any,
+) -> Path:
+    """Write an HDF5 file in the ann-benchmarks layout, atomically.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination (``.hdf5`` or ``.h5``).
+    distance : str, optional
+        Stored as the file attribute ``distance`` (e.g. ``"euclidean"``, ``"angular"``).
+    overwrite : bool, default True
+        Replace an existing file; False raises FileExistsError.
+    **datasets : array-like, numpy.memmap, h5py.Dataset or torch.Tensor
+        Datasets by name, usually ``train``, ``test``, ``neighbors`` and ``distances``;
+        each keeps its dtype and is streamed in blocks.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Examples
+    --------
+    >>> write_hdf5("sift.hdf5", train=x, test=q, neighbors=i, distances=dd,
+    ...            distance="euclidean")  # doctest: +SKIP
+    """
+    suffix = format_of(path)
+    if suffix not in _HDF5_SUFFIXES:
+        raise ValueError(f"{path}: write_hdf5 needs a .hdf5 or .h5 file name")
+    if not datasets:
+        raise ValueError("write_hdf5 needs at least one dataset, e.g. train=array")
+    arrays = {name: _as_source(x, name) for name, x in datasets.items()}
+    for name, x in arrays.items():
+        if x.dtype.hasobject:
+            raise ValueError(f"{name} has dtype object, which HDF5 cannot store")
+    attrs: dict[str, Any] = {"type": "dense"}
+    if distance is not None:
+        attrs["distance"] = str(distance)
+    train = arrays.get("train")
+    if train is not None and len(train.shape) == 2:
+        attrs["dimension"] = int(train.shape[1])  # what ann-benchmarks loaders read
+    return atomic_write(
+        path, lambda temp: _write_hdf5_file(temp, arrays, attrs), overwrite=overwrite
+    )
+
+
+def _json_default(obj: Any) -> Any:
+    """Make NumPy values, paths and torch dtypes/devices JSON-serialisable."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    # Metadata is descriptive (torch.device, torch.dtype, ...): a readable string beats
+    # failing after an hours-long run.
+    return str(obj)
+
+
+def write_neighbors(
+    folder: PathLike,
+    indices: Any,
+    distances: Any,
+    *,
+    metadata: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Save k-NN results as ``indices.npy``, ``distances.npy`` and ``knng.json``.
+
+    All files are written to temporary names first and renamed into place together, so
+    the folder holds either the complete new results or whatever it held before.
+
+    Parameters
+    ----------
+    folder : str or os.PathLike
+        Output folder, created (with parents) if missing.
+    indices : array-like or torch.Tensor
+        Integer neighbour ids, shape ``(n, k)``; stored as int64.
+    distances : array-like or torch.Tensor
+        Distances, shape ``(n, k)``; stored as float32.
+    metadata : dict, optional
+        Written as ``knng.json`` (NumPy scalars and other objects become JSON values or
+        strings). Without it, a ``knng.json`` left by an earlier run is removed when
+        overwriting, since it would describe other results.
+    overwrite : bool, default False
+        Replace existing outputs; otherwise their presence raises FileExistsError.
+
+    Returns
+    -------
+    pathlib.Path
+        ``folder``.
+
+    Raises
+    ------
+    FileExistsError
+        If any output file exists and ``overwrite`` is False; the message names the folder.
+    ValueError
+        If the arrays are not 2-D, differ in shape, or ``indices`` is not integer.
+    """
+    folder = Path(folder)
+    idx = _as_source(indices, "indices")
+    dist = _as_source(distances, "distances")
+    _check_2d(idx, "indices")
+    _check_2d(dist, "distances")
+    if tuple(idx.shape) != tuple(dist.shape):
+        raise ValueError(
+            f"indices and distances must have the same shape, got {tuple(idx.shape)} "
+            f"and {tuple(dist.shape)}"
+        )
+    if idx.dtype.kind not in "iu":
+        raise ValueError(f"indices must hold integers, got dtype {idx.dtype}")
+    if dist.dtype.kind not in "fiu":
+        raise ValueError(f"distances must hold real numbers, got dtype {dist.dtype}")
+    # Serialise before touching the disk, so a bad metadata value fails with nothing written.
+    text = None
+    if metadata is not None:
+        text = json.dumps(metadata, indent=2, sort_keys=True, default=_json_default) + "\n"
+
+    finals = {key: folder / name for key, name in NEIGHBOR_FILES.items()}
+    if not overwrite and any(os.path.lexists(p) for p in finals.values()):
+        raise FileExistsError(
+            errno.EEXIST, "folder already holds k-NN results (pass overwrite=True)", str(folder)
+        )
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    outputs = [finals["indices"], finals["distances"]]
+    stale = [] if text is not None else [finals["metadata"]]
+    if text is not None:
+        outputs.append(finals["metadata"])
+    try:
+        with atomic_files(outputs, overwrite=overwrite, remove=stale) as temps:
+            _write_npy(temps[0], np.asarray(idx, dtype=np.int64))
+            _write_npy(temps[1], np.asarray(dist, dtype=np.float32))
+            if text is not None:
+                temps[2].write_text(text, encoding="utf-8")
+    except BaseException:
+        if created:
+            # Leave no trace of a failed first write; rmdir refuses if anything else is there.
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    return folder
