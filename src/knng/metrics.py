@@ -57,11 +57,15 @@ class Prepared:
         float64 (m,): Euclidean norms of the unscaled prepared vectors (before rounding).
     terms : torch.Tensor or None
         float64 (m,): the additive term (‖·‖² for the Euclidean family), or None.
+    offsets : torch.Tensor or None
+        float64 (m,), query side only: what turns a row's score into its distance
+        (``distance = to_distance(score + offset)``), e.g. the ‖a‖² a search leaves out.
     """
 
     vectors: torch.Tensor
     norms: torch.Tensor
     terms: torch.Tensor | None
+    offsets: torch.Tensor | None = None
 
 
 def _aligned_width(d: int, extra: int) -> int:
@@ -148,21 +152,28 @@ class Metric:
         m, d = x64.shape
         norms = torch.linalg.vector_norm(x64, dim=1)
         out = torch.zeros((m, self.width(d)), dtype=dtype, device=x64.device)
-        terms = None
+        terms = offsets = None
         if side == "query":
             out[:, :d] = x64 * self.alpha  # exact: α is a power of two
+            offsets = torch.zeros(m, dtype=torch.float64, device=x64.device)
             if self.uses_terms:
                 out[:, d] = 1.0
                 if symmetric:
                     terms = norms * norms
                     out[:, d + 1] = terms
+                else:
+                    offsets = norms * norms
+            elif self.normalize:
+                offsets += 1.0  # distance 1 − cos = 1 + score
+            elif centre is not None and self.centre_corpus and not symmetric:
+                offsets = -(x64 @ centre)  # −xᵀy = −xᵀ(y − μ) − xᵀμ
         else:
             out[:, :d] = x64
             if self.uses_terms:
                 terms = norms * norms
                 out[:, d] = terms
                 out[:, d + 1] = 1.0
-        return Prepared(vectors=out, norms=norms, terms=terms)
+        return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
 
     def query_layout(self, corpus_side: torch.Tensor, d: int) -> torch.Tensor:
         """Turn a corpus-layout block into the query layout (for a graph, where data is both)."""
@@ -248,6 +259,27 @@ class Metric:
         return thr - bound
 
     # ---------------------------------------------------------------------------------- exact
+    def to_distance(self, value: torch.Tensor) -> torch.Tensor:
+        """Map ``score + offset`` (squared units for the Euclidean family) to the distance."""
+        if self.name == "euclidean":
+            return torch.sqrt(value.clamp_min(0.0))
+        return value
+
+    def oracle_error(self, value: torch.Tensor, row_norms: torch.Tensor, col_norms: torch.Tensor,
+                     d: int, centre_norm: float) -> torch.Tensor:
+        """How far any float64 evaluation of the exact distance may stray from the real one.
+
+        In the units of ``score + offset``. The Euclidean sum of d squares errs by at most
+        γ_d relative; the unit-vector form by a few γ_d absolutely (its terms are ≤ 2); the
+        inner product by γ_d·‖x‖‖y‖ with ‖y‖ ≤ ‖y − μ‖ + ‖μ‖.
+        """
+        gamma = 2.0 * (d + 8) * 2.0**-53
+        if self.uses_terms:
+            return gamma * value.abs()
+        if self.normalize:
+            return torch.full_like(value, 4.0 * gamma)
+        return gamma * row_norms * (col_norms + centre_norm)
+
     def exact(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Exact float64 distances from each row ``x[i]`` (m, d) to its rows ``y[i]`` (m, c, d).
 
@@ -260,9 +292,12 @@ class Metric:
         y64 = y.to(torch.float64)
         if self.name == "inner_product":
             return -(y64 @ x64.transpose(1, 2))[:, :, 0]
-        if self.name in ("euclidean", "sqeuclidean"):
-            dist = _cdist(x64, y64)
-            return dist if self.name == "euclidean" else dist * dist
+        if self.name == "euclidean":
+            return _cdist(x64, y64)
+        if self.name == "sqeuclidean":
+            # Not cdist²: squaring a rounded square root moves values that sit exactly on a
+            # float32 rounding midpoint (common for float32 and integer inputs) off it.
+            return _sum_of_squared_differences(x64, y64)
         if self.centre_rows:
             x64 = x64 - x64.mean(dim=-1, keepdim=True)
             y64 = y64 - y64.mean(dim=-1, keepdim=True)
@@ -272,6 +307,15 @@ class Metric:
         dist = 0.5 * half * half
         zero = (nx[:, :, 0] == 0) | (ny[:, :, 0] == 0)
         return torch.where(zero, torch.ones_like(dist), dist)
+
+
+def _sum_of_squared_differences(x: torch.Tensor, y: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+    """Σ (x − y)² for x (m, 1, d) against y (m, c, d), in float64, a few dimensions at a time."""
+    out = torch.zeros(y.shape[:2], dtype=torch.float64, device=y.device)
+    for c0 in range(0, y.shape[2], chunk):
+        diff = y[:, :, c0:c0 + chunk] - x[:, :, c0:c0 + chunk]
+        out += (diff * diff).sum(dim=-1)
+    return out
 
 
 def _cdist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

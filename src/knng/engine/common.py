@@ -13,7 +13,7 @@ from knng._inputs import InputArray, check_finite
 from knng.metrics import Metric, Prepared
 
 __all__ = [
-    "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus",
+    "choose_screen_dtype", "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus",
     "merge_topk", "is_out_of_memory", "Progress",
 ]
 
@@ -92,9 +92,11 @@ class PreparedCorpus:
     """
 
     def __init__(self, corpus: InputArray, metric: Metric, centre: torch.Tensor | None,
-                 device: torch.device, *, resident: bool, block_rows: int, symmetric: bool) -> None:
+                 device: torch.device, *, resident: bool, block_rows: int, symmetric: bool,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.corpus, self.metric, self.centre, self.device = corpus, metric, centre, device
-        self.symmetric = symmetric
+        self.symmetric, self.dtype = symmetric, dtype
+        self.centre_norm = 0.0 if centre is None else float(torch.linalg.vector_norm(centre))
         self.resident: torch.Tensor | None = None
         norms = torch.empty(corpus.n, dtype=torch.float64, device=device)
         terms = torch.empty(corpus.n, dtype=torch.float64, device=device) if metric.uses_terms else None
@@ -118,13 +120,33 @@ class PreparedCorpus:
 
     def _prepare(self, raw: torch.Tensor) -> Prepared:
         return self.metric.prepare(raw.to(self.device, non_blocking=True), self.centre,
-                                   side="corpus", symmetric=self.symmetric)
+                                   side="corpus", symmetric=self.symmetric, dtype=self.dtype)
 
     def tile(self, start: int, stop: int) -> torch.Tensor:
         """Prepared rows ``start:stop`` (corpus layout) on the device."""
         if self.resident is not None:
             return self.resident[start:stop]
         return self._prepare(self.corpus.rows(start, stop)).vectors
+
+
+def choose_screen_dtype(device: torch.device, n_corpus: int, d: int, k: int) -> torch.dtype:
+    """float32 or float64 for the screen, whichever makes the exact answer cheaper.
+
+    After a float32 screen every kept candidate is re-ranked from the input vectors, which
+    reads k·d values per row; a float64 screen pins most distances down by itself, at the price
+    of 8-byte score blocks. On GPUs whose float64 matrix products run at the float32 rate
+    (A100, H100/H200, B200: tensor-core DGEMM) the float64 screen wins once k·d outweighs the
+    row length n; elsewhere (consumer GPUs, CPUs) float64 products are slow and float32 stays.
+    """
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
+            return torch.float64
+    return torch.float32
+
+
+#: Compute capabilities whose float64 matrix products are about as fast as float32 ones.
+FAST_FP64_CAPABILITIES = {(8, 0), (9, 0), (10, 0)}
 
 
 def merge_topk(values: torch.Tensor | None, indices: torch.Tensor | None, new_values: torch.Tensor,

@@ -23,8 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from typing import TYPE_CHECKING
+
 from knng._inputs import InputArray
-from knng.metrics import Metric
+from knng.metrics import UNIT_ROUNDOFF_FP32, Metric
+
+if TYPE_CHECKING:
+    from knng.engine.common import PreparedCorpus
 
 __all__ = ["Candidates", "finish_rows", "ExactStats"]
 
@@ -47,12 +52,15 @@ class Candidates:
         float64 (m,) norms of the rows' prepared vectors.
     row_terms : torch.Tensor or None
         float64 (m,) the rows' own score terms (graphs of the Euclidean family), or None.
+    row_offsets : torch.Tensor
+        float64 (m,) what turns a row's score into its distance (see ``Prepared.offsets``).
     """
 
     values: torch.Tensor
     indices: torch.Tensor
     row_norms: torch.Tensor
     row_terms: torch.Tensor | None
+    row_offsets: torch.Tensor
 
 
 @dataclass
@@ -97,14 +105,10 @@ def finish_rows(
     cands: Candidates,
     row_ids: torch.Tensor,
     raw_rows: torch.Tensor,
-    corpus: InputArray,
-    col_norms: torch.Tensor,
-    col_terms: torch.Tensor | None,
-    max_col_norm: float,
+    pcorpus: "PreparedCorpus",
     metric: Metric,
     k: int,
     available: int,
-    centre: torch.Tensor | None,
     exclude_self: bool,
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
@@ -113,15 +117,14 @@ def finish_rows(
     Parameters
     ----------
     cands : Candidates
-        The screen's candidates for ``m`` rows.
+        The screen's candidates for ``m`` rows (float32 or float64 screen).
     row_ids : torch.Tensor
         int64 (m,) global ids of the rows (used to exclude a point from its own graph row).
     raw_rows : torch.Tensor
         (m, d) the rows' input vectors, any supported dtype.
-    corpus : InputArray
-        The corpus as the user gave it (exact distances are computed from it).
-    col_norms, col_terms, max_col_norm
-        Per-corpus-vector norms and terms of the prepared corpus, and the largest norm.
+    pcorpus : PreparedCorpus
+        The corpus: the user's input (exact distances come from it), per-vector norms and
+        terms of its prepared form, the largest norm and the centre.
     available : int
         How many corpus vectors a row may choose from (n, or n − 1 without self).
 
@@ -132,46 +135,95 @@ def finish_rows(
     distances : torch.Tensor
         float64 (m, k), exact.
     stats : ExactStats
+
+    Notes
+    -----
+    A candidate's distance is taken from the screen when the screen is precise enough to
+    pin it down: its error interval must round to a single float32 and must not overlap a
+    neighbour's interval (so its rank is certain too). That is the usual case for a float64
+    screen. All other needed candidates — every one of them after a float32 screen, and
+    duplicates or exact ties after a float64 one — are evaluated from the input vectors by
+    differences, so exact ties stay exact and break by index.
     """
+    corpus = pcorpus.corpus
     d = corpus.d
     vals, idx = cands.values, cands.indices
     m, kc = vals.shape
+    u = UNIT_ROUNDOFF_FP64 if vals.dtype == torch.float64 else UNIT_ROUNDOFF_FP32
     stats = ExactStats(rows=m)
     valid = (idx >= 0) & torch.isfinite(vals)
     safe_idx = idx.clamp_min(0)
+    col_norms = pcorpus.norms[safe_idx]
     bound = metric.pair_bound(
-        d, cands.row_norms[:, None], col_norms[safe_idx],
+        d, cands.row_norms[:, None], col_norms,
         None if cands.row_terms is None else cands.row_terms[:, None],
-        None if col_terms is None else col_terms[safe_idx],
+        None if pcorpus.terms is None else pcorpus.terms[safe_idx],
+        unit_roundoff=u,
     )
     vals64 = vals.to(torch.float64)
     upper = torch.where(valid, vals64 + bound, torch.inf)
     tau = torch.kthvalue(upper, k, dim=1).values  # k ≤ number of valid candidates
-    lower = vals64 - bound
-    needed = valid & (lower <= tau[:, None])
+    needed = valid & (vals64 - bound <= tau[:, None])
 
     if kc >= available:
         certified = torch.ones(m, dtype=torch.bool, device=device)
     else:
         threshold = torch.where(valid, vals64, -torch.inf).max(dim=1).values
-        unselected = metric.unselected_lower_bound(d, threshold, cands.row_norms, cands.row_terms, max_col_norm)
+        unselected = metric.unselected_lower_bound(d, threshold, cands.row_norms, cands.row_terms,
+                                                   pcorpus.max_norm, unit_roundoff=u)
         certified = unselected > tau
 
-    exact = _exact_for(metric, raw_rows, corpus, safe_idx, device)
-    stats.exact_evaluations += int(valid.sum())
-    exact = torch.where(needed, exact, torch.inf)
-    out_idx, out_dist = _sort_by_value_then_index(exact, idx, k)
+    # Distances from the screen, with intervals that hold the real value and any float64
+    # evaluation of it.
+    offsets = cands.row_offsets[:, None]
+    approx = vals64 + offsets
+    err = (bound + 2.0 * UNIT_ROUNDOFF_FP64 * (vals64.abs() + offsets.abs())
+           + metric.oracle_error(approx, cands.row_norms[:, None], col_norms, d, pcorpus.centre_norm))
+    low = torch.where(needed, metric.to_distance(approx - err), torch.inf)
+    high = torch.where(needed, metric.to_distance(approx + err), torch.inf)
+    dist = torch.where(needed, metric.to_distance(approx), torch.inf)
+    ambiguous = needed & ((low.to(torch.float32) != high.to(torch.float32)) | _overlapping(low, high))
+    rows, cols = torch.nonzero(ambiguous, as_tuple=True)
+    if rows.numel():
+        pairs_idx = idx[rows, cols]
+        dist[rows, cols] = _exact_pairs(metric, raw_rows, rows, corpus, pairs_idx, device)
+    stats.exact_evaluations += int(rows.numel())
+    out_idx, out_dist = _sort_by_value_then_index(dist, idx, k)
 
     failing = torch.nonzero(~certified).flatten()
     if failing.numel():
         stats.fallback_rows += int(failing.numel())
         f_idx, f_dist, f_evals = fallback(
-            raw_rows[failing.to(raw_rows.device)], row_ids[failing], corpus, metric, k, centre,
+            raw_rows[failing.to(raw_rows.device)], row_ids[failing], corpus, metric, k, pcorpus.centre,
             exclude_self, device)
         stats.exact_evaluations += f_evals
         out_idx[failing] = f_idx
         out_dist[failing] = f_dist
     return out_idx, out_dist, stats
+
+
+def _overlapping(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Per row, which intervals [low, high] intersect another interval of the same row."""
+    order = torch.argsort(low, dim=1)
+    lo, hi = torch.gather(low, 1, order), torch.gather(high, 1, order)
+    inf = torch.full_like(lo[:, :1], torch.inf)
+    prev_hi = torch.cat([-inf, torch.cummax(hi, dim=1).values[:, :-1]], dim=1)
+    next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(lo, [1]), dim=1).values, [1])[:, 1:], inf], dim=1)
+    hit = (prev_hi >= lo) | (next_lo <= hi)
+    return torch.zeros_like(hit).scatter(1, order, hit)
+
+
+def _exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, corpus: InputArray,
+                 cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Exact float64 distances for the pairs (raw_rows[rows[p]], corpus[cols[p]])."""
+    out = torch.empty(rows.numel(), dtype=torch.float64, device=device)
+    step = max(1, EXACT_CHUNK_BYTES // (corpus.d * 8 * 3))
+    for p0 in range(0, rows.numel(), step):
+        p1 = min(rows.numel(), p0 + step)
+        x = raw_rows[rows[p0:p1].to(raw_rows.device)].to(device)
+        y = corpus.take(cols[p0:p1]).to(device, non_blocking=True)
+        out[p0:p1] = metric.exact(x, y[:, None, :])[:, 0]
+    return out
 
 
 def fallback(

@@ -59,13 +59,14 @@ class TilePlan:
         return replace(self, corpus_cols=max(MIN_TILE, self.corpus_cols // 2))
 
 
-def candidate_count(k: int, available: int) -> int:
+def candidate_count(k: int, available: int, screen_dtype: torch.dtype = torch.float32) -> int:
     """How many screened candidates per row to keep for the exact re-rank: k plus a margin.
 
     The margin lets the certificate prove most rows without a fall-back pass; rows where
-    near-ties exceed it are settled by the fall-back (see ``engine/exact.py``).
+    near-ties exceed it are settled by the fall-back (see ``engine/exact.py``). A float64
+    screen is 2²⁹ times more precise, so only exact ties need room beyond k.
     """
-    margin = max(16, k // 4)
+    margin = max(16, k // 4) if screen_dtype == torch.float32 else max(16, k // 64)
     return min(available, k + margin)
 
 
@@ -100,7 +101,7 @@ def resolve_budget(memory_budget: int | float | str | None, device: torch.device
 
 def plan_tiles(
     *, n_queries: int, n_corpus: int, d: int, k_cand: int, budget: int, device: torch.device,
-    symmetric: bool = False,
+    symmetric: bool = False, element_bytes: int = 4,
 ) -> TilePlan:
     """Choose tile sizes so that the working set stays inside ``budget`` bytes.
 
@@ -110,9 +111,10 @@ def plan_tiles(
     shaped roughly square up to a per-device cap (large on a GPU to amortise kernel launches,
     cache-sized on a CPU).
     """
-    vector_bytes = d * 4 + 16
+    vector_bytes = d * element_bytes + 24
+    block_bytes = BLOCK_BYTES_PER_ELEMENT * element_bytes // 4
     corpus_bytes = n_corpus * vector_bytes
-    lists_bytes = n_queries * k_cand * 12 * 2  # running lists and their merge buffer
+    lists_bytes = n_queries * k_cand * (8 + element_bytes) * 2  # running lists and merge buffer
     query_bytes = 0 if symmetric else n_queries * vector_bytes
     resident = corpus_bytes <= budget // 2
     remaining = budget - lists_bytes - query_bytes - (corpus_bytes if resident else 0)
@@ -124,11 +126,11 @@ def plan_tiles(
     cols = min(n_corpus, max_cols)
     # Blocks must hold at least the candidate lists they produce.
     cols = max(cols, min(n_corpus, k_cand))
-    per_row = cols * BLOCK_BYTES_PER_ELEMENT + (0 if resident else d * 4)
+    per_row = cols * block_bytes + (0 if resident else d * element_bytes)
     rows = int(min(n_queries, max_rows, max(1, remaining // per_row)))
     while rows < MIN_TILE and cols > max(MIN_TILE, k_cand) and rows < n_queries:
         cols = max(MIN_TILE, k_cand, cols // 2)
-        rows = int(min(n_queries, max_rows, max(1, remaining // (cols * BLOCK_BYTES_PER_ELEMENT))))
+        rows = int(min(n_queries, max_rows, max(1, remaining // (cols * block_bytes))))
     if not resident:
         # A streamed corpus tile must fit beside the block.
         cols = int(min(cols, max(MIN_TILE, remaining // 4 // vector_bytes)))

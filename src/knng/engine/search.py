@@ -13,7 +13,9 @@ import torch
 
 from knng._inputs import InputArray, check_finite
 from knng.engine.common import (
-    PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory, merge_topk,
+    MAX_SCREEN_NORM,
+    PreparedCorpus, Progress, choose_screen_dtype, corpus_stats, full_precision, is_out_of_memory,
+    merge_topk,
 )
 from knng.engine.exact import Candidates, ExactStats, finish_rows
 from knng.engine.plan import TilePlan, candidate_count, plan_tiles
@@ -31,6 +33,7 @@ class SearchReport:
     oom_retries: int
     exact: ExactStats
     candidates_per_row: int
+    screen_dtype: str = "float32"
 
 
 def exact_search(
@@ -42,15 +45,17 @@ def exact_search(
     select: str,
     budget: int,
     progress: bool = False,
+    screen_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
     """Exact k nearest corpus vectors of every query; returns (indices, float64 distances, report)."""
-    kc = candidate_count(k, corpus.n)
+    dtype = screen_dtype or choose_screen_dtype(device, corpus.n, corpus.d, k)
+    kc = candidate_count(k, corpus.n, dtype)
     plan = plan_tiles(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k_cand=kc, budget=budget,
-                      device=device)
+                      device=device, element_bytes=dtype.itemsize)
     with full_precision():
         stats = corpus_stats(corpus, metric, device, symmetric=False, block_rows=max(plan.corpus_cols, 4096))
         pcorpus = PreparedCorpus(corpus, metric, stats.centre, device, resident=plan.corpus_resident,
-                                 block_rows=max(plan.corpus_cols, 4096), symmetric=False)
+                                 block_rows=max(plan.corpus_cols, 4096), symmetric=False, dtype=dtype)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats = ExactStats()
@@ -63,9 +68,8 @@ def exact_search(
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
                 cands = _screen_chunk(raw, pcorpus, metric, kc, plan, select, device)
-                idx, dist, st = finish_rows(
-                    cands, torch.arange(q0, q1, device=device), raw, corpus, pcorpus.norms, pcorpus.terms,
-                    pcorpus.max_norm, metric, k, corpus.n, stats.centre, exclude_self=False, device=device)
+                idx, dist, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pcorpus, metric,
+                                            k, corpus.n, exclude_self=False, device=device)
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
                 if not is_out_of_memory(exc):
                     raise
@@ -80,13 +84,16 @@ def exact_search(
             bar.update(q1 - q0)
             q0 = q1
         bar.close()
-    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, kc)
+    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, kc, str(dtype).replace("torch.", ""))
 
 
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, metric: Metric, kc: int, plan: TilePlan,
                   select: str, device: torch.device) -> Candidates:
     """Screen one chunk of queries against every corpus tile; keep kc candidates per row."""
-    prep = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False)
+    prep = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
+    if float(prep.norms.max()) > MAX_SCREEN_NORM:
+        raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
+                         f"too large to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
     n = pcorpus.corpus.n
     vals = idx = None
     for c0 in range(0, n, plan.corpus_cols):
@@ -96,4 +103,4 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, metric: Metric, kc
         selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
         v, i = selector(scores, kt)
         vals, idx = merge_topk(vals, idx, v, i + c0, kc)
-    return Candidates(values=vals, indices=idx, row_norms=prep.norms, row_terms=None)
+    return Candidates(values=vals, indices=idx, row_norms=prep.norms, row_terms=None, row_offsets=prep.offsets)

@@ -10,8 +10,8 @@ Algorithms register by name with :func:`register`; ``select="auto"`` asks :func:
 fastest one measured for the shape and device.
 """
 
-from knng.select.registry import SelectFn, available, get, register, resolve
+from knng.select.registry import SelectFn, available, get, register, resolve, select_columns
 from knng.select import grouped as _grouped  # noqa: F401  (registers "grouped")
 from knng.select import topk as _topk  # noqa: F401  (registers "topk")
 
-__all__ = ["SelectFn", "available", "get", "register", "resolve"]
+__all__ = ["SelectFn", "available", "get", "register", "resolve", "select_columns"]

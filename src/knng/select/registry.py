@@ -6,7 +6,7 @@ from typing import Callable, Protocol
 
 import torch
 
-__all__ = ["SelectFn", "register", "get", "available", "resolve"]
+__all__ = ["SelectFn", "register", "get", "available", "resolve", "select_columns"]
 
 
 class SelectFn(Protocol):
@@ -61,3 +61,15 @@ def resolve(name: str, *, rows: int, cols: int, k: int, device: torch.device) ->
             return _REGISTRY["grouped"]
         return _REGISTRY["topk"]
     return get(name)
+
+
+def select_columns(fn: SelectFn, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k smallest entries of every *column* of ``scores``, as (columns, k) arrays.
+
+    Algorithms may provide a ``columns`` attribute that works on the block as it lies in
+    memory (the graph's column candidates); otherwise the transposed view is selected by rows.
+    """
+    columns = getattr(fn, "columns", None)
+    if columns is not None:
+        return columns(scores, k)
+    return fn(scores.T, k)

@@ -1,0 +1,747 @@
+"""The ``knng`` command line: ``search``, ``graph``, ``info`` and ``demo``.
+
+Every subcommand reads vector files lazily through :mod:`knng.io`, calls the public API
+(:func:`knng.search`, :func:`knng.graph`) and writes its results atomically, only once the
+computation has finished. Bad input (a missing file, a k out of range, an unknown metric, ...)
+ends with ``knng: error: <message>`` on standard error and exit status 2, without a traceback;
+anything unexpected propagates so that its traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import sys
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["main", "build_parser"]
+
+#: Exit status for bad input and usage errors (argparse uses the same).
+EXIT_USAGE = 2
+#: Exceptions that mean "the input is wrong", reported without a traceback.
+INPUT_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+)
+#: ann-benchmarks ``distance`` attribute → knng metric.
+ANN_METRICS = {"euclidean": "euclidean", "angular": "cosine"}
+METRIC_NAMES = ("euclidean", "sqeuclidean", "cosine", "pearson", "inner_product")
+#: dtypes the engine computes with directly; other integer/bool data is converted on read.
+_NATIVE_DTYPES = {"float16", "float32", "float64", "uint8", "int8", "bfloat16"}
+_HDF5 = (".hdf5", ".h5")
+
+
+class CliError(Exception):
+    """A usage problem found by the command line itself (reported like bad input)."""
+
+
+# --------------------------------------------------------------------------------------
+# Help texts
+# --------------------------------------------------------------------------------------
+
+
+def _formats_text() -> str:
+    from knng.io import FORMATS
+
+    width = max(len(s) for s in FORMATS)
+    lines = ["supported file formats (by suffix):"]
+    for suffix, text in FORMATS.items():
+        lines.append(f"  {suffix:<{width}}  {text}")
+    return "\n".join(lines)
+
+
+_MAIN_DESCRIPTION = """\
+knng: exact k-nearest-neighbour search and exact k-NN graphs, brute force, on a GPU or the CPU.
+Exact means: the k neighbours are those of the float64 distances computed directly from your
+vectors, ties going to the smaller index. Start with `knng demo --quick`, look at a file with
+`knng info FILE`, then run `knng search` or `knng graph`.
+"""
+
+_MAIN_EPILOG = """\
+examples:
+  knng demo --quick                         # built-in data, verified against an oracle
+  knng info sift-128-euclidean.hdf5         # what is in a file, and how knng would run it
+  knng search sift-128-euclidean.hdf5 -k 10 --check
+  knng search base.fvecs queries.fvecs -k 100 -o results/
+  knng graph vectors.npy -k 15 --format npz
+
+Run `knng COMMAND --help` for the options of each command.
+"""
+
+_SEARCH_DESCRIPTION = """\
+Find, for every vector in QUERIES, its k nearest vectors in CORPUS, exactly. Results go to
+DIR/indices.npy (int64, n_queries × k, row numbers into CORPUS), DIR/distances.npy (float32,
+ascending) and DIR/knng.json (what was run, timings and the engine's report); they are written
+only when the computation has finished. An ann-benchmarks HDF5 file on its own searches its
+`test` set in its `train` set with the file's metric (angular → cosine); add --check to
+compare with the file's ground truth `neighbors`.
+"""
+
+_SEARCH_EXAMPLES = """\
+examples:
+  knng search glove-100-angular.hdf5 -k 10 --check
+  knng search base.fvecs queries.fvecs -k 100 -o results/
+  knng search data.hdf5:train data.hdf5:test -k 10 --metric inner_product --device cuda:1
+"""
+
+_GRAPH_DESCRIPTION = """\
+Build the exact k-nearest-neighbour graph of DATA: row i lists the k nearest other points of
+point i (the point itself is excluded by index, duplicates stay; --include-self counts it).
+Only about half of the distance matrix is computed, since it is symmetric. Results go to
+DIR/indices.npy, DIR/distances.npy and DIR/knng.json, or with --format npz to DIR/graph.npz
+(load it with knng.load_graph) and DIR/knng.json.
+"""
+
+_GRAPH_EXAMPLES = """\
+examples:
+  knng graph vectors.npy -k 15
+  knng graph mnist-784-euclidean.hdf5 -k 10 --format npz -o mnist-graph/
+"""
+
+_INFO_DESCRIPTION = """\
+Describe a vector file without reading its data: shape, dtype, size, format and whether it is
+memory-mapped (HDF5: every dataset and the distance attribute). Then say what knng would do
+with it: the device that --device auto picks, the memory budget, the tile plan for a k-NN graph
+(and for ann-benchmarks files the search of `test` in `train`), whether the data stays resident
+or streams through in tiles, and how large the outputs will be.
+"""
+
+_INFO_EXAMPLES = """\
+examples:
+  knng info base.fvecs
+  knng info sift-128-euclidean.hdf5 -k 100 --memory-budget 8GB
+  knng info data.hdf5:test
+"""
+
+_DEMO_DESCRIPTION = """\
+Build exact k=10 graphs of two built-in real data sets (scikit-learn's digits and the 8×8
+patches of scikit-image's camera photograph), time them, verify every row (or a random sample
+of 2000 rows on large data) against a float64 oracle computed by differences, and show how many
+rows the plain float32 expansion ‖x‖²+‖y‖²−2xᵀy gets wrong on the same data. Needs no files;
+the patches need scikit-image (pip install knng[demo]).
+"""
+
+_DEMO_EXAMPLES = """\
+examples:
+  knng demo --quick
+  knng demo --device cuda -o /tmp/knng-demo
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30)
+
+
+def _version() -> str:
+    import knng
+    import torch
+
+    gpu = "CUDA available" if torch.cuda.is_available() else "no CUDA device"
+    return f"knng {knng.__version__} (torch {torch.__version__}, {gpu})"
+
+
+def _add_compute_options(p: argparse.ArgumentParser, *, with_k: bool = True) -> None:
+    from knng.select import available
+
+    if with_k:
+        p.add_argument("-k", "--k", type=int, required=True, metavar="K",
+                       help="neighbours per vector (required)")
+    p.add_argument("--metric", choices=METRIC_NAMES, default=None,
+                   help="distance (default: euclidean, or the metric an ann-benchmarks HDF5 file "
+                        "declares: angular → cosine)")
+    p.add_argument("--device", default="auto", metavar="DEV",
+                   help="auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--select", default="auto", choices=available(), metavar="NAME",
+                   help=f"k-selection algorithm: {', '.join(available())} (default: auto)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="memory the engine may use on the device, e.g. 4GB or 512MiB "
+                        "(default: 60%% of free GPU memory, or 25%% of free RAM up to 2 GiB)")
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--out", default="knng-out", metavar="DIR",
+                   help="output folder, created if missing (default: knng-out)")
+    p.add_argument("--overwrite", action="store_true", help="replace results already in DIR")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (it is shown when standard error is a terminal)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``knng`` command (exposed for documentation tools)."""
+    formats = _formats_text()
+    parser = argparse.ArgumentParser(
+        prog="knng", description=_MAIN_DESCRIPTION, epilog=_MAIN_EPILOG + "\n" + formats,
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    def add(name: str, summary: str, description: str, examples: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=description,
+                              epilog=examples + "\n" + formats, formatter_class=_Formatter)
+
+    p = add("search", "exact k nearest neighbours of queries in a corpus", _SEARCH_DESCRIPTION,
+            _SEARCH_EXAMPLES)
+    p.add_argument("corpus", metavar="CORPUS", help="vectors to search in (FILE or FILE.hdf5:DATASET)")
+    p.add_argument("queries", metavar="QUERIES", nargs="?", default=None,
+                   help="query vectors (optional for an ann-benchmarks HDF5 CORPUS: its `test` set)")
+    _add_compute_options(p)
+    _add_output_options(p)
+    p.add_argument("--check", action="store_true",
+                   help="report recall@k against the ground truth `neighbors` of an ann-benchmarks file")
+    p.set_defaults(handler=_cmd_search)
+
+    p = add("graph", "exact k-NN graph of one data set", _GRAPH_DESCRIPTION, _GRAPH_EXAMPLES)
+    p.add_argument("data", metavar="DATA", help="the points (FILE or FILE.hdf5:DATASET)")
+    _add_compute_options(p)
+    p.add_argument("--include-self", action="store_true", help="count each point among its own neighbours")
+    _add_output_options(p)
+    p.add_argument("--format", choices=("npy", "npz"), default="npy",
+                   help="npy: indices.npy + distances.npy; npz: one graph.npz for knng.load_graph "
+                        "(default: npy)")
+    p.set_defaults(handler=_cmd_graph)
+
+    p = add("info", "describe a vector file and how knng would process it", _INFO_DESCRIPTION,
+            _INFO_EXAMPLES)
+    p.add_argument("file", metavar="FILE", help="a vector file (FILE or FILE.hdf5:DATASET)")
+    p.add_argument("-k", "--k", type=int, default=10, metavar="K",
+                   help="k to plan for (default: 10)")
+    p.add_argument("--metric", choices=METRIC_NAMES, default=None, help="metric to plan for")
+    p.add_argument("--device", default="auto", metavar="DEV", help="device to plan for (default: auto)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE", help="memory budget to plan for")
+    p.set_defaults(handler=_cmd_info)
+
+    p = add("demo", "exact graphs of built-in data, verified against an oracle", _DEMO_DESCRIPTION,
+            _DEMO_EXAMPLES)
+    p.add_argument("-o", "--out", default="knng-demo", metavar="DIR",
+                   help="folder for the demo graphs (default: knng-demo)")
+    p.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--quick", action="store_true", help="smaller image-patch set (stride 4, ~16k points)")
+    p.set_defaults(handler=_cmd_demo)
+    return parser
+
+
+# --------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------
+
+
+class _AsFloat64Rows:
+    """Row-sliceable view of integer vectors the engine does not take directly (int32 from
+    ``.ivecs``/``.ibin``, int16, ...) that converts each block it reads to float64.
+
+    float64 holds every integer up to 2⁵³ exactly, so the conversion changes no distance, and
+    the file is still read block by block, never whole.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.shape = tuple(int(s) for s in source.shape)
+        self.dtype = np.dtype(np.float64)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return np.asarray(self.source[index], dtype=np.float64)
+
+
+@dataclass
+class _Input:
+    """One opened input file: what the user typed, what it is, and the array knng gets."""
+
+    spec: str
+    info: dict[str, Any]
+    array: Any
+    converted: bool = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.info["shape"])
+
+    @property
+    def is_hdf5(self) -> bool:
+        return self.info["format"] in _HDF5
+
+    def summary(self) -> dict[str, Any]:
+        out = {"path": self.info["path"], "format": self.info["format"], "shape": list(self.shape),
+               "dtype": self.info["dtype"]}
+        if self.is_hdf5:
+            out["dataset"] = self.info["dataset"]
+        if self.converted:
+            out["converted_to"] = "float64 (exact for these integers)"
+        return out
+
+
+def _explicit_dataset(spec: str) -> bool:
+    """Whether ``spec`` names an HDF5 dataset (``file.hdf5:test``) rather than a plain file."""
+    return ":" in spec and not os.path.exists(spec)
+
+
+def _open(spec: str, dataset: str | None = None) -> _Input:
+    from knng.io import describe, read_vectors
+
+    if dataset is not None and not _explicit_dataset(spec):
+        spec = f"{spec}:{dataset}"
+    info = describe(spec)
+    array = read_vectors(spec)
+    if len(info["shape"]) != 2:
+        raise ValueError(f"{spec}: expected a 2-D array of vectors, got shape {tuple(info['shape'])}")
+    converted = False
+    kind = np.dtype(array.dtype).kind if info["dtype"] != "bfloat16" else "f"
+    if info["dtype"] not in _NATIVE_DTYPES and kind in "iub":
+        array, converted = _AsFloat64Rows(array), True
+    return _Input(spec, info, array, converted)
+
+
+def _metric_for(args: argparse.Namespace, source: _Input) -> str:
+    """The metric: --metric if given, else what an HDF5 file declares, else euclidean."""
+    if args.metric is not None:
+        return args.metric
+    distance = source.info.get("distance") if source.is_hdf5 else None
+    if distance is None:
+        return "euclidean"
+    name = str(distance).lower()
+    if name not in ANN_METRICS:
+        raise CliError(
+            f"{source.info['path']} declares distance {distance!r}, which knng does not support "
+            f"(it supports the ann-benchmarks distances {', '.join(ANN_METRICS)}); "
+            f"pass --metric with one of {', '.join(METRIC_NAMES)} to override"
+        )
+    return ANN_METRICS[name]
+
+
+# --------------------------------------------------------------------------------------
+# Shared pieces of search and graph
+# --------------------------------------------------------------------------------------
+
+
+def _device_and_budget(device: str, memory_budget: str | None) -> tuple[Any, int]:
+    """Resolve (and so validate) the device and budget before any work, as the API will."""
+    from knng.engine.common import resolve_device
+    from knng.engine.plan import resolve_budget
+
+    dev = resolve_device(device)
+    return dev, resolve_budget(memory_budget, dev)
+
+
+def _device_text(dev: Any) -> str:
+    import torch
+
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def _refuse_existing(out: Path, names: Sequence[str], overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise CliError(f"output folder {out} exists and is not a folder")
+    existing = [name for name in names if os.path.lexists(out / name)]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds results ({', '.join(existing)}); pass --overwrite to replace "
+            "them, or choose another folder with -o"
+        )
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def _report_dict(report: Any) -> dict[str, Any]:
+    """The engine's report as plain JSON values."""
+    if report is None:
+        return {}
+    out: dict[str, Any] = {
+        "candidates_per_row": report.candidates_per_row,
+        "rows": report.exact.rows,
+        "fallback_rows": report.exact.fallback_rows,
+        "exact_evaluations": report.exact.exact_evaluations,
+        "oom_retries": report.oom_retries,
+        "plan": asdict(report.plan),
+    }
+    for name in ("part_size", "parts", "blocks_computed", "blocks_full"):
+        if hasattr(report, name):
+            out[name] = getattr(report, name)
+    if hasattr(report, "pairs_saving"):
+        out["pairs_saving"] = report.pairs_saving
+    return out
+
+
+def _metadata(command: str, argv: Sequence[str], inputs: dict[str, _Input], **fields: Any) -> dict[str, Any]:
+    import knng
+    import torch
+
+    return {
+        "knng_version": knng.__version__,
+        "torch_version": torch.__version__,
+        "command": command,
+        "argv": "knng " + " ".join(shlex.quote(a) for a in argv),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "inputs": {name: src.summary() for name, src in inputs.items()},
+        **fields,
+    }
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return " × ".join(f"{s:,}" for s in shape)
+
+
+def _say(*parts: Any) -> None:
+    print(*parts, flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# search
+# --------------------------------------------------------------------------------------
+
+
+def _search_inputs(args: argparse.Namespace) -> tuple[_Input, _Input, bool]:
+    """Open CORPUS and QUERIES; returns (corpus, queries, ann_mode)."""
+    from knng.io import describe
+
+    if args.queries is not None:
+        return _open(args.corpus), _open(args.queries), False
+    info = describe(args.corpus)
+    if info["format"] not in _HDF5 or _explicit_dataset(args.corpus):
+        raise CliError(
+            f"no QUERIES given: `knng search CORPUS QUERIES -k K` needs a query file (only an "
+            f"ann-benchmarks HDF5 file brings its own `test` queries); for the k-NN graph of "
+            f"{args.corpus} itself use `knng graph {args.corpus} -k K`"
+        )
+    missing = [name for name in ("train", "test") if name not in info["datasets"]]
+    if missing:
+        raise CliError(
+            f"{args.corpus} has no {' and no '.join(repr(m) for m in missing)} dataset, so it is not an "
+            f"ann-benchmarks file (datasets: {', '.join(sorted(info['datasets']))}); give QUERIES, "
+            "e.g. `knng search FILE.hdf5:base FILE.hdf5:queries -k K`"
+        )
+    return _open(args.corpus, "train"), _open(args.corpus, "test"), True
+
+
+def _ground_truth(args: argparse.Namespace, corpus: _Input, queries: _Input) -> tuple[Any, Any]:
+    """The file's (neighbors, distances-or-None) datasets for --check, validated."""
+    from knng.io import read_vectors
+
+    if not (corpus.is_hdf5 and queries.is_hdf5 and corpus.info["path"] == queries.info["path"]
+            and queries.info["dataset"] == "test" and "neighbors" in corpus.info["datasets"]):
+        raise CliError(
+            "--check needs an ann-benchmarks HDF5 file with `train`, `test` and `neighbors` "
+            "datasets, searched as a whole (e.g. `knng search FILE.hdf5 -k 10 --check`)"
+        )
+    path = corpus.info["path"]
+    neighbors = read_vectors(path, dataset="neighbors")
+    if neighbors.shape[0] != queries.shape[0]:
+        raise CliError(f"{path}: `neighbors` has {neighbors.shape[0]} rows but `test` has {queries.shape[0]}")
+    distances = read_vectors(path, dataset="distances") if "distances" in corpus.info["datasets"] else None
+    return neighbors, distances
+
+
+def _recall(ours_idx: np.ndarray, ours_dist: np.ndarray, gt_idx: Any, gt_dist: Any) -> dict[str, Any]:
+    """recall@k against ground truth; how many rows differ, and of those how many share the
+    file's k-th distance (ground-truth files may break ties differently)."""
+    k = min(ours_idx.shape[1], int(gt_idx.shape[1]))
+    hits = 0
+    differ = tied = 0
+    chunk = 2048
+    for r0 in range(0, ours_idx.shape[0], chunk):
+        r1 = min(ours_idx.shape[0], r0 + chunk)
+        mine = ours_idx[r0:r1, :k]
+        truth = np.asarray(gt_idx[r0:r1, :k]).astype(np.int64)
+        found = (mine[:, :, None] == truth[:, None, :]).any(axis=2).sum(axis=1)
+        hits += int(found.sum())
+        rows = found < k
+        differ += int(rows.sum())
+        if gt_dist is not None and rows.any():
+            theirs = np.asarray(gt_dist[r0:r1, k - 1], dtype=np.float64)[rows]
+            mine_kth = ours_dist[r0:r1, k - 1].astype(np.float64)[rows]
+            tied += int((np.abs(mine_kth - theirs) <= 1e-4 * np.maximum(np.abs(theirs), 1e-6)).sum())
+    n = ours_idx.shape[0]
+    return {"k": k, "recall": hits / (n * k) if n else 1.0, "rows_differ": differ,
+            "rows_differ_same_kth_distance": tied if gt_dist is not None else None}
+
+
+def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import knng
+    from knng.io import NEIGHBOR_FILES, write_neighbors
+
+    corpus, queries, ann_mode = _search_inputs(args)
+    metric = _metric_for(args, corpus)
+    dev, budget = _device_and_budget(args.device, args.memory_budget)
+    out = Path(args.out)
+    _refuse_existing(out, list(NEIGHBOR_FILES.values()), args.overwrite)
+    truth = _ground_truth(args, corpus, queries) if args.check else None
+
+    t0 = time.perf_counter()
+    result = knng.search(queries.array, corpus.array, args.k, metric=metric, device=args.device,
+                         select=args.select, memory_budget=args.memory_budget, progress=_progress(args))
+    seconds = time.perf_counter() - t0
+    report = knng.api.last_report()
+    indices, distances = np.asarray(result.indices), np.asarray(result.distances)
+    nq = indices.shape[0]
+    check = _recall(indices, distances, *truth) if truth is not None else None
+
+    meta = _metadata(
+        "search", argv, {"corpus": corpus, "queries": queries}, k=args.k, metric=metric,
+        device=str(dev), select=args.select, memory_budget_bytes=budget,
+        ann_benchmarks_file=ann_mode, timings_s={"search": seconds},
+        throughput_queries_per_s=nq / seconds if seconds > 0 else None,
+        report=_report_dict(report), check=check,
+    )
+    t1 = time.perf_counter()
+    write_neighbors(out, indices, distances, metadata=meta, overwrite=args.overwrite)
+    write_s = time.perf_counter() - t1
+
+    _say(f"knng search: {nq:,} queries × {corpus.shape[0]:,} corpus vectors, d={corpus.shape[1]}, "
+         f"k={args.k}, metric {metric}" + (" (ann-benchmarks train/test)" if ann_mode else ""))
+    _say(f"  device {_device_text(dev)}: {seconds:.2f} s, {nq / max(seconds, 1e-9):,.0f} queries/s")
+    if report is not None:
+        _say(f"  exact: {report.exact.fallback_rows:,} of {report.exact.rows:,} rows needed the float64 "
+             f"fall-back; {report.candidates_per_row} candidates per row re-ranked"
+             + (f"; {report.oom_retries} out-of-memory retries" if report.oom_retries else ""))
+    if check is not None:
+        line = f"  check: recall@{check['k']} = {check['recall']:.6f} against the file's ground truth"
+        if check["rows_differ"]:
+            line += f"; {check['rows_differ']:,} rows differ"
+            if check["rows_differ_same_kth_distance"] is not None:
+                line += (f", {check['rows_differ_same_kth_distance']:,} of them with the same k-th "
+                         "distance (ties broken differently)")
+        _say(line)
+    _say(f"  wrote {out / NEIGHBOR_FILES['indices']}, {NEIGHBOR_FILES['distances']}, "
+         f"{NEIGHBOR_FILES['metadata']} ({nq:,} × {args.k}; {write_s:.2f} s)")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# graph
+# --------------------------------------------------------------------------------------
+
+
+def _save_graph_npz(out: Path, graph: Any, meta: dict[str, Any], overwrite: bool) -> list[Path]:
+    """Write DIR/graph.npz (through Graph.save) and DIR/knng.json together, atomically."""
+    import json
+
+    from knng.io import atomic_files
+    from knng.io.writers import _json_default
+
+    text = json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    finals = [out / "graph.npz", out / "knng.json"]
+    with atomic_files(finals, overwrite=overwrite) as (tmp_npz, tmp_json):
+        # Graph.save appends ".npz" to a name without it; move its file onto the temp name.
+        written = graph.save(tmp_npz)
+        if written != tmp_npz:
+            os.replace(written, tmp_npz)
+        tmp_json.write_text(text, encoding="utf-8")
+    return finals
+
+
+def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    import knng
+    from knng.io import NEIGHBOR_FILES, write_neighbors
+
+    data = _open(args.data)
+    metric = _metric_for(args, data)
+    dev, budget = _device_and_budget(args.device, args.memory_budget)
+    out = Path(args.out)
+    names = list(NEIGHBOR_FILES.values()) if args.format == "npy" else ["graph.npz", "knng.json"]
+    _refuse_existing(out, names, args.overwrite)
+
+    t0 = time.perf_counter()
+    graph = knng.graph(data.array, args.k, metric=metric, include_self=args.include_self,
+                       device=args.device, select=args.select, memory_budget=args.memory_budget,
+                       progress=_progress(args))
+    seconds = time.perf_counter() - t0
+    report = knng.api.last_report()
+    graph = graph.numpy()
+    n = graph.n_points
+
+    meta = _metadata(
+        "graph", argv, {"data": data}, k=args.k, metric=metric, include_self=args.include_self,
+        device=str(dev), select=args.select, memory_budget_bytes=budget, format=args.format,
+        timings_s={"graph": seconds}, throughput_points_per_s=n / seconds if seconds > 0 else None,
+        report=_report_dict(report),
+    )
+    t1 = time.perf_counter()
+    if args.format == "npz":
+        written = [str(p) for p in _save_graph_npz(out, graph, meta, args.overwrite)]
+    else:
+        write_neighbors(out, graph.indices, graph.distances, metadata=meta, overwrite=args.overwrite)
+        written = [str(out / NEIGHBOR_FILES["indices"]), NEIGHBOR_FILES["distances"], NEIGHBOR_FILES["metadata"]]
+    write_s = time.perf_counter() - t1
+
+    _say(f"knng graph: {n:,} points, d={data.shape[1]}, k={args.k}, metric {metric}"
+         + (", self included" if args.include_self else ""))
+    _say(f"  device {_device_text(dev)}: {seconds:.2f} s, {n / max(seconds, 1e-9):,.0f} points/s")
+    if report is not None:
+        _say(f"  symmetric plan: {report.parts} parts of ≤{report.part_size:,} points, "
+             f"{report.blocks_computed:,} of {report.blocks_full:,} blocks computed "
+             f"({report.pairs_saving:.0%} of the pair work skipped)")
+        _say(f"  exact: {report.exact.fallback_rows:,} of {report.exact.rows:,} rows needed the float64 "
+             f"fall-back; {report.candidates_per_row} candidates per row re-ranked"
+             + (f"; {report.oom_retries} out-of-memory retries" if report.oom_retries else ""))
+    _say(f"  wrote {', '.join(written)} ({n:,} × {args.k}; {write_s:.2f} s)")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# info
+# --------------------------------------------------------------------------------------
+
+
+def _plan_lines(title: str, *, n_queries: int, n_corpus: int, d: int, k: int, budget: int, dev: Any,
+                symmetric: bool) -> list[str]:
+    from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, candidate_count, plan_tiles
+
+    available = n_corpus - 1 if symmetric else n_corpus
+    lines = [title]
+    if available < 1:
+        return lines + ["  (too few vectors for this)"]
+    if k > available:
+        lines.append(f"  k={k} is more than the {available:,} possible neighbours; planning for k={available}")
+        k = available
+    kc = candidate_count(k, available)
+    plan = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=kc, budget=budget, device=dev,
+                      symmetric=symmetric)
+    block = plan.query_rows * plan.corpus_cols * BLOCK_BYTES_PER_ELEMENT
+    prepared = n_corpus * (d * 4 + 16)
+    lines.append(f"  candidates      {kc} per row screened in float32, re-ranked exactly in float64")
+    lines.append(f"  score blocks    {plan.query_rows:,} × {plan.corpus_cols:,} "
+                 f"(~{_fmt_bytes(block)} with selection workspace)")
+    if plan.corpus_resident:
+        lines.append(f"  data            resident on {dev.type}: prepared float32 copy ~{_fmt_bytes(prepared)}")
+    else:
+        lines.append(f"  data            streamed in tiles of {plan.corpus_cols:,} vectors "
+                     f"(the prepared copy, ~{_fmt_bytes(prepared)}, exceeds half the budget)")
+    if symmetric:
+        # Mirrors the part size chosen in knng.engine.graph.exact_graph.
+        b = plan.query_rows if plan.query_rows < n_corpus else plan.corpus_cols
+        b = max(1, min(b, plan.corpus_cols), min(n_corpus, kc))
+        parts = -(-n_corpus // b)
+        computed = parts * (parts + 1) // 2
+        lines.append(f"  symmetry        {parts:,} parts of ≤{b:,} points: {computed:,} of {parts * parts:,} "
+                     f"blocks computed ({1 - computed / (parts * parts):.0%} of the pair work skipped)")
+    work = n_queries * kc * 12 * 2 + n_queries * k * 16
+    out_bytes = n_queries * k * (8 + 4)
+    lines.append(f"  working lists   ~{_fmt_bytes(work)} (candidate lists and float64 results)")
+    lines.append(f"  outputs         {n_queries:,} × {k} neighbours: indices int64 + distances float32 "
+                 f"= {_fmt_bytes(out_bytes)}")
+    return lines
+
+
+def _cmd_info(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from knng.io import describe
+
+    info = describe(args.file)
+    shape = tuple(info["shape"])
+    lines = [
+        f"file            {info['path']}",
+        f"format          {info['format']}: {info['description']}",
+        f"file size       {_fmt_bytes(info['file_bytes'])} ({info['file_bytes']:,} bytes)",
+    ]
+    if info["format"] in _HDF5:
+        lines.append(f"dataset         {info['dataset']}")
+    lines += [
+        f"shape           {shape} ({_shape_text(shape)})",
+        f"dtype           {info['dtype']}, {info['bytes_per_vector']:,} bytes per vector",
+        "access          " + ("memory-mapped: rows are read on demand" if info["memory_mapped"]
+                              else "read lazily in row blocks (HDF5)"),
+    ]
+    if info["format"] in _HDF5:
+        lines.append("datasets:")
+        for name, ds in sorted(info["datasets"].items()):
+            lines.append(f"  {name:<14}{tuple(ds['shape'])} {ds['dtype']}")
+        distance = info.get("distance")
+        lines.append(f"distance        {distance!r}" + (
+            f" → knng metric {ANN_METRICS[str(distance).lower()]}"
+            if distance is not None and str(distance).lower() in ANN_METRICS else
+            (" (not supported by knng: pass --metric)" if distance is not None else "")))
+    if info["dtype"] not in _NATIVE_DTYPES:
+        lines.append("note            knng converts these values to float64 as it reads them (exact)")
+    _say("\n".join(lines))
+
+    if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+        _say("\nknng needs a 2-D array of at least one vector; nothing to plan.")
+        return 0
+    if args.k < 1:
+        raise ValueError(f"k must be at least 1, got {args.k}")
+    dev, budget = _device_and_budget(args.device, args.memory_budget)
+    budget_src = "from --memory-budget" if args.memory_budget else (
+        "default: 60% of free GPU memory" if dev.type == "cuda" else "default: 25% of available RAM, at most 2 GiB")
+    n, d = shape
+    out = ["", "what knng would do:",
+           f"  device          {_device_text(dev)}" + ("  (--device auto)" if args.device == "auto" else ""),
+           f"  memory budget   {_fmt_bytes(budget)} ({budget_src})"]
+    out += _plan_lines(f"k-NN graph, k={args.k}:", n_queries=n, n_corpus=n, d=d, k=args.k, budget=budget,
+                       dev=dev, symmetric=True)
+    if (info["format"] in _HDF5 and not _explicit_dataset(args.file)
+            and {"train", "test"} <= set(info["datasets"])):
+        test = tuple(info["datasets"]["test"]["shape"])
+        if len(test) == 2 and test[1] == d:
+            out += _plan_lines(f"search of `test` ({test[0]:,} queries) in `train`, k={args.k}:",
+                               n_queries=test[0], n_corpus=n, d=d, k=args.k, budget=budget, dev=dev,
+                               symmetric=False)
+    _say("\n".join(out))
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# demo
+# --------------------------------------------------------------------------------------
+
+
+def _cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from knng.demo import run_demo
+
+    _device_and_budget(args.device, None)  # a bad --device fails here, before any work
+    run_demo(out_dir=args.out, device=args.device, quick=args.quick)
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``knng`` command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors (argparse printed them)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    if getattr(args, "handler", None) is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.handler(args, argv))
+    except (CliError, *INPUT_ERRORS) as exc:
+        print(f"knng: error: {_message(exc)}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("knng: interrupted; nothing was written", file=sys.stderr, flush=True)
+        return 130
+
+
+def _message(exc: BaseException) -> str:
+    """A one-line message; OSErrors get their file name, which str() alone may lack."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}"
+    return str(exc)
