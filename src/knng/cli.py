@@ -392,11 +392,12 @@ def _metadata(command: str, argv: Sequence[str], inputs: dict[str, _Input], **fi
 
 
 def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    """Binary units, like the budget defaults (``2 GiB``) and ``--memory-budget 4GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
 
 
 def _shape_text(shape: Sequence[int]) -> str:
@@ -590,7 +591,7 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
          + (", self included" if args.include_self else ""))
     _say(f"  device {_device_text(dev)}: {seconds:.2f} s, {n / max(seconds, 1e-9):,.0f} points/s")
     if report is not None:
-        _say(f"  symmetric plan: {report.parts} parts of ≤{report.part_size:,} points, "
+        _say(f"  symmetric plan: {report.parts} part{'s' if report.parts != 1 else ''} of ≤{report.part_size:,} points, "
              f"{report.blocks_computed:,} of {report.blocks_full:,} blocks computed "
              f"({report.pairs_saving:.0%} of the pair work skipped)")
         _say(f"  exact: {report.exact.fallback_rows:,} of {report.exact.rows:,} rows needed the float64 "
@@ -635,7 +636,7 @@ def _plan_lines(title: str, *, n_queries: int, n_corpus: int, d: int, k: int, bu
         b = max(1, min(b, plan.corpus_cols), min(n_corpus, kc))
         parts = -(-n_corpus // b)
         computed = parts * (parts + 1) // 2
-        lines.append(f"  symmetry        {parts:,} parts of ≤{b:,} points: {computed:,} of {parts * parts:,} "
+        lines.append(f"  symmetry        {parts:,} part{'s' if parts != 1 else ''} of ≤{b:,} points: {computed:,} of {parts * parts:,} "
                      f"blocks computed ({1 - computed / (parts * parts):.0%} of the pair work skipped)")
     work = n_queries * kc * 12 * 2 + n_queries * k * 16
     out_bytes = n_queries * k * (8 + 4)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
 from knng._inputs import InputArray, check_finite
 from knng.metrics import Metric, Prepared
+from knng.select import select_columns
 
 __all__ = [
     "choose_screen_dtype", "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus",
-    "merge_topk", "is_out_of_memory", "Progress",
+    "merge_topk", "select_block", "is_out_of_memory", "Progress",
 ]
 
 
@@ -151,6 +152,30 @@ def choose_screen_dtype(device: torch.device, n_corpus: int, d: int, k: int) -> 
 
 #: Compute capabilities whose float64 matrix products are about as fast as float32 ones.
 FAST_FP64_CAPABILITIES = {(8, 0), (9, 0), (10, 0)}
+
+
+def select_block(selector: Callable, scores: torch.Tensor, k: int, *, columns: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each row's (or column's) k candidates of a score block, plus a floor for the rest.
+
+    Returns ``(values, indices, floor)``: every entry not returned is ≥ ``floor`` (per row of
+    the result), or ``floor`` is None when the selection is exact (then the largest returned
+    value is that bound). A float64 block is selected on float32 keys when the algorithm would
+    otherwise sort 8-byte values (radix selection makes twice the passes over twice the bytes);
+    the keys order the block up to float32 rounding, which the floor accounts for, and the
+    returned values are the block's own float64 entries.
+    """
+    pick = (lambda block, kk: select_columns(selector, block, kk)) if columns else selector
+    if scores.dtype != torch.float64 or getattr(selector, "exact_on_float64", False):
+        values, indices = pick(scores, k)
+        return values, indices, None
+    keys = scores.to(torch.float32)
+    key_values, indices = pick(keys, k)
+    values = torch.gather(scores.T if columns else scores, 1, indices)
+    top = key_values.max(dim=1).values.to(torch.float64)
+    # Round-to-nearest: an entry whose key is ≥ top is ≥ top − |top|·2⁻²³ (and underflow).
+    floor = top - top.abs() * 2.0**-23 - 2.0**-140
+    return values, indices, floor
 
 
 def merge_topk(values: torch.Tensor | None, indices: torch.Tensor | None, new_values: torch.Tensor,

@@ -54,6 +54,9 @@ class Candidates:
         float64 (m,) the rows' own score terms (graphs of the Euclidean family), or None.
     row_offsets : torch.Tensor
         float64 (m,) what turns a row's score into its distance (see ``Prepared.offsets``).
+    floor : torch.Tensor or None
+        float64 (m,): every screened score not kept is ≥ this (see ``select_block``); None
+        when selection was exact, so the largest kept score is the bound.
     """
 
     values: torch.Tensor
@@ -61,6 +64,7 @@ class Candidates:
     row_norms: torch.Tensor
     row_terms: torch.Tensor | None
     row_offsets: torch.Tensor
+    floor: torch.Tensor | None = None
 
 
 @dataclass
@@ -169,6 +173,8 @@ def finish_rows(
         certified = torch.ones(m, dtype=torch.bool, device=device)
     else:
         threshold = torch.where(valid, vals64, -torch.inf).max(dim=1).values
+        if cands.floor is not None:
+            threshold = torch.minimum(threshold, cands.floor)
         unselected = metric.unselected_lower_bound(d, threshold, cands.row_norms, cands.row_terms,
                                                    pcorpus.max_norm, unit_roundoff=u)
         certified = unselected > tau

@@ -17,7 +17,7 @@ import torch
 from knng._inputs import InputArray
 from knng.engine.common import (
     PreparedCorpus, Progress, choose_screen_dtype, corpus_stats, full_precision, is_out_of_memory,
-    merge_topk,
+    merge_topk, select_block,
 )
 from knng.engine.exact import Candidates, ExactStats, finish_rows
 from knng.engine.plan import TilePlan, candidate_count, plan_tiles
@@ -74,6 +74,7 @@ def exact_graph(
                                block_rows=max(b, 4096), symmetric=True, dtype=dtype)
         vals = torch.full((n, kc), torch.inf, dtype=dtype, device=device)
         idx = torch.full((n, kc), -1, dtype=torch.int64, device=device)
+        floor = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
         sub_rows = min(b, plan.query_rows)
         retries = 0
         pairs = [(i, j) for i in range(len(parts)) for j in range(i, len(parts))]
@@ -86,7 +87,7 @@ def exact_graph(
                 r1 = min(i1, r0 + sub_rows)
                 try:
                     _screen_block(pdata, metric, col_block, r0, r1, j0, j1, pi == pj, include_self, kc,
-                                  select, device, vals, idx)
+                                  select, device, vals, idx, floor)
                 except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
                     if not is_out_of_memory(exc):
                         raise
@@ -113,7 +114,8 @@ def exact_graph(
         for q0 in range(0, n, chunk):
             q1 = min(n, q0 + chunk)
             cands = Candidates(vals[q0:q1], idx[q0:q1], row_norms[q0:q1],
-                               None if row_terms is None else row_terms[q0:q1], row_offsets[q0:q1])
+                               None if row_terms is None else row_terms[q0:q1], row_offsets[q0:q1],
+                               floor[q0:q1])
             raw = data.rows(q0, q1).to(device, non_blocking=True)
             o_i, o_d, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pdata, metric, k,
                                        available, exclude_self=not include_self, device=device)
@@ -141,7 +143,7 @@ def choose_part_size(n: int, kc: int, plan: TilePlan) -> int:
 
 def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor, r0: int, r1: int,
                   j0: int, j1: int, diagonal: bool, include_self: bool, kc: int, select: str,
-                  device: torch.device, vals: torch.Tensor, idx: torch.Tensor) -> None:
+                  device: torch.device, vals: torch.Tensor, idx: torch.Tensor, floor: torch.Tensor) -> None:
     """Screen rows r0:r1 of part I against part J; merge row and (off-diagonal) column candidates."""
     d = pdata.corpus.d
     rows = metric.query_layout(pdata.tile(r0, r1), d)
@@ -152,12 +154,16 @@ def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor
         scores[local, local + (r0 - j0)] = torch.inf
     kt = min(kc, j1 - j0)
     selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
-    v, i = selector(scores, kt)
+    v, i, row_floor = select_block(selector, scores, kt)
     if not diagonal:
         # Column candidates: each column of S(I, J) is a row of S(J, I). Both selections run
         # before anything is merged, so an out-of-memory retry never merges a block twice.
         kr = min(kc, r1 - r0)
-        cv, ci = select_columns(selector, scores, kr)
+        cv, ci, col_floor = select_block(selector, scores, kr, columns=True)
     vals[r0:r1], idx[r0:r1] = merge_topk(vals[r0:r1], idx[r0:r1], v, i + j0, kc)
+    if row_floor is not None and kt < j1 - j0:
+        floor[r0:r1] = torch.minimum(floor[r0:r1], row_floor)
     if not diagonal:
         vals[j0:j1], idx[j0:j1] = merge_topk(vals[j0:j1], idx[j0:j1], cv, ci + r0, kc)
+        if col_floor is not None and kr < r1 - r0:
+            floor[j0:j1] = torch.minimum(floor[j0:j1], col_floor)

@@ -66,7 +66,7 @@ def candidate_count(k: int, available: int, screen_dtype: torch.dtype = torch.fl
     near-ties exceed it are settled by the fall-back (see ``engine/exact.py``). A float64
     screen is 2²⁹ times more precise, so only exact ties need room beyond k.
     """
-    margin = max(16, k // 4) if screen_dtype == torch.float32 else max(16, k // 64)
+    margin = max(16, k // 8) if screen_dtype == torch.float32 else max(16, k // 64)
     return min(available, k + margin)
 
 
@@ -120,7 +120,7 @@ def plan_tiles(
     remaining = budget - lists_bytes - query_bytes - (corpus_bytes if resident else 0)
     remaining = max(remaining, budget // 8)
     if device.type == "cuda":
-        max_rows, max_cols = 16384, 65536
+        max_rows, max_cols = 16384, 1 << 20
     else:
         max_rows, max_cols = 1024, 8192
     cols = min(n_corpus, max_cols)

@@ -15,7 +15,7 @@ from knng._inputs import InputArray, check_finite
 from knng.engine.common import (
     MAX_SCREEN_NORM,
     PreparedCorpus, Progress, choose_screen_dtype, corpus_stats, full_precision, is_out_of_memory,
-    merge_topk,
+    merge_topk, select_block,
 )
 from knng.engine.exact import Candidates, ExactStats, finish_rows
 from knng.engine.plan import TilePlan, candidate_count, plan_tiles
@@ -96,11 +96,15 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, metric: Metric, kc
                          f"too large to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
     n = pcorpus.corpus.n
     vals = idx = None
+    floor = torch.full((raw.shape[0],), torch.inf, dtype=torch.float64, device=device)
     for c0 in range(0, n, plan.corpus_cols):
         c1 = min(n, c0 + plan.corpus_cols)
         scores = prep.vectors @ pcorpus.tile(c0, c1).T
         kt = min(kc, c1 - c0)
         selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
-        v, i = selector(scores, kt)
+        v, i, block_floor = select_block(selector, scores, kt)
+        if block_floor is not None and kt < c1 - c0:
+            floor = torch.minimum(floor, block_floor)
         vals, idx = merge_topk(vals, idx, v, i + c0, kc)
-    return Candidates(values=vals, indices=idx, row_norms=prep.norms, row_terms=None, row_offsets=prep.offsets)
+    return Candidates(values=vals, indices=idx, row_norms=prep.norms, row_terms=None, row_offsets=prep.offsets,
+                      floor=floor)
