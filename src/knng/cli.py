@@ -14,9 +14,8 @@ import datetime
 import os
 import shlex
 import sys
-import textwrap
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,7 +31,6 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (
 )
 #: ann-benchmarks ``distance`` attribute → knng metric.
 ANN_METRICS = {"euclidean": "euclidean", "angular": "cosine"}
-METRIC_NAMES = ("euclidean", "sqeuclidean", "cosine", "pearson", "inner_product")
 #: dtypes the engine computes with directly; other integer/bool data is converted on read.
 _NATIVE_DTYPES = {"float16", "float32", "float64", "uint8", "int8", "bfloat16"}
 _HDF5 = (".hdf5", ".h5")
@@ -148,15 +146,22 @@ def _version() -> str:
     return f"knng {knng.__version__} (torch {torch.__version__}, {gpu})"
 
 
+def _metric_names() -> tuple[str, ...]:
+    from knng.metrics import METRICS
+
+    return tuple(METRICS)
+
+
 def _add_compute_options(p: argparse.ArgumentParser, *, with_k: bool = True) -> None:
     from knng.select import available
 
     if with_k:
         p.add_argument("-k", "--k", type=int, required=True, metavar="K",
                        help="neighbours per vector (required)")
-    p.add_argument("--metric", choices=METRIC_NAMES, default=None,
-                   help="distance (default: euclidean, or the metric an ann-benchmarks HDF5 file "
-                        "declares: angular → cosine)")
+    p.add_argument("--metric", choices=_metric_names(), default=None, metavar="M",
+                   help=f"{', '.join(_metric_names())}; cosine is 1 − cosine similarity, pearson "
+                        "1 − correlation, inner_product −xᵀy (default: euclidean, or what an "
+                        "ann-benchmarks HDF5 file declares: angular → cosine)")
     p.add_argument("--device", default="auto", metavar="DEV",
                    help="auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default: auto)")
     p.add_argument("--select", default="auto", choices=available(), metavar="NAME",
@@ -214,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE", help="a vector file (FILE or FILE.hdf5:DATASET)")
     p.add_argument("-k", "--k", type=int, default=10, metavar="K",
                    help="k to plan for (default: 10)")
-    p.add_argument("--metric", choices=METRIC_NAMES, default=None, help="metric to plan for")
+    p.add_argument("--metric", choices=_metric_names(), default=None, metavar="M",
+                   help="metric to plan for (the plan does not depend on it yet)")
     p.add_argument("--device", default="auto", metavar="DEV", help="device to plan for (default: auto)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE", help="memory budget to plan for")
     p.set_defaults(handler=_cmd_info)
@@ -314,7 +320,7 @@ def _metric_for(args: argparse.Namespace, source: _Input) -> str:
         raise CliError(
             f"{source.info['path']} declares distance {distance!r}, which knng does not support "
             f"(it supports the ann-benchmarks distances {', '.join(ANN_METRICS)}); "
-            f"pass --metric with one of {', '.join(METRIC_NAMES)} to override"
+            f"pass --metric with one of {', '.join(_metric_names())} to override"
         )
     return ANN_METRICS[name]
 
@@ -361,16 +367,16 @@ def _report_dict(report: Any) -> dict[str, Any]:
     if report is None:
         return {}
     out: dict[str, Any] = {
-        "candidates_per_row": report.candidates_per_row,
         "rows": report.exact.rows,
         "fallback_rows": report.exact.fallback_rows,
         "exact_evaluations": report.exact.exact_evaluations,
-        "oom_retries": report.oom_retries,
         "plan": asdict(report.plan),
     }
-    for name in ("part_size", "parts", "blocks_computed", "blocks_full"):
-        if hasattr(report, name):
-            out[name] = getattr(report, name)
+    # Every other scalar field of the report (candidates_per_row, oom_retries, screen_dtype,
+    # the graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
+    for name, value in vars(report).items():
+        if name not in ("exact", "plan") and isinstance(value, (bool, int, float, str)):
+            out[name] = value
     if hasattr(report, "pairs_saving"):
         out["pairs_saving"] = report.pairs_saving
     return out
@@ -402,6 +408,14 @@ def _fmt_bytes(n: float) -> str:
 
 def _shape_text(shape: Sequence[int]) -> str:
     return " × ".join(f"{s:,}" for s in shape)
+
+
+def _exact_line(report: Any) -> str:
+    screen = getattr(report, "screen_dtype", None)
+    return (f"  exact: {report.exact.fallback_rows:,} of {report.exact.rows:,} rows needed the float64 "
+            f"fall-back; {report.candidates_per_row} candidates per row"
+            + (f" from a {screen} screen" if screen else "")
+            + (f"; {report.oom_retries} out-of-memory retries" if report.oom_retries else ""))
 
 
 def _say(*parts: Any) -> None:
@@ -513,9 +527,7 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
          f"k={args.k}, metric {metric}" + (" (ann-benchmarks train/test)" if ann_mode else ""))
     _say(f"  device {_device_text(dev)}: {seconds:.2f} s, {nq / max(seconds, 1e-9):,.0f} queries/s")
     if report is not None:
-        _say(f"  exact: {report.exact.fallback_rows:,} of {report.exact.rows:,} rows needed the float64 "
-             f"fall-back; {report.candidates_per_row} candidates per row re-ranked"
-             + (f"; {report.oom_retries} out-of-memory retries" if report.oom_retries else ""))
+        _say(_exact_line(report))
     if check is not None:
         line = f"  check: recall@{check['k']} = {check['recall']:.6f} against the file's ground truth"
         if check["rows_differ"]:
@@ -594,9 +606,7 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
         _say(f"  symmetric plan: {report.parts} part{'s' if report.parts != 1 else ''} of ≤{report.part_size:,} points, "
              f"{report.blocks_computed:,} of {report.blocks_full:,} blocks computed "
              f"({report.pairs_saving:.0%} of the pair work skipped)")
-        _say(f"  exact: {report.exact.fallback_rows:,} of {report.exact.rows:,} rows needed the float64 "
-             f"fall-back; {report.candidates_per_row} candidates per row re-ranked"
-             + (f"; {report.oom_retries} out-of-memory retries" if report.oom_retries else ""))
+        _say(_exact_line(report))
     _say(f"  wrote {', '.join(written)} ({n:,} × {args.k}; {write_s:.2f} s)")
     return 0
 
@@ -608,6 +618,10 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _plan_lines(title: str, *, n_queries: int, n_corpus: int, d: int, k: int, budget: int, dev: Any,
                 symmetric: bool) -> list[str]:
+    """What the engine would choose, by calling the same planning functions in the same order
+    as ``knng.engine.search.exact_search`` / ``knng.engine.graph.exact_graph``."""
+    from knng.engine.common import choose_screen_dtype
+    from knng.engine.graph import choose_part_size
     from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, candidate_count, plan_tiles
 
     available = n_corpus - 1 if symmetric else n_corpus
@@ -617,28 +631,30 @@ def _plan_lines(title: str, *, n_queries: int, n_corpus: int, d: int, k: int, bu
     if k > available:
         lines.append(f"  k={k} is more than the {available:,} possible neighbours; planning for k={available}")
         k = available
-    kc = candidate_count(k, available)
+    dtype = choose_screen_dtype(dev, n_corpus, d, k)
+    item = dtype.itemsize
+    kc = candidate_count(k, available, dtype)
     plan = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=kc, budget=budget, device=dev,
-                      symmetric=symmetric)
-    block = plan.query_rows * plan.corpus_cols * BLOCK_BYTES_PER_ELEMENT
-    prepared = n_corpus * (d * 4 + 16)
-    lines.append(f"  candidates      {kc} per row screened in float32, re-ranked exactly in float64")
+                      symmetric=symmetric, element_bytes=item)
+    block = plan.query_rows * plan.corpus_cols * BLOCK_BYTES_PER_ELEMENT * item // 4
+    prepared = n_corpus * d * item
+    screen = str(dtype).replace("torch.", "")
+    lines.append(f"  screen          {screen} matrix products, {kc} candidates per row, exact float64 finish")
     lines.append(f"  score blocks    {plan.query_rows:,} × {plan.corpus_cols:,} "
                  f"(~{_fmt_bytes(block)} with selection workspace)")
     if plan.corpus_resident:
-        lines.append(f"  data            resident on {dev.type}: prepared float32 copy ~{_fmt_bytes(prepared)}")
+        lines.append(f"  data            resident on {dev.type}: prepared {screen} copy ~{_fmt_bytes(prepared)}")
     else:
         lines.append(f"  data            streamed in tiles of {plan.corpus_cols:,} vectors "
                      f"(the prepared copy, ~{_fmt_bytes(prepared)}, exceeds half the budget)")
     if symmetric:
-        # Mirrors the part size chosen in knng.engine.graph.exact_graph.
-        b = plan.query_rows if plan.query_rows < n_corpus else plan.corpus_cols
-        b = max(1, min(b, plan.corpus_cols), min(n_corpus, kc))
+        b = choose_part_size(n_corpus, kc, plan)
         parts = -(-n_corpus // b)
         computed = parts * (parts + 1) // 2
-        lines.append(f"  symmetry        {parts:,} part{'s' if parts != 1 else ''} of ≤{b:,} points: {computed:,} of {parts * parts:,} "
-                     f"blocks computed ({1 - computed / (parts * parts):.0%} of the pair work skipped)")
-    work = n_queries * kc * 12 * 2 + n_queries * k * 16
+        lines.append(f"  symmetry        {parts:,} part{'s' if parts != 1 else ''} of ≤{b:,} points: "
+                     f"{computed:,} of {parts * parts:,} blocks computed "
+                     f"({1 - computed / (parts * parts):.0%} of the pair work skipped)")
+    work = n_queries * kc * (8 + item) * 2 + n_queries * k * 16
     out_bytes = n_queries * k * (8 + 4)
     lines.append(f"  working lists   ~{_fmt_bytes(work)} (candidate lists and float64 results)")
     lines.append(f"  outputs         {n_queries:,} × {k} neighbours: indices int64 + distances float32 "
@@ -737,7 +753,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"knng: error: {_message(exc)}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("knng: interrupted; nothing was written", file=sys.stderr, flush=True)
+        print("knng: interrupted (results are written only at the end, so none were)"
+              if args.command in ("search", "graph") else "knng: interrupted", file=sys.stderr, flush=True)
         return 130
 
 

@@ -15,7 +15,7 @@ from knng.select import select_columns
 
 __all__ = [
     "choose_screen_dtype", "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus",
-    "merge_topk", "select_block", "is_out_of_memory", "Progress",
+    "merge_topk", "select_block", "CandidateLists", "is_out_of_memory", "Progress",
 ]
 
 
@@ -189,6 +189,51 @@ def merge_topk(values: torch.Tensor | None, indices: torch.Tensor | None, new_va
         return cat_v, cat_i
     v, pos = torch.topk(cat_v, k, dim=1, largest=False, sorted=False)
     return v, torch.gather(cat_i, 1, pos)
+
+
+class CandidateLists:
+    """Running candidate lists of every row, merged lazily.
+
+    Blocks add partial lists for row ranges; a range's lists are merged into the running
+    lists once they hold ``flush_factor`` times the list length, so a row that receives P
+    partial lists pays about P / flush_factor selections instead of P.
+    """
+
+    def __init__(self, n: int, kc: int, dtype: torch.dtype, device: torch.device, flush_factor: int = 3) -> None:
+        self.values = torch.full((n, kc), torch.inf, dtype=dtype, device=device)
+        self.indices = torch.full((n, kc), -1, dtype=torch.int64, device=device)
+        self.kc, self.flush_factor = kc, flush_factor
+        self.pending: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def add(self, start: int, stop: int, values: torch.Tensor, indices: torch.Tensor) -> None:
+        """Add partial lists (rows start:stop) of global candidate indices (no device work)."""
+        self.pending.setdefault((start, stop), []).append((values, indices))
+
+    def flush_due(self) -> None:
+        """Merge the ranges whose pending lists have grown past the threshold.
+
+        Each merge assigns only after it has succeeded, so an out-of-memory error leaves the
+        lists as they were and the call can simply be repeated.
+        """
+        for (start, stop), lists in list(self.pending.items()):
+            if sum(v.shape[1] for v, _ in lists) >= self.flush_factor * self.kc:
+                self._flush(start, stop)
+
+    def _flush(self, start: int, stop: int) -> None:
+        lists = self.pending.get((start, stop), [])
+        if not lists:
+            return
+        cat_v = torch.cat([self.values[start:stop], *[v for v, _ in lists]], dim=1)
+        cat_i = torch.cat([self.indices[start:stop], *[i for _, i in lists]], dim=1)
+        v, pos = torch.topk(cat_v, self.kc, dim=1, largest=False, sorted=False)
+        self.values[start:stop], self.indices[start:stop] = v, torch.gather(cat_i, 1, pos)
+        del self.pending[(start, stop)]
+
+    def finalize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Merge everything still pending; return the (n, kc) values and indices."""
+        for start, stop in list(self.pending):
+            self._flush(start, stop)
+        return self.values, self.indices
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

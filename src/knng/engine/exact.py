@@ -151,11 +151,14 @@ def finish_rows(
     """
     corpus = pcorpus.corpus
     d = corpus.d
-    vals, idx = cands.values, cands.indices
-    m, kc = vals.shape
-    u = UNIT_ROUNDOFF_FP64 if vals.dtype == torch.float64 else UNIT_ROUNDOFF_FP32
+    m, kc = cands.values.shape
+    u = UNIT_ROUNDOFF_FP64 if cands.values.dtype == torch.float64 else UNIT_ROUNDOFF_FP32
     stats = ExactStats(rows=m)
-    valid = (idx >= 0) & torch.isfinite(vals)
+    # One sort by screened score; everything after works in that order.
+    valid = (cands.indices >= 0) & torch.isfinite(cands.values)
+    vals64, order = torch.sort(torch.where(valid, cands.values.to(torch.float64), torch.inf), dim=1)
+    idx = torch.gather(cands.indices, 1, order)
+    valid = torch.gather(valid, 1, order)
     safe_idx = idx.clamp_min(0)
     col_norms = pcorpus.norms[safe_idx]
     bound = metric.pair_bound(
@@ -164,9 +167,9 @@ def finish_rows(
         None if pcorpus.terms is None else pcorpus.terms[safe_idx],
         unit_roundoff=u,
     )
-    vals64 = vals.to(torch.float64)
-    upper = torch.where(valid, vals64 + bound, torch.inf)
-    tau = torch.kthvalue(upper, k, dim=1).values  # k ≤ number of valid candidates
+    # τ: the k best-screened candidates all score at most max(s̃ + E) over them, so at least k
+    # true scores are ≤ τ (a sound, marginally larger stand-in for the k-th smallest s̃ + E).
+    tau = (vals64[:, :k] + bound[:, :k]).max(dim=1).values
     needed = valid & (vals64 - bound <= tau[:, None])
 
     if kc >= available:
@@ -188,13 +191,16 @@ def finish_rows(
     low = torch.where(needed, metric.to_distance(approx - err), torch.inf)
     high = torch.where(needed, metric.to_distance(approx + err), torch.inf)
     dist = torch.where(needed, metric.to_distance(approx), torch.inf)
-    ambiguous = needed & ((low.to(torch.float32) != high.to(torch.float32)) | _overlapping(low, high))
+    ambiguous = needed & ((low.to(torch.float32) != high.to(torch.float32)) | _overlapping_sorted(low, high))
     rows, cols = torch.nonzero(ambiguous, as_tuple=True)
-    if rows.numel():
-        pairs_idx = idx[rows, cols]
-        dist[rows, cols] = _exact_pairs(metric, raw_rows, rows, corpus, pairs_idx, device)
     stats.exact_evaluations += int(rows.numel())
-    out_idx, out_dist = _sort_by_value_then_index(dist, idx, k)
+    out_idx, out_dist = idx[:, :k].clone(), dist[:, :k].clone()
+    if rows.numel():
+        dist[rows, cols] = _exact_pairs(metric, raw_rows, rows, corpus, idx[rows, cols], device)
+        # Only rows with recomputed entries can change order (their intervals overlap only
+        # each other's); every other row is already sorted by distinct values.
+        touched = torch.unique(rows)
+        out_idx[touched], out_dist[touched] = _sort_by_value_then_index(dist[touched], idx[touched], k)
 
     failing = torch.nonzero(~certified).flatten()
     if failing.numel():
@@ -208,15 +214,18 @@ def finish_rows(
     return out_idx, out_dist, stats
 
 
-def _overlapping(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """Per row, which intervals [low, high] intersect another interval of the same row."""
-    order = torch.argsort(low, dim=1)
-    lo, hi = torch.gather(low, 1, order), torch.gather(high, 1, order)
-    inf = torch.full_like(lo[:, :1], torch.inf)
-    prev_hi = torch.cat([-inf, torch.cummax(hi, dim=1).values[:, :-1]], dim=1)
-    next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(lo, [1]), dim=1).values, [1])[:, 1:], inf], dim=1)
-    hit = (prev_hi >= lo) | (next_lo <= hi)
-    return torch.zeros_like(hit).scatter(1, order, hit)
+def _overlapping_sorted(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """Per row, which intervals [low, high] intersect another of the same row.
+
+    The rows must be in ascending order of the intervals' centres (any order works for the
+    test itself: interval j meets an earlier one iff the running maximum of the earlier
+    ``high`` reaches ``low[j]``, and a later one iff the running minimum of the later ``low``
+    is within ``high[j]``).
+    """
+    inf = torch.full_like(low[:, :1], torch.inf)
+    prev_hi = torch.cat([-inf, torch.cummax(high, dim=1).values[:, :-1]], dim=1)
+    next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(low, [1]), dim=1).values, [1])[:, 1:], inf], dim=1)
+    return (prev_hi >= low) | (next_lo <= high)
 
 
 def _exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, corpus: InputArray,

@@ -17,7 +17,7 @@ import torch
 from knng._inputs import InputArray
 from knng.engine.common import (
     PreparedCorpus, Progress, choose_screen_dtype, corpus_stats, full_precision, is_out_of_memory,
-    merge_topk, select_block,
+    CandidateLists, select_block,
 )
 from knng.engine.exact import Candidates, ExactStats, finish_rows
 from knng.engine.plan import TilePlan, candidate_count, plan_tiles
@@ -72,8 +72,7 @@ def exact_graph(
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=max(b, 4096))
         pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
                                block_rows=max(b, 4096), symmetric=True, dtype=dtype)
-        vals = torch.full((n, kc), torch.inf, dtype=dtype, device=device)
-        idx = torch.full((n, kc), -1, dtype=torch.int64, device=device)
+        lists = CandidateLists(n, kc, dtype, device)
         floor = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
         sub_rows = min(b, plan.query_rows)
         retries = 0
@@ -87,7 +86,7 @@ def exact_graph(
                 r1 = min(i1, r0 + sub_rows)
                 try:
                     _screen_block(pdata, metric, col_block, r0, r1, j0, j1, pi == pj, include_self, kc,
-                                  select, device, vals, idx, floor)
+                                  select, device, lists, floor)
                 except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
                     if not is_out_of_memory(exc):
                         raise
@@ -99,9 +98,12 @@ def exact_graph(
                         torch.cuda.empty_cache()
                     continue
                 r0 = r1
+            retries += _retry_on_oom(lists.flush_due, device)
             bar.update()
         bar.close()
 
+        _retry_on_oom(lists.finalize, device)
+        vals, idx = lists.values, lists.indices
         # Exact finish, in row chunks sized like a search's.
         row_norms, row_terms = pdata.norms, pdata.terms
         row_offsets = torch.zeros(n, dtype=torch.float64, device=device)
@@ -127,9 +129,23 @@ def exact_graph(
     return out_idx, out_dist, report
 
 
+def _retry_on_oom(step, device: torch.device, attempts: int = 3) -> int:
+    """Run an idempotent ``step``; after an out-of-memory error free the cache and retry."""
+    for attempt in range(attempts):
+        try:
+            step()
+            return attempt
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
+            if not is_out_of_memory(exc) or attempt == attempts - 1:
+                raise
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return attempts
+
+
 #: Fewest parts a graph is split into when the data fit one block: with P parts the symmetric
-#: plan computes P(P+1)/2 of P² blocks (4 parts: 10 of 16, a 37.5 % saving).
-MIN_PARTS = 4
+#: plan computes P(P+1)/2 of P² blocks (8 parts: 36 of 64, a 44 % saving).
+MIN_PARTS = 8
 #: Smallest part worth a separate block (kernel launches and merges cost per block).
 MIN_PART = 2048
 
@@ -143,7 +159,7 @@ def choose_part_size(n: int, kc: int, plan: TilePlan) -> int:
 
 def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor, r0: int, r1: int,
                   j0: int, j1: int, diagonal: bool, include_self: bool, kc: int, select: str,
-                  device: torch.device, vals: torch.Tensor, idx: torch.Tensor, floor: torch.Tensor) -> None:
+                  device: torch.device, lists: CandidateLists, floor: torch.Tensor) -> None:
     """Screen rows r0:r1 of part I against part J; merge row and (off-diagonal) column candidates."""
     d = pdata.corpus.d
     rows = metric.query_layout(pdata.tile(r0, r1), d)
@@ -160,10 +176,10 @@ def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor
         # before anything is merged, so an out-of-memory retry never merges a block twice.
         kr = min(kc, r1 - r0)
         cv, ci, col_floor = select_block(selector, scores, kr, columns=True)
-    vals[r0:r1], idx[r0:r1] = merge_topk(vals[r0:r1], idx[r0:r1], v, i + j0, kc)
+    lists.add(r0, r1, v, i + j0)
     if row_floor is not None and kt < j1 - j0:
         floor[r0:r1] = torch.minimum(floor[r0:r1], row_floor)
     if not diagonal:
-        vals[j0:j1], idx[j0:j1] = merge_topk(vals[j0:j1], idx[j0:j1], cv, ci + r0, kc)
+        lists.add(j0, j1, cv, ci + r0)
         if col_floor is not None and kr < r1 - r0:
             floor[j0:j1] = torch.minimum(floor[j0:j1], col_floor)
