@@ -636,19 +636,22 @@ def _plan_lines(title: str, *, n_queries: int, n_corpus: int, d: int, k: int, bu
     kc = candidate_count(k, available, dtype)
     plan = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=kc, budget=budget, device=dev,
                       symmetric=symmetric, element_bytes=item)
-    block = plan.query_rows * plan.corpus_cols * BLOCK_BYTES_PER_ELEMENT * item // 4
+    rows, cols = plan.query_rows, plan.corpus_cols
+    if symmetric:
+        # The graph's blocks are (rows of part I) × (part J), parts as exact_graph splits them.
+        b = choose_part_size(n_corpus, kc, plan)
+        rows, cols = min(b, plan.query_rows), b
+    block = rows * cols * BLOCK_BYTES_PER_ELEMENT * item // 4
     prepared = n_corpus * d * item
     screen = str(dtype).replace("torch.", "")
     lines.append(f"  screen          {screen} matrix products, {kc} candidates per row, exact float64 finish")
-    lines.append(f"  score blocks    {plan.query_rows:,} × {plan.corpus_cols:,} "
-                 f"(~{_fmt_bytes(block)} with selection workspace)")
+    lines.append(f"  score blocks    {rows:,} × {cols:,} (~{_fmt_bytes(block)} with selection workspace)")
     if plan.corpus_resident:
         lines.append(f"  data            resident on {dev.type}: prepared {screen} copy ~{_fmt_bytes(prepared)}")
     else:
         lines.append(f"  data            streamed in tiles of {plan.corpus_cols:,} vectors "
                      f"(the prepared copy, ~{_fmt_bytes(prepared)}, exceeds half the budget)")
     if symmetric:
-        b = choose_part_size(n_corpus, kc, plan)
         parts = -(-n_corpus // b)
         computed = parts * (parts + 1) // 2
         lines.append(f"  symmetry        {parts:,} part{'s' if parts != 1 else ''} of ≤{b:,} points: "

@@ -40,6 +40,7 @@ class GraphReport:
     exact: ExactStats
     candidates_per_row: int
     screen_dtype: str = "float32"
+    mirrored: bool = False  # whole score matrix held: blocks mirrored, rows selected once
 
     @property
     def pairs_saving(self) -> float:
@@ -72,38 +73,23 @@ def exact_graph(
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=max(b, 4096))
         pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
                                block_rows=max(b, 4096), symmetric=True, dtype=dtype)
-        lists = CandidateLists(n, kc, dtype, device)
-        floor = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
-        sub_rows = min(b, plan.query_rows)
         retries = 0
         pairs = [(i, j) for i in range(len(parts)) for j in range(i, len(parts))]
-        bar = Progress(progress, total=len(pairs), desc="knng graph")
-        for pi, pj in pairs:
-            (i0, i1), (j0, j1) = parts[pi], parts[pj]
-            col_block = pdata.tile(j0, j1)
-            r0 = i0
-            while r0 < i1:
-                r1 = min(i1, r0 + sub_rows)
-                try:
-                    _screen_block(pdata, metric, col_block, r0, r1, j0, j1, pi == pj, include_self, kc,
-                                  select, device, lists, floor)
-                except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-                    if not is_out_of_memory(exc):
-                        raise
-                    if sub_rows <= 8:
-                        raise
-                    sub_rows = max(8, sub_rows // 2)
-                    retries += 1
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    continue
-                r0 = r1
-            retries += _retry_on_oom(lists.flush_due, device)
-            bar.update()
-        bar.close()
-
-        _retry_on_oom(lists.finalize, device)
-        vals, idx = lists.values, lists.indices
+        dense = pdata.resident is not None and n * n * dtype.itemsize <= budget // 4
+        if dense:
+            try:
+                vals, idx, floor = _mirrored_candidates(pdata, metric, parts, pairs, kc, include_self, select,
+                                                        device, plan.query_rows, progress)
+            except Exception as exc:  # noqa: BLE001 - out of memory: take the blocked path instead
+                if not is_out_of_memory(exc):
+                    raise
+                dense, retries = False, retries + 1
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+        if not dense:
+            vals, idx, floor, blocked_retries = _blocked_candidates(
+                pdata, metric, parts, pairs, kc, include_self, select, device, min(b, plan.query_rows), progress)
+            retries += blocked_retries
         # Exact finish, in row chunks sized like a search's.
         row_norms, row_terms = pdata.norms, pdata.terms
         row_offsets = torch.zeros(n, dtype=torch.float64, device=device)
@@ -125,7 +111,8 @@ def exact_graph(
             exact_stats.add(st)
     report = GraphReport(plan=plan, part_size=b, parts=len(parts), blocks_computed=len(pairs),
                          blocks_full=len(parts) ** 2, oom_retries=retries, exact=exact_stats,
-                         candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""))
+                         candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""),
+                         mirrored=dense)
     return out_idx, out_dist, report
 
 
@@ -155,6 +142,78 @@ def choose_part_size(n: int, kc: int, plan: TilePlan) -> int:
     b = min(plan.query_rows, plan.corpus_cols) if plan.query_rows < n else plan.corpus_cols
     b = min(b, max(MIN_PART, -(-n // MIN_PARTS)))
     return max(1, min(n, max(b, kc)))  # a part must offer at least kc columns
+
+
+def _blocked_candidates(pdata: PreparedCorpus, metric: Metric, parts: list[tuple[int, int]],
+                        pairs: list[tuple[int, int]], kc: int, include_self: bool, select: str,
+                        device: torch.device, sub_rows: int, progress: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """Candidates from the blocks S(I, J), I ≤ J: row lists for part I, column lists for part J."""
+    n = pdata.corpus.n
+    lists = CandidateLists(n, kc, pdata.dtype, device)
+    floor = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
+    retries = 0
+    bar = Progress(progress, total=len(pairs), desc="knng graph")
+    for pi, pj in pairs:
+        (i0, i1), (j0, j1) = parts[pi], parts[pj]
+        col_block = pdata.tile(j0, j1)
+        r0 = i0
+        while r0 < i1:
+            r1 = min(i1, r0 + sub_rows)
+            try:
+                _screen_block(pdata, metric, col_block, r0, r1, j0, j1, pi == pj, include_self, kc,
+                              select, device, lists, floor)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
+                if not is_out_of_memory(exc) or sub_rows <= 8:
+                    raise
+                sub_rows = max(8, sub_rows // 2)
+                retries += 1
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
+            r0 = r1
+        retries += _retry_on_oom(lists.flush_due, device)
+        bar.update()
+    bar.close()
+    _retry_on_oom(lists.finalize, device)
+    return lists.values, lists.indices, floor, retries
+
+
+def _mirrored_candidates(pdata: PreparedCorpus, metric: Metric, parts: list[tuple[int, int]],
+                         pairs: list[tuple[int, int]], kc: int, include_self: bool, select: str,
+                         device: torch.device, chunk_rows: int, progress: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Candidates when the whole n × n score matrix fits the budget.
+
+    Only the blocks S(I, J) with I ≤ J are multiplied; each is written to its place and,
+    transposed, to the mirror place (a copy at memory speed instead of a second product). Then
+    every row is selected once over its full length: no column selections and no merges.
+    """
+    n, d = pdata.corpus.n, pdata.corpus.d
+    full = torch.empty((n, n), dtype=pdata.dtype, device=device)
+    bar = Progress(progress, total=len(pairs), desc="knng graph")
+    for pi, pj in pairs:
+        (i0, i1), (j0, j1) = parts[pi], parts[pj]
+        block = metric.query_layout(pdata.tile(i0, i1), d) @ pdata.tile(j0, j1).T
+        full[i0:i1, j0:j1] = block
+        if pi != pj:
+            full[j0:j1, i0:i1] = block.T
+        del block
+        bar.update()
+    bar.close()
+    if not include_self:
+        full.diagonal().fill_(torch.inf)  # by index, not by distance: duplicates stay
+    vals = torch.empty((n, kc), dtype=pdata.dtype, device=device)
+    idx = torch.empty((n, kc), dtype=torch.int64, device=device)
+    floor = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
+    selector = resolve(select, rows=min(n, chunk_rows), cols=n, k=kc, device=device)
+    for r0 in range(0, n, chunk_rows):
+        r1 = min(n, r0 + chunk_rows)
+        v, i, row_floor = select_block(selector, full[r0:r1], kc)
+        vals[r0:r1], idx[r0:r1] = v, i
+        if row_floor is not None and kc < n:
+            floor[r0:r1] = row_floor
+    return vals, idx, floor
 
 
 def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor, r0: int, r1: int,
