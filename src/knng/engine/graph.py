@@ -194,11 +194,9 @@ def _mirrored_candidates(pdata: PreparedCorpus, metric: Metric, parts: list[tupl
     bar = Progress(progress, total=len(pairs), desc="knng graph")
     for pi, pj in pairs:
         (i0, i1), (j0, j1) = parts[pi], parts[pj]
-        block = metric.query_layout(pdata.tile(i0, i1), d) @ pdata.tile(j0, j1).T
-        full[i0:i1, j0:j1] = block
+        torch.mm(metric.query_layout(pdata.tile(i0, i1), d), pdata.tile(j0, j1).T, out=full[i0:i1, j0:j1])
         if pi != pj:
-            full[j0:j1, i0:i1] = block.T
-        del block
+            full[j0:j1, i0:i1] = full[i0:i1, j0:j1].T
         bar.update()
     bar.close()
     if not include_self:
