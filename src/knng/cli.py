@@ -242,22 +242,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 class _AsFloat64Rows:
     """Row-sliceable view of integer vectors the engine does not take directly (int32 from
-    ``.ivecs``/``.ibin``, int16, ...) that converts each block it reads to float64.
+    ``.ivecs``/``.ibin``, int16, int64, ...) that converts each block it reads to float64.
 
-    float64 holds every integer up to 2⁵³ exactly, so the conversion changes no distance, and
-    the file is still read block by block, never whole.
+    float64 holds every integer up to 2⁵³ exactly, so the conversion changes no distance (wider
+    values are refused as they are read), and the file is still read block by block, never whole.
     """
 
-    def __init__(self, source: Any) -> None:
-        self.source = source
+    def __init__(self, source: Any, name: str) -> None:
+        self.source, self.name = source, name
         self.shape = tuple(int(s) for s in source.shape)
         self.dtype = np.dtype(np.float64)
+        self._wide = np.dtype(source.dtype).itemsize > 4
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __getitem__(self, index: Any) -> np.ndarray:
-        return np.asarray(self.source[index], dtype=np.float64)
+        block = np.asarray(self.source[index])
+        if self._wide and block.size and int(np.abs(block).max()) > 2**53:
+            raise ValueError(f"{self.name} holds integers beyond 2**53, which float64 cannot hold exactly")
+        return block.astype(np.float64)
 
 
 @dataclass
@@ -283,7 +287,7 @@ class _Input:
         if self.is_hdf5:
             out["dataset"] = self.info["dataset"]
         if self.converted:
-            out["converted_to"] = "float64 (exact for these integers)"
+            out["converted_to"] = "float64 (integers, converted exactly)"
         return out
 
 
@@ -302,9 +306,8 @@ def _open(spec: str, dataset: str | None = None) -> _Input:
     if len(info["shape"]) != 2:
         raise ValueError(f"{spec}: expected a 2-D array of vectors, got shape {tuple(info['shape'])}")
     converted = False
-    kind = np.dtype(array.dtype).kind if info["dtype"] != "bfloat16" else "f"
-    if info["dtype"] not in _NATIVE_DTYPES and kind in "iub":
-        array, converted = _AsFloat64Rows(array), True
+    if info["dtype"] not in _NATIVE_DTYPES and np.dtype(array.dtype).kind in "iub":
+        array, converted = _AsFloat64Rows(array, spec), True
     return _Input(spec, info, array, converted)
 
 
