@@ -165,16 +165,23 @@ def select_block(selector: Callable, scores: torch.Tensor, k: int, *, columns: b
     the keys order the block up to float32 rounding, which the floor accounts for, and the
     returned values are the block's own float64 entries.
     """
-    pick = (lambda block, kk: select_columns(selector, block, kk)) if columns else selector
     if scores.dtype != torch.float64 or getattr(selector, "exact_on_float64", False):
-        values, indices = pick(scores, k)
+        values, indices = select_columns(selector, scores, k) if columns else selector(scores, k)
         return values, indices, None
-    keys = scores.to(torch.float32)
-    key_values, indices = pick(keys, k)
-    values = torch.gather(scores.T if columns else scores, 1, indices)
+    # Keys relative to one entry of each row keep float32 precision for the spread of the row,
+    # not for its magnitude (cosine scores are all ≈ −1).
+    block = scores.T if columns else scores
+    ref = block[:, :2].amin(dim=1, keepdim=True)
+    ref = torch.where(torch.isfinite(ref), ref, torch.zeros_like(ref))
+    shifted = block - ref
+    keys = shifted.to(torch.float32)
+    key_values, indices = selector(keys, k)
+    values = torch.gather(block, 1, indices)
     top = key_values.max(dim=1).values.to(torch.float64)
-    # Round-to-nearest: an entry whose key is ≥ top is ≥ top − |top|·2⁻²³ (and underflow).
-    floor = top - top.abs() * 2.0**-23 - 2.0**-140
+    # Round-to-nearest: an entry whose key is ≥ top was ≥ top − |top|·2⁻²³ after the shift,
+    # and the float64 shift itself is off by at most 2⁻⁵² of the larger magnitude.
+    floor = top - top.abs() * 2.0**-23 - 2.0**-140 + ref[:, 0]
+    floor = floor - (floor.abs() + ref[:, 0].abs()) * 2.0**-51
     return values, indices, floor
 
 

@@ -12,9 +12,12 @@ per-pair rounding-error bound E from :mod:`knng.metrics`:
   provably the exact answer.
 
 Rows that fail the certificate (dense near-ties, duplicates, far-away queries) are settled by the
-fall-back: the row is screened again against the whole corpus in float64, every column whose
-float64 lower bound is ≤ the float64 τ is re-ranked exactly. That set is complete by the same
-argument, so every row ends exact; the fall-back costs only what those rows need.
+fall-back. After a float32 screen they are first screened again, alone, in float64 (the same
+blocked pipeline, 2²⁹ times tighter bounds); rows that fail even that — more exact ties than the
+margin holds — take the complete method: a float64 screen of the row against the whole corpus
+in two passes, every column whose float64 lower bound is ≤ the float64 τ re-ranked exactly. That
+set is complete by the same argument, so every row ends exact; the fall-back costs only what
+those rows need.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from knng._inputs import InputArray
 from knng.metrics import UNIT_ROUNDOFF_FP32, Metric
@@ -72,13 +75,15 @@ class ExactStats:
     """Counters for reports and tests: rows, rows that needed the fall-back, exact evaluations."""
 
     rows: int = 0
-    fallback_rows: int = 0
+    fallback_rows: int = 0  # rows that failed the screen's certificate
     exact_evaluations: int = 0
+    complete_rows: int = 0  # rows settled by the complete two-pass float64 fall-back
 
     def add(self, other: "ExactStats") -> None:
         self.rows += other.rows
         self.fallback_rows += other.fallback_rows
         self.exact_evaluations += other.exact_evaluations
+        self.complete_rows += other.complete_rows
 
 
 def _sort_by_value_then_index(dist: torch.Tensor, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,6 +120,7 @@ def finish_rows(
     available: int,
     exclude_self: bool,
     device: torch.device,
+    refine: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, "ExactStats"]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
     """Certify, re-rank exactly and (for failing rows) fall back; returns exact top-k.
 
@@ -131,6 +137,10 @@ def finish_rows(
         terms of its prepared form, the largest norm and the centre.
     available : int
         How many corpus vectors a row may choose from (n, or n − 1 without self).
+    refine : callable, optional
+        ``refine(raw_rows, row_ids) -> (indices, distances, stats)`` for rows that fail the
+        certificate: after a float32 screen, a float64 screen of just those rows. Without it
+        (after a float64 screen) failing rows take the complete two-pass :func:`fallback`.
 
     Returns
     -------
@@ -205,10 +215,16 @@ def finish_rows(
     failing = torch.nonzero(~certified).flatten()
     if failing.numel():
         stats.fallback_rows += int(failing.numel())
-        f_idx, f_dist, f_evals = fallback(
-            raw_rows[failing.to(raw_rows.device)], row_ids[failing], corpus, metric, k, pcorpus.centre,
-            exclude_self, device)
-        stats.exact_evaluations += f_evals
+        failing_raw = raw_rows[failing.to(raw_rows.device)]
+        if refine is not None:
+            f_idx, f_dist, f_stats = refine(failing_raw, row_ids[failing])
+            stats.exact_evaluations += f_stats.exact_evaluations
+            stats.complete_rows += f_stats.fallback_rows
+        else:
+            stats.complete_rows += int(failing.numel())
+            f_idx, f_dist, f_evals = fallback(failing_raw, row_ids[failing], corpus, metric, k, pcorpus.centre,
+                                              exclude_self, device)
+            stats.exact_evaluations += f_evals
         out_idx[failing] = f_idx
         out_dist[failing] = f_dist
     return out_idx, out_dist, stats

@@ -21,6 +21,7 @@ from knng.engine.common import (
 )
 from knng.engine.exact import Candidates, ExactStats, finish_rows
 from knng.engine.plan import TilePlan, candidate_count, plan_tiles
+from knng.engine.search import refine_in_float64
 from knng.metrics import Metric
 from knng.select import resolve, select_columns
 
@@ -98,6 +99,11 @@ def exact_graph(
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
         exact_stats = ExactStats()
+        refine = None
+        if dtype == torch.float32:
+            def refine(rows: torch.Tensor, ids: torch.Tensor):
+                return refine_in_float64(rows, data.name, data, k, metric, device, select, budget,
+                                         exclude=None if include_self else ids)
         chunk = max(1, min(n, plan.query_rows))
         for q0 in range(0, n, chunk):
             q1 = min(n, q0 + chunk)
@@ -106,7 +112,7 @@ def exact_graph(
                                floor[q0:q1])
             raw = data.rows(q0, q1).to(device, non_blocking=True)
             o_i, o_d, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pdata, metric, k,
-                                       available, exclude_self=not include_self, device=device)
+                                       available, exclude_self=not include_self, device=device, refine=refine)
             out_idx[q0:q1], out_dist[q0:q1] = o_i, o_d
             exact_stats.add(st)
     report = GraphReport(plan=plan, part_size=b, parts=len(parts), blocks_computed=len(pairs),

@@ -60,6 +60,10 @@ def exact_search(
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats = ExactStats()
         retries = 0
+        refine = None
+        if dtype == torch.float32:
+            def refine(rows: torch.Tensor, _ids: torch.Tensor):
+                return refine_in_float64(rows, queries.name, corpus, k, metric, device, select, budget)
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
         while q0 < queries.n:
@@ -69,7 +73,7 @@ def exact_search(
                 check_finite(raw, queries.name, q0)
                 cands = _screen_chunk(raw, pcorpus, metric, kc, plan, select, device)
                 idx, dist, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pcorpus, metric,
-                                            k, corpus.n, exclude_self=False, device=device)
+                                            k, corpus.n, exclude_self=False, device=device, refine=refine)
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
                 if not is_out_of_memory(exc):
                     raise
@@ -85,6 +89,26 @@ def exact_search(
             q0 = q1
         bar.close()
     return out_idx, out_dist, SearchReport(plan, retries, exact_stats, kc, str(dtype).replace("torch.", ""))
+
+
+def refine_in_float64(rows: torch.Tensor, name: str, corpus: InputArray, k: int, metric: Metric,
+                      device: torch.device, select: str, budget: int, exclude: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
+    """Exact top-k of a few rows by a float64 screen (the float32 certificate's fall-back).
+
+    With ``exclude`` (a graph's own row ids) the search asks for k + 1 and drops each row's own
+    index: the first k of the rest are the row's k nearest others, duplicates included.
+    """
+    sub = InputArray(name, "torch", (rows.shape[0], corpus.d), rows.dtype, rows.device, tensor=rows)
+    kk = k if exclude is None else k + 1
+    idx, dist, report = exact_search(sub, corpus, kk, metric, device, select, budget,
+                                     screen_dtype=torch.float64)
+    if exclude is not None:
+        own = idx == exclude.to(idx.device)[:, None]
+        order = torch.argsort(own.to(torch.int8), dim=1, stable=True)  # others first, in order
+        idx = torch.gather(idx, 1, order)[:, :k]
+        dist = torch.gather(dist, 1, order)[:, :k]
+    return idx, dist, report.exact
 
 
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, metric: Metric, kc: int, plan: TilePlan,
