@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -24,12 +25,14 @@ def parse_bytes(value: int | float | str, name: str = "memory_budget") -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a number of bytes or a string like '4GB', got {value!r}")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number of bytes, got {value!r}")
         size = int(value)
     elif isinstance(value, str):
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(f"{name} must look like '512MB', '4GiB' or a byte count, got {value!r}")
-        size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])  # digits only: finite
     else:
         raise TypeError(f"{name} must be a number of bytes or a string like '4GB', got {type(value).__name__}")
     if size <= 0:

@@ -140,7 +140,7 @@ class Metric:
         """
         x64 = x.to(torch.float64)
         if self.centre_rows:
-            x64 = x64 - x64.mean(dim=1, keepdim=True)
+            x64 = _centre_rows(x64)
         if self.normalize:
             norm = torch.linalg.vector_norm(x64, dim=1, keepdim=True)
             # Zero vectors keep similarity 0 with everything (distance 1), as scikit-learn does.
@@ -299,14 +299,25 @@ class Metric:
             # float32 rounding midpoint (common for float32 and integer inputs) off it.
             return _sum_of_squared_differences(x64, y64)
         if self.centre_rows:
-            x64 = x64 - x64.mean(dim=-1, keepdim=True)
-            y64 = y64 - y64.mean(dim=-1, keepdim=True)
+            x64, y64 = _centre_rows(x64), _centre_rows(y64)
         nx = torch.linalg.vector_norm(x64, dim=-1, keepdim=True)
         ny = torch.linalg.vector_norm(y64, dim=-1, keepdim=True)
         half = _cdist(x64 / torch.where(nx > 0, nx, 1.0), y64 / torch.where(ny > 0, ny, 1.0))
         dist = 0.5 * half * half
         zero = (nx[:, :, 0] == 0) | (ny[:, :, 0] == 0)
         return torch.where(zero, torch.ones_like(dist), dist)
+
+
+def _centre_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each vector minus its own mean; exactly zero for a constant vector.
+
+    The float64 mean of a constant vector is not always that constant (0.1 · 3 / 3 ≠ 0.1), so
+    centring would leave ±1e-17 noise whose direction then decides the Pearson neighbours. A
+    vector whose entries are all equal is set to zero instead: correlation 0, distance 1.
+    """
+    centred = x - x.mean(dim=-1, keepdim=True)
+    constant = x.amax(dim=-1, keepdim=True) == x.amin(dim=-1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(centred), centred)
 
 
 def _sum_of_squared_differences(x: torch.Tensor, y: torch.Tensor, chunk: int = 64) -> torch.Tensor:

@@ -51,14 +51,29 @@ def full_precision() -> Iterator[None]:
     """Force IEEE float32 matrix products (no TF32/bf16 shortcuts) while the engine runs.
 
     The rounding-error bound assumes float32 inputs; a user's global
-    ``torch.set_float32_matmul_precision("high")`` would silently void it.
+    ``torch.set_float32_matmul_precision("high")`` (or ``fp32_precision = "tf32"`` in the newer
+    API) would silently void it. Whichever API the user set is restored afterwards.
     """
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
+    try:
+        previous = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the user set the newer per-backend API; the legacy getter refuses
+        previous = None
+    if previous is not None:
+        torch.set_float32_matmul_precision("highest")
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(previous)
+        return
+    backends = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
+    saved = [b.fp32_precision for b in backends]
+    for b in backends:
+        b.fp32_precision = "ieee"
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(previous)
+        for b, value in zip(backends, saved):
+            b.fp32_precision = value
 
 
 @dataclass(frozen=True)
@@ -215,6 +230,13 @@ class CandidateLists:
     def add(self, start: int, stop: int, values: torch.Tensor, indices: torch.Tensor) -> None:
         """Add partial lists (rows start:stop) of global candidate indices (no device work)."""
         self.pending.setdefault((start, stop), []).append((values, indices))
+
+    def discard_last(self, start: int, stop: int) -> None:
+        """Undo the latest :meth:`add` for rows start:stop (a block being retried whole)."""
+        lists = self.pending[(start, stop)]
+        lists.pop()
+        if not lists:
+            del self.pending[(start, stop)]
 
     def flush_due(self) -> None:
         """Merge the ranges whose pending lists have grown past the threshold.

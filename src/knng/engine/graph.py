@@ -144,8 +144,8 @@ MIN_PART = 2048
 
 
 def choose_part_size(n: int, kc: int, plan: TilePlan) -> int:
-    """Rows per part: as large as the plan's blocks allow, but at least MIN_PARTS parts."""
-    b = min(plan.query_rows, plan.corpus_cols) if plan.query_rows < n else plan.corpus_cols
+    """Rows per part: the plan's square block side, but at least MIN_PARTS parts."""
+    b = min(plan.query_rows, plan.corpus_cols)
     b = min(b, max(MIN_PART, -(-n // MIN_PARTS)))
     return max(1, min(n, max(b, kc)))  # a part must offer at least kc columns
 
@@ -234,15 +234,23 @@ def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor
     kt = min(kc, j1 - j0)
     selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
     v, i, row_floor = select_block(selector, scores, kt)
+    row_ids = i + j0
     if not diagonal:
-        # Column candidates: each column of S(I, J) is a row of S(J, I). Both selections run
-        # before anything is merged, so an out-of-memory retry never merges a block twice.
+        # Column candidates: each column of S(I, J) is a row of S(J, I). Everything that
+        # allocates runs before the first add, so an out-of-memory retry never adds twice.
         kr = min(kc, r1 - r0)
         cv, ci, col_floor = select_block(selector, scores, kr, columns=True)
-    lists.add(r0, r1, v, i + j0)
+        col_ids = ci + r0
+    # Floors first: taking a minimum twice is harmless if the block is retried.
     if row_floor is not None and kt < j1 - j0:
         floor[r0:r1] = torch.minimum(floor[r0:r1], row_floor)
+    if not diagonal and col_floor is not None and kr < r1 - r0:
+        floor[j0:j1] = torch.minimum(floor[j0:j1], col_floor)
+    # The adds are all or nothing, so a retried block is never counted twice.
+    lists.add(r0, r1, v, row_ids)
     if not diagonal:
-        lists.add(j0, j1, cv, ci + r0)
-        if col_floor is not None and kr < r1 - r0:
-            floor[j0:j1] = torch.minimum(floor[j0:j1], col_floor)
+        try:
+            lists.add(j0, j1, cv, col_ids)
+        except BaseException:
+            lists.discard_last(r0, r1)
+            raise

@@ -7,6 +7,7 @@ resident on the device or streams through in tiles from host memory or a memory 
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, replace
 
@@ -105,34 +106,48 @@ def plan_tiles(
 ) -> TilePlan:
     """Choose tile sizes so that the working set stays inside ``budget`` bytes.
 
-    The prepared corpus (float32, plus norms) stays resident when it takes at most half the
-    budget; otherwise it streams in tiles. Running candidate lists (value and index per
-    candidate) for all queries are kept on the device too. Score blocks get what remains,
-    shaped roughly square up to a per-device cap (large on a GPU to amortise kernel launches,
-    cache-sized on a CPU).
+    The prepared corpus (plus norms) stays resident when it takes at most half the budget;
+    otherwise it streams in tiles. Running candidate lists (value and index per candidate) for
+    all rows are kept on the device too. Score blocks get what remains: for a search, rows of
+    up to a per-device number of columns (many on a GPU to amortise launches and merges,
+    cache-sized on a CPU); for a graph, square blocks b × b (``query_rows == corpus_cols == b``).
     """
     vector_bytes = d * element_bytes + 24
     block_bytes = BLOCK_BYTES_PER_ELEMENT * element_bytes // 4
     corpus_bytes = n_corpus * vector_bytes
-    lists_bytes = n_queries * k_cand * (8 + element_bytes) * 2  # running lists and merge buffer
+    # Running lists plus what waits to be merged into them (graphs merge lazily).
+    lists_bytes = n_queries * k_cand * (8 + element_bytes) * (4 if symmetric else 2)
     query_bytes = 0 if symmetric else n_queries * vector_bytes
     resident = corpus_bytes <= budget // 2
     remaining = budget - lists_bytes - query_bytes - (corpus_bytes if resident else 0)
     remaining = max(remaining, budget // 8)
     if device.type == "cuda":
-        max_rows, max_cols = 16384, 1 << 20
+        max_rows, max_cols, max_side = 16384, 1 << 20, 16384
     else:
-        max_rows, max_cols = 1024, 8192
-    cols = min(n_corpus, max_cols)
-    # Blocks must hold at least the candidate lists they produce.
-    cols = max(cols, min(n_corpus, k_cand))
-    per_row = cols * block_bytes + (0 if resident else d * element_bytes)
-    rows = int(min(n_queries, max_rows, max(1, remaining // per_row)))
+        max_rows, max_cols, max_side = 1024, 8192, 2048
+    if symmetric:
+        # Two parts' prepared vectors stream beside a block when the data are not resident.
+        side = math.isqrt(max(1, remaining // block_bytes))
+        if not resident:
+            side = min(side, max(MIN_TILE, remaining // 4 // vector_bytes))
+        side = int(min(n_corpus, max_side, max(side, MIN_TILE, min(n_corpus, k_cand))))
+        return TilePlan(query_rows=side, corpus_cols=side, corpus_resident=resident, budget=budget)
+    min_cols = min(n_corpus, k_cand)  # a tile must offer at least the candidates it yields
+    if not resident:
+        # Every query chunk re-reads the whole corpus, so chunks get as many rows as possible
+        # and the streamed tiles are narrowed instead (three quarters of what remains for the
+        # blocks, the rest for the tile itself).
+        rows = min(n_queries, max_rows)
+        cols = (remaining * 3 // 4) // (rows * block_bytes)
+        if cols < min_cols:
+            cols = min_cols
+            rows = max(1, (remaining * 3 // 4) // (cols * block_bytes))
+        cols = int(min(cols, max_cols, max(min_cols, remaining // 4 // vector_bytes)))
+        return TilePlan(query_rows=int(min(rows, n_queries)), corpus_cols=max(1, cols), corpus_resident=False,
+                        budget=budget)
+    cols = max(min(n_corpus, max_cols), min_cols)
+    rows = int(min(n_queries, max_rows, max(1, remaining // (cols * block_bytes))))
     while rows < MIN_TILE and cols > max(MIN_TILE, k_cand) and rows < n_queries:
         cols = max(MIN_TILE, k_cand, cols // 2)
         rows = int(min(n_queries, max_rows, max(1, remaining // (cols * block_bytes))))
-    if not resident:
-        # A streamed corpus tile must fit beside the block.
-        cols = int(min(cols, max(MIN_TILE, remaining // 4 // vector_bytes)))
-    return TilePlan(query_rows=max(1, rows), corpus_cols=max(1, cols), corpus_resident=resident,
-                    budget=budget)
+    return TilePlan(query_rows=max(1, rows), corpus_cols=max(1, cols), corpus_resident=True, budget=budget)

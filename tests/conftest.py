@@ -1,0 +1,127 @@
+"""Shared fixtures: fresh random data each run, with the seed recorded for reproduction.
+
+Every test that takes ``rng`` gets ``np.random.default_rng(seed)`` with a new seed per run
+(or ``KNNG_TEST_SEED`` from the environment, to reproduce a failure). The seed is printed,
+attached to the test's report as a "knng seed" section, and tests put it in their assertion
+messages through the ``seed`` fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# tests/oracle.py is imported as a plain module by the test files.
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _new_seed() -> int:
+    env = os.environ.get("KNNG_TEST_SEED")
+    if env:
+        return int(env)
+    return int(np.random.SeedSequence().entropy % 2**63)
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    value = _new_seed()
+    request.node.user_properties.append(("knng_seed", value))
+    print(f"knng seed: {value} (reproduce with KNNG_TEST_SEED={value})")
+    return value
+
+
+@pytest.fixture
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ARG001
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for key, value in item.user_properties:
+            if key == "knng_seed":
+                report.sections.append(("knng seed", f"KNNG_TEST_SEED={value}"))
+
+
+@pytest.fixture
+def as_kind(tmp_path: Path):
+    """Factory ``as_kind(values, kind, dtype, name)`` → the input object of that kind.
+
+    ``values`` is a NumPy array (float64 for bfloat16). Datasets opened here are closed at
+    teardown.
+    """
+    import h5py
+    import torch
+
+    files: list = []
+    counter = [0]
+
+    def make(values: np.ndarray, kind: str, dtype: str, name: str = "x"):
+        counter[0] += 1
+        tag = f"{name}{counter[0]}"
+        if kind in ("torch", "torch_view"):
+            base = np.asarray(values)
+            if kind == "torch_view":
+                base = np.repeat(base, 2, axis=1)  # columns 0, 2, 4, … are the values
+            t = torch.from_numpy(np.ascontiguousarray(base))
+            t = t.to(getattr(torch, dtype))
+            if kind == "torch_view":
+                t = t[:, ::2]
+                assert not t.is_contiguous()
+            return t
+        arr = np.ascontiguousarray(values, dtype=dtype)
+        if kind == "numpy":
+            return arr
+        if kind == "numpy_view":
+            wide = np.zeros((arr.shape[0], 2 * arr.shape[1]), dtype=arr.dtype)
+            wide[:, 1::2] = arr
+            view = wide[:, 1::2]
+            assert not view.flags.c_contiguous
+            return view
+        if kind == "memmap":
+            path = tmp_path / f"{tag}.npy"
+            np.save(path, arr)
+            return np.load(path, mmap_mode="r")
+        if kind == "h5py":
+            f = h5py.File(tmp_path / f"{tag}.h5", "w")
+            f.create_dataset("x", data=arr)
+            f.close()
+            f = h5py.File(tmp_path / f"{tag}.h5", "r")
+            files.append(f)
+            return f["x"]
+        raise ValueError(kind)
+
+    yield make
+    for f in files:
+        f.close()
+
+
+@pytest.fixture(params=["float32", "float64"])
+def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Force the engine's screen precision (it picks float64 on a CPU when 8·k·d ≥ n).
+
+    Both screens must give the exact answer; the float32 one leans on the rounding-error
+    certificate and the fall-back, the float64 one on taking distances from the screen.
+    Tests check ``last_report().screen_dtype`` to see the choice was applied.
+    """
+    import torch
+
+    import knng.engine.graph as graph_engine
+    import knng.engine.search as search_engine
+
+    from knng.api import _LAST_REPORT, last_report
+
+    dtype = getattr(torch, request.param)
+    for module in (search_engine, graph_engine):
+        monkeypatch.setattr(module, "choose_screen_dtype", lambda *args, **kwargs: dtype)
+    _LAST_REPORT["report"] = None
+    yield request.param
+    report = last_report()
+    assert report is not None and report.screen_dtype == request.param, (
+        f"the engine did not screen in {request.param}: {report}")

@@ -1,0 +1,379 @@
+"""The exactness promise under stress: far-from-origin data, adversarial near-ties that the
+float32 screen cannot separate, far-away queries that need the fall-back, zero and constant
+vectors, widely varying norms; and unit tests of the rounding-error bounds behind the
+certificate (``Metric.pair_bound``, ``Metric.unselected_lower_bound``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+from knng.api import last_report
+from knng.metrics import METRICS as KNNG_METRICS
+from oracle import (
+    METRICS, assert_exact, assert_exact_chunked, float32_expansion_search, oracle_graph, oracle_search,
+    smooth_image_patches,
+)
+
+
+def _far_gauss(rng, n, d, offset, dtype):
+    return (offset + rng.standard_normal((n, d))).astype(dtype)
+
+
+# --------------------------------------------------------------------------- far from origin
+FAR_DATA = {
+    # 1000 + N(0, 1) in 128-d: where the float32 expansion returns almost nothing right.
+    "gauss1000": lambda rng, n: _far_gauss(rng, n, 128, 1000.0, np.float32),
+    # raw-intensity image patches: un-centred, near-duplicates, flat regions.
+    "patches_uint8": lambda rng, n: smooth_image_patches(rng, n),
+    # 1e6 + N(0, 1) in float64: beyond float32 altogether.
+    "gauss1e6_f64": lambda rng, n: _far_gauss(rng, n, 32, 1e6, np.float64),
+}
+
+
+@pytest.mark.parametrize("data", list(FAR_DATA))
+@pytest.mark.parametrize("metric", METRICS)
+def test_far_from_origin_search(data, metric, rng, seed, screen):
+    x = FAR_DATA[data](rng, 1300)
+    corpus, queries = x[:1200], x[1200:]
+    res = knng.search(queries, corpus, 10, metric=metric)
+    assert_exact(res, oracle_search(queries, corpus, 10, metric), context=f"seed={seed} {data}")
+
+
+@pytest.mark.parametrize("data", list(FAR_DATA))
+@pytest.mark.parametrize("metric", METRICS)
+def test_far_from_origin_graph(data, metric, rng, seed, screen):
+    x = FAR_DATA[data](rng, 500)
+    g = knng.graph(x, 10, metric=metric)
+    assert_exact(g, oracle_graph(x, 10, metric), context=f"seed={seed} {data}")
+
+
+def test_float32_expansion_fails_where_knng_is_exact(rng, seed):
+    x = _far_gauss(rng, 2200, 128, 1000.0, np.float32)
+    corpus, queries = x[:2000], x[2000:]
+    k = 10
+    oracle = oracle_search(queries, corpus, k)
+    naive = float32_expansion_search(queries, corpus, k)
+    recall = np.mean([len(set(a) & set(b)) / k for a, b in zip(naive, oracle.indices)])
+    rows_right = np.mean([set(a) == set(b) for a, b in zip(naive, oracle.indices)])
+    assert rows_right < 0.1 and recall < 0.5, f"seed={seed}: float32 expansion recall {recall:.3f}"
+    res = knng.search(queries, corpus, k)
+    assert_exact(res, oracle, context=f"seed={seed}")
+    np.testing.assert_array_equal(res.indices, oracle.indices)
+
+
+# ------------------------------------------------------------ adversarial near-ties, fall-back
+def _far_clusters(rng, n, d):
+    """Two clusters at ±1e4 (so centring cannot help) with 1e-3 perturbations: the float32
+    rounding of the centred values (~1e-3 at 1e4) is as large as the gaps between points."""
+    sign = rng.choice([-1.0, 1.0], size=(n, 1))
+    return 1e4 * sign + 1e-3 * rng.standard_normal((n, d))
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "inner_product"])
+def test_adversarial_clusters_search_falls_back_and_stays_exact(metric, rng, seed, screen):
+    corpus = _far_clusters(rng, 800, 16)
+    queries = corpus[:40] + 1e-3 * rng.standard_normal((40, 16))
+    res = knng.search(queries, corpus, 10, metric=metric)
+    report = last_report()
+    assert_exact(res, oracle_search(queries, corpus, 10, metric), context=f"seed={seed}")
+    # (the inner product, dominated by the cluster, may be certified by a float64 screen)
+    assert report.exact.fallback_rows > 0 or (metric == "inner_product" and screen == "float64"), report
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "inner_product"])
+def test_adversarial_clusters_graph_falls_back_and_stays_exact(metric, rng, seed, screen):
+    x = _far_clusters(rng, 300, 16)
+    g = knng.graph(x, 10, metric=metric)
+    report = last_report()
+    assert_exact(g, oracle_graph(x, 10, metric), context=f"seed={seed}")
+    assert report.exact.fallback_rows > 0 or (metric == "inner_product" and screen == "float64"), report
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean"])
+def test_adversarial_sphere_shell(metric, rng, seed, screen):
+    # Every corpus point at distance 1 + j·1e-10 from the query: far below the float32
+    # screen's resolution, so only the exact re-rank (after the fall-back) orders them.
+    n, d = 600, 16
+    u = rng.standard_normal((n, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    radius = 1.0 + 1e-10 * rng.permutation(n)
+    corpus = u * radius[:, None]
+    queries = np.zeros((3, d))
+    queries[:, 0] = [1e-12, -1e-12, 0.0]
+    res = knng.search(queries, corpus, 10, metric=metric)
+    report = last_report()
+    oracle = oracle_search(queries, corpus, 10, metric)
+    assert_exact(res, oracle, context=f"seed={seed}")
+    np.testing.assert_array_equal(res.indices[2], np.argsort(radius)[:10])
+    if screen == "float32":  # a float64 screen resolves 1e-10 gaps by itself
+        assert report.exact.fallback_rows == 3, report
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_far_away_queries(metric, rng, seed, screen):
+    # Corpus rows sum to zero; queries are corpus rows + 1e4 in every coordinate, i.e. far
+    # away along a direction orthogonal to all the corpus variation. The screen's error
+    # (∝ ‖query‖) then dwarfs the O(1) gaps between corpus points: rows fail the
+    # certificate and take the float64 fall-back.
+    corpus = rng.standard_normal((1000, 32))
+    corpus -= corpus.mean(axis=1, keepdims=True)
+    queries = corpus[:40] + 1e4
+    res = knng.search(queries, corpus, 10, metric=metric)
+    report = last_report()
+    assert_exact(res, oracle_search(queries, corpus, 10, metric), context=f"seed={seed}")
+    if screen == "float32" and metric in ("euclidean", "sqeuclidean", "inner_product"):
+        assert report.exact.fallback_rows > 0, report
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_far_duplicates(metric, rng, seed, screen):
+    base = _far_gauss(rng, 200, 24, 1000.0, np.float32)
+    x = np.concatenate([base, base[:20], base[:20]])
+    g = knng.graph(x, 5, metric=metric)
+    assert_exact(g, oracle_graph(x, 5, metric), context=f"seed={seed}")
+
+
+# ------------------------------------------------------------- zero / constant / wide norms
+@pytest.mark.parametrize("metric", ["cosine", "pearson"])
+def test_zero_vectors_are_at_distance_one(metric, rng, seed, screen):
+    corpus = rng.standard_normal((300, 8))
+    zero_rows = [0, 17, 150, 299]
+    corpus[zero_rows] = 0.0 if metric == "cosine" else np.array([3.0, 0.5, -2.0, 7.0])[:, None]
+    queries = rng.standard_normal((20, 8))
+    queries[[0, 5]] = 0.0 if metric == "cosine" else 4.0  # zero / constant queries
+    res = knng.search(queries, corpus, 300, metric=metric)
+    oracle = oracle_search(queries, corpus, 300, metric)
+    assert_exact(res, oracle, context=f"seed={seed}")
+    # A zero (constant) query is at distance exactly 1 from everything: order = index order.
+    np.testing.assert_array_equal(res.indices[0], np.arange(300))
+    assert (res.distances[[0, 5]] == 1.0).all()
+    # Zero (constant) corpus vectors sit at distance exactly 1 from every query.
+    for r in range(20):
+        pos = np.isin(res.indices[r], zero_rows)
+        assert (res.distances[r][pos] == 1.0).all()
+    g = knng.graph(corpus, 12, metric=metric)
+    assert_exact(g, oracle_graph(corpus, 12, metric), context=f"seed={seed}")
+    # zero rows: all at distance 1, so they take the smallest other indices
+    np.testing.assert_array_equal(g.indices[17], [i for i in range(13) if i != 17][:12])
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.float16, np.float32])
+def test_pearson_constant_vectors_integer_types(dtype, rng, seed):
+    x = rng.integers(0, 100, size=(200, 6)).astype(dtype)
+    x[[3, 50, 51]] = np.array([7, 7, 0])[:, None].astype(dtype)
+    g = knng.graph(x, 8, metric="pearson")
+    assert_exact(g, oracle_graph(x, 8, "pearson"), context=f"seed={seed}")
+    assert (g.distances[3] == 1.0).all()
+
+
+@pytest.mark.parametrize("value", [0.1, 0.7, 0.2])  # means inexact in float64 (d = 3)
+def test_pearson_float_constant_vectors(value, rng, seed):
+    x = rng.standard_normal((20, 3))
+    x[0] = value
+    g = knng.graph(x, 4, metric="pearson")
+    np.testing.assert_array_equal(g.indices[0], [1, 2, 3, 4], err_msg=f"seed={seed}")
+    res = knng.search(x[:1], x[1:], 5, metric="pearson")
+    np.testing.assert_array_equal(res.indices[0], [0, 1, 2, 3, 4], err_msg=f"seed={seed}")
+
+
+def test_inner_product_widely_varying_norms(rng, seed, screen):
+    x = rng.standard_normal((800, 16)) * 10.0 ** rng.uniform(-3, 3, size=(800, 1))
+    q = rng.standard_normal((50, 16)) * 10.0 ** rng.uniform(-3, 3, size=(50, 1))
+    res = knng.search(q, x, 25, metric="inner_product")
+    assert_exact(res, oracle_search(q, x, 25, "inner_product"), context=f"seed={seed}")
+    g = knng.graph(x.astype(np.float32), 7, metric="inner_product")
+    assert_exact(g, oracle_graph(x.astype(np.float32), 7, "inner_product"), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_wide_dynamic_range(metric, rng, seed, screen):
+    # Tiny and huge vectors together (norms 1e-6 … 1e6) in float64.
+    x = rng.standard_normal((500, 8)) * 10.0 ** rng.uniform(-6, 6, size=(500, 1))
+    res = knng.search(x[:30], x, 9, metric=metric)
+    assert_exact(res, oracle_search(x[:30], x, 9, metric), context=f"seed={seed}")
+
+
+# ------------------------------------------------------------------- rounding-error bounds
+def _bound_data(rng, kind, m, d):
+    if kind == "gauss":
+        return rng.standard_normal((m, d))
+    if kind == "offset":  # cancellation-heavy: large common offset, small variation
+        return 1e3 + rng.standard_normal((m, d))
+    if kind == "midpoint":
+        # Every component just below a float32 rounding midpoint: each rounds by ~u, and all
+        # errors point the same way, so the product's input error is as large as it gets.
+        base = rng.uniform(1.0, 2.0, size=(m, d)).astype(np.float32).astype(np.float64)
+        return base + (0.5 - 1e-6) * 2.0**-23 * np.sign(rng.standard_normal((m, 1)))
+    if kind == "alternating":  # Σ|a_i b_i| huge, aᵀb ~ 0
+        signs = np.where(np.arange(d) % 2 == 0, 1.0, -1.0)
+        return 1e2 * (1.0 + 1e-4 * rng.standard_normal((m, d))) * signs
+    if kind == "outliers":
+        x = rng.standard_normal((m, d))
+        x[:: max(1, m // 4)] *= 1e4
+        return x
+    raise ValueError(kind)
+
+
+BOUND_CASES = [("gauss", 16), ("gauss", 1024), ("offset", 64), ("offset", 4096), ("midpoint", 512),
+               ("midpoint", 4096), ("alternating", 1000), ("outliers", 128)]
+
+
+def _prepared_pair(metric, q, c, *, symmetric, centred, dtype):
+    mt = KNNG_METRICS[metric]
+    qt, ct = torch.from_numpy(q), torch.from_numpy(c)
+    centre = ct.mean(0) if centred and mt.needs_centre(symmetric) else None
+    if symmetric:
+        pq = mt.prepare(qt, centre, side="corpus", symmetric=True, dtype=dtype)
+        pc = mt.prepare(ct, centre, side="corpus", symmetric=True, dtype=dtype)
+        rows = mt.query_layout(pq.vectors, q.shape[1])
+        row_terms = pq.terms
+    else:
+        pq = mt.prepare(qt, centre, side="query", symmetric=False, dtype=dtype)
+        pc = mt.prepare(ct, centre, side="corpus", symmetric=False, dtype=dtype)
+        rows = pq.vectors
+        row_terms = None
+    return mt, rows, pc.vectors, pq.norms, pc.norms, row_terms, pc.terms
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("centred", [False, True])
+@pytest.mark.parametrize("kind,d", BOUND_CASES)
+def test_pair_bound_holds_for_float32_screen(metric, symmetric, centred, kind, d, rng, seed):
+    q = _bound_data(rng, kind, 24, d)
+    c = _bound_data(rng, kind, 40, d)
+    if symmetric:
+        c = np.concatenate([q, c])
+        q = c
+    mt, r32, c32, rn, cn, rt, ct = _prepared_pair(metric, q, c, symmetric=symmetric, centred=centred,
+                                                  dtype=torch.float32)
+    _, r64, c64, *_ = _prepared_pair(metric, q, c, symmetric=symmetric, centred=centred, dtype=torch.float64)
+    s32 = (r32 @ c32.T).to(torch.float64)
+    s64 = r64 @ c64.T
+    bound = mt.pair_bound(d, rn[:, None], cn[None, :], None if rt is None else rt[:, None],
+                          None if ct is None else ct[None, :])
+    err = (s32 - s64).abs()
+    worst = float((err / bound).max())
+    assert worst <= 1.0, f"seed={seed}: float32 screen error exceeds pair_bound by ×{worst:.3g}"
+    assert worst > 1e-6 or kind == "gauss", f"bound uselessly loose? ratio {worst:.3g}"
+
+    # unselected_lower_bound: every column whose screened score is ≥ the threshold has a
+    # true score ≥ the bound, for random thresholds.
+    for _ in range(3):
+        pick = torch.from_numpy(rng.integers(0, s32.shape[1], size=s32.shape[0]))
+        thr = s32[torch.arange(s32.shape[0]), pick] + torch.from_numpy(rng.uniform(-1, 1, s32.shape[0])) * bound.max(1).values
+        low = mt.unselected_lower_bound(d, thr, rn, rt, float(cn.max()))
+        above = s32 >= thr[:, None]
+        viol = above & (s64 < low[:, None])
+        assert not bool(viol.any()), f"seed={seed}: unselected_lower_bound above a true score"
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("kind,d", [("offset", 256), ("midpoint", 1024), ("alternating", 512), ("outliers", 64)])
+def test_pair_bound_holds_for_float64_screen(metric, symmetric, kind, d, rng, seed):
+    """The same bounds with u = 2⁻⁵³ (the float64 screen), against long-double products."""
+    q = _bound_data(rng, kind, 12, d)
+    c = _bound_data(rng, kind, 20, d)
+    if symmetric:
+        c = np.concatenate([q, c])
+        q = c
+    mt, r64, c64, rn, cn, rt, ct = _prepared_pair(metric, q, c, symmetric=symmetric, centred=True,
+                                                  dtype=torch.float64)
+    s64 = r64 @ c64.T
+    ref = r64.numpy().astype(np.longdouble) @ c64.numpy().astype(np.longdouble).T
+    if np.finfo(np.longdouble).eps >= 2.0**-52:
+        pytest.skip("long double is not wider than double here")
+    u64 = 2.0**-53
+    bound = mt.pair_bound(d, rn[:, None], cn[None, :], None if rt is None else rt[:, None],
+                          None if ct is None else ct[None, :], unit_roundoff=u64)
+    err = np.abs(s64.numpy().astype(np.longdouble) - ref).astype(np.float64)
+    assert (err <= bound.numpy()).all(), f"seed={seed}: float64 screen error exceeds pair_bound"
+    s = torch.from_numpy(ref.astype(np.float64))
+    for _ in range(3):
+        pick = torch.from_numpy(rng.integers(0, s64.shape[1], size=s64.shape[0]))
+        thr = s64[torch.arange(s64.shape[0]), pick]
+        low = mt.unselected_lower_bound(d, thr, rn, rt, float(cn.max()), unit_roundoff=u64)
+        viol = (s64 >= thr[:, None]) & (s < low[:, None])
+        assert not bool(viol.any()), f"seed={seed}: unselected_lower_bound above a true score"
+
+
+# ------------------------------------------- the chunked torch oracle used by the GPU tests
+@pytest.mark.parametrize("metric", METRICS)
+def test_chunked_torch_oracle_accepts_exact_and_catches_wrong(metric, rng, seed):
+    x = (3.0 + rng.standard_normal((700, 12))).astype(np.float32)
+    x[650:] = x[:50]
+    q = torch.from_numpy(x[:90])
+    res = [knng.search(q, x, k, metric=metric) for k in (1, 7, 40)]
+    assert_exact_chunked(q, x, res, metric, row_chunk=32, chunk_elems=50_000, context=f"seed={seed}")
+    g = knng.graph(x, 9, metric=metric)
+    assert_exact_chunked(x, x, [g], metric, exclude_self=True, rows=np.arange(0, 700, 3), row_chunk=64)
+    exact = oracle_search(x[:90], x, 8, metric)
+    idx, dist = exact.indices.copy(), exact.distances.astype(np.float32)
+    wrong_idx = idx.copy()
+    wrong_idx[5, 7] = oracle_search(x[5:6], x, 9, metric).indices[0, 8]
+    wrong_dist = dist.copy()
+    wrong_dist[11, 3] = np.nextafter(dist[11, 3], np.float32(np.inf))
+    swapped = idx.copy()
+    swapped[20, [2, 6]] = swapped[20, [6, 2]]
+    repeated = idx.copy()
+    repeated[30, 4] = repeated[30, 3]
+    for bad in [(wrong_idx, dist), (idx, wrong_dist), (swapped, dist), (repeated, dist)]:
+        with pytest.raises(AssertionError):
+            assert_exact_chunked(x[:90], x, [bad], metric, row_chunk=16)
+    assert_exact_chunked(x[:90], x, [(idx, dist)], metric, row_chunk=16)
+
+
+# ------------------------------------------------------ global matmul precision settings
+_PRECISION_CHILD = r"""
+import sys, warnings
+sys.path.insert(0, TESTS)
+import numpy as np, torch
+import knng
+from oracle import assert_exact, oracle_search
+
+SETTING
+def state():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = []
+        for read in (torch.get_float32_matmul_precision,
+                     lambda: getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+                     lambda: getattr(torch.backends.mkldnn.matmul, "fp32_precision", None)):
+            try:
+                out.append(read())
+            except Exception as exc:
+                out.append(type(exc).__name__)
+        return out
+before = state()
+rng = np.random.default_rng(SEED)
+x = (1000.0 + rng.standard_normal((600, 64))).astype(np.float32)
+res = knng.search(x[:50], x, 10)
+assert_exact(res, oracle_search(x[:50], x, 10))
+assert state() == before, (before, state())
+print("OK")
+"""
+
+
+@pytest.mark.parametrize("setting", [
+    "torch.set_float32_matmul_precision('medium')",
+    "torch.backends.fp32_precision = 'tf32'",
+    "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'",
+])
+def test_user_matmul_precision_setting(setting, seed):
+    """knng must run, stay exact and leave the user's setting alone whatever it is (fresh
+    interpreter: these are process-wide switches that cannot always be undone)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (_PRECISION_CHILD.replace("SETTING", setting).replace("SEED", str(seed))
+            .replace("TESTS", repr(str(Path(__file__).parent))))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(Path(knng.__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]

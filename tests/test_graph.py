@@ -1,0 +1,301 @@
+"""knng.graph against the float64 oracle, and against knng.search; duplicates, self-exclusion
+by index, symmetric parts under tiny budgets, OOM retries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+import knng.engine.graph as graph_engine
+from knng.api import last_report
+from oracle import (
+    DTYPES, KINDS, METRICS, assert_exact, assert_output_kind, kind_supports, oracle_graph, oracle_search,
+    random_values,
+)
+
+CASES = [(kind, dtype) for kind in KINDS for dtype in DTYPES if kind_supports(kind, dtype)]
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("kind,dtype", CASES)
+def test_graph_matches_oracle(metric, kind, dtype, rng, seed, as_kind, screen):
+    data = as_kind(random_values(rng, (250, 20), dtype), kind, dtype, "data")
+    g = knng.graph(data, 8, metric=metric)
+    assert isinstance(g, knng.Graph) and g.include_self is False
+    assert_output_kind(g, data, k=8)
+    assert_exact(g, oracle_graph(data, 8, metric), context=f"seed={seed} {kind} {dtype}")
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_graph_nested_lists(metric, rng, seed):
+    data = rng.standard_normal((9, 3)).round(1).tolist()
+    g = knng.graph(data, 3, metric=metric)
+    assert_output_kind(g, np.zeros(1), k=3)
+    assert_exact(g, oracle_graph(data, 3, metric), context=f"seed={seed}")
+
+
+def _drop_self(idx: np.ndarray, dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """search(x, x, k+1) rows minus each point itself (by index), or minus the last column
+    where the point is not among its own k+1 (inner product, duplicates ahead of it)."""
+    n, k1 = idx.shape
+    own = idx == np.arange(n)[:, None]
+    drop = np.where(own.any(axis=1), own.argmax(axis=1), k1 - 1)
+    keep = np.ones_like(own)
+    keep[np.arange(n), drop] = False
+    return idx[keep].reshape(n, k1 - 1), dist[keep].reshape(n, k1 - 1)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("dups", [False, True])
+def test_graph_equals_search_minus_self(metric, dups, rng, seed, screen):
+    x = rng.standard_normal((400, 12)).astype(np.float32)
+    if dups:
+        x[300:] = x[rng.integers(0, 300, 100)]
+    k = 9
+    g = knng.graph(x, k, metric=metric)
+    s = knng.search(x, x, k + 1, metric=metric)
+    idx, dist = _drop_self(s.indices, s.distances)
+    np.testing.assert_array_equal(g.indices, idx, err_msg=f"seed={seed}")
+    np.testing.assert_array_equal(g.distances, dist, err_msg=f"seed={seed}")
+    assert_exact(g, oracle_graph(x, k, metric), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("k", [1, 11, 400])
+def test_graph_include_self_equals_search(metric, k, rng, seed, screen):
+    x = rng.standard_normal((400, 12)).astype(np.float32)
+    x[350:] = x[:50]  # duplicates too
+    g = knng.graph(x, k, metric=metric, include_self=True)
+    assert g.include_self is True
+    s = knng.search(x, x, k, metric=metric)
+    np.testing.assert_array_equal(g.indices, s.indices, err_msg=f"seed={seed}")
+    np.testing.assert_array_equal(g.distances, s.distances, err_msg=f"seed={seed}")
+    assert_exact(g, oracle_graph(x, k, metric, include_self=True), context=f"seed={seed}")
+
+
+# --------------------------------------------------------------------------------- budgets
+@pytest.mark.parametrize("metric,kind", [("euclidean", "memmap"), ("sqeuclidean", "numpy"), ("cosine", "numpy"),
+                                         ("pearson", "memmap"), ("inner_product", "numpy")])
+def test_graph_identical_across_budgets_many_parts(metric, kind, rng, seed, as_kind, screen):
+    n, k = 211, 10
+    data = as_kind(random_values(rng, (n, 16), "float32") + 2.0, kind, "float32")
+    outs, reports = [], []
+    for budget in ("12KB", "150KB", None):
+        outs.append(knng.graph(data, k, metric=metric, memory_budget=budget))
+        reports.append(last_report())
+    assert reports[0].parts > 1 and reports[0].plan.corpus_resident is False, reports[0]
+    assert reports[2].plan.corpus_resident is True
+    # The default budget holds the whole score matrix (mirrored blocks, one selection per
+    # row); the tiny one takes the blocked path (row and column selections, merges).
+    assert getattr(reports[2], "mirrored", True) and not getattr(reports[0], "mirrored", False)
+    assert reports[0].parts != reports[2].parts or reports[0].part_size != reports[2].part_size
+    assert reports[0].blocks_computed == reports[0].parts * (reports[0].parts + 1) // 2
+    assert reports[0].pairs_saving > 0.3
+    for g in outs[1:]:
+        np.testing.assert_array_equal(g.indices, outs[0].indices)
+        np.testing.assert_array_equal(g.distances.view(np.int32), outs[0].distances.view(np.int32))
+    assert_exact(outs[0], oracle_graph(data, k, metric), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("n,k", [(397, 1), (199, 198), (401, 37), (64, 63)])
+def test_graph_tiny_budget_edge_k(n, k, rng, seed, screen):
+    x = rng.standard_normal((n, 5))
+    g = knng.graph(x, k, memory_budget="32KB")
+    assert_exact(g, oracle_graph(x, k), context=f"seed={seed}")
+
+
+# ------------------------------------------------------------------------------ duplicates
+@pytest.mark.parametrize("metric", METRICS)
+def test_many_duplicates(metric, rng, seed, screen):
+    base = rng.standard_normal((60, 10))
+    x = np.concatenate([base] + [base[:5]] * 30)  # rows 0..4 have 30 extra copies each
+    perm = rng.permutation(len(x))
+    x = x[perm]
+    k = 12
+    g = knng.graph(x, k, metric=metric, memory_budget="64KB")
+    oracle = oracle_graph(x, k, metric)
+    assert_exact(g, oracle, context=f"seed={seed}")
+    # A point with ≥ k copies: all neighbours are copies (distance 0 in the Euclidean family),
+    # the smallest indices among them, never itself.
+    group = oracle.dup_group
+    for i in np.nonzero(np.bincount(group)[group] > k)[0][:20]:
+        copies = np.nonzero(group == group[i])[0]
+        copies = copies[copies != i]
+        if metric != "inner_product":
+            np.testing.assert_array_equal(g.indices[i], copies[:k], err_msg=f"seed={seed} row {i}")
+            if metric in ("euclidean", "sqeuclidean", "cosine", "pearson"):
+                assert (g.distances[i] == 0).all()
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_all_points_identical(metric, rng, seed, screen):
+    x = np.tile(rng.standard_normal((1, 7)), (50, 1)).astype(np.float32)
+    g = knng.graph(x, 49, metric=metric)
+    expect = np.array([np.delete(np.arange(50), i) for i in range(50)])
+    np.testing.assert_array_equal(g.indices, expect)
+    assert len(set(g.distances.ravel().tolist())) == 1
+    assert_exact(g, oracle_graph(x, 49, metric), context=f"seed={seed}")
+    gs = knng.graph(x, 50, metric=metric, include_self=True)
+    np.testing.assert_array_equal(gs.indices, np.tile(np.arange(50), (50, 1)))
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("n", [2, 3, 97])
+def test_k_n_minus_one_and_include_self_k_n(metric, n, rng, seed, screen):
+    x = rng.standard_normal((n, 4))
+    g = knng.graph(x, n - 1, metric=metric)
+    assert_exact(g, oracle_graph(x, n - 1, metric), context=f"seed={seed}")
+    gs = knng.graph(x, n, metric=metric, include_self=True)
+    assert_exact(gs, oracle_graph(x, n, metric, include_self=True), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("n,d", [(997, 1), (1009, 3), (503, 129)])
+@pytest.mark.parametrize("metric", METRICS)
+def test_graph_odd_shapes(n, d, metric, rng, seed, screen):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    g = knng.graph(x, 5, metric=metric)
+    assert_exact(g, oracle_graph(x, 5, metric), context=f"seed={seed}")
+
+
+def test_graph_integer_ties_broken_by_index(rng, seed, screen):
+    x = rng.integers(0, 3, size=(300, 3)).astype(np.int8)
+    for metric in ("euclidean", "sqeuclidean", "inner_product"):
+        g = knng.graph(x, 30, metric=metric, memory_budget="200KB")
+        oracle = oracle_graph(x, 30, metric)
+        assert last_report().parts > 1
+        np.testing.assert_array_equal(g.indices, oracle.indices, err_msg=f"seed={seed} {metric}")
+        assert_exact(g, oracle, context=f"seed={seed} {metric}")
+
+
+def test_graph_to_scipy_roundtrip(rng):
+    x = rng.standard_normal((120, 5))
+    g = knng.graph(x, 4)
+    a = g.to_scipy()
+    assert a.shape == (120, 120) and a.nnz == 480
+    assert (a.diagonal() == 0).all()
+
+
+# ----------------------------------------------------------------------------- out of memory
+def _oom_on_call(monkeypatch, which: set[int]):
+    """Selection calls numbered in ``which`` (1-based) raise a device out-of-memory error.
+
+    Returns the state: ``state["n"]`` counts calls; reset it and edit ``state["which"]`` to
+    re-arm between runs.
+    """
+    real = graph_engine.resolve
+    state = {"n": 0, "which": which}
+
+    def resolve(*args, **kwargs):
+        fn = real(*args, **kwargs)
+
+        def select(scores, k, **kw):
+            state["n"] += 1
+            if state["n"] in state["which"]:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+            return fn(scores, k, **kw)
+
+        return select
+
+    monkeypatch.setattr(graph_engine, "resolve", resolve)
+    return state
+
+
+def test_graph_oom_retry_on_row_selection(monkeypatch, rng, seed, screen):
+    x = rng.standard_normal((600, 16)).astype(np.float32)
+    state = _oom_on_call(monkeypatch, {1})
+    g = knng.graph(x, 10, memory_budget="2MB")
+    report = last_report()
+    assert state["n"] > 1 and report.parts > 1
+    assert report.oom_retries == 1
+    assert_exact(g, oracle_graph(x, 10), context=f"seed={seed}")
+
+
+def test_graph_oom_in_mirrored_path_falls_back_to_blocks(monkeypatch, rng, seed, screen):
+    x = rng.standard_normal((500, 16)).astype(np.float32)
+    state = _oom_on_call(monkeypatch, {1})
+    g = knng.graph(x, 10)
+    report = last_report()
+    assert state["n"] > 1
+    assert report.oom_retries == 1 and not getattr(report, "mirrored", False), report
+    assert_exact(g, oracle_graph(x, 10), context=f"seed={seed}")
+
+
+def test_graph_oom_retry_on_column_selection(monkeypatch, rng, seed, screen):
+    # Regression: an OOM in the column selection of an off-diagonal block used to be retried
+    # after the block's row candidates were merged, so they were merged twice and rows listed
+    # a neighbour twice (fixed in 013cfc6: both selections run before any merge).
+    x = rng.standard_normal((600, 16)).astype(np.float32)
+    state = _oom_on_call(monkeypatch, set())
+    knng.graph(x, 10, memory_budget="2MB")
+    report = last_report()
+    assert report.parts > 1
+    # Block (0, 0) is diagonal: one selection per row chunk. The first off-diagonal block
+    # (0, 1) selects its rows, then its columns: fail that second selection.
+    sub_rows = min(report.part_size, report.plan.query_rows)
+    first_col_call = -(-report.part_size // sub_rows) + 2
+    state["n"], state["which"] = 0, {first_col_call}
+    g = knng.graph(x, 10, memory_budget="2MB")
+    assert last_report().oom_retries == 1
+    assert state["n"] > first_col_call
+    assert_exact(g, oracle_graph(x, 10), context=f"seed={seed}")
+
+
+def test_graph_oom_between_row_and_column_merge(monkeypatch, rng, seed, screen):
+    from knng.engine.common import CandidateLists
+
+    x = rng.standard_normal((600, 16)).astype(np.float32)
+    real_add = CandidateLists.add
+    state = {"n": 0, "fail": None}
+
+    def add(self, start, stop, values, indices):
+        # Raising on entry is what an OOM in evaluating the arguments (`ci + r0`) looks like.
+        state["n"] += 1
+        if state["n"] == state["fail"]:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+        return real_add(self, start, stop, values, indices)
+
+    monkeypatch.setattr(CandidateLists, "add", add)
+    knng.graph(x, 10, memory_budget="2MB")
+    report = last_report()
+    assert report.parts > 1
+    sub_rows = min(report.part_size, report.plan.query_rows)
+    # Diagonal block (0, 0) adds once per row chunk; block (0, 1) then adds its rows, then
+    # its columns: fail the column add.
+    state["n"], state["fail"] = 0, -(-report.part_size // sub_rows) + 2
+    g = knng.graph(x, 10, memory_budget="2MB")
+    assert last_report().oom_retries == 1
+    assert_exact(g, oracle_graph(x, 10), context=f"seed={seed}")
+
+
+def test_graph_parts_use_the_budget():
+    # Planning only (no GPU needed): what exact_graph would do on a GPU.
+    from knng.engine.graph import choose_part_size
+    from knng.engine.plan import candidate_count, plan_tiles
+
+    n, d, k, budget = 1_000_000, 128, 10, 4 * 2**30
+    kc = candidate_count(k, n - 1, torch.float32)
+    plan = plan_tiles(n_queries=n, n_corpus=n, d=d, k_cand=kc, budget=budget, device=torch.device("cuda"),
+                      symmetric=True, element_bytes=4)
+    b = choose_part_size(n, kc, plan)
+    # A b × b float32 block with the selection's workspace (~12 bytes per entry) should take a
+    # fair share of the budget left after the corpus and the candidate lists (> 1 GB here).
+    assert b * b * 12 >= 2**28, f"part size {b}: {-(-n // b)} parts for n = {n}"
+
+
+@pytest.mark.parametrize("budget", [None, "8MB"])
+def test_every_registered_selection_graph(budget, rng, seed, screen):
+    from knng.select import available
+
+    x = rng.standard_normal((2500, 6)).astype(np.float32)
+    x[2000:] = x[:500]
+    oracle = oracle_graph(x, 5)
+    base = knng.graph(x, 5, select="topk", memory_budget=budget)
+    assert_exact(base, oracle, context=f"seed={seed}")
+    if budget is not None:  # the blocked path: row and column selections, merges
+        assert last_report().parts > 1 and not getattr(last_report(), "mirrored", False)
+    for name in available():
+        g = knng.graph(x, 5, select=name, memory_budget=budget)
+        np.testing.assert_array_equal(g.indices, base.indices, err_msg=f"seed={seed} select={name}")
+        np.testing.assert_array_equal(g.distances, base.distances, err_msg=f"seed={seed} select={name}")

@@ -1,0 +1,219 @@
+"""knng.search against the float64 oracle: every metric × input dtype × input kind, output
+kinds, tile and memory-budget independence, edge shapes, selection registry, OOM retries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+import knng.engine.search as search_engine
+from knng.api import last_report
+from knng.select import available
+from oracle import (
+    DTYPES, KINDS, METRICS, assert_exact, assert_output_kind, kind_supports, oracle_search,
+    random_values,
+)
+
+CASES = [(kind, dtype) for kind in KINDS for dtype in DTYPES if kind_supports(kind, dtype)]
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("kind,dtype", CASES)
+def test_search_matches_oracle(metric, kind, dtype, rng, seed, as_kind, screen):
+    d = 24
+    corpus = as_kind(random_values(rng, (300, d), dtype), kind, dtype, "corpus")
+    queries = as_kind(random_values(rng, (37, d), dtype), kind, dtype, "queries")
+    res = knng.search(queries, corpus, 9, metric=metric)
+    assert_output_kind(res, queries, k=9)
+    assert_exact(res, oracle_search(queries, corpus, 9, metric), context=f"seed={seed} {kind} {dtype}")
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_search_nested_lists(metric, rng, seed):
+    corpus = rng.standard_normal((12, 3)).round(2).tolist()
+    queries = rng.standard_normal((2, 3)).round(2).tolist()
+    res = knng.search(queries, corpus, 4, metric=metric)
+    assert_output_kind(res, np.zeros(1), k=4)
+    assert_exact(res, oracle_search(queries, corpus, 4, metric), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("qkind,ckind", [("numpy", "torch"), ("torch", "memmap"), ("h5py", "numpy_view"),
+                                         ("torch_view", "h5py")])
+def test_output_follows_queries_kind(qkind, ckind, rng, seed, as_kind):
+    corpus = as_kind(random_values(rng, (200, 16), "float32"), ckind, "float32", "corpus")
+    queries = as_kind(random_values(rng, (10, 16), "float32"), qkind, "float32", "queries")
+    res = knng.search(queries, corpus, 5)
+    assert_output_kind(res, queries, k=5)
+    assert_exact(res, oracle_search(queries, corpus, 5), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("qdtype,cdtype", [("float16", "uint8"), ("int8", "float64"), ("bfloat16", "float32"),
+                                           ("uint8", "int8")])
+@pytest.mark.parametrize("metric", METRICS)
+def test_mixed_dtypes(qdtype, cdtype, metric, rng, seed, as_kind):
+    corpus = as_kind(random_values(rng, (150, 12), cdtype), "torch", cdtype)
+    queries = as_kind(random_values(rng, (20, 12), qdtype), "torch", qdtype)
+    res = knng.search(queries, corpus, 6, metric=metric)
+    assert_exact(res, oracle_search(queries, corpus, 6, metric), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "auto"])
+def test_explicit_cpu_device(device, rng, seed):
+    x = rng.standard_normal((100, 8)).astype(np.float32)
+    res = knng.search(x[:5], x, 3, device=device)
+    assert_output_kind(res, x, k=3)
+    assert_exact(res, oracle_search(x[:5], x, 3), context=f"seed={seed}")
+
+
+def test_progress_bar_runs(rng, capsys):
+    x = rng.standard_normal((100, 8)).astype(np.float32)
+    res = knng.search(x, x, 2, progress=True)
+    assert (res.indices[:, 0] == np.arange(100)).all()
+
+
+# ------------------------------------------------------------------------ tiles and budgets
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("corpus_kind", ["numpy", "memmap"])
+def test_results_identical_across_budgets(metric, corpus_kind, rng, seed, as_kind, screen):
+    n, d, k = 1009, 32, 10
+    corpus = as_kind(random_values(rng, (n, d), "float32") + 3.0, corpus_kind, "float32")
+    queries = random_values(rng, (211, d), "float32") + 3.0
+    outs, plans = [], []
+    for budget in ("64KB", "1MB", None):
+        res = knng.search(queries, corpus, k, metric=metric, memory_budget=budget)
+        outs.append(res)
+        plans.append(last_report().plan)
+    # Tiny budgets really do stream the corpus in small tiles; the default keeps it resident.
+    assert plans[0].corpus_resident is False and plans[2].corpus_resident is True, plans
+    assert plans[0].corpus_cols < n and plans[0].query_rows < len(queries), plans[0]
+    assert len({(p.query_rows, p.corpus_cols) for p in plans}) == 3, plans
+    for res in outs[1:]:
+        np.testing.assert_array_equal(res.indices, outs[0].indices)
+        np.testing.assert_array_equal(res.distances.view(np.int32), outs[0].distances.view(np.int32))
+    assert_exact(outs[0], oracle_search(queries, corpus, k, metric), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("k", [1, 30, 1009])
+def test_tiny_budget_any_k(k, rng, seed, screen):
+    x = rng.standard_normal((1009, 5))
+    q = rng.standard_normal((13, 5))
+    res = knng.search(q, x, k, memory_budget="16KB")
+    assert last_report().plan.corpus_resident is False
+    assert_exact(res, oracle_search(q, x, k), context=f"seed={seed}")
+
+
+# ----------------------------------------------------------------------------- edge shapes
+@pytest.mark.parametrize("n,d,k", [(997, 3, 1), (1009, 129, 17), (997, 1, 5), (101, 7, 101), (1, 4, 1),
+                                   (2, 2, 2), (1031, 64, 200)])
+@pytest.mark.parametrize("metric", METRICS)
+def test_edge_shapes(n, d, k, metric, rng, seed, screen):
+    corpus = rng.standard_normal((n, d)).astype(np.float32)
+    queries = rng.standard_normal((7, d)).astype(np.float32)
+    res = knng.search(queries, corpus, k, metric=metric)
+    assert_exact(res, oracle_search(queries, corpus, k, metric), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_single_query(metric, rng, seed, screen):
+    corpus = rng.standard_normal((500, 10))
+    q = corpus[123:124] + 1e-3
+    res = knng.search(q, corpus, 7, metric=metric)
+    assert res.indices.shape == (1, 7)
+    assert_exact(res, oracle_search(q, corpus, 7, metric), context=f"seed={seed}")
+
+
+def test_k_equals_n_returns_whole_corpus_sorted(rng, seed, screen):
+    corpus = rng.standard_normal((64, 6))
+    q = rng.standard_normal((5, 6))
+    res = knng.search(q, corpus, 64)
+    assert (np.sort(res.indices, axis=1) == np.arange(64)).all()
+    assert_exact(res, oracle_search(q, corpus, 64), context=f"seed={seed}")
+
+
+def test_integer_exact_ties_broken_by_index(rng, seed, screen):
+    # Values 0..2 in 4-d: integer distances, hundreds of exact ties in every row.
+    corpus = rng.integers(0, 3, size=(600, 4)).astype(np.uint8)
+    q = rng.integers(0, 3, size=(50, 4)).astype(np.uint8)
+    for metric in ("euclidean", "sqeuclidean", "inner_product"):
+        res = knng.search(q, corpus, 40, metric=metric)
+        oracle = oracle_search(q, corpus, 40, metric)
+        assert oracle.exact_ties
+        assert_exact(res, oracle, context=f"seed={seed} {metric}")
+        np.testing.assert_array_equal(res.indices, oracle.indices)
+
+
+# ------------------------------------------------------------------------ selection registry
+def test_selection_registry():
+    names = available()
+    assert "auto" in names and "topk" in names
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_select_topk_equals_auto(metric, rng, seed):
+    x = rng.standard_normal((400, 16)).astype(np.float32)
+    q = rng.standard_normal((30, 16)).astype(np.float32)
+    a = knng.search(q, x, 12, metric=metric, select="auto")
+    b = knng.search(q, x, 12, metric=metric, select="topk")
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_array_equal(a.distances, b.distances)
+    assert_exact(b, oracle_search(q, x, 12, metric), context=f"seed={seed}")
+
+
+# ----------------------------------------------------------------------------- out of memory
+def _oom_once(monkeypatch, module, name="resolve", message=None):
+    """Make the first selection call raise a device out-of-memory error, once."""
+    real = getattr(module, name)
+    calls = {"n": 0}
+
+    def resolve(*args, **kwargs):
+        fn = real(*args, **kwargs)
+
+        def select(scores, k, **kw):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                if message is None:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+                raise RuntimeError(message)
+            return fn(scores, k, **kw)
+
+        return select
+
+    monkeypatch.setattr(module, name, resolve)
+    return calls
+
+
+@pytest.mark.parametrize("message", [None, "CUDA out of memory. Tried to allocate 20.00 MiB"])
+def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
+    x = rng.standard_normal((700, 16)).astype(np.float32)
+    q = rng.standard_normal((300, 16)).astype(np.float32)
+    calls = _oom_once(monkeypatch, search_engine, message=message)
+    res = knng.search(q, x, 10)
+    report = last_report()
+    assert calls["n"] > 1
+    assert report.oom_retries == 1
+    assert report.plan.query_rows < 300 or report.plan.corpus_cols < 700
+    assert_exact(res, oracle_search(q, x, 10), context=f"seed={seed}")
+
+
+def test_search_other_errors_are_not_retried(monkeypatch, rng):
+    x = rng.standard_normal((50, 4)).astype(np.float32)
+    _oom_once(monkeypatch, search_engine, message="some other runtime failure")
+    with pytest.raises(RuntimeError, match="some other runtime failure"):
+        knng.search(x, x, 3)
+
+
+@pytest.mark.parametrize("k", [1, 10, 64])
+def test_every_registered_selection_is_exact(k, rng, seed, screen):
+    # "grouped" (the GPU default for small k) runs on the CPU too when asked for by name.
+    x = rng.standard_normal((6000, 8)).astype(np.float32)
+    x[5000:] = x[:1000]  # exact ties
+    q = rng.standard_normal((40, 8)).astype(np.float32)
+    oracle = oracle_search(q, x, k)
+    base = knng.search(q, x, k, select="topk")
+    assert_exact(base, oracle, context=f"seed={seed}")
+    for name in available():
+        res = knng.search(q, x, k, select=name)
+        np.testing.assert_array_equal(res.indices, base.indices, err_msg=f"seed={seed} select={name}")
+        np.testing.assert_array_equal(res.distances, base.distances, err_msg=f"seed={seed} select={name}")
