@@ -122,7 +122,7 @@ def plan_tiles(
     remaining = budget - lists_bytes - query_bytes - (corpus_bytes if resident else 0)
     remaining = max(remaining, budget // 8)
     if device.type == "cuda":
-        max_rows, max_cols, max_side = 16384, 1 << 20, 16384
+        max_rows, max_cols, max_side = 16384, 1 << 20, 1 << 16
     else:
         max_rows, max_cols, max_side = 1024, 8192, 2048
     if symmetric:
