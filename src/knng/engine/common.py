@@ -180,7 +180,9 @@ def select_block(selector: Callable, scores: torch.Tensor, k: int, *, columns: b
     the keys order the block up to float32 rounding, which the floor accounts for, and the
     returned values are the block's own float64 entries.
     """
-    if scores.dtype != torch.float64 or getattr(selector, "exact_on_float64", False):
+    exact_on_float64 = getattr(selector, "exact_on_float64", None)
+    length = scores.shape[0] if columns else scores.shape[1]
+    if scores.dtype != torch.float64 or (exact_on_float64 is not None and exact_on_float64(length, k)):
         values, indices = select_columns(selector, scores, k) if columns else selector(scores, k)
         return values, indices, None
     # Keys relative to one entry of each row keep float32 precision for the spread of the row,
