@@ -14,7 +14,6 @@ is the one explicit way to bring them to the host.
 from __future__ import annotations
 
 import os
-import secrets
 import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +21,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import scipy.sparse
+
+from knng.io.writers import atomic_write
 
 __all__ = ["Neighbors", "Graph", "load_graph", "FORMAT_VERSION"]
 
@@ -328,22 +329,12 @@ class Graph(Neighbors):
             "metric": np.array(self.metric),
             "include_self": np.array(bool(self.include_self)),
         }
-        # The temporary name is unique (pid + random) so concurrent writers cannot collide;
-        # it lives in the same folder because os.replace is only atomic within a file system.
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        # os.open with 0o666 lets the umask decide the permissions, as for a plain open();
-        # tempfile.mkstemp would leave the final file readable by its owner only.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-        try:
-            with os.fdopen(fd, "wb") as f:
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:  # a handle: np.savez would append ".npz" to the temp name
                 np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(final.parent)
+
+        # Temporary name in the same folder, flushed, renamed: the one atomic-write helper.
+        atomic_write(final, write)
         return final
 
 
@@ -356,21 +347,6 @@ def _unique_min(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.n
     first = np.ones(keys.size, dtype=bool)
     first[1:] = keys[1:] != keys[:-1]
     return keys[first], weights[first]
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Flush a folder's entry table so a just-renamed file survives a power loss (POSIX)."""
-    # Best effort: Windows cannot open folders, and some file systems refuse fsync on them.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_graph(path: str | os.PathLike[str]) -> Graph:

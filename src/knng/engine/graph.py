@@ -23,7 +23,7 @@ from knng.engine.exact import Candidates, ExactStats, finish_rows
 from knng.engine.plan import TilePlan, candidate_count, plan_tiles
 from knng.engine.search import refine_in_float64
 from knng.metrics import Metric
-from knng.select import resolve, select_columns
+from knng.select import resolve
 
 __all__ = ["GraphReport", "exact_graph"]
 
@@ -99,11 +99,10 @@ def exact_graph(
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
         exact_stats = ExactStats()
-        refine = None
-        if dtype == torch.float32:
-            def refine(rows: torch.Tensor, ids: torch.Tensor):
-                return refine_in_float64(rows, data.name, data, k, metric, device, select, budget,
-                                         exclude=None if include_self else ids)
+        # After a float32 screen, rows that fail the certificate get a float64 screen of their own.
+        refine = None if dtype == torch.float64 else (
+            lambda rows, ids: refine_in_float64(rows, data.name, data, k, metric, device, select, budget,
+                                                exclude=None if include_self else ids))
         chunk = max(1, min(n, plan.query_rows))
         for q0 in range(0, n, chunk):
             q1 = min(n, q0 + chunk)

@@ -60,10 +60,9 @@ def exact_search(
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats = ExactStats()
         retries = 0
-        refine = None
-        if dtype == torch.float32:
-            def refine(rows: torch.Tensor, _ids: torch.Tensor):
-                return refine_in_float64(rows, queries.name, corpus, k, metric, device, select, budget)
+        # After a float32 screen, rows that fail the certificate get a float64 screen of their own.
+        refine = None if dtype == torch.float64 else (
+            lambda rows, _ids: refine_in_float64(rows, queries.name, corpus, k, metric, device, select, budget))
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
         while q0 < queries.n:
