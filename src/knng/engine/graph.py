@@ -21,7 +21,7 @@ from knng.engine.common import (
 )
 from knng.engine.exact import Candidates, ExactStats, finish_rows
 from knng.engine.plan import TilePlan, candidate_count, plan_tiles
-from knng.engine.search import refine_in_float64
+from knng.engine.search import Float64Refiner
 from knng.metrics import Metric
 from knng.select import resolve
 
@@ -100,9 +100,8 @@ def exact_graph(
         out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
         exact_stats = ExactStats()
         # After a float32 screen, rows that fail the certificate get a float64 screen of their own.
-        refine = None if dtype == torch.float64 else (
-            lambda rows, ids: refine_in_float64(rows, data.name, data, k, metric, device, select, budget,
-                                                exclude=None if include_self else ids))
+        refine = None if dtype == torch.float64 else Float64Refiner(
+            data.name, data, k, metric, device, select, budget, exclude_self=not include_self)
         chunk = max(1, min(n, plan.query_rows))
         for q0 in range(0, n, chunk):
             q1 = min(n, q0 + chunk)

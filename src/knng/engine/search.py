@@ -22,7 +22,7 @@ from knng.engine.plan import TilePlan, candidate_count, plan_tiles
 from knng.metrics import Metric
 from knng.select import resolve
 
-__all__ = ["SearchReport", "exact_search"]
+__all__ = ["SearchReport", "exact_search", "prepare_corpus", "Float64Refiner"]
 
 
 @dataclass
@@ -46,23 +46,27 @@ def exact_search(
     budget: int,
     progress: bool = False,
     screen_dtype: torch.dtype | None = None,
+    prepared: PreparedCorpus | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
-    """Exact k nearest corpus vectors of every query; returns (indices, float64 distances, report)."""
+    """Exact k nearest corpus vectors of every query; returns (indices, float64 distances, report).
+
+    ``prepared`` reuses a corpus already prepared for this metric and screen precision (the
+    float64 re-screen of failing rows prepares it once for all query chunks).
+    """
     dtype = screen_dtype or choose_screen_dtype(device, corpus.n, corpus.d, k)
     kc = candidate_count(k, corpus.n, dtype)
     plan = plan_tiles(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k_cand=kc, budget=budget,
                       device=device, element_bytes=dtype.itemsize)
     with full_precision():
-        stats = corpus_stats(corpus, metric, device, symmetric=False, block_rows=max(plan.corpus_cols, 4096))
-        pcorpus = PreparedCorpus(corpus, metric, stats.centre, device, resident=plan.corpus_resident,
-                                 block_rows=max(plan.corpus_cols, 4096), symmetric=False, dtype=dtype)
+        pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
+                                             block_rows=max(plan.corpus_cols, 4096))
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats = ExactStats()
         retries = 0
         # After a float32 screen, rows that fail the certificate get a float64 screen of their own.
-        refine = None if dtype == torch.float64 else (
-            lambda rows, _ids: refine_in_float64(rows, queries.name, corpus, k, metric, device, select, budget))
+        refine = None if dtype == torch.float64 else Float64Refiner(queries.name, corpus, k, metric, device,
+                                                                     select, budget)
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
         while q0 < queries.n:
@@ -90,24 +94,44 @@ def exact_search(
     return out_idx, out_dist, SearchReport(plan, retries, exact_stats, kc, str(dtype).replace("torch.", ""))
 
 
-def refine_in_float64(rows: torch.Tensor, name: str, corpus: InputArray, k: int, metric: Metric,
-                      device: torch.device, select: str, budget: int, exclude: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
-    """Exact top-k of a few rows by a float64 screen (the float32 certificate's fall-back).
+def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
+                   resident: bool, block_rows: int) -> PreparedCorpus:
+    """One pass for the finite check and the centre, then the corpus in the screen's layout."""
+    stats = corpus_stats(corpus, metric, device, symmetric=False, block_rows=block_rows)
+    return PreparedCorpus(corpus, metric, stats.centre, device, resident=resident, block_rows=block_rows,
+                          symmetric=False, dtype=dtype)
 
-    With ``exclude`` (a graph's own row ids) the search asks for k + 1 and drops each row's own
-    index: the first k of the rest are the row's k nearest others, duplicates included.
+
+class Float64Refiner:
+    """Exact top-k of rows that failed the float32 certificate, by a float64 screen of their own.
+
+    Called once per chunk with failing rows; the corpus is prepared in float64 on the first call
+    and reused. With ``exclude`` (a graph's own row ids) it asks for k + 1 and drops each row's
+    own index: the first k of the rest are the row's k nearest others, duplicates included.
     """
-    sub = InputArray(name, "torch", (rows.shape[0], corpus.d), rows.dtype, rows.device, tensor=rows)
-    kk = k if exclude is None else k + 1
-    idx, dist, report = exact_search(sub, corpus, kk, metric, device, select, budget,
-                                     screen_dtype=torch.float64)
-    if exclude is not None:
-        own = idx == exclude.to(idx.device)[:, None]
-        order = torch.argsort(own.to(torch.int8), dim=1, stable=True)  # others first, in order
-        idx = torch.gather(idx, 1, order)[:, :k]
-        dist = torch.gather(dist, 1, order)[:, :k]
-    return idx, dist, report.exact
+
+    def __init__(self, name: str, corpus: InputArray, k: int, metric: Metric, device: torch.device,
+                 select: str, budget: int, exclude_self: bool = False) -> None:
+        self.name, self.corpus, self.k, self.metric = name, corpus, k, metric
+        self.device, self.select, self.budget, self.exclude_self = device, select, budget, exclude_self
+        self.prepared: PreparedCorpus | None = None
+
+    def __call__(self, rows: torch.Tensor, row_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
+        corpus = self.corpus
+        if self.prepared is None:
+            resident = corpus.n * (corpus.d * 8 + 24) <= self.budget // 4
+            self.prepared = prepare_corpus(corpus, self.metric, self.device, torch.float64, resident,
+                                           block_rows=4096)
+        sub = InputArray(self.name, "torch", (rows.shape[0], corpus.d), rows.dtype, rows.device, tensor=rows)
+        kk = self.k + 1 if self.exclude_self else self.k
+        idx, dist, report = exact_search(sub, corpus, kk, self.metric, self.device, self.select, self.budget,
+                                         screen_dtype=torch.float64, prepared=self.prepared)
+        if self.exclude_self:
+            own = idx == row_ids.to(idx.device)[:, None]
+            order = torch.argsort(own.to(torch.int8), dim=1, stable=True)  # others first, in order
+            idx = torch.gather(idx, 1, order)[:, :self.k]
+            dist = torch.gather(dist, 1, order)[:, :self.k]
+        return idx, dist, report.exact
 
 
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, metric: Metric, kc: int, plan: TilePlan,
