@@ -103,16 +103,27 @@ def exact_graph(
         refine = None if dtype == torch.float64 else Float64Refiner(
             data.name, data, k, metric, device, select, budget, exclude_self=not include_self)
         chunk = max(1, min(n, plan.query_rows))
-        for q0 in range(0, n, chunk):
+        q0 = 0
+        while q0 < n:
             q1 = min(n, q0 + chunk)
             cands = Candidates(vals[q0:q1], idx[q0:q1], row_norms[q0:q1],
                                None if row_terms is None else row_terms[q0:q1], row_offsets[q0:q1],
                                floor[q0:q1])
-            raw = data.rows(q0, q1).to(device, non_blocking=True)
-            o_i, o_d, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pdata, metric, k,
-                                       available, exclude_self=not include_self, device=device, refine=refine)
+            try:
+                raw = data.rows(q0, q1).to(device, non_blocking=True)
+                o_i, o_d, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pdata, metric, k,
+                                           available, exclude_self=not include_self, device=device,
+                                           refine=refine)
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, in smaller chunks
+                if not is_out_of_memory(exc) or chunk == 1:
+                    raise
+                chunk, retries = max(1, chunk // 2), retries + 1
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                continue
             out_idx[q0:q1], out_dist[q0:q1] = o_i, o_d
             exact_stats.add(st)
+            q0 = q1
     report = GraphReport(plan=plan, part_size=b, parts=len(parts), blocks_computed=len(pairs),
                          blocks_full=len(parts) ** 2, oom_retries=retries, exact=exact_stats,
                          candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""),
