@@ -6,7 +6,14 @@ device). See ``README.md`` for the exactness promise.
 """
 
 from knng.api import graph, search
+from knng.estimators import (
+    KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer, NearestNeighbors,
+)
 from knng.results import Graph, Neighbors, load_graph
 
-__all__ = ["search", "graph", "Neighbors", "Graph", "load_graph", "__version__"]
+__all__ = [
+    "search", "graph", "Neighbors", "Graph", "load_graph",
+    "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
+    "__version__",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,795 @@
+"""scikit-learn estimators on knng's exact brute-force search.
+
+:class:`NearestNeighbors`, :class:`KNeighborsClassifier`, :class:`KNeighborsRegressor` and
+:class:`KNeighborsTransformer` follow the contracts of their namesakes in
+:mod:`sklearn.neighbors` (parameter names, methods, fitted attributes, the layout of
+``kneighbors_graph``, the rules for excluding a training point from its own neighbours) and
+add knng's own ``metric``, ``device``, ``select`` and ``memory_budget``.
+
+What differs from scikit-learn, on purpose:
+
+- Neighbours are exact in knng's sense: the k smallest float64 distances computed by
+  differences, ties broken by the smaller index. ``kneighbors`` returns those distances as
+  float32 (knng's result type); ``kneighbors_graph`` stores them as float64 like scikit-learn.
+- Training data stay where the user put them: a torch tensor (on any device) is kept as that
+  tensor, NumPy input as a validated NumPy array. ``kneighbors`` answers in the kind of the
+  queries (torch in, torch out on the same device). ``predict``, ``predict_proba`` and
+  ``transform`` always answer with NumPy / SciPy objects, as scikit-learn does.
+- Sparse input is refused (knng is a dense engine); ``radius_neighbors`` is not offered.
+- ``weights`` also accepts ``"inverse_square"`` (1/d², the weighting of the k-NN classifier of
+  the system knng implements), with the same exact-match rule as ``"distance"``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable
+
+import numpy as np
+import scipy.sparse
+import torch
+from sklearn.base import (
+    BaseEstimator,
+    ClassifierMixin,
+    ClassNamePrefixFeaturesOutMixin,
+    RegressorMixin,
+    TransformerMixin,
+    is_classifier,
+)
+from sklearn.exceptions import DataConversionWarning
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from knng.api import graph as knng_graph
+from knng.api import search as knng_search
+from knng.metrics import get_metric
+
+__all__ = [
+    "NearestNeighbors",
+    "KNeighborsClassifier",
+    "KNeighborsRegressor",
+    "KNeighborsTransformer",
+]
+
+# NumPy dtypes knng computes with natively; anything else (ints, bools) becomes float64, like
+# scikit-learn's own conversion. float64 comes first: it is the conversion target.
+_NUMPY_DTYPES = [np.float64, np.float32, np.float16, np.uint8, np.int8]
+_TORCH_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.int8)
+_WEIGHTS = ("uniform", "distance", "inverse_square")
+_MODES = ("connectivity", "distance")
+
+WeightsType = str | Callable[[np.ndarray], np.ndarray] | None
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array (torch tensors are detached and copied to the host)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _get_weights(dist: np.ndarray | None, weights: WeightsType) -> np.ndarray | None:
+    """Neighbour weights from distances, with scikit-learn's semantics.
+
+    Parameters
+    ----------
+    dist : numpy.ndarray of shape (n_queries, k) or None
+        Neighbour distances (float64).
+    weights : {"uniform", "distance", "inverse_square"}, callable or None
+        ``"distance"`` is 1/d and ``"inverse_square"`` 1/d². For both, a row holding a zero
+        distance (the query coincides with training points) gets weight 1 for those
+        neighbours and 0 for the others, exactly as ``sklearn.neighbors._base._get_weights``.
+        A callable receives ``dist`` and returns an array of the same shape.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        ``None`` for uniform weights.
+    """
+    if weights in (None, "uniform"):
+        return None
+    if callable(weights):
+        return weights(dist)
+    assert dist is not None
+    power = 1.0 if weights == "distance" else 2.0
+    with np.errstate(divide="ignore", over="ignore"):
+        w = 1.0 / dist if power == 1.0 else 1.0 / (dist * dist)
+    # scikit-learn marks exact matches by 1/d being infinite; for 1/d² that would also catch
+    # tiny non-zero distances whose square underflows, so zero distance itself is the mark.
+    exact = np.isinf(w) if power == 1.0 else (dist == 0)
+    rows = np.any(exact, axis=1)
+    w[rows] = exact[rows]
+    return w
+
+
+def _check_weights(weights: Any) -> None:
+    if weights is None or callable(weights):
+        return
+    if not isinstance(weights, str) or weights not in _WEIGHTS:
+        raise ValueError(
+            f"weights must be one of {list(_WEIGHTS)} or a callable, got {weights!r}"
+        )
+
+
+def _check_n_neighbors(n_neighbors: Any, name: str = "n_neighbors") -> int:
+    if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral):
+        raise TypeError(f"{name} does not take {type(n_neighbors).__name__} value, enter integer value")
+    if n_neighbors <= 0:
+        raise ValueError(f"Expected {name} > 0. Got {n_neighbors}")
+    return int(n_neighbors)
+
+
+def _check_torch(X: torch.Tensor, name: str = "X") -> torch.Tensor:
+    """Validate a torch tensor the way ``check_array`` validates arrays, without leaving torch."""
+    if X.ndim != 2:
+        raise ValueError(
+            f"Expected 2D array, got {X.ndim}D tensor instead: reshape your data either using "
+            "X.reshape(-1, 1) if your data has a single feature or X.reshape(1, -1) if it "
+            "contains a single sample."
+        )
+    if X.shape[0] < 1:
+        raise ValueError(f"Found array with 0 sample(s) (shape={tuple(X.shape)}) while a minimum of 1 is required.")
+    if X.shape[1] < 1:
+        raise ValueError(f"Found array with 0 feature(s) (shape={tuple(X.shape)}) while a minimum of 1 is required.")
+    X = X.detach()
+    if X.is_complex():
+        raise ValueError("Complex data not supported")
+    if X.dtype not in _TORCH_DTYPES:
+        # ints, bools: float64 like scikit-learn (a copy, as scikit-learn would make).
+        X = X.to(torch.float64)
+    if X.is_floating_point() and not bool(torch.isfinite(X).all()):
+        raise ValueError(f"Input {name} contains NaN or infinity.")
+    return X
+
+
+def _all_zero_row(weights: np.ndarray) -> bool:
+    return bool(np.any(np.all(weights == 0, axis=1)))
+
+
+# --------------------------------------------------------------------------------------------
+# shared base
+# --------------------------------------------------------------------------------------------
+
+
+class _KNNGNeighborsBase(BaseEstimator):
+    """Fitting, input handling, ``kneighbors`` and ``kneighbors_graph`` shared by all four."""
+
+    n_neighbors: int
+    metric: str
+    device: str | torch.device
+    select: str
+    memory_budget: int | str | None
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _check_params(self) -> None:
+        if self.n_neighbors is not None:
+            _check_n_neighbors(self.n_neighbors)
+        get_metric(self.metric)  # raises ValueError naming ``metric``
+        if hasattr(self, "weights"):
+            _check_weights(self.weights)
+        if hasattr(self, "mode") and self.mode not in _MODES:
+            raise ValueError(f"mode must be 'connectivity' or 'distance', got {self.mode!r}")
+
+    def _validate_fit(self, X: Any, y: Any = None) -> tuple[Any, Any]:
+        """Validate training data; torch tensors stay torch tensors on their device."""
+        requires_y = self.__sklearn_tags__().target_tags.required
+        if isinstance(X, torch.Tensor):
+            X = _check_torch(X)
+            if requires_y:
+                # Only y goes through scikit-learn here: X must not be copied to NumPy.
+                y = validate_data(
+                    self, X="no_validation", y=_to_numpy(y) if isinstance(y, torch.Tensor) else y,
+                    multi_output=True, y_numeric=not is_classifier(self),
+                )
+                if len(y) != X.shape[0]:
+                    raise ValueError(
+                        f"Found input variables with inconsistent numbers of samples: "
+                        f"[{X.shape[0]}, {len(y)}]"
+                    )
+            elif hasattr(self, "feature_names_in_"):
+                del self.feature_names_in_
+            self.n_features_in_ = int(X.shape[1])
+            return X, y
+        if requires_y:
+            return validate_data(
+                self, X, y, dtype=_NUMPY_DTYPES, order="C", multi_output=True,
+                y_numeric=not is_classifier(self),
+            )
+        return validate_data(self, X, dtype=_NUMPY_DTYPES, order="C"), None
+
+    def _validate_query(self, X: Any) -> Any:
+        if isinstance(X, torch.Tensor):
+            X = _check_torch(X)
+            if hasattr(self, "feature_names_in_"):
+                # validate_data would warn about the missing names; keep the same behaviour.
+                validate_data(self, X="no_validation", reset=False)
+            if X.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
+                    f"{self.n_features_in_} features as input."
+                )
+            return X
+        return validate_data(self, X, dtype=_NUMPY_DTYPES, order="C", reset=False)
+
+    # -- fitting --------------------------------------------------------------------------------
+
+    def _fit(self, X: Any, y: Any = None) -> "_KNNGNeighborsBase":
+        self._check_params()
+        X, y = self._validate_fit(X, y)
+        if y is not None and is_classifier(self):
+            y = np.asarray(y)
+            if y.ndim == 1 or (y.ndim == 2 and y.shape[1] == 1):
+                if y.ndim != 1:
+                    import warnings
+
+                    warnings.warn(
+                        "A column-vector y was passed when a 1d array was expected. Please "
+                        "change the shape of y to (n_samples,), for example using ravel().",
+                        DataConversionWarning,
+                        stacklevel=3,
+                    )
+                self.outputs_2d_ = False
+                y = y.reshape((-1, 1))
+            else:
+                self.outputs_2d_ = True
+            check_classification_targets(y)
+            classes = []
+            encoded = np.empty(y.shape, dtype=np.intp)
+            for j in range(y.shape[1]):
+                classes_j, encoded[:, j] = np.unique(y[:, j], return_inverse=True)
+                classes.append(classes_j)
+            if self.outputs_2d_:
+                self.classes_ = classes
+                self._y = encoded
+            else:
+                self.classes_ = classes[0]
+                self._y = encoded.ravel()
+        elif y is not None:
+            self._y = np.asarray(y)
+        self._fit_X = X
+        self.n_samples_fit_ = int(X.shape[0])
+        self.effective_metric_ = self.metric
+        self.effective_metric_params_: dict[str, Any] = {}
+        return self
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def kneighbors(
+        self, X: Any = None, n_neighbors: int | None = None, return_distance: bool = True
+    ) -> Any:
+        """Find the exact K-neighbours of points.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
+            Query points. If None, the query points are the training points and each is
+            excluded from its own neighbours (by index: duplicates of it stay neighbours at
+            distance 0), as in scikit-learn.
+        n_neighbors : int, default=None
+            Neighbours per query; default ``self.n_neighbors``.
+        return_distance : bool, default=True
+            Whether to return the distances too.
+
+        Returns
+        -------
+        neigh_dist : ndarray or torch.Tensor of shape (n_queries, n_neighbors)
+            float32 distances, ascending per row; only when ``return_distance=True``.
+        neigh_ind : ndarray or torch.Tensor of shape (n_queries, n_neighbors)
+            int64 indices into the training data; ties are ordered by the smaller index.
+            Both follow the kind of the queries (torch in, torch out on the same device).
+        """
+        check_is_fitted(self)
+        if n_neighbors is None:
+            n_neighbors = self.n_neighbors
+        n_neighbors = _check_n_neighbors(n_neighbors)
+        options = dict(
+            metric=self.metric, device=self.device, select=self.select,
+            memory_budget=self.memory_budget,
+        )
+        if X is None:
+            if n_neighbors >= self.n_samples_fit_:
+                raise ValueError(
+                    "Expected n_neighbors < n_samples_fit, but "
+                    f"n_neighbors = {n_neighbors}, n_samples_fit = {self.n_samples_fit_}, "
+                    f"n_samples = {self.n_samples_fit_}"
+                )
+            result = knng_graph(self._fit_X, n_neighbors, **options)
+        else:
+            X = self._validate_query(X)
+            if n_neighbors > self.n_samples_fit_:
+                raise ValueError(
+                    "Expected n_neighbors <= n_samples_fit, but "
+                    f"n_neighbors = {n_neighbors}, n_samples_fit = {self.n_samples_fit_}, "
+                    f"n_samples = {X.shape[0]}"
+                )
+            result = knng_search(X, self._fit_X, n_neighbors, **options)
+        if return_distance:
+            return result.distances, result.indices
+        return result.indices
+
+    def kneighbors_graph(
+        self, X: Any = None, n_neighbors: int | None = None, mode: str = "connectivity"
+    ) -> scipy.sparse.csr_matrix:
+        """Compute the (weighted) graph of k-neighbours of points in X.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
+            Query points; None means the training points, each without itself.
+        n_neighbors : int, default=None
+            Neighbours per query; default ``self.n_neighbors``.
+        mode : {"connectivity", "distance"}, default="connectivity"
+            Ones, or the distances between neighbouring points.
+
+        Returns
+        -------
+        A : scipy.sparse.csr_matrix of shape (n_queries, n_samples_fit)
+            Row ``i`` holds the neighbours of query ``i`` in ascending order of distance, in
+            the layout of scikit-learn's ``kneighbors_graph`` (float64 data).
+        """
+        check_is_fitted(self)
+        if n_neighbors is None:
+            n_neighbors = self.n_neighbors
+        if mode == "connectivity":
+            ind = self.kneighbors(X, n_neighbors, return_distance=False)
+            ind = _to_numpy(ind)
+            data = np.ones(ind.size, dtype=np.float64)
+        elif mode == "distance":
+            dist, ind = self.kneighbors(X, n_neighbors, return_distance=True)
+            ind = _to_numpy(ind)
+            data = _to_numpy(dist).astype(np.float64).ravel()
+        else:
+            raise ValueError(
+                'Unsupported mode, must be one of "connectivity", or "distance" but got '
+                f'"{mode}" instead'
+            )
+        n_queries, k = ind.shape
+        indptr = np.arange(n_queries + 1, dtype=np.int64) * k
+        return scipy.sparse.csr_matrix(
+            (data, ind.astype(np.int64).ravel(), indptr), shape=(n_queries, self.n_samples_fit_)
+        )
+
+    def _neighbors_for_vote(self, X: Any, need_distance: bool) -> tuple[np.ndarray | None, np.ndarray]:
+        """Neighbour (distances as float64, indices) on the host, for voting and averaging."""
+        if need_distance:
+            dist, ind = self.kneighbors(X)
+            return _to_numpy(dist).astype(np.float64), _to_numpy(ind)
+        return None, _to_numpy(self.kneighbors(X, return_distance=False))
+
+    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        tags.target_tags.multi_output = True
+        return tags
+
+
+_COMMON_PARAMS_DOC = """
+    metric : {"euclidean", "sqeuclidean", "cosine", "pearson", "inner_product"}, \
+default="euclidean"
+        Distance. ``cosine`` is 1 - cosine similarity, ``pearson`` 1 - correlation,
+        ``inner_product`` is -x·y (so that ascending means most similar).
+    device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device, default="auto"
+        Where to compute: "auto" uses the GPU where a GPU tensor lives, else a GPU if there is
+        one, else the CPU. Can be changed after fitting (``set_params(device="cuda")``).
+    select : str, default="auto"
+        knng's k-selection algorithm (see ``knng.select.available()``).
+    memory_budget : int or str, default=None
+        Bytes the engine may use on the device (e.g. ``"4GB"``); None: a safe share of free
+        memory.
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# the estimators
+# --------------------------------------------------------------------------------------------
+
+
+class NearestNeighbors(_KNNGNeighborsBase):
+    __doc__ = """Unsupervised learner for exact k-nearest-neighbour queries, on CPU or GPU.
+
+    Drop-in for :class:`sklearn.neighbors.NearestNeighbors` (k-neighbour queries only).
+
+    Parameters
+    ----------
+    n_neighbors : int, default=5
+        Neighbours per query for :meth:`kneighbors`.
+    """ + _COMMON_PARAMS_DOC + """
+    Attributes
+    ----------
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit (only for inputs with string column names).
+    n_samples_fit_ : int
+        Number of training samples.
+    effective_metric_ : str
+        The metric used (equal to ``metric``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from knng.estimators import NearestNeighbors
+    >>> X = np.array([[0.0], [1.0], [3.0]])
+    >>> nn = NearestNeighbors(n_neighbors=2, device="cpu").fit(X)
+    >>> nn.kneighbors([[0.9]])[1]
+    array([[1, 0]])
+    """
+
+    def __init__(
+        self,
+        n_neighbors: int = 5,
+        *,
+        metric: str = "euclidean",
+        device: str | torch.device = "auto",
+        select: str = "auto",
+        memory_budget: int | str | None = None,
+    ) -> None:
+        self.n_neighbors = n_neighbors
+        self.metric = metric
+        self.device = device
+        self.select = select
+        self.memory_budget = memory_budget
+
+    def fit(self, X: Any, y: Any = None) -> "NearestNeighbors":
+        """Fit the nearest neighbours estimator from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is (same object kind and device).
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        self : NearestNeighbors
+            The fitted estimator.
+        """
+        return self._fit(X)
+
+
+class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
+    __doc__ = """Classifier voting among the exact k nearest neighbours, on CPU or GPU.
+
+    Drop-in for :class:`sklearn.neighbors.KNeighborsClassifier`: same predictions and
+    probabilities (ties in the vote go to the smallest class label).
+
+    Parameters
+    ----------
+    n_neighbors : int, default=5
+        Number of neighbours that vote.
+    weights : {"uniform", "distance", "inverse_square"}, callable or None, default="uniform"
+        ``"uniform"``: equal votes. ``"distance"``: 1/d. ``"inverse_square"``: 1/d². With
+        either of the last two, a query at distance 0 from some training points takes only
+        their votes (weight 1 each). A callable maps the (n_queries, k) float64 distance array
+        to weights of the same shape.
+    """ + _COMMON_PARAMS_DOC + """
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,) or list of such arrays
+        Class labels (one array per output for multi-output y).
+    outputs_2d_ : bool
+        Whether y was 2-D with more than one column at fit.
+    n_features_in_ : int
+        Number of features seen during fit.
+    n_samples_fit_ : int
+        Number of training samples.
+    effective_metric_ : str
+        The metric used.
+
+    Examples
+    --------
+    >>> from knng.estimators import KNeighborsClassifier
+    >>> clf = KNeighborsClassifier(n_neighbors=3, device="cpu")
+    >>> clf.fit([[0.0], [1.0], [2.0], [3.0]], [0, 0, 1, 1]).predict([[1.1]])
+    array([0])
+    """
+
+    def __init__(
+        self,
+        n_neighbors: int = 5,
+        *,
+        weights: WeightsType = "uniform",
+        metric: str = "euclidean",
+        device: str | torch.device = "auto",
+        select: str = "auto",
+        memory_budget: int | str | None = None,
+    ) -> None:
+        self.n_neighbors = n_neighbors
+        self.weights = weights
+        self.metric = metric
+        self.device = device
+        self.select = select
+        self.memory_budget = memory_budget
+
+    def fit(self, X: Any, y: Any) -> "KNeighborsClassifier":
+        """Fit the classifier from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Target labels (a torch tensor is copied to NumPy).
+
+        Returns
+        -------
+        self : KNeighborsClassifier
+            The fitted classifier.
+        """
+        return self._fit(X, y)
+
+    def predict_proba(self, X: Any) -> np.ndarray | list[np.ndarray]:
+        """Return probability estimates for the test data X.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), or None
+            Test samples; None means the training samples, each without itself.
+
+        Returns
+        -------
+        p : ndarray of shape (n_queries, n_classes), or a list of n_outputs such arrays
+            Class probabilities, columns in the order of ``classes_``.
+        """
+        check_is_fitted(self)
+        return self._proba(X)
+
+    def _proba(self, X: Any) -> Any:
+        uniform = self.weights in (None, "uniform")
+        dist, ind = self._neighbors_for_vote(X, need_distance=not uniform)
+        weights = _get_weights(dist, self.weights)
+        if weights is None:
+            weights = np.ones(ind.shape, dtype=np.float64)
+        elif _all_zero_row(weights):
+            raise ValueError(
+                "All neighbors of some sample is getting zero weights. Please modify 'weights' "
+                "to avoid this case if you are using a user-defined function."
+            )
+        classes = self.classes_ if self.outputs_2d_ else [self.classes_]
+        y = self._y if self.outputs_2d_ else self._y.reshape((-1, 1))
+        n_queries = ind.shape[0]
+        rows = np.arange(n_queries)
+        probabilities = []
+        for j, classes_j in enumerate(classes):
+            labels = y[:, j][ind]
+            proba = np.zeros((n_queries, classes_j.size))
+            # One column of neighbours at a time, in neighbour order, as scikit-learn sums.
+            for i, column in enumerate(labels.T):
+                proba[rows, column] += weights[:, i]
+            proba /= proba.sum(axis=1)[:, np.newaxis]
+            probabilities.append(proba)
+        return probabilities if self.outputs_2d_ else probabilities[0]
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predict the class labels for the provided data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), or None
+            Test samples; None means the training samples, each without itself.
+
+        Returns
+        -------
+        y : ndarray of shape (n_queries,) or (n_queries, n_outputs)
+            The most voted class of each query; ties go to the smallest label.
+        """
+        check_is_fitted(self)
+        probabilities = self._proba(X)
+        if self.outputs_2d_:
+            return np.stack(
+                [self.classes_[j][np.argmax(p, axis=1)] for j, p in enumerate(probabilities)],
+                axis=1,
+            )
+        return self.classes_[np.argmax(probabilities, axis=1)]
+
+    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = True
+        return tags
+
+
+class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
+    __doc__ = """Regression by the mean target of the exact k nearest neighbours, on CPU or GPU.
+
+    Drop-in for :class:`sklearn.neighbors.KNeighborsRegressor`.
+
+    Parameters
+    ----------
+    n_neighbors : int, default=5
+        Number of neighbours averaged.
+    weights : {"uniform", "distance", "inverse_square"}, callable or None, default="uniform"
+        As in :class:`KNeighborsClassifier`.
+    """ + _COMMON_PARAMS_DOC + """
+    Attributes
+    ----------
+    n_features_in_ : int
+        Number of features seen during fit.
+    n_samples_fit_ : int
+        Number of training samples.
+    effective_metric_ : str
+        The metric used.
+
+    Examples
+    --------
+    >>> from knng.estimators import KNeighborsRegressor
+    >>> reg = KNeighborsRegressor(n_neighbors=2, device="cpu")
+    >>> reg.fit([[0.0], [1.0], [2.0], [3.0]], [0.0, 0.0, 1.0, 1.0]).predict([[1.6]])
+    array([0.5])
+    """
+
+    def __init__(
+        self,
+        n_neighbors: int = 5,
+        *,
+        weights: WeightsType = "uniform",
+        metric: str = "euclidean",
+        device: str | torch.device = "auto",
+        select: str = "auto",
+        memory_budget: int | str | None = None,
+    ) -> None:
+        self.n_neighbors = n_neighbors
+        self.weights = weights
+        self.metric = metric
+        self.device = device
+        self.select = select
+        self.memory_budget = memory_budget
+
+    def fit(self, X: Any, y: Any) -> "KNeighborsRegressor":
+        """Fit the regressor from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Targets (a torch tensor is copied to NumPy).
+
+        Returns
+        -------
+        self : KNeighborsRegressor
+            The fitted regressor.
+        """
+        return self._fit(X, y)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predict the target for the provided data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), or None
+            Test samples; None means the training samples, each without itself.
+
+        Returns
+        -------
+        y : ndarray of shape (n_queries,) or (n_queries, n_outputs)
+            (Weighted) mean target of the neighbours, float64.
+        """
+        check_is_fitted(self)
+        uniform = self.weights in (None, "uniform")
+        dist, ind = self._neighbors_for_vote(X, need_distance=not uniform)
+        weights = _get_weights(dist, self.weights)
+        y = self._y.reshape((-1, 1)) if self._y.ndim == 1 else self._y
+        if weights is None:
+            y_pred = np.mean(y[ind], axis=1)
+        else:
+            y_pred = np.empty((ind.shape[0], y.shape[1]), dtype=np.float64)
+            denom = np.sum(weights, axis=1)
+            for j in range(y.shape[1]):
+                y_pred[:, j] = np.sum(y[ind, j] * weights, axis=1) / denom
+        if self._y.ndim == 1:
+            y_pred = y_pred.ravel()
+        return y_pred
+
+
+class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _KNNGNeighborsBase):
+    __doc__ = """Transform X into the sparse graph of its exact k nearest neighbours.
+
+    Drop-in for :class:`sklearn.neighbors.KNeighborsTransformer`, to feed estimators that take
+    a precomputed neighbour graph (``Isomap(metric="precomputed")``, ``TSNE``, ``DBSCAN``,
+    ``SpectralEmbedding(affinity="precomputed_nearest_neighbors")``, ...). As in scikit-learn,
+    with ``mode="distance"`` each row holds ``n_neighbors + 1`` neighbours of the query
+    (counting a training point that coincides with it, such as itself in ``fit_transform``);
+    with ``mode="connectivity"`` it holds ``n_neighbors``.
+
+    Parameters
+    ----------
+    mode : {"distance", "connectivity"}, default="distance"
+        Distances, or ones.
+    n_neighbors : int, default=5
+        Neighbours per sample (one more in ``"distance"`` mode, see above).
+    """ + _COMMON_PARAMS_DOC + """
+    Attributes
+    ----------
+    n_features_in_ : int
+        Number of features seen during fit.
+    n_samples_fit_ : int
+        Number of training samples (the number of columns of the output).
+    effective_metric_ : str
+        The metric used.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from knng.estimators import KNeighborsTransformer
+    >>> X = np.random.default_rng(0).normal(size=(20, 3))
+    >>> KNeighborsTransformer(n_neighbors=4, device="cpu").fit_transform(X).shape
+    (20, 20)
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: str = "distance",
+        n_neighbors: int = 5,
+        metric: str = "euclidean",
+        device: str | torch.device = "auto",
+        select: str = "auto",
+        memory_budget: int | str | None = None,
+    ) -> None:
+        self.mode = mode
+        self.n_neighbors = n_neighbors
+        self.metric = metric
+        self.device = device
+        self.select = select
+        self.memory_budget = memory_budget
+
+    def fit(self, X: Any, y: Any = None) -> "KNeighborsTransformer":
+        """Fit the transformer from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        self : KNeighborsTransformer
+            The fitted transformer.
+        """
+        self._fit(X)
+        self._n_features_out = self.n_samples_fit_
+        return self
+
+    def transform(self, X: Any) -> scipy.sparse.csr_matrix:
+        """Compute the (weighted) graph of neighbours for points in X.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples_transform, n_features)
+            Sample data.
+
+        Returns
+        -------
+        Xt : scipy.sparse.csr_matrix of shape (n_samples_transform, n_samples_fit)
+            ``Xt[i, j]`` is the weight of the edge from i to j; only neighbours are stored.
+        """
+        check_is_fitted(self)
+        add_one = self.mode == "distance"
+        return self.kneighbors_graph(X, mode=self.mode, n_neighbors=self.n_neighbors + add_one)
+
+    def fit_transform(self, X: Any, y: Any = None) -> scipy.sparse.csr_matrix:
+        """Fit to X, then transform X (each point's row includes itself in distance mode).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training set.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        Xt : scipy.sparse.csr_matrix of shape (n_samples, n_samples)
+            The neighbour graph of the training set.
+        """
+        return self.fit(X).transform(X)
