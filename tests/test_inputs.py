@@ -217,3 +217,21 @@ def test_inputs_are_not_modified():
     t = torch.from_numpy(X.copy())
     knng.graph(t, 3, metric="inner_product")
     np.testing.assert_array_equal(t.numpy(), X)
+
+
+def test_nan_in_lazy_queries_is_found_before_any_screening(tmp_path, monkeypatch, rng):
+    """A NaN in the last row of memory-mapped queries is reported before the corpus is screened."""
+    import knng.engine.search as search_module
+
+    q = rng.random((3000, 8)).astype(np.float32)
+    q[-1, 3] = np.nan
+    np.save(tmp_path / "q.npy", q)
+    queries = np.load(tmp_path / "q.npy", mmap_mode="r")
+    corpus = rng.random((400, 8)).astype(np.float32)
+
+    def no_screening(*args, **kwargs):
+        raise AssertionError("screened a chunk before the queries were checked")
+
+    monkeypatch.setattr(search_module, "_screen_chunk", no_screening)
+    with pytest.raises(ValueError, match=r"queries.*row 2999"):
+        knng.search(queries, corpus, 3, memory_budget="64KB")

@@ -58,6 +58,11 @@ def exact_search(
     plan = plan_tiles(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k_cand=kc, budget=budget,
                       device=device, element_bytes=dtype.itemsize)
     with full_precision():
+        if not queries.in_memory:
+            # Lazy queries (memory maps, datasets) are checked up front, so that a NaN in the
+            # last row is reported before the work rather than after it.
+            for start, block in queries.iter_blocks(max(plan.query_rows, 4096)):
+                check_finite(block, queries.name, start)
         pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
                                              block_rows=max(plan.corpus_cols, 4096))
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
