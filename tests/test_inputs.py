@@ -59,8 +59,7 @@ def test_nan_in_memmap_far_row(row, tmp_path):
     assert f"row {row}" in str(info.value)
     info = _raises(ValueError, "data", knng.graph, corpus, 3)
     assert f"row {row}" in str(info.value)
-    # Queries are checked chunk by chunk as they are searched (a NaN in the last row is only
-    # found after the rows before it): keep the corpus tiny so that this stays fast.
+    # Memory-mapped queries are checked in one pass before any screening.
     info = _raises(ValueError, "queries", knng.search, corpus, X[:8], 3)
     assert f"row {row}" in str(info.value)
 
