@@ -207,8 +207,14 @@ def merge_topk(values: torch.Tensor | None, indices: torch.Tensor | None, new_va
     """Keep the k smallest of two partial candidate lists per row (any order within a row)."""
     if values is None:
         return new_values, new_indices
-    cat_v = torch.cat([values, new_values], dim=1)
-    cat_i = torch.cat([indices, new_indices], dim=1)
+    return _k_smallest_of([values, new_values], [indices, new_indices], k)
+
+
+def _k_smallest_of(values: list[torch.Tensor], indices: list[torch.Tensor], k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k smallest per row of several candidate lists laid side by side."""
+    cat_v = torch.cat(values, dim=1)
+    cat_i = torch.cat(indices, dim=1)
     if cat_v.shape[1] <= k:
         return cat_v, cat_i
     v, pos = torch.topk(cat_v, k, dim=1, largest=False, sorted=False)
@@ -254,10 +260,9 @@ class CandidateLists:
         lists = self.pending.get((start, stop), [])
         if not lists:
             return
-        cat_v = torch.cat([self.values[start:stop], *[v for v, _ in lists]], dim=1)
-        cat_i = torch.cat([self.indices[start:stop], *[i for _, i in lists]], dim=1)
-        v, pos = torch.topk(cat_v, self.kc, dim=1, largest=False, sorted=False)
-        self.values[start:stop], self.indices[start:stop] = v, torch.gather(cat_i, 1, pos)
+        v, i = _k_smallest_of([self.values[start:stop], *[v for v, _ in lists]],
+                              [self.indices[start:stop], *[i for _, i in lists]], self.kc)
+        self.values[start:stop], self.indices[start:stop] = v, i
         del self.pending[(start, stop)]
 
     def finalize(self) -> tuple[torch.Tensor, torch.Tensor]:
