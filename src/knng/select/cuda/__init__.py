@@ -1,0 +1,107 @@
+"""Compiling and launching knng's CUDA selection kernels.
+
+The kernels are CUDA C sources in this folder, compiled at first use by NVRTC through CuPy
+(``cupy.RawModule``; CuPy caches the binaries on disk) for the GPU in hand. CuPy is the one
+extra a GPU user installs (``pip install "knng[cuda13]"`` or ``"knng[cuda12]"``, matching the
+CUDA of their PyTorch); without it the kernels' names still resolve, and calling them on a CUDA
+tensor raises an error that says what to install. Kernels run on PyTorch's current stream of
+the tensor's device, on PyTorch-allocated memory: nothing is copied or synchronised here.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["available", "require", "kernel", "launch", "ptr"]
+
+_HERE = Path(__file__).parent
+_SOURCES = ("qms.cu", "baselines.cu")
+
+
+def available() -> bool:
+    """True when CUDA kernels can run here: a CUDA device and CuPy."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require(algorithm: str) -> None:
+    """Raise a clear error when ``algorithm``'s CUDA kernel cannot run."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            f"select={algorithm!r} runs a CUDA kernel compiled through CuPy, which is not installed: "
+            "pip install cupy-cuda13x (or cupy-cuda12x, matching torch.version.cuda)") from None
+
+
+def _source(name: str) -> str:
+    common = (_HERE / "common.cuh").read_text()
+    return (_HERE / name).read_text().replace('#include "common.cuh"', common)
+
+
+@functools.cache
+def _module(name: str, device_index: int) -> Any:
+    import cupy
+
+    with cupy.cuda.Device(device_index):
+        module = cupy.RawModule(code=_source(name), options=("-std=c++17",))
+        module.compile()
+    return module
+
+
+@functools.cache
+def kernel(source: str, name: str, device_index: int) -> Any:
+    """The kernel ``name`` of ``source`` (e.g. ``"qms.cu"``), allowed all the shared memory a block gets."""
+    import cupy
+
+    if source not in _SOURCES:
+        raise ValueError(f"unknown kernel source {source!r}")
+    fn = _module(source, device_index).get_function(name)
+    # Above 48 KiB a kernel must opt in to dynamic shared memory; opt in once, to the limit.
+    optin = cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerBlockOptin"]
+    fn.max_dynamic_shared_size_bytes = optin - fn.shared_size_bytes
+    return fn
+
+
+def ptr(t: torch.Tensor | None) -> np.uint64:
+    """A tensor's device address as a kernel argument (0 for None)."""
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def launch(source: str, name: str, device: torch.device, grid: int, block: int, args: tuple,
+           shared_bytes: int = 0) -> None:
+    """Launch ``name`` on ``device``'s current PyTorch stream.
+
+    ``args`` must be NumPy scalars of the kernel's parameter types (``np.int32`` for ``int``,
+    ``np.int64`` for ``long long``, ``np.uint32`` for ``unsigned``, :func:`ptr` for pointers):
+    CuPy packs arguments by their own type, not by the kernel's signature.
+    """
+    import cupy
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fn = kernel(source, name, index)
+    stream = _cupy_stream(torch.cuda.current_stream(index).cuda_stream, index)
+    with cupy.cuda.Device(index), stream:
+        fn((grid,), (block,), args, shared_mem=shared_bytes)
+
+
+@functools.cache
+def _cupy_stream(handle: int, device_index: int) -> Any:
+    """CuPy's view of a PyTorch stream (made once per stream)."""
+    import warnings
+
+    import cupy
+
+    with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external for protocol objects
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(handle, device_index)
