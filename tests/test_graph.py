@@ -299,3 +299,34 @@ def test_every_registered_selection_graph(budget, rng, seed, screen):
         g = knng.graph(x, 5, select=name, memory_budget=budget)
         np.testing.assert_array_equal(g.indices, base.indices, err_msg=f"seed={seed} select={name}")
         np.testing.assert_array_equal(g.distances, base.distances, err_msg=f"seed={seed} select={name}")
+
+
+# ------------------------------------------------------------------ batch index sorting
+def _graph_data(rng: np.random.Generator, n: int, data: str) -> np.ndarray:
+    """Normals with a quarter of the points duplicated, or small integers (exact ties)."""
+    if data == "integer_ties":
+        return rng.integers(0, 3, size=(n, 3)).astype(np.int8)
+    x = rng.standard_normal((n, 8)).astype(np.float32)
+    x[n - n // 4:] = x[rng.integers(0, n - n // 4, n // 4)]
+    return x
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
+@pytest.mark.parametrize("data", ["duplicates", "integer_ties"])
+@pytest.mark.parametrize("n,k,budget", [(211, 10, "12KB"), (397, 1, "32KB"), (300, 30, "200KB")])
+def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, monkeypatch, rng, seed, screen):
+    from knng.select.batch_sort import batch_sort_select
+
+    # A float32 screen takes the off-diagonal blocks' rows and columns from one batch sort.
+    calls = []
+    real = batch_sort_select.rows_and_columns
+    monkeypatch.setattr(batch_sort_select, "rows_and_columns", lambda *args: calls.append(1) or real(*args))
+    x = _graph_data(rng, n, data)
+    g = knng.graph(x, k, metric=metric, select="batch_sort", memory_budget=budget)
+    report = last_report()
+    assert report.parts > 1 and not report.mirrored, report
+    assert bool(calls) == (screen == "float32")
+    oracle = oracle_graph(x, k, metric)
+    assert_exact(g, oracle, context=f"seed={seed} {data}")
+    if oracle.exact_ties:
+        np.testing.assert_array_equal(g.indices, oracle.indices, err_msg=f"seed={seed} {data}")

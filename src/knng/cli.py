@@ -1,4 +1,4 @@
-"""The ``knng`` command line: ``search``, ``graph``, ``info`` and ``demo``.
+"""The ``knng`` command line: ``search``, ``graph``, ``info``, ``demo`` and ``bench select``.
 
 Every subcommand reads vector files lazily through :mod:`knng.io`, calls the public API
 (:func:`knng.search`, :func:`knng.graph`) and writes its results atomically, only once the
@@ -69,6 +69,7 @@ examples:
   knng search sift-128-euclidean.hdf5 -k 10 --check
   knng search base.fvecs queries.fvecs -k 100 -o results/
   knng graph vectors.npy -k 15 --format npz
+  knng bench select --experiments bar --trials 20
 
 Run `knng COMMAND --help` for the options of each command.
 """
@@ -130,6 +131,35 @@ _DEMO_EXAMPLES = """\
 examples:
   knng demo --quick
   knng demo --device cuda -o /tmp/knng-demo
+"""
+
+
+_BENCH_DESCRIPTION = """\
+Benchmarks. `knng bench select` times the k-selection algorithms on the experiments of
+Komarov, Dashti & D'Souza (2014) and on issue 3's acceptance bar.
+"""
+
+_BENCH_SELECT_DESCRIPTION = """\
+Time the k-selection algorithms (knng.select) on blocks of uniformly random float32 scores:
+  table2   Q = 8192 rows, n = 2^13 … 2^16, k = 64 … 512: mean and % std (paper Table 2)
+  speedup  speed-up over the insertion-sort baseline, Q = 8192 with n swept and n = 65536
+           with Q swept (paper Figs. 5 and 6)
+  product  n·Q = 2^27, log2(n/Q) = −3 … 19, k = 2 … 512: speed-up over the bitonic
+           baseline (paper Fig. 7)
+  fixed-n  n = 2^20, Q = 8 … 256: time per query (paper Fig. 9)
+  bar      8192 × 65536, k = 64 … 2048: qms against torch.topk, sorted; identical
+           output, GB/s and the copy-bandwidth floor
+Each cell is timed with CUDA events after two warm-up calls (the wall clock on a CPU, for
+smoke runs). Results go to DIR/select.json, DIR/select.md and DIR/select-*.png (plots need
+matplotlib: pip install 'knng[bench]'), rewritten after each experiment; the markdown
+summary is printed at the end. docs/SELECT_BENCH.md describes every experiment.
+"""
+
+_BENCH_SELECT_EXAMPLES = """\
+examples:
+  knng bench select --quick --device cpu            # tiny shapes, a smoke run
+  knng bench select --experiments all --trials 20
+  knng bench select --experiments table2,bar --algorithms qms,qms_warp,topk -o results/
 """
 
 
@@ -232,7 +262,75 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu, cuda or cuda:N (default: auto)")
     p.add_argument("--quick", action="store_true", help="smaller image-patch set (stride 4, ~16k points)")
     p.set_defaults(handler=_cmd_demo)
+
+    p = sub.add_parser("bench", help="benchmarks: `knng bench select` times the k-selection algorithms",
+                       description=_BENCH_DESCRIPTION, epilog=_BENCH_SELECT_EXAMPLES, formatter_class=_Formatter)
+    p.set_defaults(handler=_cmd_bench_usage, bench_parser=p)
+    benches = p.add_subparsers(dest="benchmark", metavar="BENCHMARK", title="benchmarks")
+    _add_bench_select(benches.add_parser(
+        "select", help="k-selection experiments of the quick multi-select paper and issue 3's bar",
+        description=_BENCH_SELECT_DESCRIPTION, epilog=_BENCH_SELECT_EXAMPLES, formatter_class=_Formatter))
     return parser
+
+
+def _argument_type(parse: Any) -> Any:
+    """An argparse ``type=`` that reports ``parse``'s ValueError as the argument's error."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return convert
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _add_bench_select(p: argparse.ArgumentParser) -> None:
+    from knng.benchmarks.select import (
+        CELL_BUDGET_S, DEFAULT_OUT, DEFAULT_TRIALS, EXPERIMENTS, HARD_CAP_S, parse_algorithms, parse_experiments,
+    )
+
+    p.add_argument("--experiments", default="all", type=_argument_type(parse_experiments), metavar="LIST",
+                   help=f"comma-separated: {', '.join(EXPERIMENTS)}, or all (default: all)")
+    p.add_argument("--trials", type=_argument_type(_positive_int), default=DEFAULT_TRIALS, metavar="N",
+                   help=f"timed calls per cell, after two warm-up calls (default: {DEFAULT_TRIALS})")
+    p.add_argument("--device", default="auto", metavar="DEV",
+                   help="auto (a GPU if there is one), cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--algorithms", default=None, type=_argument_type(parse_algorithms), metavar="LIST",
+                   help="comma-separated algorithms to compare instead of each experiment's defaults; "
+                        "the experiment's reference (insertion, bitonic, topk) is always added, names "
+                        "that are not registered are reported as skipped")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny shapes (rows ≤ 64, cols ≤ 2048, k ≤ 32): a smoke run of a few seconds")
+    p.add_argument("-o", "--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"output folder, created if missing (default: {DEFAULT_OUT})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    p.add_argument("--cell-budget", type=_argument_type(_positive_seconds), default=None, metavar="SECONDS",
+                   help=f"seconds of timed calls per cell before trials are cut (default: "
+                        f"{CELL_BUDGET_S[False]:g}, {CELL_BUDGET_S[True]:g} with --quick)")
+    p.add_argument("--hard-cap", type=_argument_type(_positive_seconds), default=None, metavar="SECONDS",
+                   help=f"a single call longer than this skips the algorithm's remaining cells in the "
+                        f"experiment (default: {HARD_CAP_S[False]:g}, {HARD_CAP_S[True]:g} with --quick)")
+    p.add_argument("--no-progress", action="store_true", help="no per-cell progress lines on standard error")
+    p.set_defaults(handler=_cmd_bench_select)
 
 
 # --------------------------------------------------------------------------------------
@@ -734,6 +832,29 @@ def _cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     _device_and_budget(args.device, None)  # a bad --device fails here, before any work
     run_demo(out_dir=args.out, device=args.device, quick=args.quick)
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# bench
+# --------------------------------------------------------------------------------------
+
+
+def _cmd_bench_usage(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    args.bench_parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def _cmd_bench_select(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from knng.benchmarks.select import render_markdown, run
+
+    results = run(args.experiments, device=args.device, trials=args.trials, quick=args.quick, out_dir=args.out,
+                  algorithms=args.algorithms, progress=not args.no_progress, seed=args.seed,
+                  cell_budget_s=args.cell_budget, hard_cap_s=args.hard_cap,
+                  command="knng " + " ".join(shlex.quote(a) for a in argv))
+    _say(render_markdown(results))
+    out = Path(args.out)
+    _say(f"wrote {', '.join(str(out / name) for name in ('select.json', 'select.md', *results['plots'].values()))}")
     return 0
 
 

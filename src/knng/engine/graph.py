@@ -246,15 +246,21 @@ def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor
         # Exclude each point from its own list by index, not by distance: duplicates stay.
         local = torch.arange(r1 - r0, device=device)
         scores[local, local + (r0 - j0)] = torch.inf
-    kt = min(kc, j1 - j0)
+    kt, kr = min(kc, j1 - j0), min(kc, r1 - r0)
     selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
-    v, i, row_floor = select_block(selector, scores, kt)
+    # Column candidates: each column of S(I, J) is a row of S(J, I). Everything that allocates
+    # runs before the first add, so an out-of-memory retry never adds twice.
+    both = getattr(selector, "rows_and_columns", None)
+    if both is not None and not diagonal and scores.dtype == torch.float32:
+        # One sort of the block serves both lists; exact on float32, so no floors.
+        v, i, cv, ci = both(scores, kt, kr)
+        row_floor = col_floor = None
+    else:
+        v, i, row_floor = select_block(selector, scores, kt)
+        if not diagonal:
+            cv, ci, col_floor = select_block(selector, scores, kr, columns=True)
     row_ids = i + j0
     if not diagonal:
-        # Column candidates: each column of S(I, J) is a row of S(J, I). Everything that
-        # allocates runs before the first add, so an out-of-memory retry never adds twice.
-        kr = min(kc, r1 - r0)
-        cv, ci, col_floor = select_block(selector, scores, kr, columns=True)
         col_ids = ci + r0
     # Floors first: taking a minimum twice is harmless if the block is retried.
     if row_floor is not None and kt < j1 - j0:

@@ -11,7 +11,10 @@ fastest one measured for the shape and device.
 """
 
 from knng.select.registry import SelectFn, available, get, register, resolve, select_columns
+from knng.select import baselines as _baselines  # noqa: F401  (registers "insertion", "bitonic")
+from knng.select import batch_sort as _batch_sort  # noqa: F401  (registers "batch_sort")
 from knng.select import grouped as _grouped  # noqa: F401  (registers "grouped")
+from knng.select import qms as _qms  # noqa: F401  (registers "qms", "qms_sampled", "qms_block", "qms_warp")
 from knng.select import topk as _topk  # noqa: F401  (registers "topk")
 
 __all__ = ["SelectFn", "available", "get", "register", "resolve", "select_columns"]

@@ -190,4 +190,18 @@ def qms_select(scores: torch.Tensor, k: int, *, sorted: bool = False) -> tuple[t
     return out_v, out_i
 
 
+def qms_select_columns(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each *column*'s k smallest (a graph block's column candidates), as ``(cols, k)``.
+
+    Selecting the transposed block by rows needs a transposed copy first; where the grouped
+    filter applies it reads the columns in place instead, which costs less than that copy.
+    """
+    from knng.select.grouped import choose_group, grouped_select_columns
+
+    if scores.is_cuda and choose_group(scores.shape[0], k):
+        return grouped_select_columns(scores, k)
+    return qms_select(scores.T, k)
+
+
 qms_select.filter_applies = filter_applies  # type: ignore[attr-defined]
+qms_select.columns = qms_select_columns  # type: ignore[attr-defined]

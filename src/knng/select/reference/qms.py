@@ -291,7 +291,9 @@ def filter_select(values: np.ndarray, k: int, *, seed: int = 0, threads: int = F
         if plan is not None and k > 0:
             rank, cap = plan
             p = NAN_BITS if rank < 0 else sample_pivot(v[r], row=r, seed=seed, rank=rank, threads=threads)
-            cand = keys[(keys >> np.uint64(32)) <= np.uint64(p)]
+            # The kernel compares floats with decode(p): a prefix of the order holding key <= p.
+            taken = np.ones(n, bool) if p == NAN_BITS else v[r] <= decode_bits(np.array([p], np.uint32))[0]
+            cand = keys[taken]
             if k <= len(cand) <= cap:
                 out_keys[r] = np.sort(cand)[:k]
                 continue
