@@ -182,7 +182,8 @@ def qms_select(scores: torch.Tensor, k: int, *, sorted: bool = False) -> tuple[t
     failed = torch.zeros(rows, dtype=torch.int32, device=x.device)
     args = (cuda.ptr(x), np.int64(x.stride(0)), np.int32(n), np.int32(k), cuda.ptr(out_v), cuda.ptr(out_i),
             np.int64(k), cuda.ptr(failed), np.uint32(SEED), np.int32(rank), np.int32(cap))
-    cuda.launch("qms.cu", "qms_filter", x.device, rows, ref.FILTER_THREADS, args, shared_bytes=8 * cap)
+    shared = 8 * (cap + ref.next_pow2(k))  # candidates, then the k winners (qms.cu)
+    cuda.launch("qms.cu", "qms_filter", x.device, rows, ref.FILTER_THREADS, args, shared_bytes=shared)
     redo = failed.nonzero().flatten().to(torch.int32)  # synchronises: rare rows, exact fallback
     if redo.numel():
         v, i = _paper_variant(x, k, kernel="qms_block", sampled=False, sorted=True, rows=redo)

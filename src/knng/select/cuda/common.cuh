@@ -221,3 +221,55 @@ __device__ u32 sample_pivot(const float* __restrict__ rowp, int n, u32 row, u32 
     return P;
 }
 
+
+// The k-th smallest ordered bits among the c keys (upper halves) of a shared array, by an
+// MSD radix select: 4 rounds of a 256-bin shared histogram, 3 barriers each. Returns the bits
+// P_k and sets *ties_ok when exactly k keys are <= P_k (no tie straddles the k-th value).
+__device__ u32 block_radix_kth(const u64* keys, int c, int k, int* hist, int* shared_rank,
+                               bool* ties_ok) {
+    const int T = blockDim.x, tid = threadIdx.x, lane = tid & 31;
+    u32 prefix = 0, mask = 0;
+    int rank = k;  // 1-based rank still sought among keys matching the prefix
+    int in_bin = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += T) hist[b] = 0;
+        __syncthreads();
+        for (int i = tid; i < c; i += T) {
+            const u32 key = (u32)(keys[i] >> 32);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (tid < 32) {  // one warp scans the 256 bins, 8 per lane
+            int local[8], sum = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) { local[j] = hist[lane * 8 + j]; sum += local[j]; }
+            int incl = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int x = __shfl_up_sync(FULL_MASK, incl, o);
+                if (lane >= o) incl += x;
+            }
+            int below = incl - sum;
+            if (below < rank && rank <= incl) {  // exactly one lane holds the bin
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    if (below < rank && rank <= below + local[j]) {
+                        shared_rank[0] = lane * 8 + j;
+                        shared_rank[1] = rank - below;
+                        shared_rank[2] = local[j];
+                    }
+                    below += local[j];
+                }
+            }
+        }
+        __syncthreads();
+        const u32 digit = (u32)shared_rank[0];
+        rank = shared_rank[1];
+        in_bin = shared_rank[2];
+        prefix |= digit << shift;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    *ties_ok = in_bin == rank;  // the keys equal to P_k are exactly the ones still wanted
+    return prefix;
+}

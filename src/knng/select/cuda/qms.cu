@@ -277,7 +277,7 @@ __device__ __forceinline__ void append_one(u64* cand, int cap, int* count, bool 
 extern "C" __global__ void __launch_bounds__(512, 3)
 qms_filter(const float* __restrict__ scores, long long ld, int n, int k, float* out_v,
            long long* out_i, long long out_ld, int* failed, u32 seed, int rank, int cap) {
-    extern __shared__ u64 cand[];  // cap entries
+    extern __shared__ u64 cand[];  // cap candidates, then room for the k winners
     __shared__ int counters[3];
     __shared__ int count;
     const int T = blockDim.x, tid = threadIdx.x;
@@ -328,12 +328,37 @@ qms_filter(const float* __restrict__ scores, long long ld, int n, int k, float* 
         if (tid == 0) failed[row] = 1;
         return;
     }
-    int N = 1;
+    // Sort the k winners alone when that saves a level of a large sorting network: find the
+    // k-th value by a radix select and move the entries at or below it behind the candidates
+    // (a tie straddling the k-th value keeps the full sort of all c). Measured on an H100 at
+    // 8192 x 65536: k = 2048 2.54 -> 2.06 ms, k = 1024 1.68 -> 1.49 ms; below N = 1024 the
+    // select costs more than the smaller sort saves (k = 64: 1.29 -> 1.46 ms).
+    u64* keys = cand;
+    int m = c, N = 1;
     while (N < c) N <<= 1;
-    for (int i = c + tid; i < N; i += T) cand[i] = SENTINEL;
+    int Nk = 1;
+    while (Nk < k) Nk <<= 1;
+    if (Nk < N && N >= 1024) {
+        __shared__ int hist[256], found[3];
+        bool exact;
+        const u32 Pk = block_radix_kth(cand, c, k, hist, found, &exact);
+        if (exact) {
+            u64* winners = cand + cap;
+            if (tid == 0) count = 0;
+            __syncthreads();
+            for (int base = 0; base < c; base += T) {
+                const int i = base + tid;
+                const u64 key = i < c ? cand[i] : SENTINEL;
+                append_one(winners, k, &count, i < c && (u32)(key >> 32) <= Pk, key);
+            }
+            __syncthreads();
+            keys = winners; m = k; N = Nk;
+        }
+    }
+    for (int i = m + tid; i < N; i += T) keys[i] = SENTINEL;
     __syncthreads();
-    block_sort(cand, N);
+    block_sort(keys, N);
     out_v += (long long)row * out_ld;
     out_i += (long long)row * out_ld;
-    for (int i = tid; i < k; i += T) write_out(out_v, out_i, i, cand[i]);
+    for (int i = tid; i < k; i += T) write_out(out_v, out_i, i, keys[i]);
 }

@@ -40,8 +40,9 @@ ROW_MIX, PASS_MIX, SAMPLE_MIX = 0x9E3779B1, 0x7FEB352D, 0x68E31DA4
 STACK_SIZE = 32
 #: Sample keys per thread, and threads of the filter kernel: a 4096-entry sample.
 SAMPLE_PER_THREAD, FILTER_THREADS = 8, 512
-#: Candidate capacities of the filter kernel's shared memory (8 bytes per candidate).
-MIN_CAP, MAX_CAP = 2048, 16384
+#: Candidate capacities of the filter kernel's shared memory (8 bytes per candidate), and the
+#: most keys it holds with room for the k winners beside the candidates (192 of 227 KiB).
+MIN_CAP, MAX_CAP, MAX_SHARED_KEYS = 2048, 16384, 24576
 #: Standard deviations of margin the sampled pivot keeps on both sides (see :func:`filter_plan`).
 Z_MARGIN = 5.0
 _SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -249,6 +250,13 @@ def filter_plan(n: int, k: int, threads: int = FILTER_THREADS) -> tuple[int, int
     """
     if k <= 0 or n <= 0:
         return None
+    plan = _plan(n, k, threads)
+    if plan is None or plan[1] + next_pow2(k) > MAX_SHARED_KEYS:
+        return None
+    return plan
+
+
+def _plan(n: int, k: int, threads: int) -> tuple[int, int] | None:
     if n <= MIN_CAP:
         return -1, next_pow2(n)
     s = threads * SAMPLE_PER_THREAD
