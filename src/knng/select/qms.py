@@ -186,7 +186,9 @@ def qms_select(scores: torch.Tensor, k: int, *, sorted: bool = False) -> tuple[t
     cuda.launch("qms.cu", "qms_filter", x.device, rows, ref.FILTER_THREADS, args, shared_bytes=shared)
     redo = failed.nonzero().flatten().to(torch.int32)  # synchronises: rare rows, exact fallback
     if redo.numel():
-        v, i = _paper_variant(x, k, kernel="qms_block", sampled=False, sorted=True, rows=redo)
+        # The sampled first pass discards most of the row at once; random pivots then settle
+        # the ties or the unlucky sample that sent the row here.
+        v, i = _paper_variant(x, k, kernel="qms_block", sampled=True, sorted=True, rows=redo)
         out_v[redo.long()], out_i[redo.long()] = v, i
     return out_v, out_i
 

@@ -21,6 +21,7 @@ from the row splits it three ways and every pass removes at least the pivot.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -43,8 +44,10 @@ SAMPLE_PER_THREAD, FILTER_THREADS = 8, 512
 #: Candidate capacities of the filter kernel's shared memory (8 bytes per candidate), and the
 #: most keys it holds with room for the k winners beside the candidates (192 of 227 KiB).
 MIN_CAP, MAX_CAP, MAX_SHARED_KEYS = 2048, 16384, 24576
-#: Standard deviations of margin the sampled pivot keeps on both sides (see :func:`filter_plan`).
-Z_MARGIN = 5.0
+#: Standard deviations of room above the expected candidate count (see :func:`filter_plan`):
+#: 4.5 keeps k = 2048 of 65 536 in 4096 slots (48 KiB with the winners, three blocks per SM);
+#: the ~3e-6 of rows that overflow take the exact fallback.
+Z_MARGIN = 4.5
 _SENTINEL = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -233,6 +236,24 @@ def sample_pivot(row_values: np.ndarray, *, row: int, seed: int, rank: int,
     return int(keys[rank]) if rank < len(keys) else NAN_BITS
 
 
+#: Chance per row that the sampled pivot leaves fewer than k candidates (the row then takes the
+#: slow exact fallback): binomial, not normal, tails — at k·s/n = 4 a normal margin of 5σ
+#: still failed 2e-5 of rows, and one fallback row costs a whole extra pass of one block.
+MISS_PROBABILITY = 1e-7
+
+
+@functools.lru_cache(maxsize=4096)
+def _safe_rank(s: int, p: float) -> int:
+    """The 0-based sample rank r with P(Binomial(s, p) ≥ r + 1) ≤ ``MISS_PROBABILITY``.
+
+    The count of sampled entries at or below the row's k-th value is Binomial(s, k/n); the
+    pivot (the r-th smallest sample) lies at or above the k-th value unless that count is > r.
+    """
+    from scipy.stats import binom
+
+    return int(binom.isf(MISS_PROBABILITY, s, p))
+
+
 def next_pow2(x: int) -> int:
     """The smallest power of two ≥ x (1 for x ≤ 1)."""
     return 1 << max(0, (int(x) - 1).bit_length())
@@ -243,9 +264,9 @@ def filter_plan(n: int, k: int, threads: int = FILTER_THREADS) -> tuple[int, int
 
     ``rank`` is the sample rank of the pivot (−1: every entry is a candidate) and ``cap`` the
     shared-memory capacity in candidates. With a sample of s entries the k-th value sits near
-    rank k·s/n; taking the rank ``Z_MARGIN`` standard deviations higher leaves fewer than k
-    candidates with probability ~1e-7 per row, and ``cap`` is sized ``Z_MARGIN`` deviations
-    above the expected count (k(1+ε) with ε ≈ 5/√(k·s/n)). Rows that miss either way are
+    rank k·s/n; the rank is taken where the binomial tail leaves fewer than k candidates with
+    probability ``MISS_PROBABILITY`` per row, and ``cap`` is sized ``Z_MARGIN`` deviations
+    above the expected count (k(1+ε), ε ≈ 6/√(k·s/n) for large k). Rows that miss either way are
     flagged and finished by :func:`quick_multi_select`: the result is exact regardless.
     """
     if k <= 0 or n <= 0:
@@ -264,7 +285,7 @@ def _plan(n: int, k: int, threads: int) -> tuple[int, int] | None:
         cap = max(MIN_CAP, next_pow2(k + k // 4))
         return (k - 1, cap) if cap <= MAX_CAP else None
     mean = k * s / n
-    rank = min(s - 1, math.ceil(mean + Z_MARGIN * math.sqrt(mean) + 1) - 1)
+    rank = min(s - 1, _safe_rank(s, k / n))
     expected = (rank + 1) * n / s
     spread = n * math.sqrt(rank + 1) / s
     cap = max(MIN_CAP, next_pow2(math.ceil(expected + Z_MARGIN * spread)))
@@ -306,7 +327,8 @@ def filter_select(values: np.ndarray, k: int, *, seed: int = 0, threads: int = F
                 out_keys[r] = np.sort(cand)[:k]
                 continue
         fell_back[r] = plan is not None and k > 0
-        out_keys[r] = np.sort(quick_multi_select(v[r], k, row=r, seed=seed))
+        rank = -1 if plan is None else plan[0]
+        out_keys[r] = np.sort(quick_multi_select(v[r], k, row=r, seed=seed, sampled_rank=rank, threads=threads))
     vals, idx = keys_to_output(out_keys)
     # The block's own values (the kernels decode them; only NaN payloads can differ).
     return np.take_along_axis(v, idx, axis=1), idx, fell_back
