@@ -13,8 +13,9 @@ import numpy as np
 import torch
 
 from knng.select import cuda
-from knng.select.qms import check_block
+from knng.select.qms import check_block, empty_selection
 from knng.select.reference import baselines as ref
+from knng.select.reference.qms import next_pow2
 from knng.select.registry import register
 
 __all__ = ["insertion_select", "bitonic_select", "BITONIC_MAX_K"]
@@ -37,8 +38,7 @@ def insertion_select(scores: torch.Tensor, k: int, *, sorted: bool = False) -> t
     rows, n = x.shape
     if x.device.type != "cuda":
         return _cpu(ref.insertion_reference, x, k)
-    out_v = torch.empty((rows, k), dtype=torch.float32, device=x.device)
-    out_i = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    out_v, out_i = empty_selection(rows, k, x.device)
     if rows == 0 or k == 0:
         return out_v, out_i
     cuda.require("insertion")
@@ -59,12 +59,11 @@ def bitonic_select(scores: torch.Tensor, k: int, *, sorted: bool = False) -> tup
         raise ValueError(f"select='bitonic' keeps its list in shared memory: k must be ≤ {BITONIC_MAX_K}, got {k}")
     if x.device.type != "cuda":
         return _cpu(ref.bitonic_reference, x, k)
-    out_v = torch.empty((rows, k), dtype=torch.float32, device=x.device)
-    out_i = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    out_v, out_i = empty_selection(rows, k, x.device)
     if rows == 0 or k == 0:
         return out_v, out_i
     cuda.require("bitonic")
-    K = 1 << max(1, (k - 1).bit_length())
+    K = max(2, next_pow2(k))
     threads = max(32, min(1024, K // 2))
     args = (cuda.ptr(x), np.int64(x.stride(0)), np.int32(n), np.int32(k), np.int32(K), cuda.ptr(out_v),
             cuda.ptr(out_i), np.int64(k))

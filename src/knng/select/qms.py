@@ -30,7 +30,7 @@ from knng.select.reference import qms as ref
 from knng.select.registry import register
 
 __all__ = ["qms_select", "qms_block_select", "qms_sampled_select", "qms_warp_select", "sort_rows",
-           "check_block"]
+           "check_block", "empty_selection"]
 
 #: Threads per row in ``qms_block`` and rows per block in ``qms_warp`` (qms.cu's WARP_ROWS).
 BLOCK_THREADS, WARP_ROWS = 512, 8
@@ -67,9 +67,10 @@ def sort_rows(values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor
     return torch.gather(values, 1, order), torch.gather(indices, 1, order)
 
 
-def _empty(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty((scores.shape[0], k), dtype=torch.float32, device=scores.device),
-            torch.empty((scores.shape[0], k), dtype=torch.int64, device=scores.device))
+def empty_selection(rows: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised (rows, k) float32 values and int64 indices for a kernel to fill."""
+    return (torch.empty((rows, k), dtype=torch.float32, device=device),
+            torch.empty((rows, k), dtype=torch.int64, device=device))
 
 
 def _on_cpu(scores: torch.Tensor, k: int, run) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +88,7 @@ def _paper_variant(scores: torch.Tensor, k: int, *, kernel: str, sampled: bool, 
     """Run ``qms_block`` or ``qms_warp`` on all rows (or on ``rows``), in workspace-sized batches."""
     n = scores.shape[1]
     count = scores.shape[0] if rows is None else rows.numel()
-    out_v = torch.empty((count, k), dtype=torch.float32, device=scores.device)
-    out_i = torch.empty((count, k), dtype=torch.int64, device=scores.device)
+    out_v, out_i = empty_selection(count, k, scores.device)
     if count == 0 or k == 0:
         return out_v, out_i
     rank = -1
@@ -119,43 +119,41 @@ def _paper_variant(scores: torch.Tensor, k: int, *, kernel: str, sampled: bool, 
     return sort_rows(out_v, out_i) if sorted else (out_v, out_i)
 
 
+def _paper_select(algorithm: str, kernel: str, sampled: bool, scores: torch.Tensor, k: int, sorted: bool,
+                  workspace_bytes: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One of the paper's variants on any device: the kernel on CUDA, the reference elsewhere."""
+    x = check_block(scores, k, algorithm)
+    if x.device.type != "cuda":
+        rank = -1
+        if sampled:
+            plan = ref.filter_plan(x.shape[1], k, BLOCK_THREADS)
+            rank = plan[0] if plan is not None else -1
+        v, i = _on_cpu(x, k, lambda row, r: ref.quick_multi_select(row, k, row=r, seed=SEED, sampled_rank=rank,
+                                                                   threads=BLOCK_THREADS))
+        return sort_rows(v, i) if sorted else (v, i)
+    cuda.require(algorithm)
+    return _paper_variant(x, k, kernel=kernel, sampled=sampled, sorted=sorted, workspace_bytes=workspace_bytes)
+
+
 @register("qms_block")
 def qms_block_select(scores: torch.Tensor, k: int, *, sorted: bool = False,
                      workspace_bytes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The paper's quick multi-select, one thread block per row (random pivots)."""
-    x = check_block(scores, k, "qms_block")
-    if x.device.type != "cuda":
-        v, i = _on_cpu(x, k, lambda row, r: ref.quick_multi_select(row, k, row=r, seed=SEED))
-        return sort_rows(v, i) if sorted else (v, i)
-    cuda.require("qms_block")
-    return _paper_variant(x, k, kernel="qms_block", sampled=False, sorted=sorted, workspace_bytes=workspace_bytes)
+    return _paper_select("qms_block", "qms_block", False, scores, k, sorted, workspace_bytes)
 
 
 @register("qms_sampled")
 def qms_sampled_select(scores: torch.Tensor, k: int, *, sorted: bool = False,
                        workspace_bytes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``qms_block`` with its first pivot taken from a sample (keeps about k(1+ε) entries)."""
-    x = check_block(scores, k, "qms_sampled")
-    if x.device.type != "cuda":
-        plan = ref.filter_plan(x.shape[1], k, BLOCK_THREADS)
-        rank = plan[0] if plan is not None else -1
-        v, i = _on_cpu(x, k, lambda row, r: ref.quick_multi_select(row, k, row=r, seed=SEED, sampled_rank=rank,
-                                                                   threads=BLOCK_THREADS))
-        return sort_rows(v, i) if sorted else (v, i)
-    cuda.require("qms_sampled")
-    return _paper_variant(x, k, kernel="qms_block", sampled=True, sorted=sorted, workspace_bytes=workspace_bytes)
+    return _paper_select("qms_sampled", "qms_block", True, scores, k, sorted, workspace_bytes)
 
 
 @register("qms_warp")
 def qms_warp_select(scores: torch.Tensor, k: int, *, sorted: bool = False,
                     workspace_bytes: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The paper's quick multi-select, one warp per row (random pivots)."""
-    x = check_block(scores, k, "qms_warp")
-    if x.device.type != "cuda":
-        v, i = _on_cpu(x, k, lambda row, r: ref.quick_multi_select(row, k, row=r, seed=SEED))
-        return sort_rows(v, i) if sorted else (v, i)
-    cuda.require("qms_warp")
-    return _paper_variant(x, k, kernel="qms_warp", sampled=False, sorted=sorted, workspace_bytes=workspace_bytes)
+    return _paper_select("qms_warp", "qms_warp", False, scores, k, sorted, workspace_bytes)
 
 
 def filter_applies(cols: int, k: int) -> bool:
@@ -169,7 +167,7 @@ def qms_select(scores: torch.Tensor, k: int, *, sorted: bool = False) -> tuple[t
     x = check_block(scores, k, "qms")
     rows, n = x.shape
     if rows == 0 or k == 0:
-        return _empty(x, k)
+        return empty_selection(rows, k, x.device)
     if x.device.type != "cuda":
         v, i, _ = ref.filter_select(x.numpy(), k, seed=SEED)
         return torch.from_numpy(v), torch.from_numpy(i)
@@ -178,7 +176,7 @@ def qms_select(scores: torch.Tensor, k: int, *, sorted: bool = False) -> tuple[t
     if plan is None:  # k too large for shared memory: the paper's variant does all rows
         return _paper_variant(x, k, kernel="qms_block", sampled=True, sorted=True)
     rank, cap = plan
-    out_v, out_i = _empty(x, k)
+    out_v, out_i = empty_selection(rows, k, x.device)
     failed = torch.zeros(rows, dtype=torch.int32, device=x.device)
     args = (cuda.ptr(x), np.int64(x.stride(0)), np.int32(n), np.int32(k), cuda.ptr(out_v), cuda.ptr(out_i),
             np.int64(k), cuda.ptr(failed), np.uint32(SEED), np.int32(rank), np.int32(cap))

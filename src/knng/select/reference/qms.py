@@ -259,6 +259,7 @@ def next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=4096)  # asked per block by resolve() and by qms itself
 def filter_plan(n: int, k: int, threads: int = FILTER_THREADS) -> tuple[int, int] | None:
     """``(rank, cap)`` for the filter kernel on rows of n, or None where it cannot apply.
 
