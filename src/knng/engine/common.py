@@ -127,11 +127,32 @@ class PreparedCorpus:
                 blocks.append(prep.vectors)
         if resident:
             self.resident = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+        self._set_norms(norms, terms)
+
+    @classmethod
+    def from_norms(cls, corpus: InputArray, metric: Metric, centre: torch.Tensor | None, device: torch.device,
+                   norms: torch.Tensor, terms: torch.Tensor | None, *, symmetric: bool,
+                   dtype: torch.dtype = torch.float32) -> "PreparedCorpus":
+        """A non-resident prepared corpus whose per-vector norms and terms are already known.
+
+        No pass over ``corpus``: the distributed engine computes each rank's share of the norms
+        and gathers them, so the exact finish can bound any candidate without reading its vector.
+        Tiles are prepared from ``corpus`` on demand.
+        """
+        self = cls.__new__(cls)
+        self.corpus, self.metric, self.centre, self.device = corpus, metric, centre, device
+        self.symmetric, self.dtype = symmetric, dtype
+        self.centre_norm = 0.0 if centre is None else float(torch.linalg.vector_norm(centre))
+        self.resident = None
+        self._set_norms(norms, terms)
+        return self
+
+    def _set_norms(self, norms: torch.Tensor, terms: torch.Tensor | None) -> None:
         self.norms, self.terms = norms, terms
         self.max_norm = float(norms.max())
         if self.max_norm > MAX_SCREEN_NORM:
             raise ValueError(
-                f"{corpus.name} has vectors of norm up to {self.max_norm:.3g} (after centring): too large "
+                f"{self.corpus.name} has vectors of norm up to {self.max_norm:.3g} (after centring): too large "
                 f"to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
 
     def _prepare(self, raw: torch.Tensor) -> Prepared:

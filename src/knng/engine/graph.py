@@ -11,6 +11,7 @@ directions. Then every point's candidates go through the same exact finish as a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -25,7 +26,7 @@ from knng.engine.search import Float64Refiner
 from knng.metrics import Metric
 from knng.select import resolve
 
-__all__ = ["GraphReport", "exact_graph"]
+__all__ = ["GraphReport", "exact_graph", "screen_block", "BlockCandidates", "finish_graph_rows", "choose_part_size"]
 
 
 @dataclass
@@ -91,39 +92,13 @@ def exact_graph(
             vals, idx, floor, blocked_retries = _blocked_candidates(
                 pdata, metric, parts, pairs, kc, include_self, select, device, min(b, plan.query_rows), progress)
             retries += blocked_retries
-        # Exact finish, in row chunks sized like a search's.
-        row_norms, row_terms = pdata.norms, pdata.terms
-        row_offsets = torch.zeros(n, dtype=torch.float64, device=device)
-        if metric.normalize:
-            row_offsets += 1.0  # distance 1 − cos = 1 + score
-        out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
-        out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
-        exact_stats = ExactStats()
         # After a float32 screen, rows that fail the certificate get a float64 screen of their own.
         refine = None if dtype == torch.float64 else Float64Refiner(
             data.name, data, k, metric, device, select, budget, exclude_self=not include_self)
-        chunk = max(1, min(n, plan.query_rows))
-        q0 = 0
-        while q0 < n:
-            q1 = min(n, q0 + chunk)
-            cands = Candidates(vals[q0:q1], idx[q0:q1], row_norms[q0:q1],
-                               None if row_terms is None else row_terms[q0:q1], row_offsets[q0:q1],
-                               floor[q0:q1])
-            try:
-                raw = data.rows(q0, q1).to(device, non_blocking=True)
-                o_i, o_d, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pdata, metric, k,
-                                           available, exclude_self=not include_self, device=device,
-                                           refine=refine)
-            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, in smaller chunks
-                if not is_out_of_memory(exc) or chunk == 1:
-                    raise
-                chunk, retries = max(1, chunk // 2), retries + 1
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                continue
-            out_idx[q0:q1], out_dist[q0:q1] = o_i, o_d
-            exact_stats.add(st)
-            q0 = q1
+        out_idx, out_dist, exact_stats, finish_retries = finish_graph_rows(
+            data, 0, n, vals, idx, floor, pdata, metric, k, available, include_self, device, refine,
+            chunk=plan.query_rows)
+        retries += finish_retries
     report = GraphReport(plan=plan, part_size=b, parts=len(parts), blocks_computed=len(pairs),
                          blocks_full=len(parts) ** 2, oom_retries=retries, exact=exact_stats,
                          candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""),
@@ -143,6 +118,50 @@ def _retry_on_oom(step, device: torch.device, attempts: int = 3) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return attempts
+
+
+def finish_graph_rows(
+    data: InputArray, r0: int, r1: int, vals: torch.Tensor, idx: torch.Tensor, floor: torch.Tensor,
+    pdata: PreparedCorpus, metric: Metric, k: int, available: int, include_self: bool, device: torch.device,
+    refine: Callable | None, chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor, ExactStats, int]:
+    """The exact finish of graph rows ``r0:r1`` from their screened candidates.
+
+    ``vals``/``idx``/``floor`` hold the candidates of exactly those rows (row ``r0`` first);
+    ``pdata`` supplies the norms and terms of every point (candidates are global ids) and the
+    data for the exact re-rank. Works in row chunks, halving a chunk after an out-of-memory
+    error. Returns (indices, float64 distances, stats, out-of-memory retries).
+    """
+    m = r1 - r0
+    row_norms, row_terms = pdata.norms[r0:r1], None if pdata.terms is None else pdata.terms[r0:r1]
+    row_offsets = torch.zeros(m, dtype=torch.float64, device=device)
+    if metric.normalize:
+        row_offsets += 1.0  # distance 1 − cos = 1 + score
+    out_idx = torch.empty((m, k), dtype=torch.int64, device=device)
+    out_dist = torch.empty((m, k), dtype=torch.float64, device=device)
+    stats = ExactStats()
+    retries = 0
+    chunk = max(1, min(m, chunk))
+    q0 = 0
+    while q0 < m:
+        q1 = min(m, q0 + chunk)
+        cands = Candidates(vals[q0:q1], idx[q0:q1], row_norms[q0:q1],
+                           None if row_terms is None else row_terms[q0:q1], row_offsets[q0:q1], floor[q0:q1])
+        try:
+            raw = data.rows(r0 + q0, r0 + q1).to(device, non_blocking=True)
+            o_i, o_d, st = finish_rows(cands, torch.arange(r0 + q0, r0 + q1, device=device), raw, pdata, metric,
+                                       k, available, exclude_self=not include_self, device=device, refine=refine)
+        except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, in smaller chunks
+            if not is_out_of_memory(exc) or chunk == 1:
+                raise
+            chunk, retries = max(1, chunk // 2), retries + 1
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        out_idx[q0:q1], out_dist[q0:q1] = o_i, o_d
+        stats.add(st)
+        q0 = q1
+    return out_idx, out_dist, stats, retries
 
 
 #: Fewest parts of a graph. Mirrored (whole matrix held): only the products depend on P, and 8
@@ -235,43 +254,72 @@ def _mirrored_candidates(pdata: PreparedCorpus, metric: Metric, parts: list[tupl
     return vals, idx, floor
 
 
-def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor, r0: int, r1: int,
-                  j0: int, j1: int, diagonal: bool, include_self: bool, kc: int, select: str,
-                  device: torch.device, lists: CandidateLists, floor: torch.Tensor) -> None:
-    """Screen rows r0:r1 of part I against part J; merge row and (off-diagonal) column candidates."""
-    d = pdata.corpus.d
-    rows = metric.query_layout(pdata.tile(r0, r1), d)
-    scores = rows @ col_block.T  # (r1 - r0) × (j1 - j0)
+@dataclass
+class BlockCandidates:
+    """Candidates from one block S(I, J), rows r0:r1 of part I against all of part J.
+
+    Row lists are for the block's rows (global ids of part-J points), column lists for part
+    J's points (global ids of the block's rows; None for a diagonal block, whose rows are its
+    columns). A floor is None where the selection was exact or kept every entry.
+    """
+
+    row_values: torch.Tensor
+    row_ids: torch.Tensor
+    row_floor: torch.Tensor | None
+    col_values: torch.Tensor | None = None
+    col_ids: torch.Tensor | None = None
+    col_floor: torch.Tensor | None = None
+
+
+def screen_block(rows: torch.Tensor, col_block: torch.Tensor, metric: Metric, d: int, r0: int, j0: int,
+                 diagonal: bool, include_self: bool, kc: int, select: str, device: torch.device
+                 ) -> BlockCandidates:
+    """Screen prepared rows (global ids r0, r0 + 1, …) against the prepared part starting at j0.
+
+    Both arguments are in the corpus layout of :mod:`knng.metrics`. Pure: nothing outside is
+    changed, so a block that runs out of memory can simply be retried.
+    """
+    r1, j1 = r0 + rows.shape[0], j0 + col_block.shape[0]
+    scores = metric.query_layout(rows, d) @ col_block.T  # (r1 - r0) × (j1 - j0)
     if diagonal and not include_self:
         # Exclude each point from its own list by index, not by distance: duplicates stay.
         local = torch.arange(r1 - r0, device=device)
         scores[local, local + (r0 - j0)] = torch.inf
     kt, kr = min(kc, j1 - j0), min(kc, r1 - r0)
     selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
-    # Column candidates: each column of S(I, J) is a row of S(J, I). Everything that allocates
-    # runs before the first add, so an out-of-memory retry never adds twice.
+    # Column candidates: each column of S(I, J) is a row of S(J, I).
     both = getattr(selector, "rows_and_columns", None)
     if both is not None and not diagonal and scores.dtype == torch.float32:
         # One sort of the block serves both lists; exact on float32, so no floors.
         v, i, cv, ci = both(scores, kt, kr)
-        row_floor = col_floor = None
-    else:
-        v, i, row_floor = select_block(selector, scores, kt)
-        if not diagonal:
-            cv, ci, col_floor = select_block(selector, scores, kr, columns=True)
-    row_ids = i + j0
-    if not diagonal:
-        col_ids = ci + r0
+        return BlockCandidates(v, i + j0, None, cv, ci + r0, None)
+    v, i, row_floor = select_block(selector, scores, kt)
+    if kt == j1 - j0:
+        row_floor = None  # every entry kept: nothing left out to bound
+    if diagonal:
+        return BlockCandidates(v, i + j0, row_floor)
+    cv, ci, col_floor = select_block(selector, scores, kr, columns=True)
+    if kr == r1 - r0:
+        col_floor = None
+    return BlockCandidates(v, i + j0, row_floor, cv, ci + r0, col_floor)
+
+
+def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor, r0: int, r1: int,
+                  j0: int, j1: int, diagonal: bool, include_self: bool, kc: int, select: str,
+                  device: torch.device, lists: CandidateLists, floor: torch.Tensor) -> None:
+    """Screen rows r0:r1 of part I against part J; merge row and (off-diagonal) column candidates."""
+    block = screen_block(pdata.tile(r0, r1), col_block, metric, pdata.corpus.d, r0, j0, diagonal, include_self,
+                         kc, select, device)
     # Floors first: taking a minimum twice is harmless if the block is retried.
-    if row_floor is not None and kt < j1 - j0:
-        floor[r0:r1] = torch.minimum(floor[r0:r1], row_floor)
-    if not diagonal and col_floor is not None and kr < r1 - r0:
-        floor[j0:j1] = torch.minimum(floor[j0:j1], col_floor)
+    if block.row_floor is not None:
+        floor[r0:r1] = torch.minimum(floor[r0:r1], block.row_floor)
+    if block.col_floor is not None:
+        floor[j0:j1] = torch.minimum(floor[j0:j1], block.col_floor)
     # The adds are all or nothing, so a retried block is never counted twice.
-    lists.add(r0, r1, v, row_ids)
-    if not diagonal:
+    lists.add(r0, r1, block.row_values, block.row_ids)
+    if block.col_values is not None:
         try:
-            lists.add(j0, j1, cv, col_ids)
+            lists.add(j0, j1, block.col_values, block.col_ids)
         except BaseException:
             lists.discard_last(r0, r1)
             raise

@@ -1,0 +1,241 @@
+"""Exact k-NN graphs and search on several GPUs, hosts or CPU processes, on torch.distributed.
+
+Run inside an initialised process group (``torchrun``, Slurm, or :func:`init`), one process per
+GPU; every rank calls the same function with the same arguments::
+
+    import knng, knng.distributed as kd
+    kd.init()                                    # from torchrun's / Slurm's environment
+    data = np.load("vectors.npy", mmap_mode="r")   # each rank reads only the rows it needs
+    g = kd.graph(data, k=10)                     # the whole graph on every rank
+    kd.graph_to_files(data, 10, "graph/")        # or: each rank writes its rows to shared files
+
+``knng.graph(..., distributed=True)`` and ``knng.search(..., distributed=True)`` are the same
+calls. Results are identical, bit for bit, to the single-device ``knng.graph`` / ``knng.search``
+whatever the number of ranks. How the work is split: ``docs/DISTRIBUTED.md``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from knng.distributed.comm import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_TIMEOUT, Comm, DistributedError
+
+__all__ = ["init", "graph", "search", "graph_to_files", "DistributedError", "is_launched", "local_rank"]
+
+
+def is_launched() -> bool:
+    """Whether this process was started as one rank of a job (torchrun, knng's launcher, Slurm)."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ or "SLURM_PROCID" in os.environ and (
+        "MASTER_ADDR" in os.environ)
+
+
+def local_rank() -> int:
+    """This process's rank on its host (``LOCAL_RANK``, or Slurm's ``SLURM_LOCALID``; else 0)."""
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
+
+
+def init(device: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> bool:
+    """Initialise the default process group from the environment, unless it already is.
+
+    Reads what ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) or Slurm's ``srun`` (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
+    set ``MASTER_ADDR`` to the first host and optionally ``MASTER_PORT``) provide. On a GPU
+    host each process takes GPU ``LOCAL_RANK``; GPU tensors go through NCCL and CPU tensors
+    through Gloo. ``device="cpu"`` uses Gloo only.
+
+    Returns
+    -------
+    bool
+        True if this call initialised the group, False if it was initialised already.
+    """
+    if dist.is_initialized():
+        return False
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        os.environ.setdefault("MASTER_PORT", "29500")
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"cannot start a distributed run: {', '.join(missing)} not set. Start the processes with "
+            "`torchrun --nproc-per-node N -m knng ...`, `knng ... --gpus N`, or under Slurm with MASTER_ADDR set")
+    use_cuda = device != "cpu" and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(local_rank() % torch.cuda.device_count())
+    backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+    # The group's own timeout is a backstop only: knng's collectives report a failed or hung
+    # rank after `timeout`, with its name, well before this.
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=2 * timeout + 60))
+    return True
+
+
+def _device(device: Any, group: Any) -> torch.device:
+    from knng.engine.common import resolve_device
+
+    backend = str(dist.get_backend(group))
+    if isinstance(device, str) and device == "auto":
+        if torch.cuda.is_available() and "nccl" in backend:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    dev = resolve_device(device)
+    if dev.type == "cuda" and "nccl" not in backend:
+        raise ValueError(f"device={device!r} needs a process group with the NCCL backend, got {backend!r}")
+    if dev.type == "cpu" and "gloo" not in backend and "mpi" not in backend:
+        raise ValueError(f"device={device!r} needs a process group with the Gloo backend, got {backend!r}")
+    return dev
+
+
+def _validate_graph(data: Any, k: Any, metric: str, include_self: Any, select: str):
+    from knng.api import _check_k, _check_select
+    from knng._inputs import as_input
+    from knng.metrics import get_metric
+
+    m = get_metric(metric)
+    x = as_input(data, "data")
+    if not isinstance(include_self, bool):
+        raise TypeError(f"include_self must be True or False, got {include_self!r}")
+    limit = x.n if include_self else x.n - 1
+    if limit < 1:
+        raise ValueError(f"data has {x.n} point(s): a graph without self-loops needs at least 2")
+    k = _check_k(k, limit, "n with include_self" if include_self else "n − 1 without self")
+    return m, x, k, _check_select(select)
+
+
+def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, select: str, memory_budget: Any,
+               progress: bool, timeout: float, heartbeat_timeout: float, group: Any, consume):
+    from knng.api import _LAST_REPORT
+    from knng.distributed.blockcyclic import distributed_graph
+    from knng.engine.plan import resolve_budget
+
+    m, x, k, select = _validate_graph(data, k, metric, include_self, select)
+    dev = _device(device, group)
+    budget = resolve_budget(memory_budget, dev)
+    with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng graph",
+              progress=progress) as comm:
+        rows, report = distributed_graph(x, k, m, dev, select, budget, comm, include_self=include_self)
+        result = consume(comm, rows, report, x, k, m, dev)
+    _LAST_REPORT["report"] = report
+    return result
+
+
+def graph(data: Any, k: int, *, metric: str = "euclidean", include_self: bool = False, device: Any = "auto",
+          select: str = "auto", memory_budget: Any = None, progress: bool = False, timeout: float = DEFAULT_TIMEOUT,
+          heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None):
+    """Exact k-NN graph of ``data`` computed by every rank of the process group together.
+
+    Every rank must call it with the same arguments; each reads only the rows it needs from
+    ``data`` (pass a memory map, an ``h5py.Dataset`` or another lazy array for data larger than
+    one host). The whole graph is returned on every rank.
+
+    Parameters
+    ----------
+    data, k, metric, include_self, select, memory_budget, progress
+        As in :func:`knng.graph`; ``memory_budget`` is per rank (the smallest over the ranks is
+        used), ``progress`` shows one bar for the whole job on rank 0.
+    device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device
+        This rank's device; "auto" is the GPU the process group set (``LOCAL_RANK``) under NCCL,
+        else the CPU.
+    timeout : float
+        Seconds a rank may make no progress while the others wait for it; then they stop with
+        a :class:`DistributedError` naming it and what it was doing.
+    heartbeat_timeout : float
+        Seconds without a heartbeat after which a rank counts as dead (the others stop).
+    group : ProcessGroup, optional
+        Default: the default group.
+
+    Returns
+    -------
+    Graph
+        Identical to ``knng.graph(data, k, ...)`` on one device.
+
+    Raises
+    ------
+    DistributedError
+        When another rank failed, died or hung; the message names it.
+    ValueError, TypeError
+        For bad input, on every rank alike.
+    """
+    from knng.api import _wrap
+    from knng.distributed.blockcyclic import gather_rows
+    from knng.results import Graph
+
+    def consume(comm, rows, report, x, k, m, dev):
+        idx, dist_ = gather_rows(rows, x.n, k, comm, dev)
+        out_idx, out_dist = _wrap(x, idx, dist_)
+        return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self)
+
+    return _run_graph(data, k, metric, include_self, device, select, memory_budget, progress, timeout,
+                      heartbeat_timeout, group, consume)
+
+
+def graph_to_files(data: Any, k: int, out: str | os.PathLike[str], *, metric: str = "euclidean",
+                   include_self: bool = False, device: Any = "auto", select: str = "auto", memory_budget: Any = None,
+                   progress: bool = False, timeout: float = DEFAULT_TIMEOUT,
+                   heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None,
+                   metadata: dict[str, Any] | None = None, overwrite: bool = False):
+    """Like :func:`graph`, but each rank writes its own rows into ``out/indices.npy`` and
+    ``out/distances.npy`` (a folder all ranks share), and nothing is gathered.
+
+    The files are created by rank 0 under temporary names, filled by every rank, and renamed
+    into place (with ``knng.json`` from ``metadata``) only when every rank has written its rows;
+    a failed run leaves the folder as it was. Returns the run's report (the same on every rank).
+    """
+    from knng.distributed.output import write_rows
+
+    def consume(comm, rows, report, x, k, m, dev):
+        meta = dict(metadata or {})
+        meta.setdefault("report", _report_dict(report))
+        write_rows(rows, x.n, k, comm, Path(out), meta, overwrite)
+        return report
+
+    return _run_graph(data, k, metric, include_self, device, select, memory_budget, progress, timeout,
+                      heartbeat_timeout, group, consume)
+
+
+def _report_dict(report: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    out = asdict(report)
+    out["pairs_saving"] = report.pairs_saving
+    return out
+
+
+def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", device: Any = "auto",
+           select: str = "auto", memory_budget: Any = None, progress: bool = False, timeout: float = DEFAULT_TIMEOUT,
+           heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None):
+    """Exact k nearest neighbours in ``corpus`` of every query, by every rank together.
+
+    The corpus is split into one contiguous shard per rank (each rank reads only its shard),
+    every query is searched in every shard, and the shards' lists are merged. Every rank must
+    pass the same queries and corpus; the whole result is returned on every rank, identical to
+    :func:`knng.search` on one device. Other parameters as in :func:`graph`.
+    """
+    from knng.api import _LAST_REPORT, _check_k, _check_select, _wrap
+    from knng._inputs import as_input
+    from knng.distributed.sharded import distributed_search
+    from knng.engine.plan import resolve_budget
+    from knng.metrics import get_metric
+    from knng.results import Neighbors
+
+    m = get_metric(metric)
+    q = as_input(queries, "queries")
+    c = as_input(corpus, "corpus")
+    if q.d != c.d:
+        raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
+    k = _check_k(k, c.n, "the corpus size")
+    select = _check_select(select)
+    dev = _device(device, group)
+    budget = resolve_budget(memory_budget, dev)
+    with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng search",
+              progress=progress) as comm:
+        idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm)
+    _LAST_REPORT["report"] = report
+    out_idx, out_dist = _wrap(q, idx, dist_)
+    return Neighbors(indices=out_idx, distances=out_dist, metric=m.name)

@@ -1,0 +1,450 @@
+"""The communication layer of the distributed engine: collectives that fail loudly.
+
+Every collective the engine issues goes through :class:`Comm`, asynchronously, and every wait
+for one is a polling loop in Python that also watches the other ranks through the process
+group's key-value store (the one ``torchrun`` or ``init_process_group`` set up). Each rank posts
+there
+
+* ``status/<rank>``: what it is doing ("screening block (3, 5)"), updated at every step;
+* ``done/<rank>``: a progress counter (blocks and row chunks finished);
+* ``seq/<rank>``: how many collectives it has issued;
+* ``hb/<rank>``: a heartbeat counter, bumped every second by a background thread;
+* ``error/<rank>``: the error that stopped it, if one did.
+
+So a rank that waits for a collective can tell, and say, why it does not complete: a peer
+posted an error (it stops at once and repeats that error), a peer's heartbeat stopped (the
+process died: it stops after ``heartbeat_timeout`` seconds), or a peer that has not reached the
+collective made no progress for ``timeout`` seconds (it hangs). The error names the rank and
+what it was last doing. NCCL itself would wait for ten minutes and then abort the process
+without saying why.
+
+Rank 0 also turns the progress counters of all ranks into one progress bar for the whole job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Comm", "CommStats", "DistributedError", "Pending", "DEFAULT_TIMEOUT", "DEFAULT_HEARTBEAT_TIMEOUT"]
+
+#: Seconds a peer may go without progress while others wait for it, before they give up.
+DEFAULT_TIMEOUT = 300.0
+#: Seconds without a heartbeat after which a peer counts as dead.
+DEFAULT_HEARTBEAT_TIMEOUT = 20.0
+#: Seconds between heartbeats (and between updates of rank 0's progress bar).
+HEARTBEAT_INTERVAL = 0.5
+#: Seconds between looks at the store while waiting for a collective.
+CHECK_INTERVAL = 0.2
+#: Environment variable for fault injection in tests: ``RANK:POINT:COUNT:ACTION``, e.g.
+#: ``1:block:2:exit`` makes rank 1 exit at its second "block" point. Actions: exit, hang, raise.
+FAULT_ENV = "KNNG_FAULT_INJECT"
+
+_RUN_COUNTER = itertools.count()
+
+
+class DistributedError(RuntimeError):
+    """A distributed run stopped because a rank failed, died or hung; the message says which.
+
+    Attributes
+    ----------
+    rank : int or None
+        The rank that failed (None when it could not be told).
+    """
+
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+@dataclass
+class CommStats:
+    """What the collectives of one rank cost.
+
+    Attributes
+    ----------
+    collectives : int
+        Collectives issued.
+    bytes : int
+        Bytes this rank contributed to them.
+    comm_seconds : float
+        Time the collectives took: NCCL's own timing where it is enabled
+        (``TORCH_NCCL_ENABLE_TIMING=1``), otherwise from issue to observed completion (an upper
+        bound that includes waiting for late peers).
+    wait_seconds : float
+        Time this rank's host thread was blocked waiting for collectives (late peers included).
+    """
+
+    collectives: int = 0
+    bytes: int = 0
+    comm_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    timed_by: str = "host"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"collectives": self.collectives, "bytes": self.bytes, "comm_seconds": self.comm_seconds,
+                "wait_seconds": self.wait_seconds, "timed_by": self.timed_by}
+
+
+@dataclass
+class Pending:
+    """An issued collective: wait for it with :meth:`Comm.wait`."""
+
+    work: Any
+    what: str
+    seq: int
+    issued: float
+    nbytes: int
+    done: bool = False
+    result: Any = field(default=None, repr=False)
+
+
+def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: Any) -> Any:
+    # torch ≥ 2.13 renamed all_gather_into_tensor to all_gather_single; GPU machines run 2.11.
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(out, inp, group=group, async_op=True)
+
+
+class Comm:
+    """One rank's side of a distributed run: collectives, status, failure detection, progress.
+
+    Use as a context manager around the run; leaving it with an exception posts that error
+    for the other ranks (unless it came from them).
+
+    Parameters
+    ----------
+    group : ProcessGroup, optional
+        The process group (default: the default group, which must be initialised).
+    timeout : float
+        Seconds a peer may make no progress while this rank waits for it.
+    heartbeat_timeout : float
+        Seconds without a heartbeat after which a peer counts as dead.
+    progress : bool
+        Whether rank 0 shows a progress bar for the whole job (once
+        :meth:`set_progress_total` has told it the total).
+    desc : str
+        Label of the progress bar.
+    """
+
+    def __init__(self, group: Any = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, progress: bool = False,
+                 desc: str = "knng") -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("knng's distributed engine needs an initialised torch.distributed process group "
+                               "(torchrun, or knng.distributed.init())")
+        if not timeout > 0 or not heartbeat_timeout > 0:
+            raise ValueError(f"timeout and heartbeat_timeout must be positive, got {timeout} and {heartbeat_timeout}")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.timeout, self.heartbeat_timeout = float(timeout), float(heartbeat_timeout)
+        from torch.distributed import distributed_c10d
+
+        base = distributed_c10d._get_default_store()  # the rendezvous store every rank already shares
+        self.store = dist.PrefixStore(f"knng/run{next(_RUN_COUNTER)}", base)
+        self.stats = CommStats()
+        self._seq = 0
+        self._status = "starting"
+        self._seen: dict[str, tuple[int, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._progress, self._progress_total, self._desc = progress, None, desc
+        self._fault = _parse_fault(os.environ.get(FAULT_ENV), self.rank)
+        self._fault_counts: dict[str, int] = {}
+        self._closed = False
+        self._store_call(lambda: (self.store.set(f"status/{self.rank}", self._status),
+                                  self.store.add(f"hb/{self.rank}", 1),
+                                  self.store.add(f"done/{self.rank}", 0),
+                                  self.store.add(f"seq/{self.rank}", 0)), "starting")
+
+    # ---------------------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "Comm":
+        self._thread = threading.Thread(target=self._background, name=f"knng-heartbeat-{self.rank}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and not (isinstance(exc, DistributedError) and exc.rank not in (None, self.rank)):
+            self.post_error(exc)
+        self.close()
+
+    def close(self) -> None:
+        """Stop the heartbeat and the progress bar (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def post_error(self, exc: BaseException) -> None:
+        """Tell the other ranks that this one stopped, and why."""
+        text = f"{type(exc).__name__}: {exc}"
+        try:
+            self.store.set(f"error/{self.rank}", text)
+            self.store.add("errors", 1)
+        except Exception:  # noqa: BLE001 - the store may be gone with rank 0; nothing more to tell
+            pass
+
+    # ------------------------------------------------------------------------------ status
+    def status(self, what: str) -> None:
+        """Post what this rank is doing now (shown in the others' errors if it stops)."""
+        self._status = what
+        self._store_call(lambda: self.store.set(f"status/{self.rank}", what), what)
+        self.fault_point(what.split(" ", 1)[0])
+
+    def set_progress_total(self, total: int) -> None:
+        """The job's total progress units (every rank's ticks together), for rank 0's bar."""
+        self._progress_total = int(total)
+
+    def tick(self, n: int = 1) -> None:
+        """Count ``n`` units of finished work (rank 0's progress bar; proof of life for hang checks)."""
+        self._store_call(lambda: self.store.add(f"done/{self.rank}", n), self._status)
+
+    # ------------------------------------------------------------------------- collectives
+    def _issue(self, what: str, nbytes: int, start: Callable[[], Any]) -> Pending:
+        self._seq += 1
+        self._store_call(lambda: self.store.add(f"seq/{self.rank}", 1), what)
+        self.stats.collectives += 1
+        self.stats.bytes += nbytes
+        try:
+            work = start()
+        except Exception as exc:  # noqa: BLE001 - a broken group: say what we were doing
+            self._diagnose(what, 0.0)
+            raise DistributedError(f"rank {self.rank}: {what} failed: {exc}", self.rank) from exc
+        return Pending(work, what, self._seq, time.monotonic(), nbytes)
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Pending:
+        """``out`` (world · m, …) ← every rank's ``inp`` (m, …), in rank order."""
+        return self._issue(what, inp.numel() * inp.element_size(), lambda: _all_gather_into(out, inp, self.group))
+
+    def gather(self, inp: torch.Tensor, outs: list[torch.Tensor] | None, dst: int, what: str) -> Pending:
+        """``outs`` on rank ``dst`` ← every rank's ``inp``."""
+        return self._issue(what, inp.numel() * inp.element_size(),
+                           lambda: dist.gather(inp, outs if self.rank == dst else None, dst=dst, group=self.group,
+                                               async_op=True))
+
+    def all_reduce(self, tensor: torch.Tensor, what: str, op: Any = None) -> Pending:
+        """``tensor`` ← the sum (or ``op``) over ranks, in place."""
+        op = dist.ReduceOp.SUM if op is None else op
+        return self._issue(what, tensor.numel() * tensor.element_size(),
+                           lambda: dist.all_reduce(tensor, op=op, group=self.group, async_op=True))
+
+    def wait(self, pending: Pending) -> None:
+        """Block until ``pending`` completes; raise :class:`DistributedError` if a peer fails."""
+        if pending.done:
+            return
+        t0 = time.monotonic()
+        next_check = t0 + CHECK_INTERVAL
+        nap = 5e-5
+        try:
+            while not pending.work.is_completed():
+                now = time.monotonic()
+                if now >= next_check:
+                    self._check_peers(pending, now - t0)
+                    next_check = now + CHECK_INTERVAL
+                time.sleep(nap)
+                nap = min(nap * 2, 2e-3)
+            pending.work.wait()
+        except DistributedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the collective broke: find out who broke it
+            self._diagnose(pending.what, time.monotonic() - t0)
+            raise DistributedError(f"rank {self.rank}: {pending.what} failed: {exc}") from exc
+        finally:
+            self.stats.wait_seconds += time.monotonic() - t0
+        pending.done = True
+        self.stats.comm_seconds += self._duration(pending)
+
+    def run(self, pending: Pending) -> None:
+        """Alias of :meth:`wait`, for a collective issued and waited for at once."""
+        self.wait(pending)
+
+    def barrier(self, what: str) -> None:
+        """Every rank reaches this point (a one-element all-reduce on the group's device)."""
+        dev = torch.device("cuda", torch.cuda.current_device()) if _is_nccl(self.group) else torch.device("cpu")
+        self.wait(self.all_reduce(torch.zeros(1, device=dev), what))
+
+    def _duration(self, pending: Pending) -> float:
+        getter = getattr(pending.work, "get_duration", None)
+        if getter is not None and os.environ.get("TORCH_NCCL_ENABLE_TIMING") == "1":
+            try:
+                ms = float(getter())
+                if ms >= 0:
+                    self.stats.timed_by = "nccl"
+                    return ms / 1000.0
+            except Exception:  # noqa: BLE001 - timing unavailable for this backend/op
+                pass
+        return time.monotonic() - pending.issued
+
+    # -------------------------------------------------------------------- failure detection
+    def _store_call(self, fn: Callable[[], Any], what: str) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - the store lives with rank 0 (or the launcher)
+            raise DistributedError(
+                f"rank {self.rank} lost the rendezvous store while {what} ({exc}); the rank or launcher "
+                "that hosts it (rank 0 under knng's launcher) has probably died", None) from exc
+
+    def _peer_status(self, r: int) -> str:
+        key = f"status/{r}"
+        try:
+            if self.store.check([key]):
+                return self.store.get(key).decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001
+            pass
+        return "unknown (it never reported)"
+
+    def _changed(self, key: str, value: int, now: float) -> float:
+        """Seconds since the counter ``key`` last changed (as seen by this rank)."""
+        old = self._seen.get(key)
+        if old is None or old[0] != value:
+            self._seen[key] = (value, now)
+            return 0.0
+        return now - old[1]
+
+    def _check_peers(self, pending: Pending, waited: float) -> None:
+        now = time.monotonic()
+        store = self.store
+        errors = self._store_call(lambda: store.add("errors", 0), f"waiting for {pending.what}")
+        if errors:
+            self._raise_posted_error(pending.what)
+        laggards = []
+        for r in range(self.world):
+            if r == self.rank:
+                continue
+            beats = self._store_call(lambda: store.add(f"hb/{r}", 0), f"waiting for {pending.what}")
+            silent = self._changed(f"hb/{r}", beats, now)
+            if silent > self.heartbeat_timeout:
+                raise DistributedError(
+                    f"rank {r} stopped responding (no heartbeat for {silent:.0f} s; it has probably died) "
+                    f"while {self._peer_status(r)}; rank {self.rank} was waiting for {pending.what}", r)
+            progress = self._store_call(lambda: store.add(f"done/{r}", 0), "waiting")
+            still = self._changed(f"done/{r}", progress, now)
+            seq = self._store_call(lambda: store.add(f"seq/{r}", 0), "waiting")
+            if seq < pending.seq:
+                laggards.append((r, still))
+        if waited > self.timeout:
+            for r, still in laggards:
+                if still > self.timeout:
+                    raise DistributedError(
+                        f"rank {r} made no progress for {still:.0f} s (timeout {self.timeout:g} s) while "
+                        f"{self._peer_status(r)}; it has not reached {pending.what}, which rank {self.rank} "
+                        "waits for: stopping", r)
+            if not laggards:
+                raise DistributedError(
+                    f"{pending.what} has not completed after {waited:.0f} s (timeout {self.timeout:g} s) although "
+                    "every rank reached it: a network or NCCL problem", None)
+
+    def _raise_posted_error(self, what: str) -> None:
+        for r in range(self.world):
+            key = f"error/{r}"
+            if r != self.rank and self.store.check([key]):
+                message = self.store.get(key).decode("utf-8", "replace")
+                raise DistributedError(f"rank {r} failed while {self._peer_status(r)}: {message}", r)
+
+    def _diagnose(self, what: str, waited: float) -> None:
+        """After a collective broke: raise the most telling error the store can give."""
+        try:
+            if self.store.add("errors", 0):
+                self._raise_posted_error(what)
+        except DistributedError:
+            raise
+        except Exception:  # noqa: BLE001 - store unreachable: the caller reports the broken collective
+            return
+        # Gloo notices a dead peer at once (its socket closes); name the peers whose
+        # heartbeat stops within the next moments.
+        deadline = time.monotonic() + min(self.heartbeat_timeout, 3 * HEARTBEAT_INTERVAL + 1.0)
+        start = {}
+        for r in range(self.world):
+            if r != self.rank:
+                try:
+                    start[r] = self.store.add(f"hb/{r}", 0)
+                except Exception:  # noqa: BLE001
+                    return
+        while time.monotonic() < deadline:
+            time.sleep(HEARTBEAT_INTERVAL)
+            for r, beats in start.items():
+                try:
+                    now_beats = self.store.add(f"hb/{r}", 0)
+                except Exception:  # noqa: BLE001
+                    return
+                if now_beats != beats:
+                    start[r] = -1  # alive
+            if self.store.add("errors", 0):
+                self._raise_posted_error(what)
+        dead = [r for r, beats in start.items() if beats != -1]
+        if dead:
+            r = dead[0]
+            raise DistributedError(
+                f"rank {r} stopped responding (its heartbeat stopped; it has probably died) while "
+                f"{self._peer_status(r)}; rank {self.rank} was waiting for {what}", r)
+
+    # ------------------------------------------------------------------ heartbeat, progress
+    def _background(self) -> None:
+        bar = None
+        shown = 0
+        try:
+            while not self._stop.wait(HEARTBEAT_INTERVAL):
+                try:
+                    self.store.add(f"hb/{self.rank}", 1)
+                    if bar is None and self._progress and self.rank == 0 and self._progress_total:
+                        from tqdm.auto import tqdm
+
+                        bar = tqdm(total=self._progress_total, desc=self._desc, unit="step", dynamic_ncols=True,
+                                   leave=False)
+                    if bar is not None:
+                        total = sum(self.store.add(f"done/{r}", 0) for r in range(self.world))
+                        if total > shown:
+                            bar.update(total - shown)
+                            shown = total
+                except Exception:  # noqa: BLE001 - the store is gone; the main thread will say so
+                    return
+        finally:
+            if bar is not None:
+                bar.close()
+
+    # ------------------------------------------------------------------- fault injection
+    def fault_point(self, point: str) -> None:
+        """Test hook: act on ``KNNG_FAULT_INJECT`` when this rank reaches ``point``."""
+        if self._fault is None or self._fault[0] != point:
+            return
+        count = self._fault_counts.get(point, 0) + 1
+        self._fault_counts[point] = count
+        if count != self._fault[1]:
+            return
+        action = self._fault[2]
+        if action == "exit":
+            os._exit(17)
+        if action == "hang":
+            while True:  # heartbeats go on (the thread lives): a hang, not a death
+                time.sleep(3600)
+        raise RuntimeError(f"injected fault at {point} #{count}")
+
+
+def _parse_fault(spec: str | None, rank: int) -> tuple[str, int, str] | None:
+    if not spec:
+        return None
+    try:
+        r, point, count, action = spec.split(":")
+        if int(r) != rank:
+            return None
+        if action not in ("exit", "hang", "raise"):
+            raise ValueError(action)
+        return point, int(count), action
+    except ValueError:
+        raise ValueError(f"{FAULT_ENV} must look like RANK:POINT:COUNT:(exit|hang|raise), got {spec!r}") from None
+
+
+def _is_nccl(group: Any) -> bool:
+    try:
+        return dist.get_backend(group) == "nccl"
+    except Exception:  # noqa: BLE001
+        return False

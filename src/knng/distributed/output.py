@@ -1,0 +1,65 @@
+"""Writing a distributed result: every rank its own rows, into files that appear only when complete.
+
+Rank 0 creates ``indices.npy`` and ``distances.npy`` under temporary names in the output folder
+(which every rank must see: a shared file system across hosts), every rank writes the rows it
+owns into them through a memory map, and only when every rank has flushed its rows does rank 0
+rename them (and ``knng.json``) into place, with :func:`knng.io.atomic_files`. A rank that fails
+before that leaves the folder as it was: rank 0's wait fails, the temporary files are removed,
+and the final names never point at a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from knng.distributed.comm import Comm
+from knng.distributed.blockcyclic import RankRows
+from knng.io import NEIGHBOR_FILES, atomic_files
+from knng.io.writers import _json_default
+
+__all__ = ["write_rows"]
+
+
+def write_rows(rows: RankRows, n: int, k: int, comm: Comm, out: Path, metadata: dict[str, Any],
+               overwrite: bool) -> None:
+    """Write every rank's rows of an (n, k) result to ``out``; collective (every rank calls it)."""
+    finals = [out / NEIGHBOR_FILES["indices"], out / NEIGHBOR_FILES["distances"], out / NEIGHBOR_FILES["metadata"]]
+    text = json.dumps(metadata, indent=2, sort_keys=True, default=_json_default) + "\n"
+    if comm.rank != 0:
+        comm.barrier("the creation of the output files by rank 0")
+        names = json.loads(comm.store.get("output/temps").decode("utf-8"))
+        _write_own(rows, names[0], names[1], comm)
+        comm.barrier("the writing of every rank's rows")
+        comm.barrier("the final rename by rank 0")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    # If any rank fails inside, a barrier raises here and atomic_files deletes the temporaries.
+    with atomic_files(finals, overwrite=overwrite) as temps:
+        np.lib.format.open_memmap(temps[0], mode="w+", dtype=np.int64, shape=(n, k)).flush()
+        np.lib.format.open_memmap(temps[1], mode="w+", dtype=np.float32, shape=(n, k)).flush()
+        comm.store.set("output/temps", json.dumps([str(temps[0]), str(temps[1])]))
+        comm.barrier("the creation of the output files by rank 0")
+        _write_own(rows, str(temps[0]), str(temps[1]), comm)
+        comm.barrier("the writing of every rank's rows")
+        temps[2].write_text(text, encoding="utf-8")
+    comm.barrier("the final rename by rank 0")
+
+
+def _write_own(rows: RankRows, indices_path: str, distances_path: str, comm: Comm) -> None:
+    comm.status("writing its rows of the output")
+    idx_map = np.load(indices_path, mmap_mode="r+")
+    dist_map = np.load(distances_path, mmap_mode="r+")
+    for (a, b), idx, dist in zip(rows.parts, rows.indices, rows.distances):
+        idx_map[a:b] = idx.cpu().numpy()
+        dist_map[a:b] = dist.cpu().numpy().astype(np.float32)  # float64 rounded to nearest, as knng.graph does
+    idx_map.flush()
+    dist_map.flush()
+    for path in (indices_path, distances_path):
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+    del idx_map, dist_map

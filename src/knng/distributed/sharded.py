@@ -1,0 +1,142 @@
+"""Distributed exact search: the corpus sharded across ranks, every query sent to all of them.
+
+Each rank takes a contiguous shard of the corpus rows (reading only those), screens every query
+against it with the single-device engine (the common centre all-reduced first, so that every
+shard is screened as the whole corpus would be) and keeps its exact top k. The shards' lists are
+all-gathered chunk by chunk and merged by :func:`~knng.distributed.shards.merge_exact`, which
+settles entries from different shards that round to the same float32 by exact evaluation, so
+the result is the single-device result, bit for bit, on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from knng._inputs import InputArray, check_finite
+from knng.distributed.comm import Comm
+from knng.distributed.blockcyclic import agree, check_agreement
+from knng.distributed.plan import shard_ranges
+from knng.distributed.shards import merge_exact, rows_subset
+from knng.engine.common import PreparedCorpus, choose_screen_dtype, full_precision
+from knng.engine.exact import ExactStats
+from knng.engine.plan import candidate_count, plan_tiles
+from knng.engine.search import exact_search
+from knng.metrics import METRICS, Metric
+
+__all__ = ["DistributedSearchReport", "distributed_search"]
+
+#: Queries screened and merged per round (bounds the all-gathered lists: world · chunk · k).
+QUERY_CHUNK = 1 << 16
+
+
+@dataclass
+class DistributedSearchReport:
+    """How a distributed search went (the same on every rank)."""
+
+    world: int
+    shard_rows: list[int]
+    screen_dtype: str
+    exact: ExactStats
+    seconds: float
+    per_rank: list[dict[str, float]] = field(default_factory=list)
+
+
+def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device,
+                       select: str, budget: int, comm: Comm) -> tuple[torch.Tensor, torch.Tensor,
+                                                                      DistributedSearchReport]:
+    """Exact k nearest corpus vectors of every query; the whole result on every rank."""
+    t_start = time.perf_counter()
+    world, rank = comm.world, comm.rank
+    n, d = corpus.n, corpus.d
+    comm.status("agreeing on the input")
+    table = agree(comm, device, {"n": n, "d": d, "nq": queries.n, "k": k, "metric": list(METRICS).index(metric.name),
+                                 "budget": budget})
+    check_agreement({key: table[key] for key in ("n", "d", "nq", "k", "metric")},
+                    {"n": "corpus size", "d": "dimension", "nq": "number of queries", "k": "k", "metric": "metric"})
+    budget = min(table["budget"])
+    s0, s1 = shard_ranges(n, world)[rank]
+    shard = rows_subset(corpus, [(s0, s1)], name=corpus.name)
+    ks = min(k, s1 - s0)
+    dtype = choose_screen_dtype(device, max(1, s1 - s0), d, max(1, ks))
+    stats = ExactStats()
+    with full_precision():
+        centre = _common_centre(corpus, shard, metric, comm, device)
+        pshard = None
+        if shard.n:
+            kc = candidate_count(ks, shard.n, dtype)
+            tiles = plan_tiles(n_queries=min(queries.n, QUERY_CHUNK), n_corpus=shard.n, d=d, k_cand=kc, budget=budget,
+                               device=device, element_bytes=dtype.itemsize)
+            comm.status(f"preparing corpus rows {s0}–{s1}")
+            pshard = PreparedCorpus(shard, metric, centre, device, resident=tiles.corpus_resident,
+                                    block_rows=max(tiles.corpus_cols, 4096), symmetric=False, dtype=dtype)
+        out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
+        out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
+        for q0 in range(0, queries.n, QUERY_CHUNK):
+            q1 = min(queries.n, q0 + QUERY_CHUNK)
+            comm.status(f"searching queries {q0}–{q1} in corpus rows {s0}–{s1}")
+            raw = queries.rows(q0, q1).to(device, non_blocking=True)
+            check_finite(raw, queries.name, q0)  # on every rank alike, shard or none
+            pack = torch.full((q1 - q0, 2 * k), torch.inf, dtype=torch.float64, device=device)
+            pack[:, k:] = -1
+            if pshard is not None:
+                chunk = InputArray(queries.name, "torch", (q1 - q0, d), raw.dtype, device, tensor=raw)
+                idx, dist, report = exact_search(chunk, shard, ks, metric, device, select, budget, screen_dtype=dtype,
+                                                 prepared=pshard)
+                stats.add(report.exact)
+                pack[:, :ks], pack[:, k:k + ks] = dist, (idx + s0).to(torch.float64)
+            gathered = torch.empty((world * (q1 - q0), 2 * k), dtype=torch.float64, device=device)
+            comm.wait(comm.all_gather(gathered, pack, f"the all-gather of the lists of queries {q0}–{q1}"))
+            per = gathered.view(world, q1 - q0, 2 * k)
+            values = per[:, :, :k].permute(1, 0, 2).reshape(q1 - q0, world * k)
+            ids = per[:, :, k:].permute(1, 0, 2).reshape(q1 - q0, world * k).to(torch.int64)
+            comm.status(f"merging the lists of queries {q0}–{q1}")
+            out_idx[q0:q1], out_dist[q0:q1] = merge_exact(values, ids, k, raw, corpus, metric, device)
+            comm.tick()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t_start
+    local = torch.tensor([seconds, comm.stats.wait_seconds, comm.stats.comm_seconds, stats.rows, stats.fallback_rows,
+                          stats.exact_evaluations, stats.complete_rows, s1 - s0], dtype=torch.float64, device=device)
+    out = torch.empty(world * local.numel(), dtype=torch.float64, device=device)
+    comm.wait(comm.all_gather(out, local, "the gather of the run's figures"))
+    rows = out.view(world, -1).cpu().tolist()
+    exact = ExactStats(rows=int(sum(r[3] for r in rows)), fallback_rows=int(sum(r[4] for r in rows)),
+                       exact_evaluations=int(sum(r[5] for r in rows)), complete_rows=int(sum(r[6] for r in rows)))
+    report = DistributedSearchReport(
+        world=world, shard_rows=[int(r[7]) for r in rows], screen_dtype=str(dtype).replace("torch.", ""), exact=exact,
+        seconds=max(r[0] for r in rows),
+        per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1], "comm_s": r[2]} for i, r in enumerate(rows)])
+    return out_idx, out_dist, report
+
+
+def _common_centre(corpus: InputArray, shard: InputArray, metric: Metric, comm: Comm,
+                   device: torch.device) -> torch.Tensor | None:
+    """Finite check of the shard and the corpus mean over all shards (float64, all-reduced)."""
+    d = corpus.d
+    total = torch.zeros(d + 1, dtype=torch.float64, device=device)
+    first_bad = torch.full((1,), float(corpus.n), dtype=torch.float64, device=device)
+    offset = _shard_start(corpus, comm)
+    comm.status("reading the shard: finite check and sums")
+    for start, block in shard.iter_blocks(1 << 16):
+        block = block.to(device, non_blocking=True)
+        if block.dtype not in (torch.uint8, torch.int8):
+            finite = torch.isfinite(block).all(dim=1)
+            if not bool(finite.all()) and first_bad.item() == corpus.n:
+                first_bad[0] = offset + start + int(torch.nonzero(~finite)[0, 0])
+        if metric.needs_centre(False):
+            total[:d] += block.to(torch.float64).sum(dim=0)
+    comm.wait(comm.all_reduce(first_bad, "the finite check", op=torch.distributed.ReduceOp.MIN))
+    bad = int(first_bad.item())
+    if bad < corpus.n:
+        raise ValueError(f"{corpus.name} contains NaN or Inf (first in row {bad}); knng needs finite values")
+    if not metric.needs_centre(False):
+        return None
+    comm.wait(comm.all_reduce(total, "the sum for the common centre"))
+    return total[:d] / corpus.n
+
+
+def _shard_start(corpus: InputArray, comm: Comm) -> int:
+    return shard_ranges(corpus.n, comm.world)[comm.rank][0]
