@@ -1,0 +1,162 @@
+"""The distributed test battery: run by ``test_distributed.py`` in W processes (Gloo, CPU).
+
+Every rank runs every scenario with the same data (made from the seed, the same way the test
+process makes it), catches what it raises, and rank 0 (or every rank, for scenarios whose point
+is what each rank sees) saves the results to ``OUT/rank<r>.pkl``. The test process compares them
+with the single-device engine and the float64 oracle. One process group serves the whole
+battery, since starting one costs seconds on a small CPU.
+
+Usage: ``python distributed_worker.py WORLD PORT OUT SEED``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+GRAPH_METRICS = ("euclidean", "sqeuclidean", "cosine", "pearson", "inner_product")
+
+
+def make_data(name: str, seed: int, tmp: Path | None = None) -> Any:
+    """The inputs of scenario ``name`` (deterministic in ``seed``)."""
+    rng = np.random.default_rng([seed, sum(map(ord, name))])
+    if name == "offset":  # far from the origin: the float32 expansion fails here
+        return rng.normal(1000.0, 1.0, (211, 9)).astype(np.float32)
+    if name == "normal":
+        return rng.standard_normal((397, 7))
+    if name == "float32_screen":  # 8·k·d < n on a CPU: a float32 screen and its certificate
+        return rng.standard_normal((3001, 5)).astype(np.float32)
+    if name == "duplicates":  # rows 0..4 with 30 copies each: certificate failures, the refine
+        base = rng.standard_normal((60, 10)).astype(np.float32)
+        x = np.concatenate([base] + [base[:5]] * 30)
+        return x[rng.permutation(len(x))]
+    if name == "integer_ties":
+        return rng.integers(0, 3, size=(300, 3)).astype(np.int8)
+    if name == "identical":
+        return np.tile(rng.standard_normal((1, 7)), (50, 1)).astype(np.float32)
+    if name == "small":
+        return rng.standard_normal((5, 3))
+    if name == "search":
+        corpus = rng.normal(100.0, 1.0, (1201, 6)).astype(np.float32)
+        corpus[1000:1100] = corpus[:100]  # duplicates across shards
+        queries = np.concatenate([rng.normal(100.0, 1.0, (40, 6)), corpus[:20]]).astype(np.float32)
+        return queries, corpus
+    raise KeyError(name)
+
+
+def _graph_case(data: str, k: int, metric: str = "euclidean", **kw: Any) -> dict[str, Any]:
+    return {"kind": "graph", "data": data, "k": k, "metric": metric, "kw": kw}
+
+
+#: name → what to run. The test module reads the same table.
+CASES: dict[str, dict[str, Any]] = {
+    **{f"graph-normal-{m}": _graph_case("normal", 12, m) for m in GRAPH_METRICS},
+    **{f"graph-f32-{m}": _graph_case("float32_screen", 3, m) for m in ("euclidean", "cosine", "inner_product")},
+    "graph-offset-k1": _graph_case("offset", 1),
+    "graph-offset-k10": _graph_case("offset", 10),
+    "graph-offset-kmax": _graph_case("offset", 210),
+    **{f"graph-dups-{m}": _graph_case("duplicates", 12, m, memory_budget="64KB") for m in ("euclidean", "cosine")},
+    "graph-dups-f32": _graph_case("duplicates", 3, "euclidean"),
+    "graph-int-ties": _graph_case("integer_ties", 30, "sqeuclidean", memory_budget="200KB"),
+    "graph-identical-self": _graph_case("identical", 50, "euclidean", include_self=True),
+    "graph-identical": _graph_case("identical", 49, "cosine"),
+    "graph-small": _graph_case("small", 4, "euclidean"),
+    "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),
+    "graph-memmap": {**_graph_case("offset", 7), "input": "memmap"},
+    "graph-h5py": {**_graph_case("normal", 6, "cosine"), "input": "h5py"},
+    "search-k1": {"kind": "search", "k": 1, "metric": "euclidean"},
+    "search-k10": {"kind": "search", "k": 10, "metric": "euclidean"},
+    "search-cosine": {"kind": "search", "k": 25, "metric": "cosine"},
+    "search-ip": {"kind": "search", "k": 5, "metric": "inner_product"},
+    "search-all": {"kind": "search", "k": 1201, "metric": "sqeuclidean"},
+    "search-memmap": {"kind": "search", "k": 9, "metric": "euclidean", "input": "memmap"},
+    "files": {**_graph_case("offset", 5), "kind": "files"},
+    "nan": {"kind": "nan"},
+    "mismatch": {"kind": "mismatch"},
+}
+
+
+def _as_input(x: np.ndarray, how: str | None, tmp: Path, tag: str) -> Any:
+    if how == "memmap":
+        path = tmp / f"{tag}.npy"
+        if not path.exists():
+            np.save(path, x)
+        return np.load(path, mmap_mode="r")
+    if how == "h5py":
+        import h5py
+
+        path = tmp / f"{tag}.h5"
+        if not path.exists():
+            with h5py.File(path, "w") as f:
+                f.create_dataset("x", data=x)
+        return h5py.File(path, "r")["x"]
+    return x
+
+
+def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, tmp: Path) -> dict[str, Any]:
+    import knng.distributed as kd
+    from knng.api import last_report
+
+    kind = case["kind"]
+    if kind in ("graph", "files"):
+        x = make_data(case["data"], seed)
+        data = _as_input(x, case.get("input"), tmp, f"{name}-r{rank}")
+        if kind == "files":
+            report = kd.graph_to_files(data, case["k"], tmp / "files-out", metric=case["metric"], device="cpu",
+                                       metadata={"case": name})
+            return {"report": report.world}
+        g = kd.graph(data, case["k"], metric=case["metric"], device="cpu", **case["kw"])
+        report = last_report()
+        return {"indices": g.indices, "distances": g.distances, "parts": report.parts,
+                "refined": report.refined_rows, "fallback": report.exact.fallback_rows,
+                "per_rank_blocks": [r["blocks"] for r in report.per_rank]}
+    if kind == "search":
+        queries, corpus = make_data("search", seed)
+        corpus = _as_input(corpus, case.get("input"), tmp, f"{name}-r{rank}")
+        r = kd.search(queries, corpus, case["k"], metric=case["metric"], device="cpu")
+        return {"indices": r.indices, "distances": r.distances}
+    if kind == "nan":
+        x = make_data("normal", seed).copy()
+        x[301, 2] = np.nan  # in one rank's part only
+        kd.graph(x, 3, device="cpu")
+        return {}
+    if kind == "mismatch":
+        x = make_data("normal", seed)
+        kd.graph(x[: len(x) - (rank == world - 1)], 3, device="cpu")
+        return {}
+    raise KeyError(kind)
+
+
+def main(rank: int, world: int, port: int, out: str, seed: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    import torch.distributed as dist
+
+    import knng.distributed as kd
+
+    kd.init(device="cpu", timeout=60)
+    tmp = Path(out)
+    results: dict[str, Any] = {}
+    for name, case in CASES.items():
+        try:
+            results[name] = run_case(name, case, rank, world, seed, tmp)
+        except Exception as exc:  # noqa: BLE001 - the test looks at what each rank raised
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    with open(tmp / f"rank{rank}.pkl", "wb") as f:
+        pickle.dump(results, f)
+    dist.destroy_process_group()
+
+
+def spawn(world: int, port: int, out: str, seed: int, entry: Callable[..., None] = main) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(entry, args=(world, port, out, seed), nprocs=world)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    spawn(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))

@@ -1,0 +1,203 @@
+"""The distributed engine on Gloo with 2 and 3 CPU processes: identical to one process.
+
+One process group per world size runs the whole battery of ``distributed_worker.py`` (starting
+processes costs seconds); each test then compares one scenario's results, from every rank, with
+the single-device engine (bit for bit) and the float64 oracle. The plan and the exact merge of
+shard lists are tested directly, without processes.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+from distributed_worker import CASES, make_data
+from knng.distributed.plan import BlockPlan, choose_parts, reflected_owner, shard_ranges
+from oracle import assert_exact, oracle_graph, oracle_search
+
+WORLDS = (2, 3)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def battery(tmp_path_factory: pytest.TempPathFactory):
+    """world → (seed, [results of rank 0, rank 1, …]) for the whole battery."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    out = {}
+    worker = Path(__file__).with_name("distributed_worker.py")
+    for world in WORLDS:
+        folder = tmp_path_factory.mktemp(f"world{world}")
+        proc = subprocess.run([sys.executable, str(worker), str(world), str(free_port()), str(folder), str(seed)],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"seed={seed} world={world}\n{proc.stdout}\n{proc.stderr}"
+        ranks = []
+        for r in range(world):
+            with open(folder / f"rank{r}.pkl", "rb") as f:
+                ranks.append(pickle.load(f))
+        out[world] = (seed, ranks, folder)
+    return out
+
+
+def _reference(name: str, seed: int):
+    case = CASES[name]
+    if case["kind"] == "search":
+        queries, corpus = make_data("search", seed)
+        return knng.search(queries, corpus, case["k"], metric=case["metric"], device="cpu"), (queries, corpus)
+    x = make_data(case["data"], seed)
+    kw = {key: v for key, v in case.get("kw", {}).items() if key == "include_self"}
+    return knng.graph(x, case["k"], metric=case["metric"], device="cpu", **kw), x
+
+
+RESULT_CASES = [name for name, case in CASES.items() if case["kind"] in ("graph", "search")]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", RESULT_CASES)
+def test_identical_to_one_process(battery, world, name):
+    seed, ranks, _ = battery[world]
+    ref, inputs = _reference(name, seed)
+    case = CASES[name]
+    for r, results in enumerate(ranks):
+        got = results[name]
+        assert "error" not in got, f"seed={seed} world={world} rank {r}: {got.get('error')}"
+        np.testing.assert_array_equal(got["indices"], ref.indices, err_msg=f"seed={seed} world={world} rank {r}")
+        np.testing.assert_array_equal(got["distances"], ref.distances, err_msg=f"seed={seed} world={world} rank {r}")
+    got = ranks[0][name]
+    if case["kind"] == "search":
+        queries, corpus = inputs
+        assert_exact(knng.Neighbors(got["indices"], got["distances"]),
+                     oracle_search(queries, corpus, case["k"], case["metric"]), context=f"seed={seed}")
+    else:
+        include_self = case["kw"].get("include_self", False)
+        assert_exact(knng.Graph(got["indices"], got["distances"], include_self=include_self),
+                     oracle_graph(inputs, case["k"], case["metric"], include_self=include_self),
+                     context=f"seed={seed}")
+        if len(inputs) >= 4 * world:  # tiny inputs get fewer, non-empty parts
+            assert got["parts"] >= 2 * world, got["parts"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_balanced_blocks_and_refine_exercised(battery, world):
+    seed, ranks, _ = battery[world]
+    blocks = ranks[0]["graph-offset-k10"]["per_rank_blocks"]
+    assert max(blocks) - min(blocks) <= 1, blocks
+    # The duplicates fail the float32 certificate: their rows go through the distributed refine.
+    assert ranks[0]["graph-dups-f32"]["refined"] > 0, ranks[0]["graph-dups-f32"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_files_written_by_every_rank(battery, world):
+    seed, ranks, folder = battery[world]
+    assert all("error" not in r["files"] for r in ranks), [r["files"] for r in ranks]
+    ref = knng.graph(make_data("offset", seed), 5, device="cpu")
+    out = folder / "files-out"
+    np.testing.assert_array_equal(np.load(out / "indices.npy"), ref.indices)
+    np.testing.assert_array_equal(np.load(out / "distances.npy"), ref.distances)
+    assert sorted(p.name for p in out.iterdir()) == ["distances.npy", "indices.npy", "knng.json"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_bad_input_is_a_value_error_on_every_rank(battery, world):
+    seed, ranks, _ = battery[world]
+    for r, results in enumerate(ranks):
+        assert results["nan"]["error"].startswith("ValueError: data contains NaN or Inf (first in row 301)"), results
+        assert results["mismatch"]["error"].startswith("ValueError: every rank must be given the same number of "
+                                                       "points"), results["mismatch"]
+
+
+# ---------------------------------------------------------------------------------- plan
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 16])
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_reflected_order_balances_exactly(world, m):
+    plan = BlockPlan(n=2 * world * m * 10, world=world, part_size=10)
+    assert plan.n_parts == 2 * world * m
+    loads = [len(plan.blocks(r)) for r in range(world)]
+    assert len(set(loads)) == 1, loads
+    assert sum(loads) == plan.total_blocks()
+    # The paper's plain J mod R order is unbalanced on the same parts (for more than one rank).
+    plain = [sum(j + 1 for j in range(plan.n_parts) if j % world == r) for r in range(world)]
+    assert world == 1 or max(plain) > min(plain)
+
+
+@pytest.mark.parametrize("n,world,max_part", [(10, 3, 4), (1, 1, 1), (100000, 4, 65536), (5000, 2, 2048),
+                                               (7, 8, 100), (65537, 1, 65536)])
+def test_choose_parts(n, world, max_part):
+    parts = choose_parts(n, world, max_part)
+    assert 1 <= parts <= n
+    plan = BlockPlan(n=n, world=world, part_size=-(-n // parts))
+    assert plan.part_size <= max(max_part, 1) or parts == n
+    covered = [i for a, b in plan.parts for i in range(a, b)]
+    assert covered == list(range(n))
+    if parts < n and world > 1:
+        assert parts % (2 * world) == 0
+
+
+def test_every_block_computed_once():
+    plan = BlockPlan(n=1000, world=3, part_size=77)
+    seen = [b for r in range(3) for b in plan.blocks(r)]
+    assert len(seen) == len(set(seen)) == plan.total_blocks()
+    assert all(i <= j for i, j in seen)
+    for r in range(3):
+        assert all(plan.owner(j) == r for _, j in plan.blocks(r))
+    pieces = [plan.piece(5, r) for r in range(3)]
+    assert pieces[0][0] == plan.parts[5][0] and pieces[-1][1] == plan.parts[5][1]
+
+
+def test_owner_and_shards():
+    assert [reflected_owner(j, 3) for j in range(8)] == [0, 1, 2, 2, 1, 0, 0, 1]
+    assert shard_ranges(10, 3) == [(0, 4), (4, 8), (8, 10)]
+    assert shard_ranges(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+# ------------------------------------------------------------------------ the exact merge
+def test_merge_exact_orders_cross_shard_float32_ties_by_true_distance(rng):
+    """Two shards' entries that round to the same float32 are settled exactly, not by their
+    screen values: the merge must put the truly nearer one first."""
+    from knng._inputs import as_input
+    from knng.distributed.shards import merge_exact
+    from knng.metrics import get_metric
+
+    corpus = np.zeros((4, 2))
+    corpus[0] = [1.0, 0.0]
+    corpus[1] = [1.0 + 2.0**-40, 0.0]  # farther by far less than a float32 ulp
+    corpus[2] = [5.0, 0.0]
+    corpus[3] = [1.0, 0.0]  # an exact duplicate of 0
+    q = torch.zeros((1, 2), dtype=torch.float64)
+    m = get_metric("euclidean")
+    # Screen-like values that order 1 before 0 (both round to 1.0f) and shard lists in odd order.
+    values = torch.tensor([[1.0 + 2.0**-45, 5.0, 1.0 + 2.0**-44, 1.0 + 2.0**-43]], dtype=torch.float64)
+    ids = torch.tensor([[1, 2, 0, 3]])
+    idx, dist = merge_exact(values, ids, 3, q, as_input(corpus, "corpus"), m, torch.device("cpu"))
+    assert idx.tolist() == [[0, 3, 1]]
+    assert dist[0, 0] == 1.0 and dist[0, 1] == 1.0 and dist[0, 2] > 1.0
+
+
+def test_rows_subset_reads_only_its_rows(tmp_path, rng):
+    from knng._inputs import as_input
+    from knng.distributed.shards import rows_subset
+
+    x = rng.standard_normal((50, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    lazy = as_input(np.load(tmp_path / "x.npy", mmap_mode="r"), "data")
+    ranges = [(5, 9), (20, 21), (40, 50)]
+    sub = rows_subset(lazy, ranges)
+    expect = np.concatenate([x[a:b] for a, b in ranges])
+    assert sub.n == len(expect) and sub.tensor is None
+    np.testing.assert_array_equal(sub.rows(0, sub.n).numpy(), expect)
+    np.testing.assert_array_equal(sub.rows(3, 6).numpy(), expect[3:6])
+    np.testing.assert_array_equal(sub.take(torch.tensor([[14, 0], [4, 5]])).numpy(), expect[[[14, 0], [4, 5]]])
+    dense = rows_subset(as_input(x, "data"), ranges)
+    np.testing.assert_array_equal(dense.tensor.numpy(), expect)
