@@ -201,6 +201,20 @@ def _add_compute_options(p: argparse.ArgumentParser, *, with_k: bool = True) -> 
                         "(default: 60%% of free GPU memory, or 25%% of free RAM up to 2 GiB)")
 
 
+def _add_distributed_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several GPUs or processes (torch.distributed)")
+    ranks = g.add_mutually_exclusive_group()
+    ranks.add_argument("--gpus", type=_argument_type(_positive_int), default=None, metavar="N",
+                       help="run on N GPUs of this host, one process each (NCCL); across hosts start "
+                            "`torchrun --nnodes H --nproc-per-node G -m knng ...` instead")
+    ranks.add_argument("--procs", type=_argument_type(_positive_int), default=None, metavar="N",
+                       help="run as N CPU processes on this host (Gloo)")
+    g.add_argument("--timeout", type=_argument_type(_positive_seconds), default=None, metavar="SECONDS",
+                   help="a rank that makes no progress this long while the others wait for it stops the "
+                        "job, with an error naming it (default: 300); a rank whose heartbeat stops for "
+                        "20 s counts as dead")
+
+
 def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", default="knng-out", metavar="DIR",
                    help="output folder, created if missing (default: knng-out)")
@@ -232,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output_options(p)
     p.add_argument("--check", action="store_true",
                    help="report recall@k against the ground truth `neighbors` of an ann-benchmarks file")
+    _add_distributed_options(p)
     p.set_defaults(handler=_cmd_search)
 
     p = add("graph", "exact k-NN graph of one data set", _GRAPH_DESCRIPTION, _GRAPH_EXAMPLES)
@@ -242,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("npy", "npz"), default="npy",
                    help="npy: indices.npy + distances.npy; npz: one graph.npz for knng.load_graph "
                         "(default: npy)")
+    _add_distributed_options(p)
     p.set_defaults(handler=_cmd_graph)
 
     p = add("info", "describe a vector file and how knng would process it", _INFO_DESCRIPTION,
@@ -471,8 +487,11 @@ def _report_dict(report: Any) -> dict[str, Any]:
         "rows": report.exact.rows,
         "fallback_rows": report.exact.fallback_rows,
         "exact_evaluations": report.exact.exact_evaluations,
-        "plan": asdict(report.plan),
     }
+    if hasattr(report, "plan"):
+        out["plan"] = asdict(report.plan)
+    if hasattr(report, "per_rank"):
+        out["per_rank"] = report.per_rank
     # Every other scalar field of the report (candidates_per_row, oom_retries, screen_dtype,
     # the graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
     for name, value in vars(report).items():
@@ -521,6 +540,163 @@ def _exact_line(report: Any) -> str:
 
 def _say(*parts: Any) -> None:
     print(*parts, flush=True)
+
+
+
+# --------------------------------------------------------------------------------------
+# Several ranks (torch.distributed)
+# --------------------------------------------------------------------------------------
+
+
+def _is_rank() -> bool:
+    """Whether this process is one rank of a distributed job (knng's launcher, torchrun, Slurm)."""
+    from knng.distributed import is_launched
+
+    return is_launched()
+
+
+def _launch_if_asked(args: argparse.Namespace) -> int | None:
+    """With --gpus/--procs, start the ranks (each runs this same command) and return their status."""
+    from knng.distributed.launch import LAUNCH_DEVICE_ENV
+
+    n = args.gpus or args.procs
+    if n is None or os.environ.get(LAUNCH_DEVICE_ENV):  # none asked, or we are one of the ranks
+        return None
+    if _is_rank():
+        raise CliError("--gpus/--procs start the ranks themselves: leave them out under torchrun or srun")
+    if args.gpus:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CliError("--gpus needs CUDA GPUs and torch sees none; --procs N runs N CPU processes")
+        if args.gpus > torch.cuda.device_count():
+            raise CliError(f"--gpus {args.gpus}: this host has {torch.cuda.device_count()} GPU(s)")
+        if args.device not in ("auto", "cuda"):
+            raise CliError("--gpus N puts rank r on GPU r: leave out --device")
+    elif args.device not in ("auto", "cpu"):
+        raise CliError("--procs N runs CPU processes: leave out --device, or use --gpus N")
+    from knng.distributed.comm import DEFAULT_HEARTBEAT_TIMEOUT
+    from knng.distributed.launch import launch
+
+    return launch(sys.argv[1:] if _LAUNCH_ARGV[0] is None else _LAUNCH_ARGV[0], n, "cuda" if args.gpus else "cpu",
+                  grace=DEFAULT_HEARTBEAT_TIMEOUT + 10)
+
+
+#: The argv of this invocation, handed to the ranks unchanged (they ignore --gpus/--procs).
+_LAUNCH_ARGV: list[list[str] | None] = [None]
+
+
+def _rank_device(args: argparse.Namespace) -> str:
+    from knng.distributed.launch import LAUNCH_DEVICE_ENV
+
+    return "cpu" if os.environ.get(LAUNCH_DEVICE_ENV) == "cpu" else args.device
+
+
+def _start_rank(args: argparse.Namespace) -> tuple[int, int, str]:
+    """Join the job; returns (rank, world size, device)."""
+    import torch.distributed as dist
+
+    import knng.distributed as kd
+    from knng.distributed.comm import DEFAULT_TIMEOUT
+
+    device = _rank_device(args)
+    kd.init(device=device, timeout=args.timeout or DEFAULT_TIMEOUT)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def _ranks_line(world: int, dev: Any, seconds: float, n: int, unit: str) -> str:
+    return (f"  {world} rank{'s' if world != 1 else ''} on {_device_text(dev)}"
+            + ("" if dev.type == "cpu" else " (one GPU each)")
+            + f": {seconds:.2f} s, {n / max(seconds, 1e-9):,.0f} {unit}/s")
+
+
+def _wait_line(report: Any) -> str:
+    gb = sum(r.get("bytes", 0) for r in report.per_rank) / 1e9
+    return (f"  communication: at most {report.wait_share:.0%} of a rank's time blocked on collectives and peers"
+            + (f", {gb:.2f} GB sent" if gb else ""))
+
+
+def _graph_distributed(args: argparse.Namespace, argv: Sequence[str], data: _Input, metric: str, out: Path) -> int:
+    import torch.distributed as dist
+
+    import knng.distributed as kd
+    from knng.api import last_report
+    from knng.distributed.comm import DEFAULT_TIMEOUT
+    from knng.io import NEIGHBOR_FILES
+
+    rank, world, device = _start_rank(args)
+    dev, budget = _device_and_budget(device, args.memory_budget)
+    timeout = args.timeout or DEFAULT_TIMEOUT
+    meta = _metadata("graph", argv, {"data": data}, k=args.k, metric=metric, include_self=args.include_self,
+                     device=str(dev), select=args.select, memory_budget_bytes=budget, format=args.format,
+                     world_size=world)
+    t0 = time.perf_counter()
+    common = dict(metric=metric, include_self=args.include_self, device=device, select=args.select,
+                  memory_budget=args.memory_budget, progress=_progress(args), timeout=timeout)
+    if args.format == "npy":
+        report = kd.graph_to_files(data.array, args.k, out, metadata=meta, overwrite=args.overwrite, **common)
+        written = [str(out / NEIGHBOR_FILES["indices"]), NEIGHBOR_FILES["distances"], NEIGHBOR_FILES["metadata"]]
+    else:
+        graph = kd.graph(data.array, args.k, **common)
+        report = last_report()
+        written = []
+        if rank == 0:
+            meta.update(report=_report_dict(report), timings_s={"graph": report.seconds})
+            written = [str(p) for p in _save_graph_npz(out, graph.numpy(), meta, args.overwrite)]
+    seconds = time.perf_counter() - t0
+    dist.destroy_process_group()
+    if rank == 0:
+        n = data.shape[0]
+        _say(f"knng graph: {n:,} points, d={data.shape[1]}, k={args.k}, metric {metric}"
+             + (", self included" if args.include_self else ""))
+        _say(_ranks_line(world, dev, seconds, n, "points"))
+        blocks = [r["blocks"] for r in report.per_rank]
+        _say(f"  block-cyclic plan: {report.parts} parts of ≤{report.part_size:,} points, {report.blocks_computed:,} "
+             f"of {report.blocks_full:,} blocks computed ({report.pairs_saving:.0%} of the pair work skipped), "
+             f"{min(blocks)}–{max(blocks)} blocks per rank")
+        _say(_wait_line(report))
+        _say(_exact_line(report) + (f"; {report.refined_rows:,} rows refined across ranks" if report.refined_rows
+                                    else ""))
+        _say(f"  wrote {', '.join(written)}")
+    return 0
+
+
+def _search_distributed(args: argparse.Namespace, argv: Sequence[str], corpus: _Input, queries: _Input,
+                        metric: str, out: Path, ann_mode: bool, truth: Any) -> int:
+    import torch.distributed as dist
+
+    import knng.distributed as kd
+    from knng.api import last_report
+    from knng.distributed.comm import DEFAULT_TIMEOUT
+    from knng.io import NEIGHBOR_FILES, write_neighbors
+
+    rank, world, device = _start_rank(args)
+    dev, budget = _device_and_budget(device, args.memory_budget)
+    t0 = time.perf_counter()
+    result = kd.search(queries.array, corpus.array, args.k, metric=metric, device=device, select=args.select,
+                       memory_budget=args.memory_budget, progress=_progress(args),
+                       timeout=args.timeout or DEFAULT_TIMEOUT)
+    seconds = time.perf_counter() - t0
+    report = last_report()
+    dist.destroy_process_group()
+    if rank != 0:
+        return 0
+    indices, distances = np.asarray(result.indices), np.asarray(result.distances)
+    nq = indices.shape[0]
+    check = _recall(indices, distances, *truth) if truth is not None else None
+    meta = _metadata("search", argv, {"corpus": corpus, "queries": queries}, k=args.k, metric=metric,
+                     device=str(dev), select=args.select, memory_budget_bytes=budget, world_size=world,
+                     ann_benchmarks_file=ann_mode, timings_s={"search": seconds}, report=_report_dict(report),
+                     check=check)
+    write_neighbors(out, indices, distances, metadata=meta, overwrite=args.overwrite)
+    _say(f"knng search: {nq:,} queries × {corpus.shape[0]:,} corpus vectors, d={corpus.shape[1]}, k={args.k}, "
+         f"metric {metric}")
+    _say(_ranks_line(world, dev, seconds, nq, "queries"))
+    _say(f"  corpus shards of {min(report.shard_rows):,}–{max(report.shard_rows):,} vectors, one per rank")
+    if check is not None:
+        _say(f"  check: recall@{check['k']} = {check['recall']:.6f} against the file's ground truth")
+    _say(f"  wrote {out / NEIGHBOR_FILES['indices']}, {NEIGHBOR_FILES['distances']}, {NEIGHBOR_FILES['metadata']}")
+    return 0
 
 
 # --------------------------------------------------------------------------------------
@@ -603,6 +779,11 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     _refuse_existing(out, list(NEIGHBOR_FILES.values()), args.overwrite)
     truth = _ground_truth(args, corpus, queries) if args.check else None
+    launched = _launch_if_asked(args)
+    if launched is not None:
+        return launched
+    if _is_rank():
+        return _search_distributed(args, argv, corpus, queries, metric, out, ann_mode, truth)
 
     t0 = time.perf_counter()
     result = knng.search(queries.array, corpus.array, args.k, metric=metric, device=args.device,
@@ -676,6 +857,11 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     names = list(NEIGHBOR_FILES.values()) if args.format == "npy" else ["graph.npz", "knng.json"]
     _refuse_existing(out, names, args.overwrite)
+    launched = _launch_if_asked(args)
+    if launched is not None:
+        return launched
+    if _is_rank():
+        return _graph_distributed(args, argv, data, metric, out)
 
     t0 = time.perf_counter()
     graph = knng.graph(data.array, args.k, metric=metric, include_self=args.include_self,
@@ -874,15 +1060,30 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "handler", None) is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    _LAUNCH_ARGV[0] = argv
+    prog = f"knng[rank {os.environ['RANK']}]" if "RANK" in os.environ and _is_rank() else "knng"
     try:
         return int(args.handler(args, argv))
     except (CliError, *INPUT_ERRORS) as exc:
-        print(f"knng: error: {_message(exc)}", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {_message(exc)}", file=sys.stderr, flush=True)
         return EXIT_USAGE
+    except _distributed_error() as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        if _is_rank():
+            # The process group is broken: leave now rather than hang in its teardown.
+            sys.stdout.flush()
+            os._exit(1)
+        return 1
     except KeyboardInterrupt:
         print("knng: interrupted (results are written only at the end, so none were)"
               if args.command in ("search", "graph") else "knng: interrupted", file=sys.stderr, flush=True)
         return 130
+
+
+def _distributed_error() -> type[BaseException]:
+    from knng.distributed.comm import DistributedError
+
+    return DistributedError
 
 
 def _message(exc: BaseException) -> str:

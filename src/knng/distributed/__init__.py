@@ -192,6 +192,7 @@ def graph_to_files(data: Any, k: int, out: str | os.PathLike[str], *, metric: st
     def consume(comm, rows, report, x, k, m, dev):
         meta = dict(metadata or {})
         meta.setdefault("report", _report_dict(report))
+        meta.setdefault("timings_s", {"graph": report.seconds})
         write_rows(rows, x.n, k, comm, Path(out), meta, overwrite)
         return report
 
