@@ -6,7 +6,8 @@ is what each rank sees) saves the results to ``OUT/rank<r>.pkl``. The test proce
 with the single-device engine and the float64 oracle. One process group serves the whole
 battery, since starting one costs seconds on a small CPU.
 
-Usage: ``python distributed_worker.py WORLD PORT OUT SEED``.
+Usage: ``python distributed_worker.py WORLD PORT OUT SEED [DEVICE]`` (DEVICE cpu (Gloo, the default) or
+cuda (NCCL, rank r on GPU r)).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 GRAPH_METRICS = ("euclidean", "sqeuclidean", "cosine", "pearson", "inner_product")
+#: Where the ranks compute (set from the command line).
+DEVICE = ["cpu"]
 
 
 def make_data(name: str, seed: int, tmp: Path | None = None) -> Any:
@@ -107,10 +110,10 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
         x = make_data(case["data"], seed)
         data = _as_input(x, case.get("input"), tmp, f"{name}-r{rank}")
         if kind == "files":
-            report = kd.graph_to_files(data, case["k"], tmp / "files-out", metric=case["metric"], device="cpu",
+            report = kd.graph_to_files(data, case["k"], tmp / "files-out", metric=case["metric"], device=DEVICE[0],
                                        metadata={"case": name})
             return {"report": report.world}
-        g = kd.graph(data, case["k"], metric=case["metric"], device="cpu", **case["kw"])
+        g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
         return {"indices": g.indices, "distances": g.distances, "parts": report.parts,
                 "refined": report.refined_rows, "fallback": report.exact.fallback_rows,
@@ -118,27 +121,29 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
     if kind == "search":
         queries, corpus = make_data("search", seed)
         corpus = _as_input(corpus, case.get("input"), tmp, f"{name}-r{rank}")
-        r = kd.search(queries, corpus, case["k"], metric=case["metric"], device="cpu")
+        r = kd.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0])
         return {"indices": r.indices, "distances": r.distances}
     if kind == "nan":
         x = make_data("normal", seed).copy()
         x[301, 2] = np.nan  # in one rank's part only
-        kd.graph(x, 3, device="cpu")
+        kd.graph(x, 3, device=DEVICE[0])
         return {}
     if kind == "mismatch":
         x = make_data("normal", seed)
-        kd.graph(x[: len(x) - (rank == world - 1)], 3, device="cpu")
+        kd.graph(x[: len(x) - (rank == world - 1)], 3, device=DEVICE[0])
         return {}
     raise KeyError(kind)
 
 
-def main(rank: int, world: int, port: int, out: str, seed: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+def main(rank: int, world: int, port: int, out: str, seed: int, device: str = "cpu") -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
     import torch.distributed as dist
 
     import knng.distributed as kd
 
-    kd.init(device="cpu", timeout=60)
+    DEVICE[0] = device
+    kd.init(device=device, timeout=60)
     tmp = Path(out)
     results: dict[str, Any] = {}
     for name, case in CASES.items():
@@ -151,12 +156,12 @@ def main(rank: int, world: int, port: int, out: str, seed: int) -> None:
     dist.destroy_process_group()
 
 
-def spawn(world: int, port: int, out: str, seed: int, entry: Callable[..., None] = main) -> None:
+def spawn(world: int, port: int, out: str, seed: int, device: str = "cpu", entry: Callable[..., None] = main) -> None:
     import torch.multiprocessing as mp
 
-    mp.spawn(entry, args=(world, port, out, seed), nprocs=world)
+    mp.spawn(entry, args=(world, port, out, seed, device), nprocs=world)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    spawn(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    spawn(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])

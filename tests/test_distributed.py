@@ -32,16 +32,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def battery(tmp_path_factory: pytest.TempPathFactory):
-    """world → (seed, [results of rank 0, rank 1, …]) for the whole battery."""
+def run_battery(tmp_path_factory: pytest.TempPathFactory, worlds: tuple[int, ...], device: str = "cpu"):
+    """world → (seed, [results of rank 0, rank 1, …], folder) for the whole battery."""
     seed = int(np.random.SeedSequence().entropy % 2**31)
     out = {}
     worker = Path(__file__).with_name("distributed_worker.py")
-    for world in WORLDS:
+    for world in worlds:
         folder = tmp_path_factory.mktemp(f"world{world}")
-        proc = subprocess.run([sys.executable, str(worker), str(world), str(free_port()), str(folder), str(seed)],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([sys.executable, str(worker), str(world), str(free_port()), str(folder), str(seed),
+                               device], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"seed={seed} world={world}\n{proc.stdout}\n{proc.stderr}"
         ranks = []
         for r in range(world):
@@ -49,6 +48,11 @@ def battery(tmp_path_factory: pytest.TempPathFactory):
                 ranks.append(pickle.load(f))
         out[world] = (seed, ranks, folder)
     return out
+
+
+@pytest.fixture(scope="module")
+def battery(tmp_path_factory: pytest.TempPathFactory):
+    return run_battery(tmp_path_factory, WORLDS)
 
 
 def _reference(name: str, seed: int):

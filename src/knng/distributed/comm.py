@@ -251,7 +251,7 @@ class Comm:
                     self._check_peers(pending, now - t0)
                     next_check = now + CHECK_INTERVAL
                 time.sleep(nap)
-                nap = min(nap * 2, 2e-3)
+                nap = min(nap * 2, 5e-4)
             pending.work.wait()
         except DistributedError:
             raise

@@ -1,0 +1,204 @@
+"""Scaling of the distributed k-NN graph over the GPUs of one host, against one GPU.
+
+For each world size W (default 1, 2, 4) the script starts W processes (NCCL, one GPU each);
+every rank makes the same data on its GPU from one seed (torch's Philox generator gives the
+same numbers on every GPU), runs ``knng.distributed.graph`` once to warm up, then ``--repeats``
+timed runs (wall clock from a barrier to the returned graph on every rank, synchronised). The
+W = 1 process also times the single-device ``knng.graph`` on the same data: the baseline every
+speed-up is measured against. Each run's result is hashed, and the hashes of every W must equal
+the single-device one (bit-identical graphs).
+
+Also reported, per shape and W: the largest share of a rank's time spent blocked on collectives
+and peers ("waiting"), and the largest share its collectives took (NCCL's own timing of each
+collective, ``TORCH_NCCL_ENABLE_TIMING=1``: "communicating"; it overlaps computation).
+
+    PYTHONPATH=src python bench/bench_distributed.py --out bench-dist.json
+    PYTHONPATH=src python bench/bench_distributed.py --device cpu --worlds 1,2 --shapes 4000x16:5 --repeats 1
+
+Prints a markdown table and writes JSON (with the device, the date and the command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+SHAPES = "1000000x128:10,200000x960:100"
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    out = []
+    for item in text.split(","):
+        nd, k = item.split(":")
+        n, d = nd.lower().split("x")
+        out.append((int(n), int(d), int(k)))
+    return out
+
+
+def digest(indices: torch.Tensor, distances: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    h.update(indices.cpu().numpy().tobytes())
+    h.update(distances.to(torch.float32).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def make_data(n: int, d: int, seed: int, device: torch.device) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn((n, d), generator=gen, device=device, dtype=torch.float32)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), TORCH_NCCL_ENABLE_TIMING="1")
+    import torch.distributed as dist
+
+    import knng
+    import knng.distributed as kd
+    from knng.api import last_report
+
+    kd.init(device=args.device)
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device != "cpu" else torch.device("cpu")
+    results = []
+    for n, d, k in parse_shapes(args.shapes):
+        row: dict = {"n": n, "d": d, "k": k, "world": world}
+        try:
+            x = make_data(n, d, args.seed, device)
+            times, report = [], None
+            for rep in range(args.repeats + 1):
+                dist.barrier()
+                sync(device)
+                t0 = time.perf_counter()
+                g = kd.graph(x, k, device=device, timeout=600)
+                sync(device)
+                times.append(time.perf_counter() - t0)
+                report = last_report()
+            row["times_s"] = times[1:]
+            row["median_s"] = statistics.median(times[1:])
+            row["digest"] = digest(g.indices, g.distances)
+            row["report"] = {"parts": report.parts, "part_size": report.part_size,
+                             "blocks_per_rank": [r["blocks"] for r in report.per_rank],
+                             "wait_share": report.wait_share, "comm_share": report.comm_share,
+                             "comm_timed_by": report.comm_timed_by, "per_rank": report.per_rank,
+                             "screen_dtype": report.screen_dtype, "refined_rows": report.refined_rows,
+                             "fallback_rows": report.exact.fallback_rows}
+            del g
+            if world == 1 and not args.no_baseline:
+                base = []
+                for rep in range(args.repeats + 1):
+                    sync(device)
+                    t0 = time.perf_counter()
+                    ref = knng.graph(x, k, device=device)
+                    sync(device)
+                    base.append(time.perf_counter() - t0)
+                row["single_device_times_s"] = base[1:]
+                row["single_device_median_s"] = statistics.median(base[1:])
+                row["single_device_digest"] = digest(ref.indices, ref.distances)
+                single = last_report()
+                row["single_device_parts"] = single.parts
+                del ref
+            del x
+        except Exception as exc:  # noqa: BLE001 - record and go on with the next shape
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["traceback"] = traceback.format_exc()
+        results.append(row)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if rank == 0:
+            Path(out_file).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def table(rows: list[dict]) -> str:
+    base = {(r["n"], r["d"], r["k"]): r for r in rows if r["world"] == 1 and "single_device_median_s" in r}
+    lines = ["| graph | k | GPUs | time (s) | speed-up vs 1 GPU | vs distributed W=1 | waiting | communicating "
+             "| blocks per rank | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        key = (r["n"], r["d"], r["k"])
+        if "error" in r:
+            lines.append(f"| {r['n']:,} × {r['d']} | {r['k']} | {r['world']} | error: {r['error'][:60]} |||||||")
+            continue
+        b = base.get(key)
+        w1 = next((x for x in rows if x["world"] == 1 and (x["n"], x["d"], x["k"]) == key and "median_s" in x), None)
+        if r["world"] == 1 and b is not None:
+            lines.append(f"| {r['n']:,} × {r['d']} | {r['k']} | 1 (knng.graph) | {b['single_device_median_s']:.3f} "
+                         f"| 1.00× | | | | | {b['single_device_digest']} |")
+        sp = f"{b['single_device_median_s'] / r['median_s']:.2f}×" if b else ""
+        sw = f"{w1['median_s'] / r['median_s']:.2f}×" if w1 else ""
+        same = "yes" if b and r["digest"] == b["single_device_digest"] else ("?" if not b else "NO")
+        rep = r["report"]
+        lines.append(f"| {r['n']:,} × {r['d']} | {r['k']} | {r['world']} | {r['median_s']:.3f} | {sp} | {sw} "
+                     f"| {rep['wait_share']:.1%} | {rep['comm_share']:.1%} | "
+                     f"{min(rep['blocks_per_rank'])}–{max(rep['blocks_per_rank'])} of {rep['parts']} parts | {same} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=SHAPES, help=f"n×d:k list (default {SHAPES})")
+    p.add_argument("--worlds", default="1,2,4", help="world sizes (default 1,2,4)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--no-baseline", action="store_true", help="skip the single-device knng.graph runs")
+    p.add_argument("--out", default="bench-distributed.json")
+    args = p.parse_args()
+    import torch.multiprocessing as mp
+
+    worlds = [int(w) for w in args.worlds.split(",")]
+    if args.device == "cuda":
+        worlds = [w for w in worlds if w <= torch.cuda.device_count()]
+    all_rows: list[dict] = []
+    started = time.time()
+    for world in worlds:
+        part = f"{args.out}.w{world}.json"
+        t0 = time.time()
+        mp.spawn(worker, args=(world, free_port(), args, part), nprocs=world)
+        rows = json.loads(Path(part).read_text())
+        for r in rows:
+            r["process_wall_s"] = time.time() - t0
+        all_rows += rows
+        print(f"world {world}: done in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    all_rows.sort(key=lambda r: (r["n"], r["d"], r["k"], r["world"]))
+    doc = {
+        "date": datetime.date.today().isoformat(),
+        "command": "python " + " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else platform.processor() or "cpu",
+        "gpus": torch.cuda.device_count() if args.device == "cuda" else 0,
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if args.device == "cuda" else None,
+        "seconds": time.time() - started,
+        "rows": all_rows,
+    }
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(table(all_rows))
+    for r in all_rows:
+        if "traceback" in r:
+            print(r["traceback"], file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
