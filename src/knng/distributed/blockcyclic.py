@@ -45,9 +45,9 @@ from knng.metrics import METRICS, Metric
 
 __all__ = ["DistributedGraphReport", "RankRows", "distributed_graph", "gather_rows", "agree"]
 
-#: Block rows whose all-gather is issued ahead of the one being computed (double buffering and
-#: one more, so that a rank may run a row ahead of a slower peer without waiting).
-LOOKAHEAD = 2
+#: Block rows whose all-gather is issued ahead of the one being computed (double buffering, and
+#: room for a rank whose block rows hold fewer blocks to run ahead of its peers without waiting).
+LOOKAHEAD = 3
 #: Largest part (block side) on a GPU / a CPU, as in the single-device planner.
 MAX_PART = {"cuda": 1 << 16, "cpu": 2048}
 #: Largest screen tile height on a GPU / a CPU.
@@ -80,7 +80,9 @@ class DistributedGraphReport:
     oom_retries: int
     seconds: float
     per_rank: list[dict[str, float]] = field(default_factory=list)
-    comm_timed_by: str = "host"
+    #: This rank's collectives (for :func:`knng.distributed.comm.replay`) and longest waits.
+    comm_ops: list = field(default_factory=list, repr=False)
+    waits: list = field(default_factory=list, repr=False)
 
     @property
     def pairs_saving(self) -> float:
@@ -91,11 +93,6 @@ class DistributedGraphReport:
     def wait_share(self) -> float:
         """Largest share of a rank's time spent blocked on peers and collectives."""
         return max((r["wait_s"] / r["seconds"] for r in self.per_rank if r["seconds"] > 0), default=0.0)
-
-    @property
-    def comm_share(self) -> float:
-        """Largest share of a rank's time its collectives took (NCCL timing where enabled)."""
-        return max((r["comm_s"] / r["seconds"] for r in self.per_rank if r["seconds"] > 0), default=0.0)
 
 
 def agree(comm: Comm, device: torch.device, values: dict[str, int]) -> dict[str, list[int]]:
@@ -136,13 +133,17 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
     # Per row of a part: the A_I buffers in flight, the row lists, the gathered lists at the
     # owner (twice: one gather may wait while the next arrives) and a streamed column part.
     per_row = (LOOKAHEAD + 2) * vec + kc * (e + 8) * 4 + world * (2 * kc + 1) * 8 * 2 + (0 if resident else 2 * vec)
-    cap = MAX_PART["cuda" if device.type == "cuda" else "cpu"]
-    max_part = max(MIN_TILE, min(cap, remaining // 2 // per_row))
+    on = "cuda" if device.type == "cuda" else "cpu"
+    max_part = max(MIN_TILE, min(MAX_PART[on], remaining // 2 // per_row))
     plan = BlockPlan(n=n, world=world, part_size=part_size) if part_size else BlockPlan.build(n, world, max_part)
     b = plan.part_size
+    # The score block gets what the part buffers leave: whole parts at once where it fits (each
+    # extra row tile of a block costs another column selection and more lists to merge), else
+    # equal row tiles.
     block_bytes = BLOCK_BYTES_PER_ELEMENT * e // 4
-    sub = (remaining // 2) // max(1, b * block_bytes)
-    sub = int(min(b, MAX_SUB_ROWS["cuda" if device.type == "cuda" else "cpu"], max(MIN_TILE, sub)))
+    room = max(remaining - b * per_row, remaining // 4)
+    sub = int(min(b, MAX_SUB_ROWS[on], max(MIN_TILE, room // max(1, b * block_bytes))))
+    sub = -(-b // -(-b // sub))
     return _Sizes(plan=plan, sub_rows=sub, resident=resident)
 
 
@@ -201,7 +202,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             pdata = PreparedCorpus.from_norms(data, metric, centre, device, norms, terms, symmetric=True,
                                               dtype=dtype)
             refiner = _DeferredRefiner(k, device)
-            results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (r0, r1) → rows
 
             def prepare_rows(a: int, b: int, raw: torch.Tensor | None = None) -> torch.Tensor:
                 raw = data.rows(a, b) if raw is None else raw
@@ -247,23 +248,49 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 raw = fut.result() if fut is not None else data.rows(*plan.parts[j])
                 return prepare_rows(*plan.parts[j], raw)
 
-            def finish(part: int, pending: Any, bufs: list[torch.Tensor]) -> None:
-                nonlocal oom_retries
+            def merged(part: int, pending: Any, bufs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+                """Part ``part``'s final candidates: its column lists and every rank's row lists."""
                 comm.wait(pending)
                 p0, p1 = plan.parts[part]
-                comm.status(f"finishing part {part} (rows {p0}–{p1}): merge and exact re-rank")
                 lists, floor = col_lists.pop(part), col_floor.pop(part)
                 for buf in bufs:
                     lists.add(0, p1 - p0, buf[:, :kc].to(dtype), buf[:, kc:2 * kc].to(torch.int64))
                     floor = torch.minimum(floor, buf[:, 2 * kc])
                 vals, idx = lists.finalize()
-                o_i, o_d, st, retries = finish_graph_rows(data, p0, p1, vals, idx, floor, pdata, metric, k, available,
+                return vals, idx, floor
+
+            def finish_rows(r0: int, r1: int, vals: torch.Tensor, idx: torch.Tensor, floor: torch.Tensor) -> None:
+                nonlocal oom_retries
+                comm.status(f"finishing rows {r0}–{r1}: exact re-rank")
+                o_i, o_d, st, retries = finish_graph_rows(data, r0, r1, vals, idx, floor, pdata, metric, k, available,
                                                           include_self, device, refiner, chunk=sizes.sub_rows)
-                results[part] = (o_i, o_d)
+                results[(r0, r1)] = (o_i, o_d)
                 stats.add(st)
                 oom_retries += retries
                 comm.tick()
 
+            def finish(part: int, pending: Any, bufs: list[torch.Tensor]) -> None:
+                comm.status(f"finishing part {part}: merging its candidates")
+                finish_rows(*plan.parts[part], *merged(part, pending, bufs))
+
+            def finish_last(part: int, last: tuple[Any, list[torch.Tensor]] | None) -> None:
+                """The last part is finished by every rank, a slice each: nothing else is left to do,
+                and its owner alone would keep the others waiting for the whole of it."""
+                p0, p1 = plan.parts[part]
+                owner = plan.owner(part)
+                pack = torch.empty((p1 - p0, 2 * kc + 1), dtype=torch.float64, device=device)
+                if rank == owner:
+                    comm.status(f"finishing part {part}: merging its candidates")
+                    vals, idx, floor = merged(part, *last)
+                    pack[:, :kc], pack[:, kc:2 * kc], pack[:, 2 * kc] = vals, idx, floor
+                comm.wait(comm.broadcast(pack, owner, f"the broadcast of part {part}'s candidates by rank {owner}"))
+                size = -(-(p1 - p0) // world)
+                a, b = min(p1 - p0, rank * size), min(p1 - p0, (rank + 1) * size)
+                if b > a:
+                    finish_rows(p0 + a, p0 + b, pack[a:b, :kc].to(dtype).contiguous(),
+                                pack[a:b, kc:2 * kc].to(torch.int64), pack[a:b, 2 * kc].contiguous())
+
+            last: tuple[Any, list[torch.Tensor]] | None = None
             for i in range(P):
                 i0, i1 = plan.parts[i]
                 comm.status(f"waiting for the all-gather of part {i}")
@@ -318,7 +345,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 what = f"the gather of part {i}'s row candidates to rank {owner}"
                 if rank == owner:
                     bufs = [torch.empty_like(pack) for _ in range(world)]
-                    finishing.append((i, comm.gather(pack, bufs, owner, what), bufs))
+                    if i == P - 1:
+                        last = (comm.gather(pack, bufs, owner, what), bufs)
+                    else:
+                        finishing.append((i, comm.gather(pack, bufs, owner, what), bufs))
                 else:
                     sends.append((comm.gather(pack, None, owner, what), pack))
                 # Finish every owned part whose candidates have all arrived (without waiting).
@@ -328,6 +358,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                     comm.wait(sends.popleft()[0])
             while finishing:
                 finish(*finishing.popleft())
+            finish_last(P - 1, last)
             while sends:
                 comm.wait(sends.popleft()[0])
             refined = _refine(refiner, results, plan, data, k, metric, device, select, budget, comm, include_self,
@@ -338,9 +369,9 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
     report = _report(comm, plan, sizes, kc, dtype, stats, refined, oom_retries, seconds, device)
-    parts = sorted(results)
-    return RankRows(parts=[plan.parts[j] for j in parts], indices=[results[j][0] for j in parts],
-                    distances=[results[j][1] for j in parts]), report
+    ranges = sorted(results)
+    return RankRows(parts=ranges, indices=[results[r][0] for r in ranges],
+                    distances=[results[r][1] for r in ranges]), report
 
 
 def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: list[int], comm: Comm,
@@ -392,7 +423,7 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
     return centre, both[0].contiguous(), both[1].contiguous(), resident
 
 
-def _refine(refiner: _DeferredRefiner, results: dict[int, tuple[torch.Tensor, torch.Tensor]], plan: BlockPlan,
+def _refine(refiner: _DeferredRefiner, results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]], plan: BlockPlan,
             data: InputArray, k: int, metric: Metric, device: torch.device, select: str, budget: int, comm: Comm,
             include_self: bool, stats: ExactStats) -> int:
     """Settle every rank's failing rows by one distributed float64 search against the owned parts."""
@@ -434,9 +465,8 @@ def _refine(refiner: _DeferredRefiner, results: dict[int, tuple[torch.Tensor, to
         values = torch.where(cand == ids[:, None], torch.inf, values)
         cand = torch.where(cand == ids[:, None], -1, cand)
     idx, dist = merge_exact(values, cand, k, rows, data, metric, device)
-    # Each owner patches its own rows.
-    for j, (o_i, o_d) in results.items():
-        p0, p1 = plan.parts[j]
+    # Each rank patches the rows it finished.
+    for (p0, p1), (o_i, o_d) in results.items():
         mine = torch.nonzero((ids >= p0) & (ids < p1)).flatten()
         if mine.numel():
             o_i[ids[mine] - p0] = idx[mine]
@@ -453,13 +483,13 @@ def _global_of_subset(plan: BlockPlan, parts: list[int], device: torch.device) -
 def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, kc: int, dtype: torch.dtype, stats: ExactStats,
             refined: int, oom_retries: int, seconds: float, device: torch.device) -> DistributedGraphReport:
     """Gather every rank's figures into one report (the same on every rank)."""
-    local = torch.tensor([seconds, comm.stats.wait_seconds, comm.stats.comm_seconds, comm.stats.bytes,
+    local = torch.tensor([seconds, comm.stats.wait_seconds, 0.0, comm.stats.bytes,
                           len(plan.blocks(comm.rank)), stats.rows, stats.fallback_rows, stats.exact_evaluations,
                           stats.complete_rows, oom_retries], dtype=torch.float64, device=device)
     out = torch.empty(comm.world * local.numel(), dtype=torch.float64, device=device)
     comm.wait(comm.all_gather(out, local, "the gather of the run's figures"))
     table = out.view(comm.world, -1).cpu().tolist()
-    per_rank = [{"rank": r, "seconds": row[0], "wait_s": row[1], "comm_s": row[2], "bytes": int(row[3]),
+    per_rank = [{"rank": r, "seconds": row[0], "wait_s": row[1], "bytes": int(row[3]),
                  "blocks": int(row[4]), "rows": int(row[5])} for r, row in enumerate(table)]
     exact = ExactStats(rows=int(sum(r[5] for r in table)), fallback_rows=int(sum(r[6] for r in table)),
                        exact_evaluations=int(sum(r[7] for r in table)), complete_rows=int(sum(r[8] for r in table)))
@@ -468,7 +498,8 @@ def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, kc: int, dtype: torch.dt
         blocks_full=plan.n_parts ** 2, candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""),
         columns_resident=sizes.resident, exact=exact, refined_rows=refined,
         oom_retries=int(sum(r[9] for r in table)), seconds=max(r[0] for r in table), per_rank=per_rank,
-        comm_timed_by=comm.stats.timed_by)
+        comm_ops=list(comm.stats.ops),
+        waits=sorted(comm.stats.waits, key=lambda w: -w[1])[:8])
 
 
 def gather_rows(rows: RankRows, n: int, k: int, comm: Comm, device: torch.device

@@ -74,23 +74,22 @@ class CommStats:
         Collectives issued.
     bytes : int
         Bytes this rank contributed to them.
-    comm_seconds : float
-        Time the collectives took: NCCL's own timing where it is enabled
-        (``TORCH_NCCL_ENABLE_TIMING=1``), otherwise from issue to observed completion (an upper
-        bound that includes waiting for late peers).
     wait_seconds : float
         Time this rank's host thread was blocked waiting for collectives (late peers included).
+    waits : list of (str, float, float)
+        Every wait of a millisecond or more: what, seconds, and when it began (seconds since
+        the Comm was made) — where a rank lost time, for profiles.
+    ops : list of tuple
+        Every collective as (kind, input shape, dtype name, output shape or None, root or
+        None), for :func:`replay`.
     """
 
     collectives: int = 0
     bytes: int = 0
-    comm_seconds: float = 0.0
     wait_seconds: float = 0.0
-    timed_by: str = "host"
+    waits: list = field(default_factory=list)
+    ops: list = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"collectives": self.collectives, "bytes": self.bytes, "comm_seconds": self.comm_seconds,
-                "wait_seconds": self.wait_seconds, "timed_by": self.timed_by}
 
 
 @dataclass
@@ -150,6 +149,7 @@ class Comm:
         base = distributed_c10d._get_default_store()  # the rendezvous store every rank already shares
         self.store = dist.PrefixStore(f"knng/run{next(_RUN_COUNTER)}", base)
         self.stats = CommStats()
+        self._created = time.monotonic()
         self._seq = 0
         self._status = "starting"
         self._seen: dict[str, tuple[int, float]] = {}
@@ -209,8 +209,9 @@ class Comm:
         self._store_call(lambda: self.store.add(f"done/{self.rank}", n), self._status)
 
     # ------------------------------------------------------------------------- collectives
-    def _issue(self, what: str, nbytes: int, start: Callable[[], Any]) -> Pending:
+    def _issue(self, what: str, nbytes: int, start: Callable[[], Any], op: tuple = ()) -> Pending:
         self._seq += 1
+        self.stats.ops.append(op)
         self._store_call(lambda: self.store.add(f"seq/{self.rank}", 1), what)
         self.stats.collectives += 1
         self.stats.bytes += nbytes
@@ -223,19 +224,28 @@ class Comm:
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Pending:
         """``out`` (world · m, …) ← every rank's ``inp`` (m, …), in rank order."""
-        return self._issue(what, inp.numel() * inp.element_size(), lambda: _all_gather_into(out, inp, self.group))
+        return self._issue(what, inp.numel() * inp.element_size(), lambda: _all_gather_into(out, inp, self.group),
+                           ("all_gather", tuple(inp.shape), str(inp.dtype), tuple(out.shape), None))
 
     def gather(self, inp: torch.Tensor, outs: list[torch.Tensor] | None, dst: int, what: str) -> Pending:
         """``outs`` on rank ``dst`` ← every rank's ``inp``."""
         return self._issue(what, inp.numel() * inp.element_size(),
                            lambda: dist.gather(inp, outs if self.rank == dst else None, dst=dst, group=self.group,
-                                               async_op=True))
+                                               async_op=True),
+                           ("gather", tuple(inp.shape), str(inp.dtype), None, dst))
+
+    def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> Pending:
+        """``tensor`` on every rank ← ``tensor`` on rank ``src``, in place."""
+        return self._issue(what, tensor.numel() * tensor.element_size() if self.rank == src else 0,
+                           lambda: dist.broadcast(tensor, src=src, group=self.group, async_op=True),
+                           ("broadcast", tuple(tensor.shape), str(tensor.dtype), None, src))
 
     def all_reduce(self, tensor: torch.Tensor, what: str, op: Any = None) -> Pending:
         """``tensor`` ← the sum (or ``op``) over ranks, in place."""
         op = dist.ReduceOp.SUM if op is None else op
         return self._issue(what, tensor.numel() * tensor.element_size(),
-                           lambda: dist.all_reduce(tensor, op=op, group=self.group, async_op=True))
+                           lambda: dist.all_reduce(tensor, op=op, group=self.group, async_op=True),
+                           ("all_reduce", tuple(tensor.shape), str(tensor.dtype), None, None))
 
     def wait(self, pending: Pending) -> None:
         """Block until ``pending`` completes; raise :class:`DistributedError` if a peer fails."""
@@ -259,30 +269,16 @@ class Comm:
             self._diagnose(pending.what, time.monotonic() - t0)
             raise DistributedError(f"rank {self.rank}: {pending.what} failed: {exc}") from exc
         finally:
-            self.stats.wait_seconds += time.monotonic() - t0
+            waited = time.monotonic() - t0
+            self.stats.wait_seconds += waited
+            if waited >= 1e-3:
+                self.stats.waits.append((pending.what, waited, t0 - self._created))
         pending.done = True
-        self.stats.comm_seconds += self._duration(pending)
-
-    def run(self, pending: Pending) -> None:
-        """Alias of :meth:`wait`, for a collective issued and waited for at once."""
-        self.wait(pending)
 
     def barrier(self, what: str) -> None:
         """Every rank reaches this point (a one-element all-reduce on the group's device)."""
         dev = torch.device("cuda", torch.cuda.current_device()) if _is_nccl(self.group) else torch.device("cpu")
         self.wait(self.all_reduce(torch.zeros(1, device=dev), what))
-
-    def _duration(self, pending: Pending) -> float:
-        getter = getattr(pending.work, "get_duration", None)
-        if getter is not None and os.environ.get("TORCH_NCCL_ENABLE_TIMING") == "1":
-            try:
-                ms = float(getter())
-                if ms >= 0:
-                    self.stats.timed_by = "nccl"
-                    return ms / 1000.0
-            except Exception:  # noqa: BLE001 - timing unavailable for this backend/op
-                pass
-        return time.monotonic() - pending.issued
 
     # -------------------------------------------------------------------- failure detection
     def _store_call(self, fn: Callable[[], Any], what: str) -> Any:
@@ -448,3 +444,46 @@ def _is_nccl(group: Any) -> bool:
         return dist.get_backend(group) == "nccl"
     except Exception:  # noqa: BLE001
         return False
+
+
+def replay(ops: list[tuple], device: torch.device, group: Any = None) -> float:
+    """Seconds the collectives ``ops`` (a :class:`CommStats` record) take alone, one after another.
+
+    Collective: every rank must replay the same record. Each collective is timed between a
+    barrier and its completion on the device, so the sum is the communication time of a run
+    with no computation to overlap and no late peers: what "the share of time spent
+    communicating" is measured with.
+    """
+    rank = dist.get_rank(group)
+    total = 0.0
+    token = torch.zeros(1, device=device)
+    buffers: dict[tuple, torch.Tensor] = {}
+
+    def buffer(shape: tuple, dtype: str) -> torch.Tensor:
+        key = (shape, dtype)
+        if key not in buffers:
+            buffers[key] = torch.zeros(shape, dtype=getattr(torch, dtype.replace("torch.", "")), device=device)
+        return buffers[key]
+
+    for kind, shape, dtype, out_shape, root in ops:
+        inp = buffer(shape, dtype)
+        dist.all_reduce(token, group=group)
+        _sync(device)
+        t0 = time.perf_counter()
+        if kind == "all_gather":
+            _all_gather_into(buffer(out_shape, dtype), inp, group).wait()
+        elif kind == "gather":
+            outs = [torch.empty_like(inp) for _ in range(dist.get_world_size(group))] if rank == root else None
+            dist.gather(inp, outs, dst=root, group=group)
+        elif kind == "broadcast":
+            dist.broadcast(inp, src=root, group=group)
+        else:
+            dist.all_reduce(inp, group=group)
+        _sync(device)
+        total += time.perf_counter() - t0
+    return total
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

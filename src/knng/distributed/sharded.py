@@ -98,7 +98,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
-    local = torch.tensor([seconds, comm.stats.wait_seconds, comm.stats.comm_seconds, stats.rows, stats.fallback_rows,
+    local = torch.tensor([seconds, comm.stats.wait_seconds, 0.0, stats.rows, stats.fallback_rows,
                           stats.exact_evaluations, stats.complete_rows, s1 - s0], dtype=torch.float64, device=device)
     out = torch.empty(world * local.numel(), dtype=torch.float64, device=device)
     comm.wait(comm.all_gather(out, local, "the gather of the run's figures"))
@@ -108,7 +108,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     report = DistributedSearchReport(
         world=world, shard_rows=[int(r[7]) for r in rows], screen_dtype=str(dtype).replace("torch.", ""), exact=exact,
         seconds=max(r[0] for r in rows),
-        per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1], "comm_s": r[2]} for i, r in enumerate(rows)])
+        per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1]} for i, r in enumerate(rows)])
     return out_idx, out_dist, report
 
 
