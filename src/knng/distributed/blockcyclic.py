@@ -237,7 +237,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             col_lists = {j: CandidateLists(plan.parts[j][1] - plan.parts[j][0], kc, dtype, device) for j in owned}
             col_floor = {j: torch.full((plan.parts[j][1] - plan.parts[j][0],), torch.inf, dtype=torch.float64,
                                        device=device) for j in owned}
-            finishing: deque = deque()  # (part, pending gather, buffers) at the owner
+            finishing: deque = deque()  # (part, pending gather, buffers) at the owner, until merged
             sends: deque = deque()  # (pending gather, buffer) kept alive until sent
             streamed: dict[int, Any] = {}
 
@@ -269,28 +269,12 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 oom_retries += retries
                 comm.tick()
 
-            def finish(part: int, pending: Any, bufs: list[torch.Tensor]) -> None:
+            def arrive(part: int, pending: Any, bufs: list[torch.Tensor]) -> None:
+                """Part ``part``'s candidates are complete: merge them, ready for the finish."""
                 comm.status(f"finishing part {part}: merging its candidates")
-                finish_rows(*plan.parts[part], *merged(part, pending, bufs))
+                ready[part] = merged(part, pending, bufs)
 
-            def finish_last(part: int, last: tuple[Any, list[torch.Tensor]] | None) -> None:
-                """The last part is finished by every rank, a slice each: nothing else is left to do,
-                and its owner alone would keep the others waiting for the whole of it."""
-                p0, p1 = plan.parts[part]
-                owner = plan.owner(part)
-                pack = torch.empty((p1 - p0, 2 * kc + 1), dtype=torch.float64, device=device)
-                if rank == owner:
-                    comm.status(f"finishing part {part}: merging its candidates")
-                    vals, idx, floor = merged(part, *last)
-                    pack[:, :kc], pack[:, kc:2 * kc], pack[:, 2 * kc] = vals, idx, floor
-                comm.wait(comm.broadcast(pack, owner, f"the broadcast of part {part}'s candidates by rank {owner}"))
-                size = -(-(p1 - p0) // world)
-                a, b = min(p1 - p0, rank * size), min(p1 - p0, (rank + 1) * size)
-                if b > a:
-                    finish_rows(p0 + a, p0 + b, pack[a:b, :kc].to(dtype).contiguous(),
-                                pack[a:b, kc:2 * kc].to(torch.int64), pack[a:b, 2 * kc].contiguous())
-
-            last: tuple[Any, list[torch.Tensor]] | None = None
+            ready: dict[int, tuple[torch.Tensor, ...]] = {}
             for i in range(P):
                 i0, i1 = plan.parts[i]
                 comm.status(f"waiting for the all-gather of part {i}")
@@ -345,22 +329,43 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 what = f"the gather of part {i}'s row candidates to rank {owner}"
                 if rank == owner:
                     bufs = [torch.empty_like(pack) for _ in range(world)]
-                    if i == P - 1:
-                        last = (comm.gather(pack, bufs, owner, what), bufs)
-                    else:
-                        finishing.append((i, comm.gather(pack, bufs, owner, what), bufs))
+                    finishing.append((i, comm.gather(pack, bufs, owner, what), bufs))
                 else:
                     sends.append((comm.gather(pack, None, owner, what), pack))
-                # Finish every owned part whose candidates have all arrived (without waiting).
+                # Merge every owned part whose candidates have all arrived (without waiting).
                 while finishing and finishing[0][1].work.is_completed():
-                    finish(*finishing.popleft())
+                    arrive(*finishing.popleft())
                 while sends and sends[0][0].work.is_completed():
                     comm.wait(sends.popleft()[0])
             while finishing:
-                finish(*finishing.popleft())
-            finish_last(P - 1, last)
+                arrive(*finishing.popleft())
             while sends:
                 comm.wait(sends.popleft()[0])
+            # The exact finish, shared: every part is cut into one slice per rank, so every rank
+            # finishes n / R rows and none waits for an owner that finishes whole parts alone
+            # (the parts whose blocks come last would otherwise all be finished at the end).
+            slices = []
+            for part in range(P):
+                p0, p1 = plan.parts[part]
+                owner = plan.owner(part)
+                s_rows = -(-(p1 - p0) // world)
+                mine = torch.empty((s_rows, 2 * kc + 1), dtype=torch.float64, device=device)
+                chunks = None
+                if rank == owner:
+                    vals, idx, floor = ready.pop(part)
+                    full = torch.zeros((world * s_rows, 2 * kc + 1), dtype=torch.float64, device=device)
+                    full[:p1 - p0, :kc], full[:p1 - p0, kc:2 * kc], full[:p1 - p0, 2 * kc] = vals, idx, floor
+                    chunks = list(full.split(s_rows))
+                what = f"the scatter of part {part}'s candidates by rank {owner}"
+                slices.append((part, s_rows, mine, chunks, comm.scatter(mine, chunks, owner, what)))
+            for part, s_rows, mine, _chunks, pending in slices:
+                comm.wait(pending)
+                p0, p1 = plan.parts[part]
+                a, b = min(p1 - p0, rank * s_rows), min(p1 - p0, (rank + 1) * s_rows)
+                if b > a:
+                    finish_rows(p0 + a, p0 + b, mine[:b - a, :kc].to(dtype).contiguous(),
+                                mine[:b - a, kc:2 * kc].to(torch.int64), mine[:b - a, 2 * kc].contiguous())
+            del slices
             refined = _refine(refiner, results, plan, data, k, metric, device, select, budget, comm, include_self,
                               stats)
     finally:

@@ -234,6 +234,13 @@ class Comm:
                                                async_op=True),
                            ("gather", tuple(inp.shape), str(inp.dtype), None, dst))
 
+    def scatter(self, out: torch.Tensor, chunks: list[torch.Tensor] | None, src: int, what: str) -> Pending:
+        """``out`` on rank r ← ``chunks[r]`` of rank ``src``."""
+        return self._issue(what, sum(c.numel() * c.element_size() for c in chunks) if chunks else 0,
+                           lambda: dist.scatter(out, chunks if self.rank == src else None, src=src, group=self.group,
+                                                async_op=True),
+                           ("scatter", tuple(out.shape), str(out.dtype), None, src))
+
     def broadcast(self, tensor: torch.Tensor, src: int, what: str) -> Pending:
         """``tensor`` on every rank ← ``tensor`` on rank ``src``, in place."""
         return self._issue(what, tensor.numel() * tensor.element_size() if self.rank == src else 0,
@@ -475,6 +482,9 @@ def replay(ops: list[tuple], device: torch.device, group: Any = None) -> float:
         elif kind == "gather":
             outs = [torch.empty_like(inp) for _ in range(dist.get_world_size(group))] if rank == root else None
             dist.gather(inp, outs, dst=root, group=group)
+        elif kind == "scatter":
+            chunks = [torch.empty_like(inp) for _ in range(dist.get_world_size(group))] if rank == root else None
+            dist.scatter(inp, chunks, src=root, group=group)
         elif kind == "broadcast":
             dist.broadcast(inp, src=root, group=group)
         else:
