@@ -78,6 +78,9 @@ CASES: dict[str, dict[str, Any]] = {
     "search-ip": {"kind": "search", "k": 5, "metric": "inner_product"},
     "search-all": {"kind": "search", "k": 1201, "metric": "sqeuclidean"},
     "search-memmap": {"kind": "search", "k": 9, "metric": "euclidean", "input": "memmap"},
+    "search-root-queries": {"kind": "search", "k": 4, "metric": "cosine", "root_queries": True},
+    "graph-api-flag": {**_graph_case("offset", 3, "euclidean"), "api": True},
+    "search-api-flag": {"kind": "search", "k": 3, "metric": "euclidean", "api": True},
     "files": {**_graph_case("offset", 5), "kind": "files"},
     "nan": {"kind": "nan"},
     "mismatch": {"kind": "mismatch"},
@@ -113,7 +116,12 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
             report = kd.graph_to_files(data, case["k"], tmp / "files-out", metric=case["metric"], device=DEVICE[0],
                                        metadata={"case": name})
             return {"report": report.world}
-        g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
+        if case.get("api"):  # the same through knng.graph(..., distributed=True)
+            import knng
+
+            g = knng.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], distributed=True, **case["kw"])
+        else:
+            g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
         return {"indices": g.indices, "distances": g.distances, "parts": report.parts,
                 "refined": report.refined_rows, "fallback": report.exact.fallback_rows,
@@ -121,7 +129,14 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
     if kind == "search":
         queries, corpus = make_data("search", seed)
         corpus = _as_input(corpus, case.get("input"), tmp, f"{name}-r{rank}")
-        r = kd.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0])
+        if case.get("root_queries") and rank != 0:
+            queries = None  # rank 0 sends them
+        if case.get("api"):
+            import knng
+
+            r = knng.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0], distributed=True)
+        else:
+            r = kd.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0])
         return {"indices": r.indices, "distances": r.distances}
     if kind == "nan":
         x = make_data("normal", seed).copy()

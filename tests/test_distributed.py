@@ -205,3 +205,12 @@ def test_rows_subset_reads_only_its_rows(tmp_path, rng):
     np.testing.assert_array_equal(sub.take(torch.tensor([[14, 0], [4, 5]])).numpy(), expect[[[14, 0], [4, 5]]])
     dense = rows_subset(as_input(x, "data"), ranges)
     np.testing.assert_array_equal(dense.tensor.numpy(), expect)
+
+
+def test_distributed_without_a_process_group_says_how_to_start(rng):
+    x = rng.standard_normal((50, 3))
+    for call in (lambda: knng.graph(x, 3, distributed=True), lambda: knng.search(x, x, 3, distributed=True)):
+        with pytest.raises(RuntimeError, match="torchrun"):
+            call()
+    with pytest.raises(TypeError, match="distributed must be True or False"):
+        knng.graph(x, 3, distributed="yes")

@@ -45,6 +45,12 @@ def _check_select(select: Any) -> str:
     return select
 
 
+def _check_distributed(distributed: Any) -> bool:
+    if not isinstance(distributed, bool):
+        raise TypeError(f"distributed must be True or False, got {distributed!r}")
+    return distributed
+
+
 def _wrap(like: InputArray, indices: torch.Tensor, distances: torch.Tensor) -> tuple[Any, Any]:
     """Return results in the kind the user handed in (NumPy → NumPy, torch → torch, same device)."""
     distances = distances.to(torch.float32)
@@ -63,6 +69,7 @@ def search(
     select: str = "auto",
     memory_budget: int | str | None = None,
     progress: bool = False,
+    distributed: bool = False,
 ) -> Neighbors:
     """Exact k nearest neighbours in ``corpus`` of every vector in ``queries``.
 
@@ -89,6 +96,11 @@ def search(
         GPU memory, or of available RAM on a CPU.
     progress : bool
         Show a progress bar on standard error.
+    distributed : bool
+        Compute with every rank of the initialised ``torch.distributed`` process group (one
+        process per GPU, started by ``torchrun`` or ``knng --gpus``): the corpus is sharded
+        across ranks, every rank must make this call, and every rank gets the whole result.
+        See :func:`knng.distributed.search` for the options of that mode.
 
     Returns
     -------
@@ -103,6 +115,11 @@ def search(
         For bad input (NaN/Inf, k out of range, mismatched dimensions, empty arrays,
         unsupported dtypes); the message names the argument.
     """
+    if _check_distributed(distributed):
+        from knng import distributed as _distributed
+
+        return _distributed.search(queries, corpus, k, metric=metric, device=device, select=select,
+                                   memory_budget=memory_budget, progress=progress)
     m = get_metric(metric)
     q = as_input(queries, "queries")
     c = as_input(corpus, "corpus")
@@ -128,6 +145,7 @@ def graph(
     select: str = "auto",
     memory_budget: int | str | None = None,
     progress: bool = False,
+    distributed: bool = False,
 ) -> Graph:
     """Exact k-nearest-neighbour graph of ``data``.
 
@@ -146,12 +164,22 @@ def graph(
         As in :func:`search`.
     include_self : bool
         Count each point among its own neighbours.
+    distributed : bool
+        Compute with every rank of the initialised ``torch.distributed`` process group, in the
+        block-cyclic scheme of ``docs/DISTRIBUTED.md``: each rank reads only the parts of
+        ``data`` it needs, every rank must make this call, and every rank gets the whole graph,
+        identical to the one-device result. See :func:`knng.distributed.graph`.
 
     Returns
     -------
     Graph
         ``indices`` and ``distances`` (n, k) with ``to_scipy()``, ``symmetrize()``, ``save()``.
     """
+    if _check_distributed(distributed):
+        from knng import distributed as _distributed
+
+        return _distributed.graph(data, k, metric=metric, include_self=include_self, device=device, select=select,
+                                  memory_budget=memory_budget, progress=progress)
     m = get_metric(metric)
     x = as_input(data, "data")
     if not isinstance(include_self, bool):

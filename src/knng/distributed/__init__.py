@@ -76,6 +76,14 @@ def init(device: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> bool:
     return True
 
 
+def _require_group() -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "distributed=True needs an initialised torch.distributed process group: start the processes with "
+            "`torchrun --nproc-per-node N script.py` (or srun) and call knng.distributed.init() first, or use "
+            "`knng graph ... --gpus N` on the command line")
+
+
 def _device(device: Any, group: Any) -> torch.device:
     from knng.engine.common import resolve_device
 
@@ -114,6 +122,7 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
     from knng.distributed.blockcyclic import distributed_graph
     from knng.engine.plan import resolve_budget
 
+    _require_group()
     m, x, k, select = _validate_graph(data, k, metric, include_self, select)
     dev = _device(device, group)
     budget = resolve_budget(memory_budget, dev)
@@ -215,20 +224,26 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
 
     The corpus is split into one contiguous shard per rank (each rank reads only its shard),
     every query is searched in every shard, and the shards' lists are merged. Every rank must
-    pass the same queries and corpus; the whole result is returned on every rank, identical to
-    :func:`knng.search` on one device. Other parameters as in :func:`graph`.
+    pass the same corpus; ``queries`` may be given on rank 0 only (``None`` elsewhere: rank 0
+    sends them to all) or the same on every rank. The whole result is returned on every rank,
+    identical to :func:`knng.search` on one device (NumPy on ranks that passed ``None``). Other
+    parameters as in :func:`graph`.
     """
     from knng.api import _LAST_REPORT, _check_k, _check_select, _wrap
     from knng._inputs import as_input
-    from knng.distributed.sharded import distributed_search
+    from knng.distributed.sharded import distributed_search, share_queries
     from knng.engine.plan import resolve_budget
     from knng.metrics import get_metric
     from knng.results import Neighbors
 
+    _require_group()
     m = get_metric(metric)
-    q = as_input(queries, "queries")
+    rank = dist.get_rank(group)
+    if queries is None and rank == 0:
+        raise TypeError("queries must be an array of shape (n, d) on rank 0 (other ranks may pass None)")
+    q = None if queries is None else as_input(queries, "queries")
     c = as_input(corpus, "corpus")
-    if q.d != c.d:
+    if q is not None and q.d != c.d:
         raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
     k = _check_k(k, c.n, "the corpus size")
     select = _check_select(select)
@@ -236,6 +251,7 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     budget = resolve_budget(memory_budget, dev)
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng search",
               progress=progress) as comm:
+        q = share_queries(q, comm, dev)
         idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm)
     _LAST_REPORT["report"] = report
     out_idx, out_dist = _wrap(q, idx, dist_)

@@ -26,7 +26,7 @@ from knng.engine.plan import candidate_count, plan_tiles
 from knng.engine.search import exact_search
 from knng.metrics import METRICS, Metric
 
-__all__ = ["DistributedSearchReport", "distributed_search"]
+__all__ = ["DistributedSearchReport", "distributed_search", "share_queries"]
 
 #: Queries screened and merged per round (bounds the all-gathered lists: world · chunk · k).
 QUERY_CHUNK = 1 << 16
@@ -110,6 +110,29 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
         seconds=max(r[0] for r in rows),
         per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1]} for i, r in enumerate(rows)])
     return out_idx, out_dist, report
+
+
+def share_queries(queries: InputArray | None, comm: Comm, device: torch.device) -> InputArray:
+    """Rank 0's queries on every rank that passed none (the others keep their own)."""
+    from knng._inputs import SUPPORTED_DTYPES
+
+    codes = list(SUPPORTED_DTYPES)
+    have = queries is not None
+    table = agree(comm, device, {"have": int(have), "nq": queries.n if have else -1, "d": queries.d if have else -1,
+                                 "dtype": codes.index(queries.dtype) if have else -1})
+    if all(table["have"]):
+        return queries
+    nq, d, dtype = table["nq"][0], table["d"][0], codes[table["dtype"][0]]
+    comm.status(f"receiving {nq} queries from rank 0")
+    # float64 holds every supported dtype exactly, and every backend can send it.
+    buf = torch.empty((nq, d), dtype=torch.float64, device=device)
+    if comm.rank == 0:
+        buf.copy_(queries.rows(0, nq).to(device, torch.float64))
+    comm.wait(comm.broadcast(buf, 0, "the broadcast of the queries by rank 0"))
+    if have:
+        return queries
+    tensor = buf.to(dtype)
+    return InputArray("queries", "numpy", (nq, d), dtype, device, tensor=tensor)
 
 
 def _common_centre(corpus: InputArray, shard: InputArray, metric: Metric, comm: Comm,
