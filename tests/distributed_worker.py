@@ -42,6 +42,8 @@ def make_data(name: str, seed: int, tmp: Path | None = None) -> Any:
         return rng.integers(0, 3, size=(300, 3)).astype(np.int8)
     if name == "identical":
         return np.tile(rng.standard_normal((1, 7)), (50, 1)).astype(np.float32)
+    if name == "wide":
+        return rng.normal(3.0, 1.0, (400, 64)).astype(np.float32)
     if name == "small":
         return rng.standard_normal((5, 3))
     if name == "search":
@@ -70,6 +72,9 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-identical": _graph_case("identical", 49, "cosine"),
     "graph-small": _graph_case("small", 4, "euclidean"),
     "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),
+    # Budgets that keep the owned columns as read (prepared per block), or not at all.
+    "graph-columns-raw": _graph_case("wide", 5, "euclidean", memory_budget="200KB"),
+    "graph-columns-read": _graph_case("wide", 5, "cosine", memory_budget="90KB"),
     "graph-memmap": {**_graph_case("offset", 7), "input": "memmap"},
     "graph-h5py": {**_graph_case("normal", 6, "cosine"), "input": "h5py"},
     "search-k1": {"kind": "search", "k": 1, "metric": "euclidean"},
@@ -123,7 +128,7 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
         else:
             g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
-        return {"indices": g.indices, "distances": g.distances, "parts": report.parts,
+        return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "columns": report.columns,
                 "refined": report.refined_rows, "fallback": report.exact.fallback_rows,
                 "per_rank_blocks": [r["blocks"] for r in report.per_rank]}
     if kind == "search":

@@ -103,6 +103,16 @@ def test_balanced_blocks_and_refine_exercised(battery, world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_column_tiers_exercised(battery, world):
+    """Small budgets keep the owned column parts as read, or read them again per block; the
+    results (checked in test_identical_to_one_process) must not change."""
+    _, ranks, _ = battery[world]
+    assert ranks[0]["graph-offset-k10"]["columns"] == "prepared on the device"
+    assert ranks[0]["graph-columns-raw"]["columns"] == "raw on the device", ranks[0]["graph-columns-raw"]["columns"]
+    assert ranks[0]["graph-columns-read"]["columns"] == "read per block", ranks[0]["graph-columns-read"]["columns"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_files_written_by_every_rank(battery, world):
     seed, ranks, folder = battery[world]
     assert all("error" not in r["files"] for r in ranks), [r["files"] for r in ranks]

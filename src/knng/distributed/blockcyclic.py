@@ -74,7 +74,7 @@ class DistributedGraphReport:
     blocks_full: int
     candidates_per_row: int
     screen_dtype: str
-    columns_resident: bool
+    columns: str  # where the owned column parts are kept: see COLUMN_TIERS
     exact: ExactStats
     refined_rows: int
     oom_retries: int
@@ -114,25 +114,56 @@ def check_agreement(table: dict[str, list[int]], describe: dict[str, str]) -> No
             raise ValueError(f"every rank must be given the same {what}; got {listing}")
 
 
+#: Where a rank keeps the column parts it owns, best first: prepared on the device; as read
+#: (the input's dtype, half the bytes of a float64 screen's layout) on the device, prepared per
+#: block; as read in (pinned) host memory, copied and prepared per block; or not at all, read
+#: again from the input for every block (prefetched while the previous block runs).
+COLUMN_TIERS = ("prepared on the device", "raw on the device", "raw in host memory", "read per block")
+#: Share of available host memory the raw column parts of all of a host's ranks may take.
+HOST_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class _Sizes:
     plan: BlockPlan
     sub_rows: int
-    resident: bool
+    columns: str
+
+
+def _host_budget(world: int) -> int:
+    """Bytes of host memory one rank may use for raw column parts."""
+    import os
+
+    from knng.engine.plan import _available_ram
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", min(world, max(1, torch.cuda.device_count()))))
+    return int(_available_ram() * HOST_SHARE / max(1, local))
 
 
 def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtype: torch.dtype,
-          device: torch.device, part_size: int | None) -> _Sizes:
-    """Part size, screen tile height and column residency from one rank's memory budget."""
+          device: torch.device, part_size: int | None, input_itemsize: int = 4,
+          host_budget: int | None = None) -> _Sizes:
+    """Part size, screen tile height and where the owned columns live, from one rank's budgets."""
     e = dtype.itemsize
     vec = metric.width(d) * e
     owned_rows = -(-n // world)
     fixed = n * 16 + owned_rows * kc * (e + 8) * 4  # every norm and term; the owned column lists
-    resident = owned_rows * vec <= budget // 3
-    remaining = max(budget - fixed - (owned_rows * vec if resident else 0), budget // 8)
+    raw = owned_rows * d * input_itemsize
+    if owned_rows * vec <= budget // 3:
+        columns, on_device = COLUMN_TIERS[0], owned_rows * vec
+    elif raw <= budget // 3:
+        columns, on_device = COLUMN_TIERS[1], raw
+    elif device.type == "cuda" and raw <= (_host_budget(world) if host_budget is None else host_budget):
+        columns, on_device = COLUMN_TIERS[2], 0
+    else:
+        columns, on_device = COLUMN_TIERS[3], 0
+    remaining = max(budget - fixed - on_device, budget // 8)
     # Per row of a part: the A_I buffers in flight, the row lists, the gathered lists at the
-    # owner (twice: one gather may wait while the next arrives) and a streamed column part.
-    per_row = (LOOKAHEAD + 2) * vec + kc * (e + 8) * 4 + world * (2 * kc + 1) * 8 * 2 + (0 if resident else 2 * vec)
+    # owner (twice: one gather may wait while the next arrives) and a column part prepared for
+    # its block (two when they are read from the input, one being prefetched).
+    extra = {COLUMN_TIERS[0]: 0, COLUMN_TIERS[1]: vec, COLUMN_TIERS[2]: vec + d * input_itemsize,
+             COLUMN_TIERS[3]: 2 * vec}[columns]
+    per_row = (LOOKAHEAD + 2) * vec + kc * (e + 8) * 4 + world * (2 * kc + 1) * 8 * 2 + extra
     on = "cuda" if device.type == "cuda" else "cpu"
     max_part = max(MIN_TILE, min(MAX_PART[on], remaining // 2 // per_row))
     plan = BlockPlan(n=n, world=world, part_size=part_size) if part_size else BlockPlan.build(n, world, max_part)
@@ -144,7 +175,7 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
     room = max(remaining - b * per_row, remaining // 4)
     sub = int(min(b, MAX_SUB_ROWS[on], max(MIN_TILE, room // max(1, b * block_bytes))))
     sub = -(-b // -(-b // sub))
-    return _Sizes(plan=plan, sub_rows=sub, resident=resident)
+    return _Sizes(plan=plan, sub_rows=sub, columns=columns)
 
 
 class _DeferredRefiner:
@@ -186,7 +217,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     budget = min(table["budget"])
     dtype = torch.float64 if min(table["dtype"]) == 8 else torch.float32
     kc = candidate_count(k, available, dtype)
-    sizes = _plan(n, d, kc, world, budget, metric, dtype, device, part_size)
+    sizes = _plan(n, d, kc, world, budget, metric, dtype, device, part_size,
+                  input_itemsize=torch.empty(0, dtype=data.dtype).element_size())
     plan = sizes.plan
     owned = plan.owned(rank)
     steps = sum(-(-(plan.parts[i][1] - plan.parts[i][0]) // sizes.sub_rows)
@@ -197,8 +229,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     oom_retries = 0
     try:
         with full_precision():
-            centre, norms, terms, resident = _prepare_owned(data, metric, plan, owned, comm, device, dtype,
-                                                            sizes.resident)
+            centre, norms, terms, kept = _prepare_owned(data, metric, plan, owned, comm, device, dtype,
+                                                        sizes.columns)
             pdata = PreparedCorpus.from_norms(data, metric, centre, device, norms, terms, symmetric=True,
                                               dtype=dtype)
             refiner = _DeferredRefiner(k, device)
@@ -242,8 +274,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             streamed: dict[int, Any] = {}
 
             def column(j: int) -> torch.Tensor:
-                if j in resident:
-                    return resident[j]
+                if sizes.columns == COLUMN_TIERS[0]:
+                    return kept[j]
+                if j in kept:
+                    return prepare_rows(*plan.parts[j], kept[j])
                 fut = streamed.pop(j, None)
                 raw = fut.result() if fut is not None else data.rows(*plan.parts[j])
                 return prepare_rows(*plan.parts[j], raw)
@@ -291,7 +325,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 for pos, j in enumerate(todo):
                     j0, j1 = plan.parts[j]
                     cols = column(j)
-                    if pos + 1 < len(todo) and todo[pos + 1] not in resident:
+                    if pos + 1 < len(todo) and todo[pos + 1] not in kept:
                         nxt = todo[pos + 1]
                         streamed[nxt] = reader.submit(data.rows, *plan.parts[nxt])
                     sub = sizes.sub_rows
@@ -380,7 +414,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
 
 
 def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: list[int], comm: Comm,
-                   device: torch.device, dtype: torch.dtype, keep: bool
+                   device: torch.device, dtype: torch.dtype, columns: str
                    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]]:
     """Finite check and centre over the owned parts, then their prepared form and every norm."""
     n, d = data.n, data.d
@@ -410,22 +444,26 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
         centre = sums / n
     norms = torch.zeros(n, dtype=torch.float64, device=device)
     terms = torch.zeros(n, dtype=torch.float64, device=device) if metric.uses_terms else None
-    resident: dict[int, torch.Tensor] = {}
+    kept: dict[int, torch.Tensor] = {}
     for j in owned:
         p0, p1 = plan.parts[j]
         comm.status(f"preparing part {j} (rows {p0}–{p1})")
-        prep = metric.prepare(data.rows(p0, p1).to(device, non_blocking=True), centre, side="corpus",
-                              symmetric=True, dtype=dtype)
+        raw = data.rows(p0, p1)
+        prep = metric.prepare(raw.to(device, non_blocking=True), centre, side="corpus", symmetric=True, dtype=dtype)
         norms[p0:p1] = prep.norms
         if terms is not None:
             terms[p0:p1] = prep.terms
-        if keep:
-            resident[j] = prep.vectors
+        if columns == COLUMN_TIERS[0]:
+            kept[j] = prep.vectors
+        elif columns == COLUMN_TIERS[1]:
+            kept[j] = raw.to(device)  # a view where the input already lives there (never written)
+        elif columns == COLUMN_TIERS[2]:
+            kept[j] = raw.to("cpu", copy=True).pin_memory() if torch.cuda.is_available() else raw.to("cpu", copy=True)
     both = norms if terms is None else torch.stack([norms, terms])
     comm.wait(comm.all_reduce(both, "the exchange of norms"))
     if terms is None:
-        return centre, both, None, resident
-    return centre, both[0].contiguous(), both[1].contiguous(), resident
+        return centre, both, None, kept
+    return centre, both[0].contiguous(), both[1].contiguous(), kept
 
 
 def _refine(refiner: _DeferredRefiner, results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]], plan: BlockPlan,
@@ -501,7 +539,7 @@ def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, kc: int, dtype: torch.dt
     return DistributedGraphReport(
         world=comm.world, part_size=plan.part_size, parts=plan.n_parts, blocks_computed=plan.total_blocks(),
         blocks_full=plan.n_parts ** 2, candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""),
-        columns_resident=sizes.resident, exact=exact, refined_rows=refined,
+        columns=sizes.columns, exact=exact, refined_rows=refined,
         oom_retries=int(sum(r[9] for r in table)), seconds=max(r[0] for r in table), per_rank=per_rank,
         comm_ops=list(comm.stats.ops),
         waits=sorted(comm.stats.waits, key=lambda w: -w[1])[:8])
