@@ -82,7 +82,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
         try:
             x = make_data(n, d, args.seed, device)
             times, report = [], None
-            for rep in range(args.repeats + 1):
+            for _ in range(args.repeats + 1):
                 dist.barrier()
                 sync(device)
                 t0 = time.perf_counter()
@@ -109,7 +109,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
             del g
             if world == 1 and not args.no_baseline:
                 base = []
-                for rep in range(args.repeats + 1):
+                for _ in range(args.repeats + 1):
                     sync(device)
                     t0 = time.perf_counter()
                     ref = knng.graph(x, k, device=device)

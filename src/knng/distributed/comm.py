@@ -99,10 +99,8 @@ class Pending:
     work: Any
     what: str
     seq: int
-    issued: float
     nbytes: int
     done: bool = False
-    result: Any = field(default=None, repr=False)
 
 
 def _all_gather_into(out: torch.Tensor, inp: torch.Tensor, group: Any) -> Any:
@@ -220,7 +218,7 @@ class Comm:
         except Exception as exc:  # noqa: BLE001 - a broken group: say what we were doing
             self._diagnose(what, 0.0)
             raise DistributedError(f"rank {self.rank}: {what} failed: {exc}", self.rank) from exc
-        return Pending(work, what, self._seq, time.monotonic(), nbytes)
+        return Pending(work, what, self._seq, nbytes)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Pending:
         """``out`` (world · m, …) ← every rank's ``inp`` (m, …), in rank order."""
@@ -323,15 +321,15 @@ class Comm:
         for r in range(self.world):
             if r == self.rank:
                 continue
-            beats = self._store_call(lambda: store.add(f"hb/{r}", 0), f"waiting for {pending.what}")
+            beats = self._store_call(lambda r=r: store.add(f"hb/{r}", 0), f"waiting for {pending.what}")
             silent = self._changed(f"hb/{r}", beats, now)
             if silent > self.heartbeat_timeout:
                 raise DistributedError(
                     f"rank {r} stopped responding (no heartbeat for {silent:.0f} s; it has probably died) "
                     f"while {self._peer_status(r)}; rank {self.rank} was waiting for {pending.what}", r)
-            progress = self._store_call(lambda: store.add(f"done/{r}", 0), "waiting")
+            progress = self._store_call(lambda r=r: store.add(f"done/{r}", 0), "waiting")
             still = self._changed(f"done/{r}", progress, now)
-            seq = self._store_call(lambda: store.add(f"seq/{r}", 0), "waiting")
+            seq = self._store_call(lambda r=r: store.add(f"seq/{r}", 0), "waiting")
             if seq < pending.seq:
                 laggards.append((r, still))
         if waited > self.timeout:
