@@ -7,6 +7,7 @@ memory budget, runs the single-device engine and wraps the result in the user's 
 from __future__ import annotations
 
 import numbers
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from knng.metrics import get_metric
 from knng.results import Graph, Neighbors
 from knng.select import available as available_selects
 
-__all__ = ["search", "graph", "last_report"]
+__all__ = ["search", "graph", "last_report", "report_as_dict"]
 
 _LAST_REPORT: dict[str, SearchReport | GraphReport | None] = {"report": None}
 
@@ -28,6 +29,29 @@ _LAST_REPORT: dict[str, SearchReport | GraphReport | None] = {"report": None}
 def last_report() -> SearchReport | GraphReport | None:
     """The engine's report on the most recent call in this process (plan, fall-backs, saving)."""
     return _LAST_REPORT["report"]
+
+
+def report_as_dict(report: Any) -> dict[str, Any]:
+    """A report of :func:`last_report` as plain JSON values (what ``knng.json`` records)."""
+    if report is None:
+        return {}
+    out: dict[str, Any] = {
+        "rows": report.exact.rows,
+        "fallback_rows": report.exact.fallback_rows,
+        "exact_evaluations": report.exact.exact_evaluations,
+    }
+    if hasattr(report, "plan"):
+        out["plan"] = asdict(report.plan)
+    if hasattr(report, "per_rank"):
+        out["per_rank"] = report.per_rank
+    # Every other scalar field of the report (candidates_per_row, oom_retries, screen_dtype,
+    # the graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
+    for name, value in vars(report).items():
+        if name not in ("exact", "plan") and isinstance(value, (bool, int, float, str)):
+            out[name] = value
+    if hasattr(report, "pairs_saving"):
+        out["pairs_saving"] = report.pairs_saving
+    return out
 
 
 def _check_k(k: Any, limit: int, what: str) -> int:
@@ -43,6 +67,19 @@ def _check_select(select: Any) -> str:
     if not isinstance(select, str) or select not in available_selects():
         raise ValueError(f"select must be one of {available_selects()}, got {select!r}")
     return select
+
+
+def _graph_arguments(data: Any, k: Any, metric: str, include_self: Any, select: Any):
+    """Validate a graph call's arguments (shared with ``knng.distributed.graph``)."""
+    m = get_metric(metric)
+    x = as_input(data, "data")
+    if not isinstance(include_self, bool):
+        raise TypeError(f"include_self must be True or False, got {include_self!r}")
+    limit = x.n if include_self else x.n - 1
+    if limit < 1:
+        raise ValueError(f"data has {x.n} point(s): a graph without self-loops needs at least 2")
+    k = _check_k(k, limit, "n with include_self" if include_self else "n − 1 without self")
+    return m, x, k, _check_select(select)
 
 
 def _check_distributed(distributed: Any) -> bool:
@@ -180,15 +217,7 @@ def graph(
 
         return _distributed.graph(data, k, metric=metric, include_self=include_self, device=device, select=select,
                                   memory_budget=memory_budget, progress=progress)
-    m = get_metric(metric)
-    x = as_input(data, "data")
-    if not isinstance(include_self, bool):
-        raise TypeError(f"include_self must be True or False, got {include_self!r}")
-    limit = x.n if include_self else x.n - 1
-    if limit < 1:
-        raise ValueError(f"data has {x.n} point(s): a graph without self-loops needs at least 2")
-    k = _check_k(k, limit, "n with include_self" if include_self else "n − 1 without self")
-    select = _check_select(select)
+    m, x, k, select = _graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
     idx, dist, report = exact_graph(x, k, m, dev, select, budget, include_self=include_self, progress=progress)

@@ -15,7 +15,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -480,26 +480,9 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 def _report_dict(report: Any) -> dict[str, Any]:
-    """The engine's report as plain JSON values."""
-    if report is None:
-        return {}
-    out: dict[str, Any] = {
-        "rows": report.exact.rows,
-        "fallback_rows": report.exact.fallback_rows,
-        "exact_evaluations": report.exact.exact_evaluations,
-    }
-    if hasattr(report, "plan"):
-        out["plan"] = asdict(report.plan)
-    if hasattr(report, "per_rank"):
-        out["per_rank"] = report.per_rank
-    # Every other scalar field of the report (candidates_per_row, oom_retries, screen_dtype,
-    # the graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
-    for name, value in vars(report).items():
-        if name not in ("exact", "plan") and isinstance(value, (bool, int, float, str)):
-            out[name] = value
-    if hasattr(report, "pairs_saving"):
-        out["pairs_saving"] = report.pairs_saving
-    return out
+    from knng.api import report_as_dict
+
+    return report_as_dict(report)
 
 
 def _metadata(command: str, argv: Sequence[str], inputs: dict[str, _Input], **fields: Any) -> dict[str, Any]:

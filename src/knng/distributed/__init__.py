@@ -100,22 +100,6 @@ def _device(device: Any, group: Any) -> torch.device:
     return dev
 
 
-def _validate_graph(data: Any, k: Any, metric: str, include_self: Any, select: str):
-    from knng.api import _check_k, _check_select
-    from knng._inputs import as_input
-    from knng.metrics import get_metric
-
-    m = get_metric(metric)
-    x = as_input(data, "data")
-    if not isinstance(include_self, bool):
-        raise TypeError(f"include_self must be True or False, got {include_self!r}")
-    limit = x.n if include_self else x.n - 1
-    if limit < 1:
-        raise ValueError(f"data has {x.n} point(s): a graph without self-loops needs at least 2")
-    k = _check_k(k, limit, "n with include_self" if include_self else "n − 1 without self")
-    return m, x, k, _check_select(select)
-
-
 def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, select: str, memory_budget: Any,
                progress: bool, timeout: float, heartbeat_timeout: float, group: Any, consume):
     from knng.api import _LAST_REPORT
@@ -123,7 +107,9 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
     from knng.engine.plan import resolve_budget
 
     _require_group()
-    m, x, k, select = _validate_graph(data, k, metric, include_self, select)
+    from knng.api import _graph_arguments
+
+    m, x, k, select = _graph_arguments(data, k, metric, include_self, select)
     dev = _device(device, group)
     budget = resolve_budget(memory_budget, dev)
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng graph",
@@ -196,25 +182,18 @@ def graph_to_files(data: Any, k: int, out: str | os.PathLike[str], *, metric: st
     into place (with ``knng.json`` from ``metadata``) only when every rank has written its rows;
     a failed run leaves the folder as it was. Returns the run's report (the same on every rank).
     """
+    from knng.api import report_as_dict
     from knng.distributed.output import write_rows
 
     def consume(comm, rows, report, x, k, m, dev):
         meta = dict(metadata or {})
-        meta.setdefault("report", _report_dict(report))
+        meta.setdefault("report", report_as_dict(report))
         meta.setdefault("timings_s", {"graph": report.seconds})
         write_rows(rows, x.n, k, comm, Path(out), meta, overwrite)
         return report
 
     return _run_graph(data, k, metric, include_self, device, select, memory_budget, progress, timeout,
                       heartbeat_timeout, group, consume)
-
-
-def _report_dict(report: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    out = asdict(report)
-    out["pairs_saving"] = report.pairs_saving
-    return out
 
 
 def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", device: Any = "auto",
