@@ -73,7 +73,7 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-small": _graph_case("small", 4, "euclidean"),
     "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),
     # Budgets that keep the owned columns as read (prepared per block), or not at all.
-    "graph-columns-raw": _graph_case("wide", 5, "euclidean", memory_budget="200KB"),
+    "graph-columns-raw": _graph_case("wide", 5, "euclidean", memory_budget="160KB"),
     "graph-columns-read": _graph_case("wide", 5, "cosine", memory_budget="90KB"),
     "graph-memmap": {**_graph_case("offset", 7), "input": "memmap"},
     "graph-h5py": {**_graph_case("normal", 6, "cosine"), "input": "h5py"},

@@ -213,6 +213,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     check_agreement({key: table[key] for key in ("n", "d", "k", "metric", "include_self")},
                     {"n": "number of points", "d": "dimension", "k": "k", "metric": "metric (index into "
                      f"{list(METRICS)})", "include_self": "include_self"})
+    comm.connect_pairs(device)
     # Plans must match everywhere: the smallest budget and the cheaper screen any rank can run.
     budget = min(table["budget"])
     dtype = torch.float64 if min(table["dtype"]) == 8 else torch.float32

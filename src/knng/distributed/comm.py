@@ -157,6 +157,8 @@ class Comm:
         self._fault = _parse_fault(os.environ.get(FAULT_ENV), self.rank)
         self._fault_counts: dict[str, int] = {}
         self._closed = False
+        self._blocked: tuple[str, float, int] | None = None  # a collective call that has not returned
+        self._fatal: DistributedError | None = None
         self._store_call(lambda: (self.store.set(f"status/{self.rank}", self._status),
                                   self.store.add(f"hb/{self.rank}", 1),
                                   self.store.add(f"done/{self.rank}", 0),
@@ -213,11 +215,18 @@ class Comm:
         self._store_call(lambda: self.store.add(f"seq/{self.rank}", 1), what)
         self.stats.collectives += 1
         self.stats.bytes += nbytes
+        # NCCL may block the host right here (a lazy connection to a peer that never answers);
+        # the background thread watches calls that do not return.
+        self._blocked = (what, time.monotonic(), self._seq)
         try:
             work = start()
         except Exception as exc:  # noqa: BLE001 - a broken group: say what we were doing
+            if self._fatal is not None:
+                raise self._fatal from exc
             self._diagnose(what, 0.0)
             raise DistributedError(f"rank {self.rank}: {what} failed: {exc}", self.rank) from exc
+        finally:
+            self._blocked = None
         return Pending(work, what, self._seq, nbytes)
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, what: str) -> Pending:
@@ -252,6 +261,23 @@ class Comm:
                            lambda: dist.all_reduce(tensor, op=op, group=self.group, async_op=True),
                            ("all_reduce", tuple(tensor.shape), str(tensor.dtype), None, None))
 
+    def connect_pairs(self, device: torch.device) -> None:
+        """Make NCCL set up its point-to-point connections between every pair of ranks now.
+
+        NCCL connects two ranks for gathers and scatters lazily, inside the first call, and
+        that call blocks the host until the peer answers: a peer that died later would leave
+        it blocked where no wait can see it. Here every rank is known alive. (Gloo connects
+        every pair when the group is made.)
+        """
+        if not _is_nccl_device(self.group, device):
+            return
+        token = torch.zeros(1, device=device)
+        for root in range(self.world):
+            outs = [torch.empty_like(token) for _ in range(self.world)] if self.rank == root else None
+            self.wait(self.gather(token, outs, root, "the connection of every rank pair (gather)"))
+            chunks = [token.clone() for _ in range(self.world)] if self.rank == root else None
+            self.wait(self.scatter(torch.empty_like(token), chunks, root, "the connection of every rank pair (scatter)"))
+
     def wait(self, pending: Pending) -> None:
         """Block until ``pending`` completes; raise :class:`DistributedError` if a peer fails."""
         if pending.done:
@@ -271,6 +297,8 @@ class Comm:
         except DistributedError:
             raise
         except Exception as exc:  # noqa: BLE001 - the collective broke: find out who broke it
+            if self._fatal is not None:  # the watchdog aborted the group, and knows why
+                raise self._fatal from exc
             self._diagnose(pending.what, time.monotonic() - t0)
             raise DistributedError(f"rank {self.rank}: {pending.what} failed: {exc}") from exc
         finally:
@@ -396,6 +424,7 @@ class Comm:
             while not self._stop.wait(HEARTBEAT_INTERVAL):
                 try:
                     self.store.add(f"hb/{self.rank}", 1)
+                    self._watch_blocked_call()
                     if bar is None and self._progress and self.rank == 0 and self._progress_total:
                         from tqdm.auto import tqdm
 
@@ -411,6 +440,36 @@ class Comm:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _watch_blocked_call(self) -> None:
+        """If the main thread is stuck inside a collective call and a peer has failed, died or
+        hung, stop: abort the process group (so that the call returns with an error the main
+        thread turns into this one) and, if even that does not free it, report and exit."""
+        blocked = self._blocked
+        if blocked is None or self._fatal is not None:
+            return
+        what, since, seq = blocked
+        waited = time.monotonic() - since
+        if waited < 2 * HEARTBEAT_INTERVAL:
+            return
+        try:
+            self._check_peers(Pending(None, what, seq, 0), waited)
+            return
+        except DistributedError as exc:
+            self._fatal = exc
+        if self._fatal.rank in (None, self.rank):
+            self.post_error(self._fatal)
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if abort is not None:
+            threading.Thread(target=_quietly, args=(abort, self.group), daemon=True).start()
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline and self._blocked is blocked:
+            time.sleep(0.1)
+        if self._blocked is blocked:  # nothing could free the call: the process must go
+            import sys
+
+            print(f"knng[rank {self.rank}]: error: {self._fatal}", file=sys.stderr, flush=True)
+            os._exit(1)
 
     # ------------------------------------------------------------------- fault injection
     def fault_point(self, point: str) -> None:
@@ -442,6 +501,24 @@ def _parse_fault(spec: str | None, rank: int) -> tuple[str, int, str] | None:
         return point, int(count), action
     except ValueError:
         raise ValueError(f"{FAULT_ENV} must look like RANK:POINT:COUNT:(exit|hang|raise), got {spec!r}") from None
+
+
+def _quietly(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def _is_nccl_device(group: Any, device: torch.device) -> bool:
+    return device.type == "cuda" and "nccl" in str(_backend(group))
+
+
+def _backend(group: Any) -> str:
+    try:
+        return str(dist.get_backend(group))
+    except Exception:  # noqa: BLE001
+        return ""
 
 
 def _is_nccl(group: Any) -> bool:
