@@ -171,7 +171,7 @@ class Comm:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None and not (isinstance(exc, DistributedError) and exc.rank not in (None, self.rank)):
+        if exc is not None:
             self.post_error(exc)
         self.close()
 
@@ -185,10 +185,13 @@ class Comm:
             self._thread.join(timeout=5)
 
     def post_error(self, exc: BaseException) -> None:
-        """Tell the other ranks that this one stopped, and why."""
-        text = f"{type(exc).__name__}: {exc}"
+        """Tell the other ranks that this one stopped, and why (and whose failure it saw, if it
+        stopped because of another rank: the others then name that one, not this one)."""
+        culprit = exc.rank if isinstance(exc, DistributedError) and exc.rank is not None else self.rank
+        text = f"{type(exc).__name__}: {exc}" if culprit == self.rank else str(exc)
         try:
             self.store.set(f"error/{self.rank}", text)
+            self.store.set(f"culprit/{self.rank}", str(culprit))
             self.store.add("errors", 1)
         except Exception:  # noqa: BLE001 - the store may be gone with rank 0; nothing more to tell
             pass
@@ -373,11 +376,18 @@ class Comm:
                     "every rank reached it: a network or NCCL problem", None)
 
     def _raise_posted_error(self, what: str) -> None:
+        posted = []
         for r in range(self.world):
             key = f"error/{r}"
             if r != self.rank and self.store.check([key]):
                 message = self.store.get(key).decode("utf-8", "replace")
+                culprit = int(self.store.get(f"culprit/{r}")) if self.store.check([f"culprit/{r}"]) else r
+                posted.append((r, culprit, message))
+        for r, culprit, message in posted:  # a rank's own failure first
+            if culprit == r:
                 raise DistributedError(f"rank {r} failed while {self._peer_status(r)}: {message}", r)
+        for r, culprit, message in posted:  # else what a rank that stopped because of it saw
+            raise DistributedError(f"{message} (as rank {r} reported)", culprit)
 
     def _diagnose(self, what: str, waited: float) -> None:
         """After a collective broke: raise the most telling error the store can give."""
@@ -457,8 +467,7 @@ class Comm:
             return
         except DistributedError as exc:
             self._fatal = exc
-        if self._fatal.rank in (None, self.rank):
-            self.post_error(self._fatal)
+        self.post_error(self._fatal)
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if abort is not None:
             threading.Thread(target=_quietly, args=(abort, self.group), daemon=True).start()
