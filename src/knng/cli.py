@@ -212,7 +212,7 @@ def _add_distributed_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=_argument_type(_positive_seconds), default=None, metavar="SECONDS",
                    help="a rank that makes no progress this long while the others wait for it stops the "
                         "job, with an error naming it (default: 300); a rank whose heartbeat stops for "
-                        "20 s counts as dead")
+                        "10 s counts as dead")
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
@@ -562,7 +562,7 @@ def _launch_if_asked(args: argparse.Namespace) -> int | None:
     from knng.distributed.launch import launch
 
     return launch(sys.argv[1:] if _LAUNCH_ARGV[0] is None else _LAUNCH_ARGV[0], n, "cuda" if args.gpus else "cpu",
-                  grace=DEFAULT_HEARTBEAT_TIMEOUT + 10)
+                  grace=DEFAULT_HEARTBEAT_TIMEOUT + 20)
 
 
 #: The argv of this invocation, handed to the ranks unchanged (they ignore --gpus/--procs).

@@ -38,7 +38,7 @@ __all__ = ["Comm", "CommStats", "DistributedError", "Pending", "DEFAULT_TIMEOUT"
 #: Seconds a peer may go without progress while others wait for it, before they give up.
 DEFAULT_TIMEOUT = 300.0
 #: Seconds without a heartbeat after which a peer counts as dead.
-DEFAULT_HEARTBEAT_TIMEOUT = 20.0
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 #: Seconds between heartbeats (and between updates of rank 0's progress bar).
 HEARTBEAT_INTERVAL = 0.5
 #: Seconds between looks at the store while waiting for a collective.
@@ -158,7 +158,10 @@ class Comm:
         self._fault_counts: dict[str, int] = {}
         self._closed = False
         self._blocked: tuple[str, float, int] | None = None  # a collective call that has not returned
-        self._fatal: DistributedError | None = None
+        self._fatal: DistributedError | None = None  # set by the watchdog: raised at the next call
+        self._noticed = threading.Event()  # the main thread has raised it
+        self._next_watch = 0.0
+        self._last_activity = time.monotonic()  # the main thread's last call into this object
         self._store_call(lambda: (self.store.set(f"status/{self.rank}", self._status),
                                   self.store.add(f"hb/{self.rank}", 1),
                                   self.store.add(f"done/{self.rank}", 0),
@@ -197,8 +200,15 @@ class Comm:
             pass
 
     # ------------------------------------------------------------------------------ status
+    def _raise_if_fatal(self) -> None:
+        self._last_activity = time.monotonic()
+        if self._fatal is not None:
+            self._noticed.set()
+            raise self._fatal
+
     def status(self, what: str) -> None:
         """Post what this rank is doing now (shown in the others' errors if it stops)."""
+        self._raise_if_fatal()
         self._status = what
         self._store_call(lambda: self.store.set(f"status/{self.rank}", what), what)
         self.fault_point(what.split(" ", 1)[0])
@@ -209,10 +219,12 @@ class Comm:
 
     def tick(self, n: int = 1) -> None:
         """Count ``n`` units of finished work (rank 0's progress bar; proof of life for hang checks)."""
+        self._raise_if_fatal()
         self._store_call(lambda: self.store.add(f"done/{self.rank}", n), self._status)
 
     # ------------------------------------------------------------------------- collectives
     def _issue(self, what: str, nbytes: int, start: Callable[[], Any], op: tuple = ()) -> Pending:
+        self._raise_if_fatal()
         self._seq += 1
         self.stats.ops.append(op)
         self._store_call(lambda: self.store.add(f"seq/{self.rank}", 1), what)
@@ -225,6 +237,7 @@ class Comm:
             work = start()
         except Exception as exc:  # noqa: BLE001 - a broken group: say what we were doing
             if self._fatal is not None:
+                self._noticed.set()
                 raise self._fatal from exc
             self._diagnose(what, 0.0)
             raise DistributedError(f"rank {self.rank}: {what} failed: {exc}", self.rank) from exc
@@ -290,6 +303,7 @@ class Comm:
         nap = 5e-5
         try:
             while not pending.work.is_completed():
+                self._raise_if_fatal()
                 now = time.monotonic()
                 if now >= next_check:
                     self._check_peers(pending, now - t0)
@@ -301,6 +315,7 @@ class Comm:
             raise
         except Exception as exc:  # noqa: BLE001 - the collective broke: find out who broke it
             if self._fatal is not None:  # the watchdog aborted the group, and knows why
+                self._noticed.set()
                 raise self._fatal from exc
             self._diagnose(pending.what, time.monotonic() - t0)
             raise DistributedError(f"rank {self.rank}: {pending.what} failed: {exc}") from exc
@@ -342,22 +357,30 @@ class Comm:
             return 0.0
         return now - old[1]
 
-    def _check_peers(self, pending: Pending, waited: float) -> None:
+    def _check_failures(self, doing: str) -> None:
+        """Raise if a peer posted an error or its heartbeat stopped (``doing``: what this rank does)."""
         now = time.monotonic()
         store = self.store
-        errors = self._store_call(lambda: store.add("errors", 0), f"waiting for {pending.what}")
-        if errors:
-            self._raise_posted_error(pending.what)
-        laggards = []
+        if self._store_call(lambda: store.add("errors", 0), doing):
+            self._raise_posted_error(doing)
         for r in range(self.world):
             if r == self.rank:
                 continue
-            beats = self._store_call(lambda r=r: store.add(f"hb/{r}", 0), f"waiting for {pending.what}")
+            beats = self._store_call(lambda r=r: store.add(f"hb/{r}", 0), doing)
             silent = self._changed(f"hb/{r}", beats, now)
             if silent > self.heartbeat_timeout:
                 raise DistributedError(
                     f"rank {r} stopped responding (no heartbeat for {silent:.0f} s; it has probably died) "
-                    f"while {self._peer_status(r)}; rank {self.rank} was waiting for {pending.what}", r)
+                    f"while {self._peer_status(r)}; rank {self.rank} was {doing}", r)
+
+    def _check_peers(self, pending: Pending, waited: float, blame_network: bool = True) -> None:
+        now = time.monotonic()
+        store = self.store
+        self._check_failures(f"waiting for {pending.what}")
+        laggards = []
+        for r in range(self.world):
+            if r == self.rank:
+                continue
             progress = self._store_call(lambda r=r: store.add(f"done/{r}", 0), "waiting")
             still = self._changed(f"done/{r}", progress, now)
             seq = self._store_call(lambda r=r: store.add(f"seq/{r}", 0), "waiting")
@@ -370,7 +393,7 @@ class Comm:
                         f"rank {r} made no progress for {still:.0f} s (timeout {self.timeout:g} s) while "
                         f"{self._peer_status(r)}; it has not reached {pending.what}, which rank {self.rank} "
                         "waits for: stopping", r)
-            if not laggards:
+            if not laggards and blame_network:
                 raise DistributedError(
                     f"{pending.what} has not completed after {waited:.0f} s (timeout {self.timeout:g} s) although "
                     "every rank reached it: a network or NCCL problem", None)
@@ -434,7 +457,7 @@ class Comm:
             while not self._stop.wait(HEARTBEAT_INTERVAL):
                 try:
                     self.store.add(f"hb/{self.rank}", 1)
-                    self._watch_blocked_call()
+                    self._watch()
                     if bar is None and self._progress and self.rank == 0 and self._progress_total:
                         from tqdm.auto import tqdm
 
@@ -451,19 +474,34 @@ class Comm:
             if bar is not None:
                 bar.close()
 
-    def _watch_blocked_call(self) -> None:
-        """If the main thread is stuck inside a collective call and a peer has failed, died or
-        hung, stop: abort the process group (so that the call returns with an error the main
-        thread turns into this one) and, if even that does not free it, report and exit."""
+    def _watch(self) -> None:
+        """The watchdog, once a second from the background thread.
+
+        The main thread checks its peers only while it waits for a collective; with NCCL it can
+        also block elsewhere on a dead peer (a collective call that never returns, or a CUDA
+        call that waits for memory held by a stuck collective). So: whatever the main thread
+        does, a peer that posted an error or whose heartbeat stopped — or, while the main
+        thread is stuck inside a collective call, one that made no progress for ``timeout`` —
+        ends the run. The error is posted for the others, the process group is aborted (which
+        frees calls stuck in NCCL; they return with errors that the main thread turns into this
+        one) and, if the main thread has not raised it within a few seconds, this process
+        prints it and exits.
+        """
+        now = time.monotonic()
+        if self._fatal is not None or now < self._next_watch:
+            return
+        self._next_watch = now + 1.0
         blocked = self._blocked
-        if blocked is None or self._fatal is not None:
-            return
-        what, since, seq = blocked
-        waited = time.monotonic() - since
-        if waited < 2 * HEARTBEAT_INTERVAL:
-            return
         try:
-            self._check_peers(Pending(None, what, seq, 0), waited)
+            if blocked is not None and now - blocked[1] >= 1.0:
+                self._check_peers(Pending(None, blocked[0], blocked[2], 0), now - blocked[1])
+            elif now - self._last_activity > self.timeout:
+                # Stuck outside any collective call (a CUDA call waiting for a stuck collective):
+                # the peers that have not reached this rank's last collective are the suspects.
+                self._check_peers(Pending(None, f"its own work after {self._status}", self._seq, 0),
+                                  now - self._last_activity, blame_network=False)
+            else:
+                self._check_failures(self._status)
             return
         except DistributedError as exc:
             self._fatal = exc
@@ -471,10 +509,7 @@ class Comm:
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if abort is not None:
             threading.Thread(target=_quietly, args=(abort, self.group), daemon=True).start()
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline and self._blocked is blocked:
-            time.sleep(0.1)
-        if self._blocked is blocked:  # nothing could free the call: the process must go
+        if not self._noticed.wait(5.0):  # nothing freed the main thread: the process must go
             import sys
 
             print(f"knng[rank {self.rank}]: error: {self._fatal}", file=sys.stderr, flush=True)
