@@ -394,6 +394,16 @@ class Comm:
                         f"{self._peer_status(r)}; it has not reached {pending.what}, which rank {self.rank} "
                         "waits for: stopping", r)
             if not laggards and blame_network:
+                # Every rank reached it: a peer that died just after issuing it is the likelier
+                # cause than the network, if its heartbeat has already fallen silent.
+                silent = {r: now - self._seen[f"hb/{r}"][1] for r in range(self.world)
+                          if r != self.rank and f"hb/{r}" in self._seen}
+                quiet = max(silent, key=silent.get, default=None)
+                if quiet is not None and silent[quiet] > 4 * HEARTBEAT_INTERVAL:
+                    raise DistributedError(
+                        f"rank {quiet} stopped responding (no heartbeat for {silent[quiet]:.0f} s; it has probably "
+                        f"died) while {self._peer_status(quiet)}; rank {self.rank} was waiting for {pending.what}",
+                        quiet)
                 raise DistributedError(
                     f"{pending.what} has not completed after {waited:.0f} s (timeout {self.timeout:g} s) although "
                     "every rank reached it: a network or NCCL problem", None)
