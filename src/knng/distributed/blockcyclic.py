@@ -209,17 +209,20 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     dtype = screen_dtype or choose_screen_dtype(device, n, d, k)
     comm.status("agreeing on the input and the plan")
     table = agree(comm, device, {"n": n, "d": d, "k": k, "metric": list(METRICS).index(metric.name),
-                                 "include_self": int(include_self), "budget": budget, "dtype": dtype.itemsize})
-    check_agreement({key: table[key] for key in ("n", "d", "k", "metric", "include_self")},
+                                 "include_self": int(include_self), "cuda": int(device.type == "cuda"),
+                                 "itemsize": torch.empty(0, dtype=data.dtype).element_size(),
+                                 "budget": budget, "host": _host_budget(world), "dtype": dtype.itemsize})
+    check_agreement({key: table[key] for key in ("n", "d", "k", "metric", "include_self", "cuda", "itemsize")},
                     {"n": "number of points", "d": "dimension", "k": "k", "metric": "metric (index into "
-                     f"{list(METRICS)})", "include_self": "include_self"})
+                     f"{list(METRICS)})", "include_self": "include_self", "cuda": "kind of device (1: a GPU)",
+                     "itemsize": "bytes per value of the data"})
     comm.connect_pairs(device)
-    # Plans must match everywhere: the smallest budget and the cheaper screen any rank can run.
+    # Plans must match everywhere: the smallest budgets and the cheaper screen any rank can run.
     budget = min(table["budget"])
     dtype = torch.float64 if min(table["dtype"]) == 8 else torch.float32
     kc = candidate_count(k, available, dtype)
     sizes = _plan(n, d, kc, world, budget, metric, dtype, device, part_size,
-                  input_itemsize=torch.empty(0, dtype=data.dtype).element_size())
+                  input_itemsize=table["itemsize"][0], host_budget=min(table["host"]))
     plan = sizes.plan
     owned = plan.owned(rank)
     steps = sum(-(-(plan.parts[i][1] - plan.parts[i][0]) // sizes.sub_rows)
