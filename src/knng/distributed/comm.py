@@ -184,6 +184,7 @@ class Comm:
             return
         self._closed = True
         self._stop.set()
+        self._noticed.set()  # the main thread has left: the watchdog must not end the process
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -498,7 +499,7 @@ class Comm:
         prints it and exits.
         """
         now = time.monotonic()
-        if self._fatal is not None or now < self._next_watch:
+        if self._fatal is not None or now < self._next_watch or self._stop.is_set():
             return
         self._next_watch = now + 1.0
         blocked = self._blocked
