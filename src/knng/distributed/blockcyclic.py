@@ -35,7 +35,7 @@ import torch
 from knng._inputs import InputArray
 from knng.distributed.comm import Comm
 from knng.distributed.plan import BlockPlan
-from knng.distributed.shards import merge_exact, rows_subset
+from knng.distributed.shards import all_gather_rows, common_centre, merge_across_ranks, rows_subset
 from knng.engine.common import CandidateLists, PreparedCorpus, choose_screen_dtype, full_precision, is_out_of_memory
 from knng.engine.exact import ExactStats
 from knng.engine.graph import finish_graph_rows, screen_block
@@ -422,30 +422,15 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
                    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]]:
     """Finite check and centre over the owned parts, then their prepared form and every norm."""
     n, d = data.n, data.d
-    need_mean = metric.needs_centre(True)
-    total = torch.zeros(d + 1, dtype=torch.float64, device=device)
-    total[d] = n  # first non-finite row (min over ranks); n = none
-    for j in owned:
-        p0, p1 = plan.parts[j]
-        comm.status(f"reading part {j} (rows {p0}–{p1}): finite check and sums")
-        for s in range(p0, p1, 1 << 16):
-            block = data.rows(s, min(p1, s + (1 << 16))).to(device, non_blocking=True)
-            if block.dtype not in (torch.uint8, torch.int8):
-                finite = torch.isfinite(block).all(dim=1)
-                if not bool(finite.all()):
-                    total[d] = min(float(total[d]), s + int(torch.nonzero(~finite)[0, 0]))
-            if need_mean:
-                total[:d] += block.to(torch.float64).sum(dim=0)
-    first_bad = total[d:].clone()
-    comm.wait(comm.all_reduce(first_bad, "the finite check", op=torch.distributed.ReduceOp.MIN))
-    bad = int(first_bad.item())
-    if bad < n:
-        raise ValueError(f"{data.name} contains NaN or Inf (first in row {bad}); knng needs finite values")
-    centre = None
-    if need_mean:
-        sums = total[:d].clone()
-        comm.wait(comm.all_reduce(sums, "the sum for the common centre"))
-        centre = sums / n
+
+    def owned_blocks():
+        for j in owned:
+            p0, p1 = plan.parts[j]
+            comm.status(f"reading part {j} (rows {p0}–{p1}): finite check and sums")
+            for s in range(p0, p1, 1 << 16):
+                yield s, data.rows(s, min(p1, s + (1 << 16)))
+
+    centre = common_centre(owned_blocks(), n, d, data.name, metric.needs_centre(True), comm, device)
     norms = torch.zeros(n, dtype=torch.float64, device=device)
     terms = torch.zeros(n, dtype=torch.float64, device=device) if metric.uses_terms else None
     kept: dict[int, torch.Tensor] = {}
@@ -474,26 +459,20 @@ def _refine(refiner: _DeferredRefiner, results: dict[tuple[int, int], tuple[torc
             data: InputArray, k: int, metric: Metric, device: torch.device, select: str, budget: int, comm: Comm,
             include_self: bool, stats: ExactStats) -> int:
     """Settle every rank's failing rows by one distributed float64 search against the owned parts."""
-    rank, world, d = comm.rank, comm.world, data.d
+    rank, d = comm.rank, data.d
     local = torch.cat(refiner.rows) if refiner.rows else torch.empty((0, d), dtype=torch.float64, device=device)
     local_ids = torch.cat(refiner.ids) if refiner.ids else torch.empty(0, dtype=torch.int64, device=device)
-    counts = agree(comm, device, {"rows": local.shape[0]})["rows"]
-    f_max, f_total = max(counts), sum(counts)
-    if f_total == 0:
-        return 0
-    comm.status(f"refining {f_total} rows that failed the certificate (float64 search)")
-    pad = torch.zeros((f_max, d + 1), dtype=torch.float64, device=device)
-    pad[:local.shape[0], :d] = local
-    pad[:local.shape[0], d] = local_ids.to(torch.float64)
-    everything = torch.empty((world * f_max, d + 1), dtype=torch.float64, device=device)
-    comm.wait(comm.all_gather(everything, pad, "the all-gather of rows to refine"))
-    keep = torch.cat([torch.arange(r * f_max, r * f_max + c, device=device) for r, c in enumerate(counts)])
-    rows, ids = everything[keep, :d].contiguous(), everything[keep, d].to(torch.int64)
+    if not any(agree(comm, device, {"rows": local.shape[0]})["rows"]):
+        return 0  # no rank has a row to refine
+    comm.status("refining the rows that failed the certificate (float64 search)")
+    everything = all_gather_rows(torch.cat([local, local_ids.to(torch.float64)[:, None]], dim=1), comm, device,
+                                 "the all-gather of rows to refine")
+    rows, ids = everything[:, :d].contiguous(), everything[:, d].to(torch.int64)
+    f_total = rows.shape[0]
     kk = k if include_self else k + 1
     shard = rows_subset(data, [plan.parts[j] for j in plan.owned(rank)], name=data.name)
-    width = 2 * kk
-    pack = torch.full((f_total, width), torch.inf, dtype=torch.float64, device=device)
-    pack[:, kk:] = -1
+    values = torch.full((f_total, kk), torch.inf, dtype=torch.float64, device=device)
+    cand = torch.full((f_total, kk), -1, dtype=torch.int64, device=device)
     if shard.n:
         queries = InputArray("rows to refine", "torch", (f_total, d), torch.float64, device, tensor=rows)
         ks = min(kk, shard.n)
@@ -501,17 +480,9 @@ def _refine(refiner: _DeferredRefiner, results: dict[tuple[int, int], tuple[torc
                                              screen_dtype=torch.float64)
         stats.exact_evaluations += report.exact.exact_evaluations
         stats.complete_rows += report.exact.fallback_rows
-        s_idx = _global_of_subset(plan, plan.owned(rank), device)[s_idx]
-        pack[:, :ks], pack[:, kk:kk + ks] = s_dist, s_idx.to(torch.float64)
-    gathered = torch.empty((world * f_total, width), dtype=torch.float64, device=device)
-    comm.wait(comm.all_gather(gathered, pack, "the all-gather of refined candidates"))
-    per = gathered.view(world, f_total, width)
-    values = per[:, :, :kk].permute(1, 0, 2).reshape(f_total, world * kk)
-    cand = per[:, :, kk:].permute(1, 0, 2).reshape(f_total, world * kk).to(torch.int64)
-    if not include_self:
-        values = torch.where(cand == ids[:, None], torch.inf, values)
-        cand = torch.where(cand == ids[:, None], -1, cand)
-    idx, dist = merge_exact(values, cand, k, rows, data, metric, device)
+        values[:, :ks], cand[:, :ks] = s_dist, _global_of_subset(plan, plan.owned(rank), device)[s_idx]
+    idx, dist = merge_across_ranks(values, cand, k, rows, data, metric, comm, device,
+                                   "the all-gather of refined candidates", exclude=None if include_self else ids)
     # Each rank patches the rows it finished.
     for (p0, p1), (o_i, o_d) in results.items():
         mine = torch.nonzero((ids >= p0) & (ids < p1)).flatten()
@@ -553,19 +524,11 @@ def gather_rows(rows: RankRows, n: int, k: int, comm: Comm, device: torch.device
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every rank's owned rows, assembled into the whole (n, k) result on every rank."""
     comm.status("gathering the results")
-    counts = agree(comm, device, {"rows": sum(b - a for a, b in rows.parts)})["rows"]
-    m = max(counts)
-    pack = torch.zeros((m, 2 * k + 1), dtype=torch.float64, device=device)
-    r0 = 0
-    for (a, b), idx, dist in zip(rows.parts, rows.indices, rows.distances):
-        pack[r0:r0 + b - a, :k] = idx.to(torch.float64)
-        pack[r0:r0 + b - a, k:2 * k] = dist
-        pack[r0:r0 + b - a, 2 * k] = torch.arange(a, b, device=device, dtype=torch.float64)
-        r0 += b - a
-    out = torch.empty((comm.world * m, 2 * k + 1), dtype=torch.float64, device=device)
-    comm.wait(comm.all_gather(out, pack, "the all-gather of the results"))
-    keep = torch.cat([torch.arange(r * m, r * m + c, device=device) for r, c in enumerate(counts)])
-    out = out[keep]
+    pack = torch.cat([torch.cat([idx.to(torch.float64), dist,
+                                 torch.arange(a, b, device=device, dtype=torch.float64)[:, None]], dim=1)
+                      for (a, b), idx, dist in zip(rows.parts, rows.indices, rows.distances)]
+                     or [torch.empty((0, 2 * k + 1), dtype=torch.float64, device=device)])
+    out = all_gather_rows(pack, comm, device, "the all-gather of the results")
     order = out[:, 2 * k].to(torch.int64)
     indices = torch.empty((n, k), dtype=torch.int64, device=device)
     distances = torch.empty((n, k), dtype=torch.float64, device=device)

@@ -19,7 +19,7 @@ from knng._inputs import InputArray, check_finite
 from knng.distributed.comm import Comm
 from knng.distributed.blockcyclic import agree, check_agreement
 from knng.distributed.plan import shard_ranges
-from knng.distributed.shards import merge_exact, rows_subset
+from knng.distributed.shards import common_centre, merge_across_ranks, rows_subset
 from knng.engine.common import PreparedCorpus, choose_screen_dtype, full_precision
 from knng.engine.exact import ExactStats
 from knng.engine.plan import candidate_count, plan_tiles
@@ -63,7 +63,9 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     dtype = choose_screen_dtype(device, max(1, s1 - s0), d, max(1, ks))
     stats = ExactStats()
     with full_precision():
-        centre = _common_centre(corpus, shard, metric, comm, device)
+        comm.status("reading the shard: finite check and sums")
+        centre = common_centre(((s0 + start, block) for start, block in shard.iter_blocks(1 << 16)), n, d,
+                               corpus.name, metric.needs_centre(False), comm, device)
         pshard = None
         if shard.n:
             kc = candidate_count(ks, shard.n, dtype)
@@ -79,21 +81,16 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
             comm.status(f"searching queries {q0}–{q1} in corpus rows {s0}–{s1}")
             raw = queries.rows(q0, q1).to(device, non_blocking=True)
             check_finite(raw, queries.name, q0)  # on every rank alike, shard or none
-            pack = torch.full((q1 - q0, 2 * k), torch.inf, dtype=torch.float64, device=device)
-            pack[:, k:] = -1
+            values = torch.full((q1 - q0, k), torch.inf, dtype=torch.float64, device=device)
+            ids = torch.full((q1 - q0, k), -1, dtype=torch.int64, device=device)
             if pshard is not None:
                 chunk = InputArray(queries.name, "torch", (q1 - q0, d), raw.dtype, device, tensor=raw)
                 idx, dist, report = exact_search(chunk, shard, ks, metric, device, select, budget, screen_dtype=dtype,
                                                  prepared=pshard)
                 stats.add(report.exact)
-                pack[:, :ks], pack[:, k:k + ks] = dist, (idx + s0).to(torch.float64)
-            gathered = torch.empty((world * (q1 - q0), 2 * k), dtype=torch.float64, device=device)
-            comm.wait(comm.all_gather(gathered, pack, f"the all-gather of the lists of queries {q0}–{q1}"))
-            per = gathered.view(world, q1 - q0, 2 * k)
-            values = per[:, :, :k].permute(1, 0, 2).reshape(q1 - q0, world * k)
-            ids = per[:, :, k:].permute(1, 0, 2).reshape(q1 - q0, world * k).to(torch.int64)
-            comm.status(f"merging the lists of queries {q0}–{q1}")
-            out_idx[q0:q1], out_dist[q0:q1] = merge_exact(values, ids, k, raw, corpus, metric, device)
+                values[:, :ks], ids[:, :ks] = dist, idx + s0
+            out_idx[q0:q1], out_dist[q0:q1] = merge_across_ranks(
+                values, ids, k, raw, corpus, metric, comm, device, f"the all-gather of the lists of queries {q0}–{q1}")
             comm.tick()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -133,33 +130,3 @@ def share_queries(queries: InputArray | None, comm: Comm, device: torch.device) 
         return queries
     tensor = buf.to(dtype)
     return InputArray("queries", "numpy", (nq, d), dtype, device, tensor=tensor)
-
-
-def _common_centre(corpus: InputArray, shard: InputArray, metric: Metric, comm: Comm,
-                   device: torch.device) -> torch.Tensor | None:
-    """Finite check of the shard and the corpus mean over all shards (float64, all-reduced)."""
-    d = corpus.d
-    total = torch.zeros(d + 1, dtype=torch.float64, device=device)
-    first_bad = torch.full((1,), float(corpus.n), dtype=torch.float64, device=device)
-    offset = _shard_start(corpus, comm)
-    comm.status("reading the shard: finite check and sums")
-    for start, block in shard.iter_blocks(1 << 16):
-        block = block.to(device, non_blocking=True)
-        if block.dtype not in (torch.uint8, torch.int8):
-            finite = torch.isfinite(block).all(dim=1)
-            if not bool(finite.all()) and first_bad.item() == corpus.n:
-                first_bad[0] = offset + start + int(torch.nonzero(~finite)[0, 0])
-        if metric.needs_centre(False):
-            total[:d] += block.to(torch.float64).sum(dim=0)
-    comm.wait(comm.all_reduce(first_bad, "the finite check", op=torch.distributed.ReduceOp.MIN))
-    bad = int(first_bad.item())
-    if bad < corpus.n:
-        raise ValueError(f"{corpus.name} contains NaN or Inf (first in row {bad}); knng needs finite values")
-    if not metric.needs_centre(False):
-        return None
-    comm.wait(comm.all_reduce(total, "the sum for the common centre"))
-    return total[:d] / corpus.n
-
-
-def _shard_start(corpus: InputArray, comm: Comm) -> int:
-    return shard_ranges(corpus.n, comm.world)[comm.rank][0]

@@ -14,16 +14,20 @@ engine does for entries it cannot tell apart.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from knng._inputs import InputArray
 from knng.engine.exact import _exact_pairs, _sort_by_value_then_index
 from knng.metrics import Metric
 
-__all__ = ["rows_subset", "merge_exact", "RangesSource"]
+if TYPE_CHECKING:
+    from knng.distributed.comm import Comm
+
+__all__ = ["rows_subset", "merge_exact", "merge_across_ranks", "common_centre", "all_gather_rows", "RangesSource"]
 
 
 class RangesSource:
@@ -131,3 +135,67 @@ def merge_exact(values: torch.Tensor, ids: torch.Tensor, k: int, raw_rows: torch
         idx, dist = idx.clone(), dist
         idx[touched], dist[touched] = re_idx, re_dist
     return idx[:, :k], dist[:, :k]
+
+
+def merge_across_ranks(values: torch.Tensor, ids: torch.Tensor, k: int, raw_rows: torch.Tensor,
+                       corpus: InputArray, metric: Metric, comm: "Comm", device: torch.device, what: str,
+                       exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's per-shard lists for the same rows, all-gathered and merged by :func:`merge_exact`.
+
+    ``values``/``ids`` (m, w) are this rank's float64 distances and global indices (+inf / −1
+    where it has fewer than w); every rank passes the same m and w. With ``exclude`` (m,), each
+    row drops that index (a graph row's own point). Returns the k best, the same on every rank.
+    """
+    m, w = values.shape
+    pack = torch.cat([values, ids.to(torch.float64)], dim=1)
+    gathered = torch.empty((comm.world * m, 2 * w), dtype=torch.float64, device=device)
+    comm.wait(comm.all_gather(gathered, pack, what))
+    per = gathered.view(comm.world, m, 2 * w)
+    values = per[:, :, :w].permute(1, 0, 2).reshape(m, comm.world * w)
+    ids = per[:, :, w:].permute(1, 0, 2).reshape(m, comm.world * w).to(torch.int64)
+    if exclude is not None:
+        own = ids == exclude[:, None]
+        values, ids = torch.where(own, torch.inf, values), torch.where(own, -1, ids)
+    return merge_exact(values, ids, k, raw_rows, corpus, metric, device)
+
+
+def common_centre(blocks: Iterable[tuple[int, torch.Tensor]], n: int, d: int, name: str, need_mean: bool,
+                  comm: "Comm", device: torch.device) -> torch.Tensor | None:
+    """Finite check and the float64 mean of all ranks' rows together.
+
+    ``blocks`` yields this rank's rows as (global index of the first row, rows). Every rank raises
+    the same ``ValueError`` naming the first non-finite row of the whole input (an all-reduced
+    minimum), so a bad value in one rank's rows stops every rank alike.
+    """
+    total = torch.zeros(d, dtype=torch.float64, device=device)
+    first_bad = n
+    for start, block in blocks:
+        block = block.to(device, non_blocking=True)
+        if block.dtype not in (torch.uint8, torch.int8):
+            finite = torch.isfinite(block).all(dim=1)
+            if not bool(finite.all()):
+                first_bad = min(first_bad, start + int(torch.nonzero(~finite)[0, 0]))
+        if need_mean:
+            total += block.to(torch.float64).sum(dim=0)
+    bad = torch.tensor([float(first_bad)], dtype=torch.float64, device=device)
+    comm.wait(comm.all_reduce(bad, "the finite check", op=dist.ReduceOp.MIN))
+    if int(bad.item()) < n:
+        raise ValueError(f"{name} contains NaN or Inf (first in row {int(bad.item())}); knng needs finite values")
+    if not need_mean:
+        return None
+    comm.wait(comm.all_reduce(total, "the sum for the common centre"))
+    return total / n
+
+
+def all_gather_rows(local: torch.Tensor, comm: "Comm", device: torch.device, what: str) -> torch.Tensor:
+    """Every rank's rows of ``local`` (a different number on each rank), concatenated in rank order."""
+    from knng.distributed.blockcyclic import agree
+
+    counts = agree(comm, device, {"rows": local.shape[0]})["rows"]
+    most = max(counts)
+    pad = torch.zeros((most, *local.shape[1:]), dtype=local.dtype, device=device)
+    pad[:local.shape[0]] = local
+    out = torch.empty((comm.world * most, *local.shape[1:]), dtype=local.dtype, device=device)
+    comm.wait(comm.all_gather(out, pad, what))
+    keep = torch.cat([torch.arange(r * most, r * most + c, device=device) for r, c in enumerate(counts)])
+    return out[keep]
