@@ -106,20 +106,15 @@ def as_kind(tmp_path: Path):
 def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """Force the engine's screen precision (it picks float64 on a CPU when 8·k·d ≥ n).
 
-    Both screens must give the exact answer; the float32 one leans on the rounding-error
-    certificate and the fall-back, the float64 one on taking distances from the screen.
+    Both screens must give the exact answer; after a float32 screen every needed candidate is
+    evaluated exactly, after a float64 one most distances are taken from the screen.
     Tests check ``last_report().screen_dtype`` to see the choice was applied.
     """
-    import torch
-
-    import knng.engine.graph as graph_engine
-    import knng.engine.search as search_engine
+    import knng.engine.plan as plan
 
     from knng.api import _LAST_REPORT, last_report
 
-    dtype = getattr(torch, request.param)
-    for module in (search_engine, graph_engine):
-        monkeypatch.setattr(module, "choose_screen_dtype", lambda *args, **kwargs: dtype)
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *args, **kwargs: request.param)
     _LAST_REPORT["report"] = None
     yield request.param
     report = last_report()

@@ -27,12 +27,13 @@ _LAST_REPORT: dict[str, SearchReport | GraphReport | None] = {"report": None}
 
 
 def last_report() -> SearchReport | GraphReport | None:
-    """The engine's report on the most recent call in this process (plan, fall-backs, saving)."""
+    """The engine's report on the most recent call in this process (a convenience: every result
+    carries its own report as ``result.report``)."""
     return _LAST_REPORT["report"]
 
 
 def report_as_dict(report: Any) -> dict[str, Any]:
-    """A report of :func:`last_report` as plain JSON values (what ``knng.json`` records)."""
+    """An engine report as plain JSON values (what ``knng.json`` records)."""
     if report is None:
         return {}
     out: dict[str, Any] = {
@@ -40,17 +41,24 @@ def report_as_dict(report: Any) -> dict[str, Any]:
         "fallback_rows": report.exact.fallback_rows,
         "exact_evaluations": report.exact.exact_evaluations,
     }
-    if hasattr(report, "plan"):
-        out["plan"] = asdict(report.plan)
+    plan = getattr(report, "plan", None)
+    if plan is not None:
+        out["plan"] = plan.as_dict() if hasattr(plan, "as_dict") else asdict(plan)
     if hasattr(report, "per_rank"):
         out["per_rank"] = report.per_rank
-    # Every other scalar field of the report (candidates_per_row, oom_retries, screen_dtype,
-    # the graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
-    for name, value in vars(report).items():
-        if name not in ("exact", "plan") and isinstance(value, (bool, int, float, str)):
+    store = getattr(report, "store", None)
+    if store is not None:
+        out["store"] = asdict(store)
+    # Every other scalar field or property of the report (oom_retries, screen_dtype, the
+    # graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
+    for name in dir(report):
+        if name.startswith("_") or name in ("exact", "plan", "store"):
+            continue
+        value = getattr(report, name)
+        if isinstance(value, (bool, int, float, str)):
             out[name] = value
-    if hasattr(report, "pairs_saving"):
-        out["pairs_saving"] = report.pairs_saving
+        elif name == "evaluations_per_row" and isinstance(value, dict):
+            out[name] = value
     return out
 
 
@@ -169,7 +177,7 @@ def search(
     idx, dist, report = exact_search(q, c, k, m, dev, select, budget, progress)
     _LAST_REPORT["report"] = report
     out_idx, out_dist = _wrap(q, idx, dist)
-    return Neighbors(indices=out_idx, distances=out_dist, metric=m.name)
+    return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
 
 def graph(
@@ -223,4 +231,4 @@ def graph(
     idx, dist, report = exact_graph(x, k, m, dev, select, budget, include_self=include_self, progress=progress)
     _LAST_REPORT["report"] = report
     out_idx, out_dist = _wrap(x, idx, dist)
-    return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self)
+    return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)

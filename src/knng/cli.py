@@ -515,10 +515,14 @@ def _shape_text(shape: Sequence[int]) -> str:
 
 def _exact_line(report: Any) -> str:
     screen = getattr(report, "screen_dtype", None)
-    return (f"  exact: {report.exact.fallback_rows:,} of {report.exact.rows:,} rows needed the float64 "
-            f"fall-back; {report.candidates_per_row} candidates per row"
-            + (f" from a {screen} screen" if screen else "")
-            + (f"; {report.oom_retries} out-of-memory retries" if report.oom_retries else ""))
+    per_row = getattr(report, "evaluations_per_row", None) or {}
+    text = f"  exact: {report.exact.exact_evaluations:,} exact evaluations for {report.exact.rows:,} rows"
+    if per_row:
+        text += f" (per row: median {per_row['median']:.0f}, p99 {per_row['p99']:.0f}, max {per_row['max']:.0f})"
+    if report.exact.fallback_rows:
+        text += f"; {report.exact.fallback_rows:,} rows needed the float64 fall-back"
+    return (text + (f"; {screen} screen" if screen else "")
+            + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
 
 
 def _say(*parts: Any) -> None:

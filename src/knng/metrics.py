@@ -265,6 +265,12 @@ class Metric:
             return torch.sqrt(value.clamp_min(0.0))
         return value
 
+    def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
+        """Inverse of :meth:`to_distance`: a distance back in the units of ``score + offset``."""
+        if self.name == "euclidean":
+            return dist * dist
+        return dist
+
     def oracle_error(self, value: torch.Tensor, row_norms: torch.Tensor, col_norms: torch.Tensor,
                      d: int, centre_norm: float) -> torch.Tensor:
         """How far any float64 evaluation of the exact distance may stray from the real one.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -86,6 +86,9 @@ class Neighbors:
     indices: Any
     distances: Any
     metric: str = "euclidean"
+    #: The engine's report on the run that made this result (its plan, exactness counters), or
+    #: None for a result built by hand or loaded from a file.
+    report: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # Only shapes are checked: a scan of the data (dtypes aside) would cost a pass over

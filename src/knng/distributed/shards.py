@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from knng._inputs import InputArray
-from knng.engine.exact import _exact_pairs, _sort_by_value_then_index
+from knng.engine.exact import exact_pairs, sort_by_distance_then_index
 from knng.metrics import Metric
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def merge_exact(values: torch.Tensor, ids: torch.Tensor, k: int, raw_rows: torch
     (indices int64 (m, k), distances float64 (m, k))
     """
     values = torch.where(ids >= 0, values, torch.inf)
-    idx, dist = _sort_by_value_then_index(values, ids, values.shape[1])
+    idx, dist = sort_by_distance_then_index(values, ids, values.shape[1])
     valid = idx >= 0
     f32 = dist.to(torch.float32)
     same = f32[:, 1:] == f32[:, :-1]
@@ -129,9 +129,9 @@ def merge_exact(values: torch.Tensor, ids: torch.Tensor, k: int, raw_rows: torch
     rows, cols = torch.nonzero(tied, as_tuple=True)
     if rows.numel():
         dist = dist.clone()
-        dist[rows, cols] = _exact_pairs(metric, raw_rows, rows, corpus, idx[rows, cols], device)
+        dist[rows, cols] = exact_pairs(metric, raw_rows, rows, corpus, idx[rows, cols], device)
         touched = torch.unique(rows)
-        re_idx, re_dist = _sort_by_value_then_index(dist[touched], idx[touched], idx.shape[1])
+        re_idx, re_dist = sort_by_distance_then_index(dist[touched], idx[touched], idx.shape[1])
         idx, dist = idx.clone(), dist
         idx[touched], dist[touched] = re_idx, re_dist
     return idx[:, :k], dist[:, :k]

@@ -159,6 +159,12 @@ class PreparedCorpus:
         return self.metric.prepare(raw.to(self.device, non_blocking=True), self.centre,
                                    side="corpus", symmetric=self.symmetric, dtype=self.dtype)
 
+    def take(self, index: torch.Tensor) -> torch.Tensor:
+        """Prepared rows at ``index`` (corpus layout) on the device."""
+        if self.resident is not None:
+            return self.resident[index.to(self.device)]
+        return self._prepare(self.corpus.take(index)).vectors
+
     def tile(self, start: int, stop: int) -> torch.Tensor:
         """Prepared rows ``start:stop`` (corpus layout) on the device."""
         if self.resident is not None:

@@ -34,7 +34,7 @@ from knng.metrics import UNIT_ROUNDOFF_FP32, Metric
 if TYPE_CHECKING:
     from knng.engine.common import PreparedCorpus
 
-__all__ = ["Candidates", "finish_rows", "ExactStats"]
+__all__ = ["Candidates", "finish_rows", "ExactStats", "exact_pairs", "exact_pairs_of", "sort_by_distance_then_index"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
 #: Bytes for gathered float64 vectors in one exact re-rank chunk.
@@ -86,7 +86,7 @@ class ExactStats:
         self.complete_rows += other.complete_rows
 
 
-def _sort_by_value_then_index(dist: torch.Tensor, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sort_by_distance_then_index(dist: torch.Tensor, idx: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's k smallest by (distance, index): ties go to the smaller index."""
     order = torch.argsort(idx, dim=1)
     idx = torch.gather(idx, 1, order)
@@ -206,11 +206,11 @@ def finish_rows(
     stats.exact_evaluations += int(rows.numel())
     out_idx, out_dist = idx[:, :k].clone(), dist[:, :k].clone()
     if rows.numel():
-        dist[rows, cols] = _exact_pairs(metric, raw_rows, rows, corpus, idx[rows, cols], device)
+        dist[rows, cols] = exact_pairs(metric, raw_rows, rows, corpus, idx[rows, cols], device)
         # Only rows with recomputed entries can change order (their intervals overlap only
         # each other's); every other row is already sorted by distinct values.
         touched = torch.unique(rows)
-        out_idx[touched], out_dist[touched] = _sort_by_value_then_index(dist[touched], idx[touched], k)
+        out_idx[touched], out_dist[touched] = sort_by_distance_then_index(dist[touched], idx[touched], k)
 
     failing = torch.nonzero(~certified).flatten()
     if failing.numel():
@@ -244,8 +244,8 @@ def _overlapping_sorted(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     return (prev_hi >= low) | (next_lo <= high)
 
 
-def _exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, corpus: InputArray,
-                 cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+def exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, corpus: InputArray,
+                cols: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Exact float64 distances for the pairs (raw_rows[rows[p]], corpus[cols[p]])."""
     out = torch.empty(rows.numel(), dtype=torch.float64, device=device)
     step = max(1, EXACT_CHUNK_BYTES // (corpus.d * 8 * 3))
@@ -253,6 +253,19 @@ def _exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, cor
         p1 = min(rows.numel(), p0 + step)
         x = raw_rows[rows[p0:p1].to(raw_rows.device)].to(device)
         y = corpus.take(cols[p0:p1]).to(device, non_blocking=True)
+        out[p0:p1] = metric.exact(x, y[:, None, :])[:, 0]
+    return out
+
+
+def exact_pairs_of(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, cols: torch.Tensor,
+                   device: torch.device) -> torch.Tensor:
+    """Exact float64 distances for the pairs (left[rows[p]], right[cols[p]]), both by id."""
+    out = torch.empty(rows.numel(), dtype=torch.float64, device=device)
+    step = max(1, EXACT_CHUNK_BYTES // (left.d * 8 * 3))
+    for p0 in range(0, rows.numel(), step):
+        p1 = min(rows.numel(), p0 + step)
+        x = left.take(rows[p0:p1]).to(device, non_blocking=True)
+        y = right.take(cols[p0:p1]).to(device, non_blocking=True)
         out[p0:p1] = metric.exact(x, y[:, None, :])[:, 0]
     return out
 
@@ -327,5 +340,5 @@ def fallback(
     valid = cand >= 0
     exact = _exact_for(metric, x, corpus, cand.clamp_min(0), device)
     exact = torch.where(valid, exact, torch.inf)
-    idx, dist = _sort_by_value_then_index(exact, cand, k)
+    idx, dist = sort_by_distance_then_index(exact, cand, k)
     return idx, dist, int(pr.numel())

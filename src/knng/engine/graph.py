@@ -10,39 +10,54 @@ directions. Then every point's candidates go through the same exact finish as a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from knng._inputs import InputArray
-from knng.engine.common import (
-    PreparedCorpus, Progress, choose_screen_dtype, corpus_stats, full_precision, is_out_of_memory,
-    CandidateLists, select_block,
-)
-from knng.engine.exact import Candidates, ExactStats, finish_rows
-from knng.engine.plan import TilePlan, candidate_count, plan_tiles
-from knng.engine.search import Float64Refiner
+from knng.engine.common import PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory, select_block
+from knng.engine.exact import Candidates, ExactStats, exact_pairs_of, finish_rows
+from knng.engine.plan import EnginePlan, TilePlan, make_graph_plan
+from knng.engine.screen import column_survivors, row_survivors
+from knng.engine.search import seed_candidates, summarize_per_row
+from knng.engine.store import CandidateStore, PairErrors, StoreStats
 from knng.metrics import Metric
 from knng.select import resolve
 
-__all__ = ["GraphReport", "exact_graph", "screen_block", "BlockCandidates", "finish_graph_rows", "choose_part_size"]
+__all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_block", "BlockCandidates", "finish_graph_rows",
+           "choose_part_size"]
 
 
 @dataclass
 class GraphReport:
-    """How a graph run went, including the symmetric saving."""
+    """How a graph run went: the plan it ran, the symmetric saving, the exactness counters."""
 
-    plan: TilePlan
-    part_size: int
-    parts: int
-    blocks_computed: int
-    blocks_full: int
+    plan: EnginePlan
     oom_retries: int
     exact: ExactStats
-    candidates_per_row: int
-    screen_dtype: str = "float32"
-    mirrored: bool = False  # whole score matrix held: blocks mirrored, rows selected once
+    store: StoreStats = field(default_factory=StoreStats)
+    evaluations_per_row: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def screen_dtype(self) -> str:
+        return self.plan.screen_precision
+
+    @property
+    def parts(self) -> int:
+        return self.plan.parts
+
+    @property
+    def part_size(self) -> int:
+        return self.plan.part_size
+
+    @property
+    def blocks_computed(self) -> int:
+        return self.plan.blocks
+
+    @property
+    def blocks_full(self) -> int:
+        return self.plan.parts ** 2
 
     @property
     def pairs_saving(self) -> float:
@@ -61,53 +76,110 @@ def exact_graph(
     progress: bool = False,
     part_size: int | None = None,
     screen_dtype: torch.dtype | None = None,
+    plan: EnginePlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
-    """Exact k-NN graph of ``data``; returns (indices, float64 distances, report)."""
-    n = data.n
-    available = n if include_self else n - 1
-    dtype = screen_dtype or choose_screen_dtype(device, n, data.d, k)
-    kc = candidate_count(k, available, dtype)
-    plan = plan_tiles(n_queries=n, n_corpus=n, d=data.d, k_cand=kc, budget=budget, device=device,
-                      symmetric=True, element_bytes=dtype.itemsize)
-    dense = plan.corpus_resident and n * n * dtype.itemsize <= budget // 4
-    b = part_size or choose_part_size(n, kc, plan, mirrored=dense)
+    """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
+
+    Blocks S(I, I) come first: each point's own part seeds its threshold (the k best-screened
+    of its part, by their certified upper bounds) and is screened against it. Then every block
+    S(I, J), I < J, once: each entry is tested against the row's τᵢ and the column's τⱼ, and a
+    survivor goes to the store of the point whose test it passed.
+    """
+    n, d = data.n, data.d
+    if plan is None:
+        plan = make_graph_plan(n=n, d=d, k=k, metric=metric.name, device=device, budget=budget,
+                               include_self=include_self, screen_dtype=screen_dtype, part_size=part_size)
+    b = plan.part_size
     parts = [(s, min(n, s + b)) for s in range(0, n, b)]
     with full_precision():
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=max(b, 4096))
         pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
-                               block_rows=max(b, 4096), symmetric=True, dtype=dtype)
+                               block_rows=max(b, 4096), symmetric=True, dtype=plan.screen_torch_dtype)
+        offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
+        errors = PairErrors(metric=metric, d=d, unit_roundoff=plan.unit_roundoff, row_norms=pdata.norms,
+                            row_terms=pdata.terms, row_offsets=offsets, col_norms=pdata.norms, col_terms=pdata.terms,
+                            centre_norm=pdata.centre_norm)
+
+        def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+            return exact_pairs_of(metric, data, rows, data, cols, device)
+
+        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device)
+        maxima = [_maxima(pdata, i0, i1) for i0, i1 in parts]
         retries = 0
-        pairs = [(i, j) for i in range(len(parts)) for j in range(i, len(parts))]
-        if dense:
-            try:
-                vals, idx, floor = _mirrored_candidates(pdata, metric, parts, pairs, kc, include_self, select,
-                                                        device, plan.query_rows, progress)
-            except Exception as exc:  # noqa: BLE001 - out of memory: take the blocked path instead
-                if not is_out_of_memory(exc):
-                    raise
-                dense, retries = False, retries + 1
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-        if not dense:
-            vals, idx, floor, blocked_retries = _blocked_candidates(
-                pdata, metric, parts, pairs, kc, include_self, select, device, min(b, plan.query_rows), progress)
-            retries += blocked_retries
-        # After a float32 screen, rows that fail the certificate get a float64 screen of their own.
-        refine = None if dtype == torch.float64 else Float64Refiner(
-            data.name, data, k, metric, device, select, budget, exclude_self=not include_self)
-        out_idx, out_dist, exact_stats, finish_retries = finish_graph_rows(
-            data, 0, n, vals, idx, floor, pdata, metric, k, available, include_self, device, refine,
-            chunk=plan.query_rows)
-        retries += finish_retries
-    report = GraphReport(plan=plan, part_size=b, parts=len(parts), blocks_computed=len(pairs),
-                         blocks_full=len(parts) ** 2, oom_retries=retries, exact=exact_stats,
-                         candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""),
-                         mirrored=dense)
+        bar = Progress(progress, total=plan.blocks, desc="knng graph")
+        for pi, (i0, i1) in enumerate(parts):
+            retries += retry_on_oom(lambda: _diagonal_block(pdata, metric, store, i0, i1, k, include_self, select,
+                                                            maxima[pi], device), device)
+            bar.update()
+        for pi, (i0, i1) in enumerate(parts):
+            rows_prep = None
+            for pj in range(pi + 1, len(parts)):
+                j0, j1 = parts[pj]
+                if rows_prep is None:
+                    rows_prep = metric.query_layout(pdata.tile(i0, i1), d)
+                retries += retry_on_oom(lambda: _off_diagonal_block(pdata, store, rows_prep, i0, i1, j0, j1,
+                                                                    maxima[pi], maxima[pj], device), device)
+                bar.update()
+        bar.close()
+        out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
+        out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
+        chunk = max(1, min(n, (64 << 20) // max(1, plan.capacity * 64)))
+        for r0 in range(0, n, chunk):
+            r1 = min(n, r0 + chunk)
+            out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
+    exact = ExactStats(rows=n, exact_evaluations=store.stats.exact_evaluations)
+    report = GraphReport(plan=plan, oom_retries=retries, exact=exact, store=store.stats,
+                         evaluations_per_row=summarize_per_row([store.evaluations_per_row()]))
     return out_idx, out_dist, report
 
 
-def _retry_on_oom(step, device: torch.device, attempts: int = 3) -> int:
-    """Run an idempotent ``step``; after an out-of-memory error free the cache and retry."""
+def _maxima(pdata: PreparedCorpus, i0: int, i1: int) -> tuple[float, float]:
+    """Largest norm and largest |term| of part rows i0:i1 (what a block's error radius needs)."""
+    norm = float(pdata.norms[i0:i1].max())
+    term = float(pdata.terms[i0:i1].abs().max()) if pdata.terms is not None else 0.0
+    return norm, term
+
+
+def _diagonal_block(pdata: PreparedCorpus, metric: Metric, store: CandidateStore, i0: int, i1: int, k: int,
+                    include_self: bool, select: str, maxima: tuple[float, float], device: torch.device) -> None:
+    """Block S(I, I): seed the part's thresholds from its own k best, then screen it."""
+    prep = pdata.tile(i0, i1)
+    scores = metric.query_layout(prep, pdata.corpus.d) @ prep.T
+    m = i1 - i0
+    if not include_self:
+        scores.diagonal().fill_(torch.inf)  # by index, not by distance: duplicates stay
+    rows = torch.arange(i0, i1, device=device)
+    ks = min(k, m if include_self else m - 1)
+    if ks >= 1:
+        values, positions = seed_candidates(scores, ks, select, device)
+        store.seed(rows, positions + i0, values)
+    found = row_survivors(scores, store.screen_thresholds(rows, *maxima))
+    owner, other, keys = found.owner, found.other, found.keys
+    if not include_self:
+        keep = owner != other
+        owner, other, keys = owner[keep], other[keep], keys[keep]
+    store.add(owner + i0, other + i0, keys)
+
+
+def _off_diagonal_block(pdata: PreparedCorpus, store: CandidateStore, rows_prep: torch.Tensor, i0: int, i1: int,
+                        j0: int, j1: int, maxima_i: tuple[float, float], maxima_j: tuple[float, float],
+                        device: torch.device) -> None:
+    """Block S(I, J), I < J: each entry tested for its row (part I) and its column (part J)."""
+    scores = rows_prep @ pdata.tile(j0, j1).T
+    rows = torch.arange(i0, i1, device=device)
+    cols = torch.arange(j0, j1, device=device)
+    by_row = row_survivors(scores, store.screen_thresholds(rows, *maxima_j))
+    by_col = column_survivors(scores, store.screen_thresholds(cols, *maxima_i))
+    store.add(torch.cat([by_row.owner + i0, by_col.owner + j0]), torch.cat([by_row.other + j0, by_col.other + i0]),
+              torch.cat([by_row.keys, by_col.keys]))
+
+
+def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int = 3) -> int:
+    """Run ``step``; after a device out-of-memory error free the allocator's cache and run it again.
+
+    Returns the number of retries. ``step`` must be safe to repeat after a failure: the graph's
+    block steps compute their product and screen before they change the store.
+    """
     for attempt in range(attempts):
         try:
             step()
@@ -184,76 +256,6 @@ def choose_part_size(n: int, kc: int, plan: TilePlan, mirrored: bool = False) ->
     return max(1, min(n, max(b, kc)))  # a part must offer at least kc columns
 
 
-def _blocked_candidates(pdata: PreparedCorpus, metric: Metric, parts: list[tuple[int, int]],
-                        pairs: list[tuple[int, int]], kc: int, include_self: bool, select: str,
-                        device: torch.device, sub_rows: int, progress: bool
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """Candidates from the blocks S(I, J), I ≤ J: row lists for part I, column lists for part J."""
-    n = pdata.corpus.n
-    lists = CandidateLists(n, kc, pdata.dtype, device)
-    floor = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
-    retries = 0
-    bar = Progress(progress, total=len(pairs), desc="knng graph")
-    for pi, pj in pairs:
-        (i0, i1), (j0, j1) = parts[pi], parts[pj]
-        col_block = pdata.tile(j0, j1)
-        r0 = i0
-        while r0 < i1:
-            r1 = min(i1, r0 + sub_rows)
-            try:
-                _screen_block(pdata, metric, col_block, r0, r1, j0, j1, pi == pj, include_self, kc,
-                              select, device, lists, floor)
-            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-                if not is_out_of_memory(exc) or sub_rows <= 8:
-                    raise
-                sub_rows = max(8, sub_rows // 2)
-                retries += 1
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-                continue
-            r0 = r1
-        retries += _retry_on_oom(lists.flush_due, device)
-        bar.update()
-    bar.close()
-    _retry_on_oom(lists.finalize, device)
-    return lists.values, lists.indices, floor, retries
-
-
-def _mirrored_candidates(pdata: PreparedCorpus, metric: Metric, parts: list[tuple[int, int]],
-                         pairs: list[tuple[int, int]], kc: int, include_self: bool, select: str,
-                         device: torch.device, chunk_rows: int, progress: bool
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Candidates when the whole n × n score matrix fits the budget.
-
-    Only the blocks S(I, J) with I ≤ J are multiplied; each is written to its place and,
-    transposed, to the mirror place (a copy at memory speed instead of a second product). Then
-    every row is selected once over its full length: no column selections and no merges.
-    """
-    n, d = pdata.corpus.n, pdata.corpus.d
-    full = torch.empty((n, n), dtype=pdata.dtype, device=device)
-    bar = Progress(progress, total=len(pairs), desc="knng graph")
-    for pi, pj in pairs:
-        (i0, i1), (j0, j1) = parts[pi], parts[pj]
-        torch.mm(metric.query_layout(pdata.tile(i0, i1), d), pdata.tile(j0, j1).T, out=full[i0:i1, j0:j1])
-        if pi != pj:
-            full[j0:j1, i0:i1] = full[i0:i1, j0:j1].T
-        bar.update()
-    bar.close()
-    if not include_self:
-        full.diagonal().fill_(torch.inf)  # by index, not by distance: duplicates stay
-    vals = torch.empty((n, kc), dtype=pdata.dtype, device=device)
-    idx = torch.empty((n, kc), dtype=torch.int64, device=device)
-    floor = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
-    selector = resolve(select, rows=min(n, chunk_rows), cols=n, k=kc, device=device)
-    for r0 in range(0, n, chunk_rows):
-        r1 = min(n, r0 + chunk_rows)
-        v, i, row_floor = select_block(selector, full[r0:r1], kc)
-        vals[r0:r1], idx[r0:r1] = v, i
-        if row_floor is not None and kc < n:
-            floor[r0:r1] = row_floor
-    return vals, idx, floor
-
-
 @dataclass
 class BlockCandidates:
     """Candidates from one block S(I, J), rows r0:r1 of part I against all of part J.
@@ -302,24 +304,3 @@ def screen_block(rows: torch.Tensor, col_block: torch.Tensor, metric: Metric, d:
     if kr == r1 - r0:
         col_floor = None
     return BlockCandidates(v, i + j0, row_floor, cv, ci + r0, col_floor)
-
-
-def _screen_block(pdata: PreparedCorpus, metric: Metric, col_block: torch.Tensor, r0: int, r1: int,
-                  j0: int, j1: int, diagonal: bool, include_self: bool, kc: int, select: str,
-                  device: torch.device, lists: CandidateLists, floor: torch.Tensor) -> None:
-    """Screen rows r0:r1 of part I against part J; merge row and (off-diagonal) column candidates."""
-    block = screen_block(pdata.tile(r0, r1), col_block, metric, pdata.corpus.d, r0, j0, diagonal, include_self,
-                         kc, select, device)
-    # Floors first: taking a minimum twice is harmless if the block is retried.
-    if block.row_floor is not None:
-        floor[r0:r1] = torch.minimum(floor[r0:r1], block.row_floor)
-    if block.col_floor is not None:
-        floor[j0:j1] = torch.minimum(floor[j0:j1], block.col_floor)
-    # The adds are all or nothing, so a retried block is never counted twice.
-    lists.add(r0, r1, block.row_values, block.row_ids)
-    if block.col_values is not None:
-        try:
-            lists.add(j0, j1, block.col_values, block.col_ids)
-        except BaseException:
-            lists.discard_last(r0, r1)
-            raise

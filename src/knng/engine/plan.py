@@ -15,7 +15,10 @@ import torch
 
 from knng._units import parse_bytes
 
-__all__ = ["TilePlan", "plan_tiles", "default_budget", "resolve_budget", "candidate_count"]
+__all__ = [
+    "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
+    "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "candidate_count",
+]
 
 #: Bytes per score-block element: the block itself, the selection's workspace (torch.topk's
 #: radix select and sort need up to about one block-size more) and the exactness pass.
@@ -151,3 +154,173 @@ def plan_tiles(
         cols = max(MIN_TILE, k_cand, cols // 2)
         rows = int(min(n_queries, max_rows, max(1, remaining // (cols * block_bytes))))
     return TilePlan(query_rows=max(1, rows), corpus_cols=max(1, cols), corpus_resident=True, budget=budget)
+
+
+# ------------------------------------------------------------------------------ the one plan
+#: Unit roundoff of each screen precision (inputs rounded to it, products accumulated in it).
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
+#: Compute capabilities whose float64 matrix products are about as fast as float32 ones.
+FAST_FP64_CAPABILITIES = {(8, 0), (9, 0), (10, 0)}
+#: Largest graph part on a CPU: a 1024 × 1024 float32 block stays in cache, and its product
+#: runs at the BLAS's full rate there (2 cores: 1.0 ms; 2048² blocks 4.5 ms, 4096² 101 ms).
+CPU_MAX_PART = 1024
+#: Largest graph part on a GPU (a 16384² float32 block is 1 GiB).
+GPU_MAX_PART = 16384
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """Everything the engine decided before it ran: printed by ``knng info``, saved in ``knng.json``.
+
+    Attributes
+    ----------
+    operation : {"search", "graph"}
+    n_queries, n_corpus, d, k : int
+        The shape of the problem (a graph has ``n_queries == n_corpus``).
+    metric : str
+    device : str
+    screen_precision : {"float32", "float64"}
+        Precision of the matrix products of the screen; it only changes the rounding bound.
+    unit_roundoff : float
+        The screen's unit roundoff u in the bound of ``docs/EXACTNESS.md``.
+    thresholds : str
+        How each row's first threshold τ is found before the full screen.
+    sample_size : int
+        Columns of the random sample that seeds a search's thresholds (0 for a graph).
+    capacity : int
+        Candidates a row keeps before it tightens its threshold.
+    query_rows, corpus_cols : int
+        Rows and columns of one score block of a search; a graph's blocks are parts × parts.
+    corpus_resident : bool
+        Whether the prepared corpus stays whole on the device (else it streams in tiles).
+    parts, part_size, blocks : int
+        A graph's parts, rows per part and blocks S(I, J), I ≤ J, computed (0 for a search).
+    bytes_expected : int
+        Peak bytes the plan expects to hold on the device.
+    budget : int
+        The memory budget in bytes.
+    budget_source : str
+        Where the budget came from.
+    """
+
+    operation: str
+    n_queries: int
+    n_corpus: int
+    d: int
+    k: int
+    metric: str
+    device: str
+    screen_precision: str
+    unit_roundoff: float
+    thresholds: str
+    sample_size: int
+    capacity: int
+    query_rows: int
+    corpus_cols: int
+    corpus_resident: bool
+    parts: int
+    part_size: int
+    blocks: int
+    bytes_expected: int
+    budget: int
+    budget_source: str
+
+    @property
+    def screen_torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.screen_precision)
+
+    def as_dict(self) -> dict:
+        """Plain JSON values (what ``knng.json`` records and ``knng info --json`` prints)."""
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int) -> str:
+    """float32 or float64 for the screen, whichever makes the exact answer cheaper.
+
+    After a float32 screen every candidate a row keeps is evaluated from the input vectors
+    (k·d values read per row); a float64 screen pins most distances down by itself, at the
+    price of 8-byte score blocks. On GPUs whose float64 products run at the float32 rate
+    (A100, H100/H200, B200) float64 pays once k·d outweighs the row length n; elsewhere on a GPU
+    float32. On a CPU from k·d ≥ n/8 (its products cost twice float32 ones).
+    """
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
+            return "float64"
+        return "float32"
+    return "float64" if 8 * k * d >= n_corpus else "float32"
+
+
+def budget_source(memory_budget: int | float | str | None, device: torch.device) -> str:
+    """Where :func:`resolve_budget` takes the budget from, in words."""
+    if memory_budget is not None:
+        return f"memory_budget={memory_budget!r}"
+    if device.type == "cuda":
+        return f"default: {GPU_FREE_SHARE:.0%} of the free memory of {device}"
+    return f"default: {CPU_AVAILABLE_SHARE:.0%} of available RAM, at most {CPU_BUDGET_CAP / 2**30:.0f} GiB"
+
+
+def _capacity(k: int, available: int) -> int:
+    """Candidates per row before a tightening: room for k and the usual near-ties."""
+    return int(min(available, 2 * k + 16))
+
+
+def _store_bytes(rows: int, capacity: int) -> int:
+    return rows * (capacity * 25 + 40)  # key, index, distance (8 B each), flags
+
+
+def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
+                     budget: int, source: str = "", screen_dtype: torch.dtype | None = None) -> EnginePlan:
+    """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``."""
+    precision = (str(screen_dtype).replace("torch.", "") if screen_dtype is not None
+                 else choose_screen_precision(device, n_corpus, d, k))
+    element = 8 if precision == "float64" else 4
+    capacity = _capacity(k, n_corpus)
+    tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
+                       element_bytes=element)
+    sample = int(min(n_corpus, max(4 * k, 8192 if device.type == "cuda" else 1024)))
+    vector = d * element + 24
+    expected = (_store_bytes(tiles.query_rows, capacity) + tiles.query_rows * tiles.corpus_cols * element * 3
+                + (n_corpus * vector if tiles.corpus_resident else tiles.corpus_cols * vector)
+                + sample * vector + n_corpus * 16)
+    return EnginePlan(
+        operation="search", n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=str(device),
+        screen_precision=precision, unit_roundoff=UNIT_ROUNDOFF[precision],
+        thresholds=f"k-th best certified upper bound among {sample} random columns, then tightened as rows fill",
+        sample_size=sample, capacity=capacity, query_rows=tiles.query_rows, corpus_cols=tiles.corpus_cols,
+        corpus_resident=tiles.corpus_resident, parts=0, part_size=0, blocks=0, bytes_expected=int(expected),
+        budget=budget, budget_source=source or "given")
+
+
+def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
+                    source: str = "", screen_dtype: torch.dtype | None = None,
+                    part_size: int | None = None) -> EnginePlan:
+    """The plan of the k-NN graph of ``n`` vectors: parts, blocks, store and budget."""
+    available = n if include_self else n - 1
+    precision = (str(screen_dtype).replace("torch.", "") if screen_dtype is not None
+                 else choose_screen_precision(device, n, d, k))
+    element = 8 if precision == "float64" else 4
+    capacity = _capacity(k, available)
+    vector = d * element + 24
+    store = _store_bytes(n, capacity)
+    corpus_bytes = n * vector
+    resident = corpus_bytes + store <= budget // 2
+    remaining = max(budget - store - (corpus_bytes if resident else 0), budget // 8)
+    side = math.isqrt(max(1, remaining // (BLOCK_BYTES_PER_ELEMENT * element // 4)))
+    if not resident:
+        side = min(side, max(MIN_TILE, remaining // 4 // vector))
+    cap = GPU_MAX_PART if device.type == "cuda" else CPU_MAX_PART
+    b = part_size or int(min(n, cap, max(side, MIN_TILE)))
+    b = max(1, min(n, max(b, k + 1 if not include_self else k)))  # the diagonal block seeds τ
+    parts = -(-n // b)
+    expected = store + (corpus_bytes if resident else 2 * b * vector) + b * b * element * 3
+    return EnginePlan(
+        operation="graph", n_queries=n, n_corpus=n, d=d, k=k, metric=metric, device=str(device),
+        screen_precision=precision, unit_roundoff=UNIT_ROUNDOFF[precision],
+        thresholds="k-th best certified upper bound within each point's own part (the diagonal blocks, "
+                   "computed first), then tightened as rows fill",
+        sample_size=0, capacity=capacity, query_rows=b, corpus_cols=b, corpus_resident=resident, parts=parts,
+        part_size=b, blocks=parts * (parts + 1) // 2, bytes_expected=int(expected), budget=budget,
+        budget_source=source or "given")

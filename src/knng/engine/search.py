@@ -1,39 +1,44 @@
-"""Single-device exact search: queries × corpus, tile by tile, then the exact finish.
+"""Single-device exact search: one threshold screen of the corpus per query chunk.
 
 Flow (one way): corpus pass (finite check, centre) → prepared corpus (resident or streamed)
-→ for each query chunk: prepare queries → for each corpus tile: one matrix product → select
-→ merge → exact finish (certificate, re-rank, fall-back) → results.
+→ for each query chunk: prepare queries → thresholds τ from a random sample of columns →
+for each corpus tile: one matrix product → threshold screen → the rows' candidate stores
+(tightening as they fill) → exact finish of each row's store → results.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from knng._inputs import InputArray, check_finite
 from knng.engine.common import (
-    MAX_SCREEN_NORM,
-    PreparedCorpus, Progress, choose_screen_dtype, corpus_stats, full_precision, is_out_of_memory,
-    merge_topk, select_block,
+    MAX_SCREEN_NORM, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
 )
-from knng.engine.exact import Candidates, ExactStats, finish_rows
-from knng.engine.plan import TilePlan, candidate_count, plan_tiles
+from knng.engine.exact import ExactStats, exact_pairs
+from knng.engine.plan import EnginePlan, make_search_plan
+from knng.engine.screen import row_survivors
+from knng.engine.store import CandidateStore, PairErrors, StoreStats
 from knng.metrics import Metric
 from knng.select import resolve
 
-__all__ = ["SearchReport", "exact_search", "prepare_corpus", "Float64Refiner"]
+__all__ = ["SearchReport", "exact_search", "prepare_corpus", "sample_columns"]
 
 
 @dataclass
 class SearchReport:
-    """How a run went: the plan used, OOM retries, and the exactness counters."""
+    """How a run went: the plan it ran, out-of-memory retries and the exactness counters."""
 
-    plan: TilePlan
+    plan: EnginePlan
     oom_retries: int
     exact: ExactStats
-    candidates_per_row: int
-    screen_dtype: str = "float32"
+    store: StoreStats = field(default_factory=StoreStats)
+    evaluations_per_row: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def screen_dtype(self) -> str:
+        return self.plan.screen_precision
 
 
 def exact_search(
@@ -47,16 +52,17 @@ def exact_search(
     progress: bool = False,
     screen_dtype: torch.dtype | None = None,
     prepared: PreparedCorpus | None = None,
+    plan: EnginePlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
     """Exact k nearest corpus vectors of every query; returns (indices, float64 distances, report).
 
     ``prepared`` reuses a corpus already prepared for this metric and screen precision (the
-    float64 re-screen of failing rows prepares it once for all query chunks).
+    distributed search prepares each shard once for all query chunks).
     """
-    dtype = screen_dtype or choose_screen_dtype(device, corpus.n, corpus.d, k)
-    kc = candidate_count(k, corpus.n, dtype)
-    plan = plan_tiles(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k_cand=kc, budget=budget,
-                      device=device, element_bytes=dtype.itemsize)
+    if plan is None:
+        plan = make_search_plan(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k=k, metric=metric.name,
+                                device=device, budget=budget, screen_dtype=screen_dtype)
+    dtype = plan.screen_torch_dtype
     with full_precision():
         if not queries.in_memory:
             # Lazy queries (memory maps, datasets) are checked up front, so that a NaN in the
@@ -65,38 +71,46 @@ def exact_search(
                 check_finite(block, queries.name, start)
         pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
                                              block_rows=max(plan.corpus_cols, 4096))
+        sample = sample_columns(corpus.n, plan.sample_size, device)
+        sample_vectors = pcorpus.take(sample)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
-        exact_stats = ExactStats()
+        exact_stats, store_stats = ExactStats(), StoreStats()
+        per_row: list[torch.Tensor] = []
         retries = 0
-        # After a float32 screen, rows that fail the certificate get a float64 screen of their own.
-        refine = None if dtype == torch.float64 else Float64Refiner(queries.name, corpus, k, metric, device,
-                                                                     select, budget)
+        rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
         while q0 < queries.n:
-            q1 = min(queries.n, q0 + plan.query_rows)
+            q1 = min(queries.n, q0 + rows_per_chunk)
             try:
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                cands = _screen_chunk(raw, pcorpus, metric, kc, plan, select, device)
-                idx, dist, st = finish_rows(cands, torch.arange(q0, q1, device=device), raw, pcorpus, metric,
-                                            k, corpus.n, exclude_self=False, device=device, refine=refine)
-            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-                if not is_out_of_memory(exc):
+                store = _screen_chunk(raw, pcorpus, sample, sample_vectors, metric, k, plan, cols_per_tile, select,
+                                      device)
+                idx, dist = store.finish()
+            except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
+                if not is_out_of_memory(exc) or (rows_per_chunk <= 8 and cols_per_tile <= max(8, k)):
                     raise
-                plan = plan.shrunk()
+                if rows_per_chunk >= cols_per_tile and rows_per_chunk > 8:
+                    rows_per_chunk = max(8, rows_per_chunk // 2)
+                else:
+                    cols_per_tile = max(8, k, cols_per_tile // 2)
+                plan = replace(plan, query_rows=rows_per_chunk, corpus_cols=cols_per_tile)
                 retries += 1
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                 continue
             out_idx[q0:q1] = idx
             out_dist[q0:q1] = dist
-            exact_stats.add(st)
+            exact_stats.rows += q1 - q0
+            exact_stats.exact_evaluations += store.stats.exact_evaluations
+            store_stats.add(store.stats)
+            per_row.append(store.evaluations_per_row())
             bar.update(q1 - q0)
             q0 = q1
         bar.close()
-    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, kc, str(dtype).replace("torch.", ""))
+    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, summarize_per_row(per_row))
 
 
 def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
@@ -107,56 +121,69 @@ def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dty
                           symmetric=False, dtype=dtype)
 
 
-class Float64Refiner:
-    """Exact top-k of rows that failed the float32 certificate, by a float64 screen of their own.
+def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> torch.Tensor:
+    """``size`` distinct column ids drawn at random (a fixed seed: runs are reproducible)."""
+    if size >= n:
+        return torch.arange(n, device=device)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randperm(n, generator=gen)[:size].sort().values.to(device)
 
-    Called once per chunk with failing rows; the corpus is prepared in float64 on the first call
-    and reused. With ``exclude`` (a graph's own row ids) it asks for k + 1 and drops each row's
-    own index: the first k of the rest are the row's k nearest others, duplicates included.
+
+def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.device
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """k candidates per row of a block to seed τ: the k smallest, selected by ``select``.
+
+    Any k columns give a valid bound, so a float64 block is selected on float32 keys (every
+    algorithm takes them) and the block's own values are returned.
     """
-
-    def __init__(self, name: str, corpus: InputArray, k: int, metric: Metric, device: torch.device,
-                 select: str, budget: int, exclude_self: bool = False) -> None:
-        self.name, self.corpus, self.k, self.metric = name, corpus, k, metric
-        self.device, self.select, self.budget, self.exclude_self = device, select, budget, exclude_self
-        self.prepared: PreparedCorpus | None = None
-
-    def __call__(self, rows: torch.Tensor, row_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
-        corpus = self.corpus
-        if self.prepared is None:
-            resident = corpus.n * (corpus.d * 8 + 24) <= self.budget // 4
-            self.prepared = prepare_corpus(corpus, self.metric, self.device, torch.float64, resident,
-                                           block_rows=4096)
-        sub = InputArray(self.name, "torch", (rows.shape[0], corpus.d), rows.dtype, rows.device, tensor=rows)
-        kk = self.k + 1 if self.exclude_self else self.k
-        idx, dist, report = exact_search(sub, corpus, kk, self.metric, self.device, self.select, self.budget,
-                                         screen_dtype=torch.float64, prepared=self.prepared)
-        if self.exclude_self:
-            own = idx == row_ids.to(idx.device)[:, None]
-            order = torch.argsort(own.to(torch.int8), dim=1, stable=True)  # others first, in order
-            idx = torch.gather(idx, 1, order)[:, :self.k]
-            dist = torch.gather(dist, 1, order)[:, :self.k]
-        return idx, dist, report.exact
+    selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=k, device=device)
+    keys = scores if scores.dtype == torch.float32 else scores.to(torch.float32)
+    _, positions = selector(keys, k)
+    return scores.gather(1, positions), positions
 
 
-def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, metric: Metric, kc: int, plan: TilePlan,
-                  select: str, device: torch.device) -> Candidates:
-    """Screen one chunk of queries against every corpus tile; keep kc candidates per row."""
+def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
+    """Median, 99th percentile and maximum of the exact evaluations per row."""
+    if not counts:
+        return {}
+    allc = torch.cat([c.to("cpu", torch.float64) for c in counts])
+    if allc.numel() == 0:
+        return {}
+    return {"median": float(allc.median()), "p99": float(torch.quantile(allc, 0.99)) if allc.numel() > 1
+            else float(allc[0]), "max": float(allc.max())}
+
+
+def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tensor, sample_vectors: torch.Tensor,
+                  metric: Metric, k: int, plan: EnginePlan, cols_per_tile: int, select: str,
+                  device: torch.device) -> CandidateStore:
+    """Screen one chunk of queries against every corpus tile into a store of candidates."""
     prep = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
         raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
                          f"too large to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
-    n = pcorpus.corpus.n
-    vals = idx = None
-    floor = torch.full((raw.shape[0],), torch.inf, dtype=torch.float64, device=device)
-    for c0 in range(0, n, plan.corpus_cols):
-        c1 = min(n, c0 + plan.corpus_cols)
+    corpus = pcorpus.corpus
+    m = raw.shape[0]
+    errors = PairErrors(metric=metric, d=corpus.d, unit_roundoff=plan.unit_roundoff, row_norms=prep.norms,
+                        row_terms=None, row_offsets=prep.offsets, col_norms=pcorpus.norms, col_terms=pcorpus.terms,
+                        centre_norm=pcorpus.centre_norm)
+
+    def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return exact_pairs(metric, raw, rows, corpus, cols, device)
+
+    store = CandidateStore(m, k, plan.capacity, errors, evaluate, device)
+    rows = torch.arange(m, device=device)
+    # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
+    scores = prep.vectors @ sample_vectors.T
+    ks = min(k, scores.shape[1])
+    values, positions = seed_candidates(scores, ks, select, device)
+    store.seed(rows, sample[positions], values)
+    del scores
+    n = corpus.n
+    for c0 in range(0, n, cols_per_tile):
+        c1 = min(n, c0 + cols_per_tile)
         scores = prep.vectors @ pcorpus.tile(c0, c1).T
-        kt = min(kc, c1 - c0)
-        selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=kt, device=device)
-        v, i, block_floor = select_block(selector, scores, kt)
-        if block_floor is not None and kt < c1 - c0:
-            floor = torch.minimum(floor, block_floor)
-        vals, idx = merge_topk(vals, idx, v, i + c0, kc)
-    return Candidates(values=vals, indices=idx, row_norms=prep.norms, row_terms=None, row_offsets=prep.offsets,
-                      floor=floor)
+        max_norm = float(pcorpus.norms[c0:c1].max())
+        max_term = float(pcorpus.terms[c0:c1].abs().max()) if pcorpus.terms is not None else 0.0
+        found = row_survivors(scores, store.screen_thresholds(rows, max_norm, max_term))
+        store.add(found.owner, found.other + c0, found.keys)
+    return store

@@ -1,0 +1,68 @@
+"""The threshold screen of one score block: which pairs a row (or column) must keep.
+
+A pair survives for row i when its screened key s̃ᵢⱼ is ≤ the row's block threshold tᵢ
+(τᵢ plus an error radius valid for every column of the block); in a symmetric graph block the
+same entry is also tested for column j against tⱼ. Most rows of a block keep nothing once
+their thresholds are tight, so each side is first filtered by its minimum (one cheap reduction
+that reads the block once) and only rows/columns that can keep anything are compared entry by
+entry. The CPU reference and the GPU path are the same torch code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Survivors", "row_survivors", "column_survivors"]
+
+
+@dataclass
+class Survivors:
+    """Pairs kept by one side of a block: positions in the block and their screened keys.
+
+    ``owner`` are the block positions of the rows (or columns) whose threshold admitted the
+    pair, ``other`` the positions on the other axis; ``keys`` the screened scores.
+    """
+
+    owner: torch.Tensor
+    other: torch.Tensor
+    keys: torch.Tensor
+
+
+def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
+    """Entries of each row of ``scores`` at or below the row's threshold."""
+    thr = thresholds.to(scores.dtype) if scores.dtype != torch.float64 else thresholds
+    # Rounding the float64 threshold to the block's dtype must not drop a survivor.
+    thr = _round_up(thr, thresholds)
+    hit = torch.nonzero(scores.amin(dim=1) <= thr).flatten()
+    if hit.numel() == 0:
+        return _empty(scores.device, scores.dtype)
+    sub = scores if hit.numel() == scores.shape[0] else scores.index_select(0, hit)
+    r, c = torch.nonzero(sub <= thr[hit, None], as_tuple=True)
+    return Survivors(owner=hit[r], other=c, keys=sub[r, c])
+
+
+def column_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
+    """Entries of each column of ``scores`` at or below the column's threshold."""
+    thr = thresholds.to(scores.dtype) if scores.dtype != torch.float64 else thresholds
+    thr = _round_up(thr, thresholds)
+    hit = torch.nonzero(scores.amin(dim=0) <= thr).flatten()
+    if hit.numel() == 0:
+        return _empty(scores.device, scores.dtype)
+    sub = scores if hit.numel() == scores.shape[1] else scores.index_select(1, hit)
+    r, c = torch.nonzero(sub <= thr[None, hit], as_tuple=True)
+    return Survivors(owner=hit[c], other=r, keys=sub[r, c])
+
+
+def _round_up(rounded: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """``rounded`` nudged up one step wherever the rounding went below ``exact``."""
+    if rounded.dtype == exact.dtype:
+        return rounded
+    below = rounded.to(exact.dtype) < exact
+    return torch.where(below, torch.nextafter(rounded, torch.full_like(rounded, torch.inf)), rounded)
+
+
+def _empty(device: torch.device, dtype: torch.dtype) -> Survivors:
+    none = torch.empty(0, dtype=torch.int64, device=device)
+    return Survivors(owner=none, other=none.clone(), keys=torch.empty(0, dtype=dtype, device=device))
