@@ -16,6 +16,9 @@ import torch
 
 __all__ = ["Survivors", "row_survivors", "column_survivors"]
 
+#: Compare the whole block once at least 1/DENSE_HITS of its rows (or columns) can keep something.
+DENSE_HITS = 4
+
 
 @dataclass
 class Survivors:
@@ -38,7 +41,11 @@ def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
     hit = torch.nonzero(scores.amin(dim=1) <= thr).flatten()
     if hit.numel() == 0:
         return _empty(scores.device, scores.dtype)
-    sub = scores if hit.numel() == scores.shape[0] else scores.index_select(0, hit)
+    if hit.numel() * DENSE_HITS >= scores.shape[0]:
+        # Many rows can keep something: one compare of the whole block beats a gather.
+        r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
+        return Survivors(owner=r, other=c, keys=scores[r, c])
+    sub = scores.index_select(0, hit)
     r, c = torch.nonzero(sub <= thr[hit, None], as_tuple=True)
     return Survivors(owner=hit[r], other=c, keys=sub[r, c])
 
@@ -50,7 +57,10 @@ def column_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivor
     hit = torch.nonzero(scores.amin(dim=0) <= thr).flatten()
     if hit.numel() == 0:
         return _empty(scores.device, scores.dtype)
-    sub = scores if hit.numel() == scores.shape[1] else scores.index_select(1, hit)
+    if hit.numel() * DENSE_HITS >= scores.shape[1]:
+        r, c = torch.nonzero(scores <= thr[None, :], as_tuple=True)
+        return Survivors(owner=c, other=r, keys=scores[r, c])
+    sub = scores.index_select(1, hit)  # a strided gather: worth it only for few columns
     r, c = torch.nonzero(sub <= thr[None, hit], as_tuple=True)
     return Survivors(owner=hit[c], other=r, keys=sub[r, c])
 
