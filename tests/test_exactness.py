@@ -377,3 +377,21 @@ def test_user_matmul_precision_setting(setting, seed):
     env["PYTHONPATH"] = str(Path(knng.__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
+def test_tiny_capacity_forces_tightening_and_overflow(metric, monkeypatch, rng, seed):
+    # Stores of exactly k: every row
+    # tightens many times, and duplicated points overflow into exact evaluation.
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "_capacity", lambda k, available: min(available, k))
+    x = rng.integers(0, 4, size=(700, 6)).astype(np.float32)  # integer data: dense exact ties
+    x[600:] = x[:100]  # and duplicates
+    for k in (1, 5, 40):
+        g = knng.graph(x, k, metric=metric, device="cpu", memory_budget="64KB")
+        assert g.report.store.tightenings > 0 and g.report.plan.parts > 1, g.report
+        assert_exact(g, oracle_graph(x, k, metric), context=f"seed={seed} graph k={k}")
+        s = knng.search(x[:50] + 0.5, x, k, metric=metric, device="cpu")
+        assert_exact(s, oracle_search(x[:50] + 0.5, x, k, metric), context=f"seed={seed} search k={k}")
+    assert g.report.store.overflow_rows > 0, g.report
