@@ -183,9 +183,9 @@ def _oom_on_call(monkeypatch, which: set[int]):
     Returns the state: ``state["n"]`` counts calls; reset it and edit ``state["which"]`` to
     re-arm between runs.
     """
-    import knng.engine.search as search_engine  # the seeding selection of τ lives there
+    import knng.engine.thresholds as thresholds  # the seeding selection of τ lives there
 
-    real = search_engine.resolve
+    real = thresholds.resolve
     state = {"n": 0, "which": which}
 
     def resolve(*args, **kwargs):
@@ -199,7 +199,7 @@ def _oom_on_call(monkeypatch, which: set[int]):
 
         return select
 
-    monkeypatch.setattr(search_engine, "resolve", resolve)
+    monkeypatch.setattr(thresholds, "resolve", resolve)
     return state
 
 

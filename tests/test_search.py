@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import knng
-import knng.engine.search as search_engine
+import knng.engine.thresholds as thresholds  # the selection that seeds τ (where an OOM is injected)
 from knng.api import last_report
 from knng.select import available
 from oracle import (
@@ -188,7 +188,7 @@ def _oom_once(monkeypatch, module, name="resolve", message=None):
 def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
     x = rng.standard_normal((700, 16)).astype(np.float32)
     q = rng.standard_normal((300, 16)).astype(np.float32)
-    calls = _oom_once(monkeypatch, search_engine, message=message)
+    calls = _oom_once(monkeypatch, thresholds, message=message)
     res = knng.search(q, x, 10)
     report = last_report()
     assert calls["n"] > 1
@@ -199,7 +199,7 @@ def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
 
 def test_search_other_errors_are_not_retried(monkeypatch, rng):
     x = rng.standard_normal((50, 4)).astype(np.float32)
-    _oom_once(monkeypatch, search_engine, message="some other runtime failure")
+    _oom_once(monkeypatch, thresholds, message="some other runtime failure")
     with pytest.raises(RuntimeError, match="some other runtime failure"):
         knng.search(x, x, 3)
 

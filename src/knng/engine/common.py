@@ -149,6 +149,7 @@ class PreparedCorpus:
 
     def _set_norms(self, norms: torch.Tensor, terms: torch.Tensor | None) -> None:
         self.norms, self.terms = norms, terms
+        self._maxima: dict[tuple[int, int], tuple[float, float]] = {}
         self.max_norm = float(norms.max())
         if self.max_norm > MAX_SCREEN_NORM:
             raise ValueError(
@@ -158,6 +159,18 @@ class PreparedCorpus:
     def _prepare(self, raw: torch.Tensor) -> Prepared:
         return self.metric.prepare(raw.to(self.device, non_blocking=True), self.centre,
                                    side="corpus", symmetric=self.symmetric, dtype=self.dtype)
+
+    def maxima(self, start: int, stop: int) -> tuple[float, float]:
+        """Largest norm and largest |term| of rows ``start:stop`` (a block's error radius).
+
+        Remembered per range: a search asks for every corpus tile once per query chunk.
+        """
+        key = (start, stop)
+        if key not in self._maxima:
+            norm = float(self.norms[start:stop].max())
+            term = float(self.terms[start:stop].abs().max()) if self.terms is not None else 0.0
+            self._maxima[key] = (norm, term)
+        return self._maxima[key]
 
     def take(self, index: torch.Tensor) -> torch.Tensor:
         """Prepared rows at ``index`` (corpus layout) on the device."""

@@ -20,8 +20,8 @@ from knng.engine.common import PreparedCorpus, Progress, corpus_stats, full_prec
 from knng.engine.exact import Candidates, ExactStats, exact_pairs_of, finish_rows
 from knng.engine.plan import EnginePlan, TilePlan, make_graph_plan
 from knng.engine.screen import column_survivors, row_survivors
-from knng.engine.search import seed_candidates, summarize_per_row
-from knng.engine.store import CandidateStore, PairErrors, StoreStats
+from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
+from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric
 from knng.select import resolve
 
@@ -104,7 +104,7 @@ def exact_graph(
             return exact_pairs_of(metric, data, rows, data, cols, device)
 
         store = CandidateStore(n, k, plan.capacity, errors, evaluate, device)
-        maxima = [_maxima(pdata, i0, i1) for i0, i1 in parts]
+        maxima = [pdata.maxima(i0, i1) for i0, i1 in parts]
         retries = 0
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi, (i0, i1) in enumerate(parts):
@@ -131,13 +131,6 @@ def exact_graph(
     report = GraphReport(plan=plan, oom_retries=retries, exact=exact, store=store.stats,
                          evaluations_per_row=summarize_per_row([store.evaluations_per_row()]))
     return out_idx, out_dist, report
-
-
-def _maxima(pdata: PreparedCorpus, i0: int, i1: int) -> tuple[float, float]:
-    """Largest norm and largest |term| of part rows i0:i1 (what a block's error radius needs)."""
-    norm = float(pdata.norms[i0:i1].max())
-    term = float(pdata.terms[i0:i1].abs().max()) if pdata.terms is not None else 0.0
-    return norm, term
 
 
 def _diagonal_block(pdata: PreparedCorpus, metric: Metric, store: CandidateStore, i0: int, i1: int, k: int,

@@ -34,10 +34,9 @@ class Survivors:
 
 
 def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
-    """Entries of each row of ``scores`` at or below the row's threshold."""
-    thr = thresholds.to(scores.dtype) if scores.dtype != torch.float64 else thresholds
+    """Entries of each row of ``scores`` at or below the row's (float64) threshold."""
     # Rounding the float64 threshold to the block's dtype must not drop a survivor.
-    thr = _round_up(thr, thresholds)
+    thr = _round_up(thresholds.to(scores.dtype), thresholds)
     hit = torch.nonzero(scores.amin(dim=1) <= thr).flatten()
     if hit.numel() == 0:
         return _empty(scores.device, scores.dtype)
@@ -51,18 +50,12 @@ def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
 
 
 def column_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
-    """Entries of each column of ``scores`` at or below the column's threshold."""
-    thr = thresholds.to(scores.dtype) if scores.dtype != torch.float64 else thresholds
-    thr = _round_up(thr, thresholds)
-    hit = torch.nonzero(scores.amin(dim=0) <= thr).flatten()
-    if hit.numel() == 0:
-        return _empty(scores.device, scores.dtype)
-    if hit.numel() * DENSE_HITS >= scores.shape[1]:
-        r, c = torch.nonzero(scores <= thr[None, :], as_tuple=True)
-        return Survivors(owner=c, other=r, keys=scores[r, c])
-    sub = scores.index_select(1, hit)  # a strided gather: worth it only for few columns
-    r, c = torch.nonzero(sub <= thr[None, hit], as_tuple=True)
-    return Survivors(owner=hit[c], other=r, keys=sub[r, c])
+    """Entries of each column of ``scores`` at or below the column's threshold.
+
+    The rows of the transposed view (no copy): its gathers are strided, which is why the
+    whole-block compare takes over from few hits on.
+    """
+    return row_survivors(scores.T, thresholds)
 
 
 def _round_up(rounded: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:

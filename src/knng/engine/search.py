@@ -19,11 +19,11 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
 from knng.engine.screen import row_survivors
-from knng.engine.store import CandidateStore, PairErrors, StoreStats
+from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
+from knng.engine.thresholds import sample_columns, seed_candidates
 from knng.metrics import Metric
-from knng.select import resolve
 
-__all__ = ["SearchReport", "exact_search", "prepare_corpus", "sample_columns"]
+__all__ = ["SearchReport", "exact_search", "prepare_corpus"]
 
 
 @dataclass
@@ -121,38 +121,6 @@ def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dty
                           symmetric=False, dtype=dtype)
 
 
-def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> torch.Tensor:
-    """``size`` distinct column ids drawn at random (a fixed seed: runs are reproducible)."""
-    if size >= n:
-        return torch.arange(n, device=device)
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randperm(n, generator=gen)[:size].sort().values.to(device)
-
-
-def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.device
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """k candidates per row of a block to seed τ: the k smallest, selected by ``select``.
-
-    Any k columns give a valid bound, so a float64 block is selected on float32 keys (every
-    algorithm takes them) and the block's own values are returned.
-    """
-    selector = resolve(select, rows=scores.shape[0], cols=scores.shape[1], k=k, device=device)
-    keys = scores if scores.dtype == torch.float32 else scores.to(torch.float32)
-    _, positions = selector(keys, k)
-    return scores.gather(1, positions), positions
-
-
-def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
-    """Median, 99th percentile and maximum of the exact evaluations per row."""
-    if not counts:
-        return {}
-    allc = torch.cat([c.to("cpu", torch.float64) for c in counts])
-    if allc.numel() == 0:
-        return {}
-    return {"median": float(allc.median()), "p99": float(torch.quantile(allc, 0.99)) if allc.numel() > 1
-            else float(allc[0]), "max": float(allc.max())}
-
-
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tensor, sample_vectors: torch.Tensor,
                   metric: Metric, k: int, plan: EnginePlan, cols_per_tile: int, select: str,
                   device: torch.device) -> CandidateStore:
@@ -182,8 +150,6 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
     for c0 in range(0, n, cols_per_tile):
         c1 = min(n, c0 + cols_per_tile)
         scores = prep.vectors @ pcorpus.tile(c0, c1).T
-        max_norm = float(pcorpus.norms[c0:c1].max())
-        max_term = float(pcorpus.terms[c0:c1].abs().max()) if pcorpus.terms is not None else 0.0
-        found = row_survivors(scores, store.screen_thresholds(rows, max_norm, max_term))
+        found = row_survivors(scores, store.screen_thresholds(rows, *pcorpus.maxima(c0, c1)))
         store.add(found.owner, found.other + c0, found.keys)
     return store

@@ -27,7 +27,7 @@ import torch
 
 from knng.metrics import Metric
 
-__all__ = ["PairErrors", "CandidateStore", "StoreStats"]
+__all__ = ["PairErrors", "CandidateStore", "StoreStats", "summarize_per_row"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
@@ -106,6 +106,17 @@ class StoreStats:
         self.tightenings += other.tightenings
         self.exact_evaluations += other.exact_evaluations
         self.overflow_rows += other.overflow_rows
+
+
+def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
+    """Median, 99th percentile and maximum of per-row counts (e.g. exact evaluations)."""
+    if not counts:
+        return {}
+    allc = torch.cat([c.to("cpu", torch.float64) for c in counts])
+    if allc.numel() == 0:
+        return {}
+    p99 = float(torch.quantile(allc, 0.99)) if allc.numel() > 1 else float(allc[0])
+    return {"median": float(allc.median()), "p99": p99, "max": float(allc.max())}
 
 
 class CandidateStore:
