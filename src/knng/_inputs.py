@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-__all__ = ["InputArray", "as_input", "SUPPORTED_DTYPES", "check_finite"]
+__all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite"]
 
 #: dtypes knng computes with (all converted to float32 for the screen, float64 for exact).
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
@@ -154,6 +154,33 @@ def as_input(x: Any, name: str) -> InputArray:
         f"{name} must be a NumPy array, a torch tensor, a DLPack-capable array or a sliceable "
         f"dataset, got {type(x).__name__}"
     )
+
+
+def as_output(like: InputArray, indices: torch.Tensor, distances: torch.Tensor) -> tuple[Any, Any]:
+    """Return a result in the array kind the user handed in.
+
+    NumPy arrays, memory maps and row-sliceable datasets give NumPy; torch tensors and
+    DLPack arrays give torch tensors on the input's device.
+
+    Parameters
+    ----------
+    like : InputArray
+        The validated input whose kind and device the result follows (the queries for a
+        search, the data for a graph).
+    indices : torch.Tensor
+        Neighbour indices (int64), any device.
+    distances : torch.Tensor
+        Neighbour distances, any floating dtype; returned as float32.
+
+    Returns
+    -------
+    tuple
+        ``(indices, distances)`` as NumPy arrays or as torch tensors on ``like.device``.
+    """
+    distances = distances.to(torch.float32)
+    if like.kind in ("numpy", "rows"):
+        return indices.cpu().numpy(), distances.cpu().numpy()
+    return indices.to(like.device), distances.to(like.device)
 
 
 def _is_foreign_dlpack(x: Any) -> bool:

@@ -1,107 +1,38 @@
 """The public entry points: :func:`search` and :func:`graph`.
 
-Each validates its arguments in one place, resolves the device, metric, selection algorithm and
-memory budget, runs the single-device engine and wraps the result in the user's array kind.
+Each validates its arguments (:mod:`knng.arguments`, shared with :mod:`knng.distributed`),
+resolves the device, metric, selection algorithm and memory budget, runs the single-device engine
+and wraps the result in the user's array kind. :func:`last_report` and :func:`report_as_dict` are
+re-exported from :mod:`knng.reports`.
 """
 
 from __future__ import annotations
 
-import numbers
-from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from knng._inputs import InputArray, as_input
+from knng._inputs import as_input, as_output
+from knng.arguments import check_k, check_select, graph_arguments
 from knng.engine.common import resolve_device
-from knng.engine.graph import GraphReport, exact_graph
+from knng.engine.graph import exact_graph
 from knng.engine.plan import resolve_budget
-from knng.engine.search import SearchReport, exact_search
+from knng.engine.search import exact_search
 from knng.metrics import get_metric
+
+# Re-exported: knng.api.last_report and knng.api.report_as_dict are public, and
+# knng.api._LAST_REPORT is the very same holder dict as knng.reports.LAST_REPORT.
+from knng.reports import LAST_REPORT as _LAST_REPORT  # noqa: F401
+from knng.reports import last_report, report_as_dict, set_last_report
 from knng.results import Graph, Neighbors
-from knng.select import available as available_selects
 
 __all__ = ["search", "graph", "last_report", "report_as_dict"]
-
-_LAST_REPORT: dict[str, SearchReport | GraphReport | None] = {"report": None}
-
-
-def last_report() -> SearchReport | GraphReport | None:
-    """The engine's report on the most recent call in this process (a convenience: every result
-    carries its own report as ``result.report``)."""
-    return _LAST_REPORT["report"]
-
-
-def report_as_dict(report: Any) -> dict[str, Any]:
-    """An engine report as plain JSON values (what ``knng.json`` records)."""
-    if report is None:
-        return {}
-    out: dict[str, Any] = {
-        "rows": report.exact.rows,
-        "fallback_rows": report.exact.fallback_rows,
-        "exact_evaluations": report.exact.exact_evaluations,
-    }
-    plan = getattr(report, "plan", None)
-    if plan is not None:
-        out["plan"] = plan.as_dict() if hasattr(plan, "as_dict") else asdict(plan)
-    if hasattr(report, "per_rank"):
-        out["per_rank"] = report.per_rank
-    store = getattr(report, "store", None)
-    if store is not None:
-        out["store"] = asdict(store)
-    # Every other scalar field or property of the report (oom_retries, screen_dtype, the
-    # graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
-    for name in dir(report):
-        if name.startswith("_") or name in ("exact", "plan", "store"):
-            continue
-        value = getattr(report, name)
-        if isinstance(value, (bool, int, float, str)):
-            out[name] = value
-        elif name == "evaluations_per_row" and isinstance(value, dict):
-            out[name] = value
-    return out
-
-
-def _check_k(k: Any, limit: int, what: str) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        raise TypeError(f"k must be an integer, got {type(k).__name__}")
-    k = int(k)
-    if k < 1 or k > limit:
-        raise ValueError(f"k must be between 1 and {limit} ({what}), got {k}")
-    return k
-
-
-def _check_select(select: Any) -> str:
-    if not isinstance(select, str) or select not in available_selects():
-        raise ValueError(f"select must be one of {available_selects()}, got {select!r}")
-    return select
-
-
-def _graph_arguments(data: Any, k: Any, metric: str, include_self: Any, select: Any):
-    """Validate a graph call's arguments (shared with ``knng.distributed.graph``)."""
-    m = get_metric(metric)
-    x = as_input(data, "data")
-    if not isinstance(include_self, bool):
-        raise TypeError(f"include_self must be True or False, got {include_self!r}")
-    limit = x.n if include_self else x.n - 1
-    if limit < 1:
-        raise ValueError(f"data has {x.n} point(s): a graph without self-loops needs at least 2")
-    k = _check_k(k, limit, "n with include_self" if include_self else "n − 1 without self")
-    return m, x, k, _check_select(select)
 
 
 def _check_distributed(distributed: Any) -> bool:
     if not isinstance(distributed, bool):
         raise TypeError(f"distributed must be True or False, got {distributed!r}")
     return distributed
-
-
-def _wrap(like: InputArray, indices: torch.Tensor, distances: torch.Tensor) -> tuple[Any, Any]:
-    """Return results in the kind the user handed in (NumPy → NumPy, torch → torch, same device)."""
-    distances = distances.to(torch.float32)
-    if like.kind in ("numpy", "rows"):
-        return indices.cpu().numpy(), distances.cpu().numpy()
-    return indices.to(like.device), distances.to(like.device)
 
 
 def search(
@@ -170,13 +101,13 @@ def search(
     c = as_input(corpus, "corpus")
     if q.d != c.d:
         raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
-    k = _check_k(k, c.n, "the corpus size")
-    select = _check_select(select)
+    k = check_k(k, c.n, "the corpus size")
+    select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
     idx, dist, report = exact_search(q, c, k, m, dev, select, budget, progress)
-    _LAST_REPORT["report"] = report
-    out_idx, out_dist = _wrap(q, idx, dist)
+    set_last_report(report)
+    out_idx, out_dist = as_output(q, idx, dist)
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
 
@@ -225,10 +156,10 @@ def graph(
 
         return _distributed.graph(data, k, metric=metric, include_self=include_self, device=device, select=select,
                                   memory_budget=memory_budget, progress=progress)
-    m, x, k, select = _graph_arguments(data, k, metric, include_self, select)
+    m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
     idx, dist, report = exact_graph(x, k, m, dev, select, budget, include_self=include_self, progress=progress)
-    _LAST_REPORT["report"] = report
-    out_idx, out_dist = _wrap(x, idx, dist)
+    set_last_report(report)
+    out_idx, out_dist = as_output(x, idx, dist)
     return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)

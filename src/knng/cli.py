@@ -819,10 +819,9 @@ def _save_graph_npz(out: Path, graph: Any, meta: dict[str, Any], overwrite: bool
     """Write DIR/graph.npz (through Graph.save) and DIR/knng.json together, atomically."""
     import json
 
-    from knng.io import atomic_files
-    from knng.io.writers import _json_default
+    from knng.io import atomic_files, json_default
 
-    text = json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n"
+    text = json.dumps(meta, indent=2, sort_keys=True, default=json_default) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     finals = [out / "graph.npz", out / "knng.json"]
     with atomic_files(finals, overwrite=overwrite) as (tmp_npz, tmp_json):

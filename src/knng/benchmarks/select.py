@@ -55,8 +55,8 @@ import torch
 
 import knng
 from knng.engine.common import is_out_of_memory, resolve_device
-from knng.engine.plan import _available_ram
-from knng.io.writers import _json_default, atomic_write
+from knng.engine.plan import available_ram
+from knng.io import atomic_write, json_default
 from knng.select import available, get
 
 __all__ = [
@@ -283,7 +283,7 @@ def free_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         return int(torch.cuda.mem_get_info(device)[0])
-    return _available_ram()
+    return available_ram()
 
 
 def l2_cache_bytes(device: torch.device) -> int | None:
@@ -1030,7 +1030,7 @@ def _algorithm_summary(bench: Bench) -> dict[str, dict[str, Any]]:
 def write_outputs(results: dict[str, Any], out_dir: Path) -> None:
     """Write the plots, ``select.json`` and ``select.md`` into ``out_dir``, each atomically."""
     results["plots"], results["plots_note"] = write_plots(results, out_dir)
-    text = json.dumps(results, indent=1, default=_json_default) + "\n"
+    text = json.dumps(results, indent=1, default=json_default) + "\n"
     atomic_write(out_dir / "select.json", lambda temp: temp.write_text(text, encoding="utf-8"))
     markdown = render_markdown(results)
     atomic_write(out_dir / "select.md", lambda temp: temp.write_text(markdown, encoding="utf-8"))

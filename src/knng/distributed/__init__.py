@@ -102,21 +102,20 @@ def _device(device: Any, group: Any) -> torch.device:
 
 def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, select: str, memory_budget: Any,
                progress: bool, timeout: float, heartbeat_timeout: float, group: Any, consume):
-    from knng.api import _LAST_REPORT
+    from knng.arguments import graph_arguments
     from knng.distributed.blockcyclic import distributed_graph
     from knng.engine.plan import resolve_budget
+    from knng.reports import set_last_report
 
     _require_group()
-    from knng.api import _graph_arguments
-
-    m, x, k, select = _graph_arguments(data, k, metric, include_self, select)
+    m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = _device(device, group)
     budget = resolve_budget(memory_budget, dev)
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng graph",
               progress=progress) as comm:
         rows, report = distributed_graph(x, k, m, dev, select, budget, comm, include_self=include_self)
         result = consume(comm, rows, report, x, k, m, dev)
-    _LAST_REPORT["report"] = report
+    set_last_report(report)
     return result
 
 
@@ -157,13 +156,13 @@ def graph(data: Any, k: int, *, metric: str = "euclidean", include_self: bool = 
     ValueError, TypeError
         For bad input, on every rank alike.
     """
-    from knng.api import _wrap
+    from knng._inputs import as_output
     from knng.distributed.blockcyclic import gather_rows
     from knng.results import Graph
 
     def consume(comm, rows, report, x, k, m, dev):
         idx, dist_ = gather_rows(rows, x.n, k, comm, dev)
-        out_idx, out_dist = _wrap(x, idx, dist_)
+        out_idx, out_dist = as_output(x, idx, dist_)
         return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self)
 
     return _run_graph(data, k, metric, include_self, device, select, memory_budget, progress, timeout,
@@ -182,8 +181,8 @@ def graph_to_files(data: Any, k: int, out: str | os.PathLike[str], *, metric: st
     into place (with ``knng.json`` from ``metadata``) only when every rank has written its rows;
     a failed run leaves the folder as it was. Returns the run's report (the same on every rank).
     """
-    from knng.api import report_as_dict
     from knng.distributed.output import write_rows
+    from knng.reports import report_as_dict
 
     def consume(comm, rows, report, x, k, m, dev):
         meta = dict(metadata or {})
@@ -208,11 +207,12 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     identical to :func:`knng.search` on one device (NumPy on ranks that passed ``None``). Other
     parameters as in :func:`graph`.
     """
-    from knng.api import _LAST_REPORT, _check_k, _check_select, _wrap
-    from knng._inputs import as_input
+    from knng._inputs import as_input, as_output
+    from knng.arguments import check_k, check_select
     from knng.distributed.sharded import distributed_search, share_queries
     from knng.engine.plan import resolve_budget
     from knng.metrics import get_metric
+    from knng.reports import set_last_report
     from knng.results import Neighbors
 
     _require_group()
@@ -224,14 +224,14 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     c = as_input(corpus, "corpus")
     if q is not None and q.d != c.d:
         raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
-    k = _check_k(k, c.n, "the corpus size")
-    select = _check_select(select)
+    k = check_k(k, c.n, "the corpus size")
+    select = check_select(select)
     dev = _device(device, group)
     budget = resolve_budget(memory_budget, dev)
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng search",
               progress=progress) as comm:
         q = share_queries(q, comm, dev)
         idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm)
-    _LAST_REPORT["report"] = report
-    out_idx, out_dist = _wrap(q, idx, dist_)
+    set_last_report(report)
+    out_idx, out_dist = as_output(q, idx, dist_)
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name)

@@ -134,10 +134,10 @@ def _host_budget(world: int) -> int:
     """Bytes of host memory one rank may use for raw column parts."""
     import os
 
-    from knng.engine.plan import _available_ram
+    from knng.engine.plan import available_ram
 
     local = int(os.environ.get("LOCAL_WORLD_SIZE", min(world, max(1, torch.cuda.device_count()))))
-    return int(_available_ram() * HOST_SHARE / max(1, local))
+    return int(available_ram() * HOST_SHARE / max(1, local))
 
 
 def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtype: torch.dtype,

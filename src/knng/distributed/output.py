@@ -19,8 +19,7 @@ import numpy as np
 
 from knng.distributed.comm import Comm
 from knng.distributed.blockcyclic import RankRows
-from knng.io import NEIGHBOR_FILES, atomic_files
-from knng.io.writers import _json_default
+from knng.io import NEIGHBOR_FILES, atomic_files, json_default
 
 __all__ = ["write_rows"]
 
@@ -29,7 +28,7 @@ def write_rows(rows: RankRows, n: int, k: int, comm: Comm, out: Path, metadata: 
                overwrite: bool) -> None:
     """Write every rank's rows of an (n, k) result to ``out``; collective (every rank calls it)."""
     finals = [out / NEIGHBOR_FILES["indices"], out / NEIGHBOR_FILES["distances"], out / NEIGHBOR_FILES["metadata"]]
-    text = json.dumps(metadata, indent=2, sort_keys=True, default=_json_default) + "\n"
+    text = json.dumps(metadata, indent=2, sort_keys=True, default=json_default) + "\n"
     if comm.rank != 0:
         comm.barrier("the creation of the output files by rank 0")
         names = json.loads(comm.store.get("output/temps").decode("utf-8"))

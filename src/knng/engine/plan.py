@@ -17,7 +17,7 @@ from knng._units import parse_bytes
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
-    "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "candidate_count",
+    "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "candidate_count", "available_ram",
 ]
 
 #: Bytes per score-block element: the block itself, the selection's workspace (torch.topk's
@@ -74,7 +74,8 @@ def candidate_count(k: int, available: int, screen_dtype: torch.dtype = torch.fl
     return min(available, k + margin)
 
 
-def _available_ram() -> int:
+def available_ram() -> int:
+    """Bytes of host memory available now (``MemAvailable``), or a guess of 8 GiB."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -93,7 +94,7 @@ def default_budget(device: torch.device) -> int:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free * GPU_FREE_SHARE)
-    return int(min(CPU_BUDGET_CAP, _available_ram() * CPU_AVAILABLE_SHARE))
+    return int(min(CPU_BUDGET_CAP, available_ram() * CPU_AVAILABLE_SHARE))
 
 
 def resolve_budget(memory_budget: int | float | str | None, device: torch.device) -> int:

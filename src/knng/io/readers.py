@@ -18,8 +18,12 @@ from typing import Any, Union
 import numpy as np
 
 __all__ = [
+    "BIN_DTYPES",
     "FORMATS",
     "HDF5_DATASETS",
+    "HDF5_SUFFIXES",
+    "HEADER_DTYPE",
+    "TEXMEX_DTYPES",
     "VectorSource",
     "describe",
     "iter_row_blocks",
@@ -53,20 +57,24 @@ HDF5_DATASETS: tuple[str, ...] = ("train", "test", "neighbors", "distances")
 
 # Value dtype per format. Both layouts are little-endian on disk; spelling the byte order
 # out keeps the readers correct on a big-endian host too.
-_TEXMEX_DTYPES: dict[str, np.dtype] = {
+#: Value dtype of each TEXMEX suffix (rows of int32 d, then d values).
+TEXMEX_DTYPES: dict[str, np.dtype] = {
     ".fvecs": np.dtype("<f4"),
     ".ivecs": np.dtype("<i4"),
     ".bvecs": np.dtype("u1"),
 }
-_BIN_DTYPES: dict[str, np.dtype] = {
+#: Value dtype of each big-ann-benchmarks suffix (int32 n, int32 d, then n*d values).
+BIN_DTYPES: dict[str, np.dtype] = {
     ".fbin": np.dtype("<f4"),
     ".u8bin": np.dtype("u1"),
     ".i8bin": np.dtype("i1"),
     ".ibin": np.dtype("<i4"),
 }
-_HDF5_SUFFIXES = (".hdf5", ".h5")
+#: Suffixes of ann-benchmarks HDF5 files.
+HDF5_SUFFIXES: tuple[str, ...] = (".hdf5", ".h5")
 
-_HEADER = np.dtype("<i4")  # the int32 dimension / count fields of both layouts
+#: dtype of the int32 dimension / count header fields of the TEXMEX and .bin layouts.
+HEADER_DTYPE = np.dtype("<i4")
 _BIN_HEADER_BYTES = 8  # int32 n, int32 d
 
 # Checking every TEXMEX row header touches every page of the file when rows are shorter
@@ -147,7 +155,7 @@ def _resolve(path: PathLike, dataset: str | None) -> tuple[Path, str, str | None
     file, dataset = _split_dataset(path, dataset)
     suffix = format_of(file)
     _check_exists(file)
-    if suffix in _HDF5_SUFFIXES:
+    if suffix in HDF5_SUFFIXES:
         return file, suffix, dataset or "train"
     if dataset is not None:
         raise ValueError(
@@ -172,33 +180,33 @@ def _read_npy(path: Path) -> np.ndarray:
 
 
 def _read_texmex(path: Path, suffix: str) -> np.ndarray:
-    dtype = _TEXMEX_DTYPES[suffix]
+    dtype = TEXMEX_DTYPES[suffix]
     size = path.stat().st_size
     if size == 0:
         # An empty file holds no vectors and does not even say their dimension.
         return np.empty((0, 0), dtype=dtype)
-    if size < _HEADER.itemsize:
+    if size < HEADER_DTYPE.itemsize:
         raise ValueError(f"{path}: truncated {suffix} file ({size} bytes, no row header)")
-    d = int(np.fromfile(path, dtype=_HEADER, count=1)[0])
+    d = int(np.fromfile(path, dtype=HEADER_DTYPE, count=1)[0])
     if d <= 0:
         raise ValueError(f"{path}: corrupt {suffix} file, first row has dimension {d}")
-    row_bytes = _HEADER.itemsize + d * dtype.itemsize
+    row_bytes = HEADER_DTYPE.itemsize + d * dtype.itemsize
     if size % row_bytes:
         raise ValueError(
             f"{path}: corrupt or truncated {suffix} file: size {size} bytes is not a "
             f"multiple of the row size {row_bytes} bytes (dimension {d})"
         )
     n = size // row_bytes
-    if dtype.itemsize == _HEADER.itemsize:
+    if dtype.itemsize == HEADER_DTYPE.itemsize:
         # float32/int32 rows: one column of header, d columns of values.
         rows = np.memmap(path, dtype=dtype, mode="r", shape=(n, 1 + d))
-        headers = rows[:, :1].view(_HEADER)[:, 0]
+        headers = rows[:, :1].view(HEADER_DTYPE)[:, 0]
         values = rows[:, 1:]
     else:
         # uint8 rows: the int32 header spans the first four byte columns.
-        rows = np.memmap(path, dtype=dtype, mode="r", shape=(n, _HEADER.itemsize + d))
+        rows = np.memmap(path, dtype=dtype, mode="r", shape=(n, HEADER_DTYPE.itemsize + d))
         headers = _BvecsHeaders(rows)
-        values = rows[:, _HEADER.itemsize:]
+        values = rows[:, HEADER_DTYPE.itemsize:]
     _check_texmex_headers(path, suffix, headers, n, d, size)
     return values
 
@@ -210,8 +218,8 @@ class _BvecsHeaders:
         self._rows = rows
 
     def __getitem__(self, index: Any) -> np.ndarray:
-        raw = np.ascontiguousarray(self._rows[index, : _HEADER.itemsize])
-        return raw.view(_HEADER).reshape(raw.shape[:-1])
+        raw = np.ascontiguousarray(self._rows[index, : HEADER_DTYPE.itemsize])
+        return raw.view(HEADER_DTYPE).reshape(raw.shape[:-1])
 
 
 def _check_texmex_headers(
@@ -235,11 +243,11 @@ def _check_texmex_headers(
 
 
 def _read_bin(path: Path, suffix: str) -> np.ndarray:
-    dtype = _BIN_DTYPES[suffix]
+    dtype = BIN_DTYPES[suffix]
     size = path.stat().st_size
     if size < _BIN_HEADER_BYTES:
         raise ValueError(f"{path}: truncated {suffix} file ({size} bytes, header needs 8)")
-    n, d = (int(v) for v in np.fromfile(path, dtype=_HEADER, count=2))
+    n, d = (int(v) for v in np.fromfile(path, dtype=HEADER_DTYPE, count=2))
     if n < 0 or d <= 0:
         raise ValueError(f"{path}: corrupt {suffix} header: n={n}, d={d}")
     expected = _BIN_HEADER_BYTES + n * d * dtype.itemsize
@@ -311,9 +319,9 @@ def read_vectors(path: PathLike, *, dataset: str | None = None) -> VectorSource:
     file, suffix, name = _resolve(path, dataset)
     if suffix == ".npy":
         return _read_npy(file)
-    if suffix in _TEXMEX_DTYPES:
+    if suffix in TEXMEX_DTYPES:
         return _read_texmex(file, suffix)
-    if suffix in _BIN_DTYPES:
+    if suffix in BIN_DTYPES:
         return _read_bin(file, suffix)
     assert name is not None
     return _read_hdf5(file, name)

@@ -20,10 +20,10 @@ from typing import Any, Union
 import numpy as np
 
 from knng.io.readers import (
-    _BIN_DTYPES,
-    _HDF5_SUFFIXES,
-    _HEADER,
-    _TEXMEX_DTYPES,
+    BIN_DTYPES,
+    HDF5_SUFFIXES,
+    HEADER_DTYPE,
+    TEXMEX_DTYPES,
     format_of,
     iter_row_blocks,
 )
@@ -32,6 +32,7 @@ __all__ = [
     "NEIGHBOR_FILES",
     "atomic_files",
     "atomic_write",
+    "json_default",
     "write_hdf5",
     "write_neighbors",
     "write_vectors",
@@ -293,25 +294,25 @@ def _write_npy(temp: Path, x: Any) -> None:
 
 
 def _write_texmex(temp: Path, x: Any, suffix: str) -> None:
-    target = _TEXMEX_DTYPES[suffix]
+    target = TEXMEX_DTYPES[suffix]
     d = int(x.shape[1])
-    header_cols = _HEADER.itemsize // target.itemsize  # 1 for float32/int32, 4 for uint8
-    header = np.array([d], dtype=_HEADER).view(target)  # d's bytes, as `target` columns
+    header_cols = HEADER_DTYPE.itemsize // target.itemsize  # 1 for float32/int32, 4 for uint8
+    header = np.array([d], dtype=HEADER_DTYPE).view(target)  # d's bytes, as `target` columns
     with open(temp, "wb") as f:
         for _, block in iter_row_blocks(x, _block_rows(x)):
             rows = np.empty((len(block), header_cols + d), dtype=target)
             # Set the header through an int32 view: assigning an int32 bit pattern as a
             # float could in principle be normalised on the way.
-            rows.view(np.uint8)[:, : _HEADER.itemsize] = header.view(np.uint8)
+            rows.view(np.uint8)[:, : HEADER_DTYPE.itemsize] = header.view(np.uint8)
             rows[:, header_cols:] = _convert_block(block, target, "array", suffix)
             rows.tofile(f)
 
 
 def _write_bin(temp: Path, x: Any, suffix: str) -> None:
-    target = _BIN_DTYPES[suffix]
+    target = BIN_DTYPES[suffix]
     n, d = (int(s) for s in x.shape)
     with open(temp, "wb") as f:
-        np.array([n, d], dtype=_HEADER).tofile(f)
+        np.array([n, d], dtype=HEADER_DTYPE).tofile(f)
         for _, block in iter_row_blocks(x, _block_rows(x)):
             _convert_block(block, target, "array", suffix).tofile(f)
 
@@ -374,7 +375,7 @@ def write_vectors(
         names ``array``), or if ``dataset`` is given for a non-HDF5 file.
     """
     suffix = format_of(path)
-    if suffix in _HDF5_SUFFIXES:
+    if suffix in HDF5_SUFFIXES:
         return write_hdf5(path, overwrite=overwrite, **{dataset or "train": array})
     if dataset is not None:
         raise ValueError(f"dataset={dataset!r} only applies to HDF5 files, not to {path}")
@@ -385,13 +386,13 @@ def write_vectors(
     n, d = (int(s) for s in x.shape)
     if d == 0:
         raise ValueError(f"array has 0 columns, which {suffix} files cannot record")
-    if d > _INT32_MAX or (suffix in _BIN_DTYPES and n > _INT32_MAX):
+    if d > _INT32_MAX or (suffix in BIN_DTYPES and n > _INT32_MAX):
         raise ValueError(f"array of shape {(n, d)} exceeds the int32 header of {suffix}")
-    if suffix in _TEXMEX_DTYPES:
-        _target_dtype(x, _TEXMEX_DTYPES[suffix], suffix, "array")
+    if suffix in TEXMEX_DTYPES:
+        _target_dtype(x, TEXMEX_DTYPES[suffix], suffix, "array")
         writer = _write_texmex
     else:
-        _target_dtype(x, _BIN_DTYPES[suffix], suffix, "array")
+        _target_dtype(x, BIN_DTYPES[suffix], suffix, "array")
         writer = _write_bin
     return atomic_write(path, lambda temp: writer(temp, x, suffix), overwrite=overwrite)
 
@@ -428,7 +429,7 @@ def write_hdf5(
     ...            distance="euclidean")  # doctest: +SKIP
     """
     suffix = format_of(path)
-    if suffix not in _HDF5_SUFFIXES:
+    if suffix not in HDF5_SUFFIXES:
         raise ValueError(f"{path}: write_hdf5 needs a .hdf5 or .h5 file name")
     if not datasets:
         raise ValueError("write_hdf5 needs at least one dataset, e.g. train=array")
@@ -447,8 +448,27 @@ def write_hdf5(
     )
 
 
-def _json_default(obj: Any) -> Any:
-    """Make NumPy values, paths and torch dtypes/devices JSON-serialisable."""
+def json_default(obj: Any) -> Any:
+    """JSON fallback for the metadata knng writes: pass as ``json.dumps(..., default=json_default)``.
+
+    Parameters
+    ----------
+    obj : object
+        A value :mod:`json` cannot serialise by itself.
+
+    Returns
+    -------
+    object
+        A JSON value: NumPy scalars become Python scalars, NumPy arrays lists, paths strings,
+        and anything else (``torch.device``, ``torch.dtype``, ...) its ``str()``.
+
+    Examples
+    --------
+    >>> import json
+    >>> import numpy as np
+    >>> json.dumps({"n": np.int64(3)}, default=json_default)
+    '{"n": 3}'
+    """
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):
@@ -517,7 +537,7 @@ def write_neighbors(
     # Serialise before touching the disk, so a bad metadata value fails with nothing written.
     text = None
     if metadata is not None:
-        text = json.dumps(metadata, indent=2, sort_keys=True, default=_json_default) + "\n"
+        text = json.dumps(metadata, indent=2, sort_keys=True, default=json_default) + "\n"
 
     finals = {key: folder / name for key, name in NEIGHBOR_FILES.items()}
     if not overwrite and any(os.path.lexists(p) for p in finals.values()):

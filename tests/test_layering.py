@@ -1,0 +1,380 @@
+"""The layering contract of ``src/knng``, checked statically with :mod:`ast`.
+
+Packages depend downwards only, in this order (lowest first)::
+
+    leaf helpers (_units) < io < _inputs < results < metrics < select < engine
+        < distributed < api < cli
+
+Every ``.py`` file under ``src/knng`` is parsed; every import of a knng module is collected,
+at module level and inside functions, ``import x`` and ``from x import y``, relative imports
+resolved. The rules:
+
+(a) no module imports a module of a higher layer;
+(b) no module imports an underscore-prefixed name from another knng module (importing a
+    private *module*, ``from knng import _inputs`` or ``import knng._inputs``, is fine;
+    ``from knng._inputs import _wrap_numpy`` is not);
+(c) no import cycle between modules, counting only the imports that run when a module is
+    first imported (module level, class bodies included; not inside functions, which exist
+    precisely to break start-up cycles, and not under ``if TYPE_CHECKING:``). Importing
+    ``knng.a.b`` also runs ``knng/a/__init__.py``; those implicit parent-package edges are
+    left out, as the package's own ``__init__`` is what imports its submodules.
+
+Rules (a) and (b) apply to every import, function-level and ``TYPE_CHECKING`` ones included.
+A failure names the file, line and rule of every violation.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "knng"
+
+#: The layers, lowest first. A module may import only from its own layer or lower ones.
+LAYERS: tuple[str, ...] = (
+    "leaf", "io", "_inputs", "results", "metrics", "select", "engine", "distributed", "api", "cli",
+)
+RANK = {name: i for i, name in enumerate(LAYERS)}
+
+#: Modules whose layer is not the one their name suggests, keyed by the first component after
+#: ``knng`` ("" is the top-level package ``knng/__init__.py``). Every other module is in the
+#: layer named by that first component (``knng.engine.plan`` → "engine").
+PLACED: dict[str, str] = {
+    "_units": "leaf",        # byte-size parsing, imports nothing of knng
+    "results": "results",    # plain result classes: usable by every layer above _inputs
+    "arguments": "engine",   # argument checks shared by api and distributed (imports select)
+    "reports": "engine",     # last-report holder and report_as_dict, shared by api and distributed
+    "estimators": "api",     # scikit-learn front ends over knng.search / knng.graph
+    "": "api",               # the top-level package re-exports the public API (see EXEMPT)
+    "cli": "cli",
+    "demo": "cli",           # `knng demo`
+    "__main__": "cli",       # `python -m knng`
+    # The benchmark harness behind `knng bench`, inside the package for now (a later issue
+    # moves it to bench/); it sits with the command line that calls it.
+    "benchmarks": "cli",
+}
+
+#: Importers exempt from the layer rule (a). ``knng/__init__.py`` re-exports the public API and
+#: may import from any layer; it is still checked for private names and cycles.
+EXEMPT_FROM_LAYERS: frozenset[str] = frozenset({"knng"})
+
+#: Known violations tolerated for now, as (importer, imported module, imported name). Each is a
+#: debt with an owner: remove the entry when it is fixed (a test below fails on stale entries).
+ALLOWED: dict[tuple[str, str, str | None], str] = {
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of a knng module (``name`` is None when a whole module is imported)."""
+
+    importer: str
+    path: str
+    line: int
+    target: str
+    name: str | None
+    runtime_top_level: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+def module_name(path: Path) -> tuple[str, bool]:
+    """``(dotted name, is_package)`` of a file under ``src``."""
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    is_package = parts[-1] == "__init__"
+    if is_package:
+        parts.pop()
+    return ".".join(parts), is_package
+
+
+def all_modules() -> dict[str, Path]:
+    """Every module of the package, by dotted name."""
+    return {module_name(p)[0]: p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str:
+    """The layer of a knng module: :data:`PLACED`, else its first component after ``knng``."""
+    first = module.split(".")[1] if "." in module else ""
+    layer = PLACED.get(first, first)
+    if layer not in RANK:
+        raise KeyError(f"{module} is in no layer: add {first!r} to PLACED in tests/test_layering.py")
+    return layer
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _resolve(target: str, modules: set[str]) -> str:
+    """The longest prefix of ``target`` that is a knng module (``knng`` itself at worst)."""
+    parts = target.split(".")
+    while len(parts) > 1 and ".".join(parts) not in modules:
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(importer: str, is_package: bool, source: str, path: str, modules: set[str]) -> list[Import]:
+    """Every import of a knng module in ``source`` (the text of module ``importer``)."""
+    found: list[Import] = []
+    package = importer if is_package else importer.rpartition(".")[0]
+
+    def visit(node: ast.AST, top_level: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            top_level = False
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, False)  # never runs: checked for layers and names, not cycles
+            for child in node.orelse:
+                visit(child, top_level)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "knng" or alias.name.startswith("knng."):
+                    found.append(Import(importer, path, node.lineno, _resolve(alias.name, modules), None,
+                                        top_level))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[:len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base == "knng" or base.startswith("knng."):
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    if sub in modules:  # `from knng import distributed`: a module, not a name
+                        found.append(Import(importer, path, node.lineno, sub, None, top_level))
+                    else:
+                        found.append(Import(importer, path, node.lineno, _resolve(base, modules), alias.name,
+                                            top_level))
+        for child in ast.iter_child_nodes(node):
+            visit(child, top_level)
+
+    visit(ast.parse(source, filename=path), True)
+    return found
+
+
+def _is_private(name: str | None) -> bool:
+    return name is not None and name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def layer_violations(imports: list[Import]) -> list[str]:
+    """Rule (a): imports of a higher layer."""
+    out = []
+    for imp in imports:
+        if imp.importer in EXEMPT_FROM_LAYERS or (imp.importer, imp.target, imp.name) in ALLOWED:
+            continue
+        mine, theirs = layer_of(imp.importer), layer_of(imp.target)
+        if RANK[theirs] > RANK[mine]:
+            what = f"{imp.target}.{imp.name}" if imp.name else imp.target
+            out.append(f"{imp.where}: rule (a) layers: {imp.importer} (layer {mine}) imports {what} "
+                       f"(layer {theirs}, higher)")
+    return out
+
+
+def private_violations(imports: list[Import]) -> list[str]:
+    """Rule (b): underscore-prefixed names imported from another knng module."""
+    out = []
+    for imp in imports:
+        if not _is_private(imp.name) or imp.target == imp.importer:
+            continue
+        if (imp.importer, imp.target, imp.name) in ALLOWED:
+            continue
+        out.append(f"{imp.where}: rule (b) private name: {imp.importer} imports {imp.name} from {imp.target}")
+    return out
+
+
+def cycles(imports: list[Import]) -> list[str]:
+    """Rule (c): cycles in the graph of module-level (start-up) imports, one line per cycle."""
+    edges: dict[str, dict[str, Import]] = {}
+    for imp in imports:
+        if imp.runtime_top_level and imp.target != imp.importer:
+            edges.setdefault(imp.importer, {}).setdefault(imp.target, imp)
+    # Tarjan's strongly connected components; every component of more than one module holds a cycle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+
+    out = []
+    for component in components:
+        members = set(component)
+        # One concrete cycle through the component's first module, by breadth-first search.
+        start = component[0]
+        previous: dict[str, str] = {}
+        frontier = [start]
+        while frontier and start not in previous:
+            following = []
+            for v in frontier:
+                for w in sorted(edges.get(v, {})):
+                    if w in members and w not in previous:
+                        previous[w] = v
+                        following.append(w)
+            frontier = following
+        path = [start]
+        while True:
+            path.append(previous[path[-1]])
+            if path[-1] == start:
+                break
+        path.reverse()
+        steps = " -> ".join(f"{b} ({edges[a][b].where})" for a, b in zip(path, path[1:]))
+        out.append(f"rule (c) import cycle: {start} -> {steps}")
+    return out
+
+
+def collect() -> list[Import]:
+    modules = all_modules()
+    names = set(modules)
+    found: list[Import] = []
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        rel = str(path.relative_to(SRC.parent))
+        found += imports_of(module, is_package, path.read_text(encoding="utf-8"), rel, names)
+    return found
+
+
+def _report(problems: list[str]) -> str:
+    return f"{len(problems)} violation(s) of the layering contract:\n  " + "\n  ".join(problems)
+
+
+# --------------------------------------------------------------------------------------
+# The contract, on the real package
+# --------------------------------------------------------------------------------------
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = []
+    for module in all_modules():
+        try:
+            layer_of(module)
+        except KeyError as exc:
+            unplaced.append(str(exc.args[0]))
+    assert not unplaced, "\n".join(unplaced)
+
+
+def test_no_import_of_a_higher_layer() -> None:
+    problems = layer_violations(collect())
+    assert not problems, _report(problems)
+
+
+def test_no_private_name_imported_across_modules() -> None:
+    problems = private_violations(collect())
+    assert not problems, _report(problems)
+
+
+def test_no_import_cycle() -> None:
+    problems = cycles(collect())
+    assert not problems, _report(problems)
+
+
+def test_allow_list_has_no_stale_entries() -> None:
+    seen = {(imp.importer, imp.target, imp.name) for imp in collect()}
+    stale = [f"{key}: {why}" for key, why in ALLOWED.items() if key not in seen]
+    assert not stale, ("these ALLOWED entries in tests/test_layering.py no longer match an import; "
+                       "remove them:\n  " + "\n  ".join(stale))
+
+
+def test_moved_helpers_are_reexported_as_the_same_objects() -> None:
+    import knng.api
+    import knng.reports
+
+    assert knng.api._LAST_REPORT is knng.reports.LAST_REPORT
+    assert knng.api.last_report is knng.reports.last_report
+    assert knng.api.report_as_dict is knng.reports.report_as_dict
+
+
+# --------------------------------------------------------------------------------------
+# The checker itself, on small made-up modules
+# --------------------------------------------------------------------------------------
+
+_FAKE_MODULES = {"knng", "knng.io", "knng.io.writers", "knng._inputs", "knng.engine", "knng.engine.plan",
+                 "knng.api", "knng.distributed", "knng.distributed.a", "knng.distributed.b"}
+
+
+def _fake(importer: str, source: str, is_package: bool = False) -> list[Import]:
+    return imports_of(importer, is_package, source, f"{importer}.py", _FAKE_MODULES)
+
+
+def test_checker_sees_function_level_relative_and_type_checking_imports() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "import knng._inputs\n"                            # line 2: a private module is fine
+        "from knng import _inputs\n"                       # line 3: so is this
+        "from ..io.writers import _json_default\n"         # line 4: relative, private name
+        "if TYPE_CHECKING:\n"
+        "    from knng.api import Graph\n"                 # line 6: type-only, higher layer
+        "def f():\n"
+        "    from knng.api import _wrap\n"                 # line 8: in a function, higher + private
+    )
+    found = _fake("knng.distributed.a", source)
+    assert [(i.line, i.target, i.name, i.runtime_top_level) for i in found] == [
+        (2, "knng._inputs", None, True),
+        (3, "knng._inputs", None, True),
+        (4, "knng.io.writers", "_json_default", True),
+        (6, "knng.api", "Graph", False),
+        (8, "knng.api", "_wrap", False),
+    ]
+    layers = layer_violations(found)
+    assert [p.split(":")[1] for p in layers] == ["6", "8"]
+    assert "knng.distributed.a.py:6: rule (a)" in layers[0]
+    private = private_violations(found)
+    assert [p.split(":")[1] for p in private] == ["4", "8"]
+    assert "imports _json_default from knng.io.writers" in private[0]
+
+
+def test_checker_finds_start_up_cycles_only() -> None:
+    found = _fake("knng.distributed.a", "from knng.distributed.b import x\n")
+    found += _fake("knng.distributed.b", "def f():\n    from knng.distributed.a import y\n")
+    assert cycles(found) == []
+    found += _fake("knng.distributed.b", "from . import a\n")
+    (cycle,) = cycles(found)
+    assert cycle == ("rule (c) import cycle: knng.distributed.a -> knng.distributed.b (knng.distributed.a.py:1)"
+                     " -> knng.distributed.a (knng.distributed.b.py:1)")
+
+
+def test_checker_exempts_only_the_top_level_package() -> None:
+    found = _fake("knng", "from knng.api import graph\n", is_package=True)
+    found += _fake("knng.engine", "from knng import api\n", is_package=True)
+    assert [p.split(":")[0] for p in layer_violations(found)] == ["knng.engine.py"]
+
+
+@pytest.mark.parametrize("module, layer", [
+    ("knng._units", "leaf"), ("knng.io.readers", "io"), ("knng._inputs", "_inputs"), ("knng.results", "results"),
+    ("knng.select.cuda", "select"), ("knng.arguments", "engine"), ("knng.distributed.comm", "distributed"),
+    ("knng", "api"), ("knng.estimators", "api"), ("knng.demo", "cli"), ("knng.benchmarks.select", "cli"),
+])
+def test_layer_of(module: str, layer: str) -> None:
+    assert layer_of(module) == layer
