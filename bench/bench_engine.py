@@ -83,10 +83,8 @@ def recall(found: torch.Tensor, truth: torch.Tensor) -> float:
 
 def report_dict() -> dict:
     rep = last_report()
-    out = {"candidates_per_row": rep.candidates_per_row, "fallback_rows": rep.exact.fallback_rows,
-           "exact_evaluations": rep.exact.exact_evaluations, "oom_retries": rep.oom_retries,
-           "plan": {"query_rows": rep.plan.query_rows, "corpus_cols": rep.plan.corpus_cols,
-                    "corpus_resident": rep.plan.corpus_resident}}
+    out = {"exact_evaluations": rep.exact.exact_evaluations, "evaluations_per_row": rep.evaluations_per_row,
+           "oom_retries": rep.oom_retries, "plan": rep.plan.as_dict()}
     if hasattr(rep, "parts"):
         out.update(parts=rep.parts, part_size=rep.part_size, blocks_computed=rep.blocks_computed,
                    blocks_full=rep.blocks_full, pairs_saving=rep.pairs_saving)

@@ -30,12 +30,17 @@ def main() -> int:
     q = torch.randn((args.queries, args.d), device=dev)
     run = (lambda: knng.graph(x, args.k, select=args.select)) if args.task == "graph" else \
         (lambda: knng.search(q, x, args.k, select=args.select))
-    run()
+    import time
+
+    t0 = time.perf_counter()
+    result = run()
     torch.cuda.synchronize()
+    print(f"wall {time.perf_counter() - t0:.3f} s; store {result.report.store}; "
+          f"evaluations per row {result.report.evaluations_per_row}")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=args.rows, max_name_column_width=60))
     return 0
 
 

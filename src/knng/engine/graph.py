@@ -19,7 +19,7 @@ from knng._inputs import InputArray
 from knng.engine.common import PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory, select_block
 from knng.engine.exact import Candidates, ExactStats, exact_pairs_of, finish_rows
 from knng.engine.plan import EnginePlan, TilePlan, make_graph_plan
-from knng.engine.screen import column_survivors, row_survivors
+from knng.engine.screen import block_survivors, row_survivors
 from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric
@@ -161,8 +161,8 @@ def _off_diagonal_block(pdata: PreparedCorpus, store: CandidateStore, rows_prep:
     scores = rows_prep @ pdata.tile(j0, j1).T
     rows = torch.arange(i0, i1, device=device)
     cols = torch.arange(j0, j1, device=device)
-    by_row = row_survivors(scores, store.screen_thresholds(rows, *maxima_j))
-    by_col = column_survivors(scores, store.screen_thresholds(cols, *maxima_i))
+    by_row, by_col = block_survivors(scores, store.screen_thresholds(rows, *maxima_j),
+                                     store.screen_thresholds(cols, *maxima_i))
     store.add(torch.cat([by_row.owner + i0, by_col.owner + j0]), torch.cat([by_row.other + j0, by_col.other + i0]),
               torch.cat([by_row.keys, by_col.keys]))
 

@@ -93,7 +93,11 @@ def default_budget(device: torch.device) -> int:
     """A safe share of free GPU memory, or of available RAM on a CPU."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free * GPU_FREE_SHARE)
+        # Memory torch's caching allocator holds but no tensor uses is free to us too: without
+        # it a second call in one process (results of the first freed, blocks still cached)
+        # planned with a fraction of the card (seen: 1.6 GB of an 80 GB H100).
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int((free + max(0, cached)) * GPU_FREE_SHARE)
     return int(min(CPU_BUDGET_CAP, available_ram() * CPU_AVAILABLE_SHARE))
 
 
@@ -106,7 +110,7 @@ def resolve_budget(memory_budget: int | float | str | None, device: torch.device
 
 def plan_tiles(
     *, n_queries: int, n_corpus: int, d: int, k_cand: int, budget: int, device: torch.device,
-    symmetric: bool = False, element_bytes: int = 4,
+    symmetric: bool = False, element_bytes: int = 4, max_cols: int | None = None,
 ) -> TilePlan:
     """Choose tile sizes so that the working set stays inside ``budget`` bytes.
 
@@ -126,9 +130,10 @@ def plan_tiles(
     remaining = budget - lists_bytes - query_bytes - (corpus_bytes if resident else 0)
     remaining = max(remaining, budget // 8)
     if device.type == "cuda":
-        max_rows, max_cols, max_side = 16384, 1 << 20, 1 << 16
+        max_rows, widest, max_side = 16384, 1 << 20, 1 << 16
     else:
-        max_rows, max_cols, max_side = 1024, 8192, 2048
+        max_rows, widest, max_side = 1024, 8192, 2048
+    max_cols = min(widest, max_cols or widest)
     if symmetric:
         # Two parts' prepared vectors stream beside a block when the data are not resident.
         side = math.isqrt(max(1, remaining // block_bytes))
@@ -167,6 +172,17 @@ FAST_FP64_CAPABILITIES = {(8, 0), (9, 0), (10, 0)}
 CPU_MAX_PART = 1024
 #: Largest graph part on a GPU (a 16384² float32 block is 1 GiB).
 GPU_MAX_PART = 16384
+
+
+#: Columns of a search's random sample for the first thresholds. A sample of m columns lets
+#: about k·c/m pairs per row through a tile of c columns before the stores tighten, so the GPU
+#: (wide tiles, and a sample product that costs ~3 ms for 10k queries × 65k) takes a large one.
+GPU_SAMPLE = 65536
+CPU_SAMPLE = 1024
+SAMPLE_PER_K = 16
+#: Widest corpus tile of a search on a GPU: the stores tighten between tiles, so several
+#: tiles per pass keep later tiles' survivors near k (one 1M-wide tile let ~k·n/m through).
+GPU_SEARCH_COLS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -285,8 +301,9 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     element = 8 if precision == "float64" else 4
     capacity = _capacity(k, n_corpus)
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
-                       element_bytes=element)
-    sample = int(min(n_corpus, max(4 * k, 8192 if device.type == "cuda" else 1024)))
+                       element_bytes=element, max_cols=GPU_SEARCH_COLS if device.type == "cuda" else None)
+    base = GPU_SAMPLE if device.type == "cuda" else CPU_SAMPLE
+    sample = int(min(n_corpus, max(base, SAMPLE_PER_K * k)))
     vector = d * element + 24
     expected = (_store_bytes(tiles.query_rows, capacity) + tiles.query_rows * tiles.corpus_cols * element * 3
                 + (n_corpus * vector if tiles.corpus_resident else tiles.corpus_cols * vector)

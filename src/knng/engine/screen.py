@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Survivors", "row_survivors", "column_survivors"]
+__all__ = ["Survivors", "row_survivors", "column_survivors", "block_survivors"]
 
 #: Compare the whole block once at least 1/DENSE_HITS of its rows (or columns) can keep something.
 DENSE_HITS = 4
@@ -37,6 +37,10 @@ def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
     """Entries of each row of ``scores`` at or below the row's (float64) threshold."""
     # Rounding the float64 threshold to the block's dtype must not drop a survivor.
     thr = _round_up(thresholds.to(scores.dtype), thresholds)
+    if scores.device.type == "cuda":
+        # A pass of minima costs as much as the compare itself on a GPU (see block_survivors).
+        r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
+        return Survivors(owner=r, other=c, keys=scores[r, c])
     hit = torch.nonzero(scores.amin(dim=1) <= thr).flatten()
     if hit.numel() == 0:
         return _empty(scores.device, scores.dtype)
@@ -56,6 +60,32 @@ def column_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivor
     whole-block compare takes over from few hits on.
     """
     return row_survivors(scores.T, thresholds)
+
+
+def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thresholds: torch.Tensor | None
+                    ) -> tuple[Survivors, Survivors | None]:
+    """Both sides of a block: the pairs kept by their row and those kept by their column.
+
+    On a CPU each side is filtered by its minima first (cache-resident blocks: the reductions
+    are cheap and most rows keep nothing). On a GPU the block is compared once against both
+    thresholds and the survivors are split afterwards: every pass over a 1 GiB block costs as
+    much as the product, so one compare and one ``nonzero`` beat two minima, two compares and
+    a strided gather.
+    """
+    if col_thresholds is None:
+        return row_survivors(scores, row_thresholds), None
+    if scores.device.type != "cuda":
+        return row_survivors(scores, row_thresholds), column_survivors(scores, col_thresholds)
+    row_thr = _round_up(row_thresholds.to(scores.dtype), row_thresholds)
+    col_thr = _round_up(col_thresholds.to(scores.dtype), col_thresholds)
+    mask = scores <= row_thr[:, None]
+    mask |= scores <= col_thr[None, :]
+    r, c = torch.nonzero(mask, as_tuple=True)
+    keys = scores[r, c]
+    by_row = keys <= row_thr[r]
+    by_col = keys <= col_thr[c]
+    return (Survivors(owner=r[by_row], other=c[by_row], keys=keys[by_row]),
+            Survivors(owner=c[by_col], other=r[by_col], keys=keys[by_col]))
 
 
 def _round_up(rounded: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
