@@ -104,8 +104,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
             row["report"] = {"parts": report.parts, "part_size": report.part_size,
                              "blocks_per_rank": [r["blocks"] for r in report.per_rank],
                              "wait_share": report.wait_share, "per_rank": report.per_rank,
-                             "screen_dtype": report.screen_dtype, "refined_rows": report.refined_rows,
-                             "fallback_rows": report.exact.fallback_rows}
+                             "screen_dtype": report.screen_dtype, "store": vars(report.store)}
             del g
             if world == 1 and not args.no_baseline:
                 base = []

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from knng.distributed.blockcyclic import _plan  # noqa: E402
-from knng.engine.plan import candidate_count  # noqa: E402
+from knng.engine.plan import store_capacity  # noqa: E402
 from knng.metrics import get_metric  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def fit(rows: list[dict]) -> tuple[dict, list[dict]]:
 def predict(n: int, d: int, k: int, worlds: list[int], tau: float, eps: float, budget: float, disk_node: float,
             net_gpu: float, gpus_per_node: int, screen: torch.dtype, host_node: float, pcie: float) -> list[dict]:
     metric = get_metric("euclidean")
-    kc = candidate_count(k, n - 1, screen)
+    kc = store_capacity(k, n - 1)
     e = screen.itemsize
     width = metric.width(d)
     out = []

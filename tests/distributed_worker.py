@@ -129,7 +129,7 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
             g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
         return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "columns": report.columns,
-                "refined": report.refined_rows, "fallback": report.exact.fallback_rows,
+                "tightenings": report.store.tightenings, "overflow": report.store.overflow_rows,
                 "per_rank_blocks": [r["blocks"] for r in report.per_rank]}
     if kind == "search":
         queries, corpus = make_data("search", seed)

@@ -140,7 +140,7 @@ def test_search_round_trip(suffix: str, tmp_path: Path, rng: np.random.Generator
     assert meta["k"] == K and meta["metric"] == "euclidean" and meta["command"] == "search"
     assert meta["inputs"]["corpus"]["shape"] == [N, D]
     assert meta["inputs"]["queries"]["dtype"] == np.dtype(FORMAT_DTYPES[suffix]).name
-    assert meta["report"]["rows"] == NQ and "fallback_rows" in meta["report"]
+    assert meta["report"]["rows"] == NQ and "exact_evaluations" in meta["report"]
     assert meta["report"]["plan"]["query_rows"] >= 1
     assert meta["knng_version"] == knng.__version__
     assert f"{NQ} queries" in stdout and "queries/s" in stdout and "exact evaluations" in stdout
@@ -494,3 +494,20 @@ def test_demo_without_scikit_image(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert [r["name"] for r in result["results"]] == ["digits"]
     assert "pip install knng[demo]" in result["skipped"]["camera-patches"]
     assert any("skipped" in line and "knng[demo]" in line for line in lines)
+
+
+@pytest.mark.parametrize("budget", [None, "3MB"])
+def test_info_json_plan_is_the_plan_the_graph_records(budget, tmp_path: Path, rng: np.random.Generator,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    # One planner: `knng info --json` prints the plan `knng graph` then runs and records.
+    data = _write(tmp_path / "x.npy", _random(rng, np.float32, 2500))
+    extra = [] if budget is None else ["--memory-budget", budget]
+    code, stdout, err = _run(["info", data, "-k", "7", "--json", *extra], capsys)
+    assert code == 0, err
+    planned = json.loads(stdout)["plan"]
+    out = tmp_path / "out"
+    code, _, err = _run(["graph", data, "-k", "7", "-o", str(out), "--no-progress", *extra], capsys)
+    assert code == 0, err
+    _, _, meta = _load(out)
+    assert meta["report"]["plan"] == planned
+    assert planned["operation"] == "graph" and planned["k"] == 7 and planned["parts"] >= 1

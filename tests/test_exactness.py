@@ -385,7 +385,7 @@ def test_tiny_capacity_forces_tightening_and_overflow(metric, monkeypatch, rng, 
     # tightens many times, and duplicated points overflow into exact evaluation.
     import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "_capacity", lambda k, available: min(available, k))
+    monkeypatch.setattr(plan, "store_capacity", lambda k, available: min(available, k))
     x = rng.integers(0, 4, size=(700, 6)).astype(np.float32)  # integer data: dense exact ties
     x[600:] = x[:100]  # and duplicates
     for k in (1, 5, 40):

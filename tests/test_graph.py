@@ -241,14 +241,12 @@ def test_graph_oom_in_a_block_is_retried_without_counting_twice(monkeypatch, rng
 
 def test_graph_parts_use_the_budget():
     # Planning only (no GPU needed): what exact_graph would do on a GPU.
-    from knng.engine.graph import choose_part_size
-    from knng.engine.plan import candidate_count, plan_tiles
+    from knng.engine.plan import make_graph_plan
 
     n, d, k, budget = 1_000_000, 128, 10, 4 * 2**30
-    kc = candidate_count(k, n - 1, torch.float32)
-    plan = plan_tiles(n_queries=n, n_corpus=n, d=d, k_cand=kc, budget=budget, device=torch.device("cuda"),
-                      symmetric=True, element_bytes=4)
-    b = choose_part_size(n, kc, plan)
+    plan = make_graph_plan(n=n, d=d, k=k, metric="euclidean", device=torch.device("cuda"), budget=budget,
+                           include_self=False, screen_dtype=torch.float32)
+    b = plan.part_size
     # A b × b float32 block with the selection's workspace (~12 bytes per entry) should take a
     # fair share of the budget left after the corpus and the candidate lists (> 1 GB here).
     assert b * b * 12 >= 2**28, f"part size {b}: {-(-n // b)} parts for n = {n}"

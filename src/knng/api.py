@@ -16,7 +16,7 @@ from knng._inputs import as_input, as_output
 from knng.arguments import check_k, check_select, graph_arguments
 from knng.engine.common import resolve_device
 from knng.engine.graph import exact_graph
-from knng.engine.plan import resolve_budget
+from knng.engine.plan import budget_source, make_graph_plan, make_search_plan, resolve_budget
 from knng.engine.search import exact_search
 from knng.metrics import get_metric
 
@@ -105,7 +105,9 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    idx, dist, report = exact_search(q, c, k, m, dev, select, budget, progress)
+    plan = make_search_plan(n_queries=q.n, n_corpus=c.n, d=c.d, k=k, metric=m.name, device=dev, budget=budget,
+                            source=budget_source(memory_budget, dev))
+    idx, dist, report = exact_search(q, c, k, m, dev, select, budget, progress, plan=plan)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
@@ -159,7 +161,10 @@ def graph(
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
-    idx, dist, report = exact_graph(x, k, m, dev, select, budget, include_self=include_self, progress=progress)
+    plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
+                           source=budget_source(memory_budget, dev))
+    idx, dist, report = exact_graph(x, k, m, dev, select, budget, include_self=include_self, progress=progress,
+                                    plan=plan)
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)
     return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import shlex
 import sys
@@ -269,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="metric to plan for (the plan does not depend on it yet)")
     p.add_argument("--device", default="auto", metavar="DEV", help="device to plan for (default: auto)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE", help="memory budget to plan for")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: the file's description and the engine's plan (its \"plan\" is "
+                        "what `knng graph FILE -k K` records in knng.json)")
     p.set_defaults(handler=_cmd_info)
 
     p = add("demo", "exact graphs of built-in data, verified against an oracle", _DEMO_DESCRIPTION,
@@ -447,13 +451,17 @@ def _metric_for(args: argparse.Namespace, source: _Input) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def _device_and_budget(device: str, memory_budget: str | None) -> tuple[Any, int]:
-    """Resolve (and so validate) the device and budget before any work, as the API will."""
+def _device_and_budget(device: str, memory_budget: str | None) -> tuple[Any, int | None]:
+    """Validate the device and an explicit budget before any work, as the API will.
+
+    The default budget is left to the engine, which resolves it once, when it plans the run
+    (the plan it records in ``knng.json`` says which budget it took and where from).
+    """
+    from knng._units import parse_bytes
     from knng.engine.common import resolve_device
-    from knng.engine.plan import resolve_budget
 
     dev = resolve_device(device)
-    return dev, resolve_budget(memory_budget, dev)
+    return dev, None if memory_budget is None else parse_bytes(memory_budget, "memory_budget")
 
 
 def _device_text(dev: Any) -> str:
@@ -519,8 +527,6 @@ def _exact_line(report: Any) -> str:
     text = f"  exact: {report.exact.exact_evaluations:,} exact evaluations for {report.exact.rows:,} rows"
     if per_row:
         text += f" (per row: median {per_row['median']:.0f}, p99 {per_row['p99']:.0f}, max {per_row['max']:.0f})"
-    if report.exact.fallback_rows:
-        text += f"; {report.exact.fallback_rows:,} rows needed the float64 fall-back"
     return (text + (f"; {screen} screen" if screen else "")
             + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
 
@@ -642,8 +648,7 @@ def _graph_distributed(args: argparse.Namespace, argv: Sequence[str], data: _Inp
              f"of {report.blocks_full:,} blocks computed ({report.pairs_saving:.0%} of the pair work skipped), "
              f"{min(blocks)}–{max(blocks)} blocks per rank")
         _say(_wait_line(report))
-        _say(_exact_line(report) + (f"; {report.refined_rows:,} rows refined across ranks" if report.refined_rows
-                                    else ""))
+        _say(_exact_line(report))
         _say(f"  wrote {', '.join(written)}")
     return 0
 
@@ -762,7 +767,7 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     corpus, queries, ann_mode = _search_inputs(args)
     metric = _metric_for(args, corpus)
-    dev, budget = _device_and_budget(args.device, args.memory_budget)
+    dev, _ = _device_and_budget(args.device, args.memory_budget)
     out = Path(args.out)
     _refuse_existing(out, list(NEIGHBOR_FILES.values()), args.overwrite)
     truth = _ground_truth(args, corpus, queries) if args.check else None
@@ -783,7 +788,7 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     meta = _metadata(
         "search", argv, {"corpus": corpus, "queries": queries}, k=args.k, metric=metric,
-        device=str(dev), select=args.select, memory_budget_bytes=budget,
+        device=str(dev), select=args.select, memory_budget_bytes=report.plan.budget,
         ann_benchmarks_file=ann_mode, timings_s={"search": seconds},
         throughput_queries_per_s=nq / seconds if seconds > 0 else None,
         report=_report_dict(report), check=check,
@@ -817,7 +822,6 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def _save_graph_npz(out: Path, graph: Any, meta: dict[str, Any], overwrite: bool) -> list[Path]:
     """Write DIR/graph.npz (through Graph.save) and DIR/knng.json together, atomically."""
-    import json
 
     from knng.io import atomic_files, json_default
 
@@ -839,7 +843,7 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     data = _open(args.data)
     metric = _metric_for(args, data)
-    dev, budget = _device_and_budget(args.device, args.memory_budget)
+    dev, _ = _device_and_budget(args.device, args.memory_budget)
     out = Path(args.out)
     names = list(NEIGHBOR_FILES.values()) if args.format == "npy" else ["graph.npz", "knng.json"]
     _refuse_existing(out, names, args.overwrite)
@@ -860,7 +864,7 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     meta = _metadata(
         "graph", argv, {"data": data}, k=args.k, metric=metric, include_self=args.include_self,
-        device=str(dev), select=args.select, memory_budget_bytes=budget, format=args.format,
+        device=str(dev), select=args.select, memory_budget_bytes=report.plan.budget, format=args.format,
         timings_s={"graph": seconds}, throughput_points_per_s=n / seconds if seconds > 0 else None,
         report=_report_dict(report),
     )
@@ -889,51 +893,37 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _plan_lines(title: str, *, n_queries: int, n_corpus: int, d: int, k: int, budget: int, dev: Any,
-                symmetric: bool) -> list[str]:
-    """What the engine would choose, by calling the same planning functions in the same order
-    as ``knng.engine.search.exact_search`` / ``knng.engine.graph.exact_graph``."""
-    from knng.engine.common import choose_screen_dtype
-    from knng.engine.graph import choose_part_size
-    from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, candidate_count, plan_tiles
+def _make_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, dev: Any, budget: int,
+               memory_budget: str | None, symmetric: bool) -> Any:
+    """The engine's plan for this shape: the very planner ``knng.search`` / ``knng.graph`` call."""
+    from knng.engine.plan import budget_source, make_graph_plan, make_search_plan
 
-    available = n_corpus - 1 if symmetric else n_corpus
-    lines = [title]
-    if available < 1:
-        return lines + ["  (too few vectors for this)"]
-    if k > available:
-        lines.append(f"  k={k} is more than the {available:,} possible neighbours; planning for k={available}")
-        k = available
-    dtype = choose_screen_dtype(dev, n_corpus, d, k)
-    item = dtype.itemsize
-    kc = candidate_count(k, available, dtype)
-    plan = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=kc, budget=budget, device=dev,
-                      symmetric=symmetric, element_bytes=item)
-    rows, cols = plan.query_rows, plan.corpus_cols
+    source = budget_source(memory_budget, dev)
     if symmetric:
-        # The graph's blocks are (rows of part I) × (part J), parts as exact_graph splits them.
-        b = choose_part_size(n_corpus, kc, plan)
-        rows, cols = min(b, plan.query_rows), b
-    block = rows * cols * BLOCK_BYTES_PER_ELEMENT * item // 4
-    prepared = n_corpus * d * item
-    screen = str(dtype).replace("torch.", "")
-    lines.append(f"  screen          {screen} matrix products, {kc} candidates per row, exact float64 finish")
-    lines.append(f"  score blocks    {rows:,} × {cols:,} (~{_fmt_bytes(block)} with selection workspace)")
-    if plan.corpus_resident:
-        lines.append(f"  data            resident on {dev.type}: prepared {screen} copy ~{_fmt_bytes(prepared)}")
+        return make_graph_plan(n=n_corpus, d=d, k=k, metric=metric, device=dev, budget=budget, include_self=False,
+                               source=source)
+    return make_search_plan(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=dev,
+                            budget=budget, source=source)
+
+
+def _plan_lines(title: str, plan: Any) -> list[str]:
+    """A plan of :mod:`knng.engine.plan` in words."""
+    lines = [title,
+             f"  screen          {plan.screen_precision} matrix products (unit roundoff {plan.unit_roundoff:.3g}); "
+             f"stores of {plan.capacity} candidates per row; exact float64 finish",
+             f"  thresholds      {plan.thresholds}"]
+    if plan.operation == "graph":
+        lines.append(f"  symmetry        {plan.parts:,} part{'s' if plan.parts != 1 else ''} of ≤{plan.part_size:,} "
+                     f"points: {plan.blocks:,} of {plan.parts * plan.parts:,} blocks computed "
+                     f"({1 - plan.blocks / (plan.parts * plan.parts):.0%} of the pair work skipped)")
+        lines.append(f"  score blocks    {plan.part_size:,} × {plan.part_size:,}")
     else:
-        lines.append(f"  data            streamed in tiles of {plan.corpus_cols:,} vectors "
-                     f"(the prepared copy, ~{_fmt_bytes(prepared)}, exceeds half the budget)")
-    if symmetric:
-        parts = -(-n_corpus // b)
-        computed = parts * (parts + 1) // 2
-        lines.append(f"  symmetry        {parts:,} part{'s' if parts != 1 else ''} of ≤{b:,} points: "
-                     f"{computed:,} of {parts * parts:,} blocks computed "
-                     f"({1 - computed / (parts * parts):.0%} of the pair work skipped)")
-    work = n_queries * kc * (8 + item) * 2 + n_queries * k * 16
-    out_bytes = n_queries * k * (8 + 4)
-    lines.append(f"  working lists   ~{_fmt_bytes(work)} (candidate lists and float64 results)")
-    lines.append(f"  outputs         {n_queries:,} × {k} neighbours: indices int64 + distances float32 "
+        lines.append(f"  score blocks    {plan.query_rows:,} queries × {plan.corpus_cols:,} corpus vectors")
+    lines.append("  data            " + ("resident on the device (prepared once)" if plan.corpus_resident
+                                       else "streamed: prepared tile by tile"))
+    lines.append(f"  memory          ~{_fmt_bytes(plan.bytes_expected)} expected")
+    out_bytes = plan.n_queries * plan.k * (8 + 4)
+    lines.append(f"  outputs         {plan.n_queries:,} × {plan.k} neighbours: indices int64 + distances float32 "
                  f"= {_fmt_bytes(out_bytes)}")
     return lines
 
@@ -967,29 +957,47 @@ def _cmd_info(args: argparse.Namespace, argv: Sequence[str]) -> int:
             (" (not supported by knng: pass --metric)" if distance is not None else "")))
     if info["dtype"] not in _NATIVE_DTYPES:
         lines.append("note            knng converts these values to float64 as it reads them (exact)")
-    _say("\n".join(lines))
 
     if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
-        _say("\nknng needs a 2-D array of at least one vector; nothing to plan.")
+        _say("\n".join(lines) + "\n\nknng needs a 2-D array of at least one vector; nothing to plan.")
         return 0
     if args.k < 1:
         raise ValueError(f"k must be at least 1, got {args.k}")
-    dev, budget = _device_and_budget(args.device, args.memory_budget)
-    budget_src = "from --memory-budget" if args.memory_budget else (
-        "default: 60% of free GPU memory" if dev.type == "cuda" else "default: 25% of available RAM, at most 2 GiB")
+    dev, _ = _device_and_budget(args.device, args.memory_budget)
+    from knng.engine.plan import budget_source, resolve_budget
+
+    budget = resolve_budget(args.memory_budget, dev)
     n, d = shape
-    out = ["", "what knng would do:",
-           f"  device          {_device_text(dev)}" + ("  (--device auto)" if args.device == "auto" else ""),
-           f"  memory budget   {_fmt_bytes(budget)} ({budget_src})"]
-    out += _plan_lines(f"k-NN graph, k={args.k}:", n_queries=n, n_corpus=n, d=d, k=args.k, budget=budget,
-                       dev=dev, symmetric=True)
+    metric = args.metric or "euclidean"
+    common = dict(d=d, metric=metric, dev=dev, budget=budget, memory_budget=args.memory_budget)
+    plans = {}
+    if n >= 2:
+        plans["plan"] = _make_plan(n_queries=n, n_corpus=n, k=min(args.k, n - 1), symmetric=True, **common)
     if (info["format"] in _HDF5 and not _explicit_dataset(args.file)
             and {"train", "test"} <= set(info["datasets"])):
         test = tuple(info["datasets"]["test"]["shape"])
         if len(test) == 2 and test[1] == d:
-            out += _plan_lines(f"search of `test` ({test[0]:,} queries) in `train`, k={args.k}:",
-                               n_queries=test[0], n_corpus=n, d=d, k=args.k, budget=budget, dev=dev,
-                               symmetric=False)
+            plans["search_plan"] = _make_plan(n_queries=test[0], n_corpus=n, k=min(args.k, n), symmetric=False,
+                                              **common)
+    if args.json:
+        from knng.io import json_default
+
+        # "plan" is what `knng graph FILE -k K` records in knng.json on this machine.
+        print(json.dumps({"file": info, **{key: p.as_dict() for key, p in plans.items()}}, default=json_default,
+                         indent=1))
+        return 0
+    _say("\n".join(lines))
+    out = ["", "what knng would do:",
+           f"  device          {_device_text(dev)}" + ("  (--device auto)" if args.device == "auto" else ""),
+           f"  memory budget   {_fmt_bytes(budget)} (" + ("from --memory-budget" if args.memory_budget else
+                                                         budget_source(None, dev)) + ")"]
+    if "plan" in plans:
+        out += _plan_lines(f"k-NN graph, k={plans['plan'].k}:", plans["plan"])
+    else:
+        out.append("  (a graph needs at least 2 vectors)")
+    if "search_plan" in plans:
+        out += _plan_lines(f"search of `test` ({plans['search_plan'].n_queries:,} queries) in `train`, "
+                           f"k={plans['search_plan'].k}:", plans["search_plan"])
     _say("\n".join(out))
     return 0
 

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 import knng
-from knng.api import last_report
 from knng.engine.common import resolve_device
 
 __all__ = ["run_demo"]
@@ -230,11 +229,10 @@ def _one(name: str, label: str, x: np.ndarray, out: Path, device: str, emit: Cal
     t0 = time.perf_counter()
     g = knng.graph(x, K, device=device)
     seconds = time.perf_counter() - t0
-    report = last_report()
     path = g.save(out / f"{name}-k{K}.npz")
-    fallback = report.exact.fallback_rows if report is not None else None
-    emit(f"knng.graph: {seconds:.2f} s ({n / seconds:,.0f} points/s), "
-         f"{fallback} rows settled by the float64 fall-back; saved {path}")
+    per_row = g.report.evaluations_per_row
+    emit(f"knng.graph: {seconds:.2f} s ({n / seconds:,.0f} points/s), exact evaluations per row: median "
+         f"{per_row['median']:.0f}, p99 {per_row['p99']:.0f}, max {per_row['max']:.0f}; saved {path}")
 
     check = _verify(x, g.indices, g.distances, K, budget_s=oracle_budget_s, sample_rows=sample_rows, rng=rng)
     where = (f"verified on a random sample of {check['checked_rows']} rows" if check["sampled"]
@@ -255,7 +253,7 @@ def _one(name: str, label: str, x: np.ndarray, out: Path, device: str, emit: Cal
         "k": K,
         "seconds": seconds,
         "points_per_s": n / seconds,
-        "fallback_rows": fallback,
+        "evaluations_per_row": per_row,
         "path": str(path),
         "checked_rows": check["checked_rows"],
         "sampled": check["sampled"],

@@ -57,7 +57,7 @@ def report_as_dict(report: Any) -> dict[str, Any]:
     Returns
     -------
     dict
-        ``rows``, ``fallback_rows``, ``exact_evaluations``, the plan and store (as dicts), the
+        ``rows``, ``exact_evaluations``, the plan and store (as dicts), the
         per-rank figures of a distributed run, and every other scalar field or property of the
         report; empty for ``None``.
     """
@@ -65,7 +65,6 @@ def report_as_dict(report: Any) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {
         "rows": report.exact.rows,
-        "fallback_rows": report.exact.fallback_rows,
         "exact_evaluations": report.exact.exact_evaluations,
     }
     plan = getattr(report, "plan", None)

@@ -27,20 +27,23 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from knng._inputs import InputArray
 from knng.distributed.comm import Comm
 from knng.distributed.plan import BlockPlan
-from knng.distributed.shards import all_gather_rows, common_centre, merge_across_ranks, rows_subset
-from knng.engine.common import CandidateLists, PreparedCorpus, choose_screen_dtype, full_precision, is_out_of_memory
-from knng.engine.exact import ExactStats
-from knng.engine.graph import finish_graph_rows, screen_block
-from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, MIN_TILE, candidate_count
-from knng.engine.search import exact_search
+from knng.distributed.shards import all_gather_rows, common_centre
+from knng.engine.common import PreparedCorpus, full_precision, is_out_of_memory
+from knng.engine.exact import ExactStats, exact_pairs_of
+from knng.engine.graph import retry_on_oom, screen_own_part
+from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, MIN_TILE, UNIT_ROUNDOFF, choose_screen_precision, store_capacity
+from knng.engine.screen import block_survivors
+from knng.engine.store import CandidateStore, PairErrors, StoreStats
 from knng.metrics import METRICS, Metric
 
 __all__ = ["DistributedGraphReport", "RankRows", "distributed_graph", "gather_rows", "agree"]
@@ -72,11 +75,11 @@ class DistributedGraphReport:
     parts: int
     blocks_computed: int
     blocks_full: int
-    candidates_per_row: int
+    capacity: int  # candidates a row's store keeps before it tightens its threshold
     screen_dtype: str
     columns: str  # where the owned column parts are kept: see COLUMN_TIERS
     exact: ExactStats
-    refined_rows: int
+    store: StoreStats
     oom_retries: int
     seconds: float
     per_rank: list[dict[str, float]] = field(default_factory=list)
@@ -147,7 +150,7 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
     e = dtype.itemsize
     vec = metric.width(d) * e
     owned_rows = -(-n // world)
-    fixed = n * 16 + owned_rows * kc * (e + 8) * 4  # every norm and term; the owned column lists
+    fixed = n * 32 + owned_rows * kc * 25  # every norm, term and first threshold; the owned parts' stores
     raw = owned_rows * d * input_itemsize
     if owned_rows * vec <= budget // 3:
         columns, on_device = COLUMN_TIERS[0], owned_rows * vec
@@ -158,12 +161,12 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
     else:
         columns, on_device = COLUMN_TIERS[3], 0
     remaining = max(budget - fixed - on_device, budget // 8)
-    # Per row of a part: the A_I buffers in flight, the row lists, the gathered lists at the
+    # Per row of a part: the A_I buffers in flight, the row store, the gathered stores at the
     # owner (twice: one gather may wait while the next arrives) and a column part prepared for
     # its block (two when they are read from the input, one being prefetched).
     extra = {COLUMN_TIERS[0]: 0, COLUMN_TIERS[1]: vec, COLUMN_TIERS[2]: vec + d * input_itemsize,
              COLUMN_TIERS[3]: 2 * vec}[columns]
-    per_row = (LOOKAHEAD + 2) * vec + kc * (e + 8) * 4 + world * (2 * kc + 1) * 8 * 2 + extra
+    per_row = (LOOKAHEAD + 2) * vec + kc * 25 + (world + 1) * (3 * kc + 1) * 8 * 2 + extra
     on = "cuda" if device.type == "cuda" else "cpu"
     max_part = max(MIN_TILE, min(MAX_PART[on], remaining // 2 // per_row))
     plan = BlockPlan(n=n, world=world, part_size=part_size) if part_size else BlockPlan.build(n, world, max_part)
@@ -178,22 +181,6 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
     return _Sizes(plan=plan, sub_rows=sub, columns=columns)
 
 
-class _DeferredRefiner:
-    """Collects the rows that fail the certificate, to settle them all at once at the end."""
-
-    def __init__(self, k: int, device: torch.device) -> None:
-        self.k, self.device = k, device
-        self.rows: list[torch.Tensor] = []
-        self.ids: list[torch.Tensor] = []
-
-    def __call__(self, raw: torch.Tensor, row_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, ExactStats]:
-        self.rows.append(raw.to(self.device, torch.float64))
-        self.ids.append(row_ids.to(self.device))
-        f = raw.shape[0]
-        return (torch.full((f, self.k), -1, dtype=torch.int64, device=self.device),
-                torch.full((f, self.k), torch.nan, dtype=torch.float64, device=self.device), ExactStats())
-
-
 def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, budget: int,
                       comm: Comm, include_self: bool = False, screen_dtype: torch.dtype | None = None,
                       part_size: int | None = None) -> tuple[RankRows, DistributedGraphReport]:
@@ -206,7 +193,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     t_start = time.perf_counter()
     n, d, world, rank = data.n, data.d, comm.world, comm.rank
     available = n if include_self else n - 1
-    dtype = screen_dtype or choose_screen_dtype(device, n, d, k)
+    dtype = screen_dtype or getattr(torch, choose_screen_precision(device, n, d, k))
     comm.status("agreeing on the input and the plan")
     table = agree(comm, device, {"n": n, "d": d, "k": k, "metric": list(METRICS).index(metric.name),
                                  "include_self": int(include_self), "cuda": int(device.type == "cuda"),
@@ -220,8 +207,9 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     # Plans must match everywhere: the smallest budgets and the cheaper screen any rank can run.
     budget = min(table["budget"])
     dtype = torch.float64 if min(table["dtype"]) == 8 else torch.float32
-    kc = candidate_count(k, available, dtype)
-    sizes = _plan(n, d, kc, world, budget, metric, dtype, device, part_size,
+    unit_roundoff = UNIT_ROUNDOFF[str(dtype).replace("torch.", "")]
+    capacity = store_capacity(k, available)
+    sizes = _plan(n, d, capacity, world, budget, metric, dtype, device, part_size,
                   input_itemsize=table["itemsize"][0], host_budget=min(table["host"]))
     plan = sizes.plan
     owned = plan.owned(rank)
@@ -237,7 +225,6 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                                                         sizes.columns)
             pdata = PreparedCorpus.from_norms(data, metric, centre, device, norms, terms, symmetric=True,
                                               dtype=dtype)
-            refiner = _DeferredRefiner(k, device)
             results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (r0, r1) → rows
 
             def prepare_rows(a: int, b: int, raw: torch.Tensor | None = None) -> torch.Tensor:
@@ -270,12 +257,19 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             for part in range(min(P, LOOKAHEAD + 1)):
                 start_gather(part)
 
-            col_lists = {j: CandidateLists(plan.parts[j][1] - plan.parts[j][0], kc, dtype, device) for j in owned}
-            col_floor = {j: torch.full((plan.parts[j][1] - plan.parts[j][0],), torch.inf, dtype=torch.float64,
-                                       device=device) for j in owned}
-            finishing: deque = deque()  # (part, pending gather, buffers) at the owner, until merged
-            sends: deque = deque()  # (pending gather, buffer) kept alive until sent
-            streamed: dict[int, Any] = {}
+            offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
+
+            def part_store(part: int) -> CandidateStore:
+                """An empty store for the rows of ``part`` (store rows 0.. = the part's rows)."""
+                p0, p1 = plan.parts[part]
+                errors = PairErrors(metric=metric, d=d, unit_roundoff=unit_roundoff, row_norms=norms[p0:p1],
+                                    row_terms=None if terms is None else terms[p0:p1], row_offsets=offsets[p0:p1],
+                                    col_norms=norms, col_terms=terms, centre_norm=pdata.centre_norm)
+
+                def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+                    return exact_pairs_of(metric, data, rows + p0, data, cols, device)
+
+                return CandidateStore(p1 - p0, k, capacity, errors, evaluate, device)
 
             def column(j: int) -> torch.Tensor:
                 if sizes.columns == COLUMN_TIERS[0]:
@@ -286,33 +280,38 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 raw = fut.result() if fut is not None else data.rows(*plan.parts[j])
                 return prepare_rows(*plan.parts[j], raw)
 
-            def merged(part: int, pending: Any, bufs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-                """Part ``part``'s final candidates: its column lists and every rank's row lists."""
-                comm.wait(pending)
-                p0, p1 = plan.parts[part]
-                lists, floor = col_lists.pop(part), col_floor.pop(part)
-                for buf in bufs:
-                    lists.add(0, p1 - p0, buf[:, :kc].to(dtype), buf[:, kc:2 * kc].to(torch.int64))
-                    floor = torch.minimum(floor, buf[:, 2 * kc])
-                vals, idx = lists.finalize()
-                return vals, idx, floor
-
-            def finish_rows(r0: int, r1: int, vals: torch.Tensor, idx: torch.Tensor, floor: torch.Tensor) -> None:
-                nonlocal oom_retries
-                comm.status(f"finishing rows {r0}–{r1}: exact re-rank")
-                o_i, o_d, st, retries = finish_graph_rows(data, r0, r1, vals, idx, floor, pdata, metric, k, available,
-                                                          include_self, device, refiner, chunk=sizes.sub_rows)
-                results[(r0, r1)] = (o_i, o_d)
-                stats.add(st)
-                oom_retries += retries
-                comm.tick()
+            streamed: dict[int, Any] = {}
+            # Thresholds first: every owned part screens its own block S(J, J) (its k best seed
+            # τ, as on one device), then one all-reduce gives every rank every point's τ.
+            col_stores = {j: part_store(j) for j in owned}
+            tau = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
+            for j in owned:
+                j0, j1 = plan.parts[j]
+                comm.status(f"screening block ({j}, {j}): the first thresholds of part {j}")
+                oom_retries += retry_on_oom(partial(screen_own_part, column(j), d, metric, col_stores[j], 0, j0, k,
+                                                    include_self, select, pdata.maxima(j0, j1), device,
+                                                    sizes.sub_rows), device)
+                tau[j0:j1] = col_stores[j].tau
+            comm.wait(comm.all_reduce(tau, "the exchange of the first thresholds", op=dist.ReduceOp.MIN))
+            for j in owned:
+                j0, j1 = plan.parts[j]
+                col_stores[j].tau = torch.minimum(col_stores[j].tau, tau[j0:j1])
+            finishing: deque = deque()  # (part, pending gather, buffers) at the owner, until merged
+            sends: deque = deque()  # (pending gather, buffer) kept alive until sent
+            ready: dict[int, CandidateStore] = {}
 
             def arrive(part: int, pending: Any, bufs: list[torch.Tensor]) -> None:
-                """Part ``part``'s candidates are complete: merge them, ready for the finish."""
+                """Part ``part``'s candidates are complete: its own store and every rank's row stores."""
                 comm.status(f"finishing part {part}: merging its candidates")
-                ready[part] = merged(part, pending, bufs)
+                comm.wait(pending)
+                store = col_stores.pop(part)
+                ready[part] = store.pack()
+                for buf in bufs:
+                    ready[part] = torch.cat([ready[part][:, :-1], buf[:, :-1],
+                                             torch.minimum(ready[part][:, -1:], buf[:, -1:])], dim=1)
+                survivors.add(store.stats)
 
-            ready: dict[int, tuple[torch.Tensor, ...]] = {}
+            survivors = StoreStats()
             for i in range(P):
                 i0, i1 = plan.parts[i]
                 comm.status(f"waiting for the all-gather of part {i}")
@@ -323,9 +322,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                     read_piece(i + LOOKAHEAD + 2)
                 if i + LOOKAHEAD + 1 < P:
                     start_gather(i + LOOKAHEAD + 1)
-                row_lists = CandidateLists(i1 - i0, kc, dtype, device)
-                row_floor = torch.full((i1 - i0,), torch.inf, dtype=torch.float64, device=device)
-                todo = plan.row_blocks(rank, i)
+                row_store = part_store(i)
+                row_store.tau = tau[i0:i1].clone()
+                rows_q = metric.query_layout(rows_i, d)
+                todo = [j for j in plan.row_blocks(rank, i) if j != i]  # S(I, I) came first
                 for pos, j in enumerate(todo):
                     j0, j1 = plan.parts[j]
                     cols = column(j)
@@ -337,9 +337,14 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                     while r0 < i1 - i0:
                         r1 = min(i1 - i0, r0 + sub)
                         comm.status(f"screening block ({i}, {j}), rows {i0 + r0}–{i0 + r1}")
+                        local = torch.arange(r0, r1, device=device)
                         try:
-                            blk = screen_block(rows_i[r0:r1], cols, metric, d, i0 + r0, j0, i == j, include_self, kc,
-                                               select, device)
+                            scores = rows_q[r0:r1] @ cols.T
+                            by_row, by_col = block_survivors(
+                                scores, row_store.screen_thresholds(local, *pdata.maxima(j0, j1)),
+                                col_stores[j].screen_thresholds(torch.arange(j1 - j0, device=device),
+                                                                *pdata.maxima(i0 + r0, i0 + r1)))
+                            del scores
                         except Exception as exc:  # noqa: BLE001 - out of memory: smaller tiles
                             if not is_out_of_memory(exc) or sub <= MIN_TILE:
                                 raise
@@ -347,22 +352,15 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                             if device.type == "cuda":
                                 torch.cuda.empty_cache()
                             continue
-                        row_lists.add(r0, r1, blk.row_values, blk.row_ids)
-                        if blk.row_floor is not None:
-                            row_floor[r0:r1] = torch.minimum(row_floor[r0:r1], blk.row_floor)
-                        if blk.col_values is not None:
-                            col_lists[j].add(0, j1 - j0, blk.col_values, blk.col_ids)
-                            if blk.col_floor is not None:
-                                col_floor[j] = torch.minimum(col_floor[j], blk.col_floor)
-                        row_lists.flush_due()
-                        col_lists[j].flush_due()
+                        row_store.add(by_row.owner + r0, by_row.other + j0, by_row.keys)
+                        col_stores[j].add(by_col.owner, by_col.other + i0 + r0, by_col.keys)
                         comm.tick()
                         r0 = r1
                     del cols
-                # Part I's row candidates from this rank go to part I's owner.
-                vals, idx = row_lists.finalize()
-                pack = torch.empty((i1 - i0, 2 * kc + 1), dtype=torch.float64, device=device)
-                pack[:, :kc], pack[:, kc:2 * kc], pack[:, 2 * kc] = vals, idx, row_floor
+                # Part I's row store from this rank goes to part I's owner.
+                survivors.add(row_store.stats)
+                pack = row_store.pack()
+                del row_store
                 owner = plan.owner(i)
                 what = f"the gather of part {i}'s row candidates to rank {owner}"
                 if rank == owner:
@@ -382,17 +380,17 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             # The exact finish, shared: every part is cut into one slice per rank, so every rank
             # finishes n / R rows and none waits for an owner that finishes whole parts alone
             # (the parts whose blocks come last would otherwise all be finished at the end).
+            width = (world + 1) * capacity * 3 + 1
             slices = []
             for part in range(P):
                 p0, p1 = plan.parts[part]
                 owner = plan.owner(part)
                 s_rows = -(-(p1 - p0) // world)
-                mine = torch.empty((s_rows, 2 * kc + 1), dtype=torch.float64, device=device)
+                mine = torch.empty((s_rows, width), dtype=torch.float64, device=device)
                 chunks = None
                 if rank == owner:
-                    vals, idx, floor = ready.pop(part)
-                    full = torch.zeros((world * s_rows, 2 * kc + 1), dtype=torch.float64, device=device)
-                    full[:p1 - p0, :kc], full[:p1 - p0, kc:2 * kc], full[:p1 - p0, 2 * kc] = vals, idx, floor
+                    full = torch.zeros((world * s_rows, width), dtype=torch.float64, device=device)
+                    full[:p1 - p0] = ready.pop(part)
                     chunks = list(full.split(s_rows))
                 what = f"the scatter of part {part}'s candidates by rank {owner}"
                 slices.append((part, s_rows, mine, chunks, comm.scatter(mine, chunks, owner, what)))
@@ -401,17 +399,29 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 p0, p1 = plan.parts[part]
                 a, b = min(p1 - p0, rank * s_rows), min(p1 - p0, (rank + 1) * s_rows)
                 if b > a:
-                    finish_rows(p0 + a, p0 + b, mine[:b - a, :kc].to(dtype).contiguous(),
-                                mine[:b - a, kc:2 * kc].to(torch.int64), mine[:b - a, 2 * kc].contiguous())
+                    comm.status(f"finishing rows {p0 + a}–{p0 + b}: exact re-rank")
+                    template = part_store(part)
+                    errors = replace(template.errors, row_norms=template.errors.row_norms[a:b],
+                                     row_terms=None if terms is None else template.errors.row_terms[a:b],
+                                     row_offsets=template.errors.row_offsets[a:b])
+
+                    def evaluate(rows: torch.Tensor, cols: torch.Tensor, base: int = p0 + a) -> torch.Tensor:
+                        return exact_pairs_of(metric, data, rows + base, data, cols, device)
+
+                    merged = CandidateStore.from_packs(_unpack(mine[:b - a], world + 1, capacity), k, errors,
+                                                       evaluate, device)
+                    o_i, o_d = merged.finish()
+                    results[(p0 + a, p0 + b)] = (o_i, o_d)
+                    stats.rows += b - a
+                    stats.exact_evaluations += merged.stats.exact_evaluations
+                    comm.tick()
             del slices
-            refined = _refine(refiner, results, plan, data, k, metric, device, select, budget, comm, include_self,
-                              stats)
     finally:
         reader.shutdown(wait=True, cancel_futures=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
-    report = _report(comm, plan, sizes, kc, dtype, stats, refined, oom_retries, seconds, device)
+    report = _report(comm, plan, sizes, capacity, dtype, stats, survivors, oom_retries, seconds, device)
     ranges = sorted(results)
     return RankRows(parts=ranges, indices=[results[r][0] for r in ranges],
                     distances=[results[r][1] for r in ranges]), report
@@ -455,69 +465,34 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
     return centre, both[0].contiguous(), both[1].contiguous(), kept
 
 
-def _refine(refiner: _DeferredRefiner, results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]], plan: BlockPlan,
-            data: InputArray, k: int, metric: Metric, device: torch.device, select: str, budget: int, comm: Comm,
-            include_self: bool, stats: ExactStats) -> int:
-    """Settle every rank's failing rows by one distributed float64 search against the owned parts."""
-    rank, d = comm.rank, data.d
-    local = torch.cat(refiner.rows) if refiner.rows else torch.empty((0, d), dtype=torch.float64, device=device)
-    local_ids = torch.cat(refiner.ids) if refiner.ids else torch.empty(0, dtype=torch.int64, device=device)
-    if not any(agree(comm, device, {"rows": local.shape[0]})["rows"]):
-        return 0  # no rank has a row to refine
-    comm.status("refining the rows that failed the certificate (float64 search)")
-    everything = all_gather_rows(torch.cat([local, local_ids.to(torch.float64)[:, None]], dim=1), comm, device,
-                                 "the all-gather of rows to refine")
-    rows, ids = everything[:, :d].contiguous(), everything[:, d].to(torch.int64)
-    f_total = rows.shape[0]
-    kk = k if include_self else k + 1
-    shard = rows_subset(data, [plan.parts[j] for j in plan.owned(rank)], name=data.name)
-    values = torch.full((f_total, kk), torch.inf, dtype=torch.float64, device=device)
-    cand = torch.full((f_total, kk), -1, dtype=torch.int64, device=device)
-    if shard.n:
-        queries = InputArray("rows to refine", "torch", (f_total, d), torch.float64, device, tensor=rows)
-        ks = min(kk, shard.n)
-        s_idx, s_dist, report = exact_search(queries, shard, ks, metric, device, select, budget,
-                                             screen_dtype=torch.float64)
-        stats.exact_evaluations += report.exact.exact_evaluations
-        stats.complete_rows += report.exact.fallback_rows
-        values[:, :ks], cand[:, :ks] = s_dist, _global_of_subset(plan, plan.owned(rank), device)[s_idx]
-    idx, dist = merge_across_ranks(values, cand, k, rows, data, metric, comm, device,
-                                   "the all-gather of refined candidates", exclude=None if include_self else ids)
-    # Each rank patches the rows it finished.
-    for (p0, p1), (o_i, o_d) in results.items():
-        mine = torch.nonzero((ids >= p0) & (ids < p1)).flatten()
-        if mine.numel():
-            o_i[ids[mine] - p0] = idx[mine]
-            o_d[ids[mine] - p0] = dist[mine]
-    comm.tick()
-    return f_total
-
-
-def _global_of_subset(plan: BlockPlan, parts: list[int], device: torch.device) -> torch.Tensor:
-    """Global row number of every row of the concatenated ``parts``."""
-    return torch.cat([torch.arange(*plan.parts[j], device=device) for j in parts])
-
-
-def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, kc: int, dtype: torch.dtype, stats: ExactStats,
-            refined: int, oom_retries: int, seconds: float, device: torch.device) -> DistributedGraphReport:
+def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, capacity: int, dtype: torch.dtype, stats: ExactStats,
+            store: StoreStats, oom_retries: int, seconds: float, device: torch.device) -> DistributedGraphReport:
     """Gather every rank's figures into one report (the same on every rank)."""
     local = torch.tensor([seconds, comm.stats.wait_seconds, 0.0, comm.stats.bytes,
-                          len(plan.blocks(comm.rank)), stats.rows, stats.fallback_rows, stats.exact_evaluations,
-                          stats.complete_rows, oom_retries], dtype=torch.float64, device=device)
+                          len(plan.blocks(comm.rank)), stats.rows, store.survivors, stats.exact_evaluations,
+                          store.tightenings, oom_retries, store.overflow_rows], dtype=torch.float64, device=device)
     out = torch.empty(comm.world * local.numel(), dtype=torch.float64, device=device)
     comm.wait(comm.all_gather(out, local, "the gather of the run's figures"))
     table = out.view(comm.world, -1).cpu().tolist()
     per_rank = [{"rank": r, "seconds": row[0], "wait_s": row[1], "bytes": int(row[3]),
                  "blocks": int(row[4]), "rows": int(row[5])} for r, row in enumerate(table)]
-    exact = ExactStats(rows=int(sum(r[5] for r in table)), fallback_rows=int(sum(r[6] for r in table)),
-                       exact_evaluations=int(sum(r[7] for r in table)), complete_rows=int(sum(r[8] for r in table)))
+    exact = ExactStats(rows=int(sum(r[5] for r in table)), exact_evaluations=int(sum(r[7] for r in table)))
+    stores = StoreStats(survivors=int(sum(r[6] for r in table)), tightenings=int(sum(r[8] for r in table)),
+                        exact_evaluations=exact.exact_evaluations, overflow_rows=int(sum(r[10] for r in table)))
     return DistributedGraphReport(
         world=comm.world, part_size=plan.part_size, parts=plan.n_parts, blocks_computed=plan.total_blocks(),
-        blocks_full=plan.n_parts ** 2, candidates_per_row=kc, screen_dtype=str(dtype).replace("torch.", ""),
-        columns=sizes.columns, exact=exact, refined_rows=refined,
+        blocks_full=plan.n_parts ** 2, capacity=capacity, screen_dtype=str(dtype).replace("torch.", ""),
+        columns=sizes.columns, exact=exact, store=stores,
         oom_retries=int(sum(r[9] for r in table)), seconds=max(r[0] for r in table), per_rank=per_rank,
         comm_ops=list(comm.stats.ops),
         waits=sorted(comm.stats.waits, key=lambda w: -w[1])[:8])
+
+
+def _unpack(packed: torch.Tensor, count: int, capacity: int) -> list[torch.Tensor]:
+    """Split ``count`` stores laid side by side (keys, ids, distances each) plus one τ column."""
+    width = 3 * capacity
+    tau = packed[:, -1:]
+    return [torch.cat([packed[:, s * width:(s + 1) * width], tau], dim=1) for s in range(count)]
 
 
 def gather_rows(rows: RankRows, n: int, k: int, comm: Comm, device: torch.device

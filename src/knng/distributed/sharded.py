@@ -20,9 +20,9 @@ from knng.distributed.comm import Comm
 from knng.distributed.blockcyclic import agree, check_agreement
 from knng.distributed.plan import shard_ranges
 from knng.distributed.shards import common_centre, merge_across_ranks, rows_subset
-from knng.engine.common import PreparedCorpus, choose_screen_dtype, full_precision
+from knng.engine.common import PreparedCorpus, full_precision
 from knng.engine.exact import ExactStats
-from knng.engine.plan import candidate_count, plan_tiles
+from knng.engine.plan import choose_screen_precision, make_search_plan
 from knng.engine.search import exact_search
 from knng.metrics import METRICS, Metric
 
@@ -60,7 +60,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     s0, s1 = shard_ranges(n, world)[rank]
     shard = rows_subset(corpus, [(s0, s1)], name=corpus.name)
     ks = min(k, s1 - s0)
-    dtype = choose_screen_dtype(device, max(1, s1 - s0), d, max(1, ks))
+    dtype = getattr(torch, choose_screen_precision(device, max(1, s1 - s0), d, max(1, ks)))
     stats = ExactStats()
     with full_precision():
         comm.status("reading the shard: finite check and sums")
@@ -68,9 +68,8 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
                                corpus.name, metric.needs_centre(False), comm, device)
         pshard = None
         if shard.n:
-            kc = candidate_count(ks, shard.n, dtype)
-            tiles = plan_tiles(n_queries=min(queries.n, QUERY_CHUNK), n_corpus=shard.n, d=d, k_cand=kc, budget=budget,
-                               device=device, element_bytes=dtype.itemsize)
+            tiles = make_search_plan(n_queries=min(queries.n, QUERY_CHUNK), n_corpus=shard.n, d=d, k=ks,
+                                     metric=metric.name, device=device, budget=budget, screen_dtype=dtype)
             comm.status(f"preparing corpus rows {s0}–{s1}")
             pshard = PreparedCorpus(shard, metric, centre, device, resident=tiles.corpus_resident,
                                     block_rows=max(tiles.corpus_cols, 4096), symmetric=False, dtype=dtype)
@@ -95,15 +94,14 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
-    local = torch.tensor([seconds, comm.stats.wait_seconds, 0.0, stats.rows, stats.fallback_rows,
-                          stats.exact_evaluations, stats.complete_rows, s1 - s0], dtype=torch.float64, device=device)
+    local = torch.tensor([seconds, comm.stats.wait_seconds, 0.0, stats.rows, stats.exact_evaluations, s1 - s0],
+                         dtype=torch.float64, device=device)
     out = torch.empty(world * local.numel(), dtype=torch.float64, device=device)
     comm.wait(comm.all_gather(out, local, "the gather of the run's figures"))
     rows = out.view(world, -1).cpu().tolist()
-    exact = ExactStats(rows=int(sum(r[3] for r in rows)), fallback_rows=int(sum(r[4] for r in rows)),
-                       exact_evaluations=int(sum(r[5] for r in rows)), complete_rows=int(sum(r[6] for r in rows)))
+    exact = ExactStats(rows=int(sum(r[3] for r in rows)), exact_evaluations=int(sum(r[4] for r in rows)))
     report = DistributedSearchReport(
-        world=world, shard_rows=[int(r[7]) for r in rows], screen_dtype=str(dtype).replace("torch.", ""), exact=exact,
+        world=world, shard_rows=[int(r[5]) for r in rows], screen_dtype=str(dtype).replace("torch.", ""), exact=exact,
         seconds=max(r[0] for r in rows),
         per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1]} for i, r in enumerate(rows)])
     return out_idx, out_dist, report

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -17,7 +17,7 @@ from knng._units import parse_bytes
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
-    "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "candidate_count", "available_ram",
+    "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "available_ram",
 ]
 
 #: Bytes per score-block element: the block itself, the selection's workspace (torch.topk's
@@ -54,24 +54,6 @@ class TilePlan:
     corpus_resident: bool
     budget: int
 
-    def shrunk(self) -> "TilePlan":
-        """A plan with half-size score blocks, for a retry after running out of memory."""
-        if self.query_rows <= MIN_TILE and self.corpus_cols <= MIN_TILE:
-            raise MemoryError("out of memory even with the smallest tiles")
-        if self.query_rows >= self.corpus_cols and self.query_rows > MIN_TILE:
-            return replace(self, query_rows=max(MIN_TILE, self.query_rows // 2))
-        return replace(self, corpus_cols=max(MIN_TILE, self.corpus_cols // 2))
-
-
-def candidate_count(k: int, available: int, screen_dtype: torch.dtype = torch.float32) -> int:
-    """How many screened candidates per row to keep for the exact re-rank: k plus a margin.
-
-    The margin lets the certificate prove most rows without a fall-back pass; rows where
-    near-ties exceed it are settled by the fall-back (see ``engine/exact.py``). A float64
-    screen is 2²⁹ times more precise, so only exact ties need room beyond k.
-    """
-    margin = max(16, k // 8) if screen_dtype == torch.float32 else max(16, k // 64)
-    return min(available, k + margin)
 
 
 def available_ram() -> int:
@@ -279,7 +261,7 @@ def budget_source(memory_budget: int | float | str | None, device: torch.device)
     return f"default: {CPU_AVAILABLE_SHARE:.0%} of available RAM, at most {CPU_BUDGET_CAP / 2**30:.0f} GiB"
 
 
-def _capacity(k: int, available: int) -> int:
+def store_capacity(k: int, available: int) -> int:
     """Candidates per row before a tightening: room for k and the usual near-ties.
 
     Small is fast: a full store tightens its threshold, and a tight threshold lets fewer pairs
@@ -299,7 +281,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     precision = (str(screen_dtype).replace("torch.", "") if screen_dtype is not None
                  else choose_screen_precision(device, n_corpus, d, k))
     element = 8 if precision == "float64" else 4
-    capacity = _capacity(k, n_corpus)
+    capacity = store_capacity(k, n_corpus)
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=GPU_SEARCH_COLS if device.type == "cuda" else None)
     base = GPU_SAMPLE if device.type == "cuda" else CPU_SAMPLE
@@ -325,7 +307,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     precision = (str(screen_dtype).replace("torch.", "") if screen_dtype is not None
                  else choose_screen_precision(device, n, d, k))
     element = 8 if precision == "float64" else 4
-    capacity = _capacity(k, available)
+    capacity = store_capacity(k, available)
     vector = d * element + 24
     store = _store_bytes(n, capacity)
     corpus_bytes = n * vector

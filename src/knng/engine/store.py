@@ -149,6 +149,36 @@ class CandidateStore:
         self._overflowed = torch.zeros(n, dtype=torch.bool, device=device)
         self._evaluations = torch.zeros(n, dtype=torch.int64, device=device)
 
+    # ------------------------------------------------------------------------------- exchange
+    def pack(self) -> torch.Tensor:
+        """The whole store as one float64 (n, 3·capacity + 1) array: keys, ids, distances, τ.
+
+        Column ids stay exact in float64 (below 2⁵³). :meth:`from_packs` rebuilds a store from
+        several packs of the same rows (a distributed graph gathers a part's stores so).
+        """
+        return torch.cat([self.keys, self.idx.to(torch.float64), self.dist, self.tau[:, None]], dim=1)
+
+    @classmethod
+    def from_packs(cls, packs: list[torch.Tensor], k: int, errors: PairErrors, evaluate: Evaluator,
+                   device: torch.device) -> "CandidateStore":
+        """One store holding every candidate of several packs of the same rows, τ the smallest.
+
+        Each pack's candidates passed that pack's τ, which is ≥ the merged one, so the merged
+        store keeps all a row's proof needs; :meth:`finish` prunes against the merged τ.
+        """
+        widths = [(p.shape[1] - 1) // 3 for p in packs]
+        n = packs[0].shape[0]
+        store = cls(n, k, max(k, sum(widths)), errors, evaluate, device)
+        keys, idx, dist = [], [], []
+        for p, w in zip(packs, widths):
+            keys.append(p[:, :w])
+            idx.append(p[:, w:2 * w].to(torch.int64))
+            dist.append(p[:, 2 * w:3 * w])
+            store.tau = torch.minimum(store.tau, p[:, 3 * w])
+        store.keys, store.idx, store.dist = torch.cat(keys, 1), torch.cat(idx, 1), torch.cat(dist, 1)
+        store.count = (store.idx >= 0).sum(dim=1)
+        return store
+
     # ------------------------------------------------------------------------------ thresholds
     def screen_thresholds(self, rows: torch.Tensor, max_col_norm: float, max_col_term: float) -> torch.Tensor:
         """Per-row thresholds on raw screen keys for a block: keep s̃ ≤ τ + err(block)."""

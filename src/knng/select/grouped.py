@@ -78,6 +78,3 @@ def grouped_select_columns(scores: torch.Tensor, k: int, *, group: int | None = 
 
 
 grouped_select.columns = grouped_select_columns  # type: ignore[attr-defined]
-# Where the filter applies, one pass of minima over 8-byte values is as cheap as converting
-# them to float32 keys first; where it falls back to torch.topk, keys are cheaper.
-grouped_select.exact_on_float64 = lambda cols, k: choose_group(cols, k) > 0  # type: ignore[attr-defined]

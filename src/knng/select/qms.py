@@ -16,7 +16,7 @@ outputs equal :func:`knng.select.keys.select_reference` exactly; ``qms`` returns
 always (the sort is its last step anyway). On a CPU tensor they run the references of
 :mod:`knng.select.reference.qms` (slow: tests and small blocks only). Float32 blocks; float16
 and bfloat16 are widened exactly; float64 blocks reach these kernels as float32 keys through
-the engine (``engine.common.select_block``) and are refused when passed directly.
+the engine (``engine.thresholds.seed_candidates``) and are refused when passed directly.
 """
 
 from __future__ import annotations
