@@ -18,6 +18,15 @@ import pytest
 # tests/oracle.py is imported as a plain module by the test files.
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Without a GPU the fused kernel's tests (test_fused.py) run it in Triton's interpreter, which
+# must be chosen before Triton is first imported (its standard library is jitted at import).
+# The engine itself never runs the kernel on a CPU, so nothing else changes.
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
 
 def _new_seed() -> int:
     env = os.environ.get("KNNG_TEST_SEED")

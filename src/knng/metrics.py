@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32"]
+__all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPrecision", "PRECISIONS", "get_precision"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -34,6 +34,60 @@ UNIT_ROUNDOFF_FP32 = 2.0**-24
 SAFETY = 2.0
 #: An absolute floor on the bound so that underflowing products cannot escape it.
 TINY = 2.0**-100
+#: Smallest normal float32 (and bfloat16): tensor cores may flush anything below it to zero.
+FLUSH = 2.0**-126
+
+
+@dataclass(frozen=True)
+class ScreenPrecision:
+    """How the screen's products are computed, as far as the rounding bound is concerned.
+
+    Attributes
+    ----------
+    name : str
+        The plan's name for it (``EnginePlan.screen_precision``).
+    storage : torch.dtype
+        The type the prepared vectors are stored in.
+    input_roundoff : float
+        Relative error of each input of the product as the multiplier sees it (bfloat16 2⁻⁸ plus
+        the float64 → float32 → bfloat16 double rounding; TF32 2⁻¹⁰, which covers hardware that
+        truncates rather than rounds the float32 inputs; tf32x3 keeps the hi + lo parts of each
+        input and drops lo·lo, about 2·2⁻²⁰).
+    accumulate_roundoff : float
+        Unit roundoff of the float32 accumulation (2⁻²³ for tensor cores, which may truncate;
+        three times that for tf32x3, whose three products go into one accumulator).
+    fused : bool
+        True for the split form of the fused kernel (``knng.engine.fused``): the product runs
+        over the d input columns only and the per-vector terms are added afterwards in float32.
+        False for the augmented form of the torch screen, where the terms are product columns.
+    """
+
+    name: str
+    storage: torch.dtype
+    input_roundoff: float
+    accumulate_roundoff: float
+    fused: bool
+
+
+#: Every screen precision the engine knows. float32 and float64 run as torch products of the
+#: augmented layout (CPU, or a GPU without Triton); the others run in the fused kernel.
+PRECISIONS: dict[str, ScreenPrecision] = {
+    "float64": ScreenPrecision("float64", torch.float64, 2.0**-53, 2.0**-53, fused=False),
+    "float32": ScreenPrecision("float32", torch.float32, 2.0**-24, 2.0**-24, fused=False),
+    "tf32x3": ScreenPrecision("tf32x3", torch.float32, 2.0**-19, 3 * 2.0**-23, fused=True),
+    "tf32": ScreenPrecision("tf32", torch.float32, 2.0**-10, 2.0**-23, fused=True),
+    "bfloat16": ScreenPrecision("bfloat16", torch.bfloat16, 2.0**-8 + 2.0**-23, 2.0**-23, fused=True),
+}
+
+
+def get_precision(name: "str | ScreenPrecision | torch.dtype") -> ScreenPrecision:
+    """The :class:`ScreenPrecision` called ``name`` (a torch dtype names float32/float64/bfloat16)."""
+    if isinstance(name, ScreenPrecision):
+        return name
+    key = str(name).replace("torch.", "")
+    if key not in PRECISIONS:
+        raise ValueError(f"screen precision must be one of {sorted(PRECISIONS)}, got {name!r}")
+    return PRECISIONS[key]
 
 
 @dataclass(frozen=True)
@@ -185,21 +239,37 @@ class Metric:
         return out
 
     # --------------------------------------------------------------------------------- bounds
-    def bound_coefficients(self, d: int, unit_roundoff: float = UNIT_ROUNDOFF_FP32) -> tuple[float, float]:
-        """Return ``(c_dot, c_term)`` of the per-pair rounding-error bound of the screen.
+    def bound_coefficients(self, d: int, unit_roundoff: float = UNIT_ROUNDOFF_FP32,
+                           precision: ScreenPrecision | None = None) -> tuple[float, float, float]:
+        """Return ``(c_dot, c_term, c_flush)`` of the per-pair rounding-error bound of the screen.
 
-        ``|s̃_ij − s_ij| ≤ E_ij = c_dot·‖a_i‖‖b_j‖ + c_term·(|r_j| + |q_i|) + TINY``, where
-        ``s_ij`` is the score of the unrounded prepared vectors. With u the unit roundoff and
-        the product accumulated over the w = d (+2 term columns) entries in any order:
-        rounding the inputs costs 2u on the dot part and u on each term, and the accumulation
-        γ_w = w·u/(1 − w·u) on the sum of absolute products. See ``docs/EXACTNESS.md``.
+        ``|s̃_ij − s_ij| ≤ E_ij = c_dot·‖a_i‖‖b_j‖ + c_term·(|r_j| + |q_i|) + c_flush·(‖a_i‖ + ‖b_j‖)
+        + TINY``, where ``s_ij`` is the score of the unrounded prepared vectors.
+
+        The augmented form (torch screen, one precision u for inputs and accumulation, given by
+        ``unit_roundoff`` or a non-fused ``precision``): over the w = d (+2 term columns)
+        entries in any order, rounding the inputs costs 2u on the dot part and u on each term,
+        the accumulation γ_w = w·u/(1 − w·u) on the sum of absolute products.
+
+        The split form (fused kernel): inputs rounded by u_in, products of d columns accumulated
+        in float32 with u_acc (γ_d), then the terms, rounded to float32, added in two float32
+        additions (2·u₃₂ on everything, u₃₂ more on each term). ``c_flush`` covers inputs and
+        products flushed to zero below the smallest normal. See ``docs/EXACTNESS.md``.
         """
-        u = unit_roundoff
-        w = d + 2 if self.uses_terms else d
-        gamma = w * u / (1.0 - w * u)
-        c_dot = SAFETY * abs(self.alpha) * (2.0 * u + gamma)
-        c_term = SAFETY * (u + gamma) if self.uses_terms else 0.0
-        return c_dot, c_term
+        alpha = abs(self.alpha)
+        if precision is not None and precision.fused:
+            u_in, u_acc, u32 = precision.input_roundoff, precision.accumulate_roundoff, UNIT_ROUNDOFF_FP32
+            gamma = d * u_acc / (1.0 - d * u_acc)
+            c_dot = SAFETY * alpha * (2.0 * u_in + u_in * u_in + gamma * (1.0 + u_in) ** 2 + 2.0 * u32)
+            c_term = SAFETY * 3.0 * u32 if self.uses_terms else 0.0
+        else:
+            u = precision.input_roundoff if precision is not None else unit_roundoff
+            w = d + 2 if self.uses_terms else d
+            gamma = w * u / (1.0 - w * u)
+            c_dot = SAFETY * alpha * (2.0 * u + gamma)
+            c_term = SAFETY * (u + gamma) if self.uses_terms else 0.0
+        c_flush = SAFETY * alpha * math.sqrt(d) * FLUSH
+        return c_dot, c_term, c_flush
 
     def pair_bound(
         self,
@@ -209,10 +279,11 @@ class Metric:
         row_terms: torch.Tensor | None,
         col_terms: torch.Tensor | None,
         unit_roundoff: float = UNIT_ROUNDOFF_FP32,
+        precision: ScreenPrecision | None = None,
     ) -> torch.Tensor:
         """Elementwise ``E_ij`` (float64) for broadcastable row/column norms and terms."""
-        c_dot, c_term = self.bound_coefficients(d, unit_roundoff)
-        bound = c_dot * row_norms * col_norms + TINY
+        c_dot, c_term, c_flush = self.bound_coefficients(d, unit_roundoff, precision)
+        bound = c_dot * row_norms * col_norms + c_flush * (row_norms + col_norms) + TINY
         if c_term:
             if col_terms is not None:
                 bound = bound + c_term * col_terms.abs()
@@ -239,7 +310,7 @@ class Metric:
         increasing in the score (its slope is 1 − O(√u)), so evaluating it at the threshold
         bounds every larger score too.
         """
-        c_dot, c_term = self.bound_coefficients(d, unit_roundoff)
+        c_dot, c_term, c_flush = self.bound_coefficients(d, unit_roundoff)
         thr = threshold.to(torch.float64)
         a = row_norms.to(torch.float64)
         beta = torch.full_like(thr, float(max_col_norm))
@@ -253,9 +324,9 @@ class Metric:
             disc = (lin * lin + 4.0 * (1.0 - c_term) * t).clamp_min(0.0)
             beta_max = (lin + torch.sqrt(disc)) / (2.0 * (1.0 - c_term))
             beta = torch.minimum(beta, beta_max)
-            bound = c_dot * a * beta + c_term * (beta * beta + q) + TINY
+            bound = c_dot * a * beta + c_term * (beta * beta + q) + c_flush * (a + beta) + TINY
         else:
-            bound = c_dot * a * beta + TINY
+            bound = c_dot * a * beta + c_flush * (a + beta) + TINY
         return thr - bound
 
     # ---------------------------------------------------------------------------------- exact

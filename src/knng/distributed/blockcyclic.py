@@ -41,10 +41,10 @@ from knng.distributed.shards import all_gather_rows, common_centre
 from knng.engine.common import PreparedCorpus, full_precision, is_out_of_memory
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.graph import retry_on_oom, screen_own_part
-from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, MIN_TILE, UNIT_ROUNDOFF, choose_screen_precision, store_capacity
-from knng.engine.screen import block_survivors
+from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, MIN_TILE, resolve_precision, store_capacity
+from knng.engine.screen import screen_pairs
 from knng.engine.store import CandidateStore, PairErrors, StoreStats
-from knng.metrics import METRICS, Metric
+from knng.metrics import METRICS, PRECISIONS, Metric
 
 __all__ = ["DistributedGraphReport", "RankRows", "distributed_graph", "gather_rows", "agree"]
 
@@ -174,7 +174,7 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
     # The score block gets what the part buffers leave: whole parts at once where it fits (each
     # extra row tile of a block costs another column selection and more lists to merge), else
     # equal row tiles.
-    block_bytes = BLOCK_BYTES_PER_ELEMENT * e // 4
+    block_bytes = BLOCK_BYTES_PER_ELEMENT * max(4, e) // 4  # score blocks are float32 below float64
     room = max(remaining - b * per_row, remaining // 4)
     sub = int(min(b, MAX_SUB_ROWS[on], max(MIN_TILE, room // max(1, b * block_bytes))))
     sub = -(-b // -(-b // sub))
@@ -182,7 +182,7 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
 
 
 def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, budget: int,
-                      comm: Comm, include_self: bool = False, screen_dtype: torch.dtype | None = None,
+                      comm: Comm, include_self: bool = False, screen_dtype: "torch.dtype | str | None" = None,
                       part_size: int | None = None) -> tuple[RankRows, DistributedGraphReport]:
     """This rank's share of the exact k-NN graph of ``data``; see the module docstring.
 
@@ -193,12 +193,13 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     t_start = time.perf_counter()
     n, d, world, rank = data.n, data.d, comm.world, comm.rank
     available = n if include_self else n - 1
-    dtype = screen_dtype or getattr(torch, choose_screen_precision(device, n, d, k))
+    wanted = resolve_precision(screen_dtype, device, n, d, k)
     comm.status("agreeing on the input and the plan")
     table = agree(comm, device, {"n": n, "d": d, "k": k, "metric": list(METRICS).index(metric.name),
                                  "include_self": int(include_self), "cuda": int(device.type == "cuda"),
                                  "itemsize": torch.empty(0, dtype=data.dtype).element_size(),
-                                 "budget": budget, "host": _host_budget(world), "dtype": dtype.itemsize})
+                                 "budget": budget, "host": _host_budget(world),
+                                 "precision": list(PRECISIONS).index(wanted)})
     check_agreement({key: table[key] for key in ("n", "d", "k", "metric", "include_self", "cuda", "itemsize")},
                     {"n": "number of points", "d": "dimension", "k": "k", "metric": "metric (index into "
                      f"{list(METRICS)})", "include_self": "include_self", "cuda": "kind of device (1: a GPU)",
@@ -206,8 +207,11 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     comm.connect_pairs(device)
     # Plans must match everywhere: the smallest budgets and the cheaper screen any rank can run.
     budget = min(table["budget"])
-    dtype = torch.float64 if min(table["dtype"]) == 8 else torch.float32
-    unit_roundoff = UNIT_ROUNDOFF[str(dtype).replace("torch.", "")]
+    # One precision everywhere (the screen must be the same on every rank for bit-identical
+    # stores); where ranks would choose differently (one lacks Triton) all take float32.
+    choices = set(table["precision"])
+    precision = PRECISIONS[wanted] if len(choices) == 1 else PRECISIONS["float32"]
+    dtype = precision.storage
     capacity = store_capacity(k, available)
     sizes = _plan(n, d, capacity, world, budget, metric, dtype, device, part_size,
                   input_itemsize=table["itemsize"][0], host_budget=min(table["host"]))
@@ -223,6 +227,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
         with full_precision():
             centre, norms, terms, kept = _prepare_owned(data, metric, plan, owned, comm, device, dtype,
                                                         sizes.columns)
+            terms32 = None if terms is None else terms.to(torch.float32)
             pdata = PreparedCorpus.from_norms(data, metric, centre, device, norms, terms, symmetric=True,
                                               dtype=dtype)
             results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (r0, r1) → rows
@@ -262,7 +267,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             def part_store(part: int) -> CandidateStore:
                 """An empty store for the rows of ``part`` (store rows 0.. = the part's rows)."""
                 p0, p1 = plan.parts[part]
-                errors = PairErrors(metric=metric, d=d, unit_roundoff=unit_roundoff, row_norms=norms[p0:p1],
+                errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=norms[p0:p1],
                                     row_terms=None if terms is None else terms[p0:p1], row_offsets=offsets[p0:p1],
                                     col_norms=norms, col_terms=terms, centre_norm=pdata.centre_norm)
 
@@ -290,7 +295,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 comm.status(f"screening block ({j}, {j}): the first thresholds of part {j}")
                 oom_retries += retry_on_oom(partial(screen_own_part, column(j), d, metric, col_stores[j], 0, j0, k,
                                                     include_self, select, pdata.maxima(j0, j1), device,
-                                                    sizes.sub_rows), device)
+                                                    sizes.sub_rows, precision=precision,
+                                                    terms=None if terms32 is None else terms32[j0:j1]), device)
                 tau[j0:j1] = col_stores[j].tau
             comm.wait(comm.all_reduce(tau, "the exchange of the first thresholds", op=dist.ReduceOp.MIN))
             for j in owned:
@@ -339,12 +345,12 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                         comm.status(f"screening block ({i}, {j}), rows {i0 + r0}–{i0 + r1}")
                         local = torch.arange(r0, r1, device=device)
                         try:
-                            scores = rows_q[r0:r1] @ cols.T
-                            by_row, by_col = block_survivors(
-                                scores, row_store.screen_thresholds(local, *pdata.maxima(j0, j1)),
+                            by_row, by_col = screen_pairs(
+                                rows_q[r0:r1], cols, d, row_store.screen_thresholds(local, *pdata.maxima(j0, j1)),
                                 col_stores[j].screen_thresholds(torch.arange(j1 - j0, device=device),
-                                                                *pdata.maxima(i0 + r0, i0 + r1)))
-                            del scores
+                                                                *pdata.maxima(i0 + r0, i0 + r1)),
+                                precision, row_terms=None if terms32 is None else terms32[i0 + r0:i0 + r1],
+                                col_terms=None if terms32 is None else terms32[j0:j1])
                         except Exception as exc:  # noqa: BLE001 - out of memory: smaller tiles
                             if not is_out_of_memory(exc) or sub <= MIN_TILE:
                                 raise
@@ -421,7 +427,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
-    report = _report(comm, plan, sizes, capacity, dtype, stats, survivors, oom_retries, seconds, device)
+    report = _report(comm, plan, sizes, capacity, precision.name, stats, survivors, oom_retries, seconds, device)
     ranges = sorted(results)
     return RankRows(parts=ranges, indices=[results[r][0] for r in ranges],
                     distances=[results[r][1] for r in ranges]), report
@@ -465,7 +471,7 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
     return centre, both[0].contiguous(), both[1].contiguous(), kept
 
 
-def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, capacity: int, dtype: torch.dtype, stats: ExactStats,
+def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, capacity: int, precision: str, stats: ExactStats,
             store: StoreStats, oom_retries: int, seconds: float, device: torch.device) -> DistributedGraphReport:
     """Gather every rank's figures into one report (the same on every rank)."""
     local = torch.tensor([seconds, comm.stats.wait_seconds, 0.0, comm.stats.bytes,
@@ -481,7 +487,7 @@ def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, capacity: int, dtype: to
                         exact_evaluations=exact.exact_evaluations, overflow_rows=int(sum(r[10] for r in table)))
     return DistributedGraphReport(
         world=comm.world, part_size=plan.part_size, parts=plan.n_parts, blocks_computed=plan.total_blocks(),
-        blocks_full=plan.n_parts ** 2, capacity=capacity, screen_dtype=str(dtype).replace("torch.", ""),
+        blocks_full=plan.n_parts ** 2, capacity=capacity, screen_dtype=precision,
         columns=sizes.columns, exact=exact, store=stores,
         oom_retries=int(sum(r[9] for r in table)), seconds=max(r[0] for r in table), per_rank=per_rank,
         comm_ops=list(comm.stats.ops),

@@ -60,7 +60,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     s0, s1 = shard_ranges(n, world)[rank]
     shard = rows_subset(corpus, [(s0, s1)], name=corpus.name)
     ks = min(k, s1 - s0)
-    dtype = getattr(torch, choose_screen_precision(device, max(1, s1 - s0), d, max(1, ks)))
+    precision = choose_screen_precision(device, max(1, s1 - s0), d, max(1, ks))
     stats = ExactStats()
     with full_precision():
         comm.status("reading the shard: finite check and sums")
@@ -69,10 +69,11 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
         pshard = None
         if shard.n:
             tiles = make_search_plan(n_queries=min(queries.n, QUERY_CHUNK), n_corpus=shard.n, d=d, k=ks,
-                                     metric=metric.name, device=device, budget=budget, screen_dtype=dtype)
+                                     metric=metric.name, device=device, budget=budget, screen_dtype=precision)
             comm.status(f"preparing corpus rows {s0}–{s1}")
             pshard = PreparedCorpus(shard, metric, centre, device, resident=tiles.corpus_resident,
-                                    block_rows=max(tiles.corpus_cols, 4096), symmetric=False, dtype=dtype)
+                                    block_rows=max(tiles.corpus_cols, 4096), symmetric=False,
+                                    dtype=tiles.screen_torch_dtype)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         for q0 in range(0, queries.n, QUERY_CHUNK):
@@ -84,7 +85,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
             ids = torch.full((q1 - q0, k), -1, dtype=torch.int64, device=device)
             if pshard is not None:
                 chunk = InputArray(queries.name, "torch", (q1 - q0, d), raw.dtype, device, tensor=raw)
-                idx, dist, report = exact_search(chunk, shard, ks, metric, device, select, budget, screen_dtype=dtype,
+                idx, dist, report = exact_search(chunk, shard, ks, metric, device, select, budget, screen_dtype=precision,
                                                  prepared=pshard)
                 stats.add(report.exact)
                 values[:, :ks], ids[:, :ks] = dist, idx + s0
@@ -101,7 +102,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     rows = out.view(world, -1).cpu().tolist()
     exact = ExactStats(rows=int(sum(r[3] for r in rows)), exact_evaluations=int(sum(r[4] for r in rows)))
     report = DistributedSearchReport(
-        world=world, shard_rows=[int(r[5]) for r in rows], screen_dtype=str(dtype).replace("torch.", ""), exact=exact,
+        world=world, shard_rows=[int(r[5]) for r in rows], screen_dtype=precision, exact=exact,
         seconds=max(r[0] for r in rows),
         per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1]} for i, r in enumerate(rows)])
     return out_idx, out_dist, report

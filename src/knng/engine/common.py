@@ -148,6 +148,8 @@ class PreparedCorpus:
 
     def _set_norms(self, norms: torch.Tensor, terms: torch.Tensor | None) -> None:
         self.norms, self.terms = norms, terms
+        # The fused kernel adds the terms in float32 after its product (the bound's c_term).
+        self.terms32 = None if terms is None else terms.to(torch.float32)
         self._maxima: dict[tuple[int, int], tuple[float, float]] = {}
         self.max_norm = float(norms.max())
         if self.max_norm > MAX_SCREEN_NORM:

@@ -19,12 +19,16 @@ from knng._inputs import InputArray
 from knng.engine.common import PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.plan import EnginePlan, make_graph_plan
-from knng.engine.screen import block_survivors, row_survivors
+from knng.engine.screen import block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
 from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
 from knng.engine.thresholds import seed_candidates
-from knng.metrics import Metric
+from knng.metrics import Metric, ScreenPrecision
 
-__all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part"]
+__all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "OWN_PART_SEED"]
+
+#: Columns of a part that seed its rows' thresholds when the fused kernel screens the part's own
+#: block (the torch screen seeds from the whole block it materialises anyway).
+OWN_PART_SEED = 4096
 
 
 @dataclass
@@ -36,6 +40,8 @@ class GraphReport:
     exact: ExactStats
     store: StoreStats = field(default_factory=StoreStats)
     evaluations_per_row: dict[str, float] = field(default_factory=dict)
+    #: Pairs the screen let through per row (median, p99, max): the price of its precision.
+    screened_per_row: dict[str, float] = field(default_factory=dict)
 
     @property
     def screen_dtype(self) -> str:
@@ -73,7 +79,7 @@ def exact_graph(
     include_self: bool = False,
     progress: bool = False,
     part_size: int | None = None,
-    screen_dtype: torch.dtype | None = None,
+    screen_dtype: "torch.dtype | str | None" = None,
     plan: EnginePlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
     """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
@@ -94,7 +100,8 @@ def exact_graph(
         pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
                                block_rows=max(b, 4096), symmetric=True, dtype=plan.screen_torch_dtype)
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
-        errors = PairErrors(metric=metric, d=d, unit_roundoff=plan.unit_roundoff, row_norms=pdata.norms,
+        precision = plan.precision
+        errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=pdata.norms,
                             row_terms=pdata.terms, row_offsets=offsets, col_norms=pdata.norms, col_terms=pdata.terms,
                             centre_norm=pdata.centre_norm)
 
@@ -107,7 +114,9 @@ def exact_graph(
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi, (i0, i1) in enumerate(parts):
             retries += retry_on_oom(lambda: screen_own_part(pdata.tile(i0, i1), d, metric, store, i0, i0, k,
-                                                            include_self, select, maxima[pi], device), device)
+                                                            include_self, select, maxima[pi], device,
+                                                            precision=precision, terms=_part(pdata.terms32, i0, i1)),
+                                    device)
             bar.update()
         for pi, (i0, i1) in enumerate(parts):
             rows_prep = None
@@ -116,7 +125,7 @@ def exact_graph(
                 if rows_prep is None:
                     rows_prep = metric.query_layout(pdata.tile(i0, i1), d)
                 retries += retry_on_oom(lambda: _off_diagonal_block(pdata, store, rows_prep, i0, i1, j0, j1,
-                                                                    maxima[pi], maxima[pj], device), device)
+                                                                    maxima[pi], maxima[pj], precision, device), device)
                 bar.update()
         bar.close()
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
@@ -127,50 +136,81 @@ def exact_graph(
             out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
     exact = ExactStats(rows=n, exact_evaluations=store.stats.exact_evaluations)
     report = GraphReport(plan=plan, oom_retries=retries, exact=exact, store=store.stats,
-                         evaluations_per_row=summarize_per_row([store.evaluations_per_row()]))
+                         evaluations_per_row=summarize_per_row([store.evaluations_per_row()]),
+                         screened_per_row=summarize_per_row([store.screened_per_row()]))
     return out_idx, out_dist, report
 
 
 def screen_own_part(prep: torch.Tensor, d: int, metric: Metric, store: CandidateStore, store_base: int,
-                    col_base: int, k: int, include_self: bool, select: str, maxima: tuple[float, float], device: torch.device,
-                    sub_rows: int | None = None) -> None:
-    """Block S(J, J) of one part: seed its rows' thresholds from their own k best, then screen it.
+                    col_base: int, k: int, include_self: bool, select: str, maxima: tuple[float, float],
+                    device: torch.device, sub_rows: int | None = None, *, precision: ScreenPrecision,
+                    terms: torch.Tensor | None = None) -> None:
+    """Block S(J, J) of one part: seed its rows' thresholds from their own part, then screen it.
 
-    ``prep`` is the part in the corpus layout (input dimension ``d``); its row t is store row ``store_base + t`` and
-    column id ``col_base + t``. Rows go ``sub_rows`` at a time (a smaller score block); each
-    step changes the store only after its product and screen, so it may be retried whole.
+    ``prep`` is the part in the corpus layout (input dimension ``d``); its row t is store row
+    ``store_base + t`` and column id ``col_base + t``; ``terms`` its float32 terms (fused
+    precisions). Rows go ``sub_rows`` at a time; each step changes the store only after its
+    product and screen, so it may be retried whole.
+
+    The torch screen materialises the block once: the k best of each row seed its threshold
+    and the same block is screened. The fused kernel never materialises it, so the seeds come
+    from at most :data:`OWN_PART_SEED` evenly spaced columns of the part (a product of the
+    reference form), and the kernel screens the whole block against them.
     """
     m = prep.shape[0]
     queries = metric.query_layout(prep, d)
     step = m if sub_rows is None else max(1, sub_rows)
     ks = min(k, m if include_self else m - 1)
+    whole = not (use_kernel(precision, device) and m > OWN_PART_SEED)
+    if whole:
+        seed_cols, seed_prep, seed_terms = torch.arange(m, device=device), prep, terms
+    else:
+        seed_cols = torch.linspace(0, m - 1, OWN_PART_SEED, device=device).round().long().unique()
+        seed_prep, seed_terms = prep[seed_cols], None if terms is None else terms[seed_cols]
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
-        scores = queries[r0:r1] @ prep.T
         local = torch.arange(r0, r1, device=device)
-        if not include_self:
-            scores[local - r0, local] = torch.inf  # by index, not by distance: duplicates stay
         rows = local + store_base
-        if ks >= 1:
-            values, positions = seed_candidates(scores, ks, select, device)
-            store.seed(rows, positions + col_base, values)
-        found = row_survivors(scores, store.screen_thresholds(rows, *maxima))
-        owner, other, keys = found.owner + r0, found.other, found.keys
+        row_terms = None if terms is None else terms[r0:r1]
+        scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms)
         if not include_self:
-            keep = owner != other
-            owner, other, keys = owner[keep], other[keep], keys[keep]
+            # By index, not by distance: duplicates stay.
+            if whole:
+                scores[local - r0, local] = torch.inf
+            else:
+                scores.masked_fill_(seed_cols[None, :] == local[:, None], torch.inf)
+        if ks >= 1:
+            values, positions = seed_candidates(scores, min(ks, scores.shape[1]), select, device)
+            store.seed(rows, seed_cols[positions] + col_base, values)
+        if whole:
+            found = row_survivors(scores, store.screen_thresholds(rows, *maxima))
+            owner, other, keys = found.owner + r0, found.other, found.keys
+            if not include_self:
+                keep = owner != other
+                owner, other, keys = owner[keep], other[keep], keys[keep]
+        else:
+            del scores
+            found = screen_rows(queries[r0:r1], prep, d, store.screen_thresholds(rows, *maxima), precision,
+                                row_terms=row_terms, col_terms=terms,
+                                exclude_diagonal=None if include_self else -r0)
+            owner, other, keys = found.owner + r0, found.other, found.keys
         store.add(owner + store_base, other + col_base, keys)
+
+
+def _part(values: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    return None if values is None else values[start:stop]
 
 
 def _off_diagonal_block(pdata: PreparedCorpus, store: CandidateStore, rows_prep: torch.Tensor, i0: int, i1: int,
                         j0: int, j1: int, maxima_i: tuple[float, float], maxima_j: tuple[float, float],
-                        device: torch.device) -> None:
+                        precision: ScreenPrecision, device: torch.device) -> None:
     """Block S(I, J), I < J: each entry tested for its row (part I) and its column (part J)."""
-    scores = rows_prep @ pdata.tile(j0, j1).T
     rows = torch.arange(i0, i1, device=device)
     cols = torch.arange(j0, j1, device=device)
-    by_row, by_col = block_survivors(scores, store.screen_thresholds(rows, *maxima_j),
-                                     store.screen_thresholds(cols, *maxima_i))
+    by_row, by_col = screen_pairs(rows_prep, pdata.tile(j0, j1), pdata.corpus.d,
+                                  store.screen_thresholds(rows, *maxima_j), store.screen_thresholds(cols, *maxima_i),
+                                  precision, row_terms=_part(pdata.terms32, i0, i1),
+                                  col_terms=_part(pdata.terms32, j0, j1))
     store.add(torch.cat([by_row.owner + i0, by_col.owner + j0]), torch.cat([by_row.other + j0, by_col.other + i0]),
               torch.cat([by_row.keys, by_col.keys]))
 

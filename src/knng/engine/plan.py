@@ -14,10 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from knng._units import parse_bytes
+from knng.metrics import PRECISIONS, ScreenPrecision, get_precision
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "available_ram",
+    "resolve_precision",
 ]
 
 #: Bytes per score-block element: the block itself, the selection's workspace (torch.topk's
@@ -145,8 +147,8 @@ def plan_tiles(
 
 
 # ------------------------------------------------------------------------------ the one plan
-#: Unit roundoff of each screen precision (inputs rounded to it, products accumulated in it).
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
+#: Input unit roundoff of each screen precision (what ``EnginePlan.unit_roundoff`` reports).
+UNIT_ROUNDOFF = {name: p.input_roundoff for name, p in PRECISIONS.items()}
 #: Compute capabilities whose float64 matrix products are about as fast as float32 ones.
 FAST_FP64_CAPABILITIES = {(8, 0), (9, 0), (10, 0)}
 #: Largest graph part on a CPU: a 1024 × 1024 float32 block stays in cache, and its product
@@ -178,10 +180,12 @@ class EnginePlan:
         The shape of the problem (a graph has ``n_queries == n_corpus``).
     metric : str
     device : str
-    screen_precision : {"float32", "float64"}
-        Precision of the matrix products of the screen; it only changes the rounding bound.
+    screen_precision : {"float32", "float64", "tf32", "tf32x3", "bfloat16"}
+        Precision of the matrix products of the screen (:data:`knng.metrics.PRECISIONS`): it
+        changes the rounding bound, hence how many pairs reach the exact finish, never the
+        result. The last three run in the fused kernel (``knng.engine.fused``).
     unit_roundoff : float
-        The screen's unit roundoff u in the bound of ``docs/EXACTNESS.md``.
+        The screen's input unit roundoff in the bound of ``docs/EXACTNESS.md``.
     thresholds : str
         How each row's first threshold τ is found before the full screen.
     sample_size : int
@@ -225,8 +229,14 @@ class EnginePlan:
     budget_source: str
 
     @property
+    def precision(self) -> ScreenPrecision:
+        """The screen precision's rounding model (:data:`knng.metrics.PRECISIONS`)."""
+        return PRECISIONS[self.screen_precision]
+
+    @property
     def screen_torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.screen_precision)
+        """The type the prepared vectors are stored in."""
+        return self.precision.storage
 
     def as_dict(self) -> dict:
         """Plain JSON values (what ``knng.json`` records and ``knng info --json`` prints)."""
@@ -236,13 +246,20 @@ class EnginePlan:
 
 
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int) -> str:
-    """float32 or float64 for the screen, whichever makes the exact answer cheaper.
+    """The screen precision that makes the exact answer cheapest.
 
-    After a float32 screen every candidate a row keeps is evaluated from the input vectors
-    (k·d values read per row); a float64 screen pins most distances down by itself, at the
-    price of 8-byte score blocks. On GPUs whose float64 products run at the float32 rate
-    (A100, H100/H200, B200) float64 pays once k·d outweighs the row length n; elsewhere on a GPU
-    float32. On a CPU from k·d ≥ n/8 (its products cost twice float32 ones).
+    float32, or float64 on GPUs whose float64 products run at the float32 rate (A100,
+    H100/H200, B200) once k·d outweighs the row length n — after a float32 screen every
+    candidate a row keeps is evaluated from the input vectors (k·d values read per row), while
+    a float64 screen pins most distances down by itself. On a CPU float64 from k·d ≥ n/8 (its
+    products cost twice float32 ones).
+
+    The fused precisions (TF32, tf32x3, bfloat16; ``knng.engine.fused``) are not chosen yet:
+    measured on an H100 (2026-11-22, ``docs/BENCHMARKS.md``) their kernel screens a 1M × 128
+    search in 20–33 ms where the float32 product alone takes 50, but the wider bound lets 2–10×
+    more pairs through to the candidate stores, whose torch bookkeeping then costs more than
+    the product saved (search k = 10: TF32 148 ms, float32 146; graph 200k, k = 10: 1072 vs
+    927). They run where a plan asks for them (``make_*_plan(screen_dtype=...)``).
     """
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -250,6 +267,14 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int)
             return "float64"
         return "float32"
     return "float64" if 8 * k * d >= n_corpus else "float32"
+
+
+def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.device, n_corpus: int, d: int,
+                      k: int) -> str:
+    """The precision a plan runs: the caller's (a name or torch dtype) or the planner's choice."""
+    if screen_dtype is None:
+        return choose_screen_precision(device, n_corpus, d, k)
+    return get_precision(screen_dtype).name
 
 
 def budget_source(memory_budget: int | float | str | None, device: torch.device) -> str:
@@ -276,11 +301,10 @@ def _store_bytes(rows: int, capacity: int) -> int:
 
 
 def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
-                     budget: int, source: str = "", screen_dtype: torch.dtype | None = None) -> EnginePlan:
+                     budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None) -> EnginePlan:
     """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``."""
-    precision = (str(screen_dtype).replace("torch.", "") if screen_dtype is not None
-                 else choose_screen_precision(device, n_corpus, d, k))
-    element = 8 if precision == "float64" else 4
+    precision = resolve_precision(screen_dtype, device, n_corpus, d, k)
+    element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, n_corpus)
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=GPU_SEARCH_COLS if device.type == "cuda" else None)
@@ -300,13 +324,12 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
 
 
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
-                    source: str = "", screen_dtype: torch.dtype | None = None,
+                    source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                     part_size: int | None = None) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, store and budget."""
     available = n if include_self else n - 1
-    precision = (str(screen_dtype).replace("torch.", "") if screen_dtype is not None
-                 else choose_screen_precision(device, n, d, k))
-    element = 8 if precision == "float64" else 4
+    precision = resolve_precision(screen_dtype, device, n, d, k)
+    element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, available)
     vector = d * element + 24
     store = _store_bytes(n, capacity)

@@ -5,7 +5,15 @@ A pair survives for row i when its screened key s̃ᵢⱼ is ≤ the row's block
 same entry is also tested for column j against tⱼ. Most rows of a block keep nothing once
 their thresholds are tight, so each side is first filtered by its minimum (one cheap reduction
 that reads the block once) and only rows/columns that can keep anything are compared entry by
-entry. The CPU reference and the GPU path are the same torch code.
+entry.
+
+Two ways to get there, one contract: the torch screen materialises the score block (the
+augmented layout of :mod:`knng.metrics`, float32 or float64) and compares it; the fused kernel
+(:mod:`knng.engine.fused`, the precisions with ``fused=True``) never writes the block and
+returns the same kind of survivors. :func:`block_scores` is the kernel's reference: the same
+split-form scores, materialised in float32 by torch, which is also what runs wherever the
+kernel cannot (a CPU, a GPU without Triton). :func:`screen_rows` and :func:`screen_pairs` pick
+the path; the engine calls only them.
 """
 
 from __future__ import annotations
@@ -14,7 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Survivors", "row_survivors", "column_survivors", "block_survivors"]
+from knng.engine import fused
+from knng.metrics import ScreenPrecision
+
+__all__ = ["Survivors", "row_survivors", "column_survivors", "block_survivors", "block_scores", "screen_rows",
+           "screen_pairs", "use_kernel"]
 
 #: Compare the whole block once at least 1/DENSE_HITS of its rows (or columns) can keep something.
 DENSE_HITS = 4
@@ -86,6 +98,69 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     by_col = keys <= col_thr[c]
     return (Survivors(owner=r[by_row], other=c[by_row], keys=keys[by_row]),
             Survivors(owner=c[by_col], other=r[by_col], keys=keys[by_col]))
+
+
+def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision,
+                 row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None) -> torch.Tensor:
+    """The score block ``a · bᵀ`` as the screen of ``precision`` sees it, materialised.
+
+    Non-fused precisions: one product of the augmented layouts (terms inside). Fused ones: the
+    split form of the kernel — the d input columns of the stored (rounded) vectors multiplied in
+    IEEE float32, then the float32 terms added, columns' first; its rounding stays within the
+    kernel's bound, so it is the kernel's reference and its stand-in off the GPU.
+    """
+    if not precision.fused:
+        return a @ b.T
+    scores = a[:, :d].to(torch.float32) @ b[:, :d].to(torch.float32).T
+    if col_terms is not None:
+        scores += col_terms[None, :]
+    if row_terms is not None:
+        scores += row_terms[:, None]
+    return scores
+
+
+def use_kernel(precision: ScreenPrecision, device: torch.device) -> bool:
+    """Whether the fused kernel runs this precision's screen on ``device``."""
+    return precision.fused and fused.fused_available(device)
+
+
+def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tensor, precision: ScreenPrecision, *,
+                row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None,
+                exclude_diagonal: int | None = None) -> Survivors:
+    """Pairs of the block ``a · bᵀ`` kept by their row's (float64) threshold.
+
+    ``exclude_diagonal``: drop the entries ``(t, t − exclude_diagonal)`` (a point and itself).
+    ``row_terms``/``col_terms`` are the float32 terms of the split form (fused precisions).
+    """
+    if use_kernel(precision, a.device):
+        out = fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
+                                 col_terms, precision.name, exclude_diagonal=exclude_diagonal)
+        return Survivors(owner=out.rows, other=out.cols, keys=out.keys)
+    scores = block_scores(a, b, d, precision, row_terms, col_terms)
+    if exclude_diagonal is not None:
+        t = torch.arange(scores.shape[0], device=scores.device)
+        c = t - exclude_diagonal
+        ok = (c >= 0) & (c < scores.shape[1])
+        scores[t[ok], c[ok]] = torch.inf
+    return row_survivors(scores, thresholds)
+
+
+def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds: torch.Tensor,
+                 col_thresholds: torch.Tensor, precision: ScreenPrecision, *, row_terms: torch.Tensor | None = None,
+                 col_terms: torch.Tensor | None = None) -> tuple[Survivors, Survivors]:
+    """Both sides of a symmetric block ``a · bᵀ``: pairs kept by their row, and by their column."""
+    if use_kernel(precision, a.device):
+        out = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
+                                 _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
+                                 precision.name)
+        by_row = (out.side & 1) != 0
+        by_col = (out.side & 2) != 0
+        return (Survivors(owner=out.rows[by_row], other=out.cols[by_row], keys=out.keys[by_row]),
+                Survivors(owner=out.cols[by_col], other=out.rows[by_col], keys=out.keys[by_col]))
+    by_row, by_col = block_survivors(block_scores(a, b, d, precision, row_terms, col_terms), row_thresholds,
+                                     col_thresholds)
+    assert by_col is not None
+    return by_row, by_col
 
 
 def _round_up(rounded: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:

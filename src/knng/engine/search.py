@@ -18,7 +18,7 @@ from knng.engine.common import (
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
-from knng.engine.screen import row_survivors
+from knng.engine.screen import block_scores, screen_rows
 from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
 from knng.engine.thresholds import sample_columns, seed_candidates
 from knng.metrics import Metric
@@ -35,6 +35,8 @@ class SearchReport:
     exact: ExactStats
     store: StoreStats = field(default_factory=StoreStats)
     evaluations_per_row: dict[str, float] = field(default_factory=dict)
+    #: Pairs the screen let through per row (median, p99, max): the price of its precision.
+    screened_per_row: dict[str, float] = field(default_factory=dict)
 
     @property
     def screen_dtype(self) -> str:
@@ -50,7 +52,7 @@ def exact_search(
     select: str,
     budget: int,
     progress: bool = False,
-    screen_dtype: torch.dtype | None = None,
+    screen_dtype: "torch.dtype | str | None" = None,
     prepared: PreparedCorpus | None = None,
     plan: EnginePlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
@@ -77,6 +79,7 @@ def exact_search(
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats, store_stats = ExactStats(), StoreStats()
         per_row: list[torch.Tensor] = []
+        screened: list[torch.Tensor] = []
         retries = 0
         rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
         bar = Progress(progress, total=queries.n, desc="knng search")
@@ -107,10 +110,12 @@ def exact_search(
             exact_stats.exact_evaluations += store.stats.exact_evaluations
             store_stats.add(store.stats)
             per_row.append(store.evaluations_per_row())
+            screened.append(store.screened_per_row())
             bar.update(q1 - q0)
             q0 = q1
         bar.close()
-    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, summarize_per_row(per_row))
+    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, summarize_per_row(per_row),
+                                         summarize_per_row(screened))
 
 
 def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
@@ -131,7 +136,8 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
                          f"too large to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
     corpus = pcorpus.corpus
     m = raw.shape[0]
-    errors = PairErrors(metric=metric, d=corpus.d, unit_roundoff=plan.unit_roundoff, row_norms=prep.norms,
+    precision = plan.precision
+    errors = PairErrors(metric=metric, d=corpus.d, precision=precision, row_norms=prep.norms,
                         row_terms=None, row_offsets=prep.offsets, col_norms=pcorpus.norms, col_terms=pcorpus.terms,
                         centre_norm=pcorpus.centre_norm)
 
@@ -141,7 +147,9 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
     store = CandidateStore(m, k, plan.capacity, errors, evaluate, device)
     rows = torch.arange(m, device=device)
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
-    scores = prep.vectors @ sample_vectors.T
+    terms = pcorpus.terms32
+    scores = block_scores(prep.vectors, sample_vectors, corpus.d, precision,
+                          col_terms=None if terms is None else terms[sample])
     ks = min(k, scores.shape[1])
     values, positions = seed_candidates(scores, ks, select, device)
     store.seed(rows, sample[positions], values)
@@ -149,7 +157,8 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
     n = corpus.n
     for c0 in range(0, n, cols_per_tile):
         c1 = min(n, c0 + cols_per_tile)
-        scores = prep.vectors @ pcorpus.tile(c0, c1).T
-        found = row_survivors(scores, store.screen_thresholds(rows, *pcorpus.maxima(c0, c1)))
+        found = screen_rows(prep.vectors, pcorpus.tile(c0, c1), corpus.d,
+                            store.screen_thresholds(rows, *pcorpus.maxima(c0, c1)), precision,
+                            col_terms=None if terms is None else terms[c0:c1])
         store.add(found.owner, found.other + c0, found.keys)
     return store

@@ -20,12 +20,13 @@ Units: *keys* are scores in the screen's units (the distance is
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from knng.metrics import Metric
+from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["PairErrors", "CandidateStore", "StoreStats", "summarize_per_row"]
 
@@ -50,7 +51,7 @@ class PairErrors:
 
     metric: Metric
     d: int
-    unit_roundoff: float
+    precision: ScreenPrecision
     row_norms: torch.Tensor     # float64 (rows,)
     row_terms: torch.Tensor | None
     row_offsets: torch.Tensor   # float64 (rows,): distance = to_distance(key + offset)
@@ -64,7 +65,7 @@ class PairErrors:
         b = self.col_norms[cols]
         bound = self.metric.pair_bound(self.d, a, b, None if self.row_terms is None else self.row_terms[rows],
                                        None if self.col_terms is None else self.col_terms[cols],
-                                       unit_roundoff=self.unit_roundoff)
+                                       precision=self.precision)
         return self._add_float64(bound, keys.to(torch.float64), self.row_offsets[rows], a, b)
 
     def block_err(self, rows: torch.Tensor, tau: torch.Tensor, max_col_norm: float,
@@ -74,7 +75,7 @@ class PairErrors:
         b = torch.full_like(a, max_col_norm)
         bound = self.metric.pair_bound(self.d, a, b, None if self.row_terms is None else self.row_terms[rows],
                                        torch.full_like(a, max_col_term) if self.col_terms is not None else None,
-                                       unit_roundoff=self.unit_roundoff)
+                                       precision=self.precision)
         return self._add_float64(bound, tau, self.row_offsets[rows], a, b)
 
     def _add_float64(self, bound: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor,
@@ -109,14 +110,22 @@ class StoreStats:
 
 
 def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
-    """Median, 99th percentile and maximum of per-row counts (e.g. exact evaluations)."""
+    """Median, 99th percentile and maximum of per-row counts (e.g. exact evaluations).
+
+    Order statistics by ``kthvalue`` where the counts are (a host quantile sorted 200,000
+    rows in 25 ms); the median is the lower one of an even count.
+    """
     if not counts:
         return {}
-    allc = torch.cat([c.to("cpu", torch.float64) for c in counts])
-    if allc.numel() == 0:
+    allc = torch.cat([c.to(torch.float64) for c in counts])
+    n = allc.numel()
+    if n == 0:
         return {}
-    p99 = float(torch.quantile(allc, 0.99)) if allc.numel() > 1 else float(allc[0])
-    return {"median": float(allc.median()), "p99": p99, "max": float(allc.max())}
+    median = allc.kthvalue((n + 1) // 2).values
+    p99 = allc.kthvalue(max(1, min(n, math.ceil(0.99 * n)))).values
+    top = allc.max()
+    values = torch.stack([median, p99, top]).tolist()
+    return {"median": values[0], "p99": values[1], "max": values[2]}
 
 
 class CandidateStore:
@@ -148,6 +157,9 @@ class CandidateStore:
         # Rows whose store has been evaluated exactly at least once (a report counter).
         self._overflowed = torch.zeros(n, dtype=torch.bool, device=device)
         self._evaluations = torch.zeros(n, dtype=torch.int64, device=device)
+        # Pairs the screen handed in per row, before the store's own test (a report counter:
+        # how selective the screen's precision was).
+        self._screened = torch.zeros(n, dtype=torch.int64, device=device)
 
     # ------------------------------------------------------------------------------- exchange
     def pack(self) -> torch.Tensor:
@@ -202,6 +214,7 @@ class CandidateStore:
         """Take in screen survivors: store rows ``rows``, global columns ``cols``, screen ``keys``."""
         if rows.numel() == 0:
             return
+        self._screened.index_add_(0, rows, torch.ones_like(rows))
         keys = keys.to(torch.float64)
         lo = keys - self.errors.err(rows, cols, keys)
         keep = lo <= self.tau[rows]
@@ -355,6 +368,10 @@ class CandidateStore:
         self.stats.exact_evaluations += int(rows.numel())
         self._evaluations.index_add_(0, rows, torch.ones_like(rows))
         return self.evaluate(rows, cols)
+
+    def screened_per_row(self) -> torch.Tensor:
+        """Pairs the screen let through for each row (int64, (n,))."""
+        return self._screened
 
     def evaluations_per_row(self) -> torch.Tensor:
         """Exact evaluations each row needed (int64, (n,))."""

@@ -1,0 +1,231 @@
+"""The fused screen kernel on a CPU, in Triton's interpreter, against its contract and its reference.
+
+``TRITON_INTERPRET=1`` runs the kernel's own code (loads, ``tl.dot``, the compare, the atomic
+reservation and the prefix-sum compaction) with NumPy. Its products are exact float32 ones
+(bfloat16 products are not trustworthy there: ``test_gpu_fused.py`` covers them on a GPU), so
+these tests use float32 storage ("tf32" precision, whose bound holds a fortiori).
+Also here: the rounding model of every fused precision, emulated on a CPU, and the engine run
+end to end with the kernel in the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+from knng.api import last_report
+from knng.engine import fused, screen
+from knng.metrics import PRECISIONS, get_metric
+from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
+
+pytest.importorskip("triton", reason="the kernel tests run Triton's interpreter")
+
+
+@pytest.fixture
+def interpret():
+    """The kernel runs in Triton's interpreter (conftest.py chose it at start on a machine without a GPU)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+
+
+def _block(rng: np.random.Generator, m: int, n: int, d: int, symmetric: bool):
+    x = torch.from_numpy(rng.standard_normal((m, d)))
+    y = torch.from_numpy(rng.standard_normal((n, d)))
+    y[n // 2:n // 2 + min(5, n // 4)] = y[:min(5, n // 4)]  # duplicate columns
+    metric = get_metric("sqeuclidean")
+    qa = metric.prepare(x, None, side="query", symmetric=symmetric, dtype=torch.float32)
+    ca = metric.prepare(y, None, side="corpus", symmetric=True, dtype=torch.float32)
+    rt = qa.terms.float() if symmetric else None
+    ct = ca.terms.float()
+    exact = (qa.vectors[:, :d].double() @ ca.vectors[:, :d].double().T) + ct.double()[None, :]
+    if rt is not None:
+        exact = exact + rt.double()[:, None]
+    return qa, ca, rt, ct, exact
+
+
+@pytest.mark.parametrize("shape", [(70, 45, 19), (33, 97, 16), (1, 40, 3), (64, 64, 32)])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_kernel_contract_in_the_interpreter(interpret, rng, shape, symmetric):
+    m, n, d = shape
+    qa, ca, rt, ct, exact = _block(rng, m, n, d, symmetric)
+    row_thr = exact.kthvalue(min(n, 4), dim=1).values
+    col_thr = exact.kthvalue(min(m, 3), dim=0).values if symmetric else None
+    out = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(),
+                             None if col_thr is None else col_thr.float(), rt, ct, "tf32", capacity_hint=8)
+    kept = torch.zeros((m, n), dtype=torch.bool)
+    kept[out.rows, out.cols] = True
+    assert int(kept.sum()) == out.rows.numel(), "a pair was listed twice"
+    tol = 1e-4 * (1 + exact.abs())
+    certain = exact + tol <= row_thr[:, None]
+    possible = exact - tol <= row_thr[:, None]
+    if symmetric:
+        certain |= exact + tol <= col_thr[None, :]
+        possible |= exact - tol <= col_thr[None, :]
+    assert bool((kept | ~certain).all()), "a pair certainly under its threshold was dropped"
+    assert bool((~kept | possible).all()), "a pair certainly over its threshold was kept"
+    assert torch.allclose(out.keys.double(), exact[out.rows, out.cols], rtol=1e-5, atol=1e-4)
+    by_row = (out.side & 1) != 0
+    assert bool((out.keys[by_row] <= row_thr.float()[out.rows[by_row]]).all())
+    if symmetric:
+        by_col = (out.side & 2) != 0
+        assert bool((by_row | by_col).all())
+        assert bool((by_col == (out.keys <= col_thr.float()[out.cols])).all())
+    else:
+        assert bool(by_row.all())
+
+
+def test_kernel_everything_nothing_and_the_relaunch(interpret, rng):
+    """+inf keeps all m·n pairs (more than the first list holds: one relaunch), −inf none."""
+    qa, ca, rt, ct, exact = _block(rng, 70, 45, 12, symmetric=True)
+    inf = torch.full((70,), torch.inf)
+    out = fused.screen_block(qa.vectors, ca.vectors, 12, inf, None, rt, ct, "tf32", capacity_hint=1)
+    assert out.rows.numel() == 70 * 45
+    dense = torch.full((70, 45), torch.nan, dtype=torch.float64)
+    dense[out.rows, out.cols] = out.keys.double()
+    assert torch.allclose(dense, exact, rtol=1e-5, atol=1e-4)
+    none = fused.screen_block(qa.vectors, ca.vectors, 12, -inf, torch.full((45,), -torch.inf), rt, ct, "tf32")
+    assert none.rows.numel() == 0
+
+
+def test_kernel_excludes_the_diagonal(interpret, rng):
+    x = torch.from_numpy(rng.standard_normal((50, 8))).float()
+    inf = torch.full((20,), torch.inf)
+    out = fused.screen_block(x[10:30] * -2, x, 8, inf, None, None, None, "tf32", exclude_diagonal=-10)
+    assert out.rows.numel() == 20 * 50 - 20
+    assert not bool((out.rows + 10 == out.cols).any())
+
+
+def test_kernel_matches_the_reference_screen(interpret, rng):
+    """The kernel and :func:`screen.block_scores` (its reference) keep the same pairs away from ties."""
+    qa, ca, rt, ct, exact = _block(rng, 40, 90, 24, symmetric=True)
+    p = PRECISIONS["tf32"]
+    thr = exact.kthvalue(6, dim=1).values + 1e-3
+    ref = screen.row_survivors(screen.block_scores(qa.vectors, ca.vectors, 24, p, rt, ct), thr)
+    out = fused.screen_block(qa.vectors, ca.vectors, 24, thr.float(), None, rt, ct, "tf32")
+    assert sorted(zip(ref.owner.tolist(), ref.other.tolist())) == sorted(zip(out.rows.tolist(), out.cols.tolist()))
+
+
+# ------------------------------------------------------------------------------- the bound
+def _emulate(x: torch.Tensor, precision: str) -> torch.Tensor:
+    """float64 values the tensor cores would multiply, for a float64 input (worst-case rounding)."""
+    if precision == "bfloat16":
+        return x.to(torch.float32).to(torch.bfloat16).to(torch.float64)  # torch's double rounding
+    f = x.to(torch.float32)
+    bits = f.view(torch.int32)
+
+    def trunc(v: torch.Tensor) -> torch.Tensor:  # TF32 by truncation: the worse of the two roundings
+        return (v.view(torch.int32) & ~0x1FFF).view(torch.float32)
+    hi = trunc(f)
+    if precision == "tf32":
+        return hi.to(torch.float64)
+    lo = trunc(f - hi)
+    del bits
+    return hi.to(torch.float64) + lo.to(torch.float64)
+
+
+@pytest.mark.parametrize("precision", [n for n, p in PRECISIONS.items() if p.fused])
+@pytest.mark.parametrize("metric_name", ["sqeuclidean", "inner_product", "cosine"])
+@pytest.mark.parametrize("kind", ["gaussian", "positive", "midpoints", "offset"])
+def test_bound_covers_the_emulated_rounding(precision, metric_name, kind, rng):
+    """|s̃ − s| ≤ E when the inputs are rounded as the precision's hardware may round them.
+
+    The products and sums are emulated in float64 and rounded to float32 once (the hardware's
+    accumulation error is what the GPU test measures); the input rounding, the new part of the
+    bound for each precision, is emulated exactly, truncation included.
+    """
+    m, d = 300, 256
+    if kind == "gaussian":
+        x, y = rng.standard_normal((m, d)), rng.standard_normal((m, d))
+    elif kind == "positive":
+        x, y = rng.random((m, d)) + 0.5, rng.random((m, d)) + 0.5
+    elif kind == "midpoints":
+        base = 1 + rng.integers(0, 128, (2, m, d)) / 128
+        delta = rng.choice([2.0**-8, 2.0**-11, 2.0**-10], (2, m, d)) - 2.0**-30
+        x, y = base + delta
+    else:
+        x, y = rng.standard_normal((m, d)) * 1e-3 + 1e4, rng.standard_normal((m, d)) * 1e-3 + 1e4
+    metric = get_metric(metric_name)
+    p = PRECISIONS[precision]
+    q = metric.prepare(torch.from_numpy(x), None, side="query", symmetric=True, dtype=torch.float64)
+    c = metric.prepare(torch.from_numpy(y), None, side="corpus", symmetric=True, dtype=torch.float64)
+    a, b = _emulate(q.vectors[:, :d], precision), _emulate(c.vectors[:, :d], precision)
+    key = (a @ b.T).to(torch.float32).to(torch.float64)
+    exact = q.vectors[:, :d] @ c.vectors[:, :d].T
+    if metric.uses_terms:
+        key = (key + c.terms.float().double()[None, :]).float().double()
+        key = (key + q.terms.float().double()[:, None]).float().double()
+        exact = exact + c.terms[None, :] + q.terms[:, None]
+    bound = metric.pair_bound(d, q.norms[:, None], c.norms[None, :], None if q.terms is None else q.terms[:, None],
+                              None if c.terms is None else c.terms[None, :], precision=p)
+    ratio = float(((key - exact).abs() / bound).max())
+    assert ratio <= 1.0, f"{precision} {metric_name} {kind}: |s̃ − s| = {ratio:.3f} E"
+
+
+def test_fused_bound_is_wider_the_coarser_the_precision():
+    metric = get_metric("euclidean")
+    c = {name: metric.bound_coefficients(128, precision=p)[0] for name, p in PRECISIONS.items()}
+    assert c["float64"] < c["float32"] < c["tf32x3"] < c["tf32"] < c["bfloat16"]
+
+
+# ------------------------------------------------------------------------------ the engine
+@pytest.fixture
+def kernel_on_cpu(interpret, monkeypatch):
+    """The engine runs the fused kernel (interpreted) on the CPU, screening in "tf32"."""
+    import knng.engine.graph as graph
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "tf32")
+    monkeypatch.setattr(graph, "OWN_PART_SEED", 48)  # the sampled seeds of a part's own block
+    calls = []
+    real = fused.screen_block
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "screen_block", counted)
+    yield calls
+    assert last_report().screen_dtype == "tf32"
+
+
+@pytest.mark.parametrize("k", [1, 7, 150])
+def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k):
+    c = rng.standard_normal((150, 11)) + 30
+    c[100:110] = c[:10]
+    q = rng.standard_normal((37, 11)) + 30
+    assert_exact(knng.search(q, c, k, memory_budget="2MB"), oracle_search(q, c, k))
+    assert kernel_on_cpu, "the kernel did not run"
+
+
+@pytest.mark.parametrize("include_self", [False, True])
+def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, monkeypatch):
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks
+    x = smooth_image_patches(rng, 200, side=3)
+    x[150:160] = x[:10]
+    g = knng.graph(x, 5, include_self=include_self)
+    assert last_report().parts > 1
+    assert_exact(g, oracle_graph(x, 5, include_self=include_self))
+    assert kernel_on_cpu
+
+
+@pytest.mark.parametrize("precision", [n for n, p in PRECISIONS.items() if p.fused])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
+def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rng, monkeypatch):
+    """Without the kernel the fused precisions run the reference screen; still exact."""
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: precision)
+    monkeypatch.setattr(plan, "CPU_MAX_PART", 128)
+    x = smooth_image_patches(rng, 600, side=4).astype(np.float32)
+    q = x[:50] + rng.standard_normal((50, 16)).astype(np.float32)
+    assert_exact(knng.graph(x, 10, metric=metric), oracle_graph(x, 10, metric=metric))
+    assert last_report().screen_dtype == precision
+    assert_exact(knng.search(q, x, 20, metric=metric), oracle_search(q, x, 20, metric=metric))
+    assert last_report().screen_dtype == precision

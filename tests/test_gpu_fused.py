@@ -1,0 +1,220 @@
+"""GPU tests of the fused screen kernel: its contract, its rounding bound on the hardware, and the
+engine's exactness in every fused precision.
+
+Run on a GPU machine with ``pytest -m gpu tests/test_gpu_fused.py``. Skipped without CUDA and
+Triton; the CPU tests of the same kernel (``test_fused.py``) run it in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+from knng.api import last_report
+from knng.engine import fused
+from knng.metrics import PRECISIONS, get_metric
+from oracle import assert_exact_chunked, smooth_image_patches
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available() or not fused.triton_installed(),
+                       reason="needs a CUDA GPU and Triton"),
+]
+
+FUSED = [name for name, p in PRECISIONS.items() if p.fused]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator(device="cuda").manual_seed(seed % 2**63)
+
+
+def _prepare(x64: torch.Tensor, metric_name: str, precision: str, side: str, symmetric: bool):
+    """Prepared vectors in the precision's storage, their float64 twins, norms and terms."""
+    metric = get_metric(metric_name)
+    p = PRECISIONS[precision]
+    low = metric.prepare(x64, None, side=side, symmetric=symmetric, dtype=p.storage)
+    exact = metric.prepare(x64, None, side=side, symmetric=symmetric, dtype=torch.float64)
+    return low, exact
+
+
+def _kernel_keys(a, b, d, precision, row_terms=None, col_terms=None):
+    """Every key of the block from the kernel (thresholds +inf), as a dense float64 matrix."""
+    m, n = a.shape[0], b.shape[0]
+    inf = torch.full((m,), torch.inf, device="cuda")
+    out = fused.screen_block(a, b, d, inf, None, row_terms, col_terms, precision, capacity_hint=m * n)
+    assert out.keys.numel() == m * n
+    dense = torch.full((m, n), torch.nan, dtype=torch.float64, device="cuda")
+    dense[out.rows, out.cols] = out.keys.double()
+    assert not torch.isnan(dense).any(), "an entry was not written"
+    return dense
+
+
+# ------------------------------------------------------------------------------ the bound
+def _adversarial(kind: str, m: int, d: int, g: torch.Generator) -> torch.Tensor:
+    """Float64 inputs built to stress one part of the bound."""
+    if kind == "gaussian":
+        return torch.randn((m, d), generator=g, device="cuda", dtype=torch.float64)
+    if kind == "positive":  # all products of one sign: the accumulation error adds up
+        return torch.rand((m, d), generator=g, device="cuda", dtype=torch.float64) + 0.5
+    if kind == "midpoints":  # just under half a step of bfloat16 / float16, or a whole TF32 step: the
+        # worst rounding (and truncation) of the inputs
+        base = 1.0 + torch.randint(0, 128, (m, d), generator=g, device="cuda").double() / 128
+        deltas = torch.tensor([2.0**-8, 2.0**-11, 2.0**-10], dtype=torch.float64, device="cuda") - 2.0**-30
+        delta = deltas[torch.randint(0, 3, (m, d), generator=g, device="cuda")]
+        sign = torch.where(torch.rand((m, d), generator=g, device="cuda") < 0.5, -1.0, 1.0).double()
+        return sign * (base + delta)
+    if kind == "huge":
+        return torch.randn((m, d), generator=g, device="cuda", dtype=torch.float64) * 1e15
+    if kind == "tiny":  # below float32's normal range in places: flushed inputs and products
+        return torch.randn((m, d), generator=g, device="cuda", dtype=torch.float64) * 1e-20
+    if kind == "flat":  # image-like: long runs of one value, a few outliers
+        x = torch.full((m, d), 0.6, dtype=torch.float64, device="cuda")
+        x[:, ::7] += torch.rand((m, (d + 6) // 7), generator=g, device="cuda", dtype=torch.float64)
+        return x
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("precision", FUSED)
+@pytest.mark.parametrize("metric_name", ["sqeuclidean", "inner_product"])
+@pytest.mark.parametrize("kind", ["gaussian", "positive", "midpoints", "huge", "tiny", "flat"])
+def test_bound_holds_on_the_hardware(precision, metric_name, kind, seed):
+    """|s̃ − s| ≤ E for every one of millions of pairs (2048 × 2048 per case, d up to 1024)."""
+    g = _gen(seed)
+    worst = 0.0
+    for d in (64, 1024):
+        x = _adversarial(kind, 2048, d, g)
+        y = _adversarial(kind, 2048, d, g)
+        metric = get_metric(metric_name)
+        qa, qe = _prepare(x, metric_name, precision, "query", symmetric=True)
+        ca, ce = _prepare(y, metric_name, precision, "corpus", symmetric=True)
+        rt = None if qe.terms is None else qe.terms.float()
+        ct = None if ce.terms is None else ce.terms.float()
+        got = _kernel_keys(qa.vectors, ca.vectors, d, precision, rt, ct)
+        exact = qe.vectors[:, :d] @ ce.vectors[:, :d].T  # float64 from the unrounded prepared values
+        if qe.terms is not None:
+            exact = exact + ce.terms[None, :] + qe.terms[:, None]
+        bound = metric.pair_bound(d, qe.norms[:, None], ce.norms[None, :],
+                                  None if qe.terms is None else qe.terms[:, None],
+                                  None if ce.terms is None else ce.terms[None, :], precision=PRECISIONS[precision])
+        ratio = ((got - exact).abs() / bound).max().item()
+        worst = max(worst, ratio)
+        assert ratio <= 1.0, f"{precision} {kind} d={d}: |s̃ − s| reached {ratio:.3f} × E"
+    print(f"\n{precision} {metric_name} {kind}: max |s̃ − s| / E = {worst:.3g}")
+
+
+# --------------------------------------------------------------------------- the contract
+@pytest.mark.parametrize("precision", FUSED)
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_kernel_keeps_what_the_bound_says(precision, symmetric, seed):
+    """Everything certainly under a threshold is kept, nothing certainly over it is."""
+    g = _gen(seed)
+    m, n, d = 1000, 3001, 77  # not tile multiples
+    metric = get_metric("sqeuclidean")
+    x = torch.randn((m, d), generator=g, device="cuda", dtype=torch.float64)
+    y = torch.randn((n, d), generator=g, device="cuda", dtype=torch.float64)
+    y[100:200] = y[:100]  # duplicate columns (thresholds may sit on their score)
+    qa, qe = _prepare(x, "sqeuclidean", precision, "query", symmetric=True)
+    ca, ce = _prepare(y, "sqeuclidean", precision, "corpus", symmetric=True)
+    exact = qe.vectors[:, :d] @ ce.vectors[:, :d].T + ce.terms[None, :] + qe.terms[:, None]
+    bound = metric.pair_bound(d, qe.norms[:, None], ce.norms[None, :], qe.terms[:, None], ce.terms[None, :],
+                              precision=PRECISIONS[precision])
+    row_thr = exact.kthvalue(20, dim=1).values
+    col_thr = exact.kthvalue(5, dim=0).values if symmetric else None
+    out = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(), None if col_thr is None else col_thr.float(),
+                             qe.terms.float(), ce.terms.float(), precision, capacity_hint=16)
+    kept = torch.zeros((m, n), dtype=torch.bool, device="cuda")
+    kept[out.rows, out.cols] = True
+    assert int(kept.sum()) == out.rows.numel(), "a pair was listed twice"
+    certain = exact + bound <= row_thr[:, None]
+    possible = exact - bound <= row_thr[:, None]
+    if symmetric:
+        certain |= exact + bound <= col_thr[None, :]
+        possible |= exact - bound <= col_thr[None, :]
+    assert bool((kept | ~certain).all()), "a pair certainly under its threshold was dropped"
+    assert bool((~kept | possible).all()), "a pair certainly over its threshold was kept"
+    assert bool(((out.keys.double() - exact[out.rows, out.cols]).abs() <= bound[out.rows, out.cols]).all())
+    by_row = (out.side & 1) != 0
+    assert bool((out.keys[by_row] <= row_thr.float()[out.rows[by_row]]).all())
+    if symmetric:
+        by_col = (out.side & 2) != 0
+        assert bool((by_row | by_col).all())
+        assert bool((out.keys[by_col] <= col_thr.float()[out.cols[by_col]]).all())
+        assert bool((out.keys[~by_col] > col_thr.float()[out.cols[~by_col]]).all())
+
+
+def test_kernel_excludes_the_diagonal(seed):
+    g = _gen(seed)
+    x = torch.randn((700, 40), generator=g, device="cuda")
+    a = x * -2.0
+    inf = torch.full((700,), torch.inf, device="cuda")
+    out = fused.screen_block(a[100:300], x, 40, inf[:200], None, None, None, "bfloat16", exclude_diagonal=-100)
+    assert out.rows.numel() == 200 * 700 - 200
+    assert not bool((out.rows + 100 == out.cols).any())
+
+
+# ------------------------------------------------------------------------- the engine, exact
+@pytest.fixture(params=FUSED)
+def fused_precision(request, monkeypatch):
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: request.param)
+    yield request.param
+    assert last_report().screen_dtype == request.param
+
+
+def _check(q, c, results, metric="euclidean", **kw):
+    assert_exact_chunked(q, c, results, metric, device="cuda", **kw)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "inner_product"])
+def test_search_exact(fused_precision, metric, seed):
+    g = _gen(seed)
+    c = torch.randn((200_003, 96), generator=g, device="cuda") + 5.0  # un-centred
+    q = torch.randn((3000, 96), generator=g, device="cuda") + 5.0
+    res = [knng.search(q, c, k, metric=metric) for k in (1, 10, 300)]
+    _check(q, c, res, metric, rows=torch.randperm(3000, device="cuda")[:512])
+
+
+def test_search_image_patches_and_duplicates(fused_precision, seed):
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(smooth_image_patches(rng, 60_000)).cuda()
+    x[30_000:31_000] = x[:1000]  # exact duplicates: ties broken by index
+    res = [knng.search(x[:2000], x, k) for k in (1, 10, 100)]
+    _check(x[:2000], x, res, rows=torch.arange(0, 2000, 3, device="cuda"))
+
+
+def test_search_huge_offset_and_k_equals_n(fused_precision, seed):
+    g = _gen(seed)
+    c = (torch.randn((3000, 50), generator=g, device="cuda", dtype=torch.float64) + 1e6).float()
+    q = (torch.randn((400, 50), generator=g, device="cuda", dtype=torch.float64) + 1e6).float()
+    _check(q, c, [knng.search(q, c, 3000), knng.search(q, c, 7)])
+
+
+@pytest.mark.parametrize("include_self", [False, True])
+def test_graph_exact(fused_precision, include_self, seed, monkeypatch):
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "GPU_MAX_PART", 8192)  # several parts, the last one short
+    g = _gen(seed)
+    x = torch.randn((50_001, 64), generator=g, device="cuda") * 3 + 7
+    x[40_000:40_500] = x[:500]
+    res = [knng.graph(x, k, include_self=include_self) for k in (1, 10, 64)]
+    _check(x, x, res, exclude_self=not include_self, rows=torch.randperm(50_001, device="cuda")[:1024])
+
+
+def test_graph_image_patches(fused_precision, seed):
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(smooth_image_patches(rng, 80_000)).cuda()
+    res = [knng.graph(x, k) for k in (10, 100)]
+    rep = last_report()
+    assert rep.screened_per_row, rep
+    _check(x, x, res, exclude_self=True, rows=torch.arange(0, 80_000, 97, device="cuda"))
+
+
+def test_graph_high_dimension_large_k(fused_precision, seed):
+    g = _gen(seed)
+    x = torch.randn((6000, 2048), generator=g, device="cuda")
+    res = knng.graph(x, 1024)
+    _check(x, x, [res], exclude_self=True, rows=torch.arange(0, 6000, 11, device="cuda"))
