@@ -229,3 +229,20 @@ def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rn
     assert last_report().screen_dtype == precision
     assert_exact(knng.search(q, x, 20, metric=metric), oracle_search(q, x, 20, metric=metric))
     assert last_report().screen_dtype == precision
+
+
+def test_planner_picks_tf32_only_for_small_k_searches(monkeypatch):
+    """The default precision rule of ``engine/plan.py`` (measured: docs/BENCHMARKS.md, "Fused screen")."""
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(plan, "fused_available", lambda device: True)
+    gpu = torch.device("cuda", 0)
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "tf32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 16) == "tf32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 100) == "float32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float32"
+    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
+    monkeypatch.setattr(plan, "fused_available", lambda device: False)
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"
+    assert plan.choose_screen_precision(torch.device("cpu"), 1_000_000, 128, 10) == "float32"

@@ -193,7 +193,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     t_start = time.perf_counter()
     n, d, world, rank = data.n, data.d, comm.world, comm.rank
     available = n if include_self else n - 1
-    wanted = resolve_precision(screen_dtype, device, n, d, k)
+    wanted = resolve_precision(screen_dtype, device, n, d, k, operation="graph")
     comm.status("agreeing on the input and the plan")
     table = agree(comm, device, {"n": n, "d": d, "k": k, "metric": list(METRICS).index(metric.name),
                                  "include_self": int(include_self), "cuda": int(device.type == "cuda"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from knng._units import parse_bytes
+from knng.engine.fused import fused_available
 from knng.metrics import PRECISIONS, ScreenPrecision, get_precision
 
 __all__ = [
@@ -245,35 +246,43 @@ class EnginePlan:
         return asdict(self)
 
 
-def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int) -> str:
+#: Largest k for which a search screens in TF32 in the fused kernel by default (measured on an
+#: H100, 2026-11-22: k = 10 1.34× faster than float32 at d = 128 and 1.44× at d = 960; k = 100
+#: no faster or slower; graphs slower at every k measured).
+FUSED_SEARCH_MAX_K = 16
+
+
+def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search") -> str:
     """The screen precision that makes the exact answer cheapest.
 
-    float32, or float64 on GPUs whose float64 products run at the float32 rate (A100,
-    H100/H200, B200) once k·d outweighs the row length n — after a float32 screen every
-    candidate a row keeps is evaluated from the input vectors (k·d values read per row), while
-    a float64 screen pins most distances down by itself. On a CPU float64 from k·d ≥ n/8 (its
-    products cost twice float32 ones).
+    float64 on GPUs whose float64 products run at the float32 rate (A100, H100/H200, B200) once
+    k·d outweighs the row length n — after a float32 screen every candidate a row keeps is
+    evaluated from the input vectors (k·d values read per row), while a float64 screen pins most
+    distances down by itself. Else, on a GPU where the fused kernel runs, TF32 for a search with
+    k ≤ :data:`FUSED_SEARCH_MAX_K`; float32 otherwise. On a CPU float64 from k·d ≥ n/8 (its
+    products cost twice float32 ones), else float32.
 
-    The fused precisions (TF32, tf32x3, bfloat16; ``knng.engine.fused``) are not chosen yet:
-    measured on an H100 (2026-11-22, ``docs/BENCHMARKS.md``) their kernel screens a 1M × 128
-    search in 20–33 ms where the float32 product alone takes 50, but the wider bound lets 2–10×
-    more pairs through to the candidate stores, whose torch bookkeeping then costs more than
-    the product saved (search k = 10: TF32 148 ms, float32 146; graph 200k, k = 10: 1072 vs
-    927). They run where a plan asks for them (``make_*_plan(screen_dtype=...)``).
+    Why not more of the fused precisions (``knng.engine.fused``, ``docs/BENCHMARKS.md``, "Fused
+    screen"): their kernel screens a 1M × 128 search in 21–33 ms of TF32 where the float32
+    product alone takes ~50, but the wider bound lets 1.5–10× more pairs through to the candidate
+    stores, whose bookkeeping then costs more than the product saved — except for searches at
+    small k. bfloat16 (4× the bound of TF32) lost everywhere measured.
     """
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
             return "float64"
+        if operation == "search" and k <= FUSED_SEARCH_MAX_K and fused_available(device):
+            return "tf32"
         return "float32"
     return "float64" if 8 * k * d >= n_corpus else "float32"
 
 
 def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.device, n_corpus: int, d: int,
-                      k: int) -> str:
+                      k: int, operation: str = "search") -> str:
     """The precision a plan runs: the caller's (a name or torch dtype) or the planner's choice."""
     if screen_dtype is None:
-        return choose_screen_precision(device, n_corpus, d, k)
+        return choose_screen_precision(device, n_corpus, d, k, operation=operation)
     return get_precision(screen_dtype).name
 
 
@@ -328,7 +337,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                     part_size: int | None = None) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, store and budget."""
     available = n if include_self else n - 1
-    precision = resolve_precision(screen_dtype, device, n, d, k)
+    precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph")
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, available)
     vector = d * element + 24
