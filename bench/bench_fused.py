@@ -25,37 +25,21 @@ import datetime
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import knng  # noqa: E402
 import knng.engine.plan as plan_module  # noqa: E402
 from knng.api import last_report  # noqa: E402
 from knng.engine import fused  # noqa: E402
+from bench_engine import sync, timed, torch_search  # noqa: E402 - the same harness and baseline
 
 #: Dense peaks of an H100 / H200 SXM (TFLOP/s), the datasheet figures the issue quotes.
 PEAK = {"bfloat16": 989, "float16": 989, "tf32": 494, "tf32x3": 494 / 3, "float32": 67}
-
-
-def sync() -> None:
-    torch.cuda.synchronize()
-
-
-def timed(fn, repeats: int) -> tuple[list[float], object]:
-    result = fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        result = fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return times, result
 
 
 def cuda_ms(fn, repeats: int = 10) -> float:
@@ -137,15 +121,6 @@ def faiss_knn():
     def run(q, c, k):
         return faiss.knn_gpu(res, q, c, k)
     return run
-
-
-def torch_search(q, c, k, chunk=2048):
-    cn = (c * c).sum(1)
-    idx = torch.empty((q.shape[0], k), dtype=torch.int64, device=q.device)
-    for i in range(0, q.shape[0], chunk):
-        d = torch.addmm(cn, q[i:i + chunk], c.T, alpha=-2.0)
-        idx[i:i + chunk] = torch.topk(d, k, dim=1, largest=False).indices
-    return idx
 
 
 def check_exact(q, c, res, *, exclude_self=False, seed=0):

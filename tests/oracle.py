@@ -524,3 +524,28 @@ def assert_exact_chunked(queries, corpus, results, metric: str = "euclidean", *,
                                      f"index {c_}")
             del left, true, tunc
         del full, unc
+
+
+def assert_screen_contract(out, exact, radius, row_thr, col_thr=None) -> None:
+    """A fused screen's survivors (``knng.engine.fused.BlockSurvivors``) against their block.
+
+    ``exact`` are the float64 scores, ``radius`` how far a screened key may sit from them
+    (a tensor or a number). Every pair certainly under its row's (or, with ``col_thr``, its
+    column's) threshold is kept, none certainly over it, none twice, and a pair kept for its row
+    has a key within the row's threshold.
+    """
+    import torch
+
+    m, n = exact.shape
+    kept = torch.zeros((m, n), dtype=torch.bool, device=exact.device)
+    kept[out.rows, out.cols] = True
+    assert int(kept.sum()) == out.rows.numel(), "a pair was listed twice"
+    certain = exact + radius <= row_thr[:, None]
+    possible = exact - radius <= row_thr[:, None]
+    if col_thr is not None:
+        certain |= exact + radius <= col_thr[None, :]
+        possible |= exact - radius <= col_thr[None, :]
+    assert bool((kept | ~certain).all()), "a pair certainly under its threshold was dropped"
+    assert bool((~kept | possible).all()), "a pair certainly over its threshold was kept"
+    by_row = (out.side & 1) != 0
+    assert bool((out.keys[by_row] <= row_thr.float()[out.rows[by_row]]).all())

@@ -227,9 +227,9 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
         with full_precision():
             centre, norms, terms, kept = _prepare_owned(data, metric, plan, owned, comm, device, dtype,
                                                         sizes.columns)
-            terms32 = None if terms is None else terms.to(torch.float32)
             pdata = PreparedCorpus.from_norms(data, metric, centre, device, norms, terms, symmetric=True,
                                               dtype=dtype)
+            terms32 = pdata.terms32
             results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (r0, r1) → rows
 
             def prepare_rows(a: int, b: int, raw: torch.Tensor | None = None) -> torch.Tensor:

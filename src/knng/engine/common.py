@@ -1,20 +1,23 @@
 """Pieces shared by the search and graph loops: device choice, precision guard, the corpus
-pass, prepared-corpus access, out-of-memory detection and progress."""
+pass, prepared-corpus access, out-of-memory detection, progress and the run report."""
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
 from knng._inputs import InputArray, check_finite
+from knng.engine.exact import ExactStats
+from knng.engine.plan import EnginePlan
+from knng.engine.store import StoreStats
 from knng.metrics import Metric, Prepared
 
 __all__ = [
     "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus", "is_out_of_memory",
-    "Progress",
+    "Progress", "EngineReport",
 ]
 
 
@@ -211,3 +214,20 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+@dataclass
+class EngineReport:
+    """How a run went: the plan it ran, out-of-memory retries and the exactness counters."""
+
+    plan: EnginePlan
+    oom_retries: int
+    exact: ExactStats
+    store: StoreStats = field(default_factory=StoreStats)
+    evaluations_per_row: dict[str, float] = field(default_factory=dict)
+    #: Pairs the screen let through per row (median, p99, max): the price of its precision.
+    screened_per_row: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def screen_dtype(self) -> str:
+        return self.plan.screen_precision

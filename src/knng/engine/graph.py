@@ -10,17 +10,19 @@ directions. Then every point's candidates go through the same exact finish as a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from knng._inputs import InputArray
-from knng.engine.common import PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory
+from knng.engine.common import (
+    EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
+)
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.plan import EnginePlan, make_graph_plan
 from knng.engine.screen import block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
-from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
+from knng.engine.store import CandidateStore, PairErrors, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric, ScreenPrecision
 
@@ -32,20 +34,8 @@ OWN_PART_SEED = 4096
 
 
 @dataclass
-class GraphReport:
-    """How a graph run went: the plan it ran, the symmetric saving, the exactness counters."""
-
-    plan: EnginePlan
-    oom_retries: int
-    exact: ExactStats
-    store: StoreStats = field(default_factory=StoreStats)
-    evaluations_per_row: dict[str, float] = field(default_factory=dict)
-    #: Pairs the screen let through per row (median, p99, max): the price of its precision.
-    screened_per_row: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def screen_dtype(self) -> str:
-        return self.plan.screen_precision
+class GraphReport(EngineReport):
+    """How a graph run went: the report of a search plus the symmetric saving."""
 
     @property
     def parts(self) -> int:

@@ -148,8 +148,6 @@ def plan_tiles(
 
 
 # ------------------------------------------------------------------------------ the one plan
-#: Input unit roundoff of each screen precision (what ``EnginePlan.unit_roundoff`` reports).
-UNIT_ROUNDOFF = {name: p.input_roundoff for name, p in PRECISIONS.items()}
 #: Compute capabilities whose float64 matrix products are about as fast as float32 ones.
 FAST_FP64_CAPABILITIES = {(8, 0), (9, 0), (10, 0)}
 #: Largest graph part on a CPU: a 1024 × 1024 float32 block stays in cache, and its product
@@ -325,7 +323,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
                 + sample * vector + n_corpus * 16)
     return EnginePlan(
         operation="search", n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=str(device),
-        screen_precision=precision, unit_roundoff=UNIT_ROUNDOFF[precision],
+        screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds=f"k-th best certified upper bound among {sample} random columns, then tightened as rows fill",
         sample_size=sample, capacity=capacity, query_rows=tiles.query_rows, corpus_cols=tiles.corpus_cols,
         corpus_resident=tiles.corpus_resident, parts=0, part_size=0, blocks=0, bytes_expected=int(expected),
@@ -355,7 +353,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     expected = store + (corpus_bytes if resident else 2 * b * vector) + b * b * element * 3
     return EnginePlan(
         operation="graph", n_queries=n, n_corpus=n, d=d, k=k, metric=metric, device=str(device),
-        screen_precision=precision, unit_roundoff=UNIT_ROUNDOFF[precision],
+        screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds="k-th best certified upper bound within each point's own part (the diagonal blocks, "
                    "computed first), then tightened as rows fill",
         sample_size=0, capacity=capacity, query_rows=b, corpus_cols=b, corpus_resident=resident, parts=parts,

@@ -8,13 +8,13 @@ for each corpus tile: one matrix product → threshold screen → the rows' cand
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from knng._inputs import InputArray, check_finite
 from knng.engine.common import (
-    MAX_SCREEN_NORM, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
+    MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
@@ -27,20 +27,8 @@ __all__ = ["SearchReport", "exact_search", "prepare_corpus"]
 
 
 @dataclass
-class SearchReport:
-    """How a run went: the plan it ran, out-of-memory retries and the exactness counters."""
-
-    plan: EnginePlan
-    oom_retries: int
-    exact: ExactStats
-    store: StoreStats = field(default_factory=StoreStats)
-    evaluations_per_row: dict[str, float] = field(default_factory=dict)
-    #: Pairs the screen let through per row (median, p99, max): the price of its precision.
-    screened_per_row: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def screen_dtype(self) -> str:
-        return self.plan.screen_precision
+class SearchReport(EngineReport):
+    """How a search went (see :class:`EngineReport`)."""
 
 
 def exact_search(
@@ -75,6 +63,7 @@ def exact_search(
                                              block_rows=max(plan.corpus_cols, 4096))
         sample = sample_columns(corpus.n, plan.sample_size, device)
         sample_vectors = pcorpus.take(sample)
+        sample_terms = None if pcorpus.terms32 is None else pcorpus.terms32[sample]
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats, store_stats = ExactStats(), StoreStats()
@@ -89,8 +78,8 @@ def exact_search(
             try:
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                store = _screen_chunk(raw, pcorpus, sample, sample_vectors, metric, k, plan, cols_per_tile, select,
-                                      device)
+                store = _screen_chunk(raw, pcorpus, sample, sample_vectors, sample_terms, metric, k, plan,
+                                      cols_per_tile, select, device)
                 idx, dist = store.finish()
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
                 if not is_out_of_memory(exc) or (rows_per_chunk <= 8 and cols_per_tile <= max(8, k)):
@@ -127,7 +116,7 @@ def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dty
 
 
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tensor, sample_vectors: torch.Tensor,
-                  metric: Metric, k: int, plan: EnginePlan, cols_per_tile: int, select: str,
+                  sample_terms: torch.Tensor | None, metric: Metric, k: int, plan: EnginePlan, cols_per_tile: int, select: str,
                   device: torch.device) -> CandidateStore:
     """Screen one chunk of queries against every corpus tile into a store of candidates."""
     prep = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
@@ -147,14 +136,13 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
     store = CandidateStore(m, k, plan.capacity, errors, evaluate, device)
     rows = torch.arange(m, device=device)
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
-    terms = pcorpus.terms32
-    scores = block_scores(prep.vectors, sample_vectors, corpus.d, precision,
-                          col_terms=None if terms is None else terms[sample])
+    scores = block_scores(prep.vectors, sample_vectors, corpus.d, precision, col_terms=sample_terms)
     ks = min(k, scores.shape[1])
     values, positions = seed_candidates(scores, ks, select, device)
     store.seed(rows, sample[positions], values)
     del scores
     n = corpus.n
+    terms = pcorpus.terms32
     for c0 in range(0, n, cols_per_tile):
         c1 = min(n, c0 + cols_per_tile)
         found = screen_rows(prep.vectors, pcorpus.tile(c0, c1), corpus.d,
