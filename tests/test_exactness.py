@@ -395,3 +395,85 @@ def test_tiny_capacity_forces_tightening_and_overflow(metric, monkeypatch, rng, 
         s = knng.search(x[:50] + 0.5, x, k, metric=metric, device="cpu")
         assert_exact(s, oracle_search(x[:50] + 0.5, x, k, metric), context=f"seed={seed} search k={k}")
     assert g.report.store.overflow_rows > 0, g.report
+
+
+@pytest.mark.parametrize("flush", ["every add", "never before finish"])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_store_flush_size_changes_nothing(flush, metric, monkeypatch, rng, seed):
+    # Survivors wait in the store until enough are pending; the answer may not depend on when
+    # they are taken in (thresholds only tighten later), on image-like ties or duplicates.
+    import knng.engine.store as store
+
+    size = 1 if flush == "every add" else 1 << 40
+    monkeypatch.setattr(store, "PENDING_CPU", size)
+    x = smooth_image_patches(rng, 900, side=4).astype(np.float32)
+    x[800:] = x[:100]
+    for k in (1, 7, 899):
+        g = knng.graph(x, k, metric=metric, device="cpu", memory_budget="96KB")
+        assert g.report.plan.parts > 1 or k == 899, g.report  # k = n − 1 needs one part
+        assert_exact(g, oracle_graph(x, k, metric), context=f"seed={seed} flush={flush} k={k}")
+    s = knng.search(x[:40] + 0.25, x, 9, metric=metric, device="cpu", memory_budget="96KB")
+    assert_exact(s, oracle_search(x[:40] + 0.25, x, 9, metric), context=f"seed={seed} flush={flush} search")
+
+
+def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed):
+    # A tightening pads a group of rows to its widest; a tiny group size forces the split
+    # into many groups (rows of very different widths: a cluster of near-ties among spread
+    # points) and the answer stays exact.
+    import knng.engine.plan as plan
+    import knng.engine.store as store
+
+    monkeypatch.setattr(store, "REBUILD_ENTRIES", 64)
+    monkeypatch.setattr(store, "PENDING_CPU", 1 << 40)
+    monkeypatch.setattr(plan, "store_capacity", lambda k, available: min(available, k + 2))
+    x = rng.standard_normal((500, 8)).astype(np.float32)
+    x[:150] = x[0] + rng.integers(-1, 2, size=(150, 8)).astype(np.float32) * 1e-3  # near-tie cluster
+    g = knng.graph(x, 5, device="cpu", memory_budget="64KB")
+    assert g.report.store.tightenings > 0 and g.report.store.overflow_rows > 0, g.report
+    assert_exact(g, oracle_graph(x, 5), context=f"seed={seed}")
+    groups = store._rebuild_groups(torch.tensor([1, 50, 2, 3, 40, 1]), 4)
+    assert sorted(torch.cat(groups).tolist()) == list(range(6)) and len(groups) > 1
+    assert all(bool((g[1:] > g[:-1]).all()) for g in groups)
+
+
+def test_store_oom_during_a_flush_loses_nothing(monkeypatch, rng, seed):
+    # An out-of-memory error while pending survivors are taken in is retried with its block;
+    # the pending survivors of earlier blocks are not dropped.
+    import knng.engine.store as store
+
+    monkeypatch.setattr(store, "PENDING_CPU", 2000)
+    real_take = store.CandidateStore._take
+    state = {"n": 0}
+
+    def take(self, rows, cols, keys):
+        state["n"] += 1
+        if state["n"] in (2, 3):
+            real_take(self, rows[: rows.numel() // 2], cols[: rows.numel() // 2], keys[: rows.numel() // 2])
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+        return real_take(self, rows, cols, keys)
+
+    monkeypatch.setattr(store.CandidateStore, "_take", take)
+    x = rng.standard_normal((900, 12)).astype(np.float32)
+    g = knng.graph(x, 10, device="cpu", memory_budget="96KB")
+    assert state["n"] > 3 and g.report.oom_retries >= 1, (state, g.report)
+    assert_exact(g, oracle_graph(x, 10), context=f"seed={seed}")
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "pearson", "inner_product"])
+def test_batched_exact_evaluation_equals_pairs(metric, rng):
+    # The store evaluates a row's candidates as one (row, columns) batch or pair by pair;
+    # both must give the same float64 value bit for bit (ranks and runs must agree).
+    from knng._inputs import as_input
+    from knng.engine.exact import exact_pairs, exact_pairs_of
+
+    m = KNNG_METRICS[metric]
+    x = as_input(rng.standard_normal((300, 33)).astype(np.float32), "X")
+    rows = torch.from_numpy(rng.integers(0, 300, 40))
+    cols = torch.from_numpy(rng.integers(0, 300, (40, 17)))
+    batched = exact_pairs_of(m, x, rows, x, cols, torch.device("cpu"))
+    pairs = exact_pairs_of(m, x, rows.repeat_interleave(17), x, cols.reshape(-1), torch.device("cpu"))
+    assert batched.shape == (40, 17) and torch.equal(batched.reshape(-1), pairs)
+    raw = torch.from_numpy(rng.standard_normal((50, 33)).astype(np.float32))
+    q_rows = torch.from_numpy(rng.integers(0, 50, 40))
+    assert torch.equal(exact_pairs(m, raw, q_rows, x, cols, torch.device("cpu")).reshape(-1),
+                       exact_pairs(m, raw, q_rows.repeat_interleave(17), x, cols.reshape(-1), torch.device("cpu")))

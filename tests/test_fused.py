@@ -235,3 +235,27 @@ def test_planner_picks_tf32_only_for_small_k_searches(monkeypatch):
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"
     assert plan.choose_screen_precision(torch.device("cpu"), 1_000_000, 128, 10) == "float32"
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (31, 33), (64, 64), (130, 97), (257, 1025)])
+@pytest.mark.parametrize("density", ["none", "sparse", "dense", "all"])
+def test_cpu_chunked_screen_equals_the_whole_compare(shape, density, rng):
+    # The CPU screen reads chunk minima first and compares only hit chunks; it must keep
+    # exactly the entries a whole-block compare keeps, on both sides, thresholds hit exactly
+    # (ties at the threshold), sizes that are not chunk multiples, ±inf thresholds.
+    m, n = shape
+    scores = torch.from_numpy(rng.integers(0, 40, size=shape).astype(np.float32))
+    pick = {"none": -1.0, "sparse": 1.0, "dense": 25.0, "all": np.inf}[density]
+    row_thr = torch.full((m,), pick, dtype=torch.float64)
+    col_thr = torch.full((n,), pick, dtype=torch.float64)
+    if density == "sparse":
+        row_thr = scores.amin(1).to(torch.float64)  # ties at the threshold
+        col_thr[::3] = -np.inf
+    by_row, by_col = screen.block_survivors(scores, row_thr, col_thr)
+    for found, mask in ((by_row, scores.to(torch.float64) <= row_thr[:, None]),
+                        (by_col, (scores.to(torch.float64) <= col_thr[None, :]).T)):
+        expect = torch.nonzero(mask)
+        got = torch.stack([found.owner, found.other], 1)
+        assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expect.tolist()))
+        block = scores if found is by_row else scores.T
+        assert torch.equal(found.keys, block[found.owner, found.other])

@@ -44,25 +44,36 @@ def sort_by_distance_then_index(dist: torch.Tensor, idx: torch.Tensor, k: int) -
 
 def exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, corpus: InputArray,
                 cols: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Exact float64 distances for the pairs (raw_rows[rows[p]], corpus[cols[p]])."""
-    out = torch.empty(rows.numel(), dtype=torch.float64, device=device)
-    step = max(1, EXACT_CHUNK_BYTES // (corpus.d * 8 * 3))
-    for p0 in range(0, rows.numel(), step):
-        p1 = min(rows.numel(), p0 + step)
-        x = raw_rows[rows[p0:p1].to(raw_rows.device)].to(device)
-        y = corpus.take(cols[p0:p1]).to(device, non_blocking=True)
-        out[p0:p1] = metric.exact(x, y[:, None, :])[:, 0]
-    return out
+    """Exact float64 distances for the pairs (raw_rows[rows[p]], corpus[cols[p]]).
+
+    ``cols`` may also be (m, w): row ``rows[i]`` against each of ``cols[i]``, an (m, w) result
+    (each row vector gathered once).
+    """
+    return _evaluate(metric, lambda r: raw_rows[r.to(raw_rows.device)].to(device), rows, corpus, cols, device)
 
 
 def exact_pairs_of(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, cols: torch.Tensor,
                    device: torch.device) -> torch.Tensor:
-    """Exact float64 distances for the pairs (left[rows[p]], right[cols[p]]), both by id."""
-    out = torch.empty(rows.numel(), dtype=torch.float64, device=device)
-    step = max(1, EXACT_CHUNK_BYTES // (left.d * 8 * 3))
+    """Exact float64 distances for the pairs (left[rows[p]], right[cols[p]]), both by id; ``cols``
+    may be (m, w) as in :func:`exact_pairs`."""
+    return _evaluate(metric, lambda r: left.take(r).to(device, non_blocking=True), rows, right, cols, device)
+
+
+def _evaluate(metric: Metric, take_rows, rows: torch.Tensor, right: InputArray, cols: torch.Tensor,
+              device: torch.device) -> torch.Tensor:
+    batched = cols.dim() == 2
+    width = cols.shape[1] if batched else 1
+    out = torch.empty(cols.shape, dtype=torch.float64, device=device)
+    step = max(1, EXACT_CHUNK_BYTES // (right.d * 8 * (width + 2)))
     for p0 in range(0, rows.numel(), step):
         p1 = min(rows.numel(), p0 + step)
-        x = left.take(rows[p0:p1]).to(device, non_blocking=True)
-        y = right.take(cols[p0:p1]).to(device, non_blocking=True)
-        out[p0:p1] = metric.exact(x, y[:, None, :])[:, 0]
+        x = take_rows(rows[p0:p1])
+        y = right.take(cols[p0:p1].reshape(-1)).to(device, non_blocking=True).view(p1 - p0, width, right.d)
+        if batched and metric.name == "inner_product":
+            # A batched product sums in an order that depends on the batch's width (BLAS
+            # blocking); pair by pair, every pair is summed alike wherever it is evaluated.
+            values = metric.exact(x.repeat_interleave(width, 0), y.reshape(-1, 1, right.d)).view(p1 - p0, width)
+        else:
+            values = metric.exact(x, y)
+        out[p0:p1] = values if batched else values[:, 0]
     return out

@@ -3,9 +3,9 @@
 A pair survives for row i when its screened key s̃ᵢⱼ is ≤ the row's block threshold tᵢ
 (τᵢ plus an error radius valid for every column of the block); in a symmetric graph block the
 same entry is also tested for column j against tⱼ. Most rows of a block keep nothing once
-their thresholds are tight, so each side is first filtered by its minimum (one cheap reduction
-that reads the block once) and only rows/columns that can keep anything are compared entry by
-entry.
+their thresholds are tight, so on a CPU each side is first filtered by the minima of short
+chunks (one cheap reduction that reads the block once) and only chunks that can keep anything
+are compared entry by entry.
 
 Two ways to get there, one contract: the torch screen materialises the score block (the
 augmented layout of :mod:`knng.metrics`, float32 or float64) and compares it; the fused kernel
@@ -28,7 +28,9 @@ from knng.metrics import ScreenPrecision
 __all__ = ["Survivors", "row_survivors", "column_survivors", "block_survivors", "block_scores", "screen_rows",
            "screen_pairs", "use_kernel"]
 
-#: Compare the whole block once at least 1/DENSE_HITS of its rows (or columns) can keep something.
+#: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are read.
+CHUNK = 32
+#: Compare the whole block once at least 1/DENSE_HITS of its chunks can keep something.
 DENSE_HITS = 4
 
 
@@ -53,33 +55,74 @@ def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
         # A pass of minima costs as much as the compare itself on a GPU (see block_survivors).
         r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
         return Survivors(owner=r, other=c, keys=scores[r, c])
-    hit = torch.nonzero(scores.amin(dim=1) <= thr).flatten()
-    if hit.numel() == 0:
-        return _empty(scores.device, scores.dtype)
-    if hit.numel() * DENSE_HITS >= scores.shape[0]:
-        # Many rows can keep something: one compare of the whole block beats a gather.
-        r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
-        return Survivors(owner=r, other=c, keys=scores[r, c])
-    sub = scores.index_select(0, hit)
-    r, c = torch.nonzero(sub <= thr[hit, None], as_tuple=True)
-    return Survivors(owner=hit[r], other=c, keys=sub[r, c])
+    return _chunked_survivors(scores, thr, by_rows=True)
 
 
 def column_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
-    """Entries of each column of ``scores`` at or below the column's threshold.
+    """Entries of each column of ``scores`` at or below the column's threshold."""
+    thr = _round_up(thresholds.to(scores.dtype), thresholds)
+    if scores.device.type == "cuda":
+        c, r = torch.nonzero(scores.T <= thr[:, None], as_tuple=True)
+        return Survivors(owner=c, other=r, keys=scores[r, c])
+    return _chunked_survivors(scores, thr, by_rows=False)
 
-    The rows of the transposed view (no copy): its gathers are strided, which is why the
-    whole-block compare takes over from few hits on.
+
+def _chunked_survivors(scores: torch.Tensor, thr: torch.Tensor, by_rows: bool) -> Survivors:
+    """The CPU screen of one side: minima of CHUNK-entry chunks first, entries of hit chunks after.
+
+    On a CPU torch's compares into boolean masks and ``nonzero`` run at a fraction of the
+    speed of float reductions (1,024² block, 2 cores: compare 0.45 ms, ``nonzero`` 1.1 ms,
+    ``amin`` 0.05–0.09 ms). Tight thresholds leave a row a survivor or two per block, so the
+    chunks' minima (one float reduction along the contiguous axis, or across rows for the
+    column side) find the few chunks that hold any, and only those are gathered and compared.
+    Measured on a 1,024² block: 0.35–1.1 ms per side against 1.5 ms for compare + ``nonzero``.
     """
-    return row_survivors(scores.T, thresholds)
+    rows_axis = 0 if by_rows else 1
+    owners = scores.shape[rows_axis]
+    length = scores.shape[1 - rows_axis]
+    chunks = length // CHUNK
+    owner_parts, other_parts, key_parts = [], [], []
+    if chunks:
+        if by_rows:
+            body = scores[:, :chunks * CHUNK].unflatten(1, (chunks, CHUNK))
+            hit_owner, hit_chunk = torch.nonzero(body.amin(2) <= thr[:, None], as_tuple=True)
+        else:
+            body = scores[:chunks * CHUNK].unflatten(0, (chunks, CHUNK))
+            hit_chunk, hit_owner = torch.nonzero(body.amin(1) <= thr[None, :], as_tuple=True)
+        if hit_owner.numel() * DENSE_HITS >= owners * chunks:
+            # Most chunks hold a survivor (loose thresholds): compare the whole block once.
+            return _compare_whole(scores, thr, by_rows)
+        entries = body[hit_owner, hit_chunk] if by_rows else body[hit_chunk, :, hit_owner]
+        i, j = torch.nonzero(entries <= thr[hit_owner, None], as_tuple=True)
+        owner_parts.append(hit_owner[i])
+        other_parts.append(hit_chunk[i] * CHUNK + j)
+        key_parts.append(entries[i, j])
+    if chunks * CHUNK < length:
+        tail = scores[:, chunks * CHUNK:] if by_rows else scores[chunks * CHUNK:]
+        found = _compare_whole(tail, thr, by_rows)
+        owner_parts.append(found.owner)
+        other_parts.append(found.other + chunks * CHUNK)
+        key_parts.append(found.keys)
+    if len(owner_parts) == 1:
+        return Survivors(owner=owner_parts[0], other=other_parts[0], keys=key_parts[0])
+    return Survivors(owner=torch.cat(owner_parts), other=torch.cat(other_parts), keys=torch.cat(key_parts))
+
+
+def _compare_whole(scores: torch.Tensor, thr: torch.Tensor, by_rows: bool) -> Survivors:
+    """Every entry compared with its row's (``by_rows``) or column's threshold."""
+    if by_rows:
+        r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
+        return Survivors(owner=r, other=c, keys=scores[r, c])
+    r, c = torch.nonzero(scores <= thr[None, :], as_tuple=True)
+    return Survivors(owner=c, other=r, keys=scores[r, c])
 
 
 def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thresholds: torch.Tensor | None
                     ) -> tuple[Survivors, Survivors | None]:
     """Both sides of a block: the pairs kept by their row and those kept by their column.
 
-    On a CPU each side is filtered by its minima first (cache-resident blocks: the reductions
-    are cheap and most rows keep nothing). On a GPU the block is compared once against both
+    On a CPU each side is filtered by chunk minima first (cache-resident blocks: the reductions
+    are cheap and most chunks keep nothing). On a GPU the block is compared once against both
     thresholds and the survivors are split afterwards: every pass over a 1 GiB block costs as
     much as the product, so one compare and one ``nonzero`` beat two minima, two compares and
     a strided gather.

@@ -2,7 +2,8 @@
 
 Every row i carries a threshold τᵢ that is provably at least the score of its k-th true
 neighbour, and a small store of the candidates whose certified lower bound is ≤ τᵢ. The screen
-hands in survivors (pairs whose lower bound passed the row's threshold); the store keeps them
+hands in survivors (pairs whose lower bound passed the row's threshold); they wait until enough
+are pending (one update per block was most of a CPU graph's time), then the store takes them in
 until its capacity is reached, then **tightens**: τᵢ becomes the k-th smallest certified upper
 bound among what it holds and everything above τᵢ is dropped. A row whose near-ties still
 overflow the capacity (duplicates, flat image regions, integer data) has its candidates
@@ -15,7 +16,9 @@ superset of the true top k: every pair left out had a lower bound above some ear
 τᵢ), evaluates those it cannot order from the screen alone, and sorts by (distance, index).
 
 Units: *keys* are scores in the screen's units (the distance is
-``metric.to_distance(key + offset)``); exact entries keep their float64 distance beside the key.
+``metric.to_distance(key + offset)``); each entry keeps the radius of its key's interval
+(the screen's error bound, or the conversion slack once it is exact) and, once evaluated, its
+float64 distance.
 """
 
 from __future__ import annotations
@@ -31,11 +34,19 @@ from knng.metrics import Metric, ScreenPrecision
 __all__ = ["PairErrors", "CandidateStore", "StoreStats", "summarize_per_row"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
+#: Pending survivors that trigger a store update (CPU, GPU); see :meth:`CandidateStore.add`.
+PENDING_CPU = 1 << 15
+PENDING_GPU = 1 << 20
+#: Evaluate a row's entries as one (row, columns) batch once 1/DENSE_EVALUATION of them need it.
+DENSE_EVALUATION = 2
+#: Padded entries (rows × width) of one tightening step; wider groups are split.
+REBUILD_ENTRIES = 1 << 22
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
 _INT64_MAX = torch.iinfo(torch.int64).max
 
-#: ``evaluate(rows, cols) -> float64 distances`` for store-local rows and global column ids.
+#: ``evaluate(rows, cols) -> float64 distances`` for store-local rows and global column ids:
+#: pairs (``rows`` and ``cols`` of one shape (p,)) or batches (``rows`` (m,), ``cols`` (m, w)).
 Evaluator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -149,6 +160,9 @@ class CandidateStore:
         self.n, self.k, self.capacity = n, k, capacity
         self.errors, self.evaluate, self.device = errors, evaluate, device
         self.keys = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
+        # Each entry's error radius (screen keys) or conversion slack (exact keys), kept so
+        # that a tightening need not recompute the bounds of what the store already holds.
+        self.rad = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
         self.idx = torch.full((n, capacity), -1, dtype=torch.int64, device=device)
         self.dist = torch.full((n, capacity), torch.nan, dtype=torch.float64, device=device)
         self.count = torch.zeros(n, dtype=torch.int64, device=device)
@@ -160,6 +174,11 @@ class CandidateStore:
         # Pairs the screen handed in per row, before the store's own test (a report counter:
         # how selective the screen's precision was).
         self._screened = torch.zeros(n, dtype=torch.int64, device=device)
+        # Survivors handed in but not yet taken into the store (see add).
+        self.flush_size = PENDING_GPU if device.type == "cuda" else PENDING_CPU
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending_size = 0
+        self._interrupted = False  # a flush failed part-way; the next one drops repeats
 
     # ------------------------------------------------------------------------------- exchange
     def pack(self) -> torch.Tensor:
@@ -168,6 +187,7 @@ class CandidateStore:
         Column ids stay exact in float64 (below 2⁵³). :meth:`from_packs` rebuilds a store from
         several packs of the same rows (a distributed graph gathers a part's stores so).
         """
+        self.flush()
         return torch.cat([self.keys, self.idx.to(torch.float64), self.dist, self.tau[:, None]], dim=1)
 
     @classmethod
@@ -189,7 +209,16 @@ class CandidateStore:
             store.tau = torch.minimum(store.tau, p[:, 3 * w])
         store.keys, store.idx, store.dist = torch.cat(keys, 1), torch.cat(idx, 1), torch.cat(dist, 1)
         store.count = (store.idx >= 0).sum(dim=1)
+        store.rad = store._radii(store.keys, store.idx, store.dist)
         return store
+
+    def _radii(self, keys: torch.Tensor, idx: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
+        """Radii of all entries of the padded arrays of every row (a pack carries none)."""
+        rows = torch.arange(self.n, device=self.device)[:, None].expand_as(idx)
+        exact = ~torch.isnan(dist)
+        screened = self.errors.err(rows, idx.clamp_min(0), torch.where(exact, 0.0, keys))
+        _, slack = self.errors.exact_key(rows, torch.where(exact, dist, 0.0))
+        return torch.where(idx >= 0, torch.where(exact, slack, screened), torch.inf)
 
     # ------------------------------------------------------------------------------ thresholds
     def screen_thresholds(self, rows: torch.Tensor, max_col_norm: float, max_col_term: float) -> torch.Tensor:
@@ -211,19 +240,65 @@ class CandidateStore:
 
     # ------------------------------------------------------------------------------------ add
     def add(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
-        """Take in screen survivors: store rows ``rows``, global columns ``cols``, screen ``keys``."""
+        """Hand in screen survivors: store rows ``rows``, global columns ``cols``, screen ``keys``.
+
+        They wait with others until :attr:`flush_size` pairs are pending, then are taken in
+        together: the store's update is a few dozen small operations whatever its size, and
+        one per block was most of a CPU graph's time (2,016 blocks of 64,009 points: 5.2 s
+        of 11.5). Thresholds tighten only at a flush, so the screen meanwhile runs on
+        slightly older, still valid, thresholds.
+        """
         if rows.numel() == 0:
             return
+        self._pending.append((rows, cols, keys))
+        self._pending_size += rows.numel()
+        if self._pending_size >= self.flush_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Take every pending survivor into the store (tightening rows that overflow)."""
+        if not self._pending:
+            return
+        parts = self._pending
+        if len(parts) == 1:
+            rows, cols, keys = parts[0]
+        else:
+            rows = torch.cat([p[0] for p in parts])
+            cols = torch.cat([p[1] for p in parts])
+            keys = torch.cat([p[2].to(torch.float64) for p in parts])
+        # Pending pairs are dropped only once taken in: after an error part-way through (out of
+        # memory), the caller retries its block and the whole pending set is offered again,
+        # without the pairs the store already took (a pair counted twice among a row's k
+        # upper bounds would tighten τ below its k-th distinct candidate).
+        if self._interrupted:
+            rows, cols, keys = self._without_repeats(rows, cols, keys)
+        self._interrupted = True
+        self._take(rows, cols, keys)
+        self._interrupted = False
+        self._pending, self._pending_size = [], 0
+
+    def _without_repeats(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pairs offered once, and not already held by the store."""
+        pair = rows * (int(cols.max()) + 1 if cols.numel() else 1) + cols
+        pair, order = torch.sort(pair, stable=True)
+        first = torch.ones_like(pair, dtype=torch.bool)
+        first[1:] = pair[1:] != pair[:-1]
+        rows, cols, keys = rows[order][first], cols[order][first], keys[order][first]
+        held = (self.idx[rows] == cols[:, None]).any(dim=1)
+        return rows[~held], cols[~held], keys[~held]
+
+    def _take(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
         self._screened.index_add_(0, rows, torch.ones_like(rows))
         keys = keys.to(torch.float64)
-        lo = keys - self.errors.err(rows, cols, keys)
-        keep = lo <= self.tau[rows]
-        rows, cols, keys = rows[keep], cols[keep], keys[keep]
+        rad = self.errors.err(rows, cols, keys)
+        keep = keys - rad <= self.tau[rows]
+        rows, cols, keys, rad = rows[keep], cols[keep], keys[keep], rad[keep]
         if rows.numel() == 0:
             return
         self.stats.survivors += int(rows.numel())
         order = torch.argsort(rows, stable=True)
-        rows, cols, keys = rows[order], cols[order], keys[order]
+        rows, cols, keys, rad = rows[order], cols[order], keys[order], rad[order]
         targets, per_target = torch.unique_consecutive(rows, return_counts=True)
         starts = torch.cumsum(per_target, 0) - per_target
         rank = torch.arange(rows.numel(), device=rows.device) - torch.repeat_interleave(starts, per_target)
@@ -232,106 +307,113 @@ class CandidateStore:
         if bool(over.any()):
             over_rows = targets[over]
             mask = torch.isin(rows, over_rows)
-            self._rebuild(over_rows, rows[mask], cols[mask], keys[mask])
+            extra = _Entries(rows[mask], cols[mask], keys[mask], rad[mask])
+            groups = _rebuild_groups(per_target[over], self.capacity)
+            for group in groups:
+                if len(groups) == 1:
+                    self._rebuild(over_rows, extra)
+                else:
+                    g_rows = over_rows[group]
+                    self._rebuild(g_rows, extra.select(torch.isin(extra.rows, g_rows)))
             fits = ~mask
-            rows, cols, keys, rank = rows[fits], cols[fits], keys[fits], rank[fits]
+            rows, cols, keys, rad, rank = rows[fits], cols[fits], keys[fits], rad[fits], rank[fits]
             targets, per_target = targets[~over], per_target[~over]
         if rows.numel():
             slot = self.count[rows] + rank
             self.keys[rows, slot] = keys
+            self.rad[rows, slot] = rad
             self.idx[rows, slot] = cols
             self.dist[rows, slot] = torch.nan
             self.count[targets] += per_target
 
-    def _rebuild(self, rows: torch.Tensor, extra_rows: torch.Tensor, extra_cols: torch.Tensor,
-                 extra_keys: torch.Tensor) -> None:
+    def _rebuild(self, rows: torch.Tensor, extra: "_Entries") -> None:
         """Tighten rows that would overflow: merge their store with the extra survivors."""
-        keys, idx, dist = self._gather_with(rows, extra_rows, extra_cols, extra_keys)
+        block = self._gather_with(rows, extra)
         self.stats.tightenings += int(rows.numel())
-        keys, idx, dist, count = self._prune(rows, keys, idx, dist)
+        block, count = self._prune(rows, block)
         over = count > self.capacity
         if bool(over.any()):
             # Near-ties beyond the capacity: evaluate them and keep the exact top k.
             sub = torch.nonzero(over).flatten()
             self._overflowed[rows[sub]] = True
             self.stats.overflow_rows += int(sub.numel())
-            s_keys, s_idx, s_dist = self._evaluate_all(rows[sub], keys[sub], idx[sub], dist[sub])
-            s_keys, s_idx, s_dist, _ = self._prune(rows[sub], s_keys, s_idx, s_dist)
-            s_idx, s_dist, s_keys = _top_by_distance(s_idx, s_dist, s_keys, self.k)
-            width = keys.shape[1]
-            keys[sub] = _pad(s_keys, width, torch.inf)
-            idx[sub] = _pad(s_idx, width, -1)
-            dist[sub] = _pad(s_dist, width, torch.nan)
-            count[sub] = (s_idx >= 0).sum(dim=1)
-        self.keys[rows] = keys[:, :self.capacity]
-        self.idx[rows] = idx[:, :self.capacity]
-        self.dist[rows] = dist[:, :self.capacity]
+            exact = self._evaluate_all(rows[sub], block.take(sub))
+            exact, _ = self._prune(rows[sub], exact)
+            idx, dist, keys, rad = _top_by_distance(exact.idx, exact.dist, self.k, exact.keys, exact.rad)
+            width = block.keys.shape[1]
+            block.keys[sub] = _pad(keys, width, torch.inf)
+            block.rad[sub] = _pad(rad, width, torch.inf)
+            block.idx[sub] = _pad(idx, width, -1)
+            block.dist[sub] = _pad(dist, width, torch.nan)
+            count[sub] = (idx >= 0).sum(dim=1)
+        cap = self.capacity
+        self.keys[rows] = block.keys[:, :cap]
+        self.rad[rows] = block.rad[:, :cap]
+        self.idx[rows] = block.idx[:, :cap]
+        self.dist[rows] = block.dist[:, :cap]
         self.count[rows] = count
 
-    def _gather_with(self, rows: torch.Tensor, extra_rows: torch.Tensor, extra_cols: torch.Tensor,
-                     extra_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _gather_with(self, rows: torch.Tensor, extra: "_Entries") -> "_Block":
         """The stored candidates of ``rows`` side by side with extra ones (padded matrices)."""
         m = rows.numel()
-        keys, idx, dist = self.keys[rows], self.idx[rows], self.dist[rows]
-        if extra_rows.numel() == 0:
-            return keys, idx, dist
-        # extra_rows is sorted and holds only members of rows (also sorted, unique).
-        local = torch.searchsorted(rows, extra_rows)
+        stored = _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
+        if extra.rows.numel() == 0:
+            return stored
+        # extra.rows is sorted and holds only members of rows (also sorted, unique).
+        local = torch.searchsorted(rows, extra.rows)
         per = torch.bincount(local, minlength=m)
         width = int(per.max())
         starts = torch.cumsum(per, 0) - per
         rank = torch.arange(local.numel(), device=local.device) - starts[local]
-        e_keys = torch.full((m, width), torch.inf, dtype=torch.float64, device=self.device)
-        e_idx = torch.full((m, width), -1, dtype=torch.int64, device=self.device)
-        e_keys[local, rank] = extra_keys
-        e_idx[local, rank] = extra_cols
-        e_dist = torch.full((m, width), torch.nan, dtype=torch.float64, device=self.device)
-        return torch.cat([keys, e_keys], 1), torch.cat([idx, e_idx], 1), torch.cat([dist, e_dist], 1)
+        new = _Block.empty(m, width, self.device)
+        new.keys[local, rank] = extra.keys
+        new.rad[local, rank] = extra.rad
+        new.idx[local, rank] = extra.cols
+        return stored.cat(new)
 
-    def _bounds(self, rows: torch.Tensor, keys: torch.Tensor, idx: torch.Tensor, dist: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _bounds(self, block: "_Block") -> tuple[torch.Tensor, torch.Tensor]:
         """Certified (lo, hi) of every entry; empty slots get (+inf, +inf)."""
-        valid = idx >= 0
-        exact = valid & ~torch.isnan(dist)
-        row_ids = rows[:, None].expand_as(idx)
-        err = self.errors.err(row_ids, idx.clamp_min(0), keys)
-        e_key, e_err = self.errors.exact_key(row_ids, torch.where(exact, dist, torch.zeros_like(dist)))
-        mid = torch.where(exact, e_key, keys)
-        rad = torch.where(exact, e_err, err)
-        lo = torch.where(valid, mid - rad, torch.inf)
-        hi = torch.where(valid, mid + rad, torch.inf)
+        valid = block.idx >= 0
+        lo = torch.where(valid, block.keys - block.rad, torch.inf)
+        hi = torch.where(valid, block.keys + block.rad, torch.inf)
         return lo, hi
 
-    def _prune(self, rows: torch.Tensor, keys: torch.Tensor, idx: torch.Tensor, dist: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prune(self, rows: torch.Tensor, block: "_Block") -> tuple["_Block", torch.Tensor]:
         """τ ← min(τ, k-th smallest upper bound); drop what lies above; pack kept entries first."""
-        lo, hi = self._bounds(rows, keys, idx, dist)
+        lo, hi = self._bounds(block)
         if hi.shape[1] >= self.k:
             kth = torch.kthvalue(hi, self.k, dim=1).values
             self.tau[rows] = torch.minimum(self.tau[rows], kth)
         keep = lo <= self.tau[rows][:, None]
         order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)
-        keys = torch.where(keep, keys, torch.inf).gather(1, order)
-        idx = torch.where(keep, idx, -1).gather(1, order)
-        dist = torch.where(keep, dist, torch.nan).gather(1, order)
-        return keys, idx, dist, keep.sum(dim=1)
+        pruned = _Block(torch.where(keep, block.keys, torch.inf).gather(1, order),
+                        torch.where(keep, block.rad, torch.inf).gather(1, order),
+                        torch.where(keep, block.idx, -1).gather(1, order),
+                        torch.where(keep, block.dist, torch.nan).gather(1, order))
+        return pruned, keep.sum(dim=1)
 
-    def _evaluate_all(self, rows: torch.Tensor, keys: torch.Tensor, idx: torch.Tensor, dist: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _evaluate_all(self, rows: torch.Tensor, block: "_Block") -> "_Block":
         """Evaluate every stored, not yet exact entry of ``rows``; their keys become exact."""
-        todo = (idx >= 0) & torch.isnan(dist)
-        r, c = torch.nonzero(todo, as_tuple=True)
-        if r.numel():
-            dist = dist.clone()
-            dist[r, c] = self._evaluate(rows[r], idx[r, c])
-        return keys, idx, dist
+        todo = (block.idx >= 0) & torch.isnan(block.dist)
+        if not bool(todo.any()):
+            return block
+        dist = torch.where(todo, self._evaluate_rows(rows, block.idx, todo), block.dist)
+        return self._exact_block(rows, block, todo, dist)
+
+    def _exact_block(self, rows: torch.Tensor, block: "_Block", evaluated: torch.Tensor, dist: torch.Tensor
+                     ) -> "_Block":
+        """``block`` with the ``evaluated`` entries' distances, keys and radii made exact."""
+        key, slack = self.errors.exact_key(rows[:, None].expand_as(dist), torch.where(evaluated, dist, 0.0))
+        return _Block(torch.where(evaluated, key, block.keys), torch.where(evaluated, slack, block.rad),
+                      block.idx, dist)
 
     # --------------------------------------------------------------------------------- finish
     def finish(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact top k of ``rows`` (default all): int64 indices, float64 distances, (m, k)."""
+        self.flush()
         rows = torch.arange(self.n, device=self.device) if rows is None else rows
-        keys, idx, dist = self.keys[rows], self.idx[rows], self.dist[rows]
-        lo, hi = self._bounds(rows, keys, idx, dist)
+        block = _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
+        lo, hi = self._bounds(block)
         k = self.k
         tau = torch.minimum(self.tau[rows], torch.kthvalue(hi, k, dim=1).values) if hi.shape[1] >= k else self.tau[rows]
         needed = lo <= tau[:, None]
@@ -342,35 +424,52 @@ class CandidateStore:
         offsets = self.errors.row_offsets[rows][:, None]
         mid = (lo + hi) / 2
         order = torch.argsort(torch.where(needed, mid, torch.inf), dim=1, stable=True)
-        keys, idx, dist, lo, hi, needed = (t.gather(1, order) for t in (keys, idx, dist, lo, hi, needed))
+        keys, idx, dist, lo, hi, needed = (t.gather(1, order) for t in (block.keys, block.idx, block.dist, lo, hi,
+                                                                       needed))
         low = torch.where(needed, metric.to_distance(lo + offsets), torch.inf)
         high = torch.where(needed, metric.to_distance(hi + offsets), torch.inf)
         exact = ~torch.isnan(dist)
         ambiguous = needed & ~exact & ((low.to(torch.float32) != high.to(torch.float32))
                                        | _overlapping_sorted(low, high))
-        r, c = torch.nonzero(ambiguous, as_tuple=True)
-        if r.numel():
-            dist = dist.clone()
-            dist[r, c] = self._evaluate(rows[r], idx[r, c])
+        if bool(ambiguous.any()):
+            dist = torch.where(ambiguous, self._evaluate_rows(rows, idx, ambiguous), dist)
         screened = needed & torch.isnan(dist)
         dist = torch.where(screened, metric.to_distance(keys + offsets), dist)
         dist = torch.where(needed, dist, torch.inf)
-        idx, dist, _ = _top_by_distance(torch.where(needed, idx, -1), dist, dist, dist.shape[1])
+        idx, dist = _top_by_distance(torch.where(needed, idx, -1), dist, dist.shape[1])
         # A pair offered twice (a block retried after running out of memory part-way through
         # the store's update) has one value, so its copies sit side by side: keep one.
         repeat = torch.zeros_like(idx, dtype=torch.bool)
         repeat[:, 1:] = (idx[:, 1:] == idx[:, :-1]) & (idx[:, 1:] >= 0)
         if bool(repeat.any()):
-            idx, dist, _ = _top_by_distance(torch.where(repeat, -1, idx), dist, dist, dist.shape[1])
+            idx, dist = _top_by_distance(torch.where(repeat, -1, idx), dist, dist.shape[1])
         return idx[:, :k], dist[:, :k]
 
-    def _evaluate(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        self.stats.exact_evaluations += int(rows.numel())
-        self._evaluations.index_add_(0, rows, torch.ones_like(rows))
-        return self.evaluate(rows, cols)
+    def _evaluate_rows(self, rows: torch.Tensor, idx: torch.Tensor, todo: torch.Tensor) -> torch.Tensor:
+        """Exact distances of the ``todo`` entries of the padded ``idx`` of store rows ``rows``.
+
+        Returns an (m, w) float64 matrix, valid where ``todo``. Rows with many entries to
+        evaluate go as (row, its columns) batches, which gather each row's vector once and
+        run 1.7× faster than pair by pair (2 CPU cores, d = 64); scattered ones go as pairs.
+        """
+        out = torch.full(idx.shape, torch.nan, dtype=torch.float64, device=idx.device)
+        per_row = todo.sum(dim=1)
+        self.stats.exact_evaluations += int(per_row.sum())
+        self._evaluations.index_add_(0, rows, per_row)
+        dense = per_row * DENSE_EVALUATION >= idx.shape[1]
+        if bool(dense.any()):
+            sub = torch.nonzero(dense).flatten()
+            values = self.evaluate(rows[sub], idx[sub].clamp_min(0))
+            out[sub] = torch.where(todo[sub], values, torch.nan)
+        sparse = todo & ~dense[:, None]
+        r, c = torch.nonzero(sparse, as_tuple=True)
+        if r.numel():
+            out[r, c] = self.evaluate(rows[r], idx[r, c])
+        return out
 
     def screened_per_row(self) -> torch.Tensor:
         """Pairs the screen let through for each row (int64, (n,))."""
+        self.flush()
         return self._screened
 
     def evaluations_per_row(self) -> torch.Tensor:
@@ -383,15 +482,75 @@ class CandidateStore:
         return int(self._overflowed.sum())
 
 
-def _top_by_distance(idx: torch.Tensor, dist: torch.Tensor, keys: torch.Tensor, k: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's first k entries by (distance, index); empty entries (index −1) last."""
-    sort_idx = torch.where(idx >= 0, idx, _INT64_MAX)
+@dataclass
+class _Entries:
+    """Survivors as flat arrays: store rows, global columns, screened keys and their radii."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    keys: torch.Tensor
+    rad: torch.Tensor
+
+    def select(self, mask: torch.Tensor) -> "_Entries":
+        return _Entries(self.rows[mask], self.cols[mask], self.keys[mask], self.rad[mask])
+
+
+@dataclass
+class _Block:
+    """Candidates of some rows as padded (m, w) matrices; empty slots have index −1."""
+
+    keys: torch.Tensor
+    rad: torch.Tensor
+    idx: torch.Tensor
+    dist: torch.Tensor   # float64 exact distance, NaN while only screened
+
+    @classmethod
+    def empty(cls, m: int, width: int, device: torch.device) -> "_Block":
+        inf = torch.full((m, width), torch.inf, dtype=torch.float64, device=device)
+        return cls(inf, inf.clone(), torch.full((m, width), -1, dtype=torch.int64, device=device),
+                   torch.full((m, width), torch.nan, dtype=torch.float64, device=device))
+
+    def take(self, rows: torch.Tensor) -> "_Block":
+        return _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
+
+    def cat(self, other: "_Block") -> "_Block":
+        return _Block(*(torch.cat([a, b], 1) for a, b in ((self.keys, other.keys), (self.rad, other.rad),
+                                                            (self.idx, other.idx), (self.dist, other.dist))))
+
+
+def _rebuild_groups(extra: torch.Tensor, capacity: int) -> list[torch.Tensor]:
+    """Rows to tighten together: similar widths, at most :data:`REBUILD_ENTRIES` padded entries.
+
+    A tightening pads every row of a group to the group's widest (capacity + new survivors);
+    one flat-region row with thousands of survivors among thousands of ordinary rows would
+    otherwise pad them all to its width (a CPU graph of image patches: 74 s instead of 17).
+    Returns sorted index tensors into ``extra``.
+    """
+    widest = int(extra.max()) + capacity
+    if widest * extra.numel() <= REBUILD_ENTRIES:
+        return [torch.arange(extra.numel(), device=extra.device)]
+    order = torch.argsort(extra)
+    widths = (extra[order] + capacity).tolist()
+    groups, start = [], 0
+    for i, width in enumerate(widths):
+        if (i + 1 - start) * width > REBUILD_ENTRIES and i > start:
+            groups.append(order[start:i].sort().values)
+            start = i
+    groups.append(order[start:].sort().values)
+    return groups
+
+
+def _top_by_distance(idx: torch.Tensor, dist: torch.Tensor, k: int, *carry: torch.Tensor
+                     ) -> tuple[torch.Tensor, ...]:
+    """Each row's first k entries by (distance, index), empty entries (index −1) last.
+
+    Returns ``idx``, ``dist`` and every ``carry`` tensor in that order.
+    """
     dist = torch.where(idx >= 0, dist, torch.inf)
-    order = torch.argsort(sort_idx, dim=1, stable=True)
-    dist, idx, keys, sort_idx = dist.gather(1, order), idx.gather(1, order), keys.gather(1, order), sort_idx.gather(1, order)
-    order = torch.argsort(dist, dim=1, stable=True)[:, :k]
-    return idx.gather(1, order), dist.gather(1, order), keys.gather(1, order)
+    by_index = torch.argsort(torch.where(idx >= 0, idx, _INT64_MAX), dim=1, stable=True)
+    by_distance = torch.argsort(dist.gather(1, by_index), dim=1, stable=True)[:, :k]
+    order = by_index.gather(1, by_distance)
+    return tuple(t.gather(1, order) for t in (idx, dist, *carry))
 
 
 def _pad(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:
