@@ -402,10 +402,11 @@ def test_tiny_capacity_forces_tightening_and_overflow(metric, monkeypatch, rng, 
 def test_store_flush_size_changes_nothing(flush, metric, monkeypatch, rng, seed):
     # Survivors wait in the store until enough are pending; the answer may not depend on when
     # they are taken in (thresholds only tighten later), on image-like ties or duplicates.
-    import knng.engine.store as store
+    import knng.engine.plan as plan
 
     size = 1 if flush == "every add" else 1 << 40
-    monkeypatch.setattr(store, "PENDING_CPU", size)
+    monkeypatch.setattr(plan, "PENDING_CPU", size)
+    monkeypatch.setattr(plan, "PENDING_PAIR_BYTES", 1)
     x = smooth_image_patches(rng, 900, side=4).astype(np.float32)
     x[800:] = x[:100]
     for k in (1, 7, 899):
@@ -424,7 +425,8 @@ def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed):
     import knng.engine.store as store
 
     monkeypatch.setattr(store, "REBUILD_ENTRIES", 64)
-    monkeypatch.setattr(store, "PENDING_CPU", 1 << 40)
+    monkeypatch.setattr(plan, "PENDING_CPU", 1 << 40)
+    monkeypatch.setattr(plan, "PENDING_PAIR_BYTES", 1)
     monkeypatch.setattr(plan, "store_capacity", lambda k, available: min(available, k + 2))
     x = rng.standard_normal((500, 8)).astype(np.float32)
     x[:150] = x[0] + rng.integers(-1, 2, size=(150, 8)).astype(np.float32) * 1e-3  # near-tie cluster
@@ -439,9 +441,10 @@ def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed):
 def test_store_oom_during_a_flush_loses_nothing(monkeypatch, rng, seed):
     # An out-of-memory error while pending survivors are taken in is retried with its block;
     # the pending survivors of earlier blocks are not dropped.
+    import knng.engine.plan as plan
     import knng.engine.store as store
 
-    monkeypatch.setattr(store, "PENDING_CPU", 2000)
+    monkeypatch.setattr(plan, "PENDING_CPU", 2000)
     real_take = store.CandidateStore._take
     state = {"n": 0}
 

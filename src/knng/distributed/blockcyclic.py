@@ -41,7 +41,9 @@ from knng.distributed.shards import all_gather_rows, common_centre
 from knng.engine.common import PreparedCorpus, full_precision, is_out_of_memory
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.graph import retry_on_oom, screen_own_part
-from knng.engine.plan import BLOCK_BYTES_PER_ELEMENT, MIN_TILE, resolve_precision, store_capacity
+from knng.engine.plan import (
+    BLOCK_BYTES_PER_ELEMENT, MIN_TILE, pending_pairs, resolve_precision, store_capacity,
+)
 from knng.engine.screen import screen_pairs
 from knng.engine.store import CandidateStore, PairErrors, StoreStats
 from knng.metrics import METRICS, PRECISIONS, Metric
@@ -213,6 +215,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     precision = PRECISIONS[wanted] if len(choices) == 1 else PRECISIONS["float32"]
     dtype = precision.storage
     capacity = store_capacity(k, available)
+    store_pending = pending_pairs(device, budget)
     sizes = _plan(n, d, capacity, world, budget, metric, dtype, device, part_size,
                   input_itemsize=table["itemsize"][0], host_budget=min(table["host"]))
     plan = sizes.plan
@@ -274,7 +277,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
                     return exact_pairs_of(metric, data, rows + p0, data, cols, device)
 
-                return CandidateStore(p1 - p0, k, capacity, errors, evaluate, device)
+                return CandidateStore(p1 - p0, k, capacity, errors, evaluate, device, pending=store_pending)
 
             def column(j: int) -> torch.Tensor:
                 if sizes.columns == COLUMN_TIERS[0]:

@@ -98,7 +98,7 @@ def exact_graph(
         def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
             return exact_pairs_of(metric, data, rows, data, cols, device)
 
-        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device)
+        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
         maxima = [pdata.maxima(i0, i1) for i0, i1 in parts]
         retries = 0
         bar = Progress(progress, total=plan.blocks, desc="knng graph")

@@ -133,7 +133,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
     def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         return exact_pairs(metric, raw, rows, corpus, cols, device)
 
-    store = CandidateStore(m, k, plan.capacity, errors, evaluate, device)
+    store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
     rows = torch.arange(m, device=device)
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
     scores = block_scores(prep.vectors, sample_vectors, corpus.d, precision, col_terms=sample_terms)

@@ -34,9 +34,8 @@ from knng.metrics import Metric, ScreenPrecision
 __all__ = ["PairErrors", "CandidateStore", "StoreStats", "summarize_per_row"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
-#: Pending survivors that trigger a store update (CPU, GPU); see :meth:`CandidateStore.add`.
-PENDING_CPU = 1 << 15
-PENDING_GPU = 1 << 20
+#: Pending survivors that trigger a store update unless the plan says (see CandidateStore.add).
+DEFAULT_PENDING = 1 << 15
 #: Evaluate a row's entries as one (row, columns) batch once 1/DENSE_EVALUATION of them need it.
 DENSE_EVALUATION = 2
 #: Padded entries (rows × width) of one tightening step; wider groups are split.
@@ -151,10 +150,12 @@ class CandidateStore:
     evaluate : callable
         ``evaluate(rows, cols)``: exact float64 distances of store rows and global columns.
     device : torch.device
+    pending : int
+        Survivors that may wait before the store takes them in (:attr:`EnginePlan.pending_pairs`).
     """
 
     def __init__(self, n: int, k: int, capacity: int, errors: PairErrors, evaluate: Evaluator,
-                 device: torch.device) -> None:
+                 device: torch.device, pending: int = DEFAULT_PENDING) -> None:
         if capacity < k:
             raise ValueError(f"capacity {capacity} < k {k}")
         self.n, self.k, self.capacity = n, k, capacity
@@ -175,7 +176,7 @@ class CandidateStore:
         # how selective the screen's precision was).
         self._screened = torch.zeros(n, dtype=torch.int64, device=device)
         # Survivors handed in but not yet taken into the store (see add).
-        self.flush_size = PENDING_GPU if device.type == "cuda" else PENDING_CPU
+        self.flush_size = max(1, pending)
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._pending_size = 0
         self._interrupted = False  # a flush failed part-way; the next one drops repeats
@@ -242,7 +243,7 @@ class CandidateStore:
     def add(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
         """Hand in screen survivors: store rows ``rows``, global columns ``cols``, screen ``keys``.
 
-        They wait with others until :attr:`flush_size` pairs are pending, then are taken in
+        They wait with others until ``pending`` pairs are (see the constructor), then are taken in
         together: the store's update is a few dozen small operations whatever its size, and
         one per block was most of a CPU graph's time (2,016 blocks of 64,009 points: 5.2 s
         of 11.5). Thresholds tighten only at a flush, so the screen meanwhile runs on
