@@ -106,7 +106,7 @@ class Prepared:
     Attributes
     ----------
     vectors : torch.Tensor
-        (m, width) float32 (or float64 for the fall-back) in the layout above.
+        (m, width) in the layout above, in the screen's storage type (float32, float64, bfloat16).
     norms : torch.Tensor
         float64 (m,): Euclidean norms of the unscaled prepared vectors (before rounding).
     terms : torch.Tensor or None
@@ -190,7 +190,7 @@ class Metric:
         symmetric : bool
             True for a graph (data against itself): queries also carry the row term q = ‖a‖².
         dtype : torch.dtype
-            float32 for the screen, float64 for the fall-back pass.
+            The screen's storage type (``ScreenPrecision.storage``).
         """
         x64 = x.to(torch.float64)
         if self.centre_rows:
@@ -291,45 +291,6 @@ class Metric:
                 bound = bound + c_term * row_terms.abs()
         return bound
 
-    def unselected_lower_bound(
-        self,
-        d: int,
-        threshold: torch.Tensor,
-        row_norms: torch.Tensor,
-        row_terms: torch.Tensor | None,
-        max_col_norm: float,
-        unit_roundoff: float = UNIT_ROUNDOFF_FP32,
-    ) -> torch.Tensor:
-        """A lower bound on the true score of any column whose screened score is ≥ ``threshold``.
-
-        For the similarity family every column norm is at most ``max_col_norm``, so
-        ``threshold − E(max_col_norm)`` bounds them all. For the Euclidean family one far-away
-        outlier would make that bound useless, so the column norm is also bounded from the score
-        itself: a point with norm β scores at least (β − ‖a‖)² − ‖a‖² + q, so a score near the
-        threshold caps β, and E is evaluated at ``min(β_max, max_col_norm)``. The bound is
-        increasing in the score (its slope is 1 − O(√u)), so evaluating it at the threshold
-        bounds every larger score too.
-        """
-        c_dot, c_term, c_flush = self.bound_coefficients(d, unit_roundoff)
-        thr = threshold.to(torch.float64)
-        a = row_norms.to(torch.float64)
-        beta = torch.full_like(thr, float(max_col_norm))
-        if self.uses_terms:
-            q = row_terms.to(torch.float64).abs() if row_terms is not None else torch.zeros_like(thr)
-            # Score s = ‖a − b‖² − ‖a‖² + q ≥ (β − ‖a‖)² − ‖a‖² + q, and s ≤ s̃ + E(β) with
-            # E(β) = c_dot·‖a‖β + c_term·(β² + q). Solve (1−c_term)β² − (2+c_dot)‖a‖β
-            # − (thr − q + c_term·q) ≤ 0 for β (the largest root).
-            t = thr - q + c_term * q
-            lin = (2.0 + c_dot) * a
-            disc = (lin * lin + 4.0 * (1.0 - c_term) * t).clamp_min(0.0)
-            beta_max = (lin + torch.sqrt(disc)) / (2.0 * (1.0 - c_term))
-            beta = torch.minimum(beta, beta_max)
-            bound = c_dot * a * beta + c_term * (beta * beta + q) + c_flush * (a + beta) + TINY
-        else:
-            bound = c_dot * a * beta + c_flush * (a + beta) + TINY
-        return thr - bound
-
-    # ---------------------------------------------------------------------------------- exact
     def to_distance(self, value: torch.Tensor) -> torch.Tensor:
         """Map ``score + offset`` (squared units for the Euclidean family) to the distance."""
         if self.name == "euclidean":

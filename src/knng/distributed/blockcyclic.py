@@ -12,10 +12,8 @@ Flow on every rank (one way, as in the single-device engine):
    of the owned columns J ≥ I — row candidates for part I, column candidates for part J kept
    locally — then the row candidates gathered to part I's owner;
 4. the owner of part I, once that gather has arrived, merges it with part I's column
-   candidates and runs the single-device exact finish (certificate, exact re-rank) on part I;
-5. rows that fail the certificate are settled together at the end by a distributed float64
-   search of just those rows against every rank's owned parts;
-6. the caller gathers the owned rows to every rank (:func:`gather_rows`) or writes them to a
+   candidates (one store, the smallest τ) and runs the single-device exact finish on part I;
+5. the caller gathers the owned rows to every rank (:func:`gather_rows`) or writes them to a
    shared file (:mod:`knng.distributed.output`).
 
 Nothing waits for a peer outside :class:`~knng.distributed.comm.Comm`, so a rank that dies or

@@ -1,1 +1,1 @@
-"""The single-device engine: tile plans, the screening pass, merges and the exact certificate."""
+"""The single-device engine: the plan, the threshold screen, the candidate stores and the exact finish."""

@@ -105,8 +105,8 @@ MAX_SCREEN_NORM = 1e18
 class PreparedCorpus:
     """The corpus in the screen's layout, resident on the device or prepared tile by tile.
 
-    Also holds, for every corpus vector, the float64 norm and term the exactness
-    certificate needs (n floats each, always resident).
+    Also holds, for every corpus vector, the float64 norm and term the per-pair error bound
+    needs (n floats each, always resident).
     """
 
     def __init__(self, corpus: InputArray, metric: Metric, centre: torch.Tensor | None,

@@ -8,6 +8,7 @@ answer is ordered by (distance, index).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -59,8 +60,10 @@ def exact_pairs_of(metric: Metric, left: InputArray, rows: torch.Tensor, right: 
     return _evaluate(metric, lambda r: left.take(r).to(device, non_blocking=True), rows, right, cols, device)
 
 
-def _evaluate(metric: Metric, take_rows, rows: torch.Tensor, right: InputArray, cols: torch.Tensor,
-              device: torch.device) -> torch.Tensor:
+def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,
+              right: InputArray, cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Pairs (``cols`` (p,)) or row batches (``cols`` (m, w)), in chunks of bounded memory;
+    ``take_rows(ids)`` gives the left vectors on ``device``."""
     batched = cols.dim() == 2
     width = cols.shape[1] if batched else 1
     out = torch.empty(cols.shape, dtype=torch.float64, device=device)

@@ -346,9 +346,9 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
         operation="search", n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=str(device),
         screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds=f"k-th best certified upper bound among {sample} random columns, then tightened as rows fill",
-        sample_size=sample, capacity=capacity, pending_pairs=pending, query_rows=tiles.query_rows, corpus_cols=tiles.corpus_cols,
-        corpus_resident=tiles.corpus_resident, parts=0, part_size=0, blocks=0, bytes_expected=int(expected),
-        budget=budget, budget_source=source or "given")
+        sample_size=sample, capacity=capacity, pending_pairs=pending, query_rows=tiles.query_rows,
+        corpus_cols=tiles.corpus_cols, corpus_resident=tiles.corpus_resident, parts=0, part_size=0, blocks=0,
+        bytes_expected=int(expected), budget=budget, budget_source=source or "given")
 
 
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
@@ -379,6 +379,6 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds="k-th best certified upper bound within each point's own part (the diagonal blocks, "
                    "computed first), then tightened as rows fill",
-        sample_size=0, capacity=capacity, pending_pairs=pending, query_rows=b, corpus_cols=b, corpus_resident=resident, parts=parts,
-        part_size=b, blocks=parts * (parts + 1) // 2, bytes_expected=int(expected), budget=budget,
-        budget_source=source or "given")
+        sample_size=0, capacity=capacity, pending_pairs=pending, query_rows=b, corpus_cols=b,
+        corpus_resident=resident, parts=parts, part_size=b, blocks=parts * (parts + 1) // 2,
+        bytes_expected=int(expected), budget=budget, budget_source=source or "given")

@@ -266,7 +266,7 @@ class CandidateStore:
         else:
             rows = torch.cat([p[0] for p in parts])
             cols = torch.cat([p[1] for p in parts])
-            keys = torch.cat([p[2].to(torch.float64) for p in parts])
+            keys = torch.cat([p[2] for p in parts])
         # Pending pairs are dropped only once taken in: after an error part-way through (out of
         # memory), the caller retries its block and the whole pending set is offered again,
         # without the pairs the store already took (a pair counted twice among a row's k
@@ -438,8 +438,8 @@ class CandidateStore:
         dist = torch.where(screened, metric.to_distance(keys + offsets), dist)
         dist = torch.where(needed, dist, torch.inf)
         idx, dist = _top_by_distance(torch.where(needed, idx, -1), dist, dist.shape[1])
-        # A pair offered twice (a block retried after running out of memory part-way through
-        # the store's update) has one value, so its copies sit side by side: keep one.
+        # A pair held twice has one value, so its copies sit side by side: keep one. A store
+        # takes no pair twice (see flush); this guards stores merged from packs (from_packs).
         repeat = torch.zeros_like(idx, dtype=torch.bool)
         repeat[:, 1:] = (idx[:, 1:] == idx[:, :-1]) & (idx[:, 1:] >= 0)
         if bool(repeat.any()):
