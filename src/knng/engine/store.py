@@ -524,7 +524,8 @@ def _rebuild_groups(extra: torch.Tensor, capacity: int) -> list[torch.Tensor]:
 
     A tightening pads every row of a group to the group's widest (capacity + new survivors);
     one flat-region row with thousands of survivors among thousands of ordinary rows would
-    otherwise pad them all to its width (a CPU graph of image patches: 74 s instead of 17).
+    otherwise pad them all to its width (the CPU graph of the camera patches with 2¹⁷ pending
+    pairs: 74 s, 28 s in groups).
     Returns sorted index tensors into ``extra``.
     """
     widest = int(extra.max()) + capacity
