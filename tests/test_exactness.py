@@ -431,12 +431,13 @@ def test_store_oom_during_a_flush_loses_nothing(monkeypatch, rng, seed):
     real_take = store.CandidateStore._take
     state = {"n": 0}
 
-    def take(self, rows, cols, keys):
+    def take(self, rows, cols, keys, rad):
         state["n"] += 1
         if state["n"] in (2, 3):
-            real_take(self, rows[: rows.numel() // 2], cols[: rows.numel() // 2], keys[: rows.numel() // 2])
+            half = rows.numel() // 2
+            real_take(self, rows[:half], cols[:half], keys[:half], rad[:half])
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
-        return real_take(self, rows, cols, keys)
+        return real_take(self, rows, cols, keys, rad)
 
     monkeypatch.setattr(store.CandidateStore, "_take", take)
     x = rng.standard_normal((900, 12)).astype(np.float32)

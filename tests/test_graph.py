@@ -222,11 +222,11 @@ def test_graph_oom_in_a_block_is_retried_without_counting_twice(monkeypatch, rng
     real_add = CandidateStore.add
     state = {"n": 0, "fail": None}
 
-    def add(self, rows, cols, keys):
+    def add(self, rows, cols, keys, norms=None):
         state["n"] += 1
         if state["n"] == state["fail"]:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
-        return real_add(self, rows, cols, keys)
+        return real_add(self, rows, cols, keys, norms)
 
     monkeypatch.setattr(CandidateStore, "add", add)
     knng.graph(x, 10, memory_budget="2MB")

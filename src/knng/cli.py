@@ -917,6 +917,10 @@ def _plan_lines(title: str, plan: Any) -> list[str]:
                      f"points: {plan.blocks:,} of {plan.parts * plan.parts:,} blocks computed "
                      f"({1 - plan.blocks / (plan.parts * plan.parts):.0%} of the pair work skipped)")
         lines.append(f"  score blocks    {plan.part_size:,} × {plan.part_size:,}")
+        lines.append("  frames          " + (
+            "principal: parts are slabs along the first principal direction, each block centred on its "
+            "row part; blocks (and block edges) no point can need are skipped" if plan.frames == "principal"
+            else "global: one centre, every block computed"))
     else:
         lines.append(f"  score blocks    {plan.query_rows:,} queries × {plan.corpus_cols:,} corpus vectors")
     lines.append("  data            " + ("resident on the device (prepared once)" if plan.corpus_resident

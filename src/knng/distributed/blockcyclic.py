@@ -38,6 +38,7 @@ from knng.distributed.plan import BlockPlan
 from knng.distributed.shards import all_gather_rows, common_centre
 from knng.engine.common import PreparedCorpus, full_precision, is_out_of_memory
 from knng.engine.exact import ExactStats, exact_pairs_of
+from knng.engine.frames import Tile
 from knng.engine.graph import retry_on_oom, screen_own_part
 from knng.engine.plan import (
     BLOCK_BYTES_PER_ELEMENT, MIN_TILE, pending_pairs, resolve_precision, store_capacity,
@@ -294,10 +295,12 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             for j in owned:
                 j0, j1 = plan.parts[j]
                 comm.status(f"screening block ({j}, {j}): the first thresholds of part {j}")
-                oom_retries += retry_on_oom(partial(screen_own_part, column(j), d, metric, col_stores[j], 0, j0, k,
-                                                    include_self, select, pdata.maxima(j0, j1), device,
-                                                    sizes.sub_rows, precision=precision,
-                                                    terms=None if terms32 is None else terms32[j0:j1]), device)
+                own = Tile(column(j), norms[j0:j1], None if terms is None else terms[j0:j1],
+                           None if terms32 is None else terms32[j0:j1])
+                oom_retries += retry_on_oom(partial(screen_own_part, own, d, metric, col_stores[j],
+                                                    torch.arange(j1 - j0, device=device),
+                                                    torch.arange(j0, j1, device=device), k, include_self, select,
+                                                    device, sizes.sub_rows, precision=precision), device)
                 tau[j0:j1] = col_stores[j].tau
             comm.wait(comm.all_reduce(tau, "the exchange of the first thresholds", op=dist.ReduceOp.MIN))
             for j in owned:

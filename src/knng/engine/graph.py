@@ -20,9 +20,10 @@ from knng.engine.common import (
     EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
 )
 from knng.engine.exact import ExactStats, exact_pairs_of
-from knng.engine.plan import EnginePlan, make_graph_plan
+from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
+from knng.engine.plan import PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
 from knng.engine.screen import block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
-from knng.engine.store import CandidateStore, PairErrors, summarize_per_row
+from knng.engine.store import CandidateStore, PairErrors, PairNorms, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric, ScreenPrecision
 
@@ -35,7 +36,14 @@ OWN_PART_SEED = 4096
 
 @dataclass
 class GraphReport(EngineReport):
-    """How a graph run went: the report of a search plus the symmetric saving."""
+    """How a graph run went: the report of a search plus the symmetric saving.
+
+    ``blocks_skipped``: blocks S(I, J), I < J, that no row or column could need (principal
+    frames); ``pairs_screened``: score entries the screen computed, both triangles counted.
+    """
+
+    blocks_skipped: int = 0
+    pairs_screened: int = 0
 
     @property
     def parts(self) -> int:
@@ -47,7 +55,7 @@ class GraphReport(EngineReport):
 
     @property
     def blocks_computed(self) -> int:
-        return self.plan.blocks
+        return self.plan.blocks - self.blocks_skipped
 
     @property
     def blocks_full(self) -> int:
@@ -55,7 +63,10 @@ class GraphReport(EngineReport):
 
     @property
     def pairs_saving(self) -> float:
-        """Share of the n² score entries (and matrix-product work) the symmetric plan skips."""
+        """Share of the n² score entries (and matrix-product work) the run did not compute."""
+        n = self.plan.n_corpus
+        if self.pairs_screened and n:
+            return 1.0 - self.pairs_screened / 2 / (n * n)
         return 1.0 - self.blocks_computed / self.blocks_full if self.blocks_full else 0.0
 
 
@@ -76,8 +87,11 @@ def exact_graph(
 
     Blocks S(I, I) come first: each point's own part seeds its threshold (the k best-screened
     of its part, by their certified upper bounds) and is screened against it. Then every block
-    S(I, J), I < J, once: each entry is tested against the row's τᵢ and the column's τⱼ, and a
-    survivor goes to the store of the point whose test it passed.
+    S(I, J), I < J, at most once: each entry is tested against the row's τᵢ and the column's
+    τⱼ, and a survivor goes to the store of the point whose test it passed. With principal
+    frames (:mod:`knng.engine.frames`) the parts are slabs along the principal direction, each
+    block is centred on its row part, blocks go nearest first and only the window of a block
+    that either side can still need is screened.
     """
     n, d = data.n, data.d
     if plan is None:
@@ -87,37 +101,46 @@ def exact_graph(
     parts = [(s, min(n, s + b)) for s in range(0, n, b)]
     with full_precision():
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=max(b, 4096))
-        pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
-                               block_rows=max(b, 4096), symmetric=True, dtype=plan.screen_torch_dtype)
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
         precision = plan.precision
-        errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=pdata.norms,
-                            row_terms=pdata.terms, row_offsets=offsets, col_norms=pdata.norms, col_terms=pdata.terms,
-                            centre_norm=pdata.centre_norm)
+        frames: GlobalFrames | PrincipalFrames
+        if plan.frames == PRINCIPAL_FRAMES:
+            assert stats.centre is not None
+            frames = PrincipalFrames(data, metric, stats.centre, device, b, plan.screen_torch_dtype)
+            # Every pair's radius comes from the frame its block was prepared in.
+            errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=None, row_terms=None,
+                                row_offsets=offsets, col_norms=None, col_terms=None, centre_norm=0.0)
+        else:
+            pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
+                                   block_rows=max(b, 4096), symmetric=True, dtype=plan.screen_torch_dtype)
+            frames = GlobalFrames(pdata, parts)
+            errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=pdata.norms,
+                                row_terms=pdata.terms, row_offsets=offsets, col_norms=pdata.norms,
+                                col_terms=pdata.terms, centre_norm=pdata.centre_norm)
 
         def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
             return exact_pairs_of(metric, data, rows, data, cols, device)
 
         store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
-        maxima = [pdata.maxima(i0, i1) for i0, i1 in parts]
-        retries = 0
+        retries = computed = screened = 0
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
-        for pi, (i0, i1) in enumerate(parts):
-            retries += retry_on_oom(lambda: screen_own_part(pdata.tile(i0, i1), d, metric, store, i0, i0, k,
-                                                            include_self, select, maxima[pi], device,
-                                                            precision=precision, terms=_part(pdata.terms32, i0, i1)),
+        for pi in range(len(parts)):
+            ids = frames.ids(pi)
+            retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
+                                                            include_self, select, device, precision=precision),
                                     device)
+            screened += ids.numel() ** 2
             bar.update()
-        for pi, (i0, i1) in enumerate(parts):
-            rows_prep = None
-            for pj in range(pi + 1, len(parts)):
-                j0, j1 = parts[pj]
-                if rows_prep is None:
-                    rows_prep = metric.query_layout(pdata.tile(i0, i1), d)
-                retries += retry_on_oom(lambda: _off_diagonal_block(pdata, store, rows_prep, i0, i1, j0, j1,
-                                                                    maxima[pi], maxima[pj], precision, device), device)
-                bar.update()
+        for pi, pj in frames.block_order():
+            window = frames.window(pi, pj, store.tau, store.updates)
+            if window is not None:
+                retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision),
+                                        device)
+                computed += 1
+                screened += 2 * window.pairs
+            bar.update()
         bar.close()
+        skipped = len(parts) * (len(parts) - 1) // 2 - computed
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
         chunk = max(1, min(n, (64 << 20) // max(1, plan.capacity * 64)))
@@ -127,26 +150,26 @@ def exact_graph(
     exact = ExactStats(rows=n, exact_evaluations=store.stats.exact_evaluations)
     report = GraphReport(plan=plan, oom_retries=retries, exact=exact, store=store.stats,
                          evaluations_per_row=summarize_per_row([store.evaluations_per_row()]),
-                         screened_per_row=summarize_per_row([store.screened_per_row()]))
+                         screened_per_row=summarize_per_row([store.screened_per_row()]),
+                         blocks_skipped=skipped, pairs_screened=screened)
     return out_idx, out_dist, report
 
 
-def screen_own_part(prep: torch.Tensor, d: int, metric: Metric, store: CandidateStore, store_base: int,
-                    col_base: int, k: int, include_self: bool, select: str, maxima: tuple[float, float],
-                    device: torch.device, sub_rows: int | None = None, *, precision: ScreenPrecision,
-                    terms: torch.Tensor | None = None) -> None:
+def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, row_ids: torch.Tensor,
+                    col_ids: torch.Tensor, k: int, include_self: bool, select: str, device: torch.device,
+                    sub_rows: int | None = None, *, precision: ScreenPrecision) -> None:
     """Block S(J, J) of one part: seed its rows' thresholds from their own part, then screen it.
 
-    ``prep`` is the part in the corpus layout (input dimension ``d``); its row t is store row
-    ``store_base + t`` and column id ``col_base + t``; ``terms`` its float32 terms (fused
-    precisions). Rows go ``sub_rows`` at a time; each step changes the store only after its
-    product and screen, so it may be retried whole.
+    ``tile`` is the part prepared around one centre (input dimension ``d``); its row t is store
+    row ``row_ids[t]`` and column id ``col_ids[t]``. Rows go ``sub_rows`` at a time; each step
+    changes the store only after its product and screen, so it may be retried whole.
 
     The torch screen materialises the block once: the k best of each row seed its threshold
     and the same block is screened. The fused kernel never materialises it, so the seeds come
     from at most :data:`OWN_PART_SEED` evenly spaced columns of the part (a product of the
     reference form), and the kernel screens the whole block against them.
     """
+    prep, terms = tile.vectors, tile.terms32
     m = prep.shape[0]
     queries = metric.query_layout(prep, d)
     step = m if sub_rows is None else max(1, sub_rows)
@@ -157,10 +180,12 @@ def screen_own_part(prep: torch.Tensor, d: int, metric: Metric, store: Candidate
     else:
         seed_cols = torch.linspace(0, m - 1, OWN_PART_SEED, device=device).round().long().unique()
         seed_prep, seed_terms = prep[seed_cols], None if terms is None else terms[seed_cols]
+    maxima = tile.maxima()
+    errors = store.errors
     for r0 in range(0, m, step):
         r1 = min(m, r0 + step)
         local = torch.arange(r0, r1, device=device)
-        rows = local + store_base
+        rows = row_ids[r0:r1]
         row_terms = None if terms is None else terms[r0:r1]
         scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms)
         if not include_self:
@@ -171,38 +196,58 @@ def screen_own_part(prep: torch.Tensor, d: int, metric: Metric, store: Candidate
                 scores.masked_fill_(seed_cols[None, :] == local[:, None], torch.inf)
         if ks >= 1:
             values, positions = seed_candidates(scores, min(ks, scores.shape[1]), select, device)
-            store.seed(rows, seed_cols[positions] + col_base, values)
+            cols = seed_cols[positions]
+            rad = errors.radius(*_pair_norms(tile, tile, local[:, None].expand_as(cols), cols), values,
+                                rows[:, None].expand_as(cols))
+            store.seed(rows, col_ids[cols], values, rad)
+        thresholds = store.screen_thresholds(rows, *maxima, row_norms=tile.norms[r0:r1],
+                                             row_terms=_part(tile.terms, r0, r1))
         if whole:
-            found = row_survivors(scores, store.screen_thresholds(rows, *maxima))
+            found = row_survivors(scores, thresholds)
             owner, other, keys = found.owner + r0, found.other, found.keys
             if not include_self:
                 keep = owner != other
                 owner, other, keys = owner[keep], other[keep], keys[keep]
         else:
             del scores
-            found = screen_rows(queries[r0:r1], prep, d, store.screen_thresholds(rows, *maxima), precision,
-                                row_terms=row_terms, col_terms=terms,
+            found = screen_rows(queries[r0:r1], prep, d, thresholds, precision, row_terms=row_terms, col_terms=terms,
                                 exclude_diagonal=None if include_self else -r0)
             owner, other, keys = found.owner + r0, found.other, found.keys
-        store.add(owner + store_base, other + col_base, keys)
+        store.add(row_ids[owner], col_ids[other], keys, _pair_norms(tile, tile, owner, other))
+
+
+def _pair_norms(row_tile: Tile, col_tile: Tile, owner: torch.Tensor, other: torch.Tensor) -> PairNorms:
+    """The prepared norms and terms of pairs (``owner`` of ``row_tile``, ``other`` of ``col_tile``)."""
+    return PairNorms(row_tile.norms[owner], col_tile.norms[other],
+                     None if row_tile.terms is None else row_tile.terms[owner],
+                     None if col_tile.terms is None else col_tile.terms[other])
 
 
 def _part(values: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
     return None if values is None else values[start:stop]
 
 
-def _off_diagonal_block(pdata: PreparedCorpus, store: CandidateStore, rows_prep: torch.Tensor, i0: int, i1: int,
-                        j0: int, j1: int, maxima_i: tuple[float, float], maxima_j: tuple[float, float],
-                        precision: ScreenPrecision, device: torch.device) -> None:
-    """Block S(I, J), I < J: each entry tested for its row (part I) and its column (part J)."""
-    rows = torch.arange(i0, i1, device=device)
-    cols = torch.arange(j0, j1, device=device)
-    by_row, by_col = screen_pairs(rows_prep, pdata.tile(j0, j1), pdata.corpus.d,
-                                  store.screen_thresholds(rows, *maxima_j), store.screen_thresholds(cols, *maxima_i),
-                                  precision, row_terms=_part(pdata.terms32, i0, i1),
-                                  col_terms=_part(pdata.terms32, j0, j1))
-    store.add(torch.cat([by_row.owner + i0, by_col.owner + j0]), torch.cat([by_row.other + j0, by_col.other + i0]),
-              torch.cat([by_row.keys, by_col.keys]))
+def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric, pi: int,
+                        pj: int, window: Window, precision: ScreenPrecision) -> None:
+    """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J)."""
+    own = frames.own(pi)
+    own.queries(metric, frames.d)
+    rows_tile = own.slice(window.r0, window.r1)
+    cols_tile = frames.column(pj, pi, window.c0, window.c1)
+    rows = frames.ids(pi)[window.r0:window.r1]
+    cols = frames.ids(pj)[window.c0:window.c1]
+    d = frames.d
+    by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d,
+                                  store.screen_thresholds(rows, *cols_tile.maxima(), row_norms=rows_tile.norms,
+                                                          row_terms=rows_tile.terms),
+                                  store.screen_thresholds(cols, *rows_tile.maxima(), row_norms=cols_tile.norms,
+                                                          row_terms=cols_tile.terms),
+                                  precision, row_terms=rows_tile.terms32, col_terms=cols_tile.terms32)
+    by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)
+    by_cols = _pair_norms(cols_tile, rows_tile, by_col.owner, by_col.other)
+    store.add(torch.cat([rows[by_row.owner], cols[by_col.owner]]), torch.cat([cols[by_row.other], rows[by_col.other]]),
+              torch.cat([by_row.keys, by_col.keys]),
+              PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols))))
 
 
 def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int = 3) -> int:

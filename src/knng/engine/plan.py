@@ -14,14 +14,19 @@ from dataclasses import dataclass
 import torch
 
 from knng._units import parse_bytes
+from knng.engine.frames import translation_invariant
 from knng.engine.fused import fused_available
-from knng.metrics import PRECISIONS, ScreenPrecision, get_precision
+from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "available_ram",
-    "resolve_precision", "pending_pairs",
+    "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES",
 ]
+
+#: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.frames`).
+PRINCIPAL_FRAMES = "principal"
+GLOBAL_FRAMES = "global"
 
 #: Bytes per score-block element: the block itself, the selection's workspace (torch.topk's
 #: radix select and sort need up to about one block-size more) and the exactness pass.
@@ -198,7 +203,11 @@ class EnginePlan:
     corpus_resident : bool
         Whether the prepared corpus stays whole on the device (else it streams in tiles).
     parts, part_size, blocks : int
-        A graph's parts, rows per part and blocks S(I, J), I ≤ J, computed (0 for a search).
+        A graph's parts, rows per part and blocks S(I, J), I ≤ J, planned (0 for a search).
+    frames : str
+        How a graph's blocks are centred (:mod:`knng.engine.frames`): ``"principal"`` (parts
+        are slabs along the principal direction, each block centred on its row part, blocks
+        no row can need skipped) or ``"global"`` (one centre, every block).
     bytes_expected : int
         Peak bytes the plan expects to hold on the device.
     budget : int
@@ -226,6 +235,7 @@ class EnginePlan:
     parts: int
     part_size: int
     blocks: int
+    frames: str
     bytes_expected: int
     budget: int
     budget_source: str
@@ -348,7 +358,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
         thresholds=f"k-th best certified upper bound among {sample} random columns, then tightened as rows fill",
         sample_size=sample, capacity=capacity, pending_pairs=pending, query_rows=tiles.query_rows,
         corpus_cols=tiles.corpus_cols, corpus_resident=tiles.corpus_resident, parts=0, part_size=0, blocks=0,
-        bytes_expected=int(expected), budget=budget, budget_source=source or "given")
+        frames=GLOBAL_FRAMES, bytes_expected=int(expected), budget=budget, budget_source=source or "given")
 
 
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
@@ -372,13 +382,18 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     b = max(1, min(n, max(b, k + 1 if not include_self else k)))  # the diagonal block seeds τ
     parts = -(-n // b)
     pending = pending_pairs(device, budget)
+    # Principal frames keep, beside the prepared parts, their query layouts and a sorted copy
+    # of the inputs (at most as large as the prepared corpus again).
+    principal = (parts > 1 and translation_invariant(get_metric(metric))
+                 and 3 * corpus_bytes + store <= budget // 2)
+    frames = PRINCIPAL_FRAMES if principal else GLOBAL_FRAMES
     expected = (store + (corpus_bytes if resident else 2 * b * vector) + b * b * element * 3
-                + pending * PENDING_PAIR_BYTES)
+                + pending * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
     return EnginePlan(
         operation="graph", n_queries=n, n_corpus=n, d=d, k=k, metric=metric, device=str(device),
         screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds="k-th best certified upper bound within each point's own part (the diagonal blocks, "
                    "computed first), then tightened as rows fill",
         sample_size=0, capacity=capacity, pending_pairs=pending, query_rows=b, corpus_cols=b,
-        corpus_resident=resident, parts=parts, part_size=b, blocks=parts * (parts + 1) // 2,
+        corpus_resident=resident, parts=parts, part_size=b, blocks=parts * (parts + 1) // 2, frames=frames,
         bytes_expected=int(expected), budget=budget, budget_source=source or "given")

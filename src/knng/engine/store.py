@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from knng.metrics import Metric, ScreenPrecision
 
-__all__ = ["PairErrors", "CandidateStore", "StoreStats", "summarize_per_row"]
+__all__ = ["PairErrors", "PairNorms", "CandidateStore", "StoreStats", "summarize_per_row"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
 #: Pending survivors that trigger a store update unless the plan says (see CandidateStore.add).
@@ -62,30 +62,47 @@ class PairErrors:
     metric: Metric
     d: int
     precision: ScreenPrecision
-    row_norms: torch.Tensor     # float64 (rows,)
+    # float64 (rows,); None where every pair's radius comes with it (blocks prepared around
+    # centres of their own, knng.engine.frames)
+    row_norms: torch.Tensor | None
     row_terms: torch.Tensor | None
     row_offsets: torch.Tensor   # float64 (rows,): distance = to_distance(key + offset)
-    col_norms: torch.Tensor     # float64 (n_cols,), indexed by global column id
+    col_norms: torch.Tensor | None  # float64 (n_cols,), indexed by global column id
     col_terms: torch.Tensor | None
     centre_norm: float
 
     def err(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Error radius of screened ``keys`` for store rows ``rows`` and global columns ``cols``."""
-        a = self.row_norms[rows]
-        b = self.col_norms[cols]
-        bound = self.metric.pair_bound(self.d, a, b, None if self.row_terms is None else self.row_terms[rows],
-                                       None if self.col_terms is None else self.col_terms[cols],
-                                       precision=self.precision)
+        if self.row_norms is None or self.col_norms is None:
+            raise RuntimeError("these pairs were screened in frames of their own: their radii must come with them")
+        return self.radius(self.row_norms[rows], self.col_norms[cols],
+                           None if self.row_terms is None else self.row_terms[rows],
+                           None if self.col_terms is None else self.col_terms[cols], keys, rows)
+
+    def radius(self, a: torch.Tensor, b: torch.Tensor, a_terms: torch.Tensor | None, b_terms: torch.Tensor | None,
+               keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Error radius of screened ``keys`` whose pairs were prepared with norms ``a``, ``b`` and
+        terms ``a_terms``, ``b_terms`` (float64; a block prepared around its own centre has its
+        own), for store rows ``rows``."""
+        bound = self.metric.pair_bound(self.d, a, b, a_terms, b_terms, precision=self.precision)
         return self._add_float64(bound, keys.to(torch.float64), self.row_offsets[rows], a, b)
 
-    def block_err(self, rows: torch.Tensor, tau: torch.Tensor, max_col_norm: float,
-                  max_col_term: float) -> torch.Tensor:
-        """An error radius valid for every column of a block (norms ≤ the block's maxima)."""
-        a = self.row_norms[rows]
+    def block_err(self, rows: torch.Tensor, tau: torch.Tensor, max_col_norm: float, max_col_term: float,
+                  row_norms: torch.Tensor | None = None, row_terms: torch.Tensor | None = None) -> torch.Tensor:
+        """An error radius valid for every column of a block (norms ≤ the block's maxima).
+
+        ``row_norms``/``row_terms``: the rows' prepared norms and terms in the block's frame
+        (default: the store's own).
+        """
+        if row_norms is None:
+            if self.row_norms is None:
+                raise RuntimeError("block thresholds need the rows' norms in the block's frame")
+            row_norms = self.row_norms[rows]
+            row_terms = None if self.row_terms is None else self.row_terms[rows]
+        a = row_norms
         b = torch.full_like(a, max_col_norm)
-        bound = self.metric.pair_bound(self.d, a, b, None if self.row_terms is None else self.row_terms[rows],
-                                       torch.full_like(a, max_col_term) if self.col_terms is not None else None,
-                                       precision=self.precision)
+        col_terms = torch.full_like(a, max_col_term) if self.metric.uses_terms else None
+        bound = self.metric.pair_bound(self.d, a, b, row_terms, col_terms, precision=self.precision)
         return self._add_float64(bound, tau, self.row_offsets[rows], a, b)
 
     def _add_float64(self, bound: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor,
@@ -101,6 +118,16 @@ class PairErrors:
         offsets = self.row_offsets[rows]
         key = value - offsets
         return key, CONVERSION_SLACK * (value.abs() + offsets.abs())
+
+
+class PairNorms(NamedTuple):
+    """What a pair's error radius is computed from: the norms (float64) of its two prepared
+    vectors and their terms (None for metrics without terms), one entry per pair."""
+
+    row: torch.Tensor
+    col: torch.Tensor
+    row_terms: torch.Tensor | None
+    col_terms: torch.Tensor | None
 
 
 @dataclass
@@ -177,8 +204,10 @@ class CandidateStore:
         self._screened = torch.zeros(n, dtype=torch.int64, device=device)
         # Survivors handed in but not yet taken into the store (see add).
         self.flush_size = max(1, pending)
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, PairNorms | None]] = []
         self._pending_size = 0
+        #: Flushes so far: thresholds change only at a flush or a seed.
+        self.updates = 0
         self._interrupted = False  # a flush failed part-way; the next one drops repeats
 
     # ------------------------------------------------------------------------------- exchange
@@ -222,26 +251,42 @@ class CandidateStore:
         return torch.where(idx >= 0, torch.where(exact, slack, screened), torch.inf)
 
     # ------------------------------------------------------------------------------ thresholds
-    def screen_thresholds(self, rows: torch.Tensor, max_col_norm: float, max_col_term: float) -> torch.Tensor:
-        """Per-row thresholds on raw screen keys for a block: keep s̃ ≤ τ + err(block)."""
-        tau = self.tau[rows]
-        return tau + self.errors.block_err(rows, tau, max_col_norm, max_col_term)
+    def screen_thresholds(self, rows: torch.Tensor, max_col_norm: float, max_col_term: float,
+                          row_norms: torch.Tensor | None = None, row_terms: torch.Tensor | None = None
+                          ) -> torch.Tensor:
+        """Per-row thresholds on raw screen keys for a block: keep s̃ ≤ τ + err(block).
 
-    def seed(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
+        ``row_norms``/``row_terms``: the rows as the block prepared them (its own centre), if
+        not the store's.
+        """
+        tau = self.tau[rows]
+        return tau + self.errors.block_err(rows, tau, max_col_norm, max_col_term, row_norms, row_terms)
+
+    def seed(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor | None = None
+             ) -> None:
         """Tighten τ of ``rows`` from k screened candidates each (``cols``/``keys``: (m, k)).
 
         Any k columns' largest certified upper bound is at least the k-th smallest true key,
-        so the seeds need not be kept: the full screen finds them again.
+        so the seeds need not be kept: the full screen finds them again. ``rad``: the keys'
+        error radii, if the block was prepared in a frame of its own (default: the store's).
         """
         if cols.shape[1] < self.k:
             return
-        hi = keys.to(torch.float64) + self.errors.err(rows[:, None].expand_as(cols), cols, keys)
+        if rad is None:
+            rad = self.errors.err(rows[:, None].expand_as(cols), cols, keys)
+        hi = keys.to(torch.float64) + rad
         hi = torch.where(cols >= 0, hi, torch.inf)
         self.tau[rows] = torch.minimum(self.tau[rows], hi.max(dim=1).values)
+        self.updates += 1
 
     # ------------------------------------------------------------------------------------ add
-    def add(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
+    def add(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, norms: "PairNorms | None" = None
+            ) -> None:
         """Hand in screen survivors: store rows ``rows``, global columns ``cols``, screen ``keys``.
+
+        ``norms``: the norms and terms the pairs were prepared with, when their block was
+        prepared around a centre of its own (:class:`~knng.engine.frames.PrincipalFrames`);
+        by default the store's own give the error radii.
 
         They wait with others until ``pending`` pairs are (see the constructor), then are taken in
         together: the store's update is a few dozen small operations whatever its size, and
@@ -251,7 +296,7 @@ class CandidateStore:
         """
         if rows.numel() == 0:
             return
-        self._pending.append((rows, cols, keys))
+        self._pending.append((rows, cols, keys.to(torch.float64), norms))
         self._pending_size += rows.numel()
         if self._pending_size >= self.flush_size:
             self.flush()
@@ -260,39 +305,46 @@ class CandidateStore:
         """Take every pending survivor into the store (tightening rows that overflow)."""
         if not self._pending:
             return
-        parts = self._pending
+        parts = [(r, c, k, self._norms_of(r, c) if n is None else n) for r, c, k, n in self._pending]
         if len(parts) == 1:
-            rows, cols, keys = parts[0]
+            rows, cols, keys, norms = parts[0]
         else:
-            rows = torch.cat([p[0] for p in parts])
-            cols = torch.cat([p[1] for p in parts])
-            keys = torch.cat([p[2] for p in parts])
+            rows, cols, keys = (torch.cat([p[f] for p in parts]) for f in range(3))
+            norms = PairNorms(*(None if parts[0][3][f] is None else torch.cat([p[3][f] for p in parts])
+                                for f in range(4)))
+        rad = self.errors.radius(*norms, keys, rows)
         # Pending pairs are dropped only once taken in: after an error part-way through (out of
         # memory), the caller retries its block and the whole pending set is offered again,
         # without the pairs the store already took (a pair counted twice among a row's k
         # upper bounds would tighten τ below its k-th distinct candidate).
         if self._interrupted:
-            rows, cols, keys = self._without_repeats(rows, cols, keys)
+            rows, cols, keys, rad = self._without_repeats(rows, cols, keys, rad)
         self._interrupted = True
-        self._take(rows, cols, keys)
+        self._take(rows, cols, keys, rad)
         self._interrupted = False
         self._pending, self._pending_size = [], 0
+        self.updates += 1
 
-    def _without_repeats(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _norms_of(self, rows: torch.Tensor, cols: torch.Tensor) -> "PairNorms":
+        e = self.errors
+        if e.row_norms is None or e.col_norms is None:
+            raise RuntimeError("these pairs were screened in frames of their own: their norms must come with them")
+        return PairNorms(e.row_norms[rows], e.col_norms[cols], None if e.row_terms is None else e.row_terms[rows],
+                         None if e.col_terms is None else e.col_terms[cols])
+
+    def _without_repeats(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Pairs offered once, and not already held by the store."""
         pair = rows * (int(cols.max()) + 1 if cols.numel() else 1) + cols
         pair, order = torch.sort(pair, stable=True)
         first = torch.ones_like(pair, dtype=torch.bool)
         first[1:] = pair[1:] != pair[:-1]
-        rows, cols, keys = rows[order][first], cols[order][first], keys[order][first]
+        rows, cols, keys, rad = (t[order][first] for t in (rows, cols, keys, rad))
         held = (self.idx[rows] == cols[:, None]).any(dim=1)
-        return rows[~held], cols[~held], keys[~held]
+        return rows[~held], cols[~held], keys[~held], rad[~held]
 
-    def _take(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
+    def _take(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor) -> None:
         self._screened.index_add_(0, rows, torch.ones_like(rows))
-        keys = keys.to(torch.float64)
-        rad = self.errors.err(rows, cols, keys)
         keep = keys - rad <= self.tau[rows]
         rows, cols, keys, rad = rows[keep], cols[keep], keys[keep], rad[keep]
         if rows.numel() == 0:

@@ -1,0 +1,144 @@
+"""Principal frames of the graph engine (``knng.engine.frames``): parts as slabs along the
+principal direction, blocks centred on their row part, and windows that skip what no row or
+column can need. Checked against the float64 oracle by differences, on data whose parts are
+forced small so that a graph has dozens of them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+import knng.engine.frames as frames_mod
+import knng.engine.plan as plan_mod
+from knng._inputs import as_input
+from knng.engine.frames import PrincipalFrames
+from knng.metrics import METRICS as KNNG_METRICS
+from oracle import assert_exact, oracle_graph, smooth_image_patches
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    """Parts of 37 rows on a CPU (not a tile multiple): a few hundred points make many parts."""
+    monkeypatch.setattr(plan_mod, "CPU_MAX_PART", 37)
+
+
+def _line(rng, n, d=6, spread=1000.0):
+    """Points spread along one direction: far parts can be skipped whole."""
+    t = np.sort(rng.uniform(0, spread, n))
+    x = rng.standard_normal((n, d)) * 0.5
+    x[:, 0] += t
+    return x.astype(np.float32)
+
+
+DATA = {
+    "patches": lambda rng, n: smooth_image_patches(rng, n, side=4),
+    "offset_gauss": lambda rng, n: (1e4 + rng.standard_normal((n, 8))).astype(np.float32),
+    "duplicates": lambda rng, n: np.repeat(rng.integers(0, 4, (n // 4 + 1, 5)), 4, axis=0)[:n].astype(np.float32),
+    "line": _line,
+    "integers": lambda rng, n: rng.integers(0, 3, (n, 3)).astype(np.float32),
+}
+
+
+@pytest.mark.parametrize("data", list(DATA))
+@pytest.mark.parametrize("k", [1, 7])
+@pytest.mark.parametrize("local", [True, False])
+def test_principal_frames_graph_is_exact(data, k, local, small_parts, monkeypatch, rng, seed):
+    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", 1e-12 if local else 1e12)
+    x = DATA[data](rng, 401)
+    g = knng.graph(x, k, device="cpu")
+    assert g.report.plan.frames == "principal" and g.report.parts > 5
+    assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} local={local}")
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean"])
+def test_principal_frames_every_neighbour_and_self(metric, small_parts, rng, seed):
+    x = smooth_image_patches(rng, 150, side=3)
+    n = len(x)
+    g = knng.graph(x, n - 1, metric=metric, device="cpu")
+    assert_exact(g, oracle_graph(x, n - 1, metric), context=f"seed={seed} k=n-1")
+    g = knng.graph(x, 5, metric=metric, include_self=True, device="cpu")
+    assert_exact(g, oracle_graph(x, 5, metric, include_self=True), context=f"seed={seed} include_self")
+
+
+def test_far_parts_are_skipped_and_the_graph_stays_exact(small_parts, rng, seed):
+    x = _line(rng, 600)
+    g = knng.graph(x, 5, device="cpu")
+    report = g.report
+    assert report.blocks_skipped > report.parts  # most far blocks never computed
+    assert report.pairs_saving > 0.8
+    assert report.blocks_computed == report.plan.blocks - report.blocks_skipped
+    assert_exact(g, oracle_graph(x, 5), context=f"seed={seed}")
+
+
+def test_plan_chooses_frames(monkeypatch):
+    cpu = torch.device("cpu")
+
+    def plan(metric="euclidean", n=5000, budget=2**30):
+        return plan_mod.make_graph_plan(n=n, d=16, k=10, metric=metric, device=cpu, budget=budget,
+                                        include_self=False, part_size=512)
+
+    assert plan().frames == "principal"
+    assert plan("sqeuclidean").frames == "principal"
+    for metric in ("cosine", "pearson", "inner_product"):  # not translation invariant
+        assert plan(metric).frames == "global"
+    assert plan(n=400).frames == "global"  # one part: nothing to order
+    assert plan(budget=200_000).frames == "global"  # streamed corpus: no sorted copy
+
+
+@pytest.mark.parametrize("gain, local", [(1e-12, True), (1e12, False)])
+def test_local_centres_follow_the_gain(gain, local, monkeypatch, rng):
+    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", gain)
+    x = torch.from_numpy(_line(rng, 300))
+    centre = x.to(torch.float64).mean(0)
+    f = PrincipalFrames(as_input(x, "data"), KNNG_METRICS["euclidean"], centre, torch.device("cpu"), 50,
+                        torch.float32)
+    assert f.local is local
+    assert bool((f.proj[1:] >= f.proj[:-1]).all())
+    assert sorted(f.order.tolist()) == list(range(300))
+
+
+def test_slab_data_choose_local_centres_and_gaussian_data_do_not(rng):
+    for x, local in ((_line(rng, 500), True), (rng.standard_normal((500, 32)).astype(np.float32), False)):
+        t = torch.from_numpy(x)
+        f = PrincipalFrames(as_input(t, "data"), KNNG_METRICS["euclidean"], t.to(torch.float64).mean(0),
+                            torch.device("cpu"), 64, torch.float32)
+        assert f.local is local
+
+
+@pytest.mark.parametrize("trial", range(4))
+def test_window_holds_every_pair_either_side_needs(trial, rng):
+    # The contract of PrincipalFrames.window: any pair (i, j) of blocks I < J whose exact squared
+    # distance is ≤ τᵢ or ≤ τⱼ lies inside the window. Thresholds are adversarial: the exact
+    # k-th distances, exact pair distances (pairs right at the threshold), 0, and +inf.
+    n, part = 240, 30
+    x = _line(rng, n, d=4, spread=rng.choice([3.0, 30.0, 300.0])) if trial % 2 else \
+        rng.standard_normal((n, 5)).astype(np.float32) * np.array([20, 1, 1, 1, 1], dtype=np.float32)
+    t = torch.from_numpy(x)
+    f = PrincipalFrames(as_input(t, "data"), KNNG_METRICS["euclidean"], t.to(torch.float64).mean(0),
+                        torch.device("cpu"), part, torch.float32)
+    x64 = x.astype(np.float64)
+    d2 = ((x64[:, None, :] - x64[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d2, np.inf)
+    kth = np.sort(d2, axis=1)[:, rng.integers(1, 6)]
+    choice = rng.integers(0, 4, n)
+    partner = rng.integers(0, n, n)
+    tau = np.where(choice == 0, kth, np.where(choice == 1, d2[np.arange(n), partner], np.where(choice == 2, 0.0,
+                                                                                                  np.inf)))
+    tau = np.where(np.isfinite(tau) | (choice == 3), tau, kth)
+    tau_t = torch.from_numpy(tau)
+    order = f.order.numpy()
+    for pi in range(len(f.parts)):
+        for pj in range(pi + 1, len(f.parts)):
+            rows = order[f.parts[pi][0]:f.parts[pi][1]]
+            cols = order[f.parts[pj][0]:f.parts[pj][1]]
+            block = d2[np.ix_(rows, cols)]
+            need = (block <= tau[rows][:, None]) | (block <= tau[cols][None, :])
+            window = f.window(pi, pj, tau_t, version=trial)
+            if window is None:
+                assert not need.any(), (pi, pj)
+                continue
+            inside = np.zeros_like(need)
+            inside[window.r0:window.r1, window.c0:window.c1] = True
+            assert not (need & ~inside).any(), (pi, pj, window)
