@@ -44,12 +44,12 @@ DATA = {
 @pytest.mark.parametrize("data", list(DATA))
 @pytest.mark.parametrize("k", [1, 7])
 @pytest.mark.parametrize("local", [True, False])
-def test_principal_frames_graph_is_exact(data, k, local, small_parts, monkeypatch, rng, seed):
+def test_principal_frames_graph_is_exact(data, k, local, small_parts, monkeypatch, rng, seed, screen):
     monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", 1e-12 if local else 1e12)
     x = DATA[data](rng, 401)
     g = knng.graph(x, k, device="cpu")
     assert g.report.plan.frames == "principal" and g.report.parts > 5
-    assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} local={local}")
+    assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} local={local} {screen}")
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean"])
@@ -142,3 +142,20 @@ def test_window_holds_every_pair_either_side_needs(trial, rng):
             inside = np.zeros_like(need)
             inside[window.r0:window.r1, window.c0:window.c1] = True
             assert not (need & ~inside).any(), (pi, pj, window)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["float32", "float64", "tf32x3", "tf32", "bfloat16"])
+@pytest.mark.parametrize("data", ["patches", "line", "offset_gauss"])
+def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed):
+    # Slabs of 1,000 rows on the GPU: the fused kernel (own parts wider than its seed sample and
+    # off-diagonal windows) and the torch screen, each precision, against the float64 oracle.
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.setattr(plan_mod, "GPU_MAX_PART", 1000)
+    monkeypatch.setattr(plan_mod, "choose_screen_precision", lambda *a, **k: precision)
+    x = DATA[data](rng, 9000)
+    for k in (1, 10):
+        g = knng.graph(x, k, device="cuda")
+        assert g.report.plan.frames == "principal" and g.report.plan.screen_precision == precision
+        assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {precision} k={k}")

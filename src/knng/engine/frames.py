@@ -148,7 +148,8 @@ class GlobalFrames:
         j0, j1 = self.parts[part]
         return self._tile(j0 + start, j1 if stop is None else j0 + stop)
 
-    def window(self, row_part: int, col_part: int, row_tau: torch.Tensor, col_tau: torch.Tensor) -> Window | None:
+    def window(self, row_part: int, col_part: int, tau: torch.Tensor, version: int) -> Window | None:
+        """The whole block, always."""
         i0, i1 = self.parts[row_part]
         j0, j1 = self.parts[col_part]
         return Window(0, i1 - i0, 0, j1 - j0)
@@ -230,6 +231,8 @@ class PrincipalFrames:
         self._ends = [tuple(self.proj[[i0, i1 - 1]].tolist()) for i0, i1 in self.parts]
         self._reach_version = -1
         self._ahead = self._behind = self.proj
+        self._ahead_range: list[tuple[float, float]] = []
+        self._behind_range: list[tuple[float, float]] = []
 
     def ids(self, part: int) -> torch.Tensor:
         """Original ids of the rows of ``part`` (sorted positions → input rows)."""
@@ -272,6 +275,23 @@ class PrincipalFrames:
         root = torch.sqrt(tau.clamp_min(0.0))
         return root * (1.0 + REACH_SLACK) + 2.0 * self.eps
 
+    def _refresh_reach(self, tau: torch.Tensor, version: int) -> None:
+        """Every point's reach along u from ``tau``, and each part's range of it (one sync)."""
+        reach = self.reach(tau[self.order])
+        self._ahead, self._behind = self.proj + reach, self.proj - reach
+        parts, size = len(self.parts), self.parts[0][1] - self.parts[0][0]
+        pad = parts * size - self.n
+
+        def per_part(values: torch.Tensor, fill: float) -> torch.Tensor:
+            return torch.cat([values, values.new_full((pad,), fill)]).view(parts, size)
+
+        ranges = torch.stack([per_part(self._ahead, torch.inf).amin(1), per_part(self._ahead, -torch.inf).amax(1),
+                              per_part(self._behind, torch.inf).amin(1), per_part(self._behind, -torch.inf).amax(1)],
+                             dim=1).tolist()
+        self._ahead_range = [(r[0], r[1]) for r in ranges]
+        self._behind_range = [(r[2], r[3]) for r in ranges]
+        self._reach_version = version
+
     def window(self, row_part: int, col_part: int, tau: torch.Tensor, version: int) -> Window | None:
         """The rows of ``row_part`` and columns of ``col_part`` (``row_part < col_part``) that can
         hold a pair either side needs, or None when no pair can.
@@ -287,20 +307,18 @@ class PrincipalFrames:
         that reaches I's last row, or that a reaching row reaches.
         """
         if self._reach_version != version:
-            reach = self.reach(tau[self.order])
-            self._ahead, self._behind = self.proj + reach, self.proj - reach
-            self._reach_version = version
+            self._refresh_reach(tau, version)
         i0, i1 = self.parts[row_part]
         j0, j1 = self.parts[col_part]
-        ahead, behind = self._ahead[i0:i1], self._behind[j0:j1]   # furthest / nearest position needed
         first_col, last_col, first_row, last_row = self._ends[col_part] + self._ends[row_part]
-        least_ahead, most_ahead, least_behind, most_behind = torch.stack(
-            [ahead.min(), ahead.max(), behind.min(), behind.max()]).tolist()
+        least_ahead, most_ahead = self._ahead_range[row_part]
+        least_behind, most_behind = self._behind_range[col_part]
         if most_ahead < first_col and least_behind > last_row:
             return None
         self._live = True
         if least_ahead >= last_col or most_behind <= first_row:
             return Window(0, i1 - i0, 0, j1 - j0)  # some side needs the whole block
+        ahead, behind = self._ahead[i0:i1], self._behind[j0:j1]   # furthest / nearest position needed
         p_rows, p_cols = self.proj[i0:i1], self.proj[j0:j1]
         rows_need = ahead >= first_col
         cols_need = behind <= last_row
