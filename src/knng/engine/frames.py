@@ -148,6 +148,10 @@ class GlobalFrames:
         j0, j1 = self.parts[part]
         return self._tile(j0 + start, j1 if stop is None else j0 + stop)
 
+    def shared_norms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every point's prepared norm and term by id: every block shares the one centre."""
+        return self.pdata.norms, self.pdata.terms
+
     def window(self, row_part: int, col_part: int, tau: torch.Tensor, version: int) -> Window | None:
         """The whole block, always."""
         i0, i1 = self.parts[row_part]
@@ -230,6 +234,7 @@ class PrincipalFrames:
         # Each part's first and last position along u, as Python floats.
         self._ends = [tuple(self.proj[[i0, i1 - 1]].tolist()) for i0, i1 in self.parts]
         self._reach_version = -1
+        self._since_refresh = 0
         self._ahead = self._behind = self.proj
         self._ahead_range: list[tuple[float, float]] = []
         self._behind_range: list[tuple[float, float]] = []
@@ -244,6 +249,20 @@ class PrincipalFrames:
         if part not in self._own:
             self._own[part] = self._prepare(part, part)
         return self._own[part]
+
+    def shared_norms(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Every point's prepared norm and term by original id when all blocks share one centre
+        (then survivors need not carry theirs), else None."""
+        if self.local:
+            return None
+        norms = torch.empty(self.n, dtype=torch.float64, device=self.device)
+        terms = torch.empty_like(norms) if self.metric.uses_terms else None
+        for part in range(len(self.parts)):
+            tile, ids = self.own(part), self.ids(part)
+            norms[ids] = tile.norms
+            if terms is not None and tile.terms is not None:
+                terms[ids] = tile.terms
+        return norms, terms
 
     def column(self, part: int, frame: int, start: int = 0, stop: int | None = None) -> Tile:
         """Rows ``start:stop`` of ``part`` prepared around the centre of part ``frame``."""
@@ -306,8 +325,12 @@ class PrincipalFrames:
         J's first column, or that a reaching column reaches back to; columns up to the last
         that reaches I's last row, or that a reaching row reaches.
         """
-        if self._reach_version != version:
+        self._since_refresh += 1
+        if self._reach_version != version and (self._reach_version < 0 or self._since_refresh > len(self.parts) // 4):
+            # Older thresholds are larger, so their windows are merely wider: refreshing after
+            # every store update would cost more than it saves.
             self._refresh_reach(tau, version)
+            self._since_refresh = 0
         i0, i1 = self.parts[row_part]
         j0, j1 = self.parts[col_part]
         first_col, last_col, first_row, last_row = self._ends[col_part] + self._ends[row_part]

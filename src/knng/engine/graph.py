@@ -107,16 +107,17 @@ def exact_graph(
         if plan.frames == PRINCIPAL_FRAMES:
             assert stats.centre is not None
             frames = PrincipalFrames(data, metric, stats.centre, device, b, plan.screen_torch_dtype)
-            # Every pair's radius comes from the frame its block was prepared in.
-            errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=None, row_terms=None,
-                                row_offsets=offsets, col_norms=None, col_terms=None, centre_norm=0.0)
         else:
             pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
                                    block_rows=max(b, 4096), symmetric=True, dtype=plan.screen_torch_dtype)
             frames = GlobalFrames(pdata, parts)
-            errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=pdata.norms,
-                                row_terms=pdata.terms, row_offsets=offsets, col_norms=pdata.norms,
-                                col_terms=pdata.terms, centre_norm=pdata.centre_norm)
+        # One centre for every block: the store's norms give every pair's radius. Blocks centred
+        # on their row part: every survivor brings the norms of its block (PairNorms).
+        shared = frames.shared_norms()
+        norms, terms = shared if shared is not None else (None, None)
+        errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=norms, row_terms=terms,
+                            row_offsets=offsets, col_norms=norms, col_terms=terms,
+                            centre_norm=0.0 if stats.centre is None else float(torch.linalg.vector_norm(stats.centre)))
 
         def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
             return exact_pairs_of(metric, data, rows, data, cols, device)
@@ -127,15 +128,15 @@ def exact_graph(
         for pi in range(len(parts)):
             ids = frames.ids(pi)
             retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
-                                                            include_self, select, device, precision=precision),
-                                    device)
+                                                            include_self, select, device, precision=precision,
+                                                            carry_norms=shared is None), device)
             screened += ids.numel() ** 2
             bar.update()
         for pi, pj in frames.block_order():
             window = frames.window(pi, pj, store.tau, store.updates)
             if window is not None:
-                retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision),
-                                        device)
+                retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision,
+                                                                    carry_norms=shared is None), device)
                 computed += 1
                 screened += 2 * window.pairs
             bar.update()
@@ -157,11 +158,12 @@ def exact_graph(
 
 def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, row_ids: torch.Tensor,
                     col_ids: torch.Tensor, k: int, include_self: bool, select: str, device: torch.device,
-                    sub_rows: int | None = None, *, precision: ScreenPrecision) -> None:
+                    sub_rows: int | None = None, *, precision: ScreenPrecision, carry_norms: bool = False) -> None:
     """Block S(J, J) of one part: seed its rows' thresholds from their own part, then screen it.
 
     ``tile`` is the part prepared around one centre (input dimension ``d``); its row t is store
-    row ``row_ids[t]`` and column id ``col_ids[t]``. Rows go ``sub_rows`` at a time; each step
+    row ``row_ids[t]`` and column id ``col_ids[t]``; ``carry_norms``: survivors bring the tile's
+    norms to the store (a tile centred on its own part). Rows go ``sub_rows`` at a time; each step
     changes the store only after its product and screen, so it may be retried whole.
 
     The torch screen materialises the block once: the k best of each row seed its threshold
@@ -213,7 +215,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
             found = screen_rows(queries[r0:r1], prep, d, thresholds, precision, row_terms=row_terms, col_terms=terms,
                                 exclude_diagonal=None if include_self else -r0)
             owner, other, keys = found.owner + r0, found.other, found.keys
-        store.add(row_ids[owner], col_ids[other], keys, _pair_norms(tile, tile, owner, other))
+        store.add(row_ids[owner], col_ids[other], keys, _pair_norms(tile, tile, owner, other) if carry_norms else None)
 
 
 def _pair_norms(row_tile: Tile, col_tile: Tile, owner: torch.Tensor, other: torch.Tensor) -> PairNorms:
@@ -228,7 +230,7 @@ def _part(values: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | 
 
 
 def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric, pi: int,
-                        pj: int, window: Window, precision: ScreenPrecision) -> None:
+                        pj: int, window: Window, precision: ScreenPrecision, carry_norms: bool) -> None:
     """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J)."""
     own = frames.own(pi)
     own.queries(metric, frames.d)
@@ -243,11 +245,13 @@ def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: Candida
                                   store.screen_thresholds(cols, *rows_tile.maxima(), row_norms=cols_tile.norms,
                                                           row_terms=cols_tile.terms),
                                   precision, row_terms=rows_tile.terms32, col_terms=cols_tile.terms32)
-    by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)
-    by_cols = _pair_norms(cols_tile, rows_tile, by_col.owner, by_col.other)
+    norms = None
+    if carry_norms:
+        by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)
+        by_cols = _pair_norms(cols_tile, rows_tile, by_col.owner, by_col.other)
+        norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
     store.add(torch.cat([rows[by_row.owner], cols[by_col.owner]]), torch.cat([cols[by_row.other], rows[by_col.other]]),
-              torch.cat([by_row.keys, by_col.keys]),
-              PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols))))
+              torch.cat([by_row.keys, by_col.keys]), norms)
 
 
 def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int = 3) -> int:
