@@ -209,8 +209,13 @@ class PrincipalFrames:
         u = principal_direction(data, centre, device)
         proj = torch.empty(self.n, dtype=torch.float64, device=device)
         radius = total = 0.0
+        # The inputs go to the device once; the sorted copy is gathered there (a host gather of
+        # a 582k × 64 float32 corpus cost ~0.15 s of a 3.5 s GPU graph).
+        raw_all = torch.empty((self.n, self.d), dtype=data.dtype, device=device)
         for start, raw in data.iter_blocks(max(4096, part_size)):
-            x = raw.to(device).to(torch.float64) - centre
+            raw = raw.to(device)
+            raw_all[start:start + raw.shape[0]] = raw
+            x = raw.to(torch.float64) - centre
             proj[start:start + raw.shape[0]] = x @ u
             norms = torch.linalg.vector_norm(x, dim=1)
             radius = max(radius, float(norms.max()))
@@ -218,8 +223,8 @@ class PrincipalFrames:
         self.proj, self.order = torch.sort(proj, stable=True)
         # |computed uᵀ(x − μ) − uᵀ(x − μ)| ≤ (d + 2)·u₆₄·‖u‖·‖x − μ‖ per projection.
         self.eps = 2.0 * (self.d + 4) * _FP64_U * radius * 1.01 + 1e-300
-        self.sorted = data.take(self.order.cpu()).to(device) if not data.in_memory else \
-            data.tensor[self.order.to(data.tensor.device)].to(device)
+        self.sorted = raw_all[self.order]
+        del raw_all
         self.parts = [(s, min(self.n, s + part_size)) for s in range(0, self.n, part_size)]
         self.centres = [self.sorted[i0:i1].to(torch.float64).mean(dim=0) for i0, i1 in self.parts]
         within = sum(float(((self.sorted[i0:i1].to(torch.float64) - c) ** 2).sum())
