@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from knng._inputs import InputArray
+from knng._inputs import InputArray, as_input
+from knng.engine.exact import exact_pairs_of
 from knng.engine.thresholds import sample_columns
 from knng.metrics import Metric
 
@@ -148,6 +149,11 @@ class GlobalFrames:
         j0, j1 = self.parts[part]
         return self._tile(j0 + start, j1 if stop is None else j0 + stop)
 
+    def evaluate(self, metric: Metric, rows: torch.Tensor, cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Exact float64 distances of pairs of ids, read from the input."""
+        data = self.pdata.corpus
+        return exact_pairs_of(metric, data, rows, data, cols, device)
+
     def shared_norms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Every point's prepared norm and term by id: every block shares the one centre."""
         return self.pdata.norms, self.pdata.terms
@@ -225,6 +231,10 @@ class PrincipalFrames:
         self.eps = 2.0 * (self.d + 4) * _FP64_U * radius * 1.01 + 1e-300
         self.sorted = raw_all[self.order]
         del raw_all
+        #: Sorted position of each original id.
+        self.position = torch.empty_like(self.order)
+        self.position[self.order] = torch.arange(self.n, device=device)
+        self._sorted_input = as_input(self.sorted, data.name)
         self.parts = [(s, min(self.n, s + part_size)) for s in range(0, self.n, part_size)]
         self.centres = [self.sorted[i0:i1].to(torch.float64).mean(dim=0) for i0, i1 in self.parts]
         within = sum(float(((self.sorted[i0:i1].to(torch.float64) - c) ** 2).sum())
@@ -243,6 +253,13 @@ class PrincipalFrames:
         self._ahead = self._behind = self.proj
         self._ahead_range: list[tuple[float, float]] = []
         self._behind_range: list[tuple[float, float]] = []
+
+    def evaluate(self, metric: Metric, rows: torch.Tensor, cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Exact float64 distances of pairs of original ids (``cols`` (p,) or (m, w)), read from
+        the sorted copy on the device: the same input values, so the same distances, without
+        reading a host array again for every batch of candidates."""
+        return exact_pairs_of(metric, self._sorted_input, self.position[rows], self._sorted_input,
+                              self.position[cols], device)
 
     def ids(self, part: int) -> torch.Tensor:
         """Original ids of the rows of ``part`` (sorted positions → input rows)."""

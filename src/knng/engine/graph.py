@@ -19,7 +19,7 @@ from knng._inputs import InputArray
 from knng.engine.common import (
     EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
 )
-from knng.engine.exact import ExactStats, exact_pairs_of
+from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
 from knng.engine.plan import PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
 from knng.engine.screen import block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
@@ -120,7 +120,7 @@ def exact_graph(
                             centre_norm=0.0 if stats.centre is None else float(torch.linalg.vector_norm(stats.centre)))
 
         def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-            return exact_pairs_of(metric, data, rows, data, cols, device)
+            return frames.evaluate(metric, rows, cols, device)
 
         store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
         retries = computed = screened = 0
