@@ -123,6 +123,7 @@ def exact_graph(
             return frames.evaluate(metric, rows, cols, device)
 
         store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
+        thresholds = None if shared is None else _SharedThresholds(store, norms, terms)
         retries = computed = screened = 0
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi in range(len(parts)):
@@ -136,7 +137,7 @@ def exact_graph(
             window = frames.window(pi, pj, store.tau, store.updates)
             if window is not None:
                 retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision,
-                                                                    carry_norms=shared is None), device)
+                                                                    thresholds), device)
                 computed += 1
                 screened += 2 * window.pairs
             bar.update()
@@ -229,9 +230,39 @@ def _part(values: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | 
     return None if values is None else values[start:stop]
 
 
+class _SharedThresholds:
+    """Block thresholds of every point at once, for runs whose blocks share one centre.
+
+    With one centre a point's prepared norm is the same in every block, so its threshold
+    against the corpus's largest norm and term holds for every block (a little wider than
+    against one block's own maxima) and changes only when τ does: one computation per store
+    update instead of two per block (0.8 s of 7.5 s of a 64,009-point CPU graph). Thresholds
+    from before an update are larger, hence still valid.
+    """
+
+    def __init__(self, store: CandidateStore, norms: torch.Tensor, terms: torch.Tensor | None) -> None:
+        self.store = store
+        self.max_norm = float(norms.max())
+        self.max_term = 0.0 if terms is None else float(terms.abs().max())
+        self.version = -1
+        self.values = norms
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.version != self.store.updates:
+            every = torch.arange(self.store.n, device=ids.device)
+            self.values = self.store.screen_thresholds(every, self.max_norm, self.max_term)
+            self.version = self.store.updates
+        return self.values[ids]
+
+
 def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric, pi: int,
-                        pj: int, window: Window, precision: ScreenPrecision, carry_norms: bool) -> None:
-    """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J)."""
+                        pj: int, window: Window, precision: ScreenPrecision,
+                        thresholds: _SharedThresholds | None) -> None:
+    """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J).
+
+    ``thresholds``: every point's threshold when all blocks share one centre (survivors then
+    carry no norms: the store's give their radii); None when each block has its own centre.
+    """
     own = frames.own(pi)
     own.queries(metric, frames.d)
     rows_tile = own.slice(window.r0, window.r1)
@@ -239,14 +270,17 @@ def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: Candida
     rows = frames.ids(pi)[window.r0:window.r1]
     cols = frames.ids(pj)[window.c0:window.c1]
     d = frames.d
-    by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d,
-                                  store.screen_thresholds(rows, *cols_tile.maxima(), row_norms=rows_tile.norms,
-                                                          row_terms=rows_tile.terms),
-                                  store.screen_thresholds(cols, *rows_tile.maxima(), row_norms=cols_tile.norms,
-                                                          row_terms=cols_tile.terms),
-                                  precision, row_terms=rows_tile.terms32, col_terms=cols_tile.terms32)
+    if thresholds is not None:
+        row_thr, col_thr = thresholds(rows), thresholds(cols)
+    else:
+        row_thr = store.screen_thresholds(rows, *cols_tile.maxima(), row_norms=rows_tile.norms,
+                                          row_terms=rows_tile.terms)
+        col_thr = store.screen_thresholds(cols, *rows_tile.maxima(), row_norms=cols_tile.norms,
+                                          row_terms=cols_tile.terms)
+    by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d, row_thr, col_thr, precision,
+                                  row_terms=rows_tile.terms32, col_terms=cols_tile.terms32)
     norms = None
-    if carry_norms:
+    if thresholds is None:
         by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)
         by_cols = _pair_norms(cols_tile, rows_tile, by_col.owner, by_col.other)
         norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
