@@ -305,10 +305,14 @@ class CandidateStore:
         """Take every pending survivor into the store (tightening rows that overflow)."""
         if not self._pending:
             return
-        parts = [(r, c, k, self._norms_of(r, c) if n is None else n) for r, c, k, n in self._pending]
-        if len(parts) == 1:
-            rows, cols, keys, norms = parts[0]
+        parts = self._pending
+        if all(p[3] is None for p in parts):
+            # The store's own norms for every pair: gather them once for the whole batch.
+            rows, cols, keys = (parts[0][f] if len(parts) == 1 else torch.cat([p[f] for p in parts])
+                                for f in range(3))
+            norms = self._norms_of(rows, cols)
         else:
+            parts = [(r, c, k, self._norms_of(r, c) if n is None else n) for r, c, k, n in parts]
             rows, cols, keys = (torch.cat([p[f] for p in parts]) for f in range(3))
             norms = PairNorms(*(None if parts[0][3][f] is None else torch.cat([p[3][f] for p in parts])
                                 for f in range(4)))
