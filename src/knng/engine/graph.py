@@ -29,6 +29,9 @@ from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "OWN_PART_SEED"]
 
+#: Shared block thresholds (one per point, against the corpus's largest norm) only while the
+#: largest norm of every part is within this factor of the smallest part maximum.
+UNIFORM_NORMS = 1.5
 #: Columns of a part that seed its rows' thresholds when the fused kernel screens the part's own
 #: block (the torch screen seeds from the whole block it materialises anyway).
 OWN_PART_SEED = 4096
@@ -123,7 +126,8 @@ def exact_graph(
             return frames.evaluate(metric, rows, cols, device)
 
         store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
-        thresholds = None if shared is None else _SharedThresholds(store, norms, terms)
+        thresholds = None if shared is None else _SharedThresholds.when_uniform(store, norms, terms,
+                                                                                 [frames.ids(p) for p in range(len(parts))])
         retries = computed = screened = 0
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi in range(len(parts)):
@@ -137,7 +141,7 @@ def exact_graph(
             window = frames.window(pi, pj, store.tau, store.updates)
             if window is not None:
                 retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision,
-                                                                    thresholds), device)
+                                                                    thresholds, carry_norms=shared is None), device)
                 computed += 1
                 screened += 2 * window.pairs
             bar.update()
@@ -247,6 +251,17 @@ class _SharedThresholds:
         self.version = -1
         self.values = norms
 
+    @classmethod
+    def when_uniform(cls, store: CandidateStore, norms: torch.Tensor, terms: torch.Tensor | None,
+                     parts: list[torch.Tensor]) -> "_SharedThresholds | None":
+        """Shared thresholds when every part's largest norm is within :data:`UNIFORM_NORMS` of the
+        corpus's; else None (a few outliers would widen every block's thresholds, not only
+        their own blocks')."""
+        part_max = torch.stack([norms[ids].max() for ids in parts])
+        if float(part_max.max()) > UNIFORM_NORMS * float(part_max.min()):
+            return None
+        return cls(store, norms, terms)
+
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         if self.version != self.store.updates:
             every = torch.arange(self.store.n, device=ids.device)
@@ -257,11 +272,12 @@ class _SharedThresholds:
 
 def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric, pi: int,
                         pj: int, window: Window, precision: ScreenPrecision,
-                        thresholds: _SharedThresholds | None) -> None:
+                        thresholds: _SharedThresholds | None, *, carry_norms: bool) -> None:
     """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J).
 
-    ``thresholds``: every point's threshold when all blocks share one centre (survivors then
-    carry no norms: the store's give their radii); None when each block has its own centre.
+    ``thresholds``: every point's threshold, when all blocks share one centre and the parts'
+    norms are alike (else each block's are computed against its own maxima); ``carry_norms``:
+    survivors bring their block's norms (blocks centred on their own part).
     """
     own = frames.own(pi)
     own.queries(metric, frames.d)
@@ -280,7 +296,7 @@ def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: Candida
     by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d, row_thr, col_thr, precision,
                                   row_terms=rows_tile.terms32, col_terms=cols_tile.terms32)
     norms = None
-    if thresholds is None:
+    if carry_norms:
         by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)
         by_cols = _pair_norms(cols_tile, rows_tile, by_col.owner, by_col.other)
         norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
