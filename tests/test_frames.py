@@ -161,3 +161,30 @@ def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed):
     g = knng.graph(x, 10, device="cuda")
     assert g.report.plan.frames == "principal" and g.report.plan.screen_precision == precision
     assert_exact(g, oracle_graph(x, 10), context=f"seed={seed} {data} {precision}")
+
+
+def test_outliers_keep_per_block_thresholds_and_stay_exact(small_parts, monkeypatch, rng, seed):
+    # Gaussian points (blocks keep one centre) with a few vectors 1,000× larger: one shared
+    # threshold per point would be widened by them in every block, so each block's own maxima
+    # are used; the graph stays exact either way.
+    import knng.engine.graph as graph_mod
+
+    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", 1e12)
+    x = rng.standard_normal((400, 6)).astype(np.float32)
+    x[rng.choice(400, 3, replace=False)] *= 1000.0
+    seen = {}
+    real = graph_mod._SharedThresholds.when_uniform.__func__
+
+    def spy(cls, store, norms, terms, parts):
+        seen["shared"] = real(cls, store, norms, terms, parts)
+        return seen["shared"]
+
+    monkeypatch.setattr(graph_mod._SharedThresholds, "when_uniform", classmethod(spy))
+    g = knng.graph(x, 5, device="cpu")
+    assert g.report.plan.frames == "principal" and seen["shared"] is None
+    assert_exact(g, oracle_graph(x, 5), context=f"seed={seed} outliers")
+    x = rng.standard_normal((400, 6))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True) * rng.uniform(0.9, 1.1, (400, 1))).astype(np.float32)
+    g = knng.graph(x, 5, device="cpu")
+    assert seen["shared"] is not None  # alike norms (a shell): one threshold per point
+    assert_exact(g, oracle_graph(x, 5), context=f"seed={seed} uniform")
