@@ -178,7 +178,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     """
     prep, terms = tile.vectors, tile.terms32
     m = prep.shape[0]
-    queries = metric.query_layout(prep, d)
+    queries = tile.queries(metric, d)
     step = m if sub_rows is None else max(1, sub_rows)
     ks = min(k, m if include_self else m - 1)
     whole = not (use_kernel(precision, device) and m > OWN_PART_SEED)
@@ -280,7 +280,7 @@ def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: Candida
     survivors bring their block's norms (blocks centred on their own part).
     """
     own = frames.own(pi)
-    own.queries(metric, frames.d)
+    own.queries(metric, frames.d)  # kept on the part's tile, so that its slices share it
     rows_tile = own.slice(window.r0, window.r1)
     cols_tile = frames.column(pj, pi, window.c0, window.c1)
     rows = frames.ids(pi)[window.r0:window.r1]

@@ -73,11 +73,16 @@ class PairErrors:
 
     def err(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Error radius of screened ``keys`` for store rows ``rows`` and global columns ``cols``."""
+        return self.radius(*self.norms_of(rows, cols), keys, rows)
+
+    def norms_of(self, rows: torch.Tensor, cols: torch.Tensor) -> "PairNorms":
+        """The norms and terms of pairs (store rows ``rows``, global columns ``cols``) as this
+        model holds them (one centre for every pair)."""
         if self.row_norms is None or self.col_norms is None:
-            raise RuntimeError("these pairs were screened in frames of their own: their radii must come with them")
-        return self.radius(self.row_norms[rows], self.col_norms[cols],
-                           None if self.row_terms is None else self.row_terms[rows],
-                           None if self.col_terms is None else self.col_terms[cols], keys, rows)
+            raise RuntimeError("these pairs were screened in frames of their own: their norms must come with them")
+        return PairNorms(self.row_norms[rows], self.col_norms[cols],
+                         None if self.row_terms is None else self.row_terms[rows],
+                         None if self.col_terms is None else self.col_terms[cols])
 
     def radius(self, a: torch.Tensor, b: torch.Tensor, a_terms: torch.Tensor | None, b_terms: torch.Tensor | None,
                keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -310,9 +315,9 @@ class CandidateStore:
             # The store's own norms for every pair: gather them once for the whole batch.
             rows, cols, keys = (parts[0][f] if len(parts) == 1 else torch.cat([p[f] for p in parts])
                                 for f in range(3))
-            norms = self._norms_of(rows, cols)
+            norms = self.errors.norms_of(rows, cols)
         else:
-            parts = [(r, c, k, self._norms_of(r, c) if n is None else n) for r, c, k, n in parts]
+            parts = [(r, c, k, self.errors.norms_of(r, c) if n is None else n) for r, c, k, n in parts]
             rows, cols, keys = (torch.cat([p[f] for p in parts]) for f in range(3))
             norms = PairNorms(*(None if parts[0][3][f] is None else torch.cat([p[3][f] for p in parts])
                                 for f in range(4)))
@@ -328,13 +333,6 @@ class CandidateStore:
         self._interrupted = False
         self._pending, self._pending_size = [], 0
         self.updates += 1
-
-    def _norms_of(self, rows: torch.Tensor, cols: torch.Tensor) -> "PairNorms":
-        e = self.errors
-        if e.row_norms is None or e.col_norms is None:
-            raise RuntimeError("these pairs were screened in frames of their own: their norms must come with them")
-        return PairNorms(e.row_norms[rows], e.col_norms[cols], None if e.row_terms is None else e.row_terms[rows],
-                         None if e.col_terms is None else e.col_terms[cols])
 
     def _without_repeats(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
