@@ -259,3 +259,40 @@ def test_cpu_chunked_screen_equals_the_whole_compare(shape, density, rng):
         assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expect.tolist()))
         block = scores if found is by_row else scores.T
         assert torch.equal(found.keys, block[found.owner, found.other])
+
+
+def _select_reference(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None) -> set:
+    """(row, column, side) of every entry ≤ its row's (side 1) or column's (side 2) threshold."""
+    by_row = scores <= row_thr[:, None]
+    by_col = scores <= col_thr[None, :] if col_thr is not None else torch.zeros_like(by_row)
+    side = by_row.to(torch.int8) + 2 * by_col.to(torch.int8)
+    r, c = torch.nonzero(side > 0, as_tuple=True)
+    return set(zip(r.tolist(), c.tolist(), side[r, c].tolist()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(37, 70), (16, 32), (1, 5), (50, 1), (0, 9), (9, 0)])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_select_block_in_the_interpreter(interpret, rng, dtype, shape, symmetric):
+    # The compaction of a materialised block: exactly the entries a compare finds, each once,
+    # with its own key and the side(s) that kept it; ties at a threshold are kept.
+    m, n = shape
+    scores = torch.from_numpy(rng.integers(0, 12, size=shape).astype(np.float64)).to(dtype)  # many ties
+    row_thr = torch.from_numpy(rng.integers(-1, 6, size=m).astype(np.float64)).to(dtype)
+    if m > 2:
+        row_thr[0], row_thr[1] = torch.inf, -torch.inf  # a row that keeps all, one that keeps none
+    col_thr = torch.from_numpy(rng.integers(-1, 4, size=n).astype(np.float64)).to(dtype) if symmetric else None
+    out = fused.select_block(scores, row_thr, col_thr, capacity_hint=3)  # forces the relaunch
+    assert out.keys.dtype == dtype
+    got = list(zip(out.rows.tolist(), out.cols.tolist(), out.side.tolist()))
+    assert len(got) == len(set(got)), "an entry was listed twice"
+    if not symmetric:
+        got = [(r, c, 1) for r, c, _ in got]
+    assert set(got) == _select_reference(scores, row_thr, col_thr)
+    assert torch.equal(out.keys, scores[out.rows, out.cols])
+
+
+def test_select_block_needs_contiguous_rows(interpret):
+    scores = torch.zeros((8, 6)).T
+    with pytest.raises(ValueError, match="contiguous"):
+        fused.select_block(scores, torch.zeros(6), None)

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import knng
-import knng.engine.thresholds as thresholds  # the selection that seeds τ (where an OOM is injected)
 from knng.api import last_report
 from knng.select import available
 from oracle import (
@@ -162,25 +161,22 @@ def test_select_topk_equals_auto(metric, rng, seed):
 
 
 # ----------------------------------------------------------------------------- out of memory
-def _oom_once(monkeypatch, module, name="resolve", message=None):
-    """Make the first selection call raise a device out-of-memory error, once."""
-    real = getattr(module, name)
+def _oom_once(monkeypatch, message=None):
+    """Make the first seeding of τ (the search's sample block) raise an out-of-memory error, once."""
+    import knng.engine.search as search
+
+    real = search.seed_candidates
     calls = {"n": 0}
 
-    def resolve(*args, **kwargs):
-        fn = real(*args, **kwargs)
+    def seed_candidates(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            if message is None:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise RuntimeError(message)
+        return real(*args, **kwargs)
 
-        def select(scores, k, **kw):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                if message is None:
-                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-                raise RuntimeError(message)
-            return fn(scores, k, **kw)
-
-        return select
-
-    monkeypatch.setattr(module, name, resolve)
+    monkeypatch.setattr(search, "seed_candidates", seed_candidates)
     return calls
 
 
@@ -188,7 +184,7 @@ def _oom_once(monkeypatch, module, name="resolve", message=None):
 def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
     x = rng.standard_normal((700, 16)).astype(np.float32)
     q = rng.standard_normal((300, 16)).astype(np.float32)
-    calls = _oom_once(monkeypatch, thresholds, message=message)
+    calls = _oom_once(monkeypatch, message=message)
     res = knng.search(q, x, 10)
     report = last_report()
     assert calls["n"] > 1
@@ -199,7 +195,7 @@ def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
 
 def test_search_other_errors_are_not_retried(monkeypatch, rng):
     x = rng.standard_normal((50, 4)).astype(np.float32)
-    _oom_once(monkeypatch, thresholds, message="some other runtime failure")
+    _oom_once(monkeypatch, message="some other runtime failure")
     with pytest.raises(RuntimeError, match="some other runtime failure"):
         knng.search(x, x, 3)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["fused_available", "screen_block", "BlockSurvivors", "DOT_PRECISION"]
+__all__ = ["fused_available", "screen_block", "select_block", "BlockSurvivors", "DOT_PRECISION", "SELECT_TILE"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -41,6 +41,12 @@ MAX_LIST = 2**31 - 2**24
 
 #: Survivor-list entries allocated per launch before the first overflow retry, per row of A.
 INITIAL_PER_ROW = 64
+
+#: Tile of :func:`select_block`, measured on an H100 (2026-11-22) on a 16,384² float32 block
+#: keeping 2,644 / 319,005 pairs: 32 × 128, 4 warps 0.66 / 2.09 ms; 32 × 256, 8 warps 0.77 /
+#: 2.46; 64 × 128 0.84 / 3.44; 16 × 512 0.89 / 3.10 (torch's compare and ``nonzero``: 2.31 /
+#: 2.33 ms; reading the block alone, 0.36 ms).
+SELECT_TILE = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4)
 
 
 def triton_installed() -> bool:
@@ -77,80 +83,11 @@ def _interpreting() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(interpret: bool):
-    """The jitted kernel (built on first use: Triton reads ``TRITON_INTERPRET`` when it jits)."""
-    import triton
-    import triton.language as tl
+    """The jitted kernels (screen, select), imported on first use: Triton reads
+    ``TRITON_INTERPRET`` when it jits, so the interpreter is chosen before the first call."""
+    from knng.engine import _triton_kernels
 
-    @triton.jit
-    def screen_kernel(
-        A, B, row_terms, col_terms, row_thr, col_thr,
-        out_rows, out_cols, out_keys, out_side, counter,
-        m, n, K, stride_a, stride_b, capacity, diag,
-        HAS_ROW_TERMS: tl.constexpr, HAS_COL_TERMS: tl.constexpr, SYMMETRIC: tl.constexpr,
-        EXCLUDE_DIAG: tl.constexpr, PRECISION: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    ):
-        # Grouped tile order: GROUP_M row tiles sweep the columns together, so B's tiles are
-        # re-read from L2 rather than from memory.
-        pid = tl.program_id(0)
-        tiles_m = tl.cdiv(m, BLOCK_M)
-        tiles_n = tl.cdiv(n, BLOCK_N)
-        per_group = GROUP_M * tiles_n
-        group = pid // per_group
-        first_m = group * GROUP_M
-        size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % size_m
-        pid_n = (pid % per_group) // size_m
-
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        row_ok = rm < m
-        col_ok = rn < n
-        a_ptr = A + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
-        b_ptr = B + rn[None, :].to(tl.int64) * stride_b + rk[:, None]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            a = tl.load(a_ptr, mask=row_ok[:, None] & (rk[None, :] + k0 < K), other=0.0)
-            b = tl.load(b_ptr, mask=col_ok[None, :] & (rk[:, None] + k0 < K), other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
-            a_ptr += BLOCK_K
-            b_ptr += BLOCK_K
-        # The terms are added in float32, after the product (the bound's c_term).
-        if HAS_COL_TERMS:
-            acc += tl.load(col_terms + rn, mask=col_ok, other=0.0)[None, :]
-        if HAS_ROW_TERMS:
-            acc += tl.load(row_terms + rm, mask=row_ok, other=0.0)[:, None]
-        valid = row_ok[:, None] & col_ok[None, :]
-        if EXCLUDE_DIAG:
-            valid = valid & (rm[:, None] != rn[None, :] + diag)
-        t_row = tl.load(row_thr + rm, mask=row_ok, other=float("-inf"))
-        by_row = valid & (acc <= t_row[:, None])
-        keep = by_row
-        if SYMMETRIC:
-            t_col = tl.load(col_thr + rn, mask=col_ok, other=float("-inf"))
-            by_col = valid & (acc <= t_col[None, :])
-            keep = keep | by_col
-        found = tl.sum(keep.to(tl.int32))
-        if found > 0:
-            base = tl.atomic_add(counter, found)
-            # Reserve the tile's room with one atomic, then place each kept entry at its rank
-            # in the tile (a prefix sum over the flattened tile). Per-row scans along the
-            # tile's own axes measured 10–25 % slower in TF32 and int64 slots spilled.
-            flat_keep = tl.reshape(keep, (BLOCK_M * BLOCK_N,))
-            rank = tl.cumsum(flat_keep.to(tl.int32), axis=0) - 1
-            slot = base + rank  # int32: the list holds < 2³¹ entries (see screen_block)
-            ok = flat_keep & (slot < capacity) & (slot >= 0)  # >= 0: a wrapped counter writes nothing
-            rows2 = tl.reshape(tl.broadcast_to(rm[:, None], (BLOCK_M, BLOCK_N)), (BLOCK_M * BLOCK_N,))
-            cols2 = tl.reshape(tl.broadcast_to(rn[None, :], (BLOCK_M, BLOCK_N)), (BLOCK_M * BLOCK_N,))
-            tl.store(out_rows + slot, rows2, mask=ok)
-            tl.store(out_cols + slot, cols2, mask=ok)
-            tl.store(out_keys + slot, tl.reshape(acc, (BLOCK_M * BLOCK_N,)), mask=ok)
-            if SYMMETRIC:
-                side = by_row.to(tl.int8) + 2 * by_col.to(tl.int8)
-                tl.store(out_side + slot, tl.reshape(side, (BLOCK_M * BLOCK_N,)), mask=ok)
-
-    return screen_kernel
+    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel
 
 
 def _tile_config(precision: str, interpret: bool) -> dict:
@@ -195,25 +132,18 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         Expected survivors; the list grows (one relaunch) when a block keeps more.
     """
     interpret = _interpreting()
-    kernel = _kernel(interpret)
+    kernel, _ = _kernel(interpret)
     m, n = a.shape[0], b.shape[0]
-    device = a.device
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("screen_block needs rows stored contiguously")
     cfg = dict(_tile_config(precision, interpret))
     num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     grid = (-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]),)
-    capacity = max(1024, capacity_hint if capacity_hint is not None else INITIAL_PER_ROW * m)
-    capacity = min(capacity, MAX_LIST)
+    extra = {} if interpret else dict(num_warps=num_warps, num_stages=num_stages)
     symmetric = col_thr is not None
     dummy = row_thr
-    while True:
-        counter = torch.zeros(1, dtype=torch.int32, device=device)
-        out_rows = torch.empty(capacity, dtype=torch.int32, device=device)
-        out_cols = torch.empty(capacity, dtype=torch.int32, device=device)
-        out_keys = torch.empty(capacity, dtype=torch.float32, device=device)
-        out_side = torch.empty(capacity if symmetric else 1, dtype=torch.int8, device=device)
-        extra = {} if interpret else dict(num_warps=num_warps, num_stages=num_stages)
+
+    def launch(out_rows, out_cols, out_keys, out_side, counter, capacity):
         kernel[grid](
             a, b, row_terms if row_terms is not None else dummy, col_terms if col_terms is not None else dummy,
             row_thr, col_thr if symmetric else dummy,
@@ -224,6 +154,55 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
             EXCLUDE_DIAG=exclude_diagonal is not None, PRECISION=DOT_PRECISION[precision],
             **cfg, **extra,
         )
+
+    return _collect(launch, m, n, capacity_hint, symmetric, torch.float32, a.device)
+
+
+def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None,
+                 capacity_hint: int | None = None) -> BlockSurvivors:
+    """Survivors of a score block already in memory: entries ≤ their row's (or column's) threshold.
+
+    The compare and the compaction of :func:`screen_block` without its product: one read of the
+    block where torch compares it against each side into masks and ``nonzero`` reads those
+    again. ``row_thr``/``col_thr`` are in the block's dtype (float32 or float64); the keys come
+    back in it. Rows of ``scores`` must be contiguous.
+    """
+    interpret = _interpreting()
+    _, kernel = _kernel(interpret)
+    m, n = scores.shape
+    if m and n and scores.stride(1) != 1:
+        raise ValueError("select_block needs rows stored contiguously")
+    cfg = dict(BLOCK_M=16, BLOCK_N=32) if interpret else dict(SELECT_TILE)
+    num_warps = cfg.pop("num_warps", 4)
+    grid = (-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]),)
+    extra = {} if interpret else dict(num_warps=num_warps)
+    symmetric = col_thr is not None
+
+    def launch(out_rows, out_cols, out_keys, out_side, counter, capacity):
+        kernel[grid](scores, scores.stride(0), row_thr, col_thr if symmetric else row_thr,
+                     out_rows, out_cols, out_keys, out_side, counter, m, n, capacity,
+                     SYMMETRIC=symmetric, **cfg, **extra)
+
+    return _collect(launch, m, n, capacity_hint, symmetric, scores.dtype, scores.device)
+
+
+def _collect(launch, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,
+             device: torch.device) -> BlockSurvivors:
+    """Run ``launch`` over an m × n block into survivor lists, once more with room for all if the
+    first overflowed."""
+    if m == 0 or n == 0:
+        none = torch.empty(0, dtype=torch.int64, device=device)
+        return BlockSurvivors(rows=none, cols=none.clone(), keys=torch.empty(0, dtype=key_dtype, device=device),
+                              side=torch.empty(0, dtype=torch.int8, device=device))
+    capacity = max(1024, capacity_hint if capacity_hint is not None else INITIAL_PER_ROW * m)
+    capacity = min(capacity, MAX_LIST)
+    while True:
+        counter = torch.zeros(1, dtype=torch.int32, device=device)
+        out_rows = torch.empty(capacity, dtype=torch.int32, device=device)
+        out_cols = torch.empty(capacity, dtype=torch.int32, device=device)
+        out_keys = torch.empty(capacity, dtype=key_dtype, device=device)
+        out_side = torch.empty(capacity if symmetric else 1, dtype=torch.int8, device=device)
+        launch(out_rows, out_cols, out_keys, out_side, counter, capacity)
         found = int(counter.item())
         if found <= capacity:
             break

@@ -22,7 +22,7 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
 from knng.engine.plan import PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
-from knng.engine.screen import block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
+from knng.engine.screen import ScoreBuffer, block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
 from knng.engine.store import CandidateStore, PairErrors, PairNorms, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric, ScreenPrecision
@@ -128,20 +128,22 @@ def exact_graph(
         store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
         thresholds = None if shared is None else _SharedThresholds.when_uniform(store, norms, terms,
                                                                                  [frames.ids(p) for p in range(len(parts))])
+        buffer = ScoreBuffer() if device.type == "cpu" else None
         retries = computed = screened = 0
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi in range(len(parts)):
             ids = frames.ids(pi)
             retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
                                                             include_self, select, device, precision=precision,
-                                                            carry_norms=shared is None), device)
+                                                            carry_norms=shared is None, buffer=buffer), device)
             screened += ids.numel() ** 2
             bar.update()
         for pi, pj in frames.block_order():
             window = frames.window(pi, pj, store.tau, store.updates)
             if window is not None:
                 retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision,
-                                                                    thresholds, carry_norms=shared is None), device)
+                                                                    thresholds, carry_norms=shared is None,
+                                                                    buffer=buffer), device)
                 computed += 1
                 screened += 2 * window.pairs
             bar.update()
@@ -163,12 +165,14 @@ def exact_graph(
 
 def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, row_ids: torch.Tensor,
                     col_ids: torch.Tensor, k: int, include_self: bool, select: str, device: torch.device,
-                    sub_rows: int | None = None, *, precision: ScreenPrecision, carry_norms: bool = False) -> None:
+                    sub_rows: int | None = None, *, precision: ScreenPrecision, carry_norms: bool = False,
+                    buffer: ScoreBuffer | None = None) -> None:
     """Block S(J, J) of one part: seed its rows' thresholds from their own part, then screen it.
 
     ``tile`` is the part prepared around one centre (input dimension ``d``); its row t is store
     row ``row_ids[t]`` and column id ``col_ids[t]``; ``carry_norms``: survivors bring the tile's
-    norms to the store (a tile centred on its own part). Rows go ``sub_rows`` at a time; each step
+    norms to the store (a tile centred on its own part); ``buffer``: where the materialised block
+    is written. Rows go ``sub_rows`` at a time; each step
     changes the store only after its product and screen, so it may be retried whole.
 
     The torch screen materialises the block once: the k best of each row seed its threshold
@@ -194,7 +198,8 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
         local = torch.arange(r0, r1, device=device)
         rows = row_ids[r0:r1]
         row_terms = None if terms is None else terms[r0:r1]
-        scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms)
+        scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms,
+                              buffer if whole else None)
         if not include_self:
             # By index, not by distance: duplicates stay.
             if whole:
@@ -272,12 +277,14 @@ class _SharedThresholds:
 
 def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric, pi: int,
                         pj: int, window: Window, precision: ScreenPrecision,
-                        thresholds: _SharedThresholds | None, *, carry_norms: bool) -> None:
+                        thresholds: _SharedThresholds | None, *, carry_norms: bool,
+                        buffer: ScoreBuffer | None = None) -> None:
     """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J).
 
     ``thresholds``: every point's threshold, when all blocks share one centre and the parts'
     norms are alike (else each block's are computed against its own maxima); ``carry_norms``:
-    survivors bring their block's norms (blocks centred on their own part).
+    survivors bring their block's norms (blocks centred on their own part); ``buffer``: where the
+    materialised block is written.
     """
     own = frames.own(pi)
     own.queries(metric, frames.d)  # kept on the part's tile, so that its slices share it
@@ -294,7 +301,7 @@ def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: Candida
         col_thr = store.screen_thresholds(cols, *rows_tile.maxima(), row_norms=cols_tile.norms,
                                           row_terms=cols_tile.terms)
     by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d, row_thr, col_thr, precision,
-                                  row_terms=rows_tile.terms32, col_terms=cols_tile.terms32)
+                                  row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=buffer)
     norms = None
     if carry_norms:
         by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)

@@ -361,7 +361,7 @@ class CandidateStore:
         over = new_count > self.capacity
         if bool(over.any()):
             over_rows = targets[over]
-            mask = torch.isin(rows, over_rows)
+            mask = torch.repeat_interleave(over, per_target)  # rows are sorted: one flag per run
             extra = _Entries(rows[mask], cols[mask], keys[mask], rad[mask])
             groups = _rebuild_groups(per_target[over], self.capacity)
             for group in groups:
