@@ -511,3 +511,9 @@ def test_info_json_plan_is_the_plan_the_graph_records(budget, tmp_path: Path, rn
     _, _, meta = _load(out)
     assert meta["report"]["plan"] == planned
     assert planned["operation"] == "graph" and planned["k"] == 7 and planned["parts"] >= 1
+
+
+def test_info_on_an_empty_texmex_file_says_it_is_empty(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "empty.fvecs").write_bytes(b"")
+    code, out, _ = _run(["info", str(tmp_path / "empty.fvecs")], capsys)
+    assert code == 0 and "empty: no vectors to read" in out and "HDF5" not in out

@@ -389,9 +389,11 @@ def test_write_neighbors_validates(tmp_path, rng):
     assert not (tmp_path / "x").exists()
 
 
-def _failing_replace(monkeypatch, fail_at: int) -> list[tuple[str, str]]:
-    """Make the ``fail_at``-th os.replace call (1-based) raise; others work and are logged."""
-    real, calls = os.replace, []
+def _failing_renames(monkeypatch, fail_at: int) -> list[tuple[str, str]]:
+    """Make the ``fail_at``-th rename of the output commit (1-based) raise; the exchange too."""
+    import knng.io.outputs as outputs
+
+    real, calls = os.rename, []
 
     def fake(src, dst, *args, **kwargs):
         calls.append((os.fspath(src), os.fspath(dst)))
@@ -399,33 +401,45 @@ def _failing_replace(monkeypatch, fail_at: int) -> list[tuple[str, str]]:
             raise OSError("simulated failure")
         return real(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(os, "replace", fake)
+    monkeypatch.setattr(os, "rename", fake)
+    real_exchange = outputs._exchange
+
+    def exchange(a, b):
+        calls.append((os.fspath(a), os.fspath(b)))
+        if len(calls) == fail_at:
+            raise OSError("simulated failure")
+        return real_exchange(a, b)
+
+    monkeypatch.setattr(outputs, "_exchange", exchange)
     return calls
 
 
-def test_write_neighbors_is_atomic_in_a_new_folder(tmp_path, rng, monkeypatch):
+@pytest.mark.parametrize("fail_at", [1, 2])  # staging → ready, ready → the new folder
+def test_write_neighbors_is_atomic_in_a_new_folder(tmp_path, rng, monkeypatch, fail_at):
     idx, dist = _neighbors(rng)
     out = tmp_path / "out"
-    calls = _failing_replace(monkeypatch, fail_at=2)
+    calls = _failing_renames(monkeypatch, fail_at)
     with pytest.raises(OSError, match="simulated"):
         write_neighbors(out, idx, dist, metadata={"a": 1})
-    assert len(calls) == 2  # indices.npy was already in place when distances.npy failed
-    assert not out.exists() or not list(out.iterdir())  # no final file, no temp file
+    assert len(calls) == fail_at
+    assert not out.exists() and not list(tmp_path.iterdir())  # no folder, no staging, no lock
     monkeypatch.undo()
     write_neighbors(out, idx, dist)  # and the folder is usable afterwards
     np.testing.assert_array_equal(np.load(out / "indices.npy"), idx)
 
 
-@pytest.mark.parametrize("fail_at", range(1, 7))  # 3 moves aside + 3 renames into place
-def test_failed_overwrite_restores_previous_results(tmp_path, rng, monkeypatch, fail_at):
+@pytest.mark.parametrize("fail_at", [1, 2])  # staging → ready, the exchange with the old folder
+def test_failed_overwrite_keeps_previous_results(tmp_path, rng, monkeypatch, fail_at):
+    out = tmp_path / "out"
     idx, dist = _neighbors(rng)
-    write_neighbors(tmp_path, idx, dist, metadata={"run": "old"})
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    write_neighbors(out, idx, dist, metadata={"run": "old"})
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
     new_idx, new_dist = _neighbors(rng)
-    _failing_replace(monkeypatch, fail_at)
+    _failing_renames(monkeypatch, fail_at)
     with pytest.raises(OSError, match="simulated"):
-        write_neighbors(tmp_path, new_idx, new_dist, metadata={"run": "new"}, overwrite=True)
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+        write_neighbors(out, new_idx, new_dist, metadata={"run": "new"}, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_atomic_write_cleans_up_after_a_failing_writer(tmp_path):
@@ -444,3 +458,40 @@ def test_atomic_write_cleans_up_after_a_failing_writer(tmp_path):
         atomic_write(target, lambda temp: temp.write_bytes(b"again"), overwrite=False)
     assert target.read_bytes() == b"done"
     assert [p.name for p in tmp_path.iterdir()] == ["x.bin"]
+
+
+# --- reader mends -------------------------------------------------------------------------
+
+
+def test_an_empty_npy_file_is_a_clear_error(tmp_path):
+    (tmp_path / "empty.npy").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty file"):
+        read_vectors(tmp_path / "empty.npy")
+    np.save(tmp_path / "cut.npy", np.zeros((10, 4), np.float32))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "cut.npy").read_bytes()[:20])  # header cut short
+    with pytest.raises(ValueError, match="not a readable .npy"):
+        read_vectors(tmp_path / "cut.npy")
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f8", ">f2"])
+def test_big_endian_npy_files_give_the_native_result(tmp_path, rng, dtype):
+    import knng
+
+    x = rng.standard_normal((60, 5)).astype(np.float32)
+    np.save(tmp_path / "be.npy", x.astype(dtype))
+    mapped = read_vectors(tmp_path / "be.npy")
+    native = x.astype(np.dtype(dtype).newbyteorder("="))
+    for source in (mapped, np.load(tmp_path / "be.npy")):  # memory-mapped, and in memory
+        got, want = knng.graph(source, 4), knng.graph(native, 4)
+        np.testing.assert_array_equal(got.indices, want.indices)
+        np.testing.assert_array_equal(got.distances, want.distances)
+
+
+def test_a_closed_hdf5_dataset_is_a_clear_error(tmp_path):
+    import knng
+
+    write_hdf5(tmp_path / "a.hdf5", train=np.zeros((10, 3), np.float32))
+    with h5py.File(tmp_path / "a.hdf5", "r") as f:
+        ds = f["train"]
+    with pytest.raises(ValueError, match="closed file"):
+        knng.graph(ds, 2)

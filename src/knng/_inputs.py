@@ -97,6 +97,8 @@ class InputArray:
             yield start, self.rows(start, min(self.n, start + block_rows))
 
     def _from_numpy(self, block: np.ndarray) -> torch.Tensor:
+        if not block.dtype.isnative:  # a big-endian file: swapped block by block as it is read
+            block = block.astype(block.dtype.newbyteorder("="))
         if self.bf16_view:
             return torch.from_numpy(block.view(np.uint16)).view(torch.bfloat16)
         with warnings.catch_warnings():
@@ -105,7 +107,17 @@ class InputArray:
             return torch.from_numpy(block)
 
 
+def _h5py_open(x: Any) -> bool:
+    """Whether an h5py object's file is still open (a closed one fails inside h5py on any access)."""
+    try:
+        return bool(x.id.valid)
+    except Exception:  # noqa: BLE001 - whatever h5py raises for a dead identifier
+        return False
+
+
 def _torch_dtype_of_numpy(dtype: np.dtype, name: str) -> tuple[torch.dtype, bool]:
+    if not dtype.isnative:
+        dtype = dtype.newbyteorder("=")  # the values are read in native order (InputArray._from_numpy)
     if dtype in _NUMPY_TO_TORCH:
         return _NUMPY_TO_TORCH[dtype], False
     if dtype.name == "bfloat16":  # ml_dtypes' bfloat16
@@ -136,6 +148,9 @@ def as_input(x: Any, name: str) -> InputArray:
         return _wrap_tensor(x, name, kind="torch")
     if isinstance(x, np.ndarray):
         return _wrap_numpy(x, name)
+    if type(x).__module__.startswith("h5py") and not _h5py_open(x):
+        raise ValueError(f"{name} is an h5py dataset of a closed file: pass it while its file is open "
+                         "(with h5py.File(path) as f: knng.graph(f['train'], k)), or knng.io.read_vectors(path)")
     if hasattr(x, "__dlpack__") and not hasattr(x, "dtype") or _is_foreign_dlpack(x):
         try:
             tensor = torch.from_dlpack(x)

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from knng.io.outputs import OutputFolder, OutputFolderError
+
 __all__ = ["main", "build_parser"]
 
 #: Exit status for bad input and usage errors (argparse uses the same).
@@ -29,6 +31,7 @@ EXIT_USAGE = 2
 #: Exceptions that mean "the input is wrong", reported without a traceback.
 INPUT_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+    OutputFolderError,
 )
 #: ann-benchmarks ``distance`` attribute → knng metric.
 ANN_METRICS = {"euclidean": "euclidean", "angular": "cosine"}
@@ -635,7 +638,8 @@ def _graph_distributed(args: argparse.Namespace, argv: Sequence[str], data: _Inp
         written = []
         if rank == 0:
             meta.update(report=_report_dict(report), timings_s={"graph": report.seconds})
-            written = [str(p) for p in _save_graph_npz(out, graph.numpy(), meta, args.overwrite)]
+            with _output_folder(out, args, data.shape[0] * args.k * 12, argv) as folder:
+                written = [str(p) for p in _save_graph_npz(folder, graph.numpy(), meta)]
     seconds = time.perf_counter() - t0
     dist.destroy_process_group()
     if rank == 0:
@@ -771,11 +775,41 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     _refuse_existing(out, list(NEIGHBOR_FILES.values()), args.overwrite)
     truth = _ground_truth(args, corpus, queries) if args.check else None
+    _check_output_before_launch(out, args, queries.shape[0] * args.k * 12, argv)
     launched = _launch_if_asked(args)
     if launched is not None:
         return launched
     if _is_rank():
         return _search_distributed(args, argv, corpus, queries, metric, out, ann_mode, truth)
+
+    with _output_folder(out, args, queries.shape[0] * args.k * 12, argv) as folder:
+        return _search_one_process(args, argv, corpus, queries, ann_mode, metric, dev, out, truth, folder)
+
+
+def _check_output_before_launch(out: Path, args: argparse.Namespace, expected_bytes: int,
+                                argv: Sequence[str]) -> None:
+    """Before --gpus/--procs start their ranks: the folder is free, writable and has the space.
+
+    Rank 0 locks it again to commit (the launcher cannot hold the lock for its children); a run
+    that took the folder in between makes that commit fail, it never replaces results silently.
+    """
+    from knng.distributed.launch import LAUNCH_DEVICE_ENV
+
+    if (args.gpus or args.procs) and not os.environ.get(LAUNCH_DEVICE_ENV) and not _is_rank():
+        with _output_folder(out, args, expected_bytes, argv):
+            pass
+
+
+def _output_folder(out: Path, args: argparse.Namespace, expected_bytes: int, argv: Sequence[str]) -> OutputFolder:
+    """The output folder, locked and checked before any computing (:class:`knng.io.outputs.OutputFolder`)."""
+    return OutputFolder(out, overwrite=args.overwrite, expected_bytes=expected_bytes,
+                        command="knng " + " ".join(argv))
+
+
+def _search_one_process(args: argparse.Namespace, argv: Sequence[str], corpus: _Input, queries: _Input,
+                        ann_mode: bool, metric: str, dev: Any, out: Path, truth: Any, folder: OutputFolder) -> int:
+    import knng
+    from knng.io import NEIGHBOR_FILES, write_neighbors
 
     t0 = time.perf_counter()
     result = knng.search(queries.array, corpus.array, args.k, metric=metric, device=args.device,
@@ -794,7 +828,7 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
         report=_report_dict(report), check=check,
     )
     t1 = time.perf_counter()
-    write_neighbors(out, indices, distances, metadata=meta, overwrite=args.overwrite)
+    write_neighbors(folder, indices, distances, metadata=meta, overwrite=args.overwrite)
     write_s = time.perf_counter() - t1
 
     _say(f"knng search: {nq:,} queries × {corpus.shape[0]:,} corpus vectors, d={corpus.shape[1]}, "
@@ -820,21 +854,16 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _save_graph_npz(out: Path, graph: Any, meta: dict[str, Any], overwrite: bool) -> list[Path]:
-    """Write DIR/graph.npz (through Graph.save) and DIR/knng.json together, atomically."""
+def _save_graph_npz(folder: OutputFolder, graph: Any, meta: dict[str, Any]) -> list[Path]:
+    """Write graph.npz (through Graph.save) and knng.json into ``folder`` and commit them as one set."""
 
-    from knng.io import atomic_files, json_default
+    from knng.io import json_default
 
     text = json.dumps(meta, indent=2, sort_keys=True, default=json_default) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    finals = [out / "graph.npz", out / "knng.json"]
-    with atomic_files(finals, overwrite=overwrite) as (tmp_npz, tmp_json):
-        # Graph.save appends ".npz" to a name without it; move its file onto the temp name.
-        written = graph.save(tmp_npz)
-        if written != tmp_npz:
-            os.replace(written, tmp_npz)
-        tmp_json.write_text(text, encoding="utf-8")
-    return finals
+    graph.save(folder.staging / "graph.npz")
+    (folder.staging / "knng.json").write_text(text, encoding="utf-8")
+    out = folder.commit()
+    return [out / "graph.npz", out / "knng.json"]
 
 
 def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -847,12 +876,23 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     names = list(NEIGHBOR_FILES.values()) if args.format == "npy" else ["graph.npz", "knng.json"]
     _refuse_existing(out, names, args.overwrite)
+    _check_output_before_launch(out, args, data.shape[0] * args.k * 12, argv)
     launched = _launch_if_asked(args)
     if launched is not None:
         return launched
     if _is_rank():
         return _graph_distributed(args, argv, data, metric, out)
 
+    with _output_folder(out, args, data.shape[0] * args.k * 12, argv) as folder:
+        return _graph_one_process(args, argv, data, metric, dev, folder)
+
+
+def _graph_one_process(args: argparse.Namespace, argv: Sequence[str], data: _Input, metric: str, dev: Any,
+                       folder: OutputFolder) -> int:
+    import knng
+    from knng.io import NEIGHBOR_FILES, write_neighbors
+
+    out = folder.path
     t0 = time.perf_counter()
     graph = knng.graph(data.array, args.k, metric=metric, include_self=args.include_self,
                        device=args.device, select=args.select, memory_budget=args.memory_budget,
@@ -870,9 +910,9 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
     )
     t1 = time.perf_counter()
     if args.format == "npz":
-        written = [str(p) for p in _save_graph_npz(out, graph, meta, args.overwrite)]
+        written = [str(p) for p in _save_graph_npz(folder, graph, meta)]
     else:
-        write_neighbors(out, graph.indices, graph.distances, metadata=meta, overwrite=args.overwrite)
+        write_neighbors(folder, graph.indices, graph.distances, metadata=meta, overwrite=args.overwrite)
         written = [str(out / NEIGHBOR_FILES["indices"]), NEIGHBOR_FILES["distances"], NEIGHBOR_FILES["metadata"]]
     write_s = time.perf_counter() - t1
 
@@ -932,6 +972,17 @@ def _plan_lines(title: str, plan: Any) -> list[str]:
     return lines
 
 
+def _access_text(info: dict[str, Any]) -> str:
+    """How knng reads the file, for ``knng info``."""
+    if not all(info["shape"]):
+        return "empty: no vectors to read"
+    if info["memory_mapped"]:
+        return "memory-mapped: rows are read on demand"
+    if info["format"] in _HDF5:
+        return "read lazily in row blocks (HDF5)"
+    return "read into memory"
+
+
 def _cmd_info(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from knng.io import describe
 
@@ -947,8 +998,7 @@ def _cmd_info(args: argparse.Namespace, argv: Sequence[str]) -> int:
     lines += [
         f"shape           {shape} ({_shape_text(shape)})",
         f"dtype           {info['dtype']}, {info['bytes_per_vector']:,} bytes per vector",
-        "access          " + ("memory-mapped: rows are read on demand" if info["memory_mapped"]
-                              else "read lazily in row blocks (HDF5)"),
+        "access          " + _access_text(info),
     ]
     if info["format"] in _HDF5:
         lines.append("datasets:")

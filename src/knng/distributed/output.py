@@ -1,11 +1,11 @@
 """Writing a distributed result: every rank its own rows, into files that appear only when complete.
 
-Rank 0 creates ``indices.npy`` and ``distances.npy`` under temporary names in the output folder
-(which every rank must see: a shared file system across hosts), every rank writes the rows it
-owns into them through a memory map, and only when every rank has flushed its rows does rank 0
-rename them (and ``knng.json``) into place, with :func:`knng.io.atomic_files`. A rank that fails
-before that leaves the folder as it was: rank 0's wait fails, the temporary files are removed,
-and the final names never point at a half-written file.
+Rank 0 locks the output folder and creates ``indices.npy`` and ``distances.npy`` in its staging
+copy beside it (which every rank must see: a shared file system across hosts), every rank writes
+the rows it owns into them through a memory map, and only when every rank has flushed its rows
+does rank 0 add ``knng.json`` and commit the set (:class:`knng.io.OutputFolder`: one atomic
+switch of the whole folder). A rank that fails before that leaves the folder as it was: rank 0's
+wait fails, the staging copy is removed, and the folder never holds a half-written set.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from knng.distributed.comm import Comm
 from knng.distributed.blockcyclic import RankRows
-from knng.io import NEIGHBOR_FILES, atomic_files, json_default
+from knng.io import NEIGHBOR_FILES, OutputFolder, json_default
 
 __all__ = ["write_rows"]
 
@@ -27,7 +27,6 @@ __all__ = ["write_rows"]
 def write_rows(rows: RankRows, n: int, k: int, comm: Comm, out: Path, metadata: dict[str, Any],
                overwrite: bool) -> None:
     """Write every rank's rows of an (n, k) result to ``out``; collective (every rank calls it)."""
-    finals = [out / NEIGHBOR_FILES["indices"], out / NEIGHBOR_FILES["distances"], out / NEIGHBOR_FILES["metadata"]]
     text = json.dumps(metadata, indent=2, sort_keys=True, default=json_default) + "\n"
     if comm.rank != 0:
         comm.barrier("the creation of the output files by rank 0")
@@ -36,9 +35,9 @@ def write_rows(rows: RankRows, n: int, k: int, comm: Comm, out: Path, metadata: 
         comm.barrier("the writing of every rank's rows")
         comm.barrier("the final rename by rank 0")
         return
-    out.mkdir(parents=True, exist_ok=True)
-    # If any rank fails inside, a barrier raises here and atomic_files deletes the temporaries.
-    with atomic_files(finals, overwrite=overwrite) as temps:
+    # If any rank fails inside, a barrier raises here and the folder removes its staging copy.
+    with OutputFolder(out, overwrite=overwrite, expected_bytes=n * k * 12 + len(text)) as folder:
+        temps = [folder.staging / NEIGHBOR_FILES[key] for key in ("indices", "distances", "metadata")]
         np.lib.format.open_memmap(temps[0], mode="w+", dtype=np.int64, shape=(n, k)).flush()
         np.lib.format.open_memmap(temps[1], mode="w+", dtype=np.float32, shape=(n, k)).flush()
         comm.store.set("output/temps", json.dumps([str(temps[0]), str(temps[1])]))
@@ -46,6 +45,7 @@ def write_rows(rows: RankRows, n: int, k: int, comm: Comm, out: Path, metadata: 
         _write_own(rows, str(temps[0]), str(temps[1]), comm)
         comm.barrier("the writing of every rank's rows")
         temps[2].write_text(text, encoding="utf-8")
+        folder.commit()
     comm.barrier("the final rename by rank 0")
 
 

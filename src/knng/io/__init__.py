@@ -8,6 +8,7 @@ under a temporary name and rename it into place only when complete.
 This package imports nothing from the rest of ``knng``, so it stays usable on its own.
 """
 
+from knng.io.outputs import OutputFolder, OutputFolderError
 from knng.io.readers import (
     FORMATS,
     HDF5_DATASETS,
@@ -31,6 +32,8 @@ __all__ = [
     "FORMATS",
     "HDF5_DATASETS",
     "NEIGHBOR_FILES",
+    "OutputFolder",
+    "OutputFolderError",
     "atomic_files",
     "atomic_write",
     "describe",

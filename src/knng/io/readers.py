@@ -170,10 +170,12 @@ def _resolve(path: PathLike, dataset: str | None) -> tuple[Path, str, str | None
 
 
 def _read_npy(path: Path) -> np.ndarray:
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: empty file (0 bytes), not a .npy array")
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:  # object arrays, corrupt headers, truncated data
-        raise ValueError(f"{path}: not a readable .npy array ({exc})") from exc
+    except (ValueError, EOFError) as exc:  # object arrays, corrupt or truncated headers and data
+        raise ValueError(f"{path}: not a readable .npy array ({exc or 'the file ends early'})") from exc
     if array.ndim != 2:
         raise ValueError(f"{path}: expected a 2-D array of vectors, got shape {array.shape}")
     return array

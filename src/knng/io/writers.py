@@ -19,6 +19,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from knng.io.outputs import OutputFolder, fsync_dir, fsync_file
 from knng.io.readers import (
     BIN_DTYPES,
     HDF5_SUFFIXES,
@@ -61,27 +62,6 @@ _INT32_MAX = 2**31 - 1
 def _side_name(path: Path, tag: str) -> Path:
     """A hidden sibling of ``path``, unique per process and call (``.x.npy.tmp-123-ab12``)."""
     return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _fsync_file(path: Path) -> None:
-    # Flush the data before the rename: otherwise a crash right after os.replace can
-    # leave the final name pointing at an empty file on some file systems.
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Persist renames in ``folder``; a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:
@@ -146,14 +126,14 @@ def atomic_files(
         if not overwrite:
             _refuse_existing(finals)
         for temp in temps:
-            _fsync_file(temp)
+            fsync_file(temp)
         _commit(finals, temps, doomed)
     finally:
         # After a successful commit no temp remains, so this only cleans up failures.
         for temp in temps:
             _unlink_quietly(temp)
     for folder in {p.parent for p in finals}:
-        _fsync_dir(folder)
+        fsync_dir(folder)
 
 
 def _commit(finals: list[Path], temps: list[Path], doomed: list[Path]) -> None:
@@ -481,7 +461,7 @@ def json_default(obj: Any) -> Any:
 
 
 def write_neighbors(
-    folder: PathLike,
+    folder: "PathLike | OutputFolder",
     indices: Any,
     distances: Any,
     *,
@@ -490,13 +470,16 @@ def write_neighbors(
 ) -> Path:
     """Save k-NN results as ``indices.npy``, ``distances.npy`` and ``knng.json``.
 
-    All files are written to temporary names first and renamed into place together, so
-    the folder holds either the complete new results or whatever it held before.
+    The folder is locked for the call and the new set is committed whole
+    (:class:`knng.io.outputs.OutputFolder`): the folder holds either the complete new results
+    or whatever it held before, never a mix, and results of another format (``graph.npz``)
+    or a ``knng.json`` of an earlier run do not survive an overwrite.
 
     Parameters
     ----------
-    folder : str or os.PathLike
-        Output folder, created (with parents) if missing.
+    folder : str, os.PathLike or knng.io.outputs.OutputFolder
+        Output folder, created (with parents) if missing; or an open :class:`OutputFolder`
+        (locked and checked earlier, e.g. before a long computation), which is committed.
     indices : array-like or torch.Tensor
         Integer neighbour ids, shape ``(n, k)``; stored as int64.
     distances : array-like or torch.Tensor
@@ -517,10 +500,12 @@ def write_neighbors(
     ------
     FileExistsError
         If any output file exists and ``overwrite`` is False; the message names the folder.
+    knng.io.outputs.OutputFolderError
+        If another run holds the folder, or it cannot take the results (not a folder, holds
+        sub-folders, not writable, too little free space); nothing is written.
     ValueError
         If the arrays are not 2-D, differ in shape, or ``indices`` is not integer.
     """
-    folder = Path(folder)
     idx = _as_source(indices, "indices")
     dist = _as_source(distances, "distances")
     _check_2d(idx, "indices")
@@ -539,27 +524,20 @@ def write_neighbors(
     if metadata is not None:
         text = json.dumps(metadata, indent=2, sort_keys=True, default=json_default) + "\n"
 
-    finals = {key: folder / name for key, name in NEIGHBOR_FILES.items()}
-    if not overwrite and any(os.path.lexists(p) for p in finals.values()):
-        raise FileExistsError(
-            errno.EEXIST, "folder already holds k-NN results (pass overwrite=True)", str(folder)
-        )
-    created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
-    outputs = [finals["indices"], finals["distances"]]
-    stale = [] if text is not None else [finals["metadata"]]
+    if isinstance(folder, OutputFolder):
+        _write_neighbor_set(folder, idx, dist, text)
+        return folder.path
+    n, k = (int(v) for v in idx.shape)
+    expected = n * k * 12 + (len(text) if text is not None else 0)
+    with OutputFolder(folder, overwrite=overwrite, expected_bytes=expected) as out:
+        _write_neighbor_set(out, idx, dist, text)
+    return Path(folder)
+
+
+def _write_neighbor_set(out: OutputFolder, idx: Any, dist: Any, text: str | None) -> None:
+    """The three result files, written into ``out``'s staging folder and committed as one set."""
+    _write_npy(out.staging / NEIGHBOR_FILES["indices"], np.asarray(idx, dtype=np.int64))
+    _write_npy(out.staging / NEIGHBOR_FILES["distances"], np.asarray(dist, dtype=np.float32))
     if text is not None:
-        outputs.append(finals["metadata"])
-    try:
-        with atomic_files(outputs, overwrite=overwrite, remove=stale) as temps:
-            _write_npy(temps[0], np.asarray(idx, dtype=np.int64))
-            _write_npy(temps[1], np.asarray(dist, dtype=np.float32))
-            if text is not None:
-                temps[2].write_text(text, encoding="utf-8")
-    except BaseException:
-        if created:
-            # Leave no trace of a failed first write; rmdir refuses if anything else is there.
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
-    return folder
+        (out.staging / NEIGHBOR_FILES["metadata"]).write_text(text, encoding="utf-8")
+    out.commit()
