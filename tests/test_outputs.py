@@ -238,3 +238,39 @@ def test_a_distributed_run_checks_the_folder_before_starting_its_ranks(tmp_path,
     proc = _knng("graph", str(data), "-k", "3", "-o", str(out), "--procs", "2")
     assert proc.returncode == 0, proc.stderr
     assert _result_set(out) == ("npy", 3)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux-only")
+def test_ranks_end_quietly_with_a_killed_launcher(tmp_path, rng):
+    data = _data(tmp_path, rng, n=60_000)
+    out = tmp_path / "out"
+    proc = _knng("graph", str(data), "-k", "10", "-o", str(out), "--procs", "2", wait=False)
+    deadline = time.monotonic() + 120
+    ranks: list[int] = []
+    while time.monotonic() < deadline and len(ranks) < 2:
+        time.sleep(0.2)
+        found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        ranks = [int(p) for p in found]
+    assert len(ranks) == 2, "the ranks did not start"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    end = time.monotonic() + 30
+    while time.monotonic() < end and any(_alive(pid) for pid in ranks):
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in ranks), "ranks outlived their launcher"
+    err = proc.stderr.read()  # the ranks wrote into the launcher's stderr
+    assert "frame #" not in err and "Traceback" not in err, err[-3000:]
+    assert _result_set_or_nothing(out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _result_set_or_nothing(out: Path) -> bool:
+    return not out.exists() or _result_set(out) in (None, ("npy", 10))

@@ -594,7 +594,9 @@ def _start_rank(args: argparse.Namespace) -> tuple[int, int, str]:
 
     import knng.distributed as kd
     from knng.distributed.comm import DEFAULT_TIMEOUT
+    from knng.distributed.launch import die_with_launcher
 
+    die_with_launcher()  # a rank of --gpus/--procs ends with its launcher
     device = _rank_device(args)
     kd.init(device=device, timeout=args.timeout or DEFAULT_TIMEOUT)
     return dist.get_rank(), dist.get_world_size(), device

@@ -13,6 +13,7 @@ that message, then terminates whatever is left. Across hosts, use ``torchrun`` i
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -20,10 +21,33 @@ import sys
 import time
 from datetime import timedelta
 
-__all__ = ["launch", "LAUNCH_DEVICE_ENV"]
+__all__ = ["launch", "die_with_launcher", "LAUNCH_DEVICE_ENV", "LAUNCHER_PID_ENV"]
 
 #: Tells a launched rank which kind of device it is for ("cuda" or "cpu").
 LAUNCH_DEVICE_ENV = "KNNG_LAUNCH_DEVICE"
+#: The launcher's pid, so that its ranks end with it (:func:`die_with_launcher`).
+LAUNCHER_PID_ENV = "KNNG_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher() -> None:
+    """In a rank that :func:`launch` started: be terminated when the launcher dies (Linux).
+
+    The launcher hosts the job's rendezvous store; a rank that outlives it (the launcher
+    killed, say) would only fail on the lost store with torch's C++ stack frames (60 lines a
+    rank). SIGTERM ends it silently instead, and the output folder's protocol keeps the results
+    folder whole. Elsewhere (no ``prctl``) the rank fails as before.
+    """
+    pid = os.environ.get(LAUNCHER_PID_ENV)
+    if not pid or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(pid):  # the launcher died before the prctl took effect
+        os._exit(1)
 
 
 def launch(args: list[str], nprocs: int, device: str, grace: float = 30.0) -> int:
@@ -50,7 +74,8 @@ def launch(args: list[str], nprocs: int, device: str, grace: float = 30.0) -> in
     store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, timeout=timedelta(seconds=60),
                      wait_for_workers=False)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nprocs),
-               LOCAL_WORLD_SIZE=str(nprocs), TORCHELASTIC_USE_AGENT_STORE="True", **{LAUNCH_DEVICE_ENV: device})
+               LOCAL_WORLD_SIZE=str(nprocs), TORCHELASTIC_USE_AGENT_STORE="True",
+               **{LAUNCH_DEVICE_ENV: device, LAUNCHER_PID_ENV: str(os.getpid())})
     if device == "cpu":
         # N processes share the cores: one thread pool each would oversubscribe them.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
