@@ -221,8 +221,11 @@ def _add_distributed_options(p: argparse.ArgumentParser) -> None:
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", default="knng-out", metavar="DIR",
-                   help="output folder, created if missing (default: knng-out)")
-    p.add_argument("--overwrite", action="store_true", help="replace results already in DIR")
+                   help="output folder, created if missing (default: knng-out); locked while the run "
+                        "lasts, and its results are switched in as one set, so it may hold other files "
+                        "but no sub-folders")
+    p.add_argument("--overwrite", action="store_true", help="replace results already in DIR (all of them, "
+                   "whatever their format)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it is shown when standard error is a terminal)")
 
