@@ -129,7 +129,7 @@ class OutputFolder:
                 probe.write_bytes(b"")
                 probe.unlink()
             except OSError as exc:
-                raise OutputFolderError(f"cannot write beside {self.path}: {exc.strerror or exc}") from exc
+                raise OutputFolderError(_unwritable(self.path, exc)) from exc
             self._check_space()
         except BaseException:
             self.close()
@@ -165,7 +165,7 @@ class OutputFolder:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise OutputFolderError(f"cannot write beside {self.path}: {exc.strerror or exc}") from exc
+                raise OutputFolderError(_unwritable(self.path, exc)) from exc
             if not _try_lock(fd):
                 holder = _read_holder(fd)
                 os.close(fd)
@@ -284,6 +284,11 @@ class OutputFolder:
             shutil.rmtree(ready, ignore_errors=True)
         self._staging = None
         return self.path
+
+
+def _unwritable(path: Path, exc: OSError) -> str:
+    return (f"cannot write beside {path} ({exc.strerror or exc}): knng locks and stages its results next "
+            f"to the output folder, so {path.parent} must be writable; choose a folder inside one you can write to")
 
 
 def _try_lock(fd: int) -> bool:
