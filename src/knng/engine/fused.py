@@ -42,11 +42,12 @@ MAX_LIST = 2**31 - 2**24
 #: Survivor-list entries allocated per launch before the first overflow retry, per row of A.
 INITIAL_PER_ROW = 64
 
-#: Tile of :func:`select_block`, measured on an H100 (2026-11-22) on a 16,384² float32 block
-#: keeping 2,644 / 319,005 pairs: 32 × 128, 4 warps 0.66 / 2.09 ms; 32 × 256, 8 warps 0.77 /
-#: 2.46; 64 × 128 0.84 / 3.44; 16 × 512 0.89 / 3.10 (torch's compare and ``nonzero``: 2.31 /
-#: 2.33 ms; reading the block alone, 0.36 ms).
-SELECT_TILE = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4)
+#: Tile of :func:`select_block`, measured on an H100 (2026-11-23) on a 16,384² float32 block
+#: keeping about 3,300 / 320,000 pairs, slots by per-row scans: 16 × 128, 4 warps 0.59 / 1.48 ms;
+#: 32 × 128 0.71 / 1.72; 64 × 128 0.71 / 2.00; 16 × 256 0.79 / 2.16; 32 × 128 with one scan of
+#: the flattened tile 0.79 / 2.16 (torch's compare and ``nonzero``: 2.31 / 2.33 ms; reading the
+#: block alone, 0.36 ms).
+SELECT_TILE = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4)
 
 
 def triton_installed() -> bool:
