@@ -9,6 +9,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _test_sides(acc, valid, rm, rn, row_ok, col_ok, row_thr, col_thr, SYMMETRIC: tl.constexpr):
+    """Which entries of a tile to keep: those ≤ their row's threshold (``by_row``) or, in a
+    symmetric block, ≤ their column's (``by_col``; the same as ``by_row`` otherwise)."""
+    t_row = tl.load(row_thr + rm, mask=row_ok, other=float("-inf"))
+    by_row = valid & (acc <= t_row[:, None])
+    by_col = by_row
+    keep = by_row
+    if SYMMETRIC:
+        t_col = tl.load(col_thr + rn, mask=col_ok, other=float("-inf"))
+        by_col = valid & (acc <= t_col[None, :])
+        keep = by_row | by_col
+    return keep, by_row, by_col
+
+
+@triton.jit
 def _append(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
             SYMMETRIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Append a tile's kept entries (row, column, key and, symmetric, which side kept it)."""
@@ -96,18 +111,10 @@ def screen_kernel(
     valid = row_ok[:, None] & col_ok[None, :]
     if EXCLUDE_DIAG:
         valid = valid & (rm[:, None] != rn[None, :] + diag)
-    t_row = tl.load(row_thr + rm, mask=row_ok, other=float("-inf"))
-    by_row = valid & (acc <= t_row[:, None])
-    keep = by_row
-    if SYMMETRIC:
-        t_col = tl.load(col_thr + rn, mask=col_ok, other=float("-inf"))
-        by_col = valid & (acc <= t_col[None, :])
-        keep = keep | by_col
-        _append(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
-                SYMMETRIC, BLOCK_M, BLOCK_N)
-    else:
-        _append(keep, by_row, by_row, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
-                SYMMETRIC, BLOCK_M, BLOCK_N)
+    keep, by_row, by_col = _test_sides(acc, valid, rm, rn, row_ok, col_ok, row_thr, col_thr, SYMMETRIC)
+    _append(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
+            SYMMETRIC, BLOCK_M, BLOCK_N)
+
 
 @triton.jit
 def select_kernel(
@@ -126,15 +133,6 @@ def select_kernel(
     col_ok = rn < n
     valid = row_ok[:, None] & col_ok[None, :]
     acc = tl.load(S + rm[:, None].to(tl.int64) * stride_s + rn[None, :], mask=valid, other=0.0)
-    t_row = tl.load(row_thr + rm, mask=row_ok, other=float("-inf"))
-    by_row = valid & (acc <= t_row[:, None])
-    keep = by_row
-    if SYMMETRIC:
-        t_col = tl.load(col_thr + rn, mask=col_ok, other=float("-inf"))
-        by_col = valid & (acc <= t_col[None, :])
-        keep = keep | by_col
-        _append_by_rows(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
-                SYMMETRIC, BLOCK_M, BLOCK_N)
-    else:
-        _append_by_rows(keep, by_row, by_row, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
-                SYMMETRIC, BLOCK_M, BLOCK_N)
+    keep, by_row, by_col = _test_sides(acc, valid, rm, rn, row_ok, col_ok, row_thr, col_thr, SYMMETRIC)
+    _append_by_rows(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
+                    SYMMETRIC, BLOCK_M, BLOCK_N)
