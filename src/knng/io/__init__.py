@@ -20,7 +20,6 @@ from knng.io.readers import (
 )
 from knng.io.writers import (
     NEIGHBOR_FILES,
-    atomic_files,
     atomic_write,
     json_default,
     write_hdf5,
@@ -34,7 +33,6 @@ __all__ = [
     "NEIGHBOR_FILES",
     "OutputFolder",
     "OutputFolderError",
-    "atomic_files",
     "atomic_write",
     "describe",
     "format_of",

@@ -1,9 +1,9 @@
 """Writers for vector files and k-NN results, all of them atomic.
 
-Every file is first written under a temporary name in its destination folder and only
-``os.replace``-d into place once complete, so a reader never sees a half-written file and
-an interrupted run leaves the previous output (or nothing) behind. The temp-then-rename
-logic lives once, in :func:`atomic_files` / :func:`atomic_write`.
+Every vector file is first written under a temporary name in its destination folder and only
+``os.replace``-d into place once complete (:func:`atomic_write`), so a reader never sees a
+half-written file and an interrupted run leaves the previous file (or nothing) behind. Result
+sets of several files are committed whole through :class:`knng.io.outputs.OutputFolder`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import errno
 import json
 import os
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -31,7 +31,6 @@ from knng.io.readers import (
 
 __all__ = [
     "NEIGHBOR_FILES",
-    "atomic_files",
     "atomic_write",
     "json_default",
     "write_hdf5",
@@ -80,89 +79,6 @@ def _refuse_existing(finals: Sequence[Path]) -> None:
         )
 
 
-@contextlib.contextmanager
-def atomic_files(
-    paths: Sequence[PathLike],
-    *,
-    overwrite: bool = True,
-    remove: Sequence[PathLike] = (),
-) -> Iterator[list[Path]]:
-    """Write several files so that either all of them appear or none does.
-
-    Yields one temporary path per entry of ``paths`` (a hidden sibling in the same folder,
-    so the final rename never crosses file systems). When the ``with`` body finishes, the
-    temporaries are flushed to disk and renamed into place; files already there are first
-    moved aside and restored if any rename fails, so the folder ends with either the old
-    set or the new set. If the body raises, the temporaries are deleted.
-
-    Parameters
-    ----------
-    paths : sequence of str or os.PathLike
-        Final file names; their folders must exist.
-    overwrite : bool, default True
-        If False and any final name exists, raise FileExistsError (checked before the body
-        runs and again before renaming).
-    remove : sequence of str or os.PathLike, optional
-        Files to delete as part of the same commit (stale companions of the outputs); they
-        are restored too if the commit fails.
-
-    Yields
-    ------
-    list of pathlib.Path
-        Temporary names, in the order of ``paths``; the body must create each one.
-
-    Raises
-    ------
-    FileExistsError
-        If ``overwrite`` is False and an output exists.
-    """
-    finals = [Path(p) for p in paths]
-    doomed = [Path(p) for p in remove if Path(p) not in finals]
-    if not overwrite:
-        _refuse_existing(finals)
-    temps = [_side_name(p, "tmp") for p in finals]
-    try:
-        yield temps
-        if not overwrite:
-            _refuse_existing(finals)
-        for temp in temps:
-            fsync_file(temp)
-        _commit(finals, temps, doomed)
-    finally:
-        # After a successful commit no temp remains, so this only cleans up failures.
-        for temp in temps:
-            _unlink_quietly(temp)
-    for folder in {p.parent for p in finals}:
-        fsync_dir(folder)
-
-
-def _commit(finals: list[Path], temps: list[Path], doomed: list[Path]) -> None:
-    """Rename ``temps`` onto ``finals`` and delete ``doomed``, all or nothing."""
-    backups: list[tuple[Path, Path]] = []  # (original name, where it was moved)
-    placed: list[Path] = []
-    try:
-        # Move the files being replaced or removed aside first, so that a failure half
-        # way leaves something we can put back rather than a mix of old and new outputs.
-        for path in [*finals, *doomed]:
-            if os.path.lexists(path):
-                backup = _side_name(path, "bak")
-                os.replace(path, backup)
-                backups.append((path, backup))
-        for temp, final in zip(temps, finals):
-            os.replace(temp, final)
-            placed.append(final)
-    except BaseException:
-        for final in placed:
-            _unlink_quietly(final)
-        for original, backup in reversed(backups):
-            # Best effort: if even this fails the old data survives under the backup name.
-            with contextlib.suppress(OSError):
-                os.replace(backup, original)
-        raise
-    for _, backup in backups:
-        _unlink_quietly(backup)
-
-
 def atomic_write(
     path: PathLike, write_fn: Callable[[Path], Any], *, overwrite: bool = True
 ) -> Path:
@@ -182,9 +98,20 @@ def atomic_write(
     pathlib.Path
         ``path``.
     """
-    with atomic_files([path], overwrite=overwrite) as (temp,):
+    final = Path(path)
+    if not overwrite:
+        _refuse_existing([final])
+    temp = _side_name(final, "tmp")
+    try:
         write_fn(temp)
-    return Path(path)
+        if not overwrite:
+            _refuse_existing([final])
+        fsync_file(temp)
+        os.replace(temp, final)  # one file: the rename itself is atomic
+    finally:
+        _unlink_quietly(temp)  # only left after a failure
+    fsync_dir(final.parent)
+    return final
 
 
 # --------------------------------------------------------------------------------------
