@@ -17,8 +17,11 @@ from knng.metrics import Metric
 
 __all__ = ["ExactStats", "exact_pairs", "exact_pairs_of", "sort_by_distance_then_index"]
 
-#: Bytes for gathered float64 vectors in one exact re-rank chunk.
+#: Bytes for gathered float64 vectors in one exact re-rank chunk: on a GPU large launches, on a
+#: CPU chunks that stay in cache (640k pairs at d = 64 on 2 cores: 0.10 s in 16 MiB chunks,
+#: 0.26 s in 256 MiB ones, which go through memory three times).
 EXACT_CHUNK_BYTES = 256 * 2**20
+EXACT_CHUNK_BYTES_CPU = 16 * 2**20
 
 
 @dataclass
@@ -67,7 +70,8 @@ def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor],
     batched = cols.dim() == 2
     width = cols.shape[1] if batched else 1
     out = torch.empty(cols.shape, dtype=torch.float64, device=device)
-    step = max(1, EXACT_CHUNK_BYTES // (right.d * 8 * (width + 2)))
+    budget = EXACT_CHUNK_BYTES_CPU if device.type == "cpu" else EXACT_CHUNK_BYTES
+    step = max(1, budget // (right.d * 8 * (width + 2)))
     for p0 in range(0, rows.numel(), step):
         p1 = min(rows.numel(), p0 + step)
         x = take_rows(rows[p0:p1])
