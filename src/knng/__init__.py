@@ -5,11 +5,14 @@ results that follow the input kind (NumPy in, NumPy out; torch in, torch out on 
 device). See ``README.md`` for the exactness promise.
 """
 
+from typing import Any
+
 from knng.api import graph, search
-from knng.estimators import (
-    KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer, NearestNeighbors,
-)
 from knng.results import Graph, Neighbors, load_graph
+
+#: The scikit-learn estimators, imported on first use: scikit-learn takes about a second to
+#: import, which every ``knng`` command would otherwise pay without using it.
+_ESTIMATORS = ("NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer")
 
 __all__ = [
     "search", "graph", "Neighbors", "Graph", "load_graph",
@@ -17,3 +20,15 @@ __all__ = [
     "__version__",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ESTIMATORS:
+        from knng import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module 'knng' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ESTIMATORS))

@@ -17,12 +17,14 @@ import os
 import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
-import scipy.sparse
 
 from knng.io.writers import atomic_write
+
+if TYPE_CHECKING:
+    import scipy.sparse
 
 __all__ = ["Neighbors", "Graph", "load_graph", "FORMAT_VERSION"]
 
@@ -214,6 +216,8 @@ class Graph(Neighbors):
         """
         if mode not in _MODES:
             raise ValueError(f"mode must be 'distance' or 'connectivity', got {mode!r}")
+        import scipy.sparse  # here, not at import: scipy takes a noticeable part of a CLI start
+
         indices, distances = self._host_arrays()
         n, k = indices.shape
         # arange(n + 1) * k rather than arange(0, n*k + 1, k): the latter fails for k == 0.
@@ -263,6 +267,8 @@ class Graph(Neighbors):
             raise ValueError(f"how must be 'union' or 'mutual', got {how!r}")
         if mode not in _MODES:
             raise ValueError(f"mode must be 'distance' or 'connectivity', got {mode!r}")
+        import scipy.sparse
+
         indices, distances = self._host_arrays()
         n, k = indices.shape
         if n * k == 0:
