@@ -234,3 +234,38 @@ def test_nan_in_lazy_queries_is_found_before_any_screening(tmp_path, monkeypatch
     monkeypatch.setattr(search_module, "_screen_chunk", no_screening)
     with pytest.raises(ValueError, match=r"queries.*row 2999"):
         knng.search(queries, corpus, 3, memory_budget="64KB")
+
+
+def test_read_ahead_yields_every_range_in_order_and_stops_cleanly(tmp_path, rng):
+    # File-backed inputs are read ahead by a background thread (double buffering): the blocks
+    # must be the same, in the same order, whatever the read-ahead; a consumer that stops early
+    # leaves no thread behind; a read that fails raises in the consumer.
+    import threading
+
+    from knng._inputs import as_input
+
+    x = rng.standard_normal((1000, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    m = as_input(np.load(tmp_path / "x.npy", mmap_mode="r"), "data")
+    ranges = [(0, 7), (7, 300), (300, 301), (301, 1000)]
+    for ahead in (0, 1, 2, 5):
+        got = list(m.iter_ranges(ranges, read_ahead=ahead))
+        assert [(a, b) for a, b, _ in got] == ranges
+        for a, b, block in got:
+            np.testing.assert_array_equal(block.numpy(), x[a:b])
+    blocks = m.iter_blocks(64, read_ahead=2)
+    next(blocks)
+    blocks.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("knng-read")]
+
+    class Failing:
+        shape, dtype = (100, 5), np.dtype(np.float32)
+
+        def __getitem__(self, index):
+            if isinstance(index, slice) and index.start >= 50:
+                raise OSError("disk gone")
+            return x[index]
+
+    failing = as_input(Failing(), "data")
+    with pytest.raises(OSError, match="disk gone"):
+        list(failing.iter_blocks(25, read_ahead=2))

@@ -7,7 +7,11 @@ Large inputs are never copied whole: memory maps and datasets are read block by 
 
 from __future__ import annotations
 
+import itertools
 import warnings
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -91,10 +95,43 @@ class InputArray:
             block = np.asarray(self.source[unique])[inverse]
         return self._from_numpy(np.ascontiguousarray(block)).reshape(*idx.shape, self.d)
 
-    def iter_blocks(self, block_rows: int) -> Iterator[tuple[int, torch.Tensor]]:
-        """Yield ``(start, rows)`` blocks of at most ``block_rows`` consecutive rows."""
-        for start in range(0, self.n, block_rows):
-            yield start, self.rows(start, min(self.n, start + block_rows))
+    def iter_blocks(self, block_rows: int, *, read_ahead: int = 0, pin: bool = False
+                    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield ``(start, rows)`` blocks of at most ``block_rows`` consecutive rows (see
+        :meth:`iter_ranges` for ``read_ahead`` and ``pin``)."""
+        ranges = [(start, min(self.n, start + block_rows)) for start in range(0, self.n, block_rows)]
+        for start, _, rows in self.iter_ranges(ranges, read_ahead=read_ahead, pin=pin):
+            yield start, rows
+
+    def iter_ranges(self, ranges: Sequence[tuple[int, int]], *, read_ahead: int = 0, pin: bool = False
+                    ) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """Yield ``(start, stop, rows)`` for each row range, in order.
+
+        ``read_ahead``: for inputs read from a file (memory maps, datasets), how many blocks a
+        background thread reads ahead while the caller works on the current one (double
+        buffering: the reads overlap the computation; NumPy's copies and h5py's reads release
+        the GIL). ``pin``: return the blocks in pinned host memory, so that their copies to a
+        GPU are asynchronous. In-memory inputs are sliced directly.
+        """
+        if self.in_memory or read_ahead <= 0:
+            for start, stop in ranges:
+                yield start, stop, self._read(start, stop, pin)
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="knng-read") as reader:
+            pending: deque = deque()
+            todo = iter(ranges)
+            for start, stop in itertools.islice(todo, read_ahead):
+                pending.append((start, stop, reader.submit(self._read, start, stop, pin)))
+            while pending:
+                start, stop, future = pending.popleft()
+                rows = future.result()
+                for nxt in itertools.islice(todo, 1):
+                    pending.append((*nxt, reader.submit(self._read, *nxt, pin)))
+                yield start, stop, rows
+
+    def _read(self, start: int, stop: int, pin: bool) -> torch.Tensor:
+        rows = self.rows(start, stop)
+        return rows.pin_memory() if pin and rows.device.type == "cpu" and torch.cuda.is_available() else rows
 
     def _from_numpy(self, block: np.ndarray) -> torch.Tensor:
         if not block.dtype.isnative:  # a big-endian file: swapped block by block as it is read

@@ -8,16 +8,19 @@ re-exported from :mod:`knng.reports`.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
-from knng._inputs import as_input, as_output
+from knng._inputs import InputArray, as_input, as_output
 from knng.arguments import check_k, check_select, graph_arguments
+from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine.common import resolve_device
 from knng.engine.graph import exact_graph
-from knng.engine.plan import budget_source, make_graph_plan, make_search_plan, resolve_budget
+from knng.engine.plan import EnginePlan, budget_source, make_graph_plan, make_search_plan, resolve_budget
 from knng.engine.search import exact_search
+from knng.io.workarea import WorkArea
 from knng.metrics import get_metric
 
 # Re-exported: knng.api.last_report and knng.api.report_as_dict are public, and
@@ -27,6 +30,42 @@ from knng.reports import last_report, report_as_dict, set_last_report
 from knng.results import Graph, Neighbors
 
 __all__ = ["search", "graph", "last_report", "report_as_dict"]
+
+
+def _open_checkpoint(folder: Any, resume: Any, interval: Any, keep: Any, *, operation: str,
+                     inputs: dict[str, InputArray], k: int, metric: str, plan: EnginePlan,
+                     **fields: Any) -> Checkpoint | None:
+    """The run's checkpoint in ``folder`` (None without one), its fingerprint checked."""
+    for name, value in (("resume", resume), ("keep_checkpoint", keep)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if folder is None:
+        if resume or keep:
+            raise ValueError(f"{'resume' if resume else 'keep_checkpoint'}=True needs a checkpoint folder "
+                             "(checkpoint=PATH)")
+        return None
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"checkpoint must be a folder path, got {type(folder).__name__}")
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval >= 0:
+        raise ValueError(f"checkpoint_interval must be a number of seconds ≥ 0, got {interval!r}")
+    from knng import __version__
+
+    fingerprint = {"knng": __version__, "operation": operation, "k": k, "metric": metric,
+                   "screen_precision": plan.screen_precision, "device": torch.device(plan.device).type,
+                   "inputs": {name: input_fingerprint(x) for name, x in inputs.items()}, **fields}
+    return Checkpoint(WorkArea(folder), fingerprint, resume, float(interval))
+
+
+def _no_distributed_checkpoint(checkpoint: Any, resume: Any) -> None:
+    if checkpoint is not None or resume:
+        raise ValueError("checkpoint and resume are not supported with distributed=True yet: run on one device "
+                         "to checkpoint, or without a checkpoint on several")
+
+
+def _close_checkpoint(ckpt: Checkpoint | None, keep: bool) -> None:
+    """After success: the checkpoint folder is no longer needed (unless the caller keeps it)."""
+    if ckpt is not None and not keep:
+        ckpt.area.remove()
 
 
 def _check_distributed(distributed: Any) -> bool:
@@ -46,6 +85,10 @@ def search(
     memory_budget: int | str | None = None,
     progress: bool = False,
     distributed: bool = False,
+    checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    checkpoint_interval: float = DEFAULT_INTERVAL,
+    keep_checkpoint: bool = False,
 ) -> Neighbors:
     """Exact k nearest neighbours in ``corpus`` of every vector in ``queries``.
 
@@ -77,6 +120,23 @@ def search(
         process per GPU, started by ``torchrun`` or ``knng --gpus``): the corpus is sharded
         across ranks, every rank must make this call, and every rank gets the whole result.
         See :func:`knng.distributed.search` for the options of that mode.
+    checkpoint : str or os.PathLike, optional
+        A folder where the run records its progress (finished query rows), so that a run killed
+        part-way can continue with ``resume=True``; deleted when the call returns, unless
+        ``keep_checkpoint``. Single process only (not with ``distributed``).
+    resume : bool, default False
+        Continue the run recorded in ``checkpoint`` (from the beginning if there is none). The
+        result is the same, bit for bit, as an uninterrupted run's. A checkpoint written with
+        other inputs, k, metric, screen precision, knng version or kind of device is refused.
+        Without ``resume``, a checkpoint found in the folder is an error (it is never discarded
+        silently).
+    checkpoint_interval : float, default 60
+        Seconds between checkpoints at least (each also waits 50 times its own duration, so
+        checkpoints cost at most 2 % of the run); 0 saves after every step, whatever that costs.
+    keep_checkpoint : bool, default False
+        Keep the folder after success (with the run complete in it: a ``resume=True`` call
+        then returns at once); ``knng search``/``knng graph`` delete it once their results
+        are written.
 
     Returns
     -------
@@ -94,6 +154,7 @@ def search(
     if _check_distributed(distributed):
         from knng import distributed as _distributed
 
+        _no_distributed_checkpoint(checkpoint, resume)
         return _distributed.search(queries, corpus, k, metric=metric, device=device, select=select,
                                    memory_budget=memory_budget, progress=progress)
     m = get_metric(metric)
@@ -107,7 +168,12 @@ def search(
     budget = resolve_budget(memory_budget, dev)
     plan = make_search_plan(n_queries=q.n, n_corpus=c.n, d=c.d, k=k, metric=m.name, device=dev, budget=budget,
                             source=budget_source(memory_budget, dev))
-    idx, dist, report = exact_search(q, c, k, m, dev, select, budget, progress, plan=plan)
+    ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
+                            operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan)
+    if ckpt is not None:
+        plan = ckpt.plan(plan)
+    idx, dist, report = exact_search(q, c, k, m, dev, select, plan.budget, progress, plan=plan, checkpoint=ckpt)
+    _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
@@ -124,6 +190,10 @@ def graph(
     memory_budget: int | str | None = None,
     progress: bool = False,
     distributed: bool = False,
+    checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    checkpoint_interval: float = DEFAULT_INTERVAL,
+    keep_checkpoint: bool = False,
 ) -> Graph:
     """Exact k-nearest-neighbour graph of ``data``.
 
@@ -147,6 +217,9 @@ def graph(
         block-cyclic scheme of ``docs/DISTRIBUTED.md``: each rank reads only the parts of
         ``data`` it needs, every rank must make this call, and every rank gets the whole graph,
         identical to the one-device result. See :func:`knng.distributed.graph`.
+    checkpoint, resume, checkpoint_interval, keep_checkpoint
+        As in :func:`search`; a graph records the blocks it finished and every point's
+        candidates (about ``32 · capacity`` bytes a point, see ``knng info``).
 
     Returns
     -------
@@ -156,6 +229,7 @@ def graph(
     if _check_distributed(distributed):
         from knng import distributed as _distributed
 
+        _no_distributed_checkpoint(checkpoint, resume)
         return _distributed.graph(data, k, metric=metric, include_self=include_self, device=device, select=select,
                                   memory_budget=memory_budget, progress=progress)
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
@@ -163,8 +237,13 @@ def graph(
     budget = resolve_budget(memory_budget, dev)
     plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
                            source=budget_source(memory_budget, dev))
-    idx, dist, report = exact_graph(x, k, m, dev, select, budget, include_self=include_self, progress=progress,
-                                    plan=plan)
+    ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
+                            inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self)
+    if ckpt is not None:
+        plan = ckpt.plan(plan)
+    idx, dist, report = exact_graph(x, k, m, dev, select, plan.budget, include_self=include_self, progress=progress,
+                                    plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
+    _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)
     return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from knng.io.outputs import OutputFolder, OutputFolderError
+from knng.io.workarea import CheckpointExistsError, WorkArea
 
 __all__ = ["main", "build_parser"]
 
@@ -31,7 +32,7 @@ EXIT_USAGE = 2
 #: Exceptions that mean "the input is wrong", reported without a traceback.
 INPUT_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-    OutputFolderError,
+    OutputFolderError, CheckpointExistsError,
 )
 #: ann-benchmarks ``distance`` attribute → knng metric.
 ANN_METRICS = {"euclidean": "euclidean", "angular": "cosine"}
@@ -228,6 +229,14 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
                    "whatever their format)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it is shown when standard error is a terminal)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a run into DIR that was killed part-way, from its last checkpoint (kept "
+                        "in .DIR.knng-work beside DIR until the results are written); the result is the same "
+                        "bit for bit; a checkpoint of other inputs, k, metric or knng version is refused "
+                        "(one process only for now)")
+    p.add_argument("--checkpoint-interval", type=_argument_type(_non_negative_seconds), default=None,
+                   metavar="SECONDS", help="seconds between checkpoints at least (default: 60; each also "
+                   "waits 50 times its own duration, so checkpoints cost at most 2%%); 0: after every block")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,6 +325,13 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise ValueError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError(f"must be a number of seconds ≥ 0, got {text}")
     return value
 
 
@@ -533,13 +549,22 @@ def _exact_line(report: Any) -> str:
     text = f"  exact: {report.exact.exact_evaluations:,} exact evaluations for {report.exact.rows:,} rows"
     if per_row:
         text += f" (per row: median {per_row['median']:.0f}, p99 {per_row['p99']:.0f}, max {per_row['max']:.0f})"
-    return (text + (f"; {screen} screen" if screen else "")
+    text = (text + (f"; {screen} screen" if screen else "")
             + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
+    checkpoints = getattr(report, "checkpoints", None) or {}
+    if checkpoints.get("resumed_from"):
+        unit = "blocks" if getattr(report, "blocks_skipped", None) is not None else "queries"
+        text += (f"\n  resumed from a checkpoint with {checkpoints['resumed_from']:,} {unit} done; "
+                 f"{checkpoints['saves']} checkpoints saved since ({checkpoints['seconds']:.2f} s)")
+    return text
 
 
 def _say(*parts: Any) -> None:
     print(*parts, flush=True)
 
+
+def _say_err(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -780,6 +805,7 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     _refuse_existing(out, list(NEIGHBOR_FILES.values()), args.overwrite)
     truth = _ground_truth(args, corpus, queries) if args.check else None
+    _refuse_distributed_resume(args)
     _check_output_before_launch(out, args, queries.shape[0] * args.k * 12, argv)
     launched = _launch_if_asked(args)
     if launched is not None:
@@ -811,6 +837,24 @@ def _output_folder(out: Path, args: argparse.Namespace, expected_bytes: int, arg
                         command="knng " + " ".join(argv))
 
 
+def _checkpoint_options(args: argparse.Namespace, folder: OutputFolder) -> dict[str, Any]:
+    """Checkpoints in the output folder's work area, kept until the results are committed."""
+    if args.overwrite and not args.resume and WorkArea(folder.work_area).exists():
+        # --overwrite replaces what the folder holds, an earlier run's unfinished work included.
+        _say_err(f"knng: --overwrite: discarding the checkpoint of an earlier run in {folder.work_area}")
+        WorkArea(folder.work_area).remove()
+    options: dict[str, Any] = {"checkpoint": folder.work_area, "resume": args.resume, "keep_checkpoint": True}
+    if args.checkpoint_interval is not None:
+        options["checkpoint_interval"] = args.checkpoint_interval
+    return options
+
+
+def _refuse_distributed_resume(args: argparse.Namespace) -> None:
+    if args.resume and (args.gpus or args.procs or _is_rank()):
+        raise CliError("--resume works for one process only for now: rerun without --gpus/--procs/torchrun "
+                       "to checkpoint and resume")
+
+
 def _search_one_process(args: argparse.Namespace, argv: Sequence[str], corpus: _Input, queries: _Input,
                         ann_mode: bool, metric: str, dev: Any, out: Path, truth: Any, folder: OutputFolder) -> int:
     import knng
@@ -818,7 +862,8 @@ def _search_one_process(args: argparse.Namespace, argv: Sequence[str], corpus: _
 
     t0 = time.perf_counter()
     result = knng.search(queries.array, corpus.array, args.k, metric=metric, device=args.device,
-                         select=args.select, memory_budget=args.memory_budget, progress=_progress(args))
+                         select=args.select, memory_budget=args.memory_budget, progress=_progress(args),
+                         **_checkpoint_options(args, folder))
     seconds = time.perf_counter() - t0
     report = knng.api.last_report()
     indices, distances = np.asarray(result.indices), np.asarray(result.distances)
@@ -881,6 +926,7 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     names = list(NEIGHBOR_FILES.values()) if args.format == "npy" else ["graph.npz", "knng.json"]
     _refuse_existing(out, names, args.overwrite)
+    _refuse_distributed_resume(args)
     _check_output_before_launch(out, args, data.shape[0] * args.k * 12, argv)
     launched = _launch_if_asked(args)
     if launched is not None:
@@ -901,7 +947,7 @@ def _graph_one_process(args: argparse.Namespace, argv: Sequence[str], data: _Inp
     t0 = time.perf_counter()
     graph = knng.graph(data.array, args.k, metric=metric, include_self=args.include_self,
                        device=args.device, select=args.select, memory_budget=args.memory_budget,
-                       progress=_progress(args))
+                       progress=_progress(args), **_checkpoint_options(args, folder))
     seconds = time.perf_counter() - t0
     report = knng.api.last_report()
     graph = graph.numpy()

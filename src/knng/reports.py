@@ -83,6 +83,6 @@ def report_as_dict(report: Any) -> dict[str, Any]:
         value = getattr(report, name)
         if isinstance(value, (bool, int, float, str)):
             out[name] = value
-        elif name == "evaluations_per_row" and isinstance(value, dict):
+        elif name in ("evaluations_per_row", "checkpoints") and isinstance(value, dict):
             out[name] = value
     return out

@@ -90,7 +90,7 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
     """Check the corpus is finite and, where the metric centres, compute its float64 mean."""
     need_mean = metric.needs_centre(symmetric)
     total = torch.zeros(corpus.d, dtype=torch.float64, device=device)
-    for start, block in corpus.iter_blocks(block_rows):
+    for start, block in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
         block = block.to(device, non_blocking=True)
         check_finite(block, corpus.name, start)
         if need_mean:
@@ -100,6 +100,9 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
 
 #: Largest prepared-vector norm whose squares and products stay far from float32 overflow.
 MAX_SCREEN_NORM = 1e18
+#: Blocks of a file-backed input read ahead by a background thread while the engine works on the
+#: current one (two: one being read, one waiting, as in the papers' double buffering).
+READ_AHEAD = 2
 
 
 class PreparedCorpus:
@@ -119,7 +122,7 @@ class PreparedCorpus:
         norms = torch.empty(corpus.n, dtype=torch.float64, device=device)
         terms = torch.empty(corpus.n, dtype=torch.float64, device=device) if metric.uses_terms else None
         blocks = []
-        for start, raw in corpus.iter_blocks(block_rows):
+        for start, raw in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
             prep = self._prepare(raw)
             stop = start + raw.shape[0]
             norms[start:stop] = prep.norms
@@ -188,6 +191,19 @@ class PreparedCorpus:
             return self.resident[start:stop]
         return self._prepare(self.corpus.rows(start, stop)).vectors
 
+    def tiles(self, step: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """Every tile of ``step`` rows in order, ``(start, stop, prepared rows)``: a streamed
+        corpus is read :data:`READ_AHEAD` tiles ahead by a background thread, so that the
+        reads overlap the screen of the tiles before."""
+        ranges = [(start, min(self.corpus.n, start + step)) for start in range(0, self.corpus.n, step)]
+        if self.resident is not None:
+            for start, stop in ranges:
+                yield start, stop, self.resident[start:stop]
+            return
+        for start, stop, raw in self.corpus.iter_ranges(ranges, read_ahead=READ_AHEAD,
+                                                        pin=self.device.type == "cuda"):
+            yield start, stop, self._prepare(raw).vectors
+
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is a device out-of-memory error that smaller tiles may avoid."""
@@ -227,6 +243,9 @@ class EngineReport:
     evaluations_per_row: dict[str, float] = field(default_factory=dict)
     #: Pairs the screen let through per row (median, p99, max): the price of its precision.
     screened_per_row: dict[str, float] = field(default_factory=dict)
+    #: A checkpointed run's ``resumed_from`` (steps or query rows a resumed run found done),
+    #: ``saves`` and ``seconds`` spent saving (:mod:`knng.engine.checkpoint`); empty without.
+    checkpoints: dict[str, float] = field(default_factory=dict)
 
     @property
     def screen_dtype(self) -> str:

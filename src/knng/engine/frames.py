@@ -133,6 +133,9 @@ class GlobalFrames:
             for j in range(i + 1, len(self.parts)):
                 yield i, j
 
+    def note_done(self, row_part: int, col_part: int) -> None:
+        """A resumed run passes block (I, J), done before its checkpoint (nothing to note here)."""
+
     def ids(self, part: int) -> torch.Tensor:
         """Original ids of the rows of ``part``."""
         i0, i1 = self.parts[part]
@@ -303,6 +306,12 @@ class PrincipalFrames:
                 yield i, i + offset
             if not self._live:
                 return
+
+    def note_done(self, row_part: int, col_part: int) -> None:
+        """A resumed run passes block (I, J), done before its checkpoint: count it as live, so that
+        the blocks of its distance are never all taken as skipped (conservative: the further
+        distances' windows are then tested rather than assumed empty)."""
+        self._live = True
 
     def _prepare(self, part: int, frame: int, start: int = 0, stop: int | None = None) -> Tile:
         i0, i1 = self.parts[part]

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from knng._inputs import InputArray
+from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
 )
@@ -35,6 +36,8 @@ UNIFORM_NORMS = 1.5
 #: Columns of a part that seed its rows' thresholds when the fused kernel screens the part's own
 #: block (the torch screen seeds from the whole block it materialises anyway).
 OWN_PART_SEED = 4096
+#: The candidate-store tensors a checkpoint saves (see CandidateStore.state).
+_STORE_ARRAYS = tuple(name.lstrip("_") for name in CandidateStore.STATE_TENSORS)
 
 
 @dataclass
@@ -85,8 +88,15 @@ def exact_graph(
     part_size: int | None = None,
     screen_dtype: "torch.dtype | str | None" = None,
     plan: EnginePlan | None = None,
+    checkpoint: Checkpoint | None = None,
+    keep_checkpoint: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
     """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
+
+    ``checkpoint``: where the run records its progress, and the state to resume from
+    (:mod:`knng.engine.checkpoint`; ``plan`` must be the checkpoint's); ``keep_checkpoint``:
+    also record the end of the loop over blocks, so that a run killed after this call
+    returns (before its results are written) resumes with only the finish to do.
 
     Blocks S(I, I) come first: each point's own part seeds its threshold (the k best-screened
     of its part, by their certified upper bounds) and is screened against it. Then every block
@@ -130,24 +140,51 @@ def exact_graph(
                                                                                  [frames.ids(p) for p in range(len(parts))])
         buffer = ScoreBuffer() if device.type == "cpu" else None
         retries = computed = screened = 0
+        done = 0  # steps of a checkpoint's run already done (own parts, then blocks in order)
+        if checkpoint is not None and checkpoint.resumed:
+            saved = checkpoint.state
+            assert saved is not None
+            arrays = checkpoint.arrays()
+            store.load_state({name: arrays[f"store_{name}"] for name in _STORE_ARRAYS}, saved["store"])
+            done, retries, computed, screened = (int(saved[f]) for f in ("step", "retries", "computed", "screened"))
+        step = 0
+
+        def checkpoint_after(step: int, force: bool = False) -> None:
+            if checkpoint is not None and (force or checkpoint.due()):
+                tensors, counters = store.state()
+                checkpoint.save({"step": step, "progress": f"{step:,} of {plan.blocks:,} blocks done", "retries": retries, "computed": computed, "screened": screened,
+                                 "store": counters},
+                                {f"store_{name}": t for name, t in tensors.items()})
+
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi in range(len(parts)):
             ids = frames.ids(pi)
-            retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
-                                                            include_self, select, device, precision=precision,
-                                                            carry_norms=shared is None, buffer=buffer), device)
-            screened += ids.numel() ** 2
+            if step >= done:
+                retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
+                                                                include_self, select, device, precision=precision,
+                                                                carry_norms=shared is None, buffer=buffer), device)
+                screened += ids.numel() ** 2
+                checkpoint_after(step + 1)
+            step += 1
             bar.update()
         for pi, pj in frames.block_order():
-            window = frames.window(pi, pj, store.tau, store.updates)
-            if window is not None:
-                retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision,
-                                                                    thresholds, carry_norms=shared is None,
-                                                                    buffer=buffer), device)
-                computed += 1
-                screened += 2 * window.pairs
+            if step < done:
+                frames.note_done(pi, pj)
+            else:
+                window = frames.window(pi, pj, store.tau, store.updates)
+                if window is not None:
+                    retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window,
+                                                                        precision, thresholds,
+                                                                        carry_norms=shared is None, buffer=buffer),
+                                            device)
+                    computed += 1
+                    screened += 2 * window.pairs
+                checkpoint_after(step + 1)
+            step += 1
             bar.update()
         bar.close()
+        if checkpoint is not None and keep_checkpoint and step > done:
+            checkpoint_after(step, force=True)  # only the finish is left to a run that resumes this
         skipped = len(parts) * (len(parts) - 1) // 2 - computed
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
@@ -159,7 +196,8 @@ def exact_graph(
     report = GraphReport(plan=plan, oom_retries=retries, exact=exact, store=store.stats,
                          evaluations_per_row=summarize_per_row([store.evaluations_per_row()]),
                          screened_per_row=summarize_per_row([store.screened_per_row()]),
-                         blocks_skipped=skipped, pairs_screened=screened)
+                         blocks_skipped=skipped, pairs_screened=screened,
+                         checkpoints={} if checkpoint is None else checkpoint.summary(done))
     return out_idx, out_dist, report
 
 

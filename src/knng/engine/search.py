@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from knng._inputs import InputArray, check_finite
+from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
 )
@@ -43,11 +45,14 @@ def exact_search(
     screen_dtype: "torch.dtype | str | None" = None,
     prepared: PreparedCorpus | None = None,
     plan: EnginePlan | None = None,
+    checkpoint: Checkpoint | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
     """Exact k nearest corpus vectors of every query; returns (indices, float64 distances, report).
 
     ``prepared`` reuses a corpus already prepared for this metric and screen precision (the
-    distributed search prepares each shard once for all query chunks).
+    distributed search prepares each shard once for all query chunks). ``checkpoint``: where
+    finished query rows are recorded, and how many a resumed run has already
+    (:mod:`knng.engine.checkpoint`).
     """
     if plan is None:
         plan = make_search_plan(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k=k, metric=metric.name,
@@ -73,6 +78,11 @@ def exact_search(
         rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
+        finished = None if checkpoint is None else _FinishedRows(checkpoint, queries.n, k)
+        if finished is not None and checkpoint is not None and checkpoint.resumed:
+            q0, retries = finished.restore(out_idx, out_dist, exact_stats, store_stats, per_row, screened)
+            bar.update(q0)
+        resumed_from = q0
         while q0 < queries.n:
             q1 = min(queries.n, q0 + rows_per_chunk)
             try:
@@ -100,11 +110,14 @@ def exact_search(
             store_stats.add(store.stats)
             per_row.append(store.evaluations_per_row())
             screened.append(store.screened_per_row())
+            if finished is not None:
+                finished.record(q0, q1, idx, dist, per_row[-1], screened[-1], exact_stats, store_stats, retries)
             bar.update(q1 - q0)
             q0 = q1
         bar.close()
     return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, summarize_per_row(per_row),
-                                         summarize_per_row(screened))
+                                         summarize_per_row(screened),
+                                         {} if finished is None else finished.checkpoint.summary(resumed_from))
 
 
 def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
@@ -141,12 +154,51 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
     values, positions = seed_candidates(scores, ks, select, device)
     store.seed(rows, sample[positions], values)
     del scores
-    n = corpus.n
     terms = pcorpus.terms32
-    for c0 in range(0, n, cols_per_tile):
-        c1 = min(n, c0 + cols_per_tile)
-        found = screen_rows(prep.vectors, pcorpus.tile(c0, c1), corpus.d,
+    for c0, c1, tile in pcorpus.tiles(cols_per_tile):
+        found = screen_rows(prep.vectors, tile, corpus.d,
                             store.screen_thresholds(rows, *pcorpus.maxima(c0, c1)), precision,
                             col_terms=None if terms is None else terms[c0:c1])
         store.add(found.owner, found.other + c0, found.keys)
     return store
+
+
+class _FinishedRows:
+    """A search's finished query rows in a checkpoint: results go into growing arrays of the
+    work area chunk by chunk; a checkpoint records how many rows are final (and the counters)."""
+
+    def __init__(self, checkpoint: Checkpoint, n: int, k: int) -> None:
+        self.checkpoint = checkpoint
+        self.idx = checkpoint.growing("indices", (n, k), "int64")
+        self.dist = checkpoint.growing("distances", (n, k), "float64")
+        self.evaluations = checkpoint.growing("evaluations", (n,), "int64")
+        self.screened = checkpoint.growing("screened", (n,), "int64")
+
+    def record(self, q0: int, q1: int, idx: torch.Tensor, dist: torch.Tensor, evaluations: torch.Tensor,
+               screened: torch.Tensor, exact_stats: ExactStats, store_stats: StoreStats, retries: int) -> None:
+        """Rows ``q0:q1`` are final; save a checkpoint if one is due (or these are the last)."""
+        self.idx[q0:q1] = idx.cpu().numpy()
+        self.dist[q0:q1] = dist.cpu().numpy()
+        self.evaluations[q0:q1] = evaluations.cpu().numpy()
+        self.screened[q0:q1] = screened.cpu().numpy()
+        n = self.idx.shape[0]
+        if self.checkpoint.due() or q1 == n:
+            self.checkpoint.save({"step": q1, "progress": f"{q1:,} of {n:,} queries done", "retries": retries,
+                                  "exact": vars(exact_stats), "store": vars(store_stats)})
+
+    def restore(self, out_idx: torch.Tensor, out_dist: torch.Tensor, exact_stats: ExactStats,
+                store_stats: StoreStats, per_row: list[torch.Tensor], screened: list[torch.Tensor]) -> tuple[int, int]:
+        """Copy the saved rows into the outputs and counters; returns (rows done, retries)."""
+        state = self.checkpoint.state
+        assert state is not None
+        q0 = int(state["step"])
+        device = out_idx.device
+        out_idx[:q0] = torch.from_numpy(np.array(self.idx[:q0])).to(device)
+        out_dist[:q0] = torch.from_numpy(np.array(self.dist[:q0])).to(device)
+        per_row.append(torch.from_numpy(np.array(self.evaluations[:q0])).to(device))
+        screened.append(torch.from_numpy(np.array(self.screened[:q0])).to(device))
+        for field, value in state["exact"].items():
+            setattr(exact_stats, field, int(value))
+        for field, value in state["store"].items():
+            setattr(store_stats, field, int(value))
+        return q0, int(state["retries"])

@@ -215,6 +215,31 @@ class CandidateStore:
         self.updates = 0
         self._interrupted = False  # a flush failed part-way; the next one drops repeats
 
+    # ----------------------------------------------------------------------------- checkpoints
+    #: The tensors a checkpoint saves: the candidates, thresholds and per-row report counters.
+    STATE_TENSORS = ("keys", "rad", "idx", "dist", "count", "tau", "_screened", "_evaluations", "_overflowed")
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """Everything a resumed run needs to go on as if never stopped (pending pairs taken in
+        first): the tensors of :data:`STATE_TENSORS` and the counters, as plain ints."""
+        self.flush()
+        tensors = {name.lstrip("_"): getattr(self, name) for name in self.STATE_TENSORS}
+        counters = dict(vars(self.stats), updates=self.updates)
+        return tensors, counters
+
+    def load_state(self, tensors: dict[str, "torch.Tensor"], counters: dict[str, int]) -> None:
+        """Restore what :meth:`state` returned (tensors may come from NumPy, any device)."""
+        for name in self.STATE_TENSORS:
+            mine = getattr(self, name)
+            saved = torch.as_tensor(tensors[name.lstrip("_")])
+            if saved.shape != mine.shape or saved.dtype != mine.dtype:
+                raise ValueError(f"checkpoint store {name!r}: {tuple(saved.shape)} {saved.dtype}, "
+                                 f"expected {tuple(mine.shape)} {mine.dtype}")
+            mine.copy_(saved)
+        self.stats = StoreStats(**{f: int(counters[f]) for f in vars(StoreStats())})
+        self.updates = int(counters["updates"])
+        self._pending, self._pending_size, self._interrupted = [], 0, False
+
     # ------------------------------------------------------------------------------- exchange
     def pack(self) -> torch.Tensor:
         """The whole store as one float64 (n, 3·capacity + 1) array: keys, ids, distances, τ.

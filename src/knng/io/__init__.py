@@ -9,6 +9,7 @@ This package imports nothing from the rest of ``knng``, so it stays usable on it
 """
 
 from knng.io.outputs import OutputFolder, OutputFolderError
+from knng.io.workarea import CheckpointExistsError, CheckpointMismatchError, WorkArea
 from knng.io.readers import (
     FORMATS,
     HDF5_DATASETS,
@@ -28,6 +29,9 @@ from knng.io.writers import (
 )
 
 __all__ = [
+    "CheckpointExistsError",
+    "CheckpointMismatchError",
+    "WorkArea",
     "FORMATS",
     "HDF5_DATASETS",
     "NEIGHBOR_FILES",

@@ -22,7 +22,9 @@ guarantee:
    sibling, which the next run over the folder renames in.
 4. **Crashes cleaned up.** At the next open, under the lock: a ready sibling without its folder
    is committed, every other sibling of an earlier run is removed, and so are the
-   ``.*.tmp-*``/``.*.bak-*`` files that earlier versions left inside the folder.
+   ``.*.tmp-*``/``.*.bak-*`` files that earlier versions left inside the folder. The one sibling
+   kept is the work area ``.NAME.knng-work``: the checkpoints a killed run resumes from
+   (``--resume``), deleted by the commit of the run's results.
 
 So a kill at any instant leaves the folder with either the old complete set or the new one
 (or, on file systems without the exchange, a ready set that the next run commits).
@@ -137,6 +139,13 @@ class OutputFolder:
         return self
 
     @property
+    def work_area(self) -> Path:
+        """Where the run keeps its checkpoints (:class:`knng.io.workarea.WorkArea`): a hidden sibling,
+        ``.NAME.knng-work``, under the folder's lock, kept across crashes and deleted by the
+        commit."""
+        return self.path.with_name(f".{self.path.name}.knng-work")
+
+    @property
     def staging(self) -> Path:
         """The folder to write the new results into (under their final names)."""
         if self._staging is None:
@@ -152,8 +161,8 @@ class OutputFolder:
             names = os.listdir(self.path.parent)
         except OSError:
             return []
-        return [self.path.parent / name for name in names
-                if name.startswith(prefix) and name != f".{self.path.name}.knng-lock"]
+        keep = {f".{self.path.name}.knng-lock", self.work_area.name}
+        return [self.path.parent / name for name in names if name.startswith(prefix) and name not in keep]
 
     # ------------------------------------------------------------------------------ the lock
     def _lock_path(self) -> Path:
@@ -283,6 +292,12 @@ class OutputFolder:
         if ready is not None:
             shutil.rmtree(ready, ignore_errors=True)
         self._staging = None
+        if os.path.lexists(self.work_area):
+            # The checkpoints of this run: its results are in, nothing there is needed any more.
+            trash = self._sibling("old")
+            os.rename(self.work_area, trash)
+            fsync_dir(self.path.parent)
+            shutil.rmtree(trash, ignore_errors=True)
         return self.path
 
 

@@ -1,0 +1,184 @@
+"""Checkpoints of a graph or a search: what a run saves, and how a killed run goes on.
+
+A run with a checkpoint folder (:class:`knng.io.workarea.WorkArea`) records, at intervals,
+everything it needs to continue:
+
+- **a graph**: the step it reached in its fixed sequence of blocks (the parts' own blocks, then
+  the blocks S(I, J), I < J, in the frames' order) and the candidate stores of every row after
+  that step (candidates, thresholds, report counters);
+- **a search**: how many query rows are finished; their results go into growing arrays of the
+  folder as each chunk completes.
+
+Resuming restores that state and skips the steps done. The answer is the same bit for bit as
+an uninterrupted run's: each row's answer is its exact top k by (distance, index), which does
+not depend on when its threshold tightened or which pairs it screened; only the report's
+counters (survivors, exact evaluations) may differ a little, as the stores take in their
+pending pairs at each checkpoint. The plan is saved at the start and reused on resuming, so
+the parts and block sequence are the ones the steps refer to.
+
+The fingerprint of a run (the inputs' identity, k, metric, screen precision, knng version,
+device kind) is saved when the folder is created; resuming with any of them changed is
+refused (:class:`knng.io.workarea.CheckpointMismatchError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from knng._inputs import InputArray
+from knng.engine.plan import EnginePlan
+from knng.io.workarea import WorkArea
+
+__all__ = ["Checkpoint", "input_fingerprint", "DEFAULT_INTERVAL", "FULL_HASH_BYTES"]
+
+#: Seconds between checkpoints at least (a run shorter than this writes only its start).
+DEFAULT_INTERVAL = 60.0
+#: A checkpoint waits at least this many times its own last duration: at most 1/OVERHEAD of
+#: the run's time goes to checkpoints, whatever the size of the state.
+OVERHEAD = 50.0
+#: Inputs up to this size are hashed whole; larger ones by :data:`SAMPLE_BLOCKS` row blocks
+#: spread over the whole input (plus, for files, their size and modification time).
+FULL_HASH_BYTES = 1 << 30
+SAMPLE_BLOCKS = 256
+_HASH_BLOCK_BYTES = 16 << 20
+_SAMPLE_BLOCK_BYTES = 1 << 20
+#: How refusals name the ways out (the Python argument and the command-line option).
+DESCRIBE_RESUME = "resume=True (--resume on the command line; --overwrite discards it)"
+
+
+def input_fingerprint(x: InputArray) -> dict[str, Any]:
+    """The identity of an input: shape, dtype, its file (if any) and a hash of its content."""
+    info: dict[str, Any] = {"shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", "")}
+    path = _file_of(x.source)
+    if path is not None:
+        st = os.stat(path)
+        info.update(file=os.path.realpath(path), size=st.st_size, mtime_ns=st.st_mtime_ns)
+    info["content"] = content_hash(x)
+    return info
+
+
+def content_hash(x: InputArray) -> str:
+    """BLAKE2b of the input's bytes: all of them up to :data:`FULL_HASH_BYTES`, else
+    :data:`SAMPLE_BLOCKS` blocks of rows spread evenly from the first row to the last."""
+    digest = hashlib.blake2b(digest_size=16)
+    row_bytes = max(1, x.d * x.dtype.itemsize)
+    step = max(1, _HASH_BLOCK_BYTES // row_bytes)
+    if x.n * row_bytes <= FULL_HASH_BYTES:
+        ranges = [(s, min(x.n, s + step)) for s in range(0, x.n, step)]
+    else:
+        rows = max(1, min(_SAMPLE_BLOCK_BYTES // row_bytes, x.n // SAMPLE_BLOCKS))
+        starts = np.linspace(0, x.n - rows, SAMPLE_BLOCKS).astype(np.int64)
+        ranges = [(int(s), int(s) + rows) for s in starts]
+        digest.update(b"sampled")
+    for start, stop in ranges:
+        block = x.rows(start, stop).detach().contiguous().cpu()
+        digest.update(block.view(torch.uint8).numpy().tobytes() if block.numel() else b"")
+    return digest.hexdigest()
+
+
+def _file_of(source: Any) -> str | None:
+    """The file behind a lazy input: a NumPy memory map's, or an h5py dataset's."""
+    name = getattr(source, "filename", None)
+    if isinstance(name, str) and os.path.isfile(name):
+        return name
+    file = getattr(source, "file", None)
+    name = getattr(file, "filename", None)
+    if isinstance(name, str) and os.path.isfile(name):
+        return name
+    return None
+
+
+class Checkpoint:
+    """A run's checkpoints in a work area: when to save, and what was saved.
+
+    Parameters
+    ----------
+    area : WorkArea
+        The folder.
+    fingerprint : dict
+        The run's identity (see :func:`input_fingerprint`); a resumed run must match it.
+    resume : bool
+        Continue the checkpoint found in the folder (if none is there, start from the beginning).
+    interval : float
+        Seconds between checkpoints at least; a checkpoint also waits :data:`OVERHEAD` times the
+        duration of the last one. 0: after every step, whatever it costs (for tests).
+    describe : str
+        How messages name the way to resume (``"--resume"`` on the command line).
+
+    Attributes
+    ----------
+    state : dict or None
+        The saved state to resume from (None: start from the beginning).
+    """
+
+    def __init__(self, area: WorkArea, fingerprint: dict[str, Any], resume: bool,
+                 interval: float = DEFAULT_INTERVAL, describe: str = DESCRIBE_RESUME) -> None:
+        if interval < 0:
+            raise ValueError(f"checkpoint_interval must be ≥ 0 seconds, got {interval}")
+        self.area = area
+        self.interval = float(interval)
+        self.state = area.start(fingerprint, resume, describe)
+        self.saves = 0
+        self.seconds = 0.0  # spent saving
+        self._last = time.monotonic()
+        self._cost = 0.0
+
+    @property
+    def resumed(self) -> bool:
+        """Whether this run continues a saved one."""
+        return self.state is not None and self.state.get("step", 0) > 0
+
+    def plan(self, planned: EnginePlan) -> EnginePlan:
+        """The plan to run: the saved one when resuming, else ``planned`` (then recorded)."""
+        if self.state is not None and "plan" in self.state:
+            saved = EnginePlan(**self.state["plan"])
+            if torch.device(saved.device).type != torch.device(planned.device).type:
+                raise ValueError(f"cannot resume on {planned.device}: the checkpoint in {self.area.path} was made on "
+                                 f"{saved.device}; resume on the same kind of device")
+            return saved
+        self.state = {"plan": planned.as_dict(), "step": 0, "progress": "started"}
+        self.area.save(self.state)
+        return planned
+
+    def due(self) -> bool:
+        """Whether enough time has passed since the last checkpoint to save another."""
+        if self.interval == 0:
+            return True
+        return time.monotonic() - self._last >= max(self.interval, OVERHEAD * self._cost)
+
+    def save(self, state: dict[str, Any], arrays: dict[str, torch.Tensor] | None = None) -> None:
+        """Record ``state`` (plain JSON values; the plan is kept) and ``arrays`` (a new generation)."""
+        t0 = time.monotonic()
+        full = dict(state, plan=self.state["plan"] if self.state else None)
+        self.area.save(full, None if arrays is None else {k: _numpy(v) for k, v in arrays.items()})
+        self.state = full
+        now = time.monotonic()
+        self._cost = now - t0
+        self.seconds += self._cost
+        self.saves += 1
+        self._last = now
+
+    def summary(self, resumed_from: int) -> dict[str, float]:
+        """What a report records: where the run resumed, checkpoints saved and their seconds."""
+        return {"resumed_from": resumed_from, "saves": self.saves, "seconds": round(self.seconds, 3)}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays of the saved state."""
+        return self.area.load(self.state) if self.state else {}
+
+    def growing(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.memmap:
+        """A growing array of the folder (a search's finished rows)."""
+        return self.area.array(name, shape, dtype)
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bool:
+        return t.numpy().copy()
+    return t.numpy()
