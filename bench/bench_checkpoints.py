@@ -53,7 +53,8 @@ def main() -> None:
                     seconds = time.perf_counter() - t0
                     if best is None or seconds < best[0]:
                         best = (seconds, dict(result.report.checkpoints))
-                row = {"operation": op, "interval_s": interval, "seconds": best[0], **best[1]}
+                saved = {f"checkpoint_{key}": value for key, value in best[1].items()}
+                row = {"operation": op, "interval_s": interval, "seconds": best[0], **saved}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
