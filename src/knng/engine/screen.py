@@ -156,8 +156,9 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     On a CPU each side is filtered by chunk minima first (cache-resident blocks: the reductions
     are cheap and most chunks keep nothing). On a GPU every pass over a 1 GiB block costs as
     much as the product: with Triton, one kernel reads the block once, tests both sides and
-    appends the survivors (:func:`knng.engine.fused.select_block`); without, the block is
-    compared once against both thresholds and ``nonzero`` finds the survivors, split afterwards.
+    appends each side's survivors to a list of its own (:func:`knng.engine.fused.select_sides`);
+    without, the block is compared once against both thresholds and ``nonzero`` finds the
+    survivors, split afterwards.
     """
     if col_thresholds is None:
         return row_survivors(scores, row_thresholds), None
@@ -166,8 +167,8 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     row_thr = _round_up(row_thresholds.to(scores.dtype), row_thresholds)
     col_thr = _round_up(col_thresholds.to(scores.dtype), col_thresholds)
     if fused.fused_available(scores.device):
-        out = fused.select_block(scores, row_thr, col_thr)
-        return _split_sides(out)
+        by_row, by_col = fused.select_sides(scores, row_thr, col_thr)
+        return Survivors(*by_row), Survivors(*by_col)
     mask = scores <= row_thr[:, None]
     mask |= scores <= col_thr[None, :]
     r, c = torch.nonzero(mask, as_tuple=True)
