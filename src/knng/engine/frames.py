@@ -69,7 +69,7 @@ class Tile:
     norms: torch.Tensor
     terms: torch.Tensor | None
     terms32: torch.Tensor | None = None
-    _maxima: tuple[float, float] | None = field(default=None, repr=False)
+    _maxima: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _queries: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -80,15 +80,18 @@ class Tile:
     def rows(self) -> int:
         return self.vectors.shape[0]
 
-    def maxima(self) -> tuple[float, float]:
-        """Largest norm and largest |term|: a radius valid for every row of the tile."""
+    def maxima(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Largest norm and largest |term|: a radius valid for every row of the tile.
+
+        0-dim float64 tensors on the tile's device: reading them on the host synchronised a GPU
+        twice per tile, four times per graph block.
+        """
         if self._maxima is None:
+            zero = self.norms.new_zeros(())
             if self.rows == 0:
-                self._maxima = (0.0, 0.0)
+                self._maxima = (zero, zero)
             else:
-                norm = float(self.norms.max())
-                term = float(self.terms.abs().max()) if self.terms is not None else 0.0
-                self._maxima = (norm, term)
+                self._maxima = (self.norms.max(), self.terms.abs().max() if self.terms is not None else zero)
         return self._maxima
 
     def queries(self, metric: Metric, d: int) -> torch.Tensor:

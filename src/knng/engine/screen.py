@@ -164,8 +164,10 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
         return row_survivors(scores, row_thresholds), None
     if scores.device.type != "cuda":
         return row_survivors(scores, row_thresholds), column_survivors(scores, col_thresholds)
-    row_thr = _round_up(row_thresholds.to(scores.dtype), row_thresholds)
-    col_thr = _round_up(col_thresholds.to(scores.dtype), col_thresholds)
+    # Both sides rounded in one pass (each step is a launch on a GPU).
+    both = torch.cat([row_thresholds, col_thresholds])
+    both_thr = _round_up(both.to(scores.dtype), both)
+    row_thr, col_thr = both_thr[:row_thresholds.numel()], both_thr[row_thresholds.numel():]
     if fused.fused_available(scores.device):
         by_row, by_col = fused.select_sides(scores, row_thr, col_thr)
         return Survivors(*by_row), Survivors(*by_col)

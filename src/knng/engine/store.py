@@ -92,10 +92,13 @@ class PairErrors:
         bound = self.metric.pair_bound(self.d, a, b, a_terms, b_terms, precision=self.precision)
         return self._add_float64(bound, keys.to(torch.float64), self.row_offsets[rows], a, b)
 
-    def block_err(self, rows: torch.Tensor, tau: torch.Tensor, max_col_norm: float, max_col_term: float,
-                  row_norms: torch.Tensor | None = None, row_terms: torch.Tensor | None = None) -> torch.Tensor:
+    def block_err(self, rows: torch.Tensor, tau: torch.Tensor, max_col_norm: "float | torch.Tensor",
+                  max_col_term: "float | torch.Tensor", row_norms: torch.Tensor | None = None,
+                  row_terms: torch.Tensor | None = None) -> torch.Tensor:
         """An error radius valid for every column of a block (norms ≤ the block's maxima).
 
+        ``max_col_norm``/``max_col_term``: numbers, or float64 tensors that broadcast to the rows
+        (a 0-dim tensor, or one value per row where rows of several blocks go together);
         ``row_norms``/``row_terms``: the rows' prepared norms and terms in the block's frame
         (default: the store's own).
         """
@@ -105,8 +108,8 @@ class PairErrors:
             row_norms = self.row_norms[rows]
             row_terms = None if self.row_terms is None else self.row_terms[rows]
         a = row_norms
-        b = torch.full_like(a, max_col_norm)
-        col_terms = torch.full_like(a, max_col_term) if self.metric.uses_terms else None
+        b = _filled(a, max_col_norm)
+        col_terms = _filled(a, max_col_term) if self.metric.uses_terms else None
         bound = self.metric.pair_bound(self.d, a, b, row_terms, col_terms, precision=self.precision)
         return self._add_float64(bound, tau, self.row_offsets[rows], a, b)
 
@@ -123,6 +126,13 @@ class PairErrors:
         offsets = self.row_offsets[rows]
         key = value - offsets
         return key, CONVERSION_SLACK * (value.abs() + offsets.abs())
+
+
+def _filled(like: torch.Tensor, value: "float | torch.Tensor") -> torch.Tensor:
+    """``value`` in the shape of ``like``: a number filled in, a tensor broadcast (no copy)."""
+    if isinstance(value, torch.Tensor):
+        return value.expand_as(like)
+    return torch.full_like(like, value)
 
 
 class PairNorms(NamedTuple):
@@ -256,7 +266,8 @@ class CandidateStore:
         return torch.where(idx >= 0, torch.where(exact, slack, screened), torch.inf)
 
     # ------------------------------------------------------------------------------ thresholds
-    def screen_thresholds(self, rows: torch.Tensor, max_col_norm: float, max_col_term: float,
+    def screen_thresholds(self, rows: torch.Tensor, max_col_norm: "float | torch.Tensor",
+                          max_col_term: "float | torch.Tensor",
                           row_norms: torch.Tensor | None = None, row_terms: torch.Tensor | None = None
                           ) -> torch.Tensor:
         """Per-row thresholds on raw screen keys for a block: keep s̃ ≤ τ + err(block).
