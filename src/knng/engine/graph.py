@@ -299,9 +299,10 @@ def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: Candida
     rows = frames.ids(pi)[window.r0:window.r1]
     cols = frames.ids(pj)[window.c0:window.c1]
     d = frames.d
-    if thresholds is not None:
-        row_thr, col_thr = thresholds(rows), thresholds(cols)
-    else:
+
+    def block_thresholds() -> tuple[torch.Tensor, torch.Tensor]:
+        if thresholds is not None:
+            return thresholds(rows), thresholds(cols)
         # Both sides in one computation: the same float64 arithmetic per point, in half the
         # launches (it is a few dozen elementwise steps on vectors of at most a part).
         r = rows.numel()
@@ -311,9 +312,10 @@ def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: Candida
             torch.cat([col_term.expand(r), row_term.expand(cols.numel())]),
             row_norms=torch.cat([rows_tile.norms, cols_tile.norms]),
             row_terms=None if rows_tile.terms is None else torch.cat([rows_tile.terms, cols_tile.terms]))
-        row_thr, col_thr = both[:r], both[r:]
-    by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d, row_thr, col_thr, precision,
-                                  row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=buffer)
+        return both[:r], both[r:]
+
+    by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d, block_thresholds, None,
+                                  precision, row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=buffer)
     norms = None
     if carry_norms:
         by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)

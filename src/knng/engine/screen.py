@@ -19,6 +19,7 @@ the path; the engine calls only them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -235,20 +236,30 @@ def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tens
     return row_survivors(scores, thresholds)
 
 
-def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds: torch.Tensor,
-                 col_thresholds: torch.Tensor, precision: ScreenPrecision, *, row_terms: torch.Tensor | None = None,
-                 col_terms: torch.Tensor | None = None, buffer: ScoreBuffer | None = None
-                 ) -> tuple[Survivors, Survivors]:
+def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
+                 row_thresholds: "torch.Tensor | Callable[[], tuple[torch.Tensor, torch.Tensor]]",
+                 col_thresholds: torch.Tensor | None, precision: ScreenPrecision, *,
+                 row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None,
+                 buffer: ScoreBuffer | None = None) -> tuple[Survivors, Survivors]:
     """Both sides of a symmetric block ``a · bᵀ``: pairs kept by their row, and by their column.
 
+    ``row_thresholds`` may be a function returning both sides' thresholds (``col_thresholds``
+    None): a materialised block's product is then issued first, and on a GPU the thresholds'
+    few dozen small launches queue behind it instead of keeping the GPU idle before it.
     ``buffer``: where a materialised block is written."""
     if use_kernel(precision, a.device):
+        if callable(row_thresholds):
+            row_thresholds, col_thresholds = row_thresholds()
+        assert col_thresholds is not None
         out = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
                                  _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
                                  precision.name)
         return _split_sides(out)
-    by_row, by_col = block_survivors(block_scores(a, b, d, precision, row_terms, col_terms, buffer),
-                                     row_thresholds, col_thresholds)
+    scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
+    if callable(row_thresholds):
+        row_thresholds, col_thresholds = row_thresholds()
+    assert col_thresholds is not None
+    by_row, by_col = block_survivors(scores, row_thresholds, col_thresholds)
     assert by_col is not None
     return by_row, by_col
 
