@@ -11,7 +11,7 @@ directions. Then every point's candidates go through the same exact finish as a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -22,7 +22,9 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
 from knng.engine.plan import PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
-from knng.engine.screen import ScoreBuffer, block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
+from knng.engine.screen import (
+    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, use_kernel,
+)
 from knng.engine.store import CandidateStore, PairErrors, PairNorms, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric, ScreenPrecision
@@ -134,7 +136,7 @@ def exact_graph(
         thresholds = None if shared is None else _SharedThresholds.when_uniform(store, norms, terms,
                                                                                  [frames.ids(p) for p in range(len(parts))])
         buffer = ScoreBuffer() if device.type == "cpu" else None
-        retries = computed = screened = 0
+        retries = screened = 0
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi in range(len(parts)):
             ids = frames.ids(pi)
@@ -143,15 +145,10 @@ def exact_graph(
                                                             carry_norms=shared is None, buffer=buffer), device)
             screened += ids.numel() ** 2
             bar.update()
-        for pi, pj in frames.block_order():
-            window = frames.window(pi, pj, store.tau, store.updates)
-            if window is not None:
-                retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window, precision,
-                                                                    thresholds, carry_norms=shared is None,
-                                                                    buffer=buffer), device)
-                computed += 1
-                screened += 2 * window.pairs
-            bar.update()
+        computed, off_diagonal, off_retries = _off_diagonal_blocks(frames, store, metric, precision, thresholds, device,
+                                                                   carry_norms=shared is None, buffer=buffer, bar=bar)
+        screened += off_diagonal
+        retries += off_retries
         bar.close()
         skipped = len(parts) * (len(parts) - 1) // 2 - computed
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
@@ -281,48 +278,120 @@ class _SharedThresholds:
         return self.values[ids]
 
 
-def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric, pi: int,
-                        pj: int, window: Window, precision: ScreenPrecision,
-                        thresholds: _SharedThresholds | None, *, carry_norms: bool,
-                        buffer: ScoreBuffer | None = None) -> None:
-    """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J).
+class _OffDiagonalBlock:
+    """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column
+    (part J), in three steps that the graph's loop interleaves with the next block's.
+
+    :meth:`start` issues the block's product (it needs nothing from the store), :meth:`screen`
+    computes both sides' thresholds and keeps the survivors, :meth:`add` hands them to the
+    store. On a GPU the loop issues the next block's product before this block's store update
+    unless that update flushes (then the next window must see the new thresholds), so the
+    update's launches queue behind a product instead of leaving the GPU idle before it; the
+    store sees the same survivors in the same order as one block after the other.
 
     ``thresholds``: every point's threshold, when all blocks share one centre and the parts'
     norms are alike (else each block's are computed against its own maxima); ``carry_norms``:
     survivors bring their block's norms (blocks centred on their own part); ``buffer``: where the
     materialised block is written.
     """
-    own = frames.own(pi)
-    own.queries(metric, frames.d)  # kept on the part's tile, so that its slices share it
-    rows_tile = own.slice(window.r0, window.r1)
-    cols_tile = frames.column(pj, pi, window.c0, window.c1)
-    rows = frames.ids(pi)[window.r0:window.r1]
-    cols = frames.ids(pj)[window.c0:window.c1]
-    d = frames.d
 
-    def block_thresholds() -> tuple[torch.Tensor, torch.Tensor]:
-        if thresholds is not None:
-            return thresholds(rows), thresholds(cols)
-        # Both sides in one computation: the same float64 arithmetic per point, in half the
-        # launches (it is a few dozen elementwise steps on vectors of at most a part).
-        r = rows.numel()
-        (row_max, row_term), (col_max, col_term) = rows_tile.maxima(), cols_tile.maxima()
-        both = store.screen_thresholds(
-            torch.cat([rows, cols]), torch.cat([col_max.expand(r), row_max.expand(cols.numel())]),
-            torch.cat([col_term.expand(r), row_term.expand(cols.numel())]),
-            row_norms=torch.cat([rows_tile.norms, cols_tile.norms]),
-            row_terms=None if rows_tile.terms is None else torch.cat([rows_tile.terms, cols_tile.terms]))
-        return both[:r], both[r:]
+    def __init__(self, frames: "GlobalFrames | PrincipalFrames", metric: Metric, pi: int, pj: int, window: Window,
+                 precision: ScreenPrecision, *, carry_norms: bool, buffer: ScoreBuffer | None = None) -> None:
+        self.window, self.precision, self.carry_norms, self.buffer = window, precision, carry_norms, buffer
+        self.d = d = frames.d
+        own = frames.own(pi)
+        own.queries(metric, d)  # kept on the part's tile, so that its slices share it
+        self.rows_tile = own.slice(window.r0, window.r1)
+        self.cols_tile = frames.column(pj, pi, window.c0, window.c1)
+        self.rows = frames.ids(pi)[window.r0:window.r1]
+        self.cols = frames.ids(pj)[window.c0:window.c1]
+        self.queries = self.rows_tile.queries(metric, d)
+        self.scores: torch.Tensor | None = None
 
-    by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d, block_thresholds, None,
-                                  precision, row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=buffer)
-    norms = None
-    if carry_norms:
-        by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)
-        by_cols = _pair_norms(cols_tile, rows_tile, by_col.owner, by_col.other)
-        norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
-    store.add(torch.cat([rows[by_row.owner], cols[by_col.owner]]), torch.cat([cols[by_row.other], rows[by_col.other]]),
-              torch.cat([by_row.keys, by_col.keys]), norms)
+    def start(self) -> None:
+        """Issue the product (where the block is materialised)."""
+        self.scores = pair_scores(self.queries, self.cols_tile.vectors, self.d, self.precision,
+                                  row_terms=self.rows_tile.terms32, col_terms=self.cols_tile.terms32,
+                                  buffer=self.buffer)
+
+    def screen(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> tuple[Survivors, Survivors]:
+        """Both sides' survivors against the store's current thresholds (the product again if it
+        was dropped, after an out-of-memory error)."""
+        rows, cols, rows_tile, cols_tile = self.rows, self.cols, self.rows_tile, self.cols_tile
+
+        def block_thresholds() -> tuple[torch.Tensor, torch.Tensor]:
+            if thresholds is not None:
+                return thresholds(rows), thresholds(cols)
+            # Both sides in one computation: the same float64 arithmetic per point, in half the
+            # launches (it is a few dozen elementwise steps on vectors of at most a part).
+            r = rows.numel()
+            (row_max, row_term), (col_max, col_term) = rows_tile.maxima(), cols_tile.maxima()
+            both = store.screen_thresholds(
+                torch.cat([rows, cols]), torch.cat([col_max.expand(r), row_max.expand(cols.numel())]),
+                torch.cat([col_term.expand(r), row_term.expand(cols.numel())]),
+                row_norms=torch.cat([rows_tile.norms, cols_tile.norms]),
+                row_terms=None if rows_tile.terms is None else torch.cat([rows_tile.terms, cols_tile.terms]))
+            return both[:r], both[r:]
+
+        scores, self.scores = self.scores, None
+        return screen_pairs(self.queries, cols_tile.vectors, self.d, block_thresholds, None, self.precision,
+                            row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=self.buffer,
+                            scores=scores)
+
+    def add(self, store: CandidateStore, by_row: Survivors, by_col: Survivors) -> None:
+        """Hand the survivors to the store."""
+        rows, cols = self.rows, self.cols
+        norms = None
+        if self.carry_norms:
+            by_rows = _pair_norms(self.rows_tile, self.cols_tile, by_row.owner, by_row.other)
+            by_cols = _pair_norms(self.cols_tile, self.rows_tile, by_col.owner, by_col.other)
+            norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
+        store.add(torch.cat([rows[by_row.owner], cols[by_col.owner]]),
+                  torch.cat([cols[by_row.other], rows[by_col.other]]), torch.cat([by_row.keys, by_col.keys]), norms)
+
+
+def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric,
+                         precision: ScreenPrecision, thresholds: "_SharedThresholds | None", device: torch.device, *,
+                         carry_norms: bool, buffer: ScoreBuffer | None, bar: Progress) -> tuple[int, int, int]:
+    """Every block S(I, J), I < J, whose window is not empty; returns (blocks computed, pairs
+    screened, out-of-memory retries). See :class:`_OffDiagonalBlock` for the order of steps."""
+    computed = screened = retries = 0
+
+    def windows() -> Iterator[_OffDiagonalBlock]:
+        for pi, pj in frames.block_order():
+            window = frames.window(pi, pj, store.tau, store.updates)
+            bar.update()
+            if window is not None:
+                yield _OffDiagonalBlock(frames, metric, pi, pj, window, precision, carry_norms=carry_norms,
+                                        buffer=buffer)
+
+    def start(block: _OffDiagonalBlock | None) -> _OffDiagonalBlock | None:
+        nonlocal retries
+        if block is not None:
+            retries += retry_on_oom(block.start, device)
+        return block
+
+    def screen(block: _OffDiagonalBlock) -> tuple[Survivors, Survivors]:
+        found: list[tuple[Survivors, Survivors]] = []
+        nonlocal retries
+        # A retry drops the product (block.screen takes it) and computes it again.
+        retries += retry_on_oom(lambda: found.append(block.screen(store, thresholds)), device)
+        return found[-1]
+
+    todo = windows()
+    block = start(next(todo, None))
+    while block is not None:
+        by_row, by_col = screen(block)
+        if store.would_flush(by_row.owner.numel() + by_col.owner.numel()):
+            retries += retry_on_oom(lambda: block.add(store, by_row, by_col), device)
+            following = start(next(todo, None))
+        else:
+            following = start(next(todo, None))
+            retries += retry_on_oom(lambda: block.add(store, by_row, by_col), device)
+        computed += 1
+        screened += 2 * block.window.pairs
+        block = following
+    return computed, screened, retries
 
 
 def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int = 3) -> int:

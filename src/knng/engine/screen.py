@@ -27,7 +27,7 @@ from knng.engine import fused
 from knng.metrics import ScreenPrecision
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
-           "screen_rows", "screen_pairs", "use_kernel"]
+           "screen_rows", "screen_pairs", "pair_scores", "use_kernel"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest
@@ -236,17 +236,29 @@ def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tens
     return row_survivors(scores, thresholds)
 
 
+def pair_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision, *,
+                row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None,
+                buffer: ScoreBuffer | None = None) -> torch.Tensor | None:
+    """The block :func:`screen_pairs` would materialise (its ``scores``), or None where the fused
+    kernel screens it without one."""
+    if use_kernel(precision, a.device):
+        return None
+    return block_scores(a, b, d, precision, row_terms, col_terms, buffer)
+
+
 def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
                  row_thresholds: "torch.Tensor | Callable[[], tuple[torch.Tensor, torch.Tensor]]",
                  col_thresholds: torch.Tensor | None, precision: ScreenPrecision, *,
                  row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None,
-                 buffer: ScoreBuffer | None = None) -> tuple[Survivors, Survivors]:
+                 buffer: ScoreBuffer | None = None, scores: torch.Tensor | None = None
+                 ) -> tuple[Survivors, Survivors]:
     """Both sides of a symmetric block ``a · bᵀ``: pairs kept by their row, and by their column.
 
     ``row_thresholds`` may be a function returning both sides' thresholds (``col_thresholds``
     None): a materialised block's product is then issued first, and on a GPU the thresholds'
     few dozen small launches queue behind it instead of keeping the GPU idle before it.
-    ``buffer``: where a materialised block is written."""
+    ``buffer``: where a materialised block is written; ``scores``: the block from
+    :func:`pair_scores`, if already issued."""
     if use_kernel(precision, a.device):
         if callable(row_thresholds):
             row_thresholds, col_thresholds = row_thresholds()
@@ -255,7 +267,8 @@ def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
                                  _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
                                  precision.name)
         return _split_sides(out)
-    scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
+    if scores is None:
+        scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
     if callable(row_thresholds):
         row_thresholds, col_thresholds = row_thresholds()
     assert col_thresholds is not None

@@ -320,6 +320,10 @@ class CandidateStore:
         if self._pending_size >= self.flush_size:
             self.flush()
 
+    def would_flush(self, pairs: int) -> bool:
+        """Whether :meth:`add` of ``pairs`` survivors would take the pending ones in (and change τ)."""
+        return pairs > 0 and self._pending_size + pairs >= self.flush_size
+
     def flush(self) -> None:
         """Take every pending survivor into the store (tightening rows that overflow)."""
         if not self._pending:
