@@ -296,3 +296,29 @@ def test_select_block_needs_contiguous_rows(interpret):
     scores = torch.zeros((8, 6)).T
     with pytest.raises(ValueError, match="contiguous"):
         fused.select_block(scores, torch.zeros(6), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(37, 70), (16, 32), (1, 5), (50, 1), (0, 9), (9, 0)])
+@pytest.mark.parametrize("hint", [3, None])
+def test_select_sides_in_the_interpreter(interpret, rng, dtype, shape, hint):
+    # Each side in a list of its own: (row, column) pairs kept by their row, (column, row) pairs
+    # kept by their column; together exactly the entries a compare finds, each once per side.
+    m, n = shape
+    scores = torch.from_numpy(rng.integers(0, 12, size=shape).astype(np.float64)).to(dtype)  # many ties
+    row_thr = torch.from_numpy(rng.integers(-1, 6, size=m).astype(np.float64)).to(dtype)
+    if m > 2:
+        row_thr[0], row_thr[1] = torch.inf, -torch.inf  # a row that keeps all, one that keeps none
+    col_thr = torch.from_numpy(rng.integers(-1, 4, size=n).astype(np.float64)).to(dtype)
+    by_row, by_col = fused.select_sides(scores, row_thr, col_thr, capacity_hint=hint)  # 3 forces the relaunch
+    got = set()
+    for side, (owner, other, keys) in ((1, by_row), (2, by_col)):
+        assert keys.dtype == dtype and owner.dtype == other.dtype == torch.int64
+        pairs = list(zip(owner.tolist(), other.tolist()))
+        assert len(pairs) == len(set(pairs)), "an entry was listed twice"
+        rows, cols = (owner, other) if side == 1 else (other, owner)
+        assert torch.equal(keys, scores[rows, cols])
+        got |= {(r, c, side) for r, c in zip(rows.tolist(), cols.tolist())}
+    both = {(r, c) for r, c, s in got if s == 1} & {(r, c) for r, c, s in got if s == 2}
+    got = {(r, c, 3 if (r, c) in both else s) for r, c, s in got}
+    assert got == _select_reference(scores, row_thr, col_thr)

@@ -134,6 +134,30 @@ def test_kernel_keeps_what_the_bound_says(precision, symmetric, seed):
         assert bool((out.keys[~by_col] > col_thr.float()[out.cols[~by_col]]).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1000, 1537), (17, 3000), (2048, 5)])
+@pytest.mark.parametrize("hint", [7, None])
+def test_select_sides_on_the_hardware(seed, dtype, shape, hint):
+    # Both sides of a block in memory, each in its own list: exactly the entries a compare
+    # keeps for their row and for their column, each once, with their keys; many ties at the
+    # thresholds, a row that keeps all and one that keeps none; hint 7 forces the relaunch.
+    g = _gen(seed)
+    m, n = shape
+    scores = torch.randint(0, 40, shape, generator=g, device="cuda").to(dtype)
+    row_thr = torch.randint(-1, 6, (m,), generator=g, device="cuda").to(dtype)
+    col_thr = torch.randint(-1, 4, (n,), generator=g, device="cuda").to(dtype)
+    row_thr[0], row_thr[1] = torch.inf, -torch.inf
+    by_row, by_col = fused.select_sides(scores, row_thr, col_thr, capacity_hint=hint)
+    for (owner, other, keys), expect in ((by_row, scores <= row_thr[:, None]),
+                                         (by_col, (scores <= col_thr[None, :]).T)):
+        kept = torch.zeros_like(expect)
+        kept[owner, other] = True
+        assert int(kept.sum()) == owner.numel(), f"seed={seed}: an entry was listed twice"
+        assert torch.equal(kept, expect), f"seed={seed}"
+        block = scores if expect.shape == scores.shape else scores.T
+        assert torch.equal(keys, block[owner, other])
+
+
 def test_kernel_excludes_the_diagonal(seed):
     g = _gen(seed)
     x = torch.randn((700, 40), generator=g, device="cuda")

@@ -69,6 +69,24 @@ def _append_by_rows(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_k
 
 
 @triton.jit
+def _append_pairs(keep, owner, other, acc, out_owner, out_other, out_keys, counter, capacity):
+    """Append a tile's kept entries as (owner, other, key) to one list, each slot from two short
+    scans as in :func:`_append_by_rows`; ``owner`` and ``other`` are the tile's positions,
+    broadcast to its shape."""
+    k32 = keep.to(tl.int32)
+    per_row = tl.sum(k32, axis=1)
+    found = tl.sum(per_row, axis=0)
+    if found > 0:
+        base = tl.atomic_add(counter, found)
+        row_start = tl.cumsum(per_row, axis=0) - per_row
+        slot = base + row_start[:, None] + tl.cumsum(k32, axis=1) - 1
+        ok = keep & (slot < capacity) & (slot >= 0)  # >= 0: a wrapped counter writes nothing
+        tl.store(out_owner + slot, owner, mask=ok)
+        tl.store(out_other + slot, other, mask=ok)
+        tl.store(out_keys + slot, acc, mask=ok)
+
+
+@triton.jit
 def screen_kernel(
     A, B, row_terms, col_terms, row_thr, col_thr,
     out_rows, out_cols, out_keys, out_side, counter,
@@ -136,3 +154,29 @@ def select_kernel(
     keep, by_row, by_col = _test_sides(acc, valid, rm, rn, row_ok, col_ok, row_thr, col_thr, SYMMETRIC)
     _append_by_rows(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
                     SYMMETRIC, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def select_sides_kernel(
+    S, stride_s, row_thr, col_thr, row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters,
+    m, n, capacity, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    # select_kernel's test of both sides, each side appended to a list of its own (counters[0]
+    # and counters[1]): the pairs kept by their row as (row, column), those kept by their
+    # column as (column, row). The engine wants the two apart, and splitting one list by its
+    # side flags on the host cost six boolean-mask gathers, each a synchronisation, per block.
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(n, BLOCK_N)
+    pid_m = pid // tiles_n
+    pid_n = pid % tiles_n
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rm < m
+    col_ok = rn < n
+    valid = row_ok[:, None] & col_ok[None, :]
+    acc = tl.load(S + rm[:, None].to(tl.int64) * stride_s + rn[None, :], mask=valid, other=0.0)
+    _, by_row, by_col = _test_sides(acc, valid, rm, rn, row_ok, col_ok, row_thr, col_thr, True)
+    rows = tl.broadcast_to(rm[:, None], (BLOCK_M, BLOCK_N))
+    cols = tl.broadcast_to(rn[None, :], (BLOCK_M, BLOCK_N))
+    _append_pairs(by_row, rows, cols, acc, row_owner, row_other, row_keys, counters, capacity)
+    _append_pairs(by_col, cols, rows, acc, col_owner, col_other, col_keys, counters + 1, capacity)

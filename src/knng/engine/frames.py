@@ -69,7 +69,7 @@ class Tile:
     norms: torch.Tensor
     terms: torch.Tensor | None
     terms32: torch.Tensor | None = None
-    _maxima: tuple[float, float] | None = field(default=None, repr=False)
+    _maxima: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _queries: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -80,15 +80,18 @@ class Tile:
     def rows(self) -> int:
         return self.vectors.shape[0]
 
-    def maxima(self) -> tuple[float, float]:
-        """Largest norm and largest |term|: a radius valid for every row of the tile."""
+    def maxima(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Largest norm and largest |term|: a radius valid for every row of the tile.
+
+        0-dim float64 tensors on the tile's device: reading them on the host synchronised a GPU
+        twice per tile, four times per graph block.
+        """
         if self._maxima is None:
+            zero = self.norms.new_zeros(())
             if self.rows == 0:
-                self._maxima = (0.0, 0.0)
+                self._maxima = (zero, zero)
             else:
-                norm = float(self.norms.max())
-                term = float(self.terms.abs().max()) if self.terms is not None else 0.0
-                self._maxima = (norm, term)
+                self._maxima = (self.norms.max(), self.terms.abs().max() if self.terms is not None else zero)
         return self._maxima
 
     def queries(self, metric: Metric, d: int) -> torch.Tensor:
@@ -250,12 +253,18 @@ class PrincipalFrames:
             self.centres = [centre] * len(self.parts)
         self._own: dict[int, Tile] = {}
         # Each part's first and last position along u, as Python floats.
-        self._ends = [tuple(self.proj[[i0, i1 - 1]].tolist()) for i0, i1 in self.parts]
+        ends = torch.tensor([[i0, i1 - 1] for i0, i1 in self.parts], device=device)
+        self._ends_t = self.proj[ends]
+        self._ends = [tuple(e) for e in self._ends_t.tolist()]
+        self._starts = ends[:, 0]
+        self._lengths = ends[:, 1] - ends[:, 0] + 1
         self._reach_version = -1
         self._since_refresh = 0
         self._ahead = self._behind = self.proj
         self._ahead_range: list[tuple[float, float]] = []
         self._behind_range: list[tuple[float, float]] = []
+        self._ranges = self._ahead_max = self._behind_min = self.proj
+        self._bands: dict[int, list[list[int]]] = {}
 
     def evaluate(self, metric: Metric, rows: torch.Tensor, cols: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Exact float64 distances of pairs of original ids (``cols`` (p,) or (m, w)), read from
@@ -326,7 +335,11 @@ class PrincipalFrames:
         return root * (1.0 + REACH_SLACK) + 2.0 * self.eps
 
     def _refresh_reach(self, tau: torch.Tensor, version: int) -> None:
-        """Every point's reach along u from ``tau``, and each part's range of it (one sync)."""
+        """Every point's reach along u from ``tau``, and each part's range of it (one sync).
+
+        Also, per part, the running maximum of the rows' furthest reach ahead and the suffix
+        minimum of the nearest reach behind: what :meth:`_band` finds windows in.
+        """
         reach = self.reach(tau[self.order])
         self._ahead, self._behind = self.proj + reach, self.proj - reach
         parts, size = len(self.parts), self.parts[0][1] - self.parts[0][0]
@@ -335,11 +348,16 @@ class PrincipalFrames:
         def per_part(values: torch.Tensor, fill: float) -> torch.Tensor:
             return torch.cat([values, values.new_full((pad,), fill)]).view(parts, size)
 
-        ranges = torch.stack([per_part(self._ahead, torch.inf).amin(1), per_part(self._ahead, -torch.inf).amax(1),
-                              per_part(self._behind, torch.inf).amin(1), per_part(self._behind, -torch.inf).amax(1)],
-                             dim=1).tolist()
+        ahead_lo, behind_hi = per_part(self._ahead, -torch.inf), per_part(self._behind, torch.inf)
+        self._ranges = torch.stack([per_part(self._ahead, torch.inf).amin(1), ahead_lo.amax(1),
+                                    behind_hi.amin(1), per_part(self._behind, -torch.inf).amax(1)], dim=1)
+        ranges = self._ranges.tolist()
         self._ahead_range = [(r[0], r[1]) for r in ranges]
         self._behind_range = [(r[2], r[3]) for r in ranges]
+        # Padding: -inf ahead never reaches, +inf behind never reaches back.
+        self._ahead_max = torch.cummax(ahead_lo, dim=1).values
+        self._behind_min = torch.flip(torch.cummin(torch.flip(behind_hi, [1]), dim=1).values, [1])
+        self._bands = {}
         self._reach_version = version
 
     def window(self, row_part: int, col_part: int, tau: torch.Tensor, version: int) -> Window | None:
@@ -372,22 +390,39 @@ class PrincipalFrames:
         self._live = True
         if least_ahead >= last_col or most_behind <= first_row:
             return Window(0, i1 - i0, 0, j1 - j0)  # some side needs the whole block
-        ahead, behind = self._ahead[i0:i1], self._behind[j0:j1]   # furthest / nearest position needed
-        p_rows, p_cols = self.proj[i0:i1], self.proj[j0:j1]
-        rows_need = ahead >= first_col
-        cols_need = behind <= last_row
-        lowest = least_behind if least_behind <= last_row else torch.inf   # min over needing columns
-        furthest = most_ahead if most_ahead >= first_col else -torch.inf   # max over needing rows
-        first_needing = torch.where(rows_need.any(), rows_need.to(torch.int8).argmax(), i1 - i0)
-        after_needing = torch.where(cols_need.any(),
-                                    cols_need.numel() - torch.flip(cols_need, [0]).to(torch.int8).argmax(), 0)
-        bounds = torch.stack([
-            first_needing, torch.searchsorted(p_rows, p_rows.new_tensor([lowest]), right=False)[0],
-            after_needing, torch.searchsorted(p_cols, p_cols.new_tensor([furthest]), right=True)[0],
-        ]).tolist()
-        r0 = min(bounds[0], bounds[1])
-        c1 = max(bounds[2], bounds[3])
+        offset = col_part - row_part
+        if offset not in self._bands:
+            self._bands[offset] = self._band(offset)
+        r0, c1 = self._bands[offset][row_part]
         return Window(r0, i1 - i0, 0, c1)
+
+    def _band(self, offset: int) -> list[list[int]]:
+        """``[r0, c1]`` of the windows of every block (I, I + offset) under the current reach.
+
+        One batched computation and one transfer for a whole band of blocks (per block, its
+        few steps and the transfer of their result synchronised a GPU three times). For block
+        (I, J): the first row of I whose reach ahead meets J's first column (the first position
+        where I's running maximum of it does), or from which the nearest column needing I
+        lies ahead; the last column of J whose reach behind meets I's last row (the columns
+        whose suffix minimum of it does), or up to the furthest that a needing row reaches.
+        """
+        parts = len(self.parts)
+        rows = torch.arange(parts - offset, device=self.device)
+        cols = rows + offset
+        first_col, last_row = self._ends_t[cols, 0], self._ends_t[rows, 1]
+        least_behind, most_ahead = self._ranges[cols, 2], self._ranges[rows, 1]
+        inf = torch.full_like(first_col, torch.inf)
+        lowest = torch.where(least_behind <= last_row, least_behind, inf)      # min over needing columns
+        furthest = torch.where(most_ahead >= first_col, most_ahead, -inf)      # max over needing rows
+        first_needing = torch.minimum(torch.searchsorted(self._ahead_max[rows], first_col[:, None])[:, 0],
+                                      self._lengths[rows])
+        after_needing = torch.searchsorted(self._behind_min[cols], last_row[:, None], right=True)[:, 0]
+        # Positions along u are sorted across parts: a search in the whole order, clipped to a part.
+        from_lowest = (torch.searchsorted(self.proj, lowest) - self._starts[rows]).clamp(min=0)
+        to_furthest = (torch.searchsorted(self.proj, furthest, right=True) - self._starts[cols]).clamp(min=0)
+        r0 = torch.minimum(first_needing, torch.minimum(from_lowest, self._lengths[rows]))
+        c1 = torch.maximum(after_needing, torch.minimum(to_furthest, self._lengths[cols]))
+        return torch.stack([r0, c1], dim=1).tolist()
 
 
 def translation_invariant(metric: Metric) -> bool:

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["fused_available", "screen_block", "select_block", "BlockSurvivors", "DOT_PRECISION", "SELECT_TILE"]
+__all__ = ["fused_available", "screen_block", "select_block", "select_sides", "BlockSurvivors", "DOT_PRECISION",
+           "SELECT_TILE"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -88,7 +89,7 @@ def _kernel(interpret: bool):
     ``TRITON_INTERPRET`` when it jits, so the interpreter is chosen before the first call."""
     from knng.engine import _triton_kernels
 
-    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel
+    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel, _triton_kernels.select_sides_kernel
 
 
 def _tile_config(precision: str, interpret: bool) -> dict:
@@ -133,7 +134,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         Expected survivors; the list grows (one relaunch) when a block keeps more.
     """
     interpret = _interpreting()
-    kernel, _ = _kernel(interpret)
+    kernel = _kernel(interpret)[0]
     m, n = a.shape[0], b.shape[0]
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("screen_block needs rows stored contiguously")
@@ -169,7 +170,7 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
     back in it. Rows of ``scores`` must be contiguous.
     """
     interpret = _interpreting()
-    _, kernel = _kernel(interpret)
+    kernel = _kernel(interpret)[1]
     m, n = scores.shape
     if m and n and scores.stride(1) != 1:
         raise ValueError("select_block needs rows stored contiguously")
@@ -185,6 +186,57 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
                      SYMMETRIC=symmetric, **cfg, **extra)
 
     return _collect(launch, m, n, capacity_hint, symmetric, scores.dtype, scores.device)
+
+
+#: Survivors per side the last :func:`select_sides` found on each device. The next block's lists
+#: start a quarter larger: k = 100 graph blocks keep more than INITIAL_PER_ROW pairs per row
+#: early on, and each overflow ran the kernel twice (71 of 666 blocks of a 582k × 64 graph).
+_last_found: dict[torch.device, int] = {}
+
+
+def select_sides(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor,
+                 capacity_hint: int | None = None
+                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Both sides of a symmetric score block in memory, each as its own list.
+
+    The same test as :func:`select_block` with ``col_thr``; returns ``(rows, cols, keys)`` of
+    the entries ≤ their row's threshold and ``(cols, rows, keys)`` of those ≤ their column's
+    (int64 positions, keys in the block's dtype). One synchronisation reads both lists' sizes.
+    """
+    interpret = _interpreting()
+    kernel = _kernel(interpret)[2]
+    m, n = scores.shape
+    device = scores.device
+    if m == 0 or n == 0:
+        none = torch.empty(0, dtype=torch.int64, device=device)
+        empty = (none, none.clone(), torch.empty(0, dtype=scores.dtype, device=device))
+        return empty, tuple(t.clone() for t in empty)
+    if scores.stride(1) != 1:
+        raise ValueError("select_sides needs rows stored contiguously")
+    cfg = dict(BLOCK_M=16, BLOCK_N=32) if interpret else dict(SELECT_TILE)
+    num_warps = cfg.pop("num_warps", 4)
+    grid = (-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]),)
+    extra = {} if interpret else dict(num_warps=num_warps)
+    if capacity_hint is None:
+        capacity_hint = max(INITIAL_PER_ROW * m, _last_found.get(device, 0) * 5 // 4)
+    capacity = min(max(1024, capacity_hint), MAX_LIST)
+    while True:
+        counters = torch.zeros(2, dtype=torch.int32, device=device)
+        lists = [(torch.empty(capacity, dtype=torch.int32, device=device),
+                  torch.empty(capacity, dtype=torch.int32, device=device),
+                  torch.empty(capacity, dtype=scores.dtype, device=device)) for _ in range(2)]
+        kernel[grid](scores, scores.stride(0), row_thr, col_thr, *lists[0], *lists[1], counters, m, n, capacity,
+                     **cfg, **extra)
+        found = counters.tolist()
+        if max(found) <= capacity:
+            break
+        if min(found) < 0 or max(found) > MAX_LIST:
+            raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
+                               f"({MAX_LIST}); smaller blocks are needed")
+        capacity = max(found)  # the same thresholds keep the same pairs: one relaunch fits them all
+    _last_found[device] = max(found)
+    by_row, by_col = ((owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found))
+    return by_row, by_col
 
 
 def _collect(launch, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,

@@ -11,7 +11,7 @@ directions. Then every point's candidates go through the same exact finish as a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -23,7 +23,9 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
 from knng.engine.plan import PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
-from knng.engine.screen import ScoreBuffer, block_scores, row_survivors, screen_pairs, screen_rows, use_kernel
+from knng.engine.screen import (
+    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, use_kernel,
+)
 from knng.engine.store import CandidateStore, PairErrors, PairNorms, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric, ScreenPrecision
@@ -38,6 +40,11 @@ UNIFORM_NORMS = 1.5
 OWN_PART_SEED = 4096
 #: The candidate-store tensors a checkpoint saves (see CandidateStore.state).
 _STORE_ARRAYS = tuple(name.lstrip("_") for name in CandidateStore.STATE_TENSORS)
+#: Store entries × 64 bytes the finish takes at a time: on a CPU rows that stay in cache; on a
+#: GPU 8× more, since each chunk is ~150 launches and ~10 synchronisations whatever its size
+#: (70 chunks of a 582k-point graph at k = 100 with 64 MiB).
+FINISH_BYTES = 64 << 20
+FINISH_BYTES_GPU = 512 << 20
 
 
 @dataclass
@@ -139,64 +146,57 @@ def exact_graph(
         thresholds = None if shared is None else _SharedThresholds.when_uniform(store, norms, terms,
                                                                                  [frames.ids(p) for p in range(len(parts))])
         buffer = ScoreBuffer() if device.type == "cpu" else None
-        retries = computed = screened = 0
+        counts = _Counts()
         done = 0  # steps of a checkpoint's run already done (own parts, then blocks in order)
         if checkpoint is not None and checkpoint.resumed:
             saved = checkpoint.state
             assert saved is not None
             arrays = checkpoint.arrays()
             store.load_state({name: arrays[f"store_{name}"] for name in _STORE_ARRAYS}, saved["store"])
-            done, retries, computed, screened = (int(saved[f]) for f in ("step", "retries", "computed", "screened"))
+            done = int(saved["step"])
+            counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
         step = 0
 
         def checkpoint_after(step: int, force: bool = False) -> None:
             if checkpoint is not None and (force or checkpoint.due()):
                 tensors, counters = store.state()
-                checkpoint.save({"step": step, "progress": f"{step:,} of {plan.blocks:,} blocks done", "retries": retries, "computed": computed, "screened": screened,
-                                 "store": counters},
+                checkpoint.save({"step": step, "progress": f"{step:,} of {plan.blocks:,} blocks done",
+                                 "retries": counts.retries, "computed": counts.computed,
+                                 "screened": counts.screened, "store": counters},
                                 {f"store_{name}": t for name, t in tensors.items()})
 
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         for pi in range(len(parts)):
             ids = frames.ids(pi)
             if step >= done:
-                retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
-                                                                include_self, select, device, precision=precision,
-                                                                carry_norms=shared is None, buffer=buffer), device)
-                screened += ids.numel() ** 2
+                counts.retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
+                                                                       include_self, select, device,
+                                                                       precision=precision, carry_norms=shared is None,
+                                                                       buffer=buffer), device)
+                counts.screened += ids.numel() ** 2
                 checkpoint_after(step + 1)
             step += 1
             bar.update()
-        for pi, pj in frames.block_order():
-            if step < done:
-                frames.note_done(pi, pj)
-            else:
-                window = frames.window(pi, pj, store.tau, store.updates)
-                if window is not None:
-                    retries += retry_on_oom(lambda: _off_diagonal_block(frames, store, metric, pi, pj, window,
-                                                                        precision, thresholds,
-                                                                        carry_norms=shared is None, buffer=buffer),
-                                            device)
-                    computed += 1
-                    screened += 2 * window.pairs
-                checkpoint_after(step + 1)
-            step += 1
-            bar.update()
+        step = _off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=shared is None,
+                                    buffer=buffer, bar=bar, counts=counts, first_step=step, done=done,
+                                    checkpoint_after=None if checkpoint is None else checkpoint_after,
+                                    checkpoint_due=None if checkpoint is None else checkpoint.due)
         bar.close()
         if checkpoint is not None and keep_checkpoint and step > done:
             checkpoint_after(step, force=True)  # only the finish is left to a run that resumes this
-        skipped = len(parts) * (len(parts) - 1) // 2 - computed
+        skipped = len(parts) * (len(parts) - 1) // 2 - counts.computed
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
-        chunk = max(1, min(n, (64 << 20) // max(1, plan.capacity * 64)))
+        finish_bytes = FINISH_BYTES if device.type == "cpu" else FINISH_BYTES_GPU
+        chunk = max(1, min(n, finish_bytes // max(1, plan.capacity * 64)))
         for r0 in range(0, n, chunk):
             r1 = min(n, r0 + chunk)
             out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
     exact = ExactStats(rows=n, exact_evaluations=store.stats.exact_evaluations)
-    report = GraphReport(plan=plan, oom_retries=retries, exact=exact, store=store.stats,
+    report = GraphReport(plan=plan, oom_retries=counts.retries, exact=exact, store=store.stats,
                          evaluations_per_row=summarize_per_row([store.evaluations_per_row()]),
                          screened_per_row=summarize_per_row([store.screened_per_row()]),
-                         blocks_skipped=skipped, pairs_screened=screened,
+                         blocks_skipped=skipped, pairs_screened=counts.screened,
                          checkpoints={} if checkpoint is None else checkpoint.summary(done))
     return out_idx, out_dist, report
 
@@ -313,40 +313,147 @@ class _SharedThresholds:
         return self.values[ids]
 
 
-def _off_diagonal_block(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric, pi: int,
-                        pj: int, window: Window, precision: ScreenPrecision,
-                        thresholds: _SharedThresholds | None, *, carry_norms: bool,
-                        buffer: ScoreBuffer | None = None) -> None:
-    """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column (part J).
+class _OffDiagonalBlock:
+    """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column
+    (part J), in three steps that the graph's loop interleaves with the next block's.
+
+    :meth:`start` issues the block's product (it needs nothing from the store), :meth:`screen`
+    computes both sides' thresholds and keeps the survivors, :meth:`add` hands them to the
+    store. On a GPU the loop issues the next block's product before this block's store update
+    unless that update flushes (then the next window must see the new thresholds), so the
+    update's launches queue behind a product instead of leaving the GPU idle before it; the
+    store sees the same survivors in the same order as one block after the other.
 
     ``thresholds``: every point's threshold, when all blocks share one centre and the parts'
     norms are alike (else each block's are computed against its own maxima); ``carry_norms``:
     survivors bring their block's norms (blocks centred on their own part); ``buffer``: where the
     materialised block is written.
     """
-    own = frames.own(pi)
-    own.queries(metric, frames.d)  # kept on the part's tile, so that its slices share it
-    rows_tile = own.slice(window.r0, window.r1)
-    cols_tile = frames.column(pj, pi, window.c0, window.c1)
-    rows = frames.ids(pi)[window.r0:window.r1]
-    cols = frames.ids(pj)[window.c0:window.c1]
-    d = frames.d
-    if thresholds is not None:
-        row_thr, col_thr = thresholds(rows), thresholds(cols)
-    else:
-        row_thr = store.screen_thresholds(rows, *cols_tile.maxima(), row_norms=rows_tile.norms,
-                                          row_terms=rows_tile.terms)
-        col_thr = store.screen_thresholds(cols, *rows_tile.maxima(), row_norms=cols_tile.norms,
-                                          row_terms=cols_tile.terms)
-    by_row, by_col = screen_pairs(rows_tile.queries(metric, d), cols_tile.vectors, d, row_thr, col_thr, precision,
-                                  row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=buffer)
-    norms = None
-    if carry_norms:
-        by_rows = _pair_norms(rows_tile, cols_tile, by_row.owner, by_row.other)
-        by_cols = _pair_norms(cols_tile, rows_tile, by_col.owner, by_col.other)
-        norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
-    store.add(torch.cat([rows[by_row.owner], cols[by_col.owner]]), torch.cat([cols[by_row.other], rows[by_col.other]]),
-              torch.cat([by_row.keys, by_col.keys]), norms)
+
+    def __init__(self, frames: "GlobalFrames | PrincipalFrames", metric: Metric, pi: int, pj: int, window: Window,
+                 precision: ScreenPrecision, *, carry_norms: bool, buffer: ScoreBuffer | None = None) -> None:
+        self.window, self.precision, self.carry_norms, self.buffer = window, precision, carry_norms, buffer
+        self.d = d = frames.d
+        own = frames.own(pi)
+        own.queries(metric, d)  # kept on the part's tile, so that its slices share it
+        self.rows_tile = own.slice(window.r0, window.r1)
+        self.cols_tile = frames.column(pj, pi, window.c0, window.c1)
+        self.rows = frames.ids(pi)[window.r0:window.r1]
+        self.cols = frames.ids(pj)[window.c0:window.c1]
+        self.queries = self.rows_tile.queries(metric, d)
+        self.scores: torch.Tensor | None = None
+
+    def start(self) -> None:
+        """Issue the product (where the block is materialised)."""
+        self.scores = pair_scores(self.queries, self.cols_tile.vectors, self.d, self.precision,
+                                  row_terms=self.rows_tile.terms32, col_terms=self.cols_tile.terms32,
+                                  buffer=self.buffer)
+
+    def screen(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> tuple[Survivors, Survivors]:
+        """Both sides' survivors against the store's current thresholds (the product again if it
+        was dropped, after an out-of-memory error)."""
+        rows, cols, rows_tile, cols_tile = self.rows, self.cols, self.rows_tile, self.cols_tile
+
+        def block_thresholds() -> tuple[torch.Tensor, torch.Tensor]:
+            if thresholds is not None:
+                return thresholds(rows), thresholds(cols)
+            # Both sides in one computation: the same float64 arithmetic per point, in half the
+            # launches (it is a few dozen elementwise steps on vectors of at most a part).
+            r = rows.numel()
+            (row_max, row_term), (col_max, col_term) = rows_tile.maxima(), cols_tile.maxima()
+            both = store.screen_thresholds(
+                torch.cat([rows, cols]), torch.cat([col_max.expand(r), row_max.expand(cols.numel())]),
+                torch.cat([col_term.expand(r), row_term.expand(cols.numel())]),
+                row_norms=torch.cat([rows_tile.norms, cols_tile.norms]),
+                row_terms=None if rows_tile.terms is None else torch.cat([rows_tile.terms, cols_tile.terms]))
+            return both[:r], both[r:]
+
+        scores, self.scores = self.scores, None
+        return screen_pairs(self.queries, cols_tile.vectors, self.d, block_thresholds, None, self.precision,
+                            row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=self.buffer,
+                            scores=scores)
+
+    def add(self, store: CandidateStore, by_row: Survivors, by_col: Survivors) -> None:
+        """Hand the survivors to the store."""
+        rows, cols = self.rows, self.cols
+        norms = None
+        if self.carry_norms:
+            by_rows = _pair_norms(self.rows_tile, self.cols_tile, by_row.owner, by_row.other)
+            by_cols = _pair_norms(self.cols_tile, self.rows_tile, by_col.owner, by_col.other)
+            norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
+        store.add(torch.cat([rows[by_row.owner], cols[by_col.owner]]),
+                  torch.cat([cols[by_row.other], rows[by_col.other]]), torch.cat([by_row.keys, by_col.keys]), norms)
+
+
+@dataclass
+class _Counts:
+    """A graph run's counters, carried by its checkpoints: out-of-memory retries, off-diagonal
+    blocks computed and score entries screened."""
+
+    retries: int = 0
+    computed: int = 0
+    screened: int = 0
+
+
+def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric,
+                         precision: ScreenPrecision, thresholds: "_SharedThresholds | None", device: torch.device, *,
+                         carry_norms: bool, buffer: ScoreBuffer | None, bar: Progress, counts: _Counts,
+                         first_step: int, done: int = 0, checkpoint_after: Callable[[int], None] | None = None,
+                         checkpoint_due: Callable[[], bool] | None = None) -> int:
+    """Every block S(I, J), I < J, whose window is not empty, counted in ``counts``; returns the
+    step reached. See :class:`_OffDiagonalBlock` for the order of steps.
+
+    Steps number the blocks of ``frames.block_order()`` from ``first_step``; those below
+    ``done`` were finished before a checkpoint and are passed over. ``checkpoint_after(s)``
+    runs once every step below ``s`` is in the store; a checkpoint that is due is taken like a
+    flushing update, before the next block's window (the window then sees the new thresholds).
+    """
+    step = first_step
+
+    def windows() -> Iterator[tuple[int, _OffDiagonalBlock]]:
+        nonlocal step
+        for pi, pj in frames.block_order():
+            here, step = step, step + 1
+            bar.update()
+            if here < done:
+                frames.note_done(pi, pj)
+                continue
+            window = frames.window(pi, pj, store.tau, store.updates)
+            if window is not None:
+                yield here, _OffDiagonalBlock(frames, metric, pi, pj, window, precision, carry_norms=carry_norms,
+                                              buffer=buffer)
+
+    def start(item: tuple[int, _OffDiagonalBlock] | None) -> tuple[int, _OffDiagonalBlock] | None:
+        if item is not None:
+            counts.retries += retry_on_oom(item[1].start, device)
+        return item
+
+    def screen(block: _OffDiagonalBlock) -> tuple[Survivors, Survivors]:
+        found: list[tuple[Survivors, Survivors]] = []
+        # A retry drops the product (block.screen takes it) and computes it again.
+        counts.retries += retry_on_oom(lambda: found.append(block.screen(store, thresholds)), device)
+        return found[-1]
+
+    todo = windows()
+    item = start(next(todo, None))
+    while item is not None:
+        here, block = item
+        by_row, by_col = screen(block)
+        saving = checkpoint_due is not None and checkpoint_due()
+        if saving or store.would_flush(by_row.owner.numel() + by_col.owner.numel()):
+            counts.retries += retry_on_oom(lambda: block.add(store, by_row, by_col), device)
+            counts.computed += 1
+            counts.screened += 2 * block.window.pairs
+            if saving and checkpoint_after is not None:
+                checkpoint_after(here + 1)
+            following = start(next(todo, None))
+        else:
+            following = start(next(todo, None))
+            counts.retries += retry_on_oom(lambda: block.add(store, by_row, by_col), device)
+            counts.computed += 1
+            counts.screened += 2 * block.window.pairs
+        item = following
+    return step
 
 
 def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int = 3) -> int:

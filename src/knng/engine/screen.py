@@ -19,6 +19,7 @@ the path; the engine calls only them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -26,7 +27,7 @@ from knng.engine import fused
 from knng.metrics import ScreenPrecision
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
-           "screen_rows", "screen_pairs", "use_kernel"]
+           "screen_rows", "screen_pairs", "pair_scores", "use_kernel"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest
@@ -156,18 +157,21 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     On a CPU each side is filtered by chunk minima first (cache-resident blocks: the reductions
     are cheap and most chunks keep nothing). On a GPU every pass over a 1 GiB block costs as
     much as the product: with Triton, one kernel reads the block once, tests both sides and
-    appends the survivors (:func:`knng.engine.fused.select_block`); without, the block is
-    compared once against both thresholds and ``nonzero`` finds the survivors, split afterwards.
+    appends each side's survivors to a list of its own (:func:`knng.engine.fused.select_sides`);
+    without, the block is compared once against both thresholds and ``nonzero`` finds the
+    survivors, split afterwards.
     """
     if col_thresholds is None:
         return row_survivors(scores, row_thresholds), None
     if scores.device.type != "cuda":
         return row_survivors(scores, row_thresholds), column_survivors(scores, col_thresholds)
-    row_thr = _round_up(row_thresholds.to(scores.dtype), row_thresholds)
-    col_thr = _round_up(col_thresholds.to(scores.dtype), col_thresholds)
+    # Both sides rounded in one pass (each step is a launch on a GPU).
+    both = torch.cat([row_thresholds, col_thresholds])
+    both_thr = _round_up(both.to(scores.dtype), both)
+    row_thr, col_thr = both_thr[:row_thresholds.numel()], both_thr[row_thresholds.numel():]
     if fused.fused_available(scores.device):
-        out = fused.select_block(scores, row_thr, col_thr)
-        return _split_sides(out)
+        by_row, by_col = fused.select_sides(scores, row_thr, col_thr)
+        return Survivors(*by_row), Survivors(*by_col)
     mask = scores <= row_thr[:, None]
     mask |= scores <= col_thr[None, :]
     r, c = torch.nonzero(mask, as_tuple=True)
@@ -232,20 +236,43 @@ def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tens
     return row_survivors(scores, thresholds)
 
 
-def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds: torch.Tensor,
-                 col_thresholds: torch.Tensor, precision: ScreenPrecision, *, row_terms: torch.Tensor | None = None,
-                 col_terms: torch.Tensor | None = None, buffer: ScoreBuffer | None = None
+def pair_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision, *,
+                row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None,
+                buffer: ScoreBuffer | None = None) -> torch.Tensor | None:
+    """The block :func:`screen_pairs` would materialise (its ``scores``), or None where the fused
+    kernel screens it without one."""
+    if use_kernel(precision, a.device):
+        return None
+    return block_scores(a, b, d, precision, row_terms, col_terms, buffer)
+
+
+def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
+                 row_thresholds: "torch.Tensor | Callable[[], tuple[torch.Tensor, torch.Tensor]]",
+                 col_thresholds: torch.Tensor | None, precision: ScreenPrecision, *,
+                 row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None,
+                 buffer: ScoreBuffer | None = None, scores: torch.Tensor | None = None
                  ) -> tuple[Survivors, Survivors]:
     """Both sides of a symmetric block ``a · bᵀ``: pairs kept by their row, and by their column.
 
-    ``buffer``: where a materialised block is written."""
+    ``row_thresholds`` may be a function returning both sides' thresholds (``col_thresholds``
+    None): a materialised block's product is then issued first, and on a GPU the thresholds'
+    few dozen small launches queue behind it instead of keeping the GPU idle before it.
+    ``buffer``: where a materialised block is written; ``scores``: the block from
+    :func:`pair_scores`, if already issued."""
     if use_kernel(precision, a.device):
+        if callable(row_thresholds):
+            row_thresholds, col_thresholds = row_thresholds()
+        assert col_thresholds is not None
         out = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
                                  _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
                                  precision.name)
         return _split_sides(out)
-    by_row, by_col = block_survivors(block_scores(a, b, d, precision, row_terms, col_terms, buffer),
-                                     row_thresholds, col_thresholds)
+    if scores is None:
+        scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
+    if callable(row_thresholds):
+        row_thresholds, col_thresholds = row_thresholds()
+    assert col_thresholds is not None
+    by_row, by_col = block_survivors(scores, row_thresholds, col_thresholds)
     assert by_col is not None
     return by_row, by_col
 

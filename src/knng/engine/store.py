@@ -38,8 +38,11 @@ UNIT_ROUNDOFF_FP64 = 2.0**-53
 DEFAULT_PENDING = 1 << 15
 #: Evaluate a row's entries as one (row, columns) batch once 1/DENSE_EVALUATION of them need it.
 DENSE_EVALUATION = 2
-#: Padded entries (rows × width) of one tightening step; wider groups are split.
+#: Padded entries (rows × width) of one tightening step; wider groups are split. On a GPU
+#: every group costs a few dozen launches and synchronisations, and memory is not the cache:
+#: 2²⁴ entries (about 1.3 GB of temporaries) leave a flush of 4M survivors one or two groups.
 REBUILD_ENTRIES = 1 << 22
+REBUILD_ENTRIES_GPU = 1 << 24
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
 _INT64_MAX = torch.iinfo(torch.int64).max
@@ -92,10 +95,13 @@ class PairErrors:
         bound = self.metric.pair_bound(self.d, a, b, a_terms, b_terms, precision=self.precision)
         return self._add_float64(bound, keys.to(torch.float64), self.row_offsets[rows], a, b)
 
-    def block_err(self, rows: torch.Tensor, tau: torch.Tensor, max_col_norm: float, max_col_term: float,
-                  row_norms: torch.Tensor | None = None, row_terms: torch.Tensor | None = None) -> torch.Tensor:
+    def block_err(self, rows: torch.Tensor, tau: torch.Tensor, max_col_norm: "float | torch.Tensor",
+                  max_col_term: "float | torch.Tensor", row_norms: torch.Tensor | None = None,
+                  row_terms: torch.Tensor | None = None) -> torch.Tensor:
         """An error radius valid for every column of a block (norms ≤ the block's maxima).
 
+        ``max_col_norm``/``max_col_term``: numbers, or float64 tensors that broadcast to the rows
+        (a 0-dim tensor, or one value per row where rows of several blocks go together);
         ``row_norms``/``row_terms``: the rows' prepared norms and terms in the block's frame
         (default: the store's own).
         """
@@ -105,8 +111,8 @@ class PairErrors:
             row_norms = self.row_norms[rows]
             row_terms = None if self.row_terms is None else self.row_terms[rows]
         a = row_norms
-        b = torch.full_like(a, max_col_norm)
-        col_terms = torch.full_like(a, max_col_term) if self.metric.uses_terms else None
+        b = _filled(a, max_col_norm)
+        col_terms = _filled(a, max_col_term) if self.metric.uses_terms else None
         bound = self.metric.pair_bound(self.d, a, b, row_terms, col_terms, precision=self.precision)
         return self._add_float64(bound, tau, self.row_offsets[rows], a, b)
 
@@ -123,6 +129,13 @@ class PairErrors:
         offsets = self.row_offsets[rows]
         key = value - offsets
         return key, CONVERSION_SLACK * (value.abs() + offsets.abs())
+
+
+def _filled(like: torch.Tensor, value: "float | torch.Tensor") -> torch.Tensor:
+    """``value`` in the shape of ``like``: a number filled in, a tensor broadcast (no copy)."""
+    if isinstance(value, torch.Tensor):
+        return value.expand_as(like)
+    return torch.full_like(like, value)
 
 
 class PairNorms(NamedTuple):
@@ -281,7 +294,8 @@ class CandidateStore:
         return torch.where(idx >= 0, torch.where(exact, slack, screened), torch.inf)
 
     # ------------------------------------------------------------------------------ thresholds
-    def screen_thresholds(self, rows: torch.Tensor, max_col_norm: float, max_col_term: float,
+    def screen_thresholds(self, rows: torch.Tensor, max_col_norm: "float | torch.Tensor",
+                          max_col_term: "float | torch.Tensor",
                           row_norms: torch.Tensor | None = None, row_terms: torch.Tensor | None = None
                           ) -> torch.Tensor:
         """Per-row thresholds on raw screen keys for a block: keep s̃ ≤ τ + err(block).
@@ -331,6 +345,10 @@ class CandidateStore:
         if self._pending_size >= self.flush_size:
             self.flush()
 
+    def would_flush(self, pairs: int) -> bool:
+        """Whether :meth:`add` of ``pairs`` survivors would take the pending ones in (and change τ)."""
+        return pairs > 0 and self._pending_size + pairs >= self.flush_size
+
     def flush(self) -> None:
         """Take every pending survivor into the store (tightening rows that overflow)."""
         if not self._pending:
@@ -371,9 +389,11 @@ class CandidateStore:
         return rows[~held], cols[~held], keys[~held], rad[~held]
 
     def _take(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor) -> None:
+        # On a GPU every data-dependent size is a synchronisation: each step below gathers by
+        # positions from one nonzero (or passes output_size) instead of indexing several
+        # tensors by the same mask, which synchronised once per tensor.
         self._screened.index_add_(0, rows, torch.ones_like(rows))
-        keep = keys - rad <= self.tau[rows]
-        rows, cols, keys, rad = rows[keep], cols[keep], keys[keep], rad[keep]
+        rows, cols, keys, rad = _compact(keys - rad <= self.tau[rows], rows, cols, keys, rad)
         if rows.numel() == 0:
             return
         self.stats.survivors += int(rows.numel())
@@ -381,23 +401,18 @@ class CandidateStore:
         rows, cols, keys, rad = rows[order], cols[order], keys[order], rad[order]
         targets, per_target = torch.unique_consecutive(rows, return_counts=True)
         starts = torch.cumsum(per_target, 0) - per_target
-        rank = torch.arange(rows.numel(), device=rows.device) - torch.repeat_interleave(starts, per_target)
-        new_count = self.count[targets] + per_target
-        over = new_count > self.capacity
-        if bool(over.any()):
-            over_rows = targets[over]
-            mask = torch.repeat_interleave(over, per_target)  # rows are sorted: one flag per run
-            extra = _Entries(rows[mask], cols[mask], keys[mask], rad[mask])
-            groups = _rebuild_groups(per_target[over], self.capacity)
-            for group in groups:
-                if len(groups) == 1:
-                    self._rebuild(over_rows, extra)
-                else:
-                    g_rows = over_rows[group]
-                    self._rebuild(g_rows, extra.select(torch.isin(extra.rows, g_rows)))
-            fits = ~mask
-            rows, cols, keys, rad, rank = rows[fits], cols[fits], keys[fits], rad[fits], rank[fits]
-            targets, per_target = targets[~over], per_target[~over]
+        entries = rows.numel()
+        rank = (torch.arange(entries, device=rows.device)
+                - torch.repeat_interleave(starts, per_target, output_size=entries))
+        over = self.count[targets] + per_target > self.capacity
+        over_at = torch.nonzero(over).flatten()
+        if over_at.numel():
+            mask = torch.repeat_interleave(over, per_target, output_size=entries)  # rows are sorted: one flag per run
+            extra = _Entries(*_compact(mask, rows, cols, keys, rad))
+            self._tighten(targets[over_at], per_target[over_at], extra)
+            rows, cols, keys, rad, rank = _compact(~mask, rows, cols, keys, rad, rank)
+            # Rows just tightened have their count; the others grow by what they take.
+            per_target = torch.where(over, 0, per_target)
         if rows.numel():
             slot = self.count[rows] + rank
             self.keys[rows, slot] = keys
@@ -406,15 +421,42 @@ class CandidateStore:
             self.dist[rows, slot] = torch.nan
             self.count[targets] += per_target
 
-    def _rebuild(self, rows: torch.Tensor, extra: "_Entries") -> None:
-        """Tighten rows that would overflow: merge their store with the extra survivors."""
-        block = self._gather_with(rows, extra)
+    def _tighten(self, rows: torch.Tensor, per_row: torch.Tensor, extra: "_Entries") -> None:
+        """Tighten ``rows`` (sorted) with their ``per_row`` extra survivors (``extra``, sorted by row),
+        in groups of similar widths (:func:`_rebuild_groups`)."""
+        widest = int(per_row.max())
+        groups = _rebuild_groups(per_row, self.capacity, widest=widest,
+                                 entries=REBUILD_ENTRIES if self.device.type == "cpu" else REBUILD_ENTRIES_GPU)
+        if len(groups) == 1:
+            self._rebuild(rows, extra, per_row, widest)
+            return
+        # Each extra survivor to its row's group: one stable sort by group keeps every group's
+        # survivors together and in row order (a membership test per group cost a GPU graph of
+        # Gaussian points 0.34 s at k = 100); one transfer gives every group's size and width.
+        group_of = torch.empty_like(rows)
+        for g, members in enumerate(groups):
+            group_of.index_fill_(0, members, g)
+        by_group = torch.argsort(torch.repeat_interleave(group_of, per_row, output_size=extra.rows.numel()),
+                                 stable=True)
+        sizes = torch.zeros(len(groups), dtype=per_row.dtype, device=per_row.device).index_add_(0, group_of, per_row)
+        widths = torch.zeros_like(sizes).scatter_reduce_(0, group_of, per_row, "amax")
+        sizes_h, widths_h = torch.stack([sizes, widths]).tolist()
+        start = 0
+        for members, size, width in zip(groups, sizes_h, widths_h):
+            at = by_group[start:start + size]
+            start += size
+            self._rebuild(rows[members], _Entries(extra.rows[at], extra.cols[at], extra.keys[at], extra.rad[at]),
+                          per_row[members], width)
+
+    def _rebuild(self, rows: torch.Tensor, extra: "_Entries", per_row: torch.Tensor, width: int) -> None:
+        """Tighten rows that would overflow: merge their store with the extra survivors
+        (``per_row`` of them for each row, at most ``width``)."""
+        block = self._gather_with(rows, extra, per_row, width)
         self.stats.tightenings += int(rows.numel())
         block, count = self._prune(rows, block)
-        over = count > self.capacity
-        if bool(over.any()):
+        sub = torch.nonzero(count > self.capacity).flatten()
+        if sub.numel():
             # Near-ties beyond the capacity: evaluate them and keep the exact top k.
-            sub = torch.nonzero(over).flatten()
             self._overflowed[rows[sub]] = True
             self.stats.overflow_rows += int(sub.numel())
             exact = self._evaluate_all(rows[sub], block.take(sub))
@@ -433,17 +475,15 @@ class CandidateStore:
         self.dist[rows] = block.dist[:, :cap]
         self.count[rows] = count
 
-    def _gather_with(self, rows: torch.Tensor, extra: "_Entries") -> "_Block":
-        """The stored candidates of ``rows`` side by side with extra ones (padded matrices)."""
+    def _gather_with(self, rows: torch.Tensor, extra: "_Entries", per_row: torch.Tensor, width: int) -> "_Block":
+        """The stored candidates of ``rows`` side by side with extra ones (padded matrices):
+        ``per_row`` extra entries for each row (``extra`` sorted by row), at most ``width``."""
         m = rows.numel()
         stored = _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
         if extra.rows.numel() == 0:
             return stored
-        # extra.rows is sorted and holds only members of rows (also sorted, unique).
-        local = torch.searchsorted(rows, extra.rows)
-        per = torch.bincount(local, minlength=m)
-        width = int(per.max())
-        starts = torch.cumsum(per, 0) - per
+        local = torch.repeat_interleave(torch.arange(m, device=rows.device), per_row, output_size=extra.rows.numel())
+        starts = torch.cumsum(per_row, 0) - per_row
         rank = torch.arange(local.numel(), device=local.device) - starts[local]
         new = _Block.empty(m, width, self.device)
         new.keys[local, rank] = extra.keys
@@ -537,8 +577,8 @@ class CandidateStore:
         self.stats.exact_evaluations += int(per_row.sum())
         self._evaluations.index_add_(0, rows, per_row)
         dense = per_row * DENSE_EVALUATION >= idx.shape[1]
-        if bool(dense.any()):
-            sub = torch.nonzero(dense).flatten()
+        sub = torch.nonzero(dense).flatten()
+        if sub.numel():
             values = self.evaluate(rows[sub], idx[sub].clamp_min(0))
             out[sub] = torch.where(todo[sub], values, torch.nan)
         sparse = todo & ~dense[:, None]
@@ -571,9 +611,6 @@ class _Entries:
     keys: torch.Tensor
     rad: torch.Tensor
 
-    def select(self, mask: torch.Tensor) -> "_Entries":
-        return _Entries(self.rows[mask], self.cols[mask], self.keys[mask], self.rad[mask])
-
 
 @dataclass
 class _Block:
@@ -598,8 +635,10 @@ class _Block:
                                                             (self.idx, other.idx), (self.dist, other.dist))))
 
 
-def _rebuild_groups(extra: torch.Tensor, capacity: int) -> list[torch.Tensor]:
-    """Rows to tighten together: similar widths, at most :data:`REBUILD_ENTRIES` padded entries.
+def _rebuild_groups(extra: torch.Tensor, capacity: int, widest: int | None = None, entries: int | None = None
+                    ) -> list[torch.Tensor]:
+    """Rows to tighten together: similar widths, at most ``entries`` (default
+    :data:`REBUILD_ENTRIES`) padded entries; ``widest``: ``extra``'s maximum, if known.
 
     A tightening pads every row of a group to the group's widest (capacity + new survivors);
     one flat-region row with thousands of survivors among thousands of ordinary rows would
@@ -607,8 +646,10 @@ def _rebuild_groups(extra: torch.Tensor, capacity: int) -> list[torch.Tensor]:
     pairs: 74 s, 28 s in groups).
     Returns sorted index tensors into ``extra``.
     """
+    entries = REBUILD_ENTRIES if entries is None else entries
     widths = extra + capacity
-    if int(widths.max()) * extra.numel() <= REBUILD_ENTRIES:
+    widest = int(extra.max()) if widest is None else widest
+    if (widest + capacity) * extra.numel() <= entries:
         return [torch.arange(extra.numel(), device=extra.device)]
     # Widths in classes (2^(c-1), 2^c], each class cut into groups of REBUILD_ENTRIES / 2^c
     # rows: no Python loop over rows (one over 150,000 overflowing rows cost 0.47 s of a GPU
@@ -618,10 +659,17 @@ def _rebuild_groups(extra: torch.Tensor, capacity: int) -> list[torch.Tensor]:
     values, counts = torch.unique_consecutive(classes[order], return_counts=True)
     groups, start = [], 0
     for c, count in zip(values.tolist(), counts.tolist()):
-        rows = max(1, REBUILD_ENTRIES >> c)
+        rows = max(1, entries >> c)
         groups.extend(order[s:min(start + count, s + rows)] for s in range(start, start + count, rows))
         start += count
     return groups
+
+
+def _compact(mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The entries of ``tensors`` where ``mask`` holds, in order: one ``nonzero`` for all of them
+    (indexing each by the mask finds the positions again, a GPU synchronisation each time)."""
+    at = torch.nonzero(mask).flatten()
+    return [t[at] for t in tensors]
 
 
 def _top_by_distance(idx: torch.Tensor, dist: torch.Tensor, k: int, *carry: torch.Tensor
