@@ -172,7 +172,8 @@ def search(
                             operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan)
     if ckpt is not None:
         plan = ckpt.plan(plan)
-    idx, dist, report = exact_search(q, c, k, m, dev, select, plan.budget, progress, plan=plan, checkpoint=ckpt)
+    idx, dist, report = exact_search(q, c, k, m, dev, select, plan.budget, progress, plan=plan, checkpoint=ckpt,
+                                     keep_checkpoint=keep_checkpoint)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)

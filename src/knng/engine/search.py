@@ -46,13 +46,15 @@ def exact_search(
     prepared: PreparedCorpus | None = None,
     plan: EnginePlan | None = None,
     checkpoint: Checkpoint | None = None,
+    keep_checkpoint: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
     """Exact k nearest corpus vectors of every query; returns (indices, float64 distances, report).
 
     ``prepared`` reuses a corpus already prepared for this metric and screen precision (the
     distributed search prepares each shard once for all query chunks). ``checkpoint``: where
     finished query rows are recorded, and how many a resumed run has already
-    (:mod:`knng.engine.checkpoint`).
+    (:mod:`knng.engine.checkpoint`); ``keep_checkpoint``: also record the last rows, so that a
+    run killed after this call returns (before its results are written) resumes at once.
     """
     if plan is None:
         plan = make_search_plan(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k=k, metric=metric.name,
@@ -78,7 +80,7 @@ def exact_search(
         rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
-        finished = None if checkpoint is None else _FinishedRows(checkpoint, queries.n, k)
+        finished = None if checkpoint is None else _FinishedRows(checkpoint, queries.n, k, keep_checkpoint)
         if finished is not None and checkpoint is not None and checkpoint.resumed:
             q0, retries = finished.restore(out_idx, out_dist, exact_stats, store_stats, per_row, screened)
             bar.update(q0)
@@ -167,8 +169,8 @@ class _FinishedRows:
     """A search's finished query rows in a checkpoint: results go into growing arrays of the
     work area chunk by chunk; a checkpoint records how many rows are final (and the counters)."""
 
-    def __init__(self, checkpoint: Checkpoint, n: int, k: int) -> None:
-        self.checkpoint = checkpoint
+    def __init__(self, checkpoint: Checkpoint, n: int, k: int, keep: bool) -> None:
+        self.checkpoint, self.keep = checkpoint, keep
         self.idx = checkpoint.growing("indices", (n, k), "int64")
         self.dist = checkpoint.growing("distances", (n, k), "float64")
         self.evaluations = checkpoint.growing("evaluations", (n,), "int64")
@@ -176,13 +178,14 @@ class _FinishedRows:
 
     def record(self, q0: int, q1: int, idx: torch.Tensor, dist: torch.Tensor, evaluations: torch.Tensor,
                screened: torch.Tensor, exact_stats: ExactStats, store_stats: StoreStats, retries: int) -> None:
-        """Rows ``q0:q1`` are final; save a checkpoint if one is due (or these are the last)."""
+        """Rows ``q0:q1`` are final; save a checkpoint if one is due (or these are the last of a
+        checkpoint that is kept)."""
         self.idx[q0:q1] = idx.cpu().numpy()
         self.dist[q0:q1] = dist.cpu().numpy()
         self.evaluations[q0:q1] = evaluations.cpu().numpy()
         self.screened[q0:q1] = screened.cpu().numpy()
         n = self.idx.shape[0]
-        if self.checkpoint.due() or q1 == n:
+        if self.checkpoint.due() or (q1 == n and self.keep):
             self.checkpoint.save({"step": q1, "progress": f"{q1:,} of {n:,} queries done", "retries": retries,
                                   "exact": vars(exact_stats), "store": vars(store_stats)})
 
