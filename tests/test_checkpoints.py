@@ -81,7 +81,8 @@ def test_the_python_api_resumes_a_graph_and_a_search_bit_for_bit(tmp_path, point
     # resume=True with no checkpoint starts from the beginning.
     fresh = knng.search(x[:3000], x, 5, device="cpu", checkpoint=folder, resume=True)
     np.testing.assert_array_equal(fresh.indices, knng.search(x[:3000], x, 5, device="cpu").indices)
-    assert fresh.report.checkpoints == {"resumed_from": 0, "saves": 1, "seconds": fresh.report.checkpoints["seconds"]}
+    # A run shorter than the interval saves no checkpoint beyond its start (and its folder goes).
+    assert fresh.report.checkpoints == {"resumed_from": 0, "saves": 0, "seconds": 0.0}
 
 
 @pytest.mark.parametrize("step", ["generation-written", "state-written:4", "state-written:9"])
