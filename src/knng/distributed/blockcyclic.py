@@ -36,7 +36,7 @@ from knng._inputs import InputArray
 from knng.distributed.comm import Comm
 from knng.distributed.plan import BlockPlan
 from knng.distributed.shards import all_gather_rows, common_centre
-from knng.engine.common import PreparedCorpus, full_precision, is_out_of_memory
+from knng.engine.common import PreparedCorpus, full_precision, recover_from_oom
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.frames import Tile
 from knng.engine.graph import retry_on_oom, screen_own_part
@@ -356,11 +356,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                                 precision, row_terms=None if terms32 is None else terms32[i0 + r0:i0 + r1],
                                 col_terms=None if terms32 is None else terms32[j0:j1])
                         except Exception as exc:  # noqa: BLE001 - out of memory: smaller tiles
-                            if not is_out_of_memory(exc) or sub <= MIN_TILE:
-                                raise
+                            recover_from_oom(exc, device, can_retry=sub > MIN_TILE)
                             sub, oom_retries = max(MIN_TILE, sub // 2), oom_retries + 1
-                            if device.type == "cuda":
-                                torch.cuda.empty_cache()
                             continue
                         row_store.add(by_row.owner + r0, by_row.other + j0, by_row.keys)
                         col_stores[j].add(by_col.owner, by_col.other + i0 + r0, by_col.keys)

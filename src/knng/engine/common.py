@@ -213,6 +213,19 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
+def recover_from_oom(exc: BaseException, device: torch.device, *, can_retry: bool) -> None:
+    """The one policy for a failed step: re-raise ``exc`` unless it is a device out-of-memory
+    error and the caller can retry (smaller, or once more); then free the allocator's cache.
+
+    Callers (the search's chunks, the graph's blocks, the distributed graph's row strips) choose
+    what to shrink; this decides whether they may, and makes the memory available again.
+    """
+    if not is_out_of_memory(exc) or not can_retry:
+        raise exc
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class Progress:
     """A progress bar on standard error (tqdm) that costs nothing when disabled."""
 

@@ -18,7 +18,7 @@ import torch
 from knng._inputs import InputArray
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
-    EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
+    EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
 )
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
@@ -467,8 +467,5 @@ def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int =
             step()
             return attempt
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried
-            if not is_out_of_memory(exc) or attempt == attempts - 1:
-                raise
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            recover_from_oom(exc, device, can_retry=attempt < attempts - 1)
     return attempts

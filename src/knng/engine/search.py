@@ -16,7 +16,7 @@ import torch
 from knng._inputs import InputArray, check_finite
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
-    MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, is_out_of_memory,
+    MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
@@ -94,16 +94,13 @@ def exact_search(
                                       cols_per_tile, select, device)
                 idx, dist = store.finish()
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
-                if not is_out_of_memory(exc) or (rows_per_chunk <= 8 and cols_per_tile <= max(8, k)):
-                    raise
+                recover_from_oom(exc, device, can_retry=rows_per_chunk > 8 or cols_per_tile > max(8, k))
                 if rows_per_chunk >= cols_per_tile and rows_per_chunk > 8:
                     rows_per_chunk = max(8, rows_per_chunk // 2)
                 else:
                     cols_per_tile = max(8, k, cols_per_tile // 2)
                 plan = replace(plan, query_rows=rows_per_chunk, corpus_cols=cols_per_tile)
                 retries += 1
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
                 continue
             out_idx[q0:q1] = idx
             out_dist[q0:q1] = dist
