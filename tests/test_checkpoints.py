@@ -244,3 +244,17 @@ def test_a_work_area_saves_whole_generations_and_growing_arrays(tmp_path):
         WorkArea(tmp_path / "w").start({"a": 2}, resume=True)
     again.remove()
     assert not (tmp_path / "w").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_free_space_check_counts_the_checkpoints(tmp_path, points):
+    # Room for the results (17,000 × 6 × 12 bytes + 1 MiB) but not for two generations of the
+    # stores (2 × 17,000 × (32 · 14 + 33) bytes, 16 MB): refused before computing, saying why.
+    from knng.io.outputs import FREE_BYTES_ENV
+
+    data, _ = points
+    out = tmp_path / "out"
+    proc = _knng("graph", str(data), "-k", "6", "-o", str(out), env={FREE_BYTES_ENV: str(4 << 20)})
+    assert proc.returncode == 2, proc.stderr
+    assert "not enough free space for the results and the run's checkpoints" in proc.stderr
+    assert not out.exists() and _siblings(out) == []
+    assert _knng("graph", str(data), "-k", "6", "-o", str(out), env={FREE_BYTES_ENV: str(40 << 20)}).returncode == 0

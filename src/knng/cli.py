@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from knng.engine.checkpoint import checkpoint_bytes
+from knng.engine.plan import store_capacity
 from knng.io.outputs import OutputFolder, OutputFolderError
 from knng.io.workarea import CheckpointExistsError, WorkArea
 
@@ -813,7 +815,8 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if _is_rank():
         return _search_distributed(args, argv, corpus, queries, metric, out, ann_mode, truth)
 
-    with _output_folder(out, args, queries.shape[0] * args.k * 12, argv) as folder:
+    with _output_folder(out, args, queries.shape[0] * args.k * 12, argv,
+                        checkpoints=checkpoint_bytes("search", queries.shape[0], args.k, 0)) as folder:
         return _search_one_process(args, argv, corpus, queries, ann_mode, metric, dev, out, truth, folder)
 
 
@@ -831,10 +834,13 @@ def _check_output_before_launch(out: Path, args: argparse.Namespace, expected_by
             pass
 
 
-def _output_folder(out: Path, args: argparse.Namespace, expected_bytes: int, argv: Sequence[str]) -> OutputFolder:
-    """The output folder, locked and checked before any computing (:class:`knng.io.outputs.OutputFolder`)."""
-    return OutputFolder(out, overwrite=args.overwrite, expected_bytes=expected_bytes,
-                        command="knng " + " ".join(argv))
+def _output_folder(out: Path, args: argparse.Namespace, expected_bytes: int, argv: Sequence[str],
+                   checkpoints: int = 0) -> OutputFolder:
+    """The output folder, locked and checked before any computing (:class:`knng.io.outputs.OutputFolder`);
+    ``checkpoints``: the bytes a one-process run's checkpoints may take beside it."""
+    return OutputFolder(out, overwrite=args.overwrite, expected_bytes=expected_bytes + checkpoints,
+                        command="knng " + " ".join(argv),
+                        space_for="the results and the run's checkpoints" if checkpoints else "the results")
 
 
 def _checkpoint_options(args: argparse.Namespace, folder: OutputFolder) -> dict[str, Any]:
@@ -934,7 +940,10 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if _is_rank():
         return _graph_distributed(args, argv, data, metric, out)
 
-    with _output_folder(out, args, data.shape[0] * args.k * 12, argv) as folder:
+    n = data.shape[0]
+    capacity = store_capacity(args.k, n if args.include_self else n - 1)
+    with _output_folder(out, args, n * args.k * 12, argv,
+                        checkpoints=checkpoint_bytes("graph", n, args.k, capacity)) as folder:
         return _graph_one_process(args, argv, data, metric, dev, folder)
 
 

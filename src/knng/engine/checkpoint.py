@@ -35,7 +35,7 @@ from knng._inputs import InputArray
 from knng.engine.plan import EnginePlan
 from knng.io.workarea import WorkArea
 
-__all__ = ["Checkpoint", "input_fingerprint", "DEFAULT_INTERVAL", "FULL_HASH_BYTES"]
+__all__ = ["Checkpoint", "input_fingerprint", "checkpoint_bytes", "DEFAULT_INTERVAL", "FULL_HASH_BYTES"]
 
 #: Seconds between checkpoints at least (a run shorter than this writes only its start).
 DEFAULT_INTERVAL = 60.0
@@ -50,6 +50,19 @@ _HASH_BLOCK_BYTES = 16 << 20
 _SAMPLE_BLOCK_BYTES = 1 << 20
 #: How refusals name the ways out (the Python argument and the command-line option).
 DESCRIBE_RESUME = "resume=True (--resume on the command line; --overwrite discards it)"
+
+
+def checkpoint_bytes(operation: str, rows: int, k: int, capacity: int) -> int:
+    """Disk a run's checkpoints may take at their largest.
+
+    A graph's checkpoint holds every row's store (keys, radii, ids and distances: 32 bytes a
+    candidate, ``capacity`` a row, plus 33 bytes of per-row counters), and two generations
+    coexist for a moment while the newer replaces the older; a search's holds the finished rows'
+    indices and distances and two per-row counters.
+    """
+    if operation == "graph":
+        return 2 * rows * (32 * capacity + 33)
+    return rows * (16 * k + 16)
 
 
 def input_fingerprint(x: InputArray) -> dict[str, Any]:

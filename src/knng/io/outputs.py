@@ -80,6 +80,8 @@ class OutputFolder:
         What the results will take; the file system beside the folder must have that much free.
     command : str, optional
         Recorded in the lock, for the message a second run gets.
+    space_for : str, default "the results"
+        What ``expected_bytes`` is for, in the message of the free-space check.
 
     Examples
     --------
@@ -90,10 +92,11 @@ class OutputFolder:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False, expected_bytes: int = 0,
-                 command: str | None = None) -> None:
+                 command: str | None = None, space_for: str = "the results") -> None:
         self.path = Path(os.path.abspath(os.fspath(path)))
         self.overwrite = overwrite
         self.expected_bytes = max(0, int(expected_bytes))
+        self.space_for = space_for
         self.command = command if command is not None else " ".join(sys.argv)
         self._lock_fd: int | None = None
         self._staging: Path | None = None
@@ -248,7 +251,7 @@ class OutputFolder:
         free = int(env) if env else shutil.disk_usage(self.path.parent).free
         need = self.expected_bytes + SPACE_MARGIN
         if free < need:
-            raise OutputFolderError(f"not enough free space for the results in {self.path.parent}: "
+            raise OutputFolderError(f"not enough free space for {self.space_for} in {self.path.parent}: "
                                     f"{need / 1e6:,.1f} MB needed, {free / 1e6:,.1f} MB free")
 
     # ------------------------------------------------------------------------------ commit
