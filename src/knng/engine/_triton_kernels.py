@@ -135,22 +135,28 @@ def screen_kernel(
 
 
 @triton.jit
+def _load_tile(S, stride_s, m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # This program's tile of a score block in memory (row-major tiles), with its row and
+    # column positions and which of them lie inside the block.
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(n, BLOCK_N)
+    rm = (pid // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rm < m
+    col_ok = rn < n
+    valid = row_ok[:, None] & col_ok[None, :]
+    acc = tl.load(S + rm[:, None].to(tl.int64) * stride_s + rn[None, :], mask=valid, other=0.0)
+    return acc, rm, rn, row_ok, col_ok, valid
+
+
+@triton.jit
 def select_kernel(
     S, stride_s, row_thr, col_thr, out_rows, out_cols, out_keys, out_side, counter, m, n, capacity,
     SYMMETRIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # The same test and compaction as screen_kernel, on a score block already in memory
     # (a cuBLAS product): one read of the block, no mask and no nonzero.
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(n, BLOCK_N)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rm < m
-    col_ok = rn < n
-    valid = row_ok[:, None] & col_ok[None, :]
-    acc = tl.load(S + rm[:, None].to(tl.int64) * stride_s + rn[None, :], mask=valid, other=0.0)
+    acc, rm, rn, row_ok, col_ok, valid = _load_tile(S, stride_s, m, n, BLOCK_M, BLOCK_N)
     keep, by_row, by_col = _test_sides(acc, valid, rm, rn, row_ok, col_ok, row_thr, col_thr, SYMMETRIC)
     _append_by_rows(keep, by_row, by_col, acc, rm, rn, out_rows, out_cols, out_keys, out_side, counter, capacity,
                     SYMMETRIC, BLOCK_M, BLOCK_N)
@@ -165,16 +171,7 @@ def select_sides_kernel(
     # and counters[1]): the pairs kept by their row as (row, column), those kept by their
     # column as (column, row). The engine wants the two apart, and splitting one list by its
     # side flags on the host cost six boolean-mask gathers, each a synchronisation, per block.
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(n, BLOCK_N)
-    pid_m = pid // tiles_n
-    pid_n = pid % tiles_n
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_ok = rm < m
-    col_ok = rn < n
-    valid = row_ok[:, None] & col_ok[None, :]
-    acc = tl.load(S + rm[:, None].to(tl.int64) * stride_s + rn[None, :], mask=valid, other=0.0)
+    acc, rm, rn, row_ok, col_ok, valid = _load_tile(S, stride_s, m, n, BLOCK_M, BLOCK_N)
     _, by_row, by_col = _test_sides(acc, valid, rm, rn, row_ok, col_ok, row_thr, col_thr, True)
     rows = tl.broadcast_to(rm[:, None], (BLOCK_M, BLOCK_N))
     cols = tl.broadcast_to(rn[None, :], (BLOCK_M, BLOCK_N))

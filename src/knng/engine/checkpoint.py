@@ -191,7 +191,4 @@ class Checkpoint:
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    if t.dtype == torch.bool:
-        return t.numpy().copy()
-    return t.numpy()
+    return t.detach().cpu().numpy()

@@ -295,12 +295,10 @@ class OutputFolder:
         if ready is not None:
             shutil.rmtree(ready, ignore_errors=True)
         self._staging = None
-        if os.path.lexists(self.work_area):
-            # The checkpoints of this run: its results are in, nothing there is needed any more.
-            trash = self._sibling("old")
-            os.rename(self.work_area, trash)
-            fsync_dir(self.path.parent)
-            shutil.rmtree(trash, ignore_errors=True)
+        # The checkpoints of this run: its results are in, nothing there is needed any more.
+        from knng.io.workarea import WorkArea  # here: workarea uses this module's fsync helpers
+
+        WorkArea(self.work_area).remove()
         return self.path
 
 
