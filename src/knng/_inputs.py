@@ -18,7 +18,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-__all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite"]
+__all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite", "READ_AHEAD"]
+
+#: Blocks of a lazy input read ahead by a background thread while the engine works on the
+#: current one (two: one being read, one waiting, as in the papers' double buffering).
+READ_AHEAD = 2
 
 #: dtypes knng computes with (all converted to float32 for the screen, float64 for exact).
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (

@@ -18,7 +18,10 @@ from knng.arguments import check_k, check_select, graph_arguments
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine.common import resolve_device
 from knng.engine.graph import exact_graph
-from knng.engine.plan import EnginePlan, budget_source, make_graph_plan, make_search_plan, resolve_budget
+from knng.engine.plan import (
+    EnginePlan, budget_source, host_budget_source, make_graph_plan, make_search_plan, resolve_budget,
+    resolve_host_budget,
+)
 from knng.engine.search import exact_search
 from knng.io.workarea import WorkArea
 from knng.metrics import get_metric
@@ -62,6 +65,12 @@ def _no_distributed_checkpoint(checkpoint: Any, resume: Any) -> None:
                          "to checkpoint, or without a checkpoint on several")
 
 
+def _no_distributed_host_budget(host_memory_budget: Any) -> None:
+    if host_memory_budget is not None:
+        raise ValueError("host_memory_budget is not supported with distributed=True yet: each rank reads only the "
+                         "parts it needs; pass memory_budget for the GPUs")
+
+
 def _close_checkpoint(ckpt: Checkpoint | None, keep: bool) -> None:
     """After success: the checkpoint folder is no longer needed (unless the caller keeps it)."""
     if ckpt is not None and not keep:
@@ -83,6 +92,7 @@ def search(
     device: str | torch.device = "auto",
     select: str = "auto",
     memory_budget: int | str | None = None,
+    host_memory_budget: int | str | None = None,
     progress: bool = False,
     distributed: bool = False,
     checkpoint: str | os.PathLike[str] | None = None,
@@ -113,6 +123,13 @@ def search(
     memory_budget : int or str, optional
         Bytes the engine may use on the device (e.g. ``"4GB"``). Default: a safe share of free
         GPU memory, or of available RAM on a CPU.
+    host_memory_budget : int or str, optional
+        Bytes of host memory the engine may hold besides the results (e.g. ``"20MB"``):
+        file-backed inputs (memory maps, datasets) are read in blocks that fit it, through
+        background reads that overlap the work; on a CPU it caps ``memory_budget``; a graph's
+        candidate stores move to pinned host memory or to a memory-mapped file when they do
+        not fit the device (see ``knng info``). Default: 75 % of the RAM available. Pages the
+        operating system caches for memory-mapped files are its own, not counted.
     progress : bool
         Show a progress bar on standard error.
     distributed : bool
@@ -155,6 +172,7 @@ def search(
         from knng import distributed as _distributed
 
         _no_distributed_checkpoint(checkpoint, resume)
+        _no_distributed_host_budget(host_memory_budget)
         return _distributed.search(queries, corpus, k, metric=metric, device=device, select=select,
                                    memory_budget=memory_budget, progress=progress)
     m = get_metric(metric)
@@ -167,7 +185,8 @@ def search(
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
     plan = make_search_plan(n_queries=q.n, n_corpus=c.n, d=c.d, k=k, metric=m.name, device=dev, budget=budget,
-                            source=budget_source(memory_budget, dev))
+                            source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
+                            host_source=host_budget_source(host_memory_budget))
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
                             operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan)
     if ckpt is not None:
@@ -189,6 +208,7 @@ def graph(
     device: str | torch.device = "auto",
     select: str = "auto",
     memory_budget: int | str | None = None,
+    host_memory_budget: int | str | None = None,
     progress: bool = False,
     distributed: bool = False,
     checkpoint: str | os.PathLike[str] | None = None,
@@ -218,6 +238,9 @@ def graph(
         block-cyclic scheme of ``docs/DISTRIBUTED.md``: each rank reads only the parts of
         ``data`` it needs, every rank must make this call, and every rank gets the whole graph,
         identical to the one-device result. See :func:`knng.distributed.graph`.
+    host_memory_budget
+        As in :func:`search`. Candidate stores kept on disk go into the ``checkpoint`` folder
+        when there is one, else into the temporary folder (``TMPDIR``).
     checkpoint, resume, checkpoint_interval, keep_checkpoint
         As in :func:`search`; a graph records the blocks it finished and every point's
         candidates (about ``32 · capacity`` bytes a point, see ``knng info``).
@@ -231,19 +254,22 @@ def graph(
         from knng import distributed as _distributed
 
         _no_distributed_checkpoint(checkpoint, resume)
+        _no_distributed_host_budget(host_memory_budget)
         return _distributed.graph(data, k, metric=metric, include_self=include_self, device=device, select=select,
                                   memory_budget=memory_budget, progress=progress)
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
     plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
-                           source=budget_source(memory_budget, dev))
+                           source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
+                           host_source=host_budget_source(host_memory_budget))
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
                             inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self)
     if ckpt is not None:
         plan = ckpt.plan(plan)
     idx, dist, report = exact_graph(x, k, m, dev, select, plan.budget, include_self=include_self, progress=progress,
-                                    plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
+                                    plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
+                                    lists_folder=None if checkpoint is None else os.fspath(checkpoint))
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)

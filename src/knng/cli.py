@@ -206,6 +206,11 @@ def _add_compute_options(p: argparse.ArgumentParser, *, with_k: bool = True) -> 
     p.add_argument("--memory-budget", default=None, metavar="SIZE",
                    help="memory the engine may use on the device, e.g. 4GB or 512MiB "
                         "(default: 60%% of free GPU memory, or 25%% of free RAM up to 2 GiB)")
+    p.add_argument("--host-memory", default=None, metavar="SIZE",
+                   help="host memory the engine may hold besides the results, e.g. 20MB: files are "
+                        "read in blocks that fit it, overlapping the work, and a graph's candidate "
+                        "lists move to disk (in the output's work area) when they do not fit "
+                        "(default: 75%% of available RAM; one process only)")
 
 
 def _add_distributed_options(p: argparse.ArgumentParser) -> None:
@@ -287,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="metric to plan for (the plan does not depend on it yet)")
     p.add_argument("--device", default="auto", metavar="DEV", help="device to plan for (default: auto)")
     p.add_argument("--memory-budget", default=None, metavar="SIZE", help="memory budget to plan for")
+    p.add_argument("--host-memory", default=None, metavar="SIZE", help="host memory budget to plan for")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: the file's description and the engine's plan (its \"plan\" is "
                         "what `knng graph FILE -k K` records in knng.json)")
@@ -859,6 +865,9 @@ def _refuse_distributed_resume(args: argparse.Namespace) -> None:
     if args.resume and (args.gpus or args.procs or _is_rank()):
         raise CliError("--resume works for one process only for now: rerun without --gpus/--procs/torchrun "
                        "to checkpoint and resume")
+    if args.host_memory is not None and (args.gpus or args.procs or _is_rank()):
+        raise CliError("--host-memory works for one process only for now: rerun without --gpus/--procs/torchrun, "
+                       "or without --host-memory (each rank reads only the parts it needs)")
 
 
 def _search_one_process(args: argparse.Namespace, argv: Sequence[str], corpus: _Input, queries: _Input,
@@ -868,7 +877,8 @@ def _search_one_process(args: argparse.Namespace, argv: Sequence[str], corpus: _
 
     t0 = time.perf_counter()
     result = knng.search(queries.array, corpus.array, args.k, metric=metric, device=args.device,
-                         select=args.select, memory_budget=args.memory_budget, progress=_progress(args),
+                         select=args.select, memory_budget=args.memory_budget,
+                         host_memory_budget=args.host_memory, progress=_progress(args),
                          **_checkpoint_options(args, folder))
     seconds = time.perf_counter() - t0
     report = knng.api.last_report()
@@ -956,7 +966,8 @@ def _graph_one_process(args: argparse.Namespace, argv: Sequence[str], data: _Inp
     t0 = time.perf_counter()
     graph = knng.graph(data.array, args.k, metric=metric, include_self=args.include_self,
                        device=args.device, select=args.select, memory_budget=args.memory_budget,
-                       progress=_progress(args), **_checkpoint_options(args, folder))
+                       host_memory_budget=args.host_memory, progress=_progress(args),
+                       **_checkpoint_options(args, folder))
     seconds = time.perf_counter() - t0
     report = knng.api.last_report()
     graph = graph.numpy()
@@ -994,16 +1005,19 @@ def _graph_one_process(args: argparse.Namespace, argv: Sequence[str], data: _Inp
 
 
 def _make_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, dev: Any, budget: int,
-               memory_budget: str | None, symmetric: bool) -> Any:
+               memory_budget: str | None, host_memory: str | None, symmetric: bool) -> Any:
     """The engine's plan for this shape: the very planner ``knng.search`` / ``knng.graph`` call."""
-    from knng.engine.plan import budget_source, make_graph_plan, make_search_plan
+    from knng.engine.plan import (
+        budget_source, host_budget_source, make_graph_plan, make_search_plan, resolve_host_budget,
+    )
 
-    source = budget_source(memory_budget, dev)
+    hosts = dict(source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory),
+                 host_source=host_budget_source(host_memory))
     if symmetric:
         return make_graph_plan(n=n_corpus, d=d, k=k, metric=metric, device=dev, budget=budget, include_self=False,
-                               source=source)
+                               **hosts)
     return make_search_plan(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=dev,
-                            budget=budget, source=source)
+                            budget=budget, **hosts)
 
 
 def _plan_lines(title: str, plan: Any) -> list[str]:
@@ -1024,8 +1038,18 @@ def _plan_lines(title: str, plan: Any) -> list[str]:
     else:
         lines.append(f"  score blocks    {plan.query_rows:,} queries × {plan.corpus_cols:,} corpus vectors")
     lines.append("  data            " + ("resident on the device (prepared once)" if plan.corpus_resident
-                                       else "streamed: prepared tile by tile"))
-    lines.append(f"  memory          ~{_fmt_bytes(plan.bytes_expected)} expected")
+                                       else "streamed: prepared tile by tile")
+                 + f"; files read {plan.read_rows:,} rows at a time, two reads ahead")
+    if plan.operation == "graph":
+        lines.append("  lists           " + {
+            "device": "every point's candidate store on the device",
+            "host": f"in pinned host memory; the graph runs in {plan.bands} bands of {plan.band_parts} parts, "
+                    "two bands' stores on the device at a time",
+            "disk": f"in a memory-mapped file (the work area); the graph runs in {plan.bands} bands of "
+                    f"{plan.band_parts} parts, two bands' stores on the device at a time"}[plan.lists])
+    lines.append(f"  memory          ~{_fmt_bytes(plan.bytes_expected)} expected on the device; "
+                 f"~{_fmt_bytes(plan.host_bytes_expected)} of host memory (budget {_fmt_bytes(plan.host_budget)}, "
+                 f"{plan.host_budget_source})")
     out_bytes = plan.n_queries * plan.k * (8 + 4)
     lines.append(f"  outputs         {plan.n_queries:,} × {plan.k} neighbours: indices int64 + distances float32 "
                  f"= {_fmt_bytes(out_bytes)}")
@@ -1083,7 +1107,8 @@ def _cmd_info(args: argparse.Namespace, argv: Sequence[str]) -> int:
     budget = resolve_budget(args.memory_budget, dev)
     n, d = shape
     metric = args.metric or "euclidean"
-    common = dict(d=d, metric=metric, dev=dev, budget=budget, memory_budget=args.memory_budget)
+    common = dict(d=d, metric=metric, dev=dev, budget=budget, memory_budget=args.memory_budget,
+                  host_memory=args.host_memory)
     plans = {}
     if n >= 2:
         plans["plan"] = _make_plan(n_queries=n, n_corpus=n, k=min(args.k, n - 1), symmetric=True, **common)
@@ -1105,6 +1130,12 @@ def _cmd_info(args: argparse.Namespace, argv: Sequence[str]) -> int:
            f"  device          {_device_text(dev)}" + ("  (--device auto)" if args.device == "auto" else ""),
            f"  memory budget   {_fmt_bytes(budget)} (" + ("from --memory-budget" if args.memory_budget else
                                                          budget_source(None, dev)) + ")"]
+    first = next(iter(plans.values()), None)
+    if first is not None:
+        if first.budget < budget:
+            out[-1] += f"; {_fmt_bytes(first.budget)} planned (the host budget's share)"
+        out.append(f"  host memory     {_fmt_bytes(first.host_budget)} (" + (
+            "from --host-memory" if args.host_memory else first.host_budget_source) + ")")
     if "plan" in plans:
         out += _plan_lines(f"k-NN graph, k={plans['plan'].k}:", plans["plan"])
     else:

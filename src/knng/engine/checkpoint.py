@@ -96,8 +96,11 @@ def content_hash(x: InputArray) -> str:
 
 
 def _file_of(source: Any) -> str | None:
-    """The file behind a lazy input: a NumPy memory map's, or an h5py dataset's."""
+    """The file behind a lazy input: a NumPy memory map's (a str, or a Path when it was opened
+    with one), or an h5py dataset's."""
     name = getattr(source, "filename", None)
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
     if isinstance(name, str) and os.path.isfile(name):
         return name
     file = getattr(source, "file", None)

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import torch
 
-from knng._inputs import InputArray, check_finite
+from knng._inputs import READ_AHEAD, InputArray, check_finite
 from knng.engine.exact import ExactStats
 from knng.engine.plan import EnginePlan
 from knng.engine.store import StoreStats
@@ -100,9 +100,6 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
 
 #: Largest prepared-vector norm whose squares and products stay far from float32 overflow.
 MAX_SCREEN_NORM = 1e18
-#: Blocks of a file-backed input read ahead by a background thread while the engine works on the
-#: current one (two: one being read, one waiting, as in the papers' double buffering).
-READ_AHEAD = 2
 
 
 class PreparedCorpus:

@@ -47,30 +47,35 @@ def sort_by_distance_then_index(dist: torch.Tensor, idx: torch.Tensor, k: int) -
 
 
 def exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, corpus: InputArray,
-                cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+                cols: torch.Tensor, device: torch.device, chunk_bytes: int | None = None) -> torch.Tensor:
     """Exact float64 distances for the pairs (raw_rows[rows[p]], corpus[cols[p]]).
 
     ``cols`` may also be (m, w): row ``rows[i]`` against each of ``cols[i]``, an (m, w) result
-    (each row vector gathered once).
+    (each row vector gathered once). ``chunk_bytes``: gathered float64 vectors per chunk at most
+    (default :data:`EXACT_CHUNK_BYTES` or, on a CPU, :data:`EXACT_CHUNK_BYTES_CPU`).
     """
-    return _evaluate(metric, lambda r: raw_rows[r.to(raw_rows.device)].to(device), rows, corpus, cols, device)
+    return _evaluate(metric, lambda r: raw_rows[r.to(raw_rows.device)].to(device), rows, corpus, cols, device,
+                     chunk_bytes)
 
 
 def exact_pairs_of(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, cols: torch.Tensor,
-                   device: torch.device) -> torch.Tensor:
+                   device: torch.device, chunk_bytes: int | None = None) -> torch.Tensor:
     """Exact float64 distances for the pairs (left[rows[p]], right[cols[p]]), both by id; ``cols``
-    may be (m, w) as in :func:`exact_pairs`."""
-    return _evaluate(metric, lambda r: left.take(r).to(device, non_blocking=True), rows, right, cols, device)
+    may be (m, w) and ``chunk_bytes`` bounds the chunks, as in :func:`exact_pairs`."""
+    return _evaluate(metric, lambda r: left.take(r).to(device, non_blocking=True), rows, right, cols, device,
+                     chunk_bytes)
 
 
 def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,
-              right: InputArray, cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+              right: InputArray, cols: torch.Tensor, device: torch.device, chunk_bytes: int | None = None
+              ) -> torch.Tensor:
     """Pairs (``cols`` (p,)) or row batches (``cols`` (m, w)), in chunks of bounded memory;
     ``take_rows(ids)`` gives the left vectors on ``device``."""
     batched = cols.dim() == 2
     width = cols.shape[1] if batched else 1
     out = torch.empty(cols.shape, dtype=torch.float64, device=device)
     budget = EXACT_CHUNK_BYTES_CPU if device.type == "cpu" else EXACT_CHUNK_BYTES
+    budget = budget if chunk_bytes is None else min(budget, chunk_bytes)
     step = max(1, budget // (right.d * 8 * (width + 2)))
     for p0 in range(0, rows.numel(), step):
         p1 = min(rows.numel(), p0 + step)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import torch
 
-from knng._inputs import InputArray, as_input
+from knng._inputs import READ_AHEAD, InputArray, as_input
 from knng.engine.exact import exact_pairs_of
 from knng.engine.thresholds import sample_columns
 from knng.metrics import Metric
@@ -155,10 +155,12 @@ class GlobalFrames:
         j0, j1 = self.parts[part]
         return self._tile(j0 + start, j1 if stop is None else j0 + stop)
 
-    def evaluate(self, metric: Metric, rows: torch.Tensor, cols: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """Exact float64 distances of pairs of ids, read from the input."""
+    def evaluate(self, metric: Metric, rows: torch.Tensor, cols: torch.Tensor, device: torch.device,
+                 chunk_bytes: int | None = None) -> torch.Tensor:
+        """Exact float64 distances of pairs of ids, read from the input (``chunk_bytes``: see
+        :func:`~knng.engine.exact.exact_pairs`)."""
         data = self.pdata.corpus
-        return exact_pairs_of(metric, data, rows, data, cols, device)
+        return exact_pairs_of(metric, data, rows, data, cols, device, chunk_bytes)
 
     def shared_norms(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Every point's prepared norm and term by id: every block shares the one centre."""
@@ -211,10 +213,12 @@ class PrincipalFrames:
         Rows per part.
     dtype : torch.dtype
         The screen's storage type.
+    read_rows : int
+        Rows per read of ``data`` (read ahead by a background thread).
     """
 
     def __init__(self, data: InputArray, metric: Metric, centre: torch.Tensor, device: torch.device,
-                 part_size: int, dtype: torch.dtype) -> None:
+                 part_size: int, dtype: torch.dtype, read_rows: int = 4096) -> None:
         self.metric, self.device, self.dtype = metric, device, dtype
         self.n, self.d = data.n, data.d
         self._live = False  # some block of the current distance J − I had a window
@@ -224,7 +228,7 @@ class PrincipalFrames:
         # The inputs go to the device once; the sorted copy is gathered there (a host gather of
         # a 582k × 64 float32 corpus cost ~0.15 s of a 3.5 s GPU graph).
         raw_all = torch.empty((self.n, self.d), dtype=data.dtype, device=device)
-        for start, raw in data.iter_blocks(max(4096, part_size)):
+        for start, raw in data.iter_blocks(read_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
             raw = raw.to(device)
             raw_all[start:start + raw.shape[0]] = raw
             x = raw.to(torch.float64) - centre
@@ -266,12 +270,13 @@ class PrincipalFrames:
         self._ranges = self._ahead_max = self._behind_min = self.proj
         self._bands: dict[int, list[list[int]]] = {}
 
-    def evaluate(self, metric: Metric, rows: torch.Tensor, cols: torch.Tensor, device: torch.device) -> torch.Tensor:
+    def evaluate(self, metric: Metric, rows: torch.Tensor, cols: torch.Tensor, device: torch.device,
+                 chunk_bytes: int | None = None) -> torch.Tensor:
         """Exact float64 distances of pairs of original ids (``cols`` (p,) or (m, w)), read from
         the sorted copy on the device: the same input values, so the same distances, without
         reading a host array again for every batch of candidates."""
         return exact_pairs_of(metric, self._sorted_input, self.position[rows], self._sorted_input,
-                              self.position[cols], device)
+                              self.position[cols], device, chunk_bytes)
 
     def ids(self, part: int) -> torch.Tensor:
         """Original ids of the rows of ``part`` (sorted positions → input rows)."""

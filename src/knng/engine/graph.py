@@ -11,7 +11,7 @@ directions. Then every point's candidates go through the same exact finish as a 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -22,7 +22,8 @@ from knng.engine.common import (
 )
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
-from knng.engine.plan import PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
+from knng.engine.lists import ListHome
+from knng.engine.plan import LISTS_ON_DEVICE, PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, use_kernel,
 )
@@ -97,8 +98,14 @@ def exact_graph(
     plan: EnginePlan | None = None,
     checkpoint: Checkpoint | None = None,
     keep_checkpoint: bool = False,
+    lists_folder: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
     """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
+
+    When the plan keeps the candidate stores off the device (``plan.lists``), the run goes in
+    bands of parts (:func:`_graph_in_bands`), its stores in a :class:`~knng.engine.lists.ListHome`
+    (a disk home's files in ``lists_folder``, default the temporary folder), and the results
+    come back in host memory (memory-mapped files beside the stores for a disk home).
 
     ``checkpoint``: where the run records its progress, and the state to resume from
     (:mod:`knng.engine.checkpoint`; ``plan`` must be the checkpoint's); ``keep_checkpoint``:
@@ -120,17 +127,25 @@ def exact_graph(
     b = plan.part_size
     parts = [(s, min(n, s + b)) for s in range(0, n, b)]
     with full_precision():
-        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=max(b, 4096))
+        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=plan.read_rows)
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
         precision = plan.precision
         frames: GlobalFrames | PrincipalFrames
         if plan.frames == PRINCIPAL_FRAMES:
             assert stats.centre is not None
-            frames = PrincipalFrames(data, metric, stats.centre, device, b, plan.screen_torch_dtype)
+            frames = PrincipalFrames(data, metric, stats.centre, device, b, plan.screen_torch_dtype,
+                                     read_rows=plan.read_rows)
         else:
             pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
-                                   block_rows=max(b, 4096), symmetric=True, dtype=plan.screen_torch_dtype)
+                                   block_rows=plan.read_rows, symmetric=True, dtype=plan.screen_torch_dtype)
             frames = GlobalFrames(pdata, parts)
+        if plan.lists != LISTS_ON_DEVICE:
+            assert isinstance(frames, GlobalFrames)
+            with ListHome(n, plan.capacity, plan.lists, folder=lists_folder, pin=device.type == "cuda") as home:
+                out_idx, out_dist, store, counts, done = _graph_in_bands(
+                    frames, home, plan, metric, stats.centre, include_self, select, device, progress, checkpoint,
+                    keep_checkpoint)
+            return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done)
         # One centre for every block: the store's norms give every pair's radius. Blocks centred
         # on their row part: every survivor brings the norms of its block (PairNorms).
         shared = frames.shared_norms()
@@ -140,9 +155,10 @@ def exact_graph(
                             centre_norm=0.0 if stats.centre is None else float(torch.linalg.vector_norm(stats.centre)))
 
         def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-            return frames.evaluate(metric, rows, cols, device)
+            return frames.evaluate(metric, rows, cols, device, plan.work_bytes)
 
-        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
+        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
+                               work_bytes=plan.work_bytes)
         thresholds = None if shared is None else _SharedThresholds.when_uniform(store, norms, terms,
                                                                                  [frames.ids(p) for p in range(len(parts))])
         buffer = ScoreBuffer() if device.type == "cpu" else None
@@ -184,21 +200,152 @@ def exact_graph(
         bar.close()
         if checkpoint is not None and keep_checkpoint and step > done:
             checkpoint_after(step, force=True)  # only the finish is left to a run that resumes this
-        skipped = len(parts) * (len(parts) - 1) // 2 - counts.computed
         out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
-        finish_bytes = FINISH_BYTES if device.type == "cpu" else FINISH_BYTES_GPU
-        chunk = max(1, min(n, finish_bytes // max(1, plan.capacity * 64)))
+        chunk = _finish_rows(plan, device)
         for r0 in range(0, n, chunk):
             r1 = min(n, r0 + chunk)
             out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
-    exact = ExactStats(rows=n, exact_evaluations=store.stats.exact_evaluations)
-    report = GraphReport(plan=plan, oom_retries=counts.retries, exact=exact, store=store.stats,
-                         evaluations_per_row=summarize_per_row([store.evaluations_per_row()]),
-                         screened_per_row=summarize_per_row([store.screened_per_row()]),
-                         blocks_skipped=skipped, pairs_screened=counts.screened,
-                         checkpoints={} if checkpoint is None else checkpoint.summary(done))
-    return out_idx, out_dist, report
+    return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done)
+
+
+def _finish_rows(plan: EnginePlan, device: torch.device) -> int:
+    """Rows the exact finish takes at a time (see :data:`FINISH_BYTES`; its temporaries take about
+    64 bytes per store entry, and at most an eighth of the budget)."""
+    finish_bytes = min(FINISH_BYTES if device.type == "cpu" else FINISH_BYTES_GPU, plan.budget // 8)
+    return max(1, min(plan.n_corpus, finish_bytes // max(1, plan.capacity * 64)))
+
+
+def _graph_report(plan: EnginePlan, store: CandidateStore, counts: "_Counts", checkpoint: Checkpoint | None,
+                  done: int) -> GraphReport:
+    """The report of a finished graph run (store counters are of the whole run, every band's)."""
+    exact = ExactStats(rows=plan.n_corpus, exact_evaluations=store.stats.exact_evaluations)
+    return GraphReport(plan=plan, oom_retries=counts.retries, exact=exact, store=store.stats,
+                       evaluations_per_row=summarize_per_row([counts.evaluations_per_row(store)]),
+                       screened_per_row=summarize_per_row([counts.screened_per_row(store)]),
+                       blocks_skipped=plan.parts * (plan.parts - 1) // 2 - counts.computed,
+                       pairs_screened=counts.screened,
+                       checkpoints={} if checkpoint is None else checkpoint.summary(done))
+
+
+def _graph_in_bands(frames: GlobalFrames, home: ListHome, plan: EnginePlan, metric: Metric,
+                    centre: torch.Tensor | None, include_self: bool, select: str, device: torch.device,
+                    progress: bool, checkpoint: Checkpoint | None, keep_checkpoint: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, CandidateStore, "_Counts", int]:
+    """The graph with every row's store in ``home``, run in bands of ``plan.band_parts`` parts.
+
+    The device store has two bands of slots: the row band A at slot 0, the column band B after
+    it. Units of work go in a fixed order: first each band with itself (its own parts seed its
+    rows' thresholds, then its blocks S(I, J), I < J within it), then every pair of bands A < B
+    (all blocks S(I, J), I in A, J in B), A outermost so that its stores stay on the device while
+    the B bands pass by. Every block of the one-device order is computed once, so each row's
+    answer, its exact top k, is the same bit for bit. Returns (indices, float64 distances, the
+    device store, counters, units a resumed run had done); checkpoints are taken between units,
+    once both bands' stores are back in the home (which then holds the whole state).
+    """
+    n, d, k, b = plan.n_corpus, plan.d, plan.k, plan.part_size
+    parts = frames.parts
+    band_parts = plan.band_parts
+    bands = [list(range(p0, min(len(parts), p0 + band_parts))) for p0 in range(0, len(parts), band_parts)]
+    spans = [(parts[band[0]][0], parts[band[-1]][1]) for band in bands]
+    width = max(r1 - r0 for r0, r1 in spans)
+    norms, terms = frames.shared_norms()
+    slot_ids = torch.zeros(2 * width, dtype=torch.int64, device=device)
+    slot_norms = torch.zeros(2 * width, dtype=torch.float64, device=device)
+    slot_terms = None if terms is None else torch.zeros_like(slot_norms)
+    errors = PairErrors(metric=metric, d=d, precision=plan.precision, row_norms=slot_norms, row_terms=slot_terms,
+                        row_offsets=torch.full_like(slot_norms, 1.0 if metric.normalize else 0.0),
+                        col_norms=norms, col_terms=terms,
+                        centre_norm=0.0 if centre is None else float(torch.linalg.vector_norm(centre)))
+
+    def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return frames.evaluate(metric, slot_ids[rows], cols, device, plan.work_bytes)
+
+    store = CandidateStore(2 * width, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
+                           work_bytes=plan.work_bytes)
+    thresholds = _SharedThresholds.when_uniform(store, norms, terms, [frames.ids(p) for p in range(len(parts))])
+    buffer = ScoreBuffer() if device.type == "cpu" else None
+    placed: dict[int, int] = {}  # band → its first slot
+
+    def place(band: int, at: int) -> None:
+        r0, r1 = spans[band]
+        slot_ids[at:at + r1 - r0] = torch.arange(r0, r1, device=device)
+        slot_norms[at:at + r1 - r0] = norms[r0:r1]
+        if slot_terms is not None and terms is not None:
+            slot_terms[at:at + r1 - r0] = terms[r0:r1]
+        home.load(store, slice(at, at + r1 - r0), slice(r0, r1))
+        placed[band] = at
+
+    def put_back(band: int, *, keep: bool = False) -> None:
+        r0, r1 = spans[band]
+        at = placed[band] if keep else placed.pop(band)
+        home.save(store, slice(at, at + r1 - r0), slice(r0, r1))
+
+    def slots(part: int) -> torch.Tensor:
+        band = part // band_parts
+        i0, i1 = parts[part]
+        at = placed[band] - spans[band][0]
+        return torch.arange(i0 + at, i1 + at, device=device)
+
+    units = [(a, a) for a in range(len(bands))] + [(a, c) for a in range(len(bands))
+                                                   for c in range(a + 1, len(bands))]
+    counts, done = _Counts(), 0
+    if checkpoint is not None and checkpoint.resumed:
+        saved = checkpoint.state
+        assert saved is not None
+        home.restore(checkpoint.arrays())
+        store.stats = type(store.stats)(**{f: int(v) for f, v in saved["store"].items() if f != "updates"})
+        done = int(saved["step"])
+        counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
+    bar = Progress(progress, total=plan.blocks, desc="knng graph")
+    row_band = -1
+    for unit, (a, c) in enumerate(units):
+        if unit < done:
+            bar.update(len(bands[a]) * (len(bands[a]) + 1) // 2 if a == c else len(bands[a]) * len(bands[c]))
+            continue
+        if row_band != a:
+            if row_band >= 0:
+                put_back(row_band)
+            place(a, 0)
+            row_band = a
+        if a == c:
+            for pi in bands[a]:
+                ids = frames.ids(pi)
+                counts.retries += retry_on_oom(
+                    lambda: screen_own_part(frames.own(pi), d, metric, store, slots(pi), ids, k, include_self,
+                                            select, device, precision=plan.precision, buffer=buffer), device)
+                counts.screened += ids.numel() ** 2
+                bar.update()
+            order = [(i, j) for i in bands[a] for j in bands[a] if j > i]
+        else:
+            place(c, width)
+            order = [(i, j) for i in bands[a] for j in bands[c]]
+        _off_diagonal_blocks(frames, store, metric, plan.precision, thresholds, device, carry_norms=False,
+                             buffer=buffer, bar=bar, counts=counts, first_step=0, order=order, slots=slots)
+        store.flush()
+        if a != c:
+            put_back(c)
+        last = unit == len(units) - 1
+        if checkpoint is not None and (checkpoint.due() or (last and keep_checkpoint)):
+            put_back(a, keep=True)  # the home now holds every row's state
+            checkpoint.save({"step": unit + 1, "progress": f"{unit + 1:,} of {len(units):,} band pairs done",
+                             "retries": counts.retries, "computed": counts.computed, "screened": counts.screened,
+                             "store": vars(store.stats)}, home.state())
+    bar.close()
+    if row_band >= 0:
+        put_back(row_band)
+    out_idx, out_dist = home.results(k)
+    chunk = min(_finish_rows(plan, device), width)
+    for band in range(len(bands)):
+        place(band, 0)
+        r0, r1 = spans[band]
+        for q0 in range(r0, r1, chunk):
+            q1 = min(r1, q0 + chunk)
+            idx, dist = store.finish(torch.arange(q0 - r0, q1 - r0, device=device))
+            out_idx[q0:q1], out_dist[q0:q1] = idx.cpu(), dist.cpu()
+        counts.note_rows(store, slice(0, r1 - r0), slice(r0, r1), n)
+        placed.pop(band)
+    return out_idx, out_dist, store, counts, done
 
 
 def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, row_ids: torch.Tensor,
@@ -331,7 +478,8 @@ class _OffDiagonalBlock:
     """
 
     def __init__(self, frames: "GlobalFrames | PrincipalFrames", metric: Metric, pi: int, pj: int, window: Window,
-                 precision: ScreenPrecision, *, carry_norms: bool, buffer: ScoreBuffer | None = None) -> None:
+                 precision: ScreenPrecision, *, carry_norms: bool, buffer: ScoreBuffer | None = None,
+                 slots: "Callable[[int], torch.Tensor] | None" = None) -> None:
         self.window, self.precision, self.carry_norms, self.buffer = window, precision, carry_norms, buffer
         self.d = d = frames.d
         own = frames.own(pi)
@@ -340,6 +488,9 @@ class _OffDiagonalBlock:
         self.cols_tile = frames.column(pj, pi, window.c0, window.c1)
         self.rows = frames.ids(pi)[window.r0:window.r1]
         self.cols = frames.ids(pj)[window.c0:window.c1]
+        # Store rows of the block's points: their ids, unless the store holds bands of rows.
+        self.row_slots = self.rows if slots is None else slots(pi)[window.r0:window.r1]
+        self.col_slots = self.cols if slots is None else slots(pj)[window.c0:window.c1]
         self.queries = self.rows_tile.queries(metric, d)
         self.scores: torch.Tensor | None = None
 
@@ -352,7 +503,7 @@ class _OffDiagonalBlock:
     def screen(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> tuple[Survivors, Survivors]:
         """Both sides' survivors against the store's current thresholds (the product again if it
         was dropped, after an out-of-memory error)."""
-        rows, cols, rows_tile, cols_tile = self.rows, self.cols, self.rows_tile, self.cols_tile
+        rows, cols, rows_tile, cols_tile = self.row_slots, self.col_slots, self.rows_tile, self.cols_tile
 
         def block_thresholds() -> tuple[torch.Tensor, torch.Tensor]:
             if thresholds is not None:
@@ -381,25 +532,44 @@ class _OffDiagonalBlock:
             by_rows = _pair_norms(self.rows_tile, self.cols_tile, by_row.owner, by_row.other)
             by_cols = _pair_norms(self.cols_tile, self.rows_tile, by_col.owner, by_col.other)
             norms = PairNorms(*(None if a is None else torch.cat([a, b]) for a, b in zip(by_rows, by_cols)))
-        store.add(torch.cat([rows[by_row.owner], cols[by_col.owner]]),
+        store.add(torch.cat([self.row_slots[by_row.owner], self.col_slots[by_col.owner]]),
                   torch.cat([cols[by_row.other], rows[by_col.other]]), torch.cat([by_row.keys, by_col.keys]), norms)
 
 
 @dataclass
 class _Counts:
     """A graph run's counters, carried by its checkpoints: out-of-memory retries, off-diagonal
-    blocks computed and score entries screened."""
+    blocks computed and score entries screened. A banded run also gathers every row's report
+    counters here as its bands finish (its device store holds two bands' rows only)."""
 
     retries: int = 0
     computed: int = 0
     screened: int = 0
+    evaluations: torch.Tensor | None = None
+    screened_rows: torch.Tensor | None = None
+
+    def note_rows(self, store: CandidateStore, slots: slice, rows: slice, n: int) -> None:
+        """Copy the per-row counters of store ``slots`` (global ``rows``)."""
+        if self.evaluations is None or self.screened_rows is None:
+            self.evaluations = torch.zeros(n, dtype=torch.int64)
+            self.screened_rows = torch.zeros(n, dtype=torch.int64)
+        self.evaluations[rows] = store.evaluations_per_row()[slots].cpu()
+        self.screened_rows[rows] = store.screened_per_row()[slots].cpu()
+
+    def evaluations_per_row(self, store: CandidateStore) -> torch.Tensor:
+        return store.evaluations_per_row() if self.evaluations is None else self.evaluations
+
+    def screened_per_row(self, store: CandidateStore) -> torch.Tensor:
+        return store.screened_per_row() if self.screened_rows is None else self.screened_rows
 
 
 def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric,
                          precision: ScreenPrecision, thresholds: "_SharedThresholds | None", device: torch.device, *,
                          carry_norms: bool, buffer: ScoreBuffer | None, bar: Progress, counts: _Counts,
                          first_step: int, done: int = 0, checkpoint_after: Callable[[int], None] | None = None,
-                         checkpoint_due: Callable[[], bool] | None = None) -> int:
+                         checkpoint_due: Callable[[], bool] | None = None,
+                         order: Iterable[tuple[int, int]] | None = None,
+                         slots: Callable[[int], torch.Tensor] | None = None) -> int:
     """Every block S(I, J), I < J, whose window is not empty, counted in ``counts``; returns the
     step reached. See :class:`_OffDiagonalBlock` for the order of steps.
 
@@ -407,12 +577,14 @@ def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candid
     ``done`` were finished before a checkpoint and are passed over. ``checkpoint_after(s)``
     runs once every step below ``s`` is in the store; a checkpoint that is due is taken like a
     flushing update, before the next block's window (the window then sees the new thresholds).
+    ``order``: the blocks to run (default ``frames.block_order()``); ``slots(part)``: the store
+    rows of a part's points (default their ids).
     """
     step = first_step
 
     def windows() -> Iterator[tuple[int, _OffDiagonalBlock]]:
         nonlocal step
-        for pi, pj in frames.block_order():
+        for pi, pj in frames.block_order() if order is None else order:
             here, step = step, step + 1
             bar.update()
             if here < done:
@@ -421,7 +593,7 @@ def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candid
             window = frames.window(pi, pj, store.tau, store.updates)
             if window is not None:
                 yield here, _OffDiagonalBlock(frames, metric, pi, pj, window, precision, carry_norms=carry_norms,
-                                              buffer=buffer)
+                                              buffer=buffer, slots=slots)
 
     def start(item: tuple[int, _OffDiagonalBlock] | None) -> tuple[int, _OffDiagonalBlock] | None:
         if item is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from knng._inputs import READ_AHEAD
 from knng._units import parse_bytes
 from knng.engine.frames import translation_invariant
 from knng.engine.fused import fused_available
@@ -21,7 +22,8 @@ from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "available_ram",
-    "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES",
+    "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
+    "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD",
 ]
 
 #: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.frames`).
@@ -39,6 +41,22 @@ CPU_AVAILABLE_SHARE = 0.25
 CPU_BUDGET_CAP = 2 * 2**30
 #: Smallest tile edge the planner will shrink to before giving up.
 MIN_TILE = 8
+#: Share of available RAM the host-memory budget defaults to.
+HOST_AVAILABLE_SHARE = 0.75
+#: Share of the host budget the planner gives to what it models (stores, blocks, read buffers,
+#: pending pairs); the rest covers what it does not (the prepared rows of a tile, survivor lists,
+#: allocator slack): 50,000 × 1,000 float32 graph, 20 MB budget, planned with the whole budget,
+#: peaked at 22.7 MB of anonymous memory.
+HOST_PLAN_SHARE = 0.6
+#: :attr:`EnginePlan.lists` values: where every row's candidate store lives between the blocks
+#: that need it. Off the device, a graph works in bands of parts (see knng.engine.lists).
+LISTS_ON_DEVICE = "device"
+LISTS_IN_HOST = "host"
+LISTS_ON_DISK = "disk"
+#: Bytes per input value the planner assumes for read buffers (float64, the widest input type).
+READ_VALUE_BYTES = 8
+#: Rows per read of the corpus passes, when no budget asks for fewer.
+READ_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -132,6 +150,8 @@ def plan_tiles(
         side = int(min(n_corpus, max_side, max(side, MIN_TILE, min(n_corpus, k_cand))))
         return TilePlan(query_rows=side, corpus_cols=side, corpus_resident=resident, budget=budget)
     min_cols = min(n_corpus, k_cand)  # a tile must offer at least the candidates it yields
+    # A chunk's queries (raw and prepared) take at most a quarter of what remains.
+    max_rows = int(min(max_rows, max(1, remaining // 4 // (2 * vector_bytes))))
     if not resident:
         # Every query chunk re-reads the whole corpus, so chunks get as many rows as possible
         # and the streamed tiles are narrowed instead (three quarters of what remains for the
@@ -217,6 +237,24 @@ class EnginePlan:
         The memory budget in bytes.
     budget_source : str
         Where the budget came from.
+    host_budget : int
+        Bytes of host memory the run may hold (its results excepted): read buffers, and the
+        candidate stores when they live in host memory. The planner gives
+        :data:`HOST_PLAN_SHARE` of it to what it models; on a CPU the device budget never
+        exceeds that share.
+    host_budget_source : str
+        Where the host budget came from.
+    read_rows : int
+        Rows per read of a file-backed input (read :data:`READ_AHEAD` blocks ahead).
+    lists : {"device", "host", "disk"}
+        Where every row's candidate store lives: on the device, in (pinned) host memory, or in
+        a memory-mapped file (``knng.engine.lists``). Off the device a graph runs in bands.
+    band_parts : int
+        Parts per band of a graph whose stores live off the device: the stores of two bands
+        are on the device at a time (0 when the stores stay on the device).
+    host_bytes_expected : int
+        Peak bytes the plan expects to hold in host memory (results and memory-mapped pages
+        of input files excepted).
     """
 
     operation: str
@@ -242,6 +280,25 @@ class EnginePlan:
     bytes_expected: int
     budget: int
     budget_source: str
+    host_budget: int = 0
+    host_budget_source: str = ""
+    read_rows: int = READ_ROWS
+    lists: str = LISTS_ON_DEVICE
+    band_parts: int = 0
+    host_bytes_expected: int = 0
+
+    @property
+    def work_bytes(self) -> int:
+        """Bytes the engine's temporary steps (a store's tightening, an exact re-rank chunk) may
+        take: a sixteenth of the budget."""
+        return max(1 << 16, self.budget // 16)
+
+    @property
+    def bands(self) -> int:
+        """Bands of parts a graph runs in (1 when the stores stay on the device)."""
+        if not self.band_parts or not self.parts:
+            return 1
+        return -(-self.parts // self.band_parts)
 
     @property
     def precision(self) -> ScreenPrecision:
@@ -300,6 +357,29 @@ def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.de
     return get_precision(screen_dtype).name
 
 
+def resolve_host_budget(host_memory_budget: int | float | str | None) -> int:
+    """Bytes of host memory the engine may hold: the user's ``host_memory_budget``, or
+    :data:`HOST_AVAILABLE_SHARE` of the RAM available now."""
+    if host_memory_budget is None:
+        return int(available_ram() * HOST_AVAILABLE_SHARE)
+    return parse_bytes(host_memory_budget, "host_memory_budget")
+
+
+def host_budget_source(host_memory_budget: int | float | str | None) -> str:
+    """Where :func:`resolve_host_budget` takes the budget from, in words."""
+    if host_memory_budget is not None:
+        return f"host_memory_budget={host_memory_budget!r}"
+    return f"default: {HOST_AVAILABLE_SHARE:.0%} of available RAM"
+
+
+def _read_rows(host_budget: int, d: int, largest: int) -> int:
+    """Rows per read of a file-backed input: ``largest`` at most, and the read-ahead buffers
+    (:data:`READ_AHEAD` blocks waiting, one being used, one being prepared) within an eighth
+    of the host budget."""
+    fit = host_budget // 8 // ((READ_AHEAD + 2) * max(1, d) * READ_VALUE_BYTES)
+    return int(max(1, min(largest, fit)))
+
+
 def budget_source(memory_budget: int | float | str | None, device: torch.device) -> str:
     """Where :func:`resolve_budget` takes the budget from, in words."""
     if memory_budget is not None:
@@ -340,58 +420,120 @@ def _store_bytes(rows: int, capacity: int) -> int:
 
 
 def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
-                     budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None) -> EnginePlan:
-    """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``."""
+                     budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
+                     host_budget: int | None = None, host_source: str = "") -> EnginePlan:
+    """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``.
+
+    ``host_budget``: bytes of host memory (default :func:`resolve_host_budget`'s); on a CPU it
+    caps ``budget``, on a GPU it caps the streamed tiles (read through pinned buffers).
+    """
+    if host_budget is None:
+        host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
+    given_host, host_budget = host_budget, int(host_budget * HOST_PLAN_SHARE)
+    if device.type == "cpu":
+        budget = min(budget, host_budget)
     precision = resolve_precision(screen_dtype, device, n_corpus, d, k)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, n_corpus)
+    max_cols = GPU_SEARCH_COLS if device.type == "cuda" else None
+    if device.type == "cuda":
+        # A streamed corpus's tiles pass through pinned host buffers (READ_AHEAD + 1 of them).
+        max_cols = max(MIN_TILE, min(max_cols, _read_rows(host_budget, d, max_cols)))
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
-                       element_bytes=element, max_cols=GPU_SEARCH_COLS if device.type == "cuda" else None)
+                       element_bytes=element, max_cols=max_cols)
+    read_rows = _read_rows(host_budget, d, max(READ_ROWS, tiles.corpus_cols))
     base = GPU_SAMPLE if device.type == "cuda" else CPU_SAMPLE
-    sample = int(min(n_corpus, max(base, SAMPLE_PER_K * k)))
     vector = d * element + 24
+    # The sample's prepared vectors and its score block take at most an eighth of the budget.
+    fit = budget // 8 // (vector + tiles.query_rows * element)
+    sample = int(min(n_corpus, max(min(base, fit), SAMPLE_PER_K * k)))
     pending = pending_pairs(device, budget)
     expected = (_store_bytes(tiles.query_rows, capacity) + tiles.query_rows * tiles.corpus_cols * element * 3
                 + pending * PENDING_PAIR_BYTES
                 + (n_corpus * vector if tiles.corpus_resident else tiles.corpus_cols * vector)
                 + sample * vector + n_corpus * 16)
+    reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * max(read_rows, 0 if tiles.corpus_resident else tiles.corpus_cols)
+    host = reads + (expected if device.type == "cpu" else 0)
     return EnginePlan(
         operation="search", n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=str(device),
         screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds=f"k-th best certified upper bound among {sample} random columns, then tightened as rows fill",
         sample_size=sample, capacity=capacity, pending_pairs=pending, query_rows=tiles.query_rows,
         corpus_cols=tiles.corpus_cols, corpus_resident=tiles.corpus_resident, parts=0, part_size=0, blocks=0,
-        frames=GLOBAL_FRAMES, bytes_expected=int(expected), budget=budget, budget_source=source or "given")
+        frames=GLOBAL_FRAMES, bytes_expected=int(expected), budget=budget, budget_source=source or "given",
+        host_budget=given_host, host_budget_source=host_source or "given", read_rows=read_rows,
+        host_bytes_expected=int(host))
+
+
+#: Share of the device budget the stores of two bands may take when the stores live off the device.
+BAND_SHARE = 4
+#: Bytes per row a band's slot adds beside its store: the rows' norms, terms and offsets.
+SLOT_BYTES = 32
 
 
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
                     source: str = "", screen_dtype: "torch.dtype | str | None" = None,
-                    part_size: int | None = None) -> EnginePlan:
-    """The plan of the k-NN graph of ``n`` vectors: parts, blocks, store and budget."""
+                    part_size: int | None = None, host_budget: int | None = None,
+                    host_source: str = "") -> EnginePlan:
+    """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
+
+    The candidate stores of all rows stay on the device when they take at most half its budget
+    (on a CPU: half the host budget, results included). Otherwise they live in pinned host
+    memory (a GPU, when half the host budget holds them) or in a memory-mapped file, and the
+    graph runs in bands of parts whose stores, two bands at a time, fit a quarter of the device
+    budget. ``host_budget`` (default :func:`resolve_host_budget`'s) caps a CPU's ``budget``
+    and, on any device, the read buffers of a file-backed input.
+    """
+    if host_budget is None:
+        host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
+    given_host, host_budget = host_budget, int(host_budget * HOST_PLAN_SHARE)
+    if device.type == "cpu":
+        budget = min(budget, host_budget)
     available = n if include_self else n - 1
     precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph")
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, available)
     vector = d * element + 24
     store = _store_bytes(n, capacity)
+    results = n * k * 16  # the engine's int64 indices and float64 distances
+    if device.type == "cuda":
+        lists = (LISTS_ON_DEVICE if store <= budget // 2 else
+                 LISTS_IN_HOST if store + results <= host_budget // 2 else LISTS_ON_DISK)
+    else:
+        lists = LISTS_ON_DEVICE if store + results <= host_budget // 4 else LISTS_ON_DISK
+    working = store if lists == LISTS_ON_DEVICE else budget // BAND_SHARE
     corpus_bytes = n * vector
-    resident = corpus_bytes + store <= budget // 2
-    remaining = max(budget - store - (corpus_bytes if resident else 0), budget // 8)
+    resident = corpus_bytes + working <= budget // 2
+    remaining = max(budget - working - (corpus_bytes if resident else 0), budget // 8)
     side = math.isqrt(max(1, remaining // (BLOCK_BYTES_PER_ELEMENT * element // 4)))
     if not resident:
         side = min(side, max(MIN_TILE, remaining // 4 // vector))
+        # Every block reads its column part through a host buffer.
+        side = min(side, max(MIN_TILE, host_budget // 4 // (2 * d * READ_VALUE_BYTES)))
     cap = GPU_MAX_PART if device.type == "cuda" else CPU_MAX_PART
     b = part_size or int(min(n, cap, max(side, MIN_TILE)))
     b = max(1, min(n, max(b, k + 1 if not include_self else k)))  # the diagonal block seeds τ
     parts = -(-n // b)
+    band_parts = 0
+    if lists != LISTS_ON_DEVICE:
+        per_part = 2 * b * (capacity * 25 + 40 + SLOT_BYTES)
+        band_parts = int(max(1, (budget // BAND_SHARE) // per_part))
+        if 2 * band_parts >= parts:  # two bands hold everything: no need to page
+            lists, band_parts, working = LISTS_ON_DEVICE, 0, store
     pending = pending_pairs(device, budget)
     # Principal frames keep, beside the prepared parts, their query layouts and a sorted copy
-    # of the inputs (at most as large as the prepared corpus again).
-    principal = (parts > 1 and translation_invariant(get_metric(metric))
+    # of the inputs (at most as large as the prepared corpus again); their windows read every
+    # row's threshold, so the stores must stay on the device.
+    principal = (parts > 1 and translation_invariant(get_metric(metric)) and lists == LISTS_ON_DEVICE
                  and 3 * corpus_bytes + store <= budget // 2)
     frames = PRINCIPAL_FRAMES if principal else GLOBAL_FRAMES
-    expected = (store + (corpus_bytes if resident else 2 * b * vector) + b * b * element * 3
+    slots = store if lists == LISTS_ON_DEVICE else 2 * band_parts * b * (capacity * 25 + 40 + SLOT_BYTES)
+    expected = (slots + (corpus_bytes if resident else 2 * b * vector) + b * b * element * 3
                 + pending * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
+    read_rows = _read_rows(host_budget, d, max(b, READ_ROWS))
+    reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * read_rows
+    off_device = store if lists == LISTS_IN_HOST else 0
+    host = reads + off_device + (expected if device.type == "cpu" else 0)
     return EnginePlan(
         operation="graph", n_queries=n, n_corpus=n, d=d, k=k, metric=metric, device=str(device),
         screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
@@ -399,4 +541,6 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                    "computed first), then tightened as rows fill",
         sample_size=0, capacity=capacity, pending_pairs=pending, query_rows=b, corpus_cols=b,
         corpus_resident=resident, parts=parts, part_size=b, blocks=parts * (parts + 1) // 2, frames=frames,
-        bytes_expected=int(expected), budget=budget, budget_source=source or "given")
+        bytes_expected=int(expected), budget=budget, budget_source=source or "given", host_budget=given_host,
+        host_budget_source=host_source or "given", read_rows=read_rows, lists=lists, band_parts=band_parts,
+        host_bytes_expected=int(host))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from knng._inputs import InputArray, check_finite
+from knng._inputs import READ_AHEAD, InputArray, check_finite
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
@@ -64,10 +64,10 @@ def exact_search(
         if not queries.in_memory:
             # Lazy queries (memory maps, datasets) are checked up front, so that a NaN in the
             # last row is reported before the work rather than after it.
-            for start, block in queries.iter_blocks(max(plan.query_rows, 4096)):
+            for start, block in queries.iter_blocks(plan.read_rows, read_ahead=READ_AHEAD):
                 check_finite(block, queries.name, start)
         pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
-                                             block_rows=max(plan.corpus_cols, 4096))
+                                             block_rows=plan.read_rows)
         sample = sample_columns(corpus.n, plan.sample_size, device)
         sample_vectors = pcorpus.take(sample)
         sample_terms = None if pcorpus.terms32 is None else pcorpus.terms32[sample]
@@ -143,9 +143,10 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
                         centre_norm=pcorpus.centre_norm)
 
     def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return exact_pairs(metric, raw, rows, corpus, cols, device)
+        return exact_pairs(metric, raw, rows, corpus, cols, device, plan.work_bytes)
 
-    store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs)
+    store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
+                           work_bytes=plan.work_bytes)
     rows = torch.arange(m, device=device)
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
     scores = block_scores(prep.vectors, sample_vectors, corpus.d, precision, col_terms=sample_terms)

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from knng.metrics import Metric, ScreenPrecision
@@ -197,14 +198,20 @@ class CandidateStore:
     device : torch.device
     pending : int
         Survivors that may wait before the store takes them in (:attr:`EnginePlan.pending_pairs`).
+    work_bytes : int, optional
+        Bytes a tightening's temporaries may take (:attr:`EnginePlan.work_bytes`); default: the
+        device's :data:`REBUILD_ENTRIES` padded entries.
     """
 
     def __init__(self, n: int, k: int, capacity: int, errors: PairErrors, evaluate: Evaluator,
-                 device: torch.device, pending: int = DEFAULT_PENDING) -> None:
+                 device: torch.device, pending: int = DEFAULT_PENDING, work_bytes: int | None = None) -> None:
         if capacity < k:
             raise ValueError(f"capacity {capacity} < k {k}")
         self.n, self.k, self.capacity = n, k, capacity
         self.errors, self.evaluate, self.device = errors, evaluate, device
+        entries = REBUILD_ENTRIES if device.type == "cpu" else REBUILD_ENTRIES_GPU
+        # About a dozen (rows × width) float64 and int64 temporaries per tightening group.
+        self.rebuild_entries = entries if work_bytes is None else int(max(capacity, min(entries, work_bytes // 96)))
         self.keys = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
         # Each entry's error radius (screen keys) or conversion slack (exact keys), kept so
         # that a tightening need not recompute the bounds of what the store already holds.
@@ -244,7 +251,9 @@ class CandidateStore:
         """Restore what :meth:`state` returned (tensors may come from NumPy, any device)."""
         for name in self.STATE_TENSORS:
             mine = getattr(self, name)
-            saved = torch.as_tensor(tensors[name.lstrip("_")])
+            saved = tensors[name.lstrip("_")]
+            # A read-only memory map (a checkpoint's file) is copied: torch wants writable memory.
+            saved = saved if isinstance(saved, torch.Tensor) else torch.from_numpy(np.array(saved))
             if saved.shape != mine.shape or saved.dtype != mine.dtype:
                 raise ValueError(f"checkpoint store {name!r}: {tuple(saved.shape)} {saved.dtype}, "
                                  f"expected {tuple(mine.shape)} {mine.dtype}")
@@ -252,6 +261,24 @@ class CandidateStore:
         self.stats = StoreStats(**{f: int(counters[f]) for f in vars(StoreStats())})
         self.updates = int(counters["updates"])
         self._pending, self._pending_size, self._interrupted = [], 0, False
+
+    def rows_state(self, slots: slice) -> dict[str, torch.Tensor]:
+        """The :data:`STATE_TENSORS` of store rows ``slots`` (views; pending pairs taken in first):
+        what a store kept off the device (``knng.engine.lists``) saves of one band."""
+        self.flush()
+        return {name.lstrip("_"): getattr(self, name)[slots] for name in self.STATE_TENSORS}
+
+    def load_rows(self, slots: slice, tensors: dict[str, torch.Tensor]) -> None:
+        """Put the saved state of one band into store rows ``slots`` (nothing may be pending).
+
+        Thresholds change: :attr:`updates` counts it, so that thresholds cached by callers are
+        computed again.
+        """
+        if self._pending:
+            raise RuntimeError("load_rows with survivors pending: flush first")
+        for name in self.STATE_TENSORS:
+            getattr(self, name)[slots].copy_(tensors[name.lstrip("_")], non_blocking=True)
+        self.updates += 1
 
     # ------------------------------------------------------------------------------- exchange
     def pack(self) -> torch.Tensor:
@@ -425,8 +452,7 @@ class CandidateStore:
         """Tighten ``rows`` (sorted) with their ``per_row`` extra survivors (``extra``, sorted by row),
         in groups of similar widths (:func:`_rebuild_groups`)."""
         widest = int(per_row.max())
-        groups = _rebuild_groups(per_row, self.capacity, widest=widest,
-                                 entries=REBUILD_ENTRIES if self.device.type == "cpu" else REBUILD_ENTRIES_GPU)
+        groups = _rebuild_groups(per_row, self.capacity, widest=widest, entries=self.rebuild_entries)
         if len(groups) == 1:
             self._rebuild(rows, extra, per_row, widest)
             return

@@ -162,7 +162,7 @@ class WorkArea:
         if number is None:
             return {}
         folder = self.path / f"g{number}"
-        return {p.stem: np.load(p) for p in sorted(folder.glob("*.npy"))}
+        return {p.stem: _open_array(p) for p in sorted(folder.glob("*.npy"))}
 
     def array(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.memmap:
         """A growing array of the area (created on first use, reopened when resuming)."""
@@ -193,6 +193,15 @@ class WorkArea:
         if not self.path.is_dir():
             return []
         return sorted(int(m.group(1)) for m in map(_GENERATION.match, os.listdir(self.path)) if m)
+
+
+def _open_array(path: Path) -> np.ndarray:
+    """A saved array as a read-only memory map (a store kept on disk, ``knng.engine.lists``, may be
+    larger than host memory); read whole where it cannot be mapped (an empty array)."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except ValueError:
+        return np.load(path)
 
 
 def remove_stale(path: str | os.PathLike[str]) -> None:
