@@ -210,8 +210,9 @@ class CandidateStore:
         self.n, self.k, self.capacity = n, k, capacity
         self.errors, self.evaluate, self.device = errors, evaluate, device
         entries = REBUILD_ENTRIES if device.type == "cpu" else REBUILD_ENTRIES_GPU
-        # About a dozen (rows × width) float64 and int64 temporaries per tightening group.
-        self.rebuild_entries = entries if work_bytes is None else int(max(capacity, min(entries, work_bytes // 96)))
+        # About 80 bytes of temporaries per padded entry of a tightening group, within four times
+        # the work bytes (a quarter of the budget: the CPU's default budget keeps REBUILD_ENTRIES).
+        self.rebuild_entries = entries if work_bytes is None else int(max(capacity, min(entries, 4 * work_bytes // 80)))
         self.keys = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
         # Each entry's error radius (screen keys) or conversion slack (exact keys), kept so
         # that a tightening need not recompute the bounds of what the store already holds.
