@@ -27,7 +27,7 @@ from knng.engine.plan import LISTS_ON_DEVICE, PRINCIPAL_FRAMES, EnginePlan, make
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, use_kernel,
 )
-from knng.engine.store import CandidateStore, PairErrors, PairNorms, summarize_per_row
+from knng.engine.store import CandidateStore, PairErrors, PairNorms, StoreStats, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric, ScreenPrecision
 
@@ -141,10 +141,9 @@ def exact_graph(
             frames = GlobalFrames(pdata, parts)
         if plan.lists != LISTS_ON_DEVICE:
             assert isinstance(frames, GlobalFrames)
-            with ListHome(n, plan.capacity, plan.lists, folder=lists_folder, pin=device.type == "cuda") as home:
-                out_idx, out_dist, store, counts, done = _graph_in_bands(
-                    frames, home, plan, metric, stats.centre, include_self, select, device, progress, checkpoint,
-                    keep_checkpoint)
+            out_idx, out_dist, store, counts, done = _graph_in_bands(
+                frames, plan, metric, stats.centre, include_self, select, device, progress, checkpoint,
+                keep_checkpoint, lists_folder)
             return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done)
         # One centre for every block: the store's norms give every pair's radius. Blocks centred
         # on their row part: every survivor brings the norms of its block (PairNorms).
@@ -228,11 +227,12 @@ def _graph_report(plan: EnginePlan, store: CandidateStore, counts: "_Counts", ch
                        checkpoints={} if checkpoint is None else checkpoint.summary(done))
 
 
-def _graph_in_bands(frames: GlobalFrames, home: ListHome, plan: EnginePlan, metric: Metric,
-                    centre: torch.Tensor | None, include_self: bool, select: str, device: torch.device,
-                    progress: bool, checkpoint: Checkpoint | None, keep_checkpoint: bool
+def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, centre: torch.Tensor | None,
+                    include_self: bool, select: str, device: torch.device, progress: bool,
+                    checkpoint: Checkpoint | None, keep_checkpoint: bool, lists_folder: str | None
                     ) -> tuple[torch.Tensor, torch.Tensor, CandidateStore, "_Counts", int]:
-    """The graph with every row's store in ``home``, run in bands of ``plan.band_parts`` parts.
+    """The graph with every row's store in a :class:`ListHome` (where ``plan.lists`` says; a disk
+    home in ``lists_folder``), run in bands of ``plan.band_parts`` parts.
 
     The device store has two bands of slots: the row band A at slot 0, the column band B after
     it. Units of work go in a fixed order: first each band with itself (its own parts seed its
@@ -243,7 +243,7 @@ def _graph_in_bands(frames: GlobalFrames, home: ListHome, plan: EnginePlan, metr
     device store, counters, units a resumed run had done); checkpoints are taken between units,
     once both bands' stores are back in the home (which then holds the whole state).
     """
-    n, d, k, b = plan.n_corpus, plan.d, plan.k, plan.part_size
+    n, d, k = plan.n_corpus, plan.d, plan.k
     parts = frames.parts
     band_parts = plan.band_parts
     bands = [list(range(p0, min(len(parts), p0 + band_parts))) for p0 in range(0, len(parts), band_parts)]
@@ -263,89 +263,92 @@ def _graph_in_bands(frames: GlobalFrames, home: ListHome, plan: EnginePlan, metr
 
     store = CandidateStore(2 * width, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
                            work_bytes=plan.work_bytes)
-    thresholds = _SharedThresholds.when_uniform(store, norms, terms, [frames.ids(p) for p in range(len(parts))])
-    buffer = ScoreBuffer() if device.type == "cpu" else None
-    placed: dict[int, int] = {}  # band → its first slot
+    # A fresh store's row gives the home its arrays: names, shapes, types and initial values.
+    with ListHome(n, store.rows_state(slice(0, 1)), plan.lists, folder=lists_folder,
+                  pin=device.type == "cuda") as home:
+        thresholds = _SharedThresholds.when_uniform(store, norms, terms, [frames.ids(p) for p in range(len(parts))])
+        buffer = ScoreBuffer() if device.type == "cpu" else None
+        placed: dict[int, int] = {}  # band → its first slot
 
-    def place(band: int, at: int) -> None:
-        r0, r1 = spans[band]
-        slot_ids[at:at + r1 - r0] = torch.arange(r0, r1, device=device)
-        slot_norms[at:at + r1 - r0] = norms[r0:r1]
-        if slot_terms is not None and terms is not None:
-            slot_terms[at:at + r1 - r0] = terms[r0:r1]
-        home.load(store, slice(at, at + r1 - r0), slice(r0, r1))
-        placed[band] = at
+        def place(band: int, at: int) -> None:
+            r0, r1 = spans[band]
+            slot_ids[at:at + r1 - r0] = torch.arange(r0, r1, device=device)
+            slot_norms[at:at + r1 - r0] = norms[r0:r1]
+            if slot_terms is not None and terms is not None:
+                slot_terms[at:at + r1 - r0] = terms[r0:r1]
+            home.load(store, slice(at, at + r1 - r0), slice(r0, r1))
+            placed[band] = at
 
-    def put_back(band: int, *, keep: bool = False) -> None:
-        r0, r1 = spans[band]
-        at = placed[band] if keep else placed.pop(band)
-        home.save(store, slice(at, at + r1 - r0), slice(r0, r1))
+        def put_back(band: int, *, keep: bool = False) -> None:
+            r0, r1 = spans[band]
+            at = placed[band] if keep else placed.pop(band)
+            home.save(store, slice(at, at + r1 - r0), slice(r0, r1))
 
-    def slots(part: int) -> torch.Tensor:
-        band = part // band_parts
-        i0, i1 = parts[part]
-        at = placed[band] - spans[band][0]
-        return torch.arange(i0 + at, i1 + at, device=device)
+        def slots(part: int) -> torch.Tensor:
+            band = part // band_parts
+            i0, i1 = parts[part]
+            at = placed[band] - spans[band][0]
+            return torch.arange(i0 + at, i1 + at, device=device)
 
-    units = [(a, a) for a in range(len(bands))] + [(a, c) for a in range(len(bands))
-                                                   for c in range(a + 1, len(bands))]
-    counts, done = _Counts(), 0
-    if checkpoint is not None and checkpoint.resumed:
-        saved = checkpoint.state
-        assert saved is not None
-        home.restore(checkpoint.arrays())
-        store.stats = type(store.stats)(**{f: int(v) for f, v in saved["store"].items() if f != "updates"})
-        done = int(saved["step"])
-        counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
-    bar = Progress(progress, total=plan.blocks, desc="knng graph")
-    row_band = -1
-    for unit, (a, c) in enumerate(units):
-        if unit < done:
-            bar.update(len(bands[a]) * (len(bands[a]) + 1) // 2 if a == c else len(bands[a]) * len(bands[c]))
-            continue
-        if row_band != a:
-            if row_band >= 0:
-                put_back(row_band)
-            place(a, 0)
-            row_band = a
-        if a == c:
-            for pi in bands[a]:
-                ids = frames.ids(pi)
-                counts.retries += retry_on_oom(
-                    lambda: screen_own_part(frames.own(pi), d, metric, store, slots(pi), ids, k, include_self,
-                                            select, device, precision=plan.precision, buffer=buffer), device)
-                counts.screened += ids.numel() ** 2
-                bar.update()
-            order = [(i, j) for i in bands[a] for j in bands[a] if j > i]
-        else:
-            place(c, width)
-            order = [(i, j) for i in bands[a] for j in bands[c]]
-        _off_diagonal_blocks(frames, store, metric, plan.precision, thresholds, device, carry_norms=False,
-                             buffer=buffer, bar=bar, counts=counts, first_step=0, order=order, slots=slots)
-        store.flush()
-        if a != c:
-            put_back(c)
-        last = unit == len(units) - 1
-        if checkpoint is not None and (checkpoint.due() or (last and keep_checkpoint)):
-            put_back(a, keep=True)  # the home now holds every row's state
-            checkpoint.save({"step": unit + 1, "progress": f"{unit + 1:,} of {len(units):,} band pairs done",
-                             "retries": counts.retries, "computed": counts.computed, "screened": counts.screened,
-                             "store": vars(store.stats)}, home.state())
-    bar.close()
-    if row_band >= 0:
-        put_back(row_band)
-    out_idx, out_dist = home.results(k)
-    chunk = min(_finish_rows(plan, device), width)
-    for band in range(len(bands)):
-        place(band, 0)
-        r0, r1 = spans[band]
-        for q0 in range(r0, r1, chunk):
-            q1 = min(r1, q0 + chunk)
-            idx, dist = store.finish(torch.arange(q0 - r0, q1 - r0, device=device))
-            out_idx[q0:q1], out_dist[q0:q1] = idx.cpu(), dist.cpu()
-        counts.note_rows(store, slice(0, r1 - r0), slice(r0, r1), n)
-        placed.pop(band)
-    return out_idx, out_dist, store, counts, done
+        units = [(a, a) for a in range(len(bands))] + [(a, c) for a in range(len(bands))
+                                                       for c in range(a + 1, len(bands))]
+        counts, done = _Counts(), 0
+        if checkpoint is not None and checkpoint.resumed:
+            saved = checkpoint.state
+            assert saved is not None
+            home.restore(checkpoint.arrays())
+            store.stats = StoreStats(**{f: int(v) for f, v in saved["store"].items()})
+            done = int(saved["step"])
+            counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
+        bar = Progress(progress, total=plan.blocks, desc="knng graph")
+        row_band = -1
+        for unit, (a, c) in enumerate(units):
+            if unit < done:
+                bar.update(len(bands[a]) * (len(bands[a]) + 1) // 2 if a == c else len(bands[a]) * len(bands[c]))
+                continue
+            if row_band != a:
+                if row_band >= 0:
+                    put_back(row_band)
+                place(a, 0)
+                row_band = a
+            if a == c:
+                for pi in bands[a]:
+                    ids = frames.ids(pi)
+                    counts.retries += retry_on_oom(
+                        lambda: screen_own_part(frames.own(pi), d, metric, store, slots(pi), ids, k, include_self,
+                                                select, device, precision=plan.precision, buffer=buffer), device)
+                    counts.screened += ids.numel() ** 2
+                    bar.update()
+                order = [(i, j) for i in bands[a] for j in bands[a] if j > i]
+            else:
+                place(c, width)
+                order = [(i, j) for i in bands[a] for j in bands[c]]
+            _off_diagonal_blocks(frames, store, metric, plan.precision, thresholds, device, carry_norms=False,
+                                 buffer=buffer, bar=bar, counts=counts, first_step=0, order=order, slots=slots)
+            store.flush()
+            if a != c:
+                put_back(c)
+            last = unit == len(units) - 1
+            if checkpoint is not None and (checkpoint.due() or (last and keep_checkpoint)):
+                put_back(a, keep=True)  # the home now holds every row's state
+                checkpoint.save({"step": unit + 1, "progress": f"{unit + 1:,} of {len(units):,} band pairs done",
+                                 "retries": counts.retries, "computed": counts.computed, "screened": counts.screened,
+                                 "store": vars(store.stats)}, home.state())
+        bar.close()
+        if row_band >= 0:
+            put_back(row_band)
+        out_idx, out_dist = home.results(k)
+        chunk = min(_finish_rows(plan, device), width)
+        for band in range(len(bands)):
+            place(band, 0)
+            r0, r1 = spans[band]
+            for q0 in range(r0, r1, chunk):
+                q1 = min(r1, q0 + chunk)
+                idx, dist = store.finish(torch.arange(q0 - r0, q1 - r0, device=device))
+                out_idx[q0:q1], out_dist[q0:q1] = idx.cpu(), dist.cpu()
+            counts.note_rows(store, slice(0, r1 - r0), slice(r0, r1), n)
+            placed.pop(band)
+        return out_idx, out_dist, store, counts, done
 
 
 def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, row_ids: torch.Tensor,

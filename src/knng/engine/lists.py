@@ -17,22 +17,10 @@ import numpy as np
 import torch
 
 from knng.engine.plan import LISTS_IN_HOST, LISTS_ON_DISK
+from knng.engine.store import CandidateStore
 
-__all__ = ["ListHome", "HOME_ARRAYS"]
+__all__ = ["ListHome"]
 
-#: The arrays of a home, with their shape per row (``None``: one value per row), type and
-#: initial value; the names of :data:`CandidateStore.STATE_TENSORS` (leading ``_`` removed).
-HOME_ARRAYS: dict[str, tuple[bool, np.dtype, float | int | bool]] = {
-    "keys": (True, np.dtype(np.float64), np.inf),
-    "rad": (True, np.dtype(np.float64), np.inf),
-    "idx": (True, np.dtype(np.int64), -1),
-    "dist": (True, np.dtype(np.float64), np.nan),
-    "count": (False, np.dtype(np.int64), 0),
-    "tau": (False, np.dtype(np.float64), np.inf),
-    "screened": (False, np.dtype(np.int64), 0),
-    "evaluations": (False, np.dtype(np.int64), 0),
-    "overflowed": (False, np.dtype(np.bool_), False),
-}
 #: Rows a disk home initialises at a time (its files are written once, in bounded memory).
 _FILL_ROWS = 1 << 16
 
@@ -42,8 +30,11 @@ class ListHome:
 
     Parameters
     ----------
-    n, capacity : int
-        Rows and candidates per row.
+    n : int
+        Rows.
+    empty : dict of str to torch.Tensor
+        One row of each array as a fresh store holds it (``CandidateStore.rows_state`` of one
+        row): the names, shapes, types and initial values of the home's arrays.
     where : {"host", "disk"}
         Host memory (pinned when ``pin``) or memory-mapped files in ``folder``.
     folder : str or Path, optional
@@ -53,37 +44,40 @@ class ListHome:
         Pin a host home (for copies to and from a GPU).
     """
 
-    def __init__(self, n: int, capacity: int, where: str, *, folder: str | Path | None = None,
+    def __init__(self, n: int, empty: dict[str, torch.Tensor], where: str, *, folder: str | Path | None = None,
                  pin: bool = False) -> None:
         if where not in (LISTS_IN_HOST, LISTS_ON_DISK):
             raise ValueError(f"a list home is in host memory or on disk, not {where!r}")
-        self.n, self.capacity, self.where = n, capacity, where
+        self.n, self.where = n, where
         self.folder: Path | None = None
         self.arrays: dict[str, torch.Tensor] = {}
         if where == LISTS_ON_DISK:
             if folder is not None:
                 Path(folder).mkdir(parents=True, exist_ok=True)
             self.folder = Path(tempfile.mkdtemp(prefix="knng-lists-", dir=folder))
-        for name, (wide, dtype, fill) in HOME_ARRAYS.items():
-            shape = (n, capacity) if wide else (n,)
+        for name, row in empty.items():
+            row = row.detach().cpu()
+            shape = (n, *row.shape[1:])
             if self.folder is not None:
-                array = np.lib.format.open_memmap(self.folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+                array = np.lib.format.open_memmap(self.folder / f"{name}.npy", mode="w+", dtype=row.numpy().dtype,
+                                                  shape=shape)
+                tensor = torch.from_numpy(array)
                 for r0 in range(0, n, _FILL_ROWS):
-                    array[r0:r0 + _FILL_ROWS] = fill
-                self.arrays[name] = torch.from_numpy(array)
+                    tensor[r0:r0 + _FILL_ROWS] = row
             else:
-                tensor = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=pin)
-                self.arrays[name] = tensor.fill_(fill)
+                tensor = torch.empty(shape, dtype=row.dtype, pin_memory=pin)
+                tensor[:] = row
+            self.arrays[name] = tensor
 
     def nbytes(self) -> int:
         """Bytes the home holds."""
         return sum(t.numel() * t.element_size() for t in self.arrays.values())
 
-    def load(self, store: "CandidateStore", slots: slice, rows: slice) -> None:  # noqa: F821
+    def load(self, store: CandidateStore, slots: slice, rows: slice) -> None:
         """Copy the stores of ``rows`` into store rows ``slots`` (on the store's device)."""
         store.load_rows(slots, {name: a[rows] for name, a in self.arrays.items()})
 
-    def save(self, store: "CandidateStore", slots: slice, rows: slice) -> None:  # noqa: F821
+    def save(self, store: CandidateStore, slots: slice, rows: slice) -> None:
         """Copy store rows ``slots`` back into the stores of ``rows``."""
         for name, tensor in store.rows_state(slots).items():
             self.arrays[name][rows].copy_(tensor)
@@ -94,9 +88,11 @@ class ListHome:
         :meth:`close`, which only unlinks them)."""
         if self.folder is None:
             return (torch.empty((self.n, k), dtype=torch.int64), torch.empty((self.n, k), dtype=torch.float64))
-        return tuple(torch.from_numpy(np.lib.format.open_memmap(self.folder / f"result_{name}.npy", mode="w+",
-                                                                dtype=dtype, shape=(self.n, k)))
-                     for name, dtype in (("indices", np.int64), ("distances", np.float64)))  # type: ignore[return-value]
+        indices, distances = (
+            torch.from_numpy(np.lib.format.open_memmap(self.folder / f"result_{name}.npy", mode="w+", dtype=dtype,
+                                                       shape=(self.n, k)))
+            for name, dtype in (("indices", np.int64), ("distances", np.float64)))
+        return indices, distances
 
     def state(self) -> dict[str, torch.Tensor]:
         """Every row's arrays (views, not copies): what a checkpoint saves."""
