@@ -115,9 +115,15 @@ class InputArray:
         background thread reads ahead while the caller works on the current one (double
         buffering: the reads overlap the computation; NumPy's copies and h5py's reads release
         the GIL). ``pin``: return the blocks in pinned host memory, so that their copies to a
-        GPU are asynchronous. In-memory inputs are sliced directly.
+        GPU are asynchronous. In-memory inputs are sliced directly and never pinned: pinning
+        copies the block once more, which costs what the asynchronous copy saves (582k × 64
+        patches from NumPy: 1.71–1.74 s against 1.58–1.69 s for the graph on an H100).
         """
-        if self.in_memory or read_ahead <= 0:
+        if self.in_memory:
+            for start, stop in ranges:
+                yield start, stop, self.rows(start, stop)
+            return
+        if read_ahead <= 0:
             for start, stop in ranges:
                 yield start, stop, self._read(start, stop, pin)
             return
