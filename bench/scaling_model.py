@@ -70,7 +70,7 @@ def predict(n: int, d: int, k: int, worlds: list[int], tau: float, eps: float, b
     metric = get_metric("euclidean")
     kc = store_capacity(k, n - 1)
     e = screen.itemsize
-    width = metric.width(d)
+    width = metric.width(d, torch.device("cuda"))
     out = []
     for world in worlds:
         gpn = min(world, gpus_per_node)

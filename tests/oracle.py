@@ -526,26 +526,28 @@ def assert_exact_chunked(queries, corpus, results, metric: str = "euclidean", *,
         del full, unc
 
 
-def assert_screen_contract(out, exact, radius, row_thr, col_thr=None) -> None:
-    """A fused screen's survivors (``knng.engine.fused.BlockSurvivors``) against their block.
+def assert_screen_contract(by_row, by_col, exact, radius, row_thr, col_thr=None) -> None:
+    """A fused screen's survivors (``knng.engine.fused.screen_block``) against their block.
 
-    ``exact`` are the float64 scores, ``radius`` how far a screened key may sit from them
-    (a tensor or a number). Every pair certainly under its row's (or, with ``col_thr``, its
-    column's) threshold is kept, none certainly over it, none twice, and a pair kept for its row
-    has a key within the row's threshold.
+    ``by_row`` lists (row, column, key) of the pairs kept by their row, ``by_col`` (column, row,
+    key) of those kept by their column (with ``col_thr``; else None). ``exact`` are the float64
+    scores, ``radius`` how far a screened key may sit from them (a tensor or a number). On each
+    side every pair certainly under its threshold is kept, none certainly over it, none twice,
+    and every key is within its threshold.
     """
     import torch
 
     m, n = exact.shape
-    kept = torch.zeros((m, n), dtype=torch.bool, device=exact.device)
-    kept[out.rows, out.cols] = True
-    assert int(kept.sum()) == out.rows.numel(), "a pair was listed twice"
-    certain = exact + radius <= row_thr[:, None]
-    possible = exact - radius <= row_thr[:, None]
-    if col_thr is not None:
-        certain |= exact + radius <= col_thr[None, :]
-        possible |= exact - radius <= col_thr[None, :]
-    assert bool((kept | ~certain).all()), "a pair certainly under its threshold was dropped"
-    assert bool((~kept | possible).all()), "a pair certainly over its threshold was kept"
-    by_row = (out.side & 1) != 0
-    assert bool((out.keys[by_row] <= row_thr.float()[out.rows[by_row]]).all())
+    sides = [(by_row, row_thr, False)] + ([(by_col, col_thr, True)] if col_thr is not None else [])
+    assert (by_col is None) == (col_thr is None)
+    for found, thr, transposed in sides:
+        rows, cols = (found.other, found.owner) if transposed else (found.owner, found.other)
+        kept = torch.zeros((m, n), dtype=torch.bool, device=exact.device)
+        kept[rows, cols] = True
+        assert int(kept.sum()) == rows.numel(), "a pair was listed twice"
+        limit = thr[None, :] if transposed else thr[:, None]
+        certain = exact + radius <= limit
+        possible = exact - radius <= limit
+        assert bool((kept | ~certain).all()), "a pair certainly under its threshold was dropped"
+        assert bool((~kept | possible).all()), "a pair certainly over its threshold was kept"
+        assert bool((found.keys <= thr.float()[found.owner]).all())

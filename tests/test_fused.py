@@ -1,7 +1,7 @@
 """The fused screen kernel on a CPU, in Triton's interpreter, against its contract and its reference.
 
-``TRITON_INTERPRET=1`` runs the kernel's own code (loads, ``tl.dot``, the compare, the atomic
-reservation and the prefix-sum compaction) with NumPy. Its products are exact float32 ones
+``TRITON_INTERPRET=1`` runs the kernel's own code (loads, ``tl.dot``, the compare, and both ways
+of appending survivors: one at a time after one atomic reservation, or one atomic each) with NumPy. Its products are exact float32 ones
 (bfloat16 products are not trustworthy there: ``test_gpu_fused.py`` covers them on a GPU), so
 these tests use float32 storage ("tf32" precision, whose bound holds a fortiori).
 Also here: the rounding model of every fused precision, emulated on a CPU, and the engine run
@@ -49,43 +49,41 @@ def _block(rng: np.random.Generator, m: int, n: int, d: int, symmetric: bool):
 
 @pytest.mark.parametrize("shape", [(70, 45, 19), (33, 97, 16), (1, 40, 3), (64, 64, 32)])
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_kernel_contract_in_the_interpreter(interpret, rng, shape, symmetric):
+@pytest.mark.parametrize("few", [0, 4, 10**6])  # tiles append with atomics only, both ways, one by one only
+def test_kernel_contract_in_the_interpreter(interpret, rng, shape, symmetric, few, monkeypatch):
+    monkeypatch.setattr(fused, "FEW_PER_TILE", few)
     m, n, d = shape
     qa, ca, rt, ct, exact = _block(rng, m, n, d, symmetric)
     row_thr = exact.kthvalue(min(n, 4), dim=1).values
     col_thr = exact.kthvalue(min(m, 3), dim=0).values if symmetric else None
-    out = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(),
-                             None if col_thr is None else col_thr.float(), rt, ct, "tf32", capacity_hint=8)
-    assert_screen_contract(out, exact, 1e-4 * (1 + exact.abs()), row_thr, col_thr)
-    assert torch.allclose(out.keys.double(), exact[out.rows, out.cols], rtol=1e-5, atol=1e-4)
-    by_row = (out.side & 1) != 0
+    by_row, by_col = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(),
+                                        None if col_thr is None else col_thr.float(), rt, ct, "tf32", capacity_hint=8)
+    assert_screen_contract(by_row, by_col, exact, 1e-4 * (1 + exact.abs()), row_thr, col_thr)
+    assert torch.allclose(by_row.keys.double(), exact[by_row.owner, by_row.other], rtol=1e-5, atol=1e-4)
+    assert by_row.owner.dtype == by_row.other.dtype == torch.int64
     if symmetric:
-        by_col = (out.side & 2) != 0
-        assert bool((by_row | by_col).all())
-        assert bool((by_col == (out.keys <= col_thr.float()[out.cols])).all())
-    else:
-        assert bool(by_row.all())
+        assert torch.allclose(by_col.keys.double(), exact[by_col.other, by_col.owner], rtol=1e-5, atol=1e-4)
 
 
 def test_kernel_everything_nothing_and_the_relaunch(interpret, rng):
     """+inf keeps all m·n pairs (more than the first list holds: one relaunch), −inf none."""
     qa, ca, rt, ct, exact = _block(rng, 70, 45, 12, symmetric=True)
     inf = torch.full((70,), torch.inf)
-    out = fused.screen_block(qa.vectors, ca.vectors, 12, inf, None, rt, ct, "tf32", capacity_hint=1)
-    assert out.rows.numel() == 70 * 45
+    out, _ = fused.screen_block(qa.vectors, ca.vectors, 12, inf, None, rt, ct, "tf32", capacity_hint=1)
+    assert out.owner.numel() == 70 * 45
     dense = torch.full((70, 45), torch.nan, dtype=torch.float64)
-    dense[out.rows, out.cols] = out.keys.double()
+    dense[out.owner, out.other] = out.keys.double()
     assert torch.allclose(dense, exact, rtol=1e-5, atol=1e-4)
     none = fused.screen_block(qa.vectors, ca.vectors, 12, -inf, torch.full((45,), -torch.inf), rt, ct, "tf32")
-    assert none.rows.numel() == 0
+    assert none[0].owner.numel() == 0 and none[1].owner.numel() == 0
 
 
 def test_kernel_excludes_the_diagonal(interpret, rng):
     x = torch.from_numpy(rng.standard_normal((50, 8))).float()
     inf = torch.full((20,), torch.inf)
-    out = fused.screen_block(x[10:30] * -2, x, 8, inf, None, None, None, "tf32", exclude_diagonal=-10)
-    assert out.rows.numel() == 20 * 50 - 20
-    assert not bool((out.rows + 10 == out.cols).any())
+    out, _ = fused.screen_block(x[10:30] * -2, x, 8, inf, None, None, None, "tf32", exclude_diagonal=-10)
+    assert out.owner.numel() == 20 * 50 - 20
+    assert not bool((out.owner + 10 == out.other).any())
 
 
 def test_kernel_matches_the_reference_screen(interpret, rng):
@@ -94,8 +92,8 @@ def test_kernel_matches_the_reference_screen(interpret, rng):
     p = PRECISIONS["tf32"]
     thr = exact.kthvalue(6, dim=1).values + 1e-3
     ref = screen.row_survivors(screen.block_scores(qa.vectors, ca.vectors, 24, p, rt, ct), thr)
-    out = fused.screen_block(qa.vectors, ca.vectors, 24, thr.float(), None, rt, ct, "tf32")
-    assert sorted(zip(ref.owner.tolist(), ref.other.tolist())) == sorted(zip(out.rows.tolist(), out.cols.tolist()))
+    out, _ = fused.screen_block(qa.vectors, ca.vectors, 24, thr.float(), None, rt, ct, "tf32")
+    assert sorted(zip(ref.owner.tolist(), ref.other.tolist())) == sorted(zip(out.owner.tolist(), out.other.tolist()))
 
 
 # ------------------------------------------------------------------------------- the bound
@@ -270,28 +268,6 @@ def _select_reference(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torc
     return set(zip(r.tolist(), c.tolist(), side[r, c].tolist()))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [(37, 70), (16, 32), (1, 5), (50, 1), (0, 9), (9, 0)])
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_select_block_in_the_interpreter(interpret, rng, dtype, shape, symmetric):
-    # The compaction of a materialised block: exactly the entries a compare finds, each once,
-    # with its own key and the side(s) that kept it; ties at a threshold are kept.
-    m, n = shape
-    scores = torch.from_numpy(rng.integers(0, 12, size=shape).astype(np.float64)).to(dtype)  # many ties
-    row_thr = torch.from_numpy(rng.integers(-1, 6, size=m).astype(np.float64)).to(dtype)
-    if m > 2:
-        row_thr[0], row_thr[1] = torch.inf, -torch.inf  # a row that keeps all, one that keeps none
-    col_thr = torch.from_numpy(rng.integers(-1, 4, size=n).astype(np.float64)).to(dtype) if symmetric else None
-    out = fused.select_block(scores, row_thr, col_thr, capacity_hint=3)  # forces the relaunch
-    assert out.keys.dtype == dtype
-    got = list(zip(out.rows.tolist(), out.cols.tolist(), out.side.tolist()))
-    assert len(got) == len(set(got)), "an entry was listed twice"
-    if not symmetric:
-        got = [(r, c, 1) for r, c, _ in got]
-    assert set(got) == _select_reference(scores, row_thr, col_thr)
-    assert torch.equal(out.keys, scores[out.rows, out.cols])
-
-
 def test_select_block_needs_contiguous_rows(interpret):
     scores = torch.zeros((8, 6)).T
     with pytest.raises(ValueError, match="contiguous"):
@@ -301,7 +277,10 @@ def test_select_block_needs_contiguous_rows(interpret):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(37, 70), (16, 32), (1, 5), (50, 1), (0, 9), (9, 0)])
 @pytest.mark.parametrize("hint", [3, None])
-def test_select_sides_in_the_interpreter(interpret, rng, dtype, shape, hint):
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("few", [0, 4, 10**6])
+def test_select_block_in_the_interpreter(interpret, rng, dtype, shape, hint, symmetric, few, monkeypatch):
+    monkeypatch.setattr(fused, "FEW_PER_TILE", few)
     # Each side in a list of its own: (row, column) pairs kept by their row, (column, row) pairs
     # kept by their column; together exactly the entries a compare finds, each once per side.
     m, n = shape
@@ -309,10 +288,11 @@ def test_select_sides_in_the_interpreter(interpret, rng, dtype, shape, hint):
     row_thr = torch.from_numpy(rng.integers(-1, 6, size=m).astype(np.float64)).to(dtype)
     if m > 2:
         row_thr[0], row_thr[1] = torch.inf, -torch.inf  # a row that keeps all, one that keeps none
-    col_thr = torch.from_numpy(rng.integers(-1, 4, size=n).astype(np.float64)).to(dtype)
-    by_row, by_col = fused.select_sides(scores, row_thr, col_thr, capacity_hint=hint)  # 3 forces the relaunch
+    col_thr = torch.from_numpy(rng.integers(-1, 4, size=n).astype(np.float64)).to(dtype) if symmetric else None
+    by_row, by_col = fused.select_block(scores, row_thr, col_thr, capacity_hint=hint)  # 3 forces the relaunch
+    assert (by_col is None) == (not symmetric)
     got = set()
-    for side, (owner, other, keys) in ((1, by_row), (2, by_col)):
+    for side, (owner, other, keys) in ((1, by_row), (2, by_col)) if symmetric else ((1, by_row),):
         assert keys.dtype == dtype and owner.dtype == other.dtype == torch.int64
         pairs = list(zip(owner.tolist(), other.tolist()))
         assert len(pairs) == len(set(pairs)), "an entry was listed twice"

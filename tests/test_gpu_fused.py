@@ -43,10 +43,10 @@ def _kernel_keys(a, b, d, precision, row_terms=None, col_terms=None):
     """Every key of the block from the kernel (thresholds +inf), as a dense float64 matrix."""
     m, n = a.shape[0], b.shape[0]
     inf = torch.full((m,), torch.inf, device="cuda")
-    out = fused.screen_block(a, b, d, inf, None, row_terms, col_terms, precision, capacity_hint=m * n)
+    out, _ = fused.screen_block(a, b, d, inf, None, row_terms, col_terms, precision, capacity_hint=m * n)
     assert out.keys.numel() == m * n
     dense = torch.full((m, n), torch.nan, dtype=torch.float64, device="cuda")
-    dense[out.rows, out.cols] = out.keys.double()
+    dense[out.owner, out.other] = out.keys.double()
     assert not torch.isnan(dense).any(), "an entry was not written"
     return dense
 
@@ -122,22 +122,26 @@ def test_kernel_keeps_what_the_bound_says(precision, symmetric, seed):
                               precision=PRECISIONS[precision])
     row_thr = exact.kthvalue(20, dim=1).values
     col_thr = exact.kthvalue(5, dim=0).values if symmetric else None
-    out = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(), None if col_thr is None else col_thr.float(),
-                             qe.terms.float(), ce.terms.float(), precision, capacity_hint=16)
-    assert_screen_contract(out, exact, bound, row_thr, col_thr)
-    assert bool(((out.keys.double() - exact[out.rows, out.cols]).abs() <= bound[out.rows, out.cols]).all())
-    by_row = (out.side & 1) != 0
+    by_row, by_col = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(),
+                                        None if col_thr is None else col_thr.float(), qe.terms.float(),
+                                        ce.terms.float(), precision, capacity_hint=16)
+    assert_screen_contract(by_row, by_col, exact, bound, row_thr, col_thr)
+    for rows, cols, keys in [(by_row.owner, by_row.other, by_row.keys)] + (
+            [(by_col.other, by_col.owner, by_col.keys)] if symmetric else []):
+        assert bool(((keys.double() - exact[rows, cols]).abs() <= bound[rows, cols]).all())
     if symmetric:
-        by_col = (out.side & 2) != 0
-        assert bool((by_row | by_col).all())
-        assert bool((out.keys[by_col] <= col_thr.float()[out.cols[by_col]]).all())
-        assert bool((out.keys[~by_col] > col_thr.float()[out.cols[~by_col]]).all())
+        # Each side's list holds exactly its side's pairs, by the kernel's own keys: a pair
+        # kept by both is in both lists, with one key.
+        keys = torch.full(exact.shape, torch.nan, dtype=torch.float32, device="cuda")
+        keys[by_row.owner, by_row.other] = by_row.keys
+        both = ~torch.isnan(keys[by_col.other, by_col.owner])
+        assert torch.equal(keys[by_col.other, by_col.owner][both], by_col.keys[both])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(1000, 1537), (17, 3000), (2048, 5)])
 @pytest.mark.parametrize("hint", [7, None])
-def test_select_sides_on_the_hardware(seed, dtype, shape, hint):
+def test_select_block_on_the_hardware(seed, dtype, shape, hint):
     # Both sides of a block in memory, each in its own list: exactly the entries a compare
     # keeps for their row and for their column, each once, with their keys; many ties at the
     # thresholds, a row that keeps all and one that keeps none; hint 7 forces the relaunch.
@@ -147,7 +151,7 @@ def test_select_sides_on_the_hardware(seed, dtype, shape, hint):
     row_thr = torch.randint(-1, 6, (m,), generator=g, device="cuda").to(dtype)
     col_thr = torch.randint(-1, 4, (n,), generator=g, device="cuda").to(dtype)
     row_thr[0], row_thr[1] = torch.inf, -torch.inf
-    by_row, by_col = fused.select_sides(scores, row_thr, col_thr, capacity_hint=hint)
+    by_row, by_col = fused.select_block(scores, row_thr, col_thr, capacity_hint=hint)
     for (owner, other, keys), expect in ((by_row, scores <= row_thr[:, None]),
                                          (by_col, (scores <= col_thr[None, :]).T)):
         kept = torch.zeros_like(expect)
@@ -163,9 +167,9 @@ def test_kernel_excludes_the_diagonal(seed):
     x = torch.randn((700, 40), generator=g, device="cuda")
     a = x * -2.0
     inf = torch.full((700,), torch.inf, device="cuda")
-    out = fused.screen_block(a[100:300], x, 40, inf[:200], None, None, None, "bfloat16", exclude_diagonal=-100)
-    assert out.rows.numel() == 200 * 700 - 200
-    assert not bool((out.rows + 100 == out.cols).any())
+    out, _ = fused.screen_block(a[100:300], x, 40, inf[:200], None, None, None, "bfloat16", exclude_diagonal=-100)
+    assert out.owner.numel() == 200 * 700 - 200
+    assert not bool((out.owner + 100 == out.other).any())
 
 
 # ------------------------------------------------------------------------- the engine, exact

@@ -3,16 +3,18 @@
 One program computes a tile S̃[I, J] = A[I] · B[J]ᵀ on the tensor cores (bfloat16, float16, TF32,
 split TF32 "tf32x3", or IEEE float32 inputs; float32 accumulation), adds the per-vector terms
 in float32 (so that ‖b‖² never passes through a low-precision input), and compares every entry
-with its row's threshold — and, in a symmetric graph block, with its column's. Survivors are
-appended to one compact list (row, column, key, side) through a single atomic add per tile; the
-score block is never written to memory. Most tiles keep nothing once the thresholds are tight,
-so the compaction (a prefix sum over the tile) runs only in tiles that found something.
+with its row's threshold — and, in a symmetric graph block, with its column's. Each side's
+survivors go to a compact list of their own (owner, other, key); the score block is never
+written to memory. Most tiles keep nothing once the thresholds are tight, and those that keep
+something mostly keep a few: the compaction (``_triton_kernels._append``) takes a few out one
+by one and many with one atomic each, and costs nothing in a tile that keeps nothing.
 
 Contract (what :func:`screen_block` returns, checked against the CPU reference
-:func:`knng.engine.screen.split_scores`): every pair whose key s̃ᵢⱼ ≤ tᵢ (or, symmetric,
+:func:`knng.engine.screen.block_scores`): every pair whose key s̃ᵢⱼ ≤ tᵢ (or, symmetric,
 s̃ᵢⱼ ≤ tⱼ) with s̃ the float32 key of the kernel's own product, at most ``E`` (the bound of the
-plan's precision, ``docs/EXACTNESS.md``) from the exact score. The order of the list is not
-defined (tiles append as they finish).
+plan's precision, ``docs/EXACTNESS.md``) from the exact score. The order of a list is not
+defined (tiles append as they finish). :func:`select_block` is the same test and lists on a
+score block already in memory (the float32 and float64 screens, whose products are cuBLAS's).
 
 Triton is imported lazily: the module imports on machines without it, and
 :func:`fused_available` says whether the kernel can run. Under ``TRITON_INTERPRET=1`` the same
@@ -24,11 +26,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["fused_available", "screen_block", "select_block", "select_sides", "BlockSurvivors", "DOT_PRECISION",
+__all__ = ["fused_available", "screen_block", "select_block", "Survivors", "DOT_PRECISION",
            "SELECT_TILE"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
@@ -66,17 +68,17 @@ def _cuda_capability_ok(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-@dataclass
-class BlockSurvivors:
-    """Pairs a block kept: positions in A and B, float32 keys and which test admitted each.
+class Survivors(NamedTuple):
+    """Pairs kept by one side of a block: positions in the block and their screened keys.
 
-    ``side`` bit 1: the row's threshold; bit 2: the column's (symmetric blocks only).
+    ``owner`` are the block positions of the rows (or, for the column side of a symmetric
+    block, the columns) whose threshold admitted the pair, ``other`` the positions on the other
+    axis; ``keys`` the screened scores. int64 positions.
     """
 
-    rows: torch.Tensor
-    cols: torch.Tensor
+    owner: torch.Tensor
+    other: torch.Tensor
     keys: torch.Tensor
-    side: torch.Tensor
 
 
 def _interpreting() -> bool:
@@ -89,7 +91,7 @@ def _kernel(interpret: bool):
     ``TRITON_INTERPRET`` when it jits, so the interpreter is chosen before the first call."""
     from knng.engine import _triton_kernels
 
-    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel, _triton_kernels.select_sides_kernel
+    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel
 
 
 def _tile_config(precision: str, interpret: bool) -> dict:
@@ -109,10 +111,18 @@ def _tile_config(precision: str, interpret: bool) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)
 
 
+#: Kept entries a tile takes out one at a time before it switches to one atomic per entry
+#: (``_triton_kernels._append``). H100, 2026-11-23, TF32 screen time of a 1M × 128 search (10k
+#: queries; k = 10 / 100) and of the 78 off-diagonal blocks of a 200k × 128 graph (k = 10), for
+#: 0 / 4 / 16 / 64: search 49.9 / 48.1 / 52.2 / 52.4 ms and 72.1 / 74.0 / 90.5 / 176.1 ms,
+#: graph 211 / 175 / 222 / 221 ms.
+FEW_PER_TILE = 4
+
+
 def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.Tensor,
                  col_thr: torch.Tensor | None, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None,
                  precision: str, exclude_diagonal: int | None = None,
-                 capacity_hint: int | None = None) -> BlockSurvivors:
+                 capacity_hint: int | None = None) -> tuple[Survivors, Survivors | None]:
     """Survivors of the block ``A[:, :k_dims] · B[:, :k_dims]ᵀ (+ terms)`` against the thresholds.
 
     Parameters
@@ -131,7 +141,14 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
     exclude_diagonal : int or None
         Drop entries with ``row == col + exclude_diagonal`` (a point and itself).
     capacity_hint : int or None
-        Expected survivors; the list grows (one relaunch) when a block keeps more.
+        Expected survivors per side; the lists grow (one relaunch) when a block keeps more.
+
+    Returns
+    -------
+    by_row, by_col : Survivors, Survivors or None
+        The pairs kept by their row, as (row, column, key), and in a symmetric block (with
+        ``col_thr``) those kept by their column, as (column, row, key); a pair kept by both
+        is in both lists.
     """
     interpret = _interpreting()
     kernel = _kernel(interpret)[0]
@@ -145,29 +162,29 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
     symmetric = col_thr is not None
     dummy = row_thr
 
-    def launch(out_rows, out_cols, out_keys, out_side, counter, capacity):
+    def launch(lists, counters, capacity):
         kernel[grid](
             a, b, row_terms if row_terms is not None else dummy, col_terms if col_terms is not None else dummy,
-            row_thr, col_thr if symmetric else dummy,
-            out_rows, out_cols, out_keys, out_side, counter,
+            row_thr, col_thr if symmetric else dummy, *lists[0], *lists[-1], counters,
             m, n, k_dims, a.stride(0), b.stride(0), capacity,
             0 if exclude_diagonal is None else exclude_diagonal,
             HAS_ROW_TERMS=row_terms is not None, HAS_COL_TERMS=col_terms is not None, SYMMETRIC=symmetric,
-            EXCLUDE_DIAG=exclude_diagonal is not None, PRECISION=DOT_PRECISION[precision],
+            EXCLUDE_DIAG=exclude_diagonal is not None, PRECISION=DOT_PRECISION[precision], FEW=FEW_PER_TILE,
             **cfg, **extra,
         )
 
-    return _collect(launch, m, n, capacity_hint, symmetric, torch.float32, a.device)
+    return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device)
 
 
 def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None,
-                 capacity_hint: int | None = None) -> BlockSurvivors:
+                 capacity_hint: int | None = None) -> tuple[Survivors, Survivors | None]:
     """Survivors of a score block already in memory: entries ≤ their row's (or column's) threshold.
 
-    The compare and the compaction of :func:`screen_block` without its product: one read of the
+    The compare and the lists of :func:`screen_block` without its product: one read of the
     block where torch compares it against each side into masks and ``nonzero`` reads those
     again. ``row_thr``/``col_thr`` are in the block's dtype (float32 or float64); the keys come
-    back in it. Rows of ``scores`` must be contiguous.
+    back in it. Rows of ``scores`` must be contiguous. Returns ``(by_row, by_col)`` as
+    :func:`screen_block` does (``by_col`` None without ``col_thr``).
     """
     interpret = _interpreting()
     kernel = _kernel(interpret)[1]
@@ -180,90 +197,44 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
     extra = {} if interpret else dict(num_warps=num_warps)
     symmetric = col_thr is not None
 
-    def launch(out_rows, out_cols, out_keys, out_side, counter, capacity):
-        kernel[grid](scores, scores.stride(0), row_thr, col_thr if symmetric else row_thr,
-                     out_rows, out_cols, out_keys, out_side, counter, m, n, capacity,
-                     SYMMETRIC=symmetric, **cfg, **extra)
+    def launch(lists, counters, capacity):
+        kernel[grid](scores, scores.stride(0), row_thr, col_thr if symmetric else row_thr, *lists[0], *lists[-1],
+                     counters, m, n, capacity, SYMMETRIC=symmetric, FEW=FEW_PER_TILE, **cfg, **extra)
 
-    return _collect(launch, m, n, capacity_hint, symmetric, scores.dtype, scores.device)
+    return _collect(launch, "select", m, n, capacity_hint, symmetric, scores.dtype, scores.device)
 
 
-#: Survivors per side the last :func:`select_sides` found on each device. The next block's lists
+#: Survivors per side the last launch of each kind found on each device. The next block's lists
 #: start a quarter larger: k = 100 graph blocks keep more than INITIAL_PER_ROW pairs per row
 #: early on, and each overflow ran the kernel twice (71 of 666 blocks of a 582k × 64 graph).
-_last_found: dict[torch.device, int] = {}
+_last_found: dict[tuple[str, torch.device], int] = {}
 
 
-def select_sides(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor,
-                 capacity_hint: int | None = None
-                 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Both sides of a symmetric score block in memory, each as its own list.
-
-    The same test as :func:`select_block` with ``col_thr``; returns ``(rows, cols, keys)`` of
-    the entries ≤ their row's threshold and ``(cols, rows, keys)`` of those ≤ their column's
-    (int64 positions, keys in the block's dtype). One synchronisation reads both lists' sizes.
-    """
-    interpret = _interpreting()
-    kernel = _kernel(interpret)[2]
-    m, n = scores.shape
-    device = scores.device
+def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,
+             device: torch.device) -> tuple[Survivors, Survivors | None]:
+    """Run ``launch(lists, counters, capacity)`` over an m × n block into one list per side, once
+    more with room for all if the first overflowed; one synchronisation reads the sizes."""
+    sides = 2 if symmetric else 1
     if m == 0 or n == 0:
         none = torch.empty(0, dtype=torch.int64, device=device)
-        empty = (none, none.clone(), torch.empty(0, dtype=scores.dtype, device=device))
-        return empty, tuple(t.clone() for t in empty)
-    if scores.stride(1) != 1:
-        raise ValueError("select_sides needs rows stored contiguously")
-    cfg = dict(BLOCK_M=16, BLOCK_N=32) if interpret else dict(SELECT_TILE)
-    num_warps = cfg.pop("num_warps", 4)
-    grid = (-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]),)
-    extra = {} if interpret else dict(num_warps=num_warps)
+        empty = [Survivors(none, none.clone(), torch.empty(0, dtype=key_dtype, device=device)) for _ in range(sides)]
+        return empty[0], empty[1] if symmetric else None
     if capacity_hint is None:
-        capacity_hint = max(INITIAL_PER_ROW * m, _last_found.get(device, 0) * 5 // 4)
+        capacity_hint = max(INITIAL_PER_ROW * m, _last_found.get((kind, device), 0) * 5 // 4)
     capacity = min(max(1024, capacity_hint), MAX_LIST)
     while True:
         counters = torch.zeros(2, dtype=torch.int32, device=device)
         lists = [(torch.empty(capacity, dtype=torch.int32, device=device),
                   torch.empty(capacity, dtype=torch.int32, device=device),
-                  torch.empty(capacity, dtype=scores.dtype, device=device)) for _ in range(2)]
-        kernel[grid](scores, scores.stride(0), row_thr, col_thr, *lists[0], *lists[1], counters, m, n, capacity,
-                     **cfg, **extra)
-        found = counters.tolist()
-        if max(found) <= capacity:
+                  torch.empty(capacity, dtype=key_dtype, device=device)) for _ in range(sides)]
+        launch(lists, counters, capacity)
+        found = counters.tolist()[:sides]
+        if max(found) <= capacity and min(found) >= 0:
             break
         if min(found) < 0 or max(found) > MAX_LIST:
             raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
                                f"({MAX_LIST}); smaller blocks are needed")
         capacity = max(found)  # the same thresholds keep the same pairs: one relaunch fits them all
-    _last_found[device] = max(found)
-    by_row, by_col = ((owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found))
-    return by_row, by_col
-
-
-def _collect(launch, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,
-             device: torch.device) -> BlockSurvivors:
-    """Run ``launch`` over an m × n block into survivor lists, once more with room for all if the
-    first overflowed."""
-    if m == 0 or n == 0:
-        none = torch.empty(0, dtype=torch.int64, device=device)
-        return BlockSurvivors(rows=none, cols=none.clone(), keys=torch.empty(0, dtype=key_dtype, device=device),
-                              side=torch.empty(0, dtype=torch.int8, device=device))
-    capacity = max(1024, capacity_hint if capacity_hint is not None else INITIAL_PER_ROW * m)
-    capacity = min(capacity, MAX_LIST)
-    while True:
-        counter = torch.zeros(1, dtype=torch.int32, device=device)
-        out_rows = torch.empty(capacity, dtype=torch.int32, device=device)
-        out_cols = torch.empty(capacity, dtype=torch.int32, device=device)
-        out_keys = torch.empty(capacity, dtype=key_dtype, device=device)
-        out_side = torch.empty(capacity if symmetric else 1, dtype=torch.int8, device=device)
-        launch(out_rows, out_cols, out_keys, out_side, counter, capacity)
-        found = int(counter.item())
-        if found <= capacity:
-            break
-        if found < 0 or found > MAX_LIST:
-            raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
-                               f"({MAX_LIST}); smaller blocks are needed")
-        capacity = found  # the same thresholds keep the same pairs: one relaunch fits them all
-    side = (out_side[:found] if symmetric
-            else torch.ones(found, dtype=torch.int8, device=device))
-    return BlockSurvivors(rows=out_rows[:found].long(), cols=out_cols[:found].long(), keys=out_keys[:found],
-                          side=side)
+    _last_found[(kind, device)] = max(found)
+    out = [Survivors(owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found)]
+    return out[0], out[1] if symmetric else None

@@ -18,12 +18,12 @@ the path; the engine calls only them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from knng.engine import fused
+from knng.engine.fused import Survivors
 from knng.metrics import ScreenPrecision
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
@@ -36,19 +36,6 @@ ROW_CHUNK = 64
 COLUMN_CHUNK = 32
 #: Compare the whole block once at least 1/DENSE_HITS of its chunks can keep something.
 DENSE_HITS = 4
-
-
-@dataclass
-class Survivors:
-    """Pairs kept by one side of a block: positions in the block and their screened keys.
-
-    ``owner`` are the block positions of the rows (or columns) whose threshold admitted the
-    pair, ``other`` the positions on the other axis; ``keys`` the screened scores.
-    """
-
-    owner: torch.Tensor
-    other: torch.Tensor
-    keys: torch.Tensor
 
 
 class ScoreBuffer:
@@ -78,8 +65,7 @@ def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
     thr = _round_up(thresholds.to(scores.dtype), thresholds)
     if scores.device.type == "cuda":
         if fused.fused_available(scores.device):
-            out = fused.select_block(scores, thr, None)
-            return Survivors(owner=out.rows, other=out.cols, keys=out.keys)
+            return fused.select_block(scores, thr, None)[0]
         # A pass of minima costs as much as the compare itself on a GPU (see block_survivors).
         r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
         return Survivors(owner=r, other=c, keys=scores[r, c])
@@ -157,7 +143,7 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     On a CPU each side is filtered by chunk minima first (cache-resident blocks: the reductions
     are cheap and most chunks keep nothing). On a GPU every pass over a 1 GiB block costs as
     much as the product: with Triton, one kernel reads the block once, tests both sides and
-    appends each side's survivors to a list of its own (:func:`knng.engine.fused.select_sides`);
+    appends each side's survivors to a list of its own (:func:`knng.engine.fused.select_block`);
     without, the block is compared once against both thresholds and ``nonzero`` finds the
     survivors, split afterwards.
     """
@@ -170,8 +156,7 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     both_thr = _round_up(both.to(scores.dtype), both)
     row_thr, col_thr = both_thr[:row_thresholds.numel()], both_thr[row_thresholds.numel():]
     if fused.fused_available(scores.device):
-        by_row, by_col = fused.select_sides(scores, row_thr, col_thr)
-        return Survivors(*by_row), Survivors(*by_col)
+        return fused.select_block(scores, row_thr, col_thr)
     mask = scores <= row_thr[:, None]
     mask |= scores <= col_thr[None, :]
     r, c = torch.nonzero(mask, as_tuple=True)
@@ -224,9 +209,8 @@ def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tens
     ``buffer``: where a materialised block is written.
     """
     if use_kernel(precision, a.device):
-        out = fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
-                                 col_terms, precision.name, exclude_diagonal=exclude_diagonal)
-        return Survivors(owner=out.rows, other=out.cols, keys=out.keys)
+        return fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
+                                  col_terms, precision.name, exclude_diagonal=exclude_diagonal)[0]
     scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
     if exclude_diagonal is not None:
         t = torch.arange(scores.shape[0], device=scores.device)
@@ -263,10 +247,11 @@ def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
         if callable(row_thresholds):
             row_thresholds, col_thresholds = row_thresholds()
         assert col_thresholds is not None
-        out = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
-                                 _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
-                                 precision.name)
-        return _split_sides(out)
+        by_row, by_col = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
+                                            _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms,
+                                            col_terms, precision.name)
+        assert by_col is not None
+        return by_row, by_col
     if scores is None:
         scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
     if callable(row_thresholds):
@@ -277,14 +262,6 @@ def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
     return by_row, by_col
 
 
-def _split_sides(out: fused.BlockSurvivors) -> tuple[Survivors, Survivors]:
-    """A symmetric kernel's survivors as those kept by their row and those kept by their column."""
-    by_row = (out.side & 1) != 0
-    by_col = (out.side & 2) != 0
-    return (Survivors(owner=out.rows[by_row], other=out.cols[by_row], keys=out.keys[by_row]),
-            Survivors(owner=out.cols[by_col], other=out.rows[by_col], keys=out.keys[by_col]))
-
-
 def _round_up(rounded: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """``rounded`` nudged up one step wherever the rounding went below ``exact``."""
     if rounded.dtype == exact.dtype:
@@ -292,7 +269,3 @@ def _round_up(rounded: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     below = rounded.to(exact.dtype) < exact
     return torch.where(below, torch.nextafter(rounded, torch.full_like(rounded, torch.inf)), rounded)
 
-
-def _empty(device: torch.device, dtype: torch.dtype) -> Survivors:
-    none = torch.empty(0, dtype=torch.int64, device=device)
-    return Survivors(owner=none, other=none.clone(), keys=torch.empty(0, dtype=dtype, device=device))
