@@ -464,3 +464,15 @@ def test_batched_exact_evaluation_equals_pairs(metric, rng):
     q_rows = torch.from_numpy(rng.integers(0, 50, 40))
     assert torch.equal(exact_pairs(m, raw, q_rows, x, cols, torch.device("cpu")).reshape(-1),
                        exact_pairs(m, raw, q_rows.repeat_interleave(17), x, cols.reshape(-1), torch.device("cpu")))
+
+
+def test_tf32_products_last_only_for_their_block():
+    """The TF32 sample product of a TF32 search switches TF32 on inside the engine's IEEE
+    setting and back to IEEE after, not to the user's setting nor left on."""
+    from knng.engine.common import full_precision, tf32_products
+
+    with full_precision():
+        before = torch.get_float32_matmul_precision()
+        with tf32_products():
+            assert torch.get_float32_matmul_precision() == "high"
+        assert torch.get_float32_matmul_precision() == before == "highest"

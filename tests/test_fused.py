@@ -218,7 +218,7 @@ def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rn
     assert last_report().screen_dtype == precision
 
 
-def test_planner_picks_tf32_only_for_small_k_searches(monkeypatch):
+def test_planner_picks_tf32_only_for_searches_at_small_k_or_large_d(monkeypatch):
     """The default precision rule of ``engine/plan.py`` (measured: docs/BENCHMARKS.md, "Fused screen")."""
     import knng.engine.plan as plan
 
@@ -228,6 +228,9 @@ def test_planner_picks_tf32_only_for_small_k_searches(monkeypatch):
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "tf32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 960, 16) == "tf32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 100) == "float32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 100) == "tf32"  # k ≤ d / 8
+    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 121) == "float32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 4096, 129) == "float32"  # past the widest k measured
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float32"
     assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
