@@ -218,9 +218,9 @@ def test_checkpoint_arguments_are_checked(tmp_path, points):
         knng.graph(x, 3, device="cpu", checkpoint=tmp_path / "c", resume="yes")
     with pytest.raises(TypeError, match="checkpoint must be a folder path"):
         knng.search(x, x, 3, device="cpu", checkpoint=3)
-    with pytest.raises(ValueError, match="not supported with distributed=True"):
-        knng.graph(x, 3, checkpoint=tmp_path / "c", distributed=True)
-    proc = _knng("graph", str(data), "-k", "3", "-o", str(tmp_path / "o"), "--resume", "--procs", "2")
+    with pytest.raises(TypeError, match="resume must be True or False"):  # checked before the process group
+        knng.graph(x, 3, checkpoint=tmp_path / "c", resume=1, distributed=True)
+    proc = _knng("graph", str(data), "-k", "3", "-o", str(tmp_path / "o"), "--host-memory", "20MB", "--procs", "2")
     assert proc.returncode == 2 and "one process only" in proc.stderr
     proc = _knng("graph", str(data), "-k", "3", "-o", str(tmp_path / "o"), "--checkpoint-interval", "-5")
     assert proc.returncode == 2 and "--checkpoint-interval" in proc.stderr

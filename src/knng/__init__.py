@@ -19,7 +19,7 @@ __all__ = [
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
     "__version__",
 ]
-__version__ = "0.1.0"
+from knng._version import VERSION as __version__  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

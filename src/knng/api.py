@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from knng._inputs import InputArray, as_input, as_output
-from knng.arguments import check_k, check_select, graph_arguments
+from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine.common import resolve_device
 from knng.engine.graph import exact_graph
@@ -39,30 +39,15 @@ def _open_checkpoint(folder: Any, resume: Any, interval: Any, keep: Any, *, oper
                      inputs: dict[str, InputArray], k: int, metric: str, plan: EnginePlan,
                      **fields: Any) -> Checkpoint | None:
     """The run's checkpoint in ``folder`` (None without one), its fingerprint checked."""
-    for name, value in (("resume", resume), ("keep_checkpoint", keep)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+    check_checkpoint_arguments(folder, resume, interval, keep)
     if folder is None:
-        if resume or keep:
-            raise ValueError(f"{'resume' if resume else 'keep_checkpoint'}=True needs a checkpoint folder "
-                             "(checkpoint=PATH)")
         return None
-    if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"checkpoint must be a folder path, got {type(folder).__name__}")
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval >= 0:
-        raise ValueError(f"checkpoint_interval must be a number of seconds ≥ 0, got {interval!r}")
     from knng import __version__
 
     fingerprint = {"knng": __version__, "operation": operation, "k": k, "metric": metric,
                    "screen_precision": plan.screen_precision, "device": torch.device(plan.device).type,
                    "inputs": {name: input_fingerprint(x) for name, x in inputs.items()}, **fields}
     return Checkpoint(WorkArea(folder), fingerprint, resume, float(interval))
-
-
-def _no_distributed_checkpoint(checkpoint: Any, resume: Any) -> None:
-    if checkpoint is not None or resume:
-        raise ValueError("checkpoint and resume are not supported with distributed=True yet: run on one device "
-                         "to checkpoint, or without a checkpoint on several")
 
 
 def _no_distributed_host_budget(host_memory_budget: Any) -> None:
@@ -140,7 +125,9 @@ def search(
     checkpoint : str or os.PathLike, optional
         A folder where the run records its progress (finished query rows), so that a run killed
         part-way can continue with ``resume=True``; deleted when the call returns, unless
-        ``keep_checkpoint``. Single process only (not with ``distributed``).
+        ``keep_checkpoint``. With ``distributed``, every rank keeps its own part in a sub-folder
+        (the folder must be on a file system every rank reaches) and resuming needs the same
+        number of ranks (see :func:`knng.distributed.graph`).
     resume : bool, default False
         Continue the run recorded in ``checkpoint`` (from the beginning if there is none). The
         result is the same, bit for bit, as an uninterrupted run's. A checkpoint written with
@@ -171,10 +158,11 @@ def search(
     if _check_distributed(distributed):
         from knng import distributed as _distributed
 
-        _no_distributed_checkpoint(checkpoint, resume)
         _no_distributed_host_budget(host_memory_budget)
         return _distributed.search(queries, corpus, k, metric=metric, device=device, select=select,
-                                   memory_budget=memory_budget, progress=progress)
+                                   memory_budget=memory_budget, progress=progress, checkpoint=checkpoint,
+                                   resume=resume, checkpoint_interval=checkpoint_interval,
+                                   keep_checkpoint=keep_checkpoint)
     m = get_metric(metric)
     q = as_input(queries, "queries")
     c = as_input(corpus, "corpus")
@@ -253,10 +241,11 @@ def graph(
     if _check_distributed(distributed):
         from knng import distributed as _distributed
 
-        _no_distributed_checkpoint(checkpoint, resume)
         _no_distributed_host_budget(host_memory_budget)
         return _distributed.graph(data, k, metric=metric, include_self=include_self, device=device, select=select,
-                                  memory_budget=memory_budget, progress=progress)
+                                  memory_budget=memory_budget, progress=progress, checkpoint=checkpoint,
+                                  resume=resume, checkpoint_interval=checkpoint_interval,
+                                  keep_checkpoint=keep_checkpoint)
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)

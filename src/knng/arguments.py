@@ -114,3 +114,22 @@ def graph_arguments(data: Any, k: Any, metric: str, include_self: Any,
         raise ValueError(f"data has {x.n} point(s): a graph without self-loops needs at least 2")
     k = check_k(k, limit, "n with include_self" if include_self else "n − 1 without self")
     return m, x, k, check_select(select)
+
+
+def check_checkpoint_arguments(folder: Any, resume: Any, interval: Any, keep: Any) -> None:
+    """Check ``checkpoint=``, ``resume=``, ``checkpoint_interval=`` and ``keep_checkpoint=``
+    (of :func:`knng.graph`, :func:`knng.search` and their distributed forms)."""
+    import os
+
+    for name, value in (("resume", resume), ("keep_checkpoint", keep)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if folder is None:
+        if resume or keep:
+            raise ValueError(f"{'resume' if resume else 'keep_checkpoint'}=True needs a checkpoint folder "
+                             "(checkpoint=PATH)")
+        return
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"checkpoint must be a folder path, got {type(folder).__name__}")
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval >= 0:
+        raise ValueError(f"checkpoint_interval must be a number of seconds ≥ 0, got {interval!r}")

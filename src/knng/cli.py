@@ -239,11 +239,13 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue a run into DIR that was killed part-way, from its last checkpoint (kept "
                         "in .DIR.knng-work beside DIR until the results are written); the result is the same "
-                        "bit for bit; a checkpoint of other inputs, k, metric or knng version is refused "
-                        "(one process only for now)")
+                        "bit for bit; a checkpoint of other inputs, k, metric or knng version is refused; "
+                        "with --procs/--gpus/torchrun every rank keeps its own part, and resuming needs the "
+                        "same number of ranks)")
     p.add_argument("--checkpoint-interval", type=_argument_type(_non_negative_seconds), default=None,
                    metavar="SECONDS", help="seconds between checkpoints at least (default: 60; each also "
-                   "waits 50 times its own duration, so checkpoints cost at most 2%%); 0: after every block")
+                   "waits 50 times its own duration, so checkpoints cost at most 2%%); 0: after every block "
+                   "(after every block row / query chunk with several ranks, which agree on when to save)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -666,7 +668,8 @@ def _graph_distributed(args: argparse.Namespace, argv: Sequence[str], data: _Inp
                      world_size=world)
     t0 = time.perf_counter()
     common = dict(metric=metric, include_self=args.include_self, device=device, select=args.select,
-                  memory_budget=args.memory_budget, progress=_progress(args), timeout=timeout)
+                  memory_budget=args.memory_budget, progress=_progress(args), timeout=timeout,
+                  **_rank_checkpoint_options(args, out, rank))
     if args.format == "npy":
         report = kd.graph_to_files(data.array, args.k, out, metadata=meta, overwrite=args.overwrite, **common)
         written = [str(out / NEIGHBOR_FILES["indices"]), NEIGHBOR_FILES["distances"], NEIGHBOR_FILES["metadata"]]
@@ -709,7 +712,7 @@ def _search_distributed(args: argparse.Namespace, argv: Sequence[str], corpus: _
     t0 = time.perf_counter()
     result = kd.search(queries.array, corpus.array, args.k, metric=metric, device=device, select=args.select,
                        memory_budget=args.memory_budget, progress=_progress(args),
-                       timeout=args.timeout or DEFAULT_TIMEOUT)
+                       timeout=args.timeout or DEFAULT_TIMEOUT, **_rank_checkpoint_options(args, out, rank))
     seconds = time.perf_counter() - t0
     report = last_report()
     dist.destroy_process_group()
@@ -813,7 +816,7 @@ def _cmd_search(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     _refuse_existing(out, list(NEIGHBOR_FILES.values()), args.overwrite)
     truth = _ground_truth(args, corpus, queries) if args.check else None
-    _refuse_distributed_resume(args)
+    _refuse_distributed_host_memory(args)
     _check_output_before_launch(out, args, queries.shape[0] * args.k * 12, argv)
     launched = _launch_if_asked(args)
     if launched is not None:
@@ -861,10 +864,21 @@ def _checkpoint_options(args: argparse.Namespace, folder: OutputFolder) -> dict[
     return options
 
 
-def _refuse_distributed_resume(args: argparse.Namespace) -> None:
-    if args.resume and (args.gpus or args.procs or _is_rank()):
-        raise CliError("--resume works for one process only for now: rerun without --gpus/--procs/torchrun "
-                       "to checkpoint and resume")
+def _rank_checkpoint_options(args: argparse.Namespace, out: Path, rank: int) -> dict[str, Any]:
+    """A rank's checkpoint options: every rank's part in the output folder's work area, kept until
+    rank 0 commits the results (the commit removes it)."""
+    work_area = OutputFolder(out).work_area  # a path only: rank 0 locks the folder when it commits
+    if rank == 0 and args.overwrite and not args.resume and WorkArea(work_area).exists():
+        # Before any collective: the other ranks touch the area only after rank 0 has opened it.
+        _say_err(f"knng: --overwrite: discarding the checkpoint of an earlier run in {work_area}")
+        WorkArea(work_area).remove()
+    options: dict[str, Any] = {"checkpoint": work_area, "resume": args.resume, "keep_checkpoint": True}
+    if args.checkpoint_interval is not None:
+        options["checkpoint_interval"] = args.checkpoint_interval
+    return options
+
+
+def _refuse_distributed_host_memory(args: argparse.Namespace) -> None:
     if args.host_memory is not None and (args.gpus or args.procs or _is_rank()):
         raise CliError("--host-memory works for one process only for now: rerun without --gpus/--procs/torchrun, "
                        "or without --host-memory (each rank reads only the parts it needs)")
@@ -942,7 +956,7 @@ def _cmd_graph(args: argparse.Namespace, argv: Sequence[str]) -> int:
     out = Path(args.out)
     names = list(NEIGHBOR_FILES.values()) if args.format == "npy" else ["graph.npz", "knng.json"]
     _refuse_existing(out, names, args.overwrite)
-    _refuse_distributed_resume(args)
+    _refuse_distributed_host_memory(args)
     _check_output_before_launch(out, args, data.shape[0] * args.k * 12, argv)
     launched = _launch_if_asked(args)
     if launched is not None:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from knng.distributed.comm import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_TIMEOUT, Comm, DistributedError
+from knng.engine.checkpoint import DEFAULT_INTERVAL
 
 __all__ = ["init", "graph", "search", "graph_to_files", "DistributedError", "is_launched", "local_rank"]
 
@@ -101,27 +102,38 @@ def _device(device: Any, group: Any) -> torch.device:
 
 
 def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, select: str, memory_budget: Any,
-               progress: bool, timeout: float, heartbeat_timeout: float, group: Any, consume):
-    from knng.arguments import graph_arguments
+               progress: bool, timeout: float, heartbeat_timeout: float, group: Any, consume,
+               checkpoint: Any = None, resume: bool = False, checkpoint_interval: float = DEFAULT_INTERVAL,
+               keep_checkpoint: bool = False):
+    from knng.arguments import check_checkpoint_arguments, graph_arguments
     from knng.distributed.blockcyclic import distributed_graph
+    from knng.distributed.checkpoint import open_checkpoint
     from knng.engine.plan import resolve_budget
     from knng.reports import set_last_report
 
+    check_checkpoint_arguments(checkpoint, resume, checkpoint_interval, keep_checkpoint)
     _require_group()
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = _device(device, group)
     budget = resolve_budget(memory_budget, dev)
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng graph",
               progress=progress) as comm:
-        rows, report = distributed_graph(x, k, m, dev, select, budget, comm, include_self=include_self)
+        ckpt = open_checkpoint(checkpoint, resume, checkpoint_interval, comm, dev, operation="graph",
+                               inputs={"data": x}, k=k, metric=m.name, include_self=include_self)
+        rows, report = distributed_graph(x, k, m, dev, select, budget, comm, include_self=include_self,
+                                         checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
         result = consume(comm, rows, report, x, k, m, dev)
+        if ckpt is not None:
+            ckpt.close(keep_checkpoint)
     set_last_report(report)
     return result
 
 
 def graph(data: Any, k: int, *, metric: str = "euclidean", include_self: bool = False, device: Any = "auto",
           select: str = "auto", memory_budget: Any = None, progress: bool = False, timeout: float = DEFAULT_TIMEOUT,
-          heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None):
+          heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None,
+          checkpoint: str | os.PathLike[str] | None = None, resume: bool = False,
+          checkpoint_interval: float = DEFAULT_INTERVAL, keep_checkpoint: bool = False):
     """Exact k-NN graph of ``data`` computed by every rank of the process group together.
 
     Every rank must call it with the same arguments; each reads only the rows it needs from
@@ -143,6 +155,22 @@ def graph(data: Any, k: int, *, metric: str = "euclidean", include_self: bool = 
         Seconds without a heartbeat after which a rank counts as dead (the others stop).
     group : ProcessGroup, optional
         Default: the default group.
+    checkpoint : str or os.PathLike, optional
+        A folder where every rank records its progress (a sub-folder each, ``rank-R-of-N``),
+        so that a job killed part-way continues with ``resume=True``; it must be on a file
+        system every rank reaches. Deleted when the call returns, unless ``keep_checkpoint``.
+    resume : bool, default False
+        Continue the run recorded in ``checkpoint`` (from the beginning if there is none), with
+        the **same number of ranks** (another number is refused, naming both). The result is
+        the same, bit for bit, as an uninterrupted run's. A checkpoint of other inputs, k,
+        metric, knng version or kind of device is refused; without ``resume``, a checkpoint
+        found in the folder is an error.
+    checkpoint_interval : float, default 60
+        Seconds between checkpoints at least (each also waits 50 times its own duration); the
+        ranks agree to save at the same step. 0: after every step (block row of the graph, query
+        chunk of the search), whatever that costs.
+    keep_checkpoint : bool, default False
+        Keep the folder after success (a ``resume=True`` call then only finishes).
 
     Returns
     -------
@@ -166,20 +194,25 @@ def graph(data: Any, k: int, *, metric: str = "euclidean", include_self: bool = 
         return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self)
 
     return _run_graph(data, k, metric, include_self, device, select, memory_budget, progress, timeout,
-                      heartbeat_timeout, group, consume)
+                      heartbeat_timeout, group, consume, checkpoint, resume, checkpoint_interval, keep_checkpoint)
 
 
 def graph_to_files(data: Any, k: int, out: str | os.PathLike[str], *, metric: str = "euclidean",
                    include_self: bool = False, device: Any = "auto", select: str = "auto", memory_budget: Any = None,
                    progress: bool = False, timeout: float = DEFAULT_TIMEOUT,
                    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None,
-                   metadata: dict[str, Any] | None = None, overwrite: bool = False):
+                   metadata: dict[str, Any] | None = None, overwrite: bool = False,
+                   checkpoint: str | os.PathLike[str] | None = None, resume: bool = False,
+                   checkpoint_interval: float = DEFAULT_INTERVAL, keep_checkpoint: bool = False):
     """Like :func:`graph`, but each rank writes its own rows into ``out/indices.npy`` and
     ``out/distances.npy`` (a folder all ranks share), and nothing is gathered.
 
     The files are created by rank 0 under temporary names, filled by every rank, and renamed
     into place (with ``knng.json`` from ``metadata``) only when every rank has written its rows;
     a failed run leaves the folder as it was. Returns the run's report (the same on every rank).
+    ``checkpoint``, ``resume``, ``checkpoint_interval``, ``keep_checkpoint``: as in :func:`graph`
+    (the output folder's work area, ``.OUT.knng-work``, is removed by the commit, as the command
+    line's is).
     """
     from knng.distributed.output import write_rows
     from knng.reports import report_as_dict
@@ -192,12 +225,14 @@ def graph_to_files(data: Any, k: int, out: str | os.PathLike[str], *, metric: st
         return report
 
     return _run_graph(data, k, metric, include_self, device, select, memory_budget, progress, timeout,
-                      heartbeat_timeout, group, consume)
+                      heartbeat_timeout, group, consume, checkpoint, resume, checkpoint_interval, keep_checkpoint)
 
 
 def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", device: Any = "auto",
            select: str = "auto", memory_budget: Any = None, progress: bool = False, timeout: float = DEFAULT_TIMEOUT,
-           heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None):
+           heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT, group: Any = None,
+           checkpoint: str | os.PathLike[str] | None = None, resume: bool = False,
+           checkpoint_interval: float = DEFAULT_INTERVAL, keep_checkpoint: bool = False):
     """Exact k nearest neighbours in ``corpus`` of every query, by every rank together.
 
     The corpus is split into one contiguous shard per rank (each rank reads only its shard),
@@ -205,16 +240,19 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     pass the same corpus; ``queries`` may be given on rank 0 only (``None`` elsewhere: rank 0
     sends them to all) or the same on every rank. The whole result is returned on every rank,
     identical to :func:`knng.search` on one device (NumPy on ranks that passed ``None``). Other
-    parameters as in :func:`graph`.
+    parameters as in :func:`graph`; a search's checkpoints record the finished query chunks (every
+    rank keeps the merged rows, as it returns them).
     """
     from knng._inputs import as_input, as_output
-    from knng.arguments import check_k, check_select
+    from knng.arguments import check_checkpoint_arguments, check_k, check_select
+    from knng.distributed.checkpoint import open_checkpoint
     from knng.distributed.sharded import distributed_search, share_queries
     from knng.engine.plan import resolve_budget
     from knng.metrics import get_metric
     from knng.reports import set_last_report
     from knng.results import Neighbors
 
+    check_checkpoint_arguments(checkpoint, resume, checkpoint_interval, keep_checkpoint)
     _require_group()
     m = get_metric(metric)
     rank = dist.get_rank(group)
@@ -231,7 +269,12 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng search",
               progress=progress) as comm:
         q = share_queries(q, comm, dev)
-        idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm)
+        ckpt = open_checkpoint(checkpoint, resume, checkpoint_interval, comm, dev, operation="search",
+                               inputs={"queries": q, "corpus": c}, k=k, metric=m.name)
+        idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm, checkpoint=ckpt,
+                                                keep_checkpoint=keep_checkpoint)
+        if ckpt is not None:
+            ckpt.close(keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist_)
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name)

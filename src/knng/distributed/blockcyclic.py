@@ -29,10 +29,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from knng._inputs import InputArray
+from knng.distributed.checkpoint import DistributedCheckpoint
 from knng.distributed.comm import Comm
 from knng.distributed.plan import BlockPlan
 from knng.distributed.shards import all_gather_rows, common_centre
@@ -84,6 +86,8 @@ class DistributedGraphReport:
     oom_retries: int
     seconds: float
     per_rank: list[dict[str, float]] = field(default_factory=list)
+    #: Where a resumed run started (block rows done), checkpoints saved and their seconds.
+    checkpoints: dict[str, float] = field(default_factory=dict)
     #: This rank's collectives (for :func:`knng.distributed.comm.replay`) and longest waits.
     comm_ops: list = field(default_factory=list, repr=False)
     waits: list = field(default_factory=list, repr=False)
@@ -184,12 +188,21 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
 
 def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, budget: int,
                       comm: Comm, include_self: bool = False, screen_dtype: "torch.dtype | str | None" = None,
-                      part_size: int | None = None) -> tuple[RankRows, DistributedGraphReport]:
+                      part_size: int | None = None, checkpoint: DistributedCheckpoint | None = None,
+                      keep_checkpoint: bool = False) -> tuple[RankRows, DistributedGraphReport]:
     """This rank's share of the exact k-NN graph of ``data``; see the module docstring.
 
     Every rank calls it with the same arguments (``data`` may be a different object per rank,
     e.g. the same file opened by each; only the rows a rank needs are read). Returns the rows
     this rank owns, exact, with float64 distances, and a report that is the same on every rank.
+
+    ``checkpoint``: where every rank records its progress, and the step to resume from. Steps
+    are block rows: after block row I, once the gathers of the rows to their owners are drained
+    (nothing in flight changes what is saved), a rank saves its owned parts' column stores, the
+    merged candidates of the owned parts already complete, and the first thresholds; a resumed
+    run reuses the saved plan and starts at the next block row. ``keep_checkpoint``: also save
+    the end of the block rows, so that a run killed later (writing its results) resumes with only
+    the finish to do.
     """
     t_start = time.perf_counter()
     n, d, world, rank = data.n, data.d, comm.world, comm.rank
@@ -217,10 +230,20 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     store_pending = pending_pairs(device, budget)
     sizes = _plan(n, d, capacity, world, budget, metric, dtype, device, part_size,
                   input_itemsize=table["itemsize"][0], host_budget=min(table["host"]))
+    done = 0  # block rows a resumed run had finished
+    if checkpoint is not None:
+        # The saved plan, when resuming: the state is per part (budgets may have changed since).
+        saved = checkpoint.plan({"part_size": sizes.plan.part_size, "sub_rows": sizes.sub_rows,
+                                 "columns": sizes.columns, "precision": precision.name})
+        sizes = _Sizes(plan=BlockPlan(n=n, world=world, part_size=int(saved["part_size"])),
+                       sub_rows=int(saved["sub_rows"]), columns=str(saved["columns"]))
+        precision = PRECISIONS[saved["precision"]]
+        dtype = precision.storage
+        done = checkpoint.step
     plan = sizes.plan
     owned = plan.owned(rank)
     steps = sum(-(-(plan.parts[i][1] - plan.parts[i][0]) // sizes.sub_rows)
-                for i in range(plan.n_parts) for _ in range(i, plan.n_parts))
+                for i in range(done, plan.n_parts) for _ in range(i, plan.n_parts))
     comm.set_progress_total(steps + plan.n_parts)
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="knng-read")
     stats = ExactStats()
@@ -259,9 +282,9 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 gathers[part] = (comm.all_gather(buf, local, f"the all-gather of part {part}"), buf)
 
             P = plan.n_parts
-            for part in range(min(P, LOOKAHEAD + 2)):
+            for part in range(done, min(P, done + LOOKAHEAD + 2)):
                 read_piece(part)
-            for part in range(min(P, LOOKAHEAD + 1)):
+            for part in range(done, min(P, done + LOOKAHEAD + 1)):
                 start_gather(part)
 
             offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
@@ -290,9 +313,14 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             streamed: dict[int, Any] = {}
             # Thresholds first: every owned part screens its own block S(J, J) (its k best seed
             # τ, as on one device), then one all-reduce gives every rank every point's τ.
-            col_stores = {j: part_store(j) for j in owned}
-            tau = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
-            for j in owned:
+            survivors = StoreStats()
+            ready: dict[int, torch.Tensor] = {}
+            if done:
+                col_stores, tau, survivors, oom_retries = _restore(checkpoint, part_store, plan.parts, ready, device)
+            else:
+                col_stores = {j: part_store(j) for j in owned}
+                tau = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
+            for j in owned if not done else ():
                 j0, j1 = plan.parts[j]
                 comm.status(f"screening block ({j}, {j}): the first thresholds of part {j}")
                 own = Tile(column(j), norms[j0:j1], None if terms is None else terms[j0:j1],
@@ -302,13 +330,13 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                                                     torch.arange(j0, j1, device=device), k, include_self, select,
                                                     device, sizes.sub_rows, precision=precision), device)
                 tau[j0:j1] = col_stores[j].tau
-            comm.wait(comm.all_reduce(tau, "the exchange of the first thresholds", op=dist.ReduceOp.MIN))
-            for j in owned:
-                j0, j1 = plan.parts[j]
-                col_stores[j].tau = torch.minimum(col_stores[j].tau, tau[j0:j1])
+            if not done:
+                comm.wait(comm.all_reduce(tau, "the exchange of the first thresholds", op=dist.ReduceOp.MIN))
+                for j in owned:
+                    j0, j1 = plan.parts[j]
+                    col_stores[j].tau = torch.minimum(col_stores[j].tau, tau[j0:j1])
             finishing: deque = deque()  # (part, pending gather, buffers) at the owner, until merged
             sends: deque = deque()  # (pending gather, buffer) kept alive until sent
-            ready: dict[int, CandidateStore] = {}
 
             def arrive(part: int, pending: Any, bufs: list[torch.Tensor]) -> None:
                 """Part ``part``'s candidates are complete: its own store and every rank's row stores."""
@@ -321,8 +349,32 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                                              torch.minimum(ready[part][:, -1:], buf[:, -1:])], dim=1)
                 survivors.add(store.stats)
 
-            survivors = StoreStats()
-            for i in range(P):
+            def drain() -> None:
+                """Wait for every gather of row candidates to owners, and merge what arrived."""
+                while finishing:
+                    arrive(*finishing.popleft())
+                while sends:
+                    comm.wait(sends.popleft()[0])
+
+            def save(step: int) -> None:
+                assert checkpoint is not None
+                drain()
+                # A few arrays, whatever the number of parts (a file costs a flush): the column
+                # stores' tensors and the complete parts' candidates, each stacked by rows.
+                arrays: dict[str, torch.Tensor] = {"tau": tau}
+                states = {j: col_stores[j].state() for j in sorted(col_stores)}
+                for name in next(iter(states.values()))[0] if states else ():
+                    arrays[f"col_{name}"] = torch.cat([tensors[name] for tensors, _ in states.values()])
+                if ready:
+                    arrays["ready"] = torch.cat([ready[part] for part in sorted(ready)])
+                counters = {str(j): c for j, (_, c) in states.items()}
+                checkpoint.save(step, {"col_parts": sorted(col_stores), "col_counters": counters,
+                                       "ready_parts": sorted(ready), "survivors": vars(survivors),
+                                       "oom_retries": oom_retries},
+                                arrays, f"{step:,} of {P:,} block rows done")
+
+            saved_at = done
+            for i in range(done, P):
                 i0, i1 = plan.parts[i]
                 comm.status(f"waiting for the all-gather of part {i}")
                 pending, buf = gathers.pop(i)
@@ -380,10 +432,17 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                     arrive(*finishing.popleft())
                 while sends and sends[0][0].work.is_completed():
                     comm.wait(sends.popleft()[0])
-            while finishing:
-                arrive(*finishing.popleft())
-            while sends:
-                comm.wait(sends.popleft()[0])
+                if checkpoint is not None:
+                    # Agreed LOOKAHEAD rows ahead: no rank waits for the others to decide.
+                    checkpoint.propose()
+                    if checkpoint.decided(LOOKAHEAD):
+                        save(i + 1)
+                        saved_at = i + 1
+            drain()
+            if checkpoint is not None:
+                checkpoint.settle()
+                if keep_checkpoint and saved_at < P:
+                    save(P)  # only the finish is left to a run that resumes this
             # The exact finish, shared: every part is cut into one slice per rank, so every rank
             # finishes n / R rows and none waits for an owner that finishes whole parts alone
             # (the parts whose blocks come last would otherwise all be finished at the end).
@@ -429,9 +488,40 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
     report = _report(comm, plan, sizes, capacity, precision.name, stats, survivors, oom_retries, seconds, device)
+    if checkpoint is not None:
+        report.checkpoints = checkpoint.summary()
     ranges = sorted(results)
     return RankRows(parts=ranges, indices=[results[r][0] for r in ranges],
                     distances=[results[r][1] for r in ranges]), report
+
+
+def _restore(checkpoint: DistributedCheckpoint, part_store: Any, parts: tuple[tuple[int, int], ...],
+             ready: dict[int, torch.Tensor], device: torch.device
+             ) -> tuple[dict[int, CandidateStore], torch.Tensor, StoreStats, int]:
+    """A resumed rank's state: its owned parts' column stores, its complete owned parts (into
+    ``ready``), the first thresholds, the survivors' counters and out-of-memory retries."""
+    state, arrays = checkpoint.state, checkpoint.arrays()
+    assert state is not None
+
+    def rows_of(name: str, start: int, stop: int) -> torch.Tensor:
+        # A copy: the saved arrays are read-only memory maps, and torch wants writable memory.
+        return torch.from_numpy(np.array(arrays[name][start:stop])).to(device)
+
+    col_stores = {}
+    row = 0
+    for j in state["col_parts"]:
+        store = part_store(j)
+        store.load_state({name[len("col_"):]: rows_of(name, row, row + store.n)
+                          for name in arrays if name.startswith("col_")}, state["col_counters"][str(j)])
+        col_stores[j] = store
+        row += store.n
+    row = 0
+    for part in state["ready_parts"]:
+        p0, p1 = parts[part]
+        ready[part] = rows_of("ready", row, row + p1 - p0)
+        row += p1 - p0
+    survivors = StoreStats(**{f: int(v) for f, v in state["survivors"].items()})
+    return col_stores, rows_of("tau", 0, len(arrays["tau"])), survivors, int(state["oom_retries"])
 
 
 def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: list[int], comm: Comm,

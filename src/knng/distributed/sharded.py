@@ -13,9 +13,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from knng._inputs import InputArray, check_finite
+from knng.distributed.checkpoint import DistributedCheckpoint
 from knng.distributed.comm import Comm
 from knng.distributed.blockcyclic import agree, check_agreement
 from knng.distributed.plan import shard_ranges
@@ -42,12 +44,19 @@ class DistributedSearchReport:
     exact: ExactStats
     seconds: float
     per_rank: list[dict[str, float]] = field(default_factory=list)
+    #: Where a resumed run started (queries done), checkpoints saved and their seconds.
+    checkpoints: dict[str, float] = field(default_factory=dict)
 
 
 def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device,
-                       select: str, budget: int, comm: Comm) -> tuple[torch.Tensor, torch.Tensor,
-                                                                      DistributedSearchReport]:
-    """Exact k nearest corpus vectors of every query; the whole result on every rank."""
+                       select: str, budget: int, comm: Comm, checkpoint: DistributedCheckpoint | None = None,
+                       keep_checkpoint: bool = False) -> tuple[torch.Tensor, torch.Tensor, DistributedSearchReport]:
+    """Exact k nearest corpus vectors of every query; the whole result on every rank.
+
+    ``checkpoint``: every rank records the merged rows of each finished query chunk (growing
+    arrays of its own area) and, at the agreed chunks, how many are final; a resumed run reads
+    them back and goes on with the next chunk. ``keep_checkpoint``: also record the last chunk.
+    """
     t_start = time.perf_counter()
     world, rank = comm.world, comm.rank
     n, d = corpus.n, corpus.d
@@ -62,6 +71,15 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     ks = min(k, s1 - s0)
     precision = choose_screen_precision(device, max(1, s1 - s0), d, max(1, ks))
     stats = ExactStats()
+    chunk_rows, q_start = QUERY_CHUNK, 0
+    if checkpoint is not None:
+        saved = checkpoint.plan({"query_chunk": QUERY_CHUNK, "precision": precision})
+        chunk_rows, precision = int(saved["query_chunk"]), str(saved["precision"])
+        done_idx = checkpoint.growing("indices", (queries.n, k), "int64")
+        done_dist = checkpoint.growing("distances", (queries.n, k), "float64")
+        if checkpoint.resumed:
+            q_start = checkpoint.step
+            stats = ExactStats(**{f: int(v) for f, v in checkpoint.state["exact"].items()})
     with full_precision():
         comm.status("reading the shard: finite check and sums")
         centre = common_centre(((s0 + start, block) for start, block in shard.iter_blocks(1 << 16)), n, d,
@@ -76,8 +94,11 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
                                     dtype=tiles.screen_torch_dtype)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
-        for q0 in range(0, queries.n, QUERY_CHUNK):
-            q1 = min(queries.n, q0 + QUERY_CHUNK)
+        if q_start:
+            out_idx[:q_start] = torch.from_numpy(np.array(done_idx[:q_start])).to(device)
+            out_dist[:q_start] = torch.from_numpy(np.array(done_dist[:q_start])).to(device)
+        for q0 in range(q_start, queries.n, chunk_rows):
+            q1 = min(queries.n, q0 + chunk_rows)
             comm.status(f"searching queries {q0}–{q1} in corpus rows {s0}–{s1}")
             raw = queries.rows(q0, q1).to(device, non_blocking=True)
             check_finite(raw, queries.name, q0)  # on every rank alike, shard or none
@@ -92,6 +113,12 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
             out_idx[q0:q1], out_dist[q0:q1] = merge_across_ranks(
                 values, ids, k, raw, corpus, metric, comm, device, f"the all-gather of the lists of queries {q0}–{q1}")
             comm.tick()
+            if checkpoint is not None:
+                done_idx[q0:q1] = out_idx[q0:q1].cpu().numpy()
+                done_dist[q0:q1] = out_dist[q0:q1].cpu().numpy()
+                checkpoint.propose()  # the chunks' merges keep the ranks in step: no lag needed
+                if checkpoint.decided(0) or (q1 == queries.n and keep_checkpoint):
+                    checkpoint.save(q1, {"exact": vars(stats)}, None, f"{q1:,} of {queries.n:,} queries done")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
@@ -104,7 +131,8 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     report = DistributedSearchReport(
         world=world, shard_rows=[int(r[5]) for r in rows], screen_dtype=precision, exact=exact,
         seconds=max(r[0] for r in rows),
-        per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1]} for i, r in enumerate(rows)])
+        per_rank=[{"rank": i, "seconds": r[0], "wait_s": r[1]} for i, r in enumerate(rows)],
+        checkpoints={} if checkpoint is None else checkpoint.summary())
     return out_idx, out_dist, report
 
 

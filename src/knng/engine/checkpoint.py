@@ -168,17 +168,40 @@ class Checkpoint:
             return True
         return time.monotonic() - self._last >= max(self.interval, OVERHEAD * self._cost)
 
-    def save(self, state: dict[str, Any], arrays: dict[str, torch.Tensor] | None = None) -> None:
-        """Record ``state`` (plain JSON values; the plan is kept) and ``arrays`` (a new generation)."""
+    def save(self, state: dict[str, Any], arrays: dict[str, torch.Tensor] | None = None,
+             keep_previous: bool = False) -> None:
+        """Record ``state`` (plain JSON values; the plan is kept) and ``arrays`` (a new generation).
+
+        ``keep_previous``: the new state also carries the one it replaces (as ``"previous"``),
+        whose generation stays on disk, so that :meth:`rewind` can go back one save (one rank
+        of a distributed run, killed before every rank has saved the same step).
+        """
         t0 = time.monotonic()
         full = dict(state, plan=self.state["plan"] if self.state else None)
-        self.area.save(full, None if arrays is None else {k: _numpy(v) for k, v in arrays.items()})
+        keep: tuple[int, ...] = ()
+        if keep_previous and self.state is not None:
+            full["previous"] = {key: value for key, value in self.state.items() if key not in ("previous", "plan")}
+            if "generation" in self.state:
+                keep = (int(self.state["generation"]),)
+        self.area.save(full, None if arrays is None else {k: _numpy(v) for k, v in arrays.items()}, keep=keep)
         self.state = full
         now = time.monotonic()
         self._cost = now - t0
         self.seconds += self._cost
         self.saves += 1
         self._last = now
+
+    def rewind(self, step: int) -> None:
+        """Go back to the saved state of ``step``: the last one, or the one before it (saved
+        with ``keep_previous``). Raises ValueError if neither is that step."""
+        state = self.state
+        if state is not None and state.get("step") == step:
+            return
+        previous = None if state is None else state.get("previous")
+        if previous is None or previous.get("step") != step:
+            have = "none" if state is None else f"{state.get('step')} and {None if previous is None else previous.get('step')}"
+            raise ValueError(f"{self.area.path} holds no checkpoint of step {step} (it has {have})")
+        self.state = dict(previous, plan=state.get("plan"))
 
     def summary(self, resumed_from: int) -> dict[str, float]:
         """What a report records: where the run resumed, checkpoints saved and their seconds."""

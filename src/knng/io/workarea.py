@@ -124,9 +124,12 @@ class WorkArea:
         return _read_json(path) if path.is_file() else None
 
     # ------------------------------------------------------------------------------- saving
-    def save(self, state: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
+    def save(self, state: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
+             keep: tuple[int, ...] = ()) -> None:
         """Record a checkpoint: ``arrays`` as a new generation (if any), growing arrays flushed,
-        then ``state`` (plain JSON values) renamed in."""
+        then ``state`` (plain JSON values) renamed in. Older generations are deleted after that,
+        except those numbered in ``keep`` (a distributed rank keeps the one its previous state
+        names until every rank has saved the new step: :mod:`knng.distributed.checkpoint`)."""
         state = dict(state)
         state["saved"] = time.strftime("%Y-%m-%d %H:%M:%S")
         old = self._generations()
@@ -151,9 +154,9 @@ class WorkArea:
         _write_json(self.path / "state.json", state)
         fsync_dir(self.path)
         _crash_point("state-written")
-        keep = state.get("generation")
+        kept = {state.get("generation"), *keep}
         for number in old:
-            if number != keep:
+            if number not in kept:
                 shutil.rmtree(self.path / f"g{number}", ignore_errors=True)
 
     def load(self, state: dict[str, Any]) -> dict[str, np.ndarray]:
