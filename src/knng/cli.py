@@ -563,7 +563,11 @@ def _exact_line(report: Any) -> str:
             + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
     checkpoints = getattr(report, "checkpoints", None) or {}
     if checkpoints.get("resumed_from"):
-        unit = "blocks" if getattr(report, "blocks_skipped", None) is not None else "queries"
+        from knng.distributed.blockcyclic import DistributedGraphReport
+
+        # Steps are blocks (one-process graph), block rows (distributed graph) or query rows.
+        unit = ("blocks" if getattr(report, "blocks_skipped", None) is not None
+                else "block rows" if isinstance(report, DistributedGraphReport) else "queries")
         text += (f"\n  resumed from a checkpoint with {checkpoints['resumed_from']:,} {unit} done; "
                  f"{checkpoints['saves']} checkpoints saved since ({checkpoints['seconds']:.2f} s)")
     return text
