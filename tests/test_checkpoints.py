@@ -25,6 +25,7 @@ import knng
 from knng.io import CheckpointExistsError, CheckpointMismatchError, WorkArea
 from knng.io.workarea import CRASH_ENV
 from oracle import assert_exact_chunked
+from output_folders import saved_step, siblings, work_area
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -35,21 +36,6 @@ def _knng(*argv: str, env: dict[str, str] | None = None, wait: bool = True):
     if not wait:
         return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=300)
-
-
-def _work(out: Path) -> Path:
-    return out.with_name(f".{out.name}.knng-work")
-
-
-def _step(out: Path) -> int | None:
-    try:
-        return json.loads((_work(out) / "state.json").read_text())["step"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
-
-
-def _siblings(out: Path) -> list[str]:
-    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
 
 
 @pytest.fixture
@@ -92,13 +78,13 @@ def test_a_graph_killed_at_each_checkpoint_step_resumes_to_the_same_answer(tmp_p
     argv = ("graph", str(data), "-k", "6", "-o", str(out), "--checkpoint-interval", "0")
     crashed = _knng(*argv, env={CRASH_ENV: step})
     assert crashed.returncode == 137, crashed.stderr
-    assert not out.exists() and _work(out).is_dir()
+    assert not out.exists() and work_area(out).is_dir()
     refused = _knng(*argv)  # not asked to resume: the checkpoint is kept, the run refused
     assert refused.returncode == 2 and "--resume" in refused.stderr and "Traceback" not in refused.stderr
     done = _knng(*argv, "--resume")
     assert done.returncode == 0, done.stderr
     assert "resumed from a checkpoint" in done.stdout or step == "generation-written"
-    assert _siblings(out) == []  # the lock and the work area are gone
+    assert siblings(out) == []  # the lock and the work area are gone
     idx, dist = np.load(out / "indices.npy"), np.load(out / "distances.npy")
     ref = knng.graph(x, 6, device="cpu")
     np.testing.assert_array_equal(idx, ref.indices)
@@ -115,10 +101,10 @@ def test_kill_9_at_random_instants_then_resume_gives_the_uninterrupted_graph(tmp
     rand = random.Random(7)
     kills = 0
     for attempt in range(20):
-        before = _step(out)
+        before = saved_step(out)
         proc = _knng(*argv, *(["--resume"] if attempt else []), wait=False)
         t0 = time.monotonic()
-        while proc.poll() is None and _step(out) == before and time.monotonic() - t0 < 120:
+        while proc.poll() is None and saved_step(out) == before and time.monotonic() - t0 < 120:
             time.sleep(0.01)
         time.sleep(rand.uniform(0.0, 0.3 if attempt < 2 else 1.5))
         if proc.poll() is not None:
@@ -129,9 +115,9 @@ def test_kill_9_at_random_instants_then_resume_gives_the_uninterrupted_graph(tmp
         if (out / "indices.npy").exists():
             break  # killed after its results were committed: they are checked below
         # Never an inconsistent folder: no results yet, a readable state naming arrays that exist.
-        state = json.loads((_work(out) / "state.json").read_text())
+        state = json.loads((work_area(out) / "state.json").read_text())
         if state["step"] > 0:
-            assert WorkArea(_work(out)).load(state).keys() >= {"store_keys", "store_idx", "store_tau"}
+            assert WorkArea(work_area(out)).load(state).keys() >= {"store_keys", "store_idx", "store_tau"}
     else:
         pytest.fail("the run never finished")
     stdout, stderr = proc.communicate()
@@ -140,7 +126,7 @@ def test_kill_9_at_random_instants_then_resume_gives_the_uninterrupted_graph(tmp
     ref = knng.graph(x, 6, device="cpu")
     np.testing.assert_array_equal(np.load(out / "indices.npy"), ref.indices)
     np.testing.assert_array_equal(np.load(out / "distances.npy"), ref.distances)
-    assert proc.returncode != 0 or _siblings(out) == []
+    assert proc.returncode != 0 or siblings(out) == []
 
 
 def test_a_search_killed_part_way_resumes_from_its_finished_rows(tmp_path, points, rng):
@@ -154,7 +140,7 @@ def test_a_search_killed_part_way_resumes_from_its_finished_rows(tmp_path, point
             "--memory-budget", "16MB")
     crashed = _knng(*argv, env={CRASH_ENV: "state-written:3"})
     assert crashed.returncode == 137, crashed.stderr
-    done_rows = _step(out)
+    done_rows = saved_step(out)
     assert 0 < done_rows < len(queries)
     done = _knng(*argv, "--resume")
     assert done.returncode == 0, done.stderr
@@ -164,7 +150,7 @@ def test_a_search_killed_part_way_resumes_from_its_finished_rows(tmp_path, point
     np.testing.assert_array_equal(idx, ref.indices)
     np.testing.assert_array_equal(dist, ref.distances)
     assert_exact_chunked(queries, x, [(idx, dist)], rows=np.r_[0:60, 60:len(queries):97])
-    assert _siblings(out) == []
+    assert siblings(out) == []
 
 
 def test_a_checkpoint_of_a_different_run_is_refused(tmp_path, points):
@@ -205,7 +191,7 @@ def test_a_checkpoint_of_a_different_run_is_refused(tmp_path, points):
     proc = _knng("graph", str(data), "-k", "5", "-o", str(out), "--overwrite")
     assert proc.returncode == 0 and "discarding the checkpoint" in proc.stderr
     np.testing.assert_array_equal(np.load(out / "indices.npy"), knng.graph(changed, 5, device="cpu").indices)
-    assert _siblings(out) == []
+    assert siblings(out) == []
 
 
 def test_checkpoint_arguments_are_checked(tmp_path, points):
@@ -256,5 +242,5 @@ def test_the_free_space_check_counts_the_checkpoints(tmp_path, points):
     proc = _knng("graph", str(data), "-k", "6", "-o", str(out), env={FREE_BYTES_ENV: str(4 << 20)})
     assert proc.returncode == 2, proc.stderr
     assert "not enough free space for the results and the run's checkpoints" in proc.stderr
-    assert not out.exists() and _siblings(out) == []
+    assert not out.exists() and siblings(out) == []
     assert _knng("graph", str(data), "-k", "6", "-o", str(out), env={FREE_BYTES_ENV: str(40 << 20)}).returncode == 0

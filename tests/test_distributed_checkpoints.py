@@ -27,6 +27,7 @@ import pytest
 import knng
 from knng.io.workarea import CRASH_ENV
 from oracle import assert_exact_chunked
+from output_folders import saved_step, siblings, work_area
 
 TESTS = Path(__file__).resolve().parent
 SRC = str(TESTS.parent / "src")
@@ -46,22 +47,6 @@ def _knng(*argv: str, crash: str | None = None, wait: bool = True):
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def _work(out: Path) -> Path:
-    return out.with_name(f".{out.name}.knng-work")
-
-
-def _step(out: Path) -> int | None:
-    """The last step every rank has saved (rank 0's record in the shared area)."""
-    try:
-        return json.loads((_work(out) / "state.json").read_text())["step"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
-
-
-def _siblings(out: Path) -> list[str]:
-    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
 
 
 def _assert_whole_or_none(out: Path) -> bool:
@@ -138,7 +123,7 @@ def test_a_killed_procs_job_resumes_on_the_same_number_of_ranks_only(tmp_path, p
     crashed = _knng(*_graph_argv(data, out, "--procs", "2"), crash="state-written:6")
     assert crashed.returncode != 0, crashed.stderr
     assert not out.exists() or not _assert_whole_or_none(out)
-    work = _work(out)
+    work = work_area(out)
     assert {p.name for p in work.iterdir()} >= {"fingerprint.json", "rank-0-of-2", "rank-1-of-2"}
     assert json.loads((work / "fingerprint.json").read_text())["world"] == 2
     # Another number of ranks: refused, naming both.
@@ -154,7 +139,7 @@ def test_a_killed_procs_job_resumes_on_the_same_number_of_ranks_only(tmp_path, p
     done = _knng(*_graph_argv(data, out, "--procs", "2", "--resume"))
     assert done.returncode == 0, done.stderr
     assert re.search(r"resumed from a checkpoint with \d+ block rows done", done.stdout), done.stdout
-    assert _siblings(out) == []  # the lock and the work area are gone
+    assert siblings(out) == []  # the lock and the work area are gone
     _assert_graph(out, x)
 
 
@@ -169,7 +154,7 @@ def test_a_changed_input_is_refused_and_overwrite_discards_the_checkpoint(tmp_pa
     assert refused.returncode == 2 and "different run" in refused.stderr and "inputs" in refused.stderr, refused.stderr
     done = _knng(*_graph_argv(data, out, "--procs", "2", "--overwrite"))
     assert done.returncode == 0 and "discarding the checkpoint" in done.stderr, done.stderr
-    assert _siblings(out) == []
+    assert siblings(out) == []
     _assert_graph(out, changed)
 
 
@@ -182,10 +167,10 @@ def test_a_distributed_search_killed_while_saving_resumes(tmp_path, points, rng)
             "--checkpoint-interval", "0")
     # Every rank dies right after writing its state of the last chunk, before the commit.
     assert _knng(*argv, crash="state-written:2").returncode != 0
-    assert not out.exists() and _work(out).is_dir()
+    assert not out.exists() and work_area(out).is_dir()
     done = _knng(*argv, "--resume")
     assert done.returncode == 0, done.stderr
-    assert _siblings(out) == []
+    assert siblings(out) == []
     ref = knng.search(q, x, 5, device="cpu")
     np.testing.assert_array_equal(np.load(out / "indices.npy"), ref.indices)
     np.testing.assert_array_equal(np.load(out / "distances.npy"), ref.distances)
@@ -197,11 +182,11 @@ def test_kill_9_of_the_whole_job_at_random_instants_then_resume(tmp_path, points
     rand = random.Random(11)
     kills = 0
     for attempt in range(12):
-        before = _step(out)
+        before = saved_step(out)
         proc = _knng(*_graph_argv(data, out, "--procs", "2", *(["--resume"] if attempt else [])), wait=False)
         t0 = time.monotonic()
         # After the ranks have started (a new step saved, or results), at a random instant.
-        while proc.poll() is None and _step(out) == before and not (out / "knng.json").exists() and (
+        while proc.poll() is None and saved_step(out) == before and not (out / "knng.json").exists() and (
                 time.monotonic() - t0 < 120):
             time.sleep(0.01)
         time.sleep(rand.uniform(0.0, 0.4 if attempt < 2 else 1.2))
@@ -213,17 +198,17 @@ def test_kill_9_of_the_whole_job_at_random_instants_then_resume(tmp_path, points
         if _assert_whole_or_none(out):
             break  # killed after its results were committed
         # Never a mix: every rank holds the state of the last step that all saved.
-        step = _step(out)
+        step = saved_step(out)
         if step:
             for r in range(2):
-                state = json.loads((_work(out) / f"rank-{r}-of-2" / "state.json").read_text())
+                state = json.loads((work_area(out) / f"rank-{r}-of-2" / "state.json").read_text())
                 assert step in (state["step"], state.get("previous", {}).get("step")), (r, step, state["step"])
     else:
         pytest.fail("the job never finished")
     if proc.returncode is not None and proc.returncode >= 0:
         stdout, stderr = proc.communicate()
         assert proc.returncode == 0, stderr
-        assert _siblings(out) == []
+        assert siblings(out) == []
     assert kills >= 2, "the kills came too late to test anything"
     _assert_whole_or_none(out)
     _assert_graph(out, x)
