@@ -213,3 +213,66 @@ def test_every_registered_selection_is_exact(k, rng, seed, screen):
         res = knng.search(q, x, k, select=name)
         np.testing.assert_array_equal(res.indices, base.indices, err_msg=f"seed={seed} select={name}")
         np.testing.assert_array_equal(res.distances, base.distances, err_msg=f"seed={seed} select={name}")
+
+
+# ------------------------------------------------------------------- thresholds between tiles
+@pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 9), ("offset", 5),
+                                    ("integers", 40)])
+def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, seed, screen):
+    # After each corpus tile the store's thresholds tighten from that tile's survivors alone
+    # (CandidateStore.tighten); every τ must stay at or above the row's true k-th key, for
+    # ties, duplicated points, huge offsets and integer data, and must actually tighten.
+    from knng.engine.store import CandidateStore
+
+    x = rng.standard_normal((1500, 6))
+    q = rng.standard_normal((11, 6))
+    if data == "duplicates":
+        x[500:1000] = x[:500]
+        q[:5] = x[:5]
+    elif data == "offset":
+        x, q = x + 1e4, q + 1e4
+    elif data == "integers":
+        x, q = np.round(4 * x), np.round(4 * q)
+    oracle = oracle_search(q, x, k)
+    kth = torch.from_numpy(oracle.distances[:, -1].copy())
+    seen = {"calls": 0, "tightened": 0}
+    chunks: list = []  # (store, its first query row): chunks run in order, one store each
+    real = CandidateStore.tighten
+
+    def checked(store, rows, keys, *maxima):
+        before = store.tau.clone()
+        real(store, rows, keys, *maxima)
+        seen["calls"] += 1
+        seen["tightened"] += int((store.tau < before).sum())
+        if not chunks or chunks[-1][0] is not store:
+            chunks.append((store, chunks[-1][1] + chunks[-1][0].n if chunks else 0))
+        q0 = chunks[-1][1]
+        every = torch.arange(store.n)
+        key, slack = store.errors.exact_key(every, kth[q0:q0 + store.n].to(store.tau))
+        assert bool((store.tau >= key - slack).all()), (store.tau - key)[store.tau < key - slack]
+
+    monkeypatch.setattr(CandidateStore, "tighten", checked)
+    res = knng.search(q, x, k, memory_budget="64KB")
+    assert last_report().plan.corpus_cols < 1500
+    assert seen["calls"] > 0, seen
+    if data != "integers":  # there, the sample's thresholds already sit on the k-th value's ties
+        assert seen["tightened"] > 0, seen
+    assert_exact(res, oracle, context=f"seed={seed} {data}")
+
+
+def test_key_codes_sort_as_the_keys(rng):
+    # CandidateStore.tighten sorts (row, key) pairs as one int64: the key's code must order
+    # like the float32 key and decode to the same bits; float64 keys are rounded up.
+    from knng.engine.store import _decoded, _float32_up, _ordered_code
+
+    special = [-np.inf, -3.4e38, -1.0, -1e-40, -0.0, 0.0, 1e-45, 1e-40, 1.0, 3.4e38, np.inf]
+    x = torch.from_numpy(np.concatenate([special, rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)])
+                         .astype(np.float32))
+    codes = _ordered_code(x)
+    assert int(codes.min()) >= 0 and int(codes.max()) < 2**32
+    assert torch.equal(_decoded(codes).view(torch.int32), x.view(torch.int32))
+    assert torch.equal(x[torch.argsort(codes, stable=True)], torch.sort(x, stable=True).values)
+    wide = torch.from_numpy(rng.standard_normal(5000) * 1e3)
+    up = _float32_up(wide)
+    assert up.dtype == torch.float32 and bool((up.double() >= wide).all())
+    assert bool((torch.nextafter(up, torch.full_like(up, -np.inf)).double() < wide).all())  # the least such

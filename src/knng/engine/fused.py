@@ -23,6 +23,7 @@ kernel runs on CPU tensors (the CI tests do that; bfloat16 products are not trus
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.util
 import os
@@ -44,6 +45,11 @@ MAX_LIST = 2**31 - 2**24
 
 #: Survivor-list entries allocated per launch before the first overflow retry, per row of A.
 INITIAL_PER_ROW = 64
+
+#: Entries a list has at least on a GPU (12 bytes each: 200 MB): a list that overflows runs
+#: the whole kernel again, and a search's first tiles keep many pairs (k = 100 and 1,024 on
+#: 1M × 128, 10k queries: two relaunches a call with lists sized from the last launch).
+LIST_FLOOR = 2**24
 
 #: Tile of :func:`select_block`, measured on an H100 (2026-11-23) on a 16,384² float32 block
 #: keeping about 3,300 / 320,000 pairs, slots by per-row scans: 16 × 128, 4 warps 0.59 / 1.48 ms;
@@ -208,6 +214,8 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
 #: start a quarter larger: k = 100 graph blocks keep more than INITIAL_PER_ROW pairs per row
 #: early on, and each overflow ran the kernel twice (71 of 666 blocks of a 582k × 64 graph).
 _last_found: dict[tuple[str, torch.device], int] = {}
+#: Launches repeated because a list overflowed, per kind (a diagnostic for benchmarks).
+relaunches: collections.Counter = collections.Counter()
 
 
 def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,
@@ -221,7 +229,8 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
         return empty[0], empty[1] if symmetric else None
     if capacity_hint is None:
         capacity_hint = max(INITIAL_PER_ROW * m, _last_found.get((kind, device), 0) * 5 // 4)
-    capacity = min(max(1024, capacity_hint), MAX_LIST)
+    floor = 1024 if _interpreting() else min(m * n, LIST_FLOOR)
+    capacity = min(max(floor, capacity_hint), MAX_LIST)
     while True:
         counters = torch.zeros(2, dtype=torch.int32, device=device)
         lists = [(torch.empty(capacity, dtype=torch.int32, device=device),
@@ -235,6 +244,7 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
             raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
                                f"({MAX_LIST}); smaller blocks are needed")
         capacity = max(found)  # the same thresholds keep the same pairs: one relaunch fits them all
+        relaunches[kind] += 1
     _last_found[(kind, device)] = max(found)
     out = [Survivors(owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found)]
     return out[0], out[1] if symmetric else None

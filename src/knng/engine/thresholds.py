@@ -19,14 +19,16 @@ def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> to
     """``size`` distinct, sorted column ids: one at random in each of ``size`` equal strata.
 
     Stratified rather than a permutation of all n ids (a 1M-element ``randperm`` on the host
-    cost 17 ms a call); a fixed seed keeps runs reproducible.
+    cost 17 ms a call); a fixed seed keeps runs reproducible on one kind of device. Drawn on
+    ``device``: drawn on the host and copied, it took 1–2 ms, or 43–47 ms in one call of
+    three (H100 host, 2026-11-23).
     """
     if size >= n:
         return torch.arange(n, device=device)
-    gen = torch.Generator().manual_seed(seed)
-    starts = torch.arange(size + 1, dtype=torch.int64) * n // size
-    jitter = (torch.rand(size, generator=gen, dtype=torch.float64) * (starts[1:] - starts[:-1])).long()
-    return (starts[:-1] + jitter).to(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    starts = torch.arange(size + 1, dtype=torch.int64, device=device) * n // size
+    jitter = torch.rand(size, generator=gen, dtype=torch.float64, device=device) * (starts[1:] - starts[:-1])
+    return starts[:-1] + jitter.long()
 
 
 #: Columns per chunk of a CPU seed (see :func:`seed_candidates`).
