@@ -50,6 +50,7 @@ PLACED: dict[str, str] = {
     "arguments": "engine",   # argument checks shared by api and distributed (imports select)
     "reports": "engine",     # last-report holder and report_as_dict, shared by api and distributed
     "estimators": "api",     # scikit-learn front ends over knng.search / knng.graph
+    "manifold": "api",       # diffusion maps (DiffusionMap) over knng.graph / knng.search
     "": "api",               # the top-level package re-exports the public API (see EXEMPT)
     "cli": "cli",
     "demo": "cli",           # `knng demo`
