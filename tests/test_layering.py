@@ -54,6 +54,8 @@ PLACED: dict[str, str] = {
     "": "api",               # the top-level package re-exports the public API (see EXEMPT)
     "cli": "cli",
     "demo": "cli",           # `knng demo`
+    "demo_embed": "cli",     # `knng demo --embed`
+    "plotting": "cli",       # embedding scatter plots of `knng embed` and the demo
     "__main__": "cli",       # `python -m knng`
     # The benchmark harness behind `knng bench`, inside the package for now (a later issue
     # moves it to bench/); it sits with the command line that calls it.
