@@ -538,7 +538,8 @@ def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tens
     return theta[:k].clone(), vectors, matvecs, restart, converged
 
 
-def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int) -> EigenResult:
+def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
+                 on_restart: Callable[[int, float], None] | None) -> EigenResult:
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
     from scipy.sparse.linalg import LinearOperator
@@ -546,15 +547,19 @@ def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int) -> 
     matrix = kernel.to_scipy("conjugate")
     matvecs = [0]
 
+    basis = krylov_size(k)
+
     def product(x: np.ndarray) -> np.ndarray:
         matvecs[0] += 1
+        if on_restart is not None and matvecs[0] % basis == 0:
+            on_restart(matvecs[0] // basis, math.nan)  # ARPACK does not say its residuals
         return matrix @ x
 
     # Through an operator that counts the products (ARPACK does not say how many it ran).
     operator = LinearOperator(matrix.shape, matvec=product, dtype=np.float64)
     try:
         values, vectors = eigsh(operator, k=k, which="LA", v0=start_vector(kernel.n).numpy(), tol=tol,
-                                ncv=krylov_size(k), maxiter=max_iter)
+                                ncv=basis, maxiter=max_iter)
     except ArpackNoConvergence as exc:
         raise RuntimeError(f"the eigensolver (ARPACK) did not reach eigen_tol={tol:g} in max_iter={max_iter} "
                            f"restarts ({len(exc.eigenvalues)} of {k} eigenpairs converged): raise max_iter or "
@@ -605,6 +610,9 @@ def solve_eigenproblem(kernel: DiffusionKernel, k: int, *, solver: str = "auto",
     ``solver``: "scipy" (ARPACK ``eigsh`` on the host), "torch" (:func:`lanczos_eigsh` on the
     kernel's device) or "auto" (torch on a CUDA device, SciPy on the CPU). Sets of at most
     :func:`krylov_size` points are solved densely (NumPy or torch ``eigh``) whatever the solver.
+    ``on_restart(count, residual)`` follows the iterations: torch calls it after each restart with
+    the largest wanted Ritz residual, SciPy every ``ncv`` products with NaN (ARPACK keeps its
+    residuals to itself).
     """
     if solver not in EIGEN_SOLVERS:
         raise ValueError(f"eigen_solver must be one of {', '.join(EIGEN_SOLVERS)}, got {solver!r}")
@@ -613,7 +621,7 @@ def solve_eigenproblem(kernel: DiffusionKernel, k: int, *, solver: str = "auto",
         return _eigen_dense(kernel, k, use_torch)
     if use_torch:
         return _eigen_torch(kernel, k, tol, max_iter, on_restart)
-    return _eigen_scipy(kernel, k, tol, max_iter)
+    return _eigen_scipy(kernel, k, tol, max_iter, on_restart)
 
 
 def fix_signs(vectors: np.ndarray) -> np.ndarray:
@@ -1107,7 +1115,8 @@ class _RestartBar:
 
             self.bar = tqdm(desc="eigensolver", unit="restart", dynamic_ncols=True, leave=False)
         self.bar.update(1)
-        self.bar.set_postfix_str(f"residual {worst:.1e}")
+        if not math.isnan(worst):
+            self.bar.set_postfix_str(f"residual {worst:.1e}")
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:

@@ -71,6 +71,8 @@ def embedding_figure(embedding: np.ndarray, colour: np.ndarray, *, title: str, c
     """A figure of (ψ₁, ψ₂) — and (ψ₁, ψ₃) when there is a third coordinate — coloured by ``colour``."""
     from matplotlib.figure import Figure
 
+    if names is not None and len(names) <= 10:
+        cmap = "tab10"  # categories: distinct colours, not a ramp that suggests an order
     panels = [(0, 1)] if embedding.shape[1] < 3 else [(0, 1), (0, 2)]
     if embedding.shape[1] == 1:
         embedding = np.c_[embedding, np.zeros(len(embedding))]
