@@ -538,6 +538,12 @@ def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tens
     return theta[:k].clone(), vectors, matvecs, restart, converged
 
 
+#: Why an eigensolver runs out of restarts on a diffusion matrix, and what to do.
+_SLOW_HINT = ("Leading eigenvalues packed against 1 converge slowly; they mean a graph that is barely connected "
+              "(parts joined by a few weak edges): raise n_neighbors or epsilon, or raise max_iter (or "
+              "eigen_tol) to let the solver run longer")
+
+
 def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
                  on_restart: Callable[[int, float], None] | None) -> EigenResult:
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh
@@ -562,8 +568,7 @@ def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
                                 ncv=basis, maxiter=max_iter)
     except ArpackNoConvergence as exc:
         raise RuntimeError(f"the eigensolver (ARPACK) did not reach eigen_tol={tol:g} in max_iter={max_iter} "
-                           f"restarts ({len(exc.eigenvalues)} of {k} eigenpairs converged): raise max_iter or "
-                           "eigen_tol") from None
+                           f"restarts ({len(exc.eigenvalues)} of {k} eigenpairs converged). {_SLOW_HINT}") from None
     order = np.argsort(-values, kind="stable")
     values, vectors = values[order], vectors[:, order]
     residuals = np.linalg.norm(matrix @ vectors - vectors * values, axis=0)
@@ -582,7 +587,8 @@ def _eigen_torch(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
         on_restart=on_restart)
     if not converged:
         raise RuntimeError(f"the eigensolver (torch Lanczos) did not reach eigen_tol={tol:g} in max_iter="
-                           f"{max_iter} restarts: raise max_iter or eigen_tol")
+                           f"{max_iter} restarts (eigenvalues so far: {', '.join(f'{v:.9f}' for v in values[:4])}"
+                           f"…). {_SLOW_HINT}")
     residuals = (matrix @ vectors - vectors * values.to(vectors.device)).norm(dim=0).cpu().numpy()
     return EigenResult(values.numpy(), vectors, residuals, "torch (thick-restart Lanczos)", matvecs, restarts)
 
