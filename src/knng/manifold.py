@@ -480,10 +480,11 @@ def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tens
     if not k < m < n:
         raise ValueError(f"lanczos_eigsh needs k < ncv < n, got k={k}, ncv={m}, n={n}")
     dev = v0.device
-    basis = torch.zeros(n, m + 1, dtype=torch.float64, device=dev)
+    # One basis vector per row: each is contiguous, and the Gram–Schmidt products are plain GEMVs.
+    basis = torch.zeros(m + 1, n, dtype=torch.float64, device=dev)
     # The projected matrix is tiny (m × m): it lives on the host, where its eigh is cheapest.
     proj = torch.zeros(m, m, dtype=torch.float64)
-    basis[:, 0] = v0 / v0.norm()
+    basis[0] = v0 / v0.norm()
     kept, beta_last, matvecs = 0, 0.0, 0
     fresh = torch.Generator().manual_seed(START_SEED + 1)
     theta = ritz = torch.empty(0)
@@ -491,13 +492,13 @@ def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tens
     restart = 0
     for restart in range(1, max_restarts + 1):
         for j in range(kept, m):
-            w = matvec(basis[:, j])
+            w = matvec(basis[j])
             matvecs += 1
-            q = basis[:, : j + 1]
-            h = q.T @ w
-            w = w - q @ h
-            c = q.T @ w  # the second pass: one pass of classical Gram–Schmidt loses orthogonality
-            w = w - q @ c
+            q = basis[: j + 1]
+            h = q @ w
+            w = w - h @ q
+            c = q @ w  # the second pass: one pass of classical Gram–Schmidt loses orthogonality
+            w = w - c @ q
             h = (h + c).cpu()
             proj[: j + 1, j] = h
             proj[j, : j + 1] = h
@@ -506,11 +507,11 @@ def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tens
                 # An invariant subspace: go on from a new direction, coupled by a zero.
                 w = torch.randn(n, dtype=torch.float64, generator=fresh).to(dev)
                 for _ in range(2):
-                    w = w - q @ (q.T @ w)
+                    w = w - (q @ w) @ q
                 w, beta = w / w.norm(), 0.0
             else:
                 w = w / beta
-            basis[:, j + 1] = w
+            basis[j + 1] = w
             if j + 1 < m:
                 proj[j + 1, j] = proj[j, j + 1] = beta
             else:
@@ -527,14 +528,14 @@ def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tens
         if restart == max_restarts:
             break
         kept = k + (m - k) // 2
-        basis[:, :kept] = basis[:, :m] @ ritz[:, :kept].to(dev)
-        basis[:, kept] = basis[:, m]
+        basis[:kept] = ritz[:, :kept].T.to(dev) @ basis[:m]
+        basis[kept] = basis[m]
         arrow = beta_last * ritz[m - 1, :kept]
         proj.zero_()
         proj[range(kept), range(kept)] = theta[:kept]
         proj[kept, :kept] = arrow
         proj[:kept, kept] = arrow
-    vectors = basis[:, :m] @ ritz[:, :k].to(dev)
+    vectors = (ritz[:, :k].T.to(dev) @ basis[:m]).T.contiguous()
     return theta[:k].clone(), vectors, matvecs, restart, converged
 
 
