@@ -451,7 +451,8 @@ def test_embed_command_with_matplotlib_draws_the_plot(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize("argv, match", [
     (["--epsilon", "0"], "--epsilon"), (["--epsilon", "wide"], "--epsilon"), (["--components", "600"], "--components"),
-    (["--metric", "inner_product"], "--metric"), (["--alpha", "2"], "alpha"), (["-k", "0"], "-k"),
+    (["--metric", "inner_product"], "--metric"), (["--alpha", "2"], "--alpha"), (["--t", "-1"], "--t"),
+    (["-k", "0"], "-k"),
     (["--color-by", "5"], "--color-by"),
 ])
 def test_embed_command_bad_arguments(argv, match, tmp_path, capsys) -> None:

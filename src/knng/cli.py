@@ -1072,6 +1072,20 @@ def _epsilon_argument(text: str) -> float | str:
     return value
 
 
+def _alpha_argument(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be a number in [0, 1], got {text}")
+    return value
+
+
+def _time_argument(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"must be a number ≥ 0, got {text}")
+    return value
+
+
 def _add_embed_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", metavar="DATA", help="the points (FILE or FILE.hdf5:DATASET)")
     p.add_argument("-k", "--k", type=_argument_type(_positive_int), required=True, metavar="K",
@@ -1084,10 +1098,11 @@ def _add_embed_options(p: argparse.ArgumentParser) -> None:
                    help="kernel bandwidth in exp(−d²/ε): auto (Berry–Giannakis–Harlim), self_tuning "
                         "(exp(−d²/σᵢσⱼ), σ the distance to the --sigma-neighbor-th neighbour) or a number "
                         "(default: auto)")
-    p.add_argument("--alpha", type=float, default=1.0, metavar="A",
+    p.add_argument("--alpha", type=_argument_type(_alpha_argument), default=1.0, metavar="A",
                    help="density normalisation: 0 graph Laplacian, 0.5 Fokker–Planck, 1 Laplace–Beltrami "
                         "(default: 1)")
-    p.add_argument("--t", type=float, default=1.0, metavar="T", help="diffusion time: coordinates λᵗψ (default: 1)")
+    p.add_argument("--t", type=_argument_type(_time_argument), default=1.0, metavar="T",
+                   help="diffusion time: coordinates λᵗψ (default: 1)")
     p.add_argument("--sigma-neighbor", type=_argument_type(_positive_int), default=7, metavar="J",
                    help="with --epsilon self_tuning: σᵢ is the distance to the J-th neighbour (default: 7)")
     p.add_argument("--eigen-solver", choices=EMBED_EIGEN_SOLVERS, default="auto",
@@ -1135,6 +1150,9 @@ def _cmd_embed(args: argparse.Namespace, argv: Sequence[str]) -> int:
     data = _open(args.data)
     metric = check_metric(_metric_for(args, data))
     n = data.shape[0]
+    if args.k > n - 1:
+        raise ValueError(f"-k {args.k} must be less than the number of points ({n:,}): each point's neighbours "
+                         "are the others")
     if args.components > n - 1:
         raise ValueError(f"--components {args.components} must be less than the number of points ({n:,})")
     if args.color_by is not None and args.color_by > args.components:
