@@ -50,9 +50,12 @@ PLACED: dict[str, str] = {
     "arguments": "engine",   # argument checks shared by api and distributed (imports select)
     "reports": "engine",     # last-report holder and report_as_dict, shared by api and distributed
     "estimators": "api",     # scikit-learn front ends over knng.search / knng.graph
+    "manifold": "api",       # diffusion maps (DiffusionMap) over knng.graph / knng.search
     "": "api",               # the top-level package re-exports the public API (see EXEMPT)
     "cli": "cli",
     "demo": "cli",           # `knng demo`
+    "demo_embed": "cli",     # `knng demo --embed`
+    "plotting": "cli",       # embedding scatter plots of `knng embed` and the demo
     "__main__": "cli",       # `python -m knng`
     # The benchmark harness behind `knng bench`, inside the package for now (a later issue
     # moves it to bench/); it sits with the command line that calls it.

@@ -10,14 +10,15 @@ from typing import Any
 from knng.api import graph, search
 from knng.results import Graph, Neighbors, load_graph
 
-#: The scikit-learn estimators, imported on first use: scikit-learn takes about a second to
-#: import, which every ``knng`` command would otherwise pay without using it.
+#: The scikit-learn estimators (and DiffusionMap, from knng.manifold), imported on first use:
+#: scikit-learn takes about a second to import, which every ``knng`` command would otherwise pay
+#: without using it.
 _ESTIMATORS = ("NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer")
 
 __all__ = [
     "search", "graph", "Neighbors", "Graph", "load_graph",
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
-    "__version__",
+    "DiffusionMap", "__version__",
 ]
 from knng._version import VERSION as __version__  # noqa: E402
 
@@ -27,8 +28,12 @@ def __getattr__(name: str) -> Any:
         from knng import estimators
 
         return getattr(estimators, name)
+    if name == "DiffusionMap":
+        from knng import manifold
+
+        return manifold.DiffusionMap
     raise AttributeError(f"module 'knng' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ESTIMATORS))
+    return sorted(set(globals()) | set(_ESTIMATORS) | {"DiffusionMap"})

@@ -1,4 +1,4 @@
-"""The ``knng`` command line: ``search``, ``graph``, ``info``, ``demo`` and ``bench select``.
+"""The ``knng`` command line: ``search``, ``graph``, ``embed``, ``info``, ``demo`` and ``bench select``.
 
 Every subcommand reads vector files lazily through :mod:`knng.io`, calls the public API
 (:func:`knng.search`, :func:`knng.graph`) and writes its results atomically, only once the
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import shlex
 import sys
@@ -76,6 +77,7 @@ examples:
   knng search sift-128-euclidean.hdf5 -k 10 --check
   knng search base.fvecs queries.fvecs -k 100 -o results/
   knng graph vectors.npy -k 15 --format npz
+  knng embed images.npy -k 32 --components 10 -o embedding/   # diffusion map
   knng bench select --experiments bar --trials 20
 
 Run `knng COMMAND --help` for the options of each command.
@@ -111,6 +113,24 @@ examples:
   knng graph mnist-784-euclidean.hdf5 -k 10 --format npz -o mnist-graph/
 """
 
+_EMBED_DESCRIPTION = """\
+Embed DATA with a diffusion map (knng.DiffusionMap) on its exact k-NN graph: a kernel exp(−d²/ε)
+on the union of the k-NN relations (ε chosen by the Berry–Giannakis–Harlim criterion unless
+given), the α normalisation (1: Laplace–Beltrami, the default) and the leading non-trivial
+eigenvectors ψ of the diffusion matrix, scaled by λᵗ, as coordinates (docs/MANIFOLD.md). Results
+go to DIR/embedding.npy (float64, n × M), DIR/eigenvalues.npy (λ₁ … λ_M), DIR/knng.json (what
+was run; the report: ε, every computed eigenvalue with its residual, the spectral gap, the time
+split graph / kernel / eigensolver) and DIR/embedding.png (ψ₁ against ψ₂ and ψ₃, coloured by
+--labels or by a coordinate; needs matplotlib), committed together once all are computed.
+"""
+
+_EMBED_EXAMPLES = """\
+examples:
+  knng embed images.npy -k 32 --components 10 -o embedding/
+  knng embed vectors.fvecs -k 15 --components 3 --labels labels.txt --epsilon self_tuning
+  knng embed data.hdf5:train -k 64 --components 5 --alpha 0.5 --t 2 --device cuda
+"""
+
 _INFO_DESCRIPTION = """\
 Describe a vector file without reading its data: shape, dtype, size, format and whether it is
 memory-mapped (HDF5: every dataset and the distance attribute). Then say what knng would do
@@ -131,13 +151,16 @@ Build exact k=10 graphs of two built-in real data sets (scikit-learn's digits an
 patches of scikit-image's camera photograph), time them, verify every row (or a random sample
 of 2000 rows on large data) against a float64 oracle computed by differences, and show how many
 rows the plain float32 expansion ‖x‖²+‖y‖²−2xᵀy gets wrong on the same data. Needs no files;
-the patches need scikit-image (pip install knng[demo]).
+the patches need scikit-image (pip install knng[demo]). With --embed: the diffusion-map demo
+instead (snapshots of a rotated picture come out as a circle whose angle is the rotation, a swiss
+roll unrolls), with its checks and plots.
 """
 
 _DEMO_EXAMPLES = """\
 examples:
   knng demo --quick
   knng demo --device cuda -o /tmp/knng-demo
+  knng demo --embed
 """
 
 
@@ -285,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_distributed_options(p)
     p.set_defaults(handler=_cmd_graph)
 
+    p = add("embed", "diffusion-map embedding on the exact k-NN graph", _EMBED_DESCRIPTION, _EMBED_EXAMPLES)
+    _add_embed_options(p)
+    p.set_defaults(handler=_cmd_embed)
+
     p = add("info", "describe a vector file and how knng would process it", _INFO_DESCRIPTION,
             _INFO_EXAMPLES)
     p.add_argument("file", metavar="FILE", help="a vector file (FILE or FILE.hdf5:DATASET)")
@@ -306,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for the demo graphs (default: knng-demo)")
     p.add_argument("--device", default="auto", metavar="DEV", help="auto, cpu, cuda or cuda:N (default: auto)")
     p.add_argument("--quick", action="store_true", help="smaller image-patch set (stride 4, ~16k points)")
+    p.add_argument("--embed", action="store_true",
+                   help="the diffusion-map demo instead: rotated snapshots → circle, swiss roll unrolled")
     p.set_defaults(handler=_cmd_demo)
 
     p = sub.add_parser("bench", help="benchmarks: `knng bench select` times the k-selection algorithms",
@@ -1018,6 +1047,195 @@ def _graph_one_process(args: argparse.Namespace, argv: Sequence[str], data: _Inp
 
 
 # --------------------------------------------------------------------------------------
+# embed
+# --------------------------------------------------------------------------------------
+
+#: The files `knng embed` writes (the PNG only when matplotlib imports).
+EMBED_FILES = ("embedding.npy", "eigenvalues.npy", "knng.json", "embedding.png")
+#: knng.manifold's METRICS, EPSILON_RULES and EIGEN_SOLVERS, repeated here because importing that
+#: module imports scikit-learn (a second), which building the parser for any command must not
+#: pay; tests/test_manifold.py checks that the copies agree.
+EMBED_METRICS = ("euclidean", "sqeuclidean", "cosine", "pearson")
+EMBED_EPSILON_RULES = ("auto", "self_tuning")
+EMBED_EIGEN_SOLVERS = ("auto", "scipy", "torch")
+
+
+def _epsilon_argument(text: str) -> float | str:
+    if text in EMBED_EPSILON_RULES:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be auto, self_tuning or a number > 0, got {text!r}")
+    return value
+
+
+def _alpha_argument(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"must be a number in [0, 1], got {text}")
+    return value
+
+
+def _time_argument(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"must be a number ≥ 0, got {text}")
+    return value
+
+
+def _add_embed_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", metavar="DATA", help="the points (FILE or FILE.hdf5:DATASET)")
+    p.add_argument("-k", "--k", type=_argument_type(_positive_int), required=True, metavar="K",
+                   help="neighbours per point in the k-NN graph (required)")
+    p.add_argument("--components", type=_argument_type(_positive_int), default=2, metavar="M",
+                   help="coordinates ψ₁ … ψ_M (the trivial constant one is left out; default: 2)")
+    p.add_argument("--metric", choices=EMBED_METRICS, default=None, metavar="M",
+                   help=f"{', '.join(EMBED_METRICS)} (default: euclidean, or what an ann-benchmarks file declares)")
+    p.add_argument("--epsilon", type=_argument_type(_epsilon_argument), default="auto", metavar="EPS",
+                   help="kernel bandwidth in exp(−d²/ε): auto (Berry–Giannakis–Harlim), self_tuning "
+                        "(exp(−d²/σᵢσⱼ), σ the distance to the --sigma-neighbor-th neighbour) or a number "
+                        "(default: auto)")
+    p.add_argument("--alpha", type=_argument_type(_alpha_argument), default=1.0, metavar="A",
+                   help="density normalisation: 0 graph Laplacian, 0.5 Fokker–Planck, 1 Laplace–Beltrami "
+                        "(default: 1)")
+    p.add_argument("--t", type=_argument_type(_time_argument), default=1.0, metavar="T",
+                   help="diffusion time: coordinates λᵗψ (default: 1)")
+    p.add_argument("--sigma-neighbor", type=_argument_type(_positive_int), default=7, metavar="J",
+                   help="with --epsilon self_tuning: σᵢ is the distance to the J-th neighbour (default: 7)")
+    p.add_argument("--eigen-solver", choices=EMBED_EIGEN_SOLVERS, default="auto",
+                   help="scipy (ARPACK, host), torch (Lanczos on the device) or auto: torch on a GPU "
+                        "(default: auto)")
+    p.add_argument("--device", default="auto", metavar="DEV",
+                   help="auto (a GPU if there is one, else the CPU), cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--memory-budget", default=None, metavar="SIZE",
+                   help="memory the k-NN graph may use on the device, e.g. 4GB (default: as knng graph)")
+    p.add_argument("--labels", default=None, metavar="FILE",
+                   help="colour the plot by these labels: a .npy array or a text file with one label a line, "
+                        "one per point")
+    p.add_argument("--color-by", type=_argument_type(_positive_int), default=None, metavar="J",
+                   help="without --labels, colour the plot by coordinate ψ_J (default: ψ₃, or the last)")
+    p.add_argument("-o", "--out", default="knng-embed", metavar="DIR",
+                   help="output folder, created if missing (default: knng-embed); locked while the run lasts, "
+                        "its results switched in as one set")
+    p.add_argument("--overwrite", action="store_true", help="replace results already in DIR")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (they are shown when standard error is a terminal)")
+
+
+def _read_labels(spec: str, n: int) -> np.ndarray:
+    """One label per point from a .npy file or a text file (one a line); checked against n."""
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"--labels: no file {spec}")
+    if path.suffix == ".npy":
+        labels = np.load(path, allow_pickle=False).ravel()
+    else:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        labels = np.array([line for line in lines if line])
+        try:
+            labels = labels.astype(np.float64)
+        except ValueError:
+            pass  # category names
+    if labels.shape[0] != n:
+        raise CliError(f"--labels {spec} holds {labels.shape[0]:,} labels but DATA has {n:,} points")
+    return labels
+
+
+def _cmd_embed(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from knng.manifold import check_metric
+
+    data = _open(args.data)
+    metric = check_metric(_metric_for(args, data))
+    n = data.shape[0]
+    if args.k > n - 1:
+        raise ValueError(f"-k {args.k} must be less than the number of points ({n:,}): each point's neighbours "
+                         "are the others")
+    if args.components > n - 1:
+        raise ValueError(f"--components {args.components} must be less than the number of points ({n:,})")
+    if args.color_by is not None and args.color_by > args.components:
+        raise CliError(f"--color-by {args.color_by}: there are only {args.components} coordinates")
+    labels = _read_labels(args.labels, n) if args.labels is not None else None
+    dev, _ = _device_and_budget(args.device, args.memory_budget)
+    out = Path(args.out)
+    _refuse_existing(out, EMBED_FILES, args.overwrite)
+    expected = n * args.components * 8 + (1 << 20)
+    with _output_folder(out, args, expected, argv) as folder:
+        return _embed_one_process(args, argv, data, metric, dev, folder, labels)
+
+
+def _embed_one_process(args: argparse.Namespace, argv: Sequence[str], data: _Input, metric: str, dev: Any,
+                       folder: OutputFolder, labels: np.ndarray | None) -> int:
+    import knng
+    from knng.io import json_default
+    from knng.manifold import DiffusionMap
+
+    t0 = time.perf_counter()
+    # The graph streams DATA from its file; the diffusion map then needs only the graph.
+    graph = knng.graph(data.array, args.k, metric=metric, device=args.device, memory_budget=args.memory_budget,
+                       progress=_progress(args))
+    graph_s = time.perf_counter() - t0
+    graph_report = knng.api.last_report()
+    dm = DiffusionMap(n_components=args.components, n_neighbors=args.k, metric=metric, epsilon=args.epsilon,
+                      alpha=args.alpha, t=args.t, sigma_neighbor=args.sigma_neighbor, eigen_solver=args.eigen_solver,
+                      device=args.device, progress=_progress(args)).fit(graph)
+    report = dm.report_
+    report.seconds["graph"] = graph_s
+    n = graph.n_points
+    meta = _metadata("embed", argv, {"data": data}, k=args.k, components=args.components, metric=metric,
+                     device=str(dev), timings_s=dict(report.seconds), diffusion=report.as_dict(),
+                     graph_report=_report_dict(graph_report))
+    staging = folder.staging
+    np.save(staging / "embedding.npy", dm.embedding_)
+    np.save(staging / "eigenvalues.npy", dm.eigenvalues_)
+    plot_note = _embed_plot(staging / "embedding.png", dm, labels, args)
+    meta["plot"] = plot_note or "embedding.png"
+    (staging / "knng.json").write_text(json.dumps(meta, indent=2, sort_keys=True, default=json_default) + "\n",
+                                       encoding="utf-8")
+    out = folder.commit()
+
+    _say(f"knng embed: {n:,} points, d={data.shape[1]}, k={args.k}, metric {metric}: diffusion map, "
+         f"{args.components} coordinates")
+    eps = "self-tuning σᵢσⱼ" if report.epsilon is None else f"ε = {report.epsilon:.4g} ({report.epsilon_rule})"
+    _say(f"  kernel: {eps}, α = {report.alpha:g}, t = {report.t:g}; {report.kernel_entries:,} entries, one "
+         "connected component")
+    values = ", ".join(f"{v:.6f}" for v in report.eigenvalues[1:args.components + 1])
+    _say(f"  eigenvalues λ₁…λ_{args.components}: {values}; spectral gap 1 − λ₁ = {report.spectral_gap:.3g}"
+         + (f", gap after λ_{args.components}: {report.eigengap:.3g}" if report.eigengap is not None else ""))
+    _say(f"  solver {report.solver}: largest residual {max(report.residuals):.1e}, trivial pair off by "
+         f"{report.trivial_eigenvalue_error:.1e}")
+    sec = report.seconds
+    _say(f"  device {_device_text(dev)}: graph {sec['graph']:.2f} s, kernel {sec['kernel']:.2f} s, eigensolver "
+         f"{sec['eigensolver']:.2f} s")
+    written = ["embedding.npy", "eigenvalues.npy", "knng.json"] + ([] if plot_note else ["embedding.png"])
+    _say(f"  wrote {out / written[0]}, {', '.join(written[1:])}" + (f" (no plot: {plot_note})" if plot_note else ""))
+    return 0
+
+
+def _embed_plot(path: Path, dm: Any, labels: np.ndarray | None, args: argparse.Namespace) -> str | None:
+    """Draw the embedding's plot at ``path``; returns why there is none, or None."""
+    from knng.plotting import colour_values, embedding_figure, matplotlib_missing
+
+    missing = matplotlib_missing()
+    if missing is not None:
+        return missing
+    names = None
+    if labels is not None:
+        colour, names = colour_values(labels)
+        label = f"labels ({Path(args.labels).name})"
+    else:
+        j = args.color_by or min(3, dm.embedding_.shape[1])
+        colour, label = dm.embedding_[:, j - 1], f"ψ{j}"
+    title = (f"knng embed {Path(args.data).name}: diffusion map, k = {args.k}, α = {args.alpha:g}, "
+             f"t = {args.t:g}")
+    fig = embedding_figure(dm.embedding_, colour, title=title, colour_label=label, names=names)
+    fig.savefig(path, format="png", dpi=110)  # in the staging folder: the commit makes it atomic
+    return None
+
+
+# --------------------------------------------------------------------------------------
 # info
 # --------------------------------------------------------------------------------------
 
@@ -1171,9 +1389,13 @@ def _cmd_info(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    _device_and_budget(args.device, None)  # a bad --device fails here, before any work
+    if args.embed:
+        from knng.demo_embed import run_embed_demo
+
+        return 0 if run_embed_demo(out_dir=args.out, device=args.device)["passed"] else 1
     from knng.demo import run_demo
 
-    _device_and_budget(args.device, None)  # a bad --device fails here, before any work
     run_demo(out_dir=args.out, device=args.device, quick=args.quick)
     return 0
 

@@ -48,8 +48,9 @@ from typing import Any
 
 __all__ = ["OutputFolder", "OutputFolderError", "RESULT_NAMES", "fsync_dir", "fsync_file"]
 
-#: The files a knng run writes into its output folder (any format).
-RESULT_NAMES = frozenset({"indices.npy", "distances.npy", "knng.json", "graph.npz"})
+#: The files a knng run writes into its output folder (any format; ``knng embed`` writes the last three).
+RESULT_NAMES = frozenset({"indices.npy", "distances.npy", "knng.json", "graph.npz", "embedding.npy",
+                          "eigenvalues.npy", "embedding.png"})
 #: Free space kept beyond the expected bytes (file-system metadata, the JSON).
 SPACE_MARGIN = 1 << 20
 #: Test hook: a commit step at which the process kills itself (``os._exit``), as a crash would.

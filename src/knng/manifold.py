@@ -1,0 +1,1130 @@
+"""Diffusion maps on the exact k-NN graph: :class:`DiffusionMap`.
+
+The application the GPU-cluster k-NN graph papers were built for: an affinity kernel from the
+exponential of the k-NN distances, the α ("Laplace–Beltrami") normalisation, the diffusion
+(Markov) matrix and its leading eigenvectors as coordinates. ``docs/MANIFOLD.md`` has the maths,
+the choices below and where they depart from the papers. In short:
+
+- **kernel** on the union of the k-NN relations plus the diagonal:
+  ``K_ij = exp(-s_ij / ε)`` (or ``exp(-s_ij / (σ_i σ_j))``, self-tuning) when ``j`` is among the
+  ``n_neighbors`` nearest of ``i`` or ``i`` among those of ``j``, ``K_ii = 1``; ``s`` is the
+  squared distance (``2 d`` for cosine and Pearson: the squared chord of the unit vectors);
+- **ε "auto"**: the Berry–Giannakis–Harlim / Coifman criterion, the ε that maximises the slope
+  ``d log S / d log ε`` of ``S(ε) = Σ_ij K_ε(i, j)``;
+- **α**: ``K⁽ᵅ⁾ = K / (q_i q_j)^α`` with ``q = K 1``; ``P = D⁻¹ K⁽ᵅ⁾`` with ``D = diag(K⁽ᵅ⁾ 1)``;
+  α = 1 (Laplace–Beltrami, the papers' choice) by default;
+- **eigenproblem** on the symmetric conjugate ``A = D^(-1/2) K⁽ᵅ⁾ D^(-1/2)`` (same eigenvalues as
+  ``P``; ``ψ = D^(-1/2) v`` normalised so that ``ψ₀ ≡ 1`` and ``Σ_i π_i ψ_k(i)² = 1``): SciPy's
+  ``eigsh`` (ARPACK) on the CPU, a thick-restart Lanczos with full reorthogonalisation in torch on
+  a GPU (:func:`lanczos_eigsh`, also runnable on CPU tensors), dense ``eigh`` for tiny sets; true
+  residuals ``‖A v − λ v‖`` are checked and reported;
+- the trivial pair (λ₀ = 1, ψ₀ constant) is computed, checked, reported and left out of the
+  embedding; each eigenvector's entry of largest magnitude is made positive;
+- a disconnected kernel graph is refused with a message naming ``n_neighbors``;
+- ``transform`` is the Nyström extension ``ψ_k(x) = λ_k⁻¹ Σ_j p(x, j) ψ_k(j)``, the new points'
+  kernel rows found with :func:`knng.search`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from knng.api import graph as knng_graph
+from knng.api import search as knng_search
+from knng.engine.common import resolve_device
+from knng.results import Graph
+
+__all__ = [
+    "DiffusionMap", "DiffusionKernel", "DiffusionReport", "EigenResult", "diffusion_kernel", "auto_epsilon",
+    "lanczos_eigsh", "solve_eigenproblem", "METRICS", "EPSILON_RULES", "EIGEN_SOLVERS",
+]
+
+#: Metrics whose values are distances (``inner_product`` is not: it can be negative).
+METRICS = ("euclidean", "sqeuclidean", "cosine", "pearson")
+#: The named bandwidth rules ``epsilon`` accepts besides a positive number.
+EPSILON_RULES = ("auto", "self_tuning")
+#: ``eigen_solver`` names: "auto" is "torch" on a CUDA device, "scipy" on the CPU.
+EIGEN_SOLVERS = ("auto", "scipy", "torch")
+#: Grid step of the "auto" ε search, in octaves (a factor 2^(1/4) between candidates).
+EPSILON_GRID_STEP = 0.25
+#: Entries of the kernel the "auto" ε sums over at most (an even stride through them beyond):
+#: S(ε) is a sum, a regular sample of 2M terms estimates its log-slope to far better than the
+#: grid's resolution, and bounds the cost at 1M × k = 32 points to a fraction of the kernel's.
+EPSILON_MAX_TERMS = 1 << 21
+#: Default eigen_tol: the largest residual ‖A v − λ v‖ accepted (‖A‖ ≤ 1, so it is relative).
+#: Eigenvectors are then accurate to about eigen_tol / (the gap to the rest of the spectrum).
+DEFAULT_EIGEN_TOL = 1e-10
+#: Default restarts of the Krylov subspace (ARPACK's ``maxiter`` counts the same thing).
+DEFAULT_MAX_ITER = 1000
+#: Seed of the start vector of both iterative eigensolvers: results do not depend on it beyond
+#: eigen_tol, but a fixed one makes every run bit-reproducible on a device.
+START_SEED = 0
+
+
+# --------------------------------------------------------------------------------------------
+# Argument checks (each names its argument)
+# --------------------------------------------------------------------------------------------
+
+
+def _check_int(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _check_real(value: Any, name: str, *, lower: float, lower_open: bool, upper: float | None = None) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    bad = not math.isfinite(value) or value < lower or (lower_open and value == lower) or (
+        upper is not None and value > upper)
+    if bad:
+        where = f"{'>' if lower_open else '≥'} {lower:g}" + (f" and ≤ {upper:g}" if upper is not None else "")
+        raise ValueError(f"{name} must be a finite number {where}, got {value!r}")
+    return value
+
+
+def check_epsilon(epsilon: Any) -> float | str:
+    """``epsilon`` as given: one of :data:`EPSILON_RULES`, or a finite number > 0."""
+    if isinstance(epsilon, str):
+        if epsilon not in EPSILON_RULES:
+            raise ValueError(f"epsilon must be 'auto', 'self_tuning' or a number > 0, got {epsilon!r}")
+        return epsilon
+    return _check_real(epsilon, "epsilon", lower=0.0, lower_open=True)
+
+
+def check_metric(metric: Any) -> str:
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)} for a diffusion map (a kernel of "
+                         f"distances), got {metric!r}")
+    return str(metric)
+
+
+# --------------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------------
+
+
+def squared_distances(distances: torch.Tensor, metric: str) -> torch.Tensor:
+    """The squared distance the Gaussian kernel takes, float64, from k-NN distances.
+
+    Euclidean: d². sqeuclidean: d itself. Cosine and Pearson: 2 d, the squared chord between the
+    (centred) unit vectors, ‖x̂ − ŷ‖² = 2 (1 − cos), so that the kernel stays Gaussian in a
+    Euclidean distance rather than in its square.
+    """
+    d = distances.to(torch.float64)
+    if metric == "euclidean":
+        return d * d
+    if metric == "sqeuclidean":
+        return d.clamp_min(0.0)
+    return 2.0 * d.clamp_min(0.0)  # rounding can leave -0.0 or a tiny negative for equal vectors
+
+
+def union_edges(indices: torch.Tensor, sq: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The symmetric kernel pattern: ``{i, j}`` when either is a k-NN of the other, plus ``(i, i)``.
+
+    Returns ``(rows, cols, sq)`` sorted by row then column, one entry per edge and direction;
+    where both directions were found, the smaller squared distance is kept (both are the same
+    exact float64 distance rounded to float32, so they agree; the rule only makes the choice
+    independent of order).
+    """
+    dev = indices.device
+    k = indices.shape[1]
+    src = torch.arange(n, device=dev).repeat_interleave(k)
+    dst = indices.reshape(-1).to(torch.int64)
+    s = sq.reshape(-1)
+    diag = torch.arange(n, device=dev)
+    rows = torch.cat([src, dst, diag])
+    cols = torch.cat([dst, src, diag])
+    values = torch.cat([s, s, torch.zeros(n, dtype=s.dtype, device=dev)])
+    keys = rows * n + cols
+    # Smallest value per key: a stable sort by value, then a stable sort by key, keeps each key's
+    # smallest value first.
+    order = torch.argsort(values, stable=True)
+    keys, values = keys[order], values[order]
+    order = torch.argsort(keys, stable=True)
+    keys, values = keys[order], values[order]
+    first = torch.ones(keys.numel(), dtype=torch.bool, device=dev)
+    first[1:] = keys[1:] != keys[:-1]
+    keys, values = keys[first], values[first]
+    return keys // n, keys % n, values
+
+
+def auto_epsilon(sq: torch.Tensor, n: int, *, step: float = EPSILON_GRID_STEP,
+                 max_terms: int = EPSILON_MAX_TERMS) -> tuple[float, float]:
+    """The bandwidth ε that maximises ``d log S / d log ε`` (Berry, Giannakis & Harlim 2015).
+
+    ``S(ε) = Σ_ij exp(−s_ij / ε)`` over the kernel's entries: ``n`` diagonal ones plus the
+    off-diagonal squared distances ``sq``. On the scales where the kernel resolves the manifold,
+    S grows like ε^(m/2) for an m-dimensional manifold; far below, only the diagonal is left, far
+    above, every entry is 1: the slope falls to 0 at both ends and its maximum picks the scale.
+
+    Parameters
+    ----------
+    sq : torch.Tensor
+        Squared distances of the off-diagonal kernel entries (each edge in both directions).
+    n : int
+        Number of points (the diagonal's contribution).
+    step : float
+        Grid step in octaves; the maximum is refined by a parabola through its neighbours.
+    max_terms : int
+        Positive entries summed at most (an even stride through them beyond, scaled up).
+
+    Returns
+    -------
+    (epsilon, dimension) : tuple of float
+        The chosen ε and twice the maximum slope, the criterion's estimate of the manifold's
+        dimension. ε is 1.0 (and the dimension 0) when every distance is zero.
+    """
+    positive = sq[sq > 0]
+    constant = float(n + (sq.numel() - positive.numel()))  # the diagonal and zero distances: always 1
+    if positive.numel() == 0:
+        return 1.0, 0.0
+    scale = 1.0
+    if positive.numel() > max_terms:
+        stride = -(-positive.numel() // max_terms)
+        scale = positive.numel() / positive[::stride].numel()
+        positive = positive[::stride]
+    lo = math.floor(math.log2(float(positive.min())) / step) * step - 2.0
+    hi = math.ceil(math.log2(float(positive.max())) / step) * step + 2.0
+    grid = torch.arange(lo, hi + step / 2, step, dtype=torch.float64)
+    sums = torch.stack([torch.exp(-positive / 2.0 ** float(g)).sum() for g in grid]).cpu()
+    log_s = torch.log(constant + scale * sums)
+    slope = torch.diff(log_s) / (step * math.log(2.0))  # d log S / d log ε at the midpoints
+    i = int(torch.argmax(slope))
+    where = float(grid[i]) + step / 2
+    if 0 < i < slope.numel() - 1:  # parabola through the maximum and its neighbours
+        a, b, c = (float(v) for v in slope[i - 1:i + 2])
+        curvature = a - 2 * b + c
+        if curvature < 0:
+            where += step * 0.5 * (a - c) / curvature
+    return float(2.0 ** where), 2.0 * float(slope[i])
+
+
+def self_tuning_sigma(sq_graph: torch.Tensor, neighbor: int) -> torch.Tensor:
+    """σ_i: the distance from each point to its ``neighbor``-th nearest other point.
+
+    Zero distances (a point with that many duplicates) get the smallest positive σ, so that
+    ``exp(−s/(σ_i σ_j))`` stays defined; if every σ is zero the data are one point repeated.
+    """
+    sigma = sq_graph[:, neighbor - 1].sqrt()
+    positive = sigma[sigma > 0]
+    if positive.numel() == 0:
+        raise ValueError(f"epsilon='self_tuning': every point's {neighbor}-th neighbour is at distance 0 "
+                         "(sigma_neighbor); the points coincide, there is nothing to embed")
+    return torch.where(sigma > 0, sigma, positive.min())
+
+
+def _csr(rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, n: int) -> torch.Tensor:
+    """A torch CSR matrix from (row-sorted) COO entries, without the beta-state warnings."""
+    crow = torch.zeros(n + 1, dtype=torch.int64, device=rows.device)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "Sparse CSR tensor support is in beta state"
+        return torch.sparse_csr_tensor(crow, cols, values, size=(n, n), check_invariants=False)
+
+
+def _row_sums(matrix: torch.Tensor) -> torch.Tensor:
+    # A sparse product rather than index_add_: index_add_ uses atomics on a GPU, whose order
+    # (and so the rounding of each sum) changes from run to run; the CSR product does not.
+    ones = torch.ones(matrix.shape[1], 1, dtype=matrix.dtype, device=matrix.device)
+    return (matrix @ ones).reshape(-1)
+
+
+@dataclass(frozen=True, eq=False)
+class DiffusionKernel:
+    """The diffusion kernel of a k-NN graph and its α-normalised symmetric conjugate.
+
+    All tensors live on one device; entries are row-sorted COO (``rows``, ``cols``), the kernel's
+    pattern being symmetric. ``kernel`` is K, ``conjugate`` is A = D^(-1/2) K⁽ᵅ⁾ D^(-1/2);
+    ``density`` is q = K 1 and ``degree`` is D's diagonal, K⁽ᵅ⁾ 1.
+    """
+
+    n: int
+    rows: torch.Tensor
+    cols: torch.Tensor
+    kernel: torch.Tensor
+    conjugate: torch.Tensor
+    density: torch.Tensor
+    degree: torch.Tensor
+    alpha: float
+    epsilon: float | None
+    sigma: torch.Tensor | None
+    #: 2 × the maximal log-log slope when ε was chosen automatically, else None.
+    dimension_estimate: float | None
+    #: Off-diagonal entries that underflowed to 0 and were dropped.
+    dropped: int
+
+    @property
+    def nnz(self) -> int:
+        return int(self.rows.numel())
+
+    @property
+    def stationary(self) -> torch.Tensor:
+        """π = d / Σ d, the stationary distribution of the diffusion P = D⁻¹ K⁽ᵅ⁾."""
+        return self.degree / self.degree.sum()
+
+    def conjugate_csr(self) -> torch.Tensor:
+        """A as a torch sparse CSR matrix on the kernel's device."""
+        return _csr(self.rows, self.cols, self.conjugate, self.n)
+
+    def to_scipy(self, which: str = "conjugate") -> Any:
+        """``"kernel"`` (K), ``"conjugate"`` (A) or ``"transition"`` (P) as a SciPy CSR matrix."""
+        import scipy.sparse
+
+        rows, cols = self.rows.cpu().numpy(), self.cols.cpu().numpy()
+        if which == "kernel":
+            values = self.kernel
+        elif which == "conjugate":
+            values = self.conjugate
+        elif which == "transition":  # P_ij = A_ij sqrt(d_j / d_i)
+            values = self.conjugate * (self.degree[self.cols] / self.degree[self.rows]).sqrt()
+        else:
+            raise ValueError(f"which must be 'kernel', 'conjugate' or 'transition', got {which!r}")
+        indptr = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=self.n), out=indptr[1:])
+        return scipy.sparse.csr_matrix((values.cpu().numpy(), cols, indptr), shape=(self.n, self.n))
+
+
+def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: float | str = "auto",
+                     alpha: float = 1.0, sigma_neighbor: int = 7,
+                     device: str | torch.device = "cpu") -> DiffusionKernel:
+    """The diffusion kernel of a k-NN graph (see the module docstring and ``docs/MANIFOLD.md``).
+
+    Parameters
+    ----------
+    graph : knng.Graph
+        A k-NN graph without self edges (``include_self=False``), in any metric of :data:`METRICS`.
+    n_neighbors : int, optional
+        Use the first ``n_neighbors`` columns (the n_neighbors-NN graph); default all ``graph.k``.
+    epsilon : "auto", "self_tuning" or float
+        The bandwidth: the Berry–Giannakis–Harlim choice, per-point σ_i σ_j, or this number.
+    alpha : float in [0, 1]
+        0: graph Laplacian; ½: Fokker–Planck; 1: Laplace–Beltrami.
+    sigma_neighbor : int
+        With ``epsilon="self_tuning"``: σ_i is the distance to the ``sigma_neighbor``-th neighbour
+        (at most ``n_neighbors``).
+    device : str or torch.device
+        Where to build it.
+
+    Returns
+    -------
+    DiffusionKernel
+    """
+    indices, distances, n, k = _graph_arrays(graph, n_neighbors, device)
+    sq_graph = squared_distances(distances, graph.metric)
+    rows, cols, sq = union_edges(indices, sq_graph, n)
+    sigma = dimension = None
+    eps: float | None = None
+    if epsilon == "self_tuning":
+        sigma = self_tuning_sigma(sq_graph, min(sigma_neighbor, k))
+        kernel = torch.exp(-sq / (sigma[rows] * sigma[cols]))
+    else:
+        if epsilon == "auto":
+            eps, dimension = auto_epsilon(sq[rows != cols], n)
+        else:
+            eps = float(epsilon)
+        kernel = torch.exp(-sq / eps)
+    keep = kernel > 0  # underflowed entries add nothing; the diagonal (1) always stays
+    dropped = int((~keep).sum())
+    if dropped:
+        rows, cols, kernel = rows[keep], cols[keep], kernel[keep]
+    density = _row_sums(_csr(rows, cols, kernel, n))
+    weighted = kernel if alpha == 0 else kernel / (density[rows] * density[cols]) ** alpha
+    degree = _row_sums(_csr(rows, cols, weighted, n))
+    conjugate = weighted / (degree[rows] * degree[cols]).sqrt()
+    return DiffusionKernel(n=n, rows=rows, cols=cols, kernel=kernel, conjugate=conjugate, density=density,
+                           degree=degree, alpha=float(alpha), epsilon=eps, sigma=sigma,
+                           dimension_estimate=dimension, dropped=dropped)
+
+
+def _graph_arrays(graph: Graph, n_neighbors: int | None,
+                  device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """The graph's first ``n_neighbors`` columns as torch tensors on ``device``."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a knng.Graph, got {type(graph).__name__}")
+    if graph.include_self:
+        raise ValueError("graph must exclude each point itself (knng.graph(..., include_self=False)): the "
+                         "kernel adds the diagonal on its own")
+    check_metric(graph.metric)
+    k = graph.k if n_neighbors is None else n_neighbors
+    if k > graph.k:
+        raise ValueError(f"n_neighbors={k} is more than the graph's k={graph.k}: build the graph with "
+                         f"k ≥ n_neighbors or lower n_neighbors")
+    if graph.n_points < 2 or k < 1:
+        raise ValueError(f"a diffusion map needs at least 2 points and 1 neighbour, got a graph of "
+                         f"{graph.n_points} points with k={graph.k}")
+    indices = torch.as_tensor(graph.indices)[:, :k].to(device=device, dtype=torch.int64)
+    distances = torch.as_tensor(graph.distances)[:, :k].to(device=device)
+    n = graph.n_points
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= n):
+        raise ValueError(f"graph indices must lie in [0, {n}), got values in [{int(indices.min())}, "
+                         f"{int(indices.max())}]")
+    if not bool(torch.isfinite(distances).all()):
+        raise ValueError("graph distances contain NaN or infinity")
+    return indices.contiguous(), distances.contiguous(), n, k
+
+
+def connected_components(kernel: DiffusionKernel) -> tuple[int, np.ndarray]:
+    """Number of connected components of the kernel's graph and each point's label (SciPy, host)."""
+    import scipy.sparse
+    from scipy.sparse.csgraph import connected_components as components
+
+    n = kernel.n
+    # int32 indices halve the copy to the host; the pattern is symmetric, so "weak" = "strong".
+    cols = kernel.cols.to(torch.int32).cpu().numpy()
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(kernel.rows.cpu().numpy(), minlength=n), out=indptr[1:])
+    pattern = scipy.sparse.csr_matrix((np.ones(cols.size, dtype=np.int8), cols, indptr), shape=(n, n))
+    count, labels = components(pattern, directed=False)
+    return int(count), labels
+
+
+def _disconnected_message(count: int, labels: np.ndarray, n_neighbors: int, kernel: DiffusionKernel) -> str:
+    sizes = np.sort(np.bincount(labels))[::-1]
+    shown = ", ".join(f"{s:,}" for s in sizes[:5]) + (", …" if count > 5 else "")
+    text = (f"the k-NN graph with n_neighbors={n_neighbors} falls into {count:,} connected components "
+            f"(sizes {shown}): a diffusion map needs one connected graph. Raise n_neighbors (try "
+            f"{2 * n_neighbors}) until the components join, or embed each component on its own")
+    if kernel.dropped:
+        text += (f"; {kernel.dropped:,} kernel entries underflowed to 0 with epsilon={kernel.epsilon:g}: a larger "
+                 "epsilon (or 'auto') keeps them")
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# The eigenproblem
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EigenResult:
+    """Leading eigenpairs of the symmetric conjugate, largest first."""
+
+    values: np.ndarray
+    #: (n, k) eigenvectors, orthonormal, on the solver's device (torch) or host (NumPy).
+    vectors: Any
+    residuals: np.ndarray
+    solver: str
+    #: Products with the sparse matrix (1 for a dense solve).
+    matvecs: int = 1
+    #: Restarts of the Krylov basis (torch Lanczos only; 0 otherwise).
+    restarts: int = 0
+
+
+def start_vector(n: int) -> torch.Tensor:
+    """The iterative solvers' start vector: seeded normal values, the same on every device.
+
+    Random rather than ones: on symmetric data the odd eigenvectors (sin θ on a circle) can be
+    orthogonal to a constant start, and a Krylov method never finds what its start lacks.
+    """
+    gen = torch.Generator().manual_seed(START_SEED)
+    return torch.randn(n, dtype=torch.float64, generator=gen)
+
+
+def krylov_size(n_eigen: int) -> int:
+    """Size of the Krylov basis (ARPACK's ``ncv``) for ``n_eigen`` eigenpairs."""
+    return max(2 * n_eigen + 1, n_eigen + 32)
+
+
+def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, k: int, *,
+                  ncv: int | None = None, tol: float = DEFAULT_EIGEN_TOL, max_restarts: int = DEFAULT_MAX_ITER,
+                  on_restart: Callable[[int, float], None] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, int, int, bool]:
+    """The ``k`` largest (algebraic) eigenpairs of a symmetric operator, in torch, on any device.
+
+    Thick-restart Lanczos (Wu & Simon 2000; the symmetric Krylov–Schur method of Stewart 2001)
+    with full reorthogonalisation (classical Gram–Schmidt, twice): a basis of ``ncv`` vectors is
+    built, the Ritz pairs of the projected matrix computed, and the basis restarted from the
+    ``k + (ncv − k) // 2`` best Ritz vectors plus the residual direction, until the ``k`` wanted
+    Ritz residual estimates ``|β s_last|`` are at most ``tol``. Full reorthogonalisation costs
+    O(n · ncv) per step, small next to a sparse product with k-NN rows, and keeps the basis
+    orthonormal to rounding, so there are no spurious copies of converged eigenvalues.
+
+    Parameters
+    ----------
+    matvec : callable
+        ``x ↦ A x`` for float64 vectors of length n on ``v0``'s device; A must be symmetric.
+    v0 : torch.Tensor
+        Start vector (float64, length n, on the device to compute on).
+    k : int
+        Eigenpairs wanted, ``k < ncv < n``.
+    ncv : int, optional
+        Basis size (default :func:`krylov_size`).
+    tol : float
+        Absolute residual bound (relative when ‖A‖ ≤ 1, as for a diffusion conjugate).
+    max_restarts : int
+        Restarts before giving up.
+    on_restart : callable, optional
+        Called with (restart number, largest wanted residual estimate) after each restart.
+
+    Returns
+    -------
+    (values, vectors, matvecs, restarts, converged)
+        ``values`` (k,) descending on the host, ``vectors`` (n, k) on the device.
+    """
+    n = v0.numel()
+    m = ncv or krylov_size(k)
+    if not k < m < n:
+        raise ValueError(f"lanczos_eigsh needs k < ncv < n, got k={k}, ncv={m}, n={n}")
+    dev = v0.device
+    # One basis vector per row: each is contiguous, and the Gram–Schmidt products are plain GEMVs.
+    basis = torch.zeros(m + 1, n, dtype=torch.float64, device=dev)
+    # The projected matrix is tiny (m × m): it lives on the host, where its eigh is cheapest.
+    proj = torch.zeros(m, m, dtype=torch.float64)
+    basis[0] = v0 / v0.norm()
+    kept, beta_last, matvecs = 0, 0.0, 0
+    fresh = torch.Generator().manual_seed(START_SEED + 1)
+    theta = ritz = torch.empty(0)
+    converged = False
+    restart = 0
+    for restart in range(1, max_restarts + 1):
+        for j in range(kept, m):
+            w = matvec(basis[j])
+            matvecs += 1
+            q = basis[: j + 1]
+            h = q @ w
+            w = w - h @ q
+            c = q @ w  # the second pass: one pass of classical Gram–Schmidt loses orthogonality
+            w = w - c @ q
+            h = (h + c).cpu()
+            proj[: j + 1, j] = h
+            proj[j, : j + 1] = h
+            beta = float(w.norm())
+            if beta <= 1e-13 * max(float(h.abs().max()), 1.0):
+                # An invariant subspace: go on from a new direction, coupled by a zero.
+                w = torch.randn(n, dtype=torch.float64, generator=fresh).to(dev)
+                for _ in range(2):
+                    w = w - (q @ w) @ q
+                w, beta = w / w.norm(), 0.0
+            else:
+                w = w / beta
+            basis[j + 1] = w
+            if j + 1 < m:
+                proj[j + 1, j] = proj[j, j + 1] = beta
+            else:
+                beta_last = beta
+        theta, ritz = torch.linalg.eigh(proj)
+        theta, ritz = theta.flip(0), ritz.flip(1)
+        estimates = (beta_last * ritz[m - 1, :]).abs()
+        worst = float(estimates[:k].max())
+        if on_restart is not None:
+            on_restart(restart, worst)
+        if worst <= tol:
+            converged = True
+            break
+        if restart == max_restarts:
+            break
+        kept = k + (m - k) // 2
+        basis[:kept] = ritz[:, :kept].T.to(dev) @ basis[:m]
+        basis[kept] = basis[m]
+        arrow = beta_last * ritz[m - 1, :kept]
+        proj.zero_()
+        proj[range(kept), range(kept)] = theta[:kept]
+        proj[kept, :kept] = arrow
+        proj[:kept, kept] = arrow
+    vectors = (ritz[:, :k].T.to(dev) @ basis[:m]).T.contiguous()
+    return theta[:k].clone(), vectors, matvecs, restart, converged
+
+
+#: Why an eigensolver runs out of restarts on a diffusion matrix, and what to do.
+_SLOW_HINT = ("Leading eigenvalues packed against 1 converge slowly; they mean a graph that is barely connected "
+              "(parts joined by a few weak edges): raise n_neighbors or epsilon, or raise max_iter (or "
+              "eigen_tol) to let the solver run longer")
+
+
+def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
+                 on_restart: Callable[[int, float], None] | None) -> EigenResult:
+    from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+
+    from scipy.sparse.linalg import LinearOperator
+
+    matrix = kernel.to_scipy("conjugate")
+    matvecs = [0]
+
+    basis = krylov_size(k)
+
+    def product(x: np.ndarray) -> np.ndarray:
+        matvecs[0] += 1
+        if on_restart is not None and matvecs[0] % basis == 0:
+            on_restart(matvecs[0] // basis, math.nan)  # ARPACK does not say its residuals
+        return matrix @ x
+
+    # Through an operator that counts the products (ARPACK does not say how many it ran).
+    operator = LinearOperator(matrix.shape, matvec=product, dtype=np.float64)
+    try:
+        values, vectors = eigsh(operator, k=k, which="LA", v0=start_vector(kernel.n).numpy(), tol=tol,
+                                ncv=basis, maxiter=max_iter)
+    except ArpackNoConvergence as exc:
+        raise RuntimeError(f"the eigensolver (ARPACK) did not reach eigen_tol={tol:g} in max_iter={max_iter} "
+                           f"restarts ({len(exc.eigenvalues)} of {k} eigenpairs converged). {_SLOW_HINT}") from None
+    order = np.argsort(-values, kind="stable")
+    values, vectors = values[order], vectors[:, order]
+    residuals = np.linalg.norm(matrix @ vectors - vectors * values, axis=0)
+    return EigenResult(values, vectors, residuals, "scipy (ARPACK eigsh)", matvecs[0])
+
+
+def _eigen_torch(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
+                 on_restart: Callable[[int, float], None] | None) -> EigenResult:
+    matrix = kernel.conjugate_csr()
+
+    def matvec(x: torch.Tensor) -> torch.Tensor:
+        return (matrix @ x.unsqueeze(1)).squeeze(1)
+
+    values, vectors, matvecs, restarts, converged = lanczos_eigsh(
+        matvec, start_vector(kernel.n).to(kernel.conjugate.device), k, tol=tol, max_restarts=max_iter,
+        on_restart=on_restart)
+    if not converged:
+        raise RuntimeError(f"the eigensolver (torch Lanczos) did not reach eigen_tol={tol:g} in max_iter="
+                           f"{max_iter} restarts (eigenvalues so far: {', '.join(f'{v:.9f}' for v in values[:4])}"
+                           f"…). {_SLOW_HINT}")
+    residuals = (matrix @ vectors - vectors * values.to(vectors.device)).norm(dim=0).cpu().numpy()
+    return EigenResult(values.numpy(), vectors, residuals, "torch (thick-restart Lanczos)", matvecs, restarts)
+
+
+def _eigen_dense(kernel: DiffusionKernel, k: int, use_torch: bool) -> EigenResult:
+    """Tiny sets (the Krylov basis would span the whole space): every eigenpair, densely."""
+    if use_torch:
+        dense = kernel.conjugate_csr().to_dense()
+        values, vectors = torch.linalg.eigh(dense)
+        values, vectors = values.flip(0)[:k], vectors.flip(1)[:, :k]
+        residuals = (dense @ vectors - vectors * values).norm(dim=0).cpu().numpy()
+        return EigenResult(values.cpu().numpy(), vectors, residuals, "torch (dense eigh)")
+    dense = kernel.to_scipy("conjugate").toarray()
+    values, vectors = np.linalg.eigh(dense)
+    values, vectors = values[::-1][:k].copy(), vectors[:, ::-1][:, :k].copy()
+    residuals = np.linalg.norm(dense @ vectors - vectors * values, axis=0)
+    return EigenResult(values, vectors, residuals, "numpy (dense eigh)")
+
+
+def solve_eigenproblem(kernel: DiffusionKernel, k: int, *, solver: str = "auto", tol: float = DEFAULT_EIGEN_TOL,
+                       max_iter: int = DEFAULT_MAX_ITER,
+                       on_restart: Callable[[int, float], None] | None = None) -> EigenResult:
+    """The ``k`` largest eigenpairs of the kernel's symmetric conjugate (the trivial one first).
+
+    ``solver``: "scipy" (ARPACK ``eigsh`` on the host), "torch" (:func:`lanczos_eigsh` on the
+    kernel's device) or "auto" (torch on a CUDA device, SciPy on the CPU). Sets of at most
+    :func:`krylov_size` points are solved densely (NumPy or torch ``eigh``) whatever the solver.
+    ``on_restart(count, residual)`` follows the iterations: torch calls it after each restart with
+    the largest wanted Ritz residual, SciPy every ``ncv`` products with NaN (ARPACK keeps its
+    residuals to itself).
+    """
+    if solver not in EIGEN_SOLVERS:
+        raise ValueError(f"eigen_solver must be one of {', '.join(EIGEN_SOLVERS)}, got {solver!r}")
+    use_torch = solver == "torch" or (solver == "auto" and kernel.conjugate.device.type == "cuda")
+    if kernel.n <= krylov_size(k):
+        return _eigen_dense(kernel, k, use_torch)
+    if use_torch:
+        return _eigen_torch(kernel, k, tol, max_iter, on_restart)
+    return _eigen_scipy(kernel, k, tol, max_iter, on_restart)
+
+
+def fix_signs(vectors: np.ndarray) -> np.ndarray:
+    """Each column times ±1 so that its entry of largest magnitude (the first, on ties) is positive."""
+    rows = np.argmax(np.abs(vectors), axis=0)
+    signs = np.sign(vectors[rows, np.arange(vectors.shape[1])])
+    signs[signs == 0] = 1.0
+    return vectors * signs
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DiffusionReport:
+    """How a diffusion map was computed: the bandwidth, the spectrum, the checks and the times.
+
+    ``eigenvalues`` and ``residuals`` hold every computed pair, largest first: the trivial one
+    (λ₀ = 1), the ``n_components`` embedded, and one more when the set allows, for ``eigengap``.
+    """
+
+    n: int
+    n_neighbors: int
+    metric: str
+    device: str
+    solver: str
+    epsilon: float | None
+    epsilon_rule: str
+    dimension_estimate: float | None
+    sigma_neighbor: int | None
+    alpha: float
+    t: float
+    kernel_entries: int
+    kernel_entries_underflowed: int
+    components: int
+    eigenvalues: list[float]
+    residuals: list[float]
+    #: |λ₀ − 1| and max_i |ψ₀(i) − 1|: how exactly the trivial pair came out.
+    trivial_eigenvalue_error: float
+    trivial_vector_error: float
+    #: 1 − λ₁: how fast the diffusion mixes; small means slow, well-separated structure.
+    spectral_gap: float
+    #: λ_m − λ_{m+1} after the last embedded coordinate (None when not computed): a small gap
+    #: means the last coordinates mix with the next ones.
+    eigengap: float | None
+    matvecs: int
+    restarts: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# The estimator
+# --------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _check_tensor(X: torch.Tensor, min_samples: int) -> torch.Tensor:
+    """A torch tensor validated like ``check_array`` (2-D, enough rows, finite), kept on its device."""
+    if X.ndim != 2:
+        raise ValueError(f"Expected 2D array, got {X.ndim}D tensor instead (X)")
+    if X.shape[0] < min_samples:
+        raise ValueError(f"Found array with {X.shape[0]} sample(s) (shape={tuple(X.shape)}) while a minimum "
+                         f"of {min_samples} is required (X).")
+    if X.shape[1] < 1:
+        raise ValueError(f"Found array with 0 feature(s) (shape={tuple(X.shape)}) while a minimum of 1 is "
+                         "required (X).")
+    X = X.detach()
+    if not X.is_floating_point():
+        X = X.to(torch.float64)
+    if not bool(torch.isfinite(X).all()):
+        raise ValueError("Input X contains NaN or infinity.")
+    return X
+
+
+class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
+    """Diffusion-map embedding on knng's exact k-NN graph, on the CPU or a GPU.
+
+    The coordinates of point i are ``(λ₁ᵗ ψ₁(i), …, λ_mᵗ ψ_m(i))``, the leading non-trivial
+    eigenpairs of the diffusion matrix ``P = D⁻¹ K⁽ᵅ⁾`` built on the exact k-NN graph; see the
+    module docstring and ``docs/MANIFOLD.md`` for the maths and its choices.
+
+    Parameters
+    ----------
+    n_components : int, default=2
+        Coordinates m (the trivial constant eigenvector is not one of them); at most n − 1.
+    n_neighbors : int, default=15
+        Neighbours per point in the k-NN graph; sets of n ≤ n_neighbors points use n − 1 (every
+        pair, the classical dense diffusion map). The kernel is symmetric: the union of the k-NN
+        relations (an edge when either point is among the other's neighbours), plus the diagonal.
+    metric : {"euclidean", "sqeuclidean", "cosine", "pearson"}, default="euclidean"
+        Distance of the graph. The kernel takes squared Euclidean distances: d², d itself for
+        ``sqeuclidean``, and 2d (the squared chord of the unit vectors) for cosine and Pearson.
+    epsilon : "auto", "self_tuning" or float, default="auto"
+        Kernel bandwidth in ``exp(−s/ε)``. "auto": the ε maximising d log S / d log ε with
+        S(ε) = Σ_ij K_ε(i, j) (Berry, Giannakis & Harlim 2015; Coifman et al. 2008). A number: that
+        ε (in squared distance units). "self_tuning": ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance
+        to point i's ``sigma_neighbor``-th neighbour (Zelnik-Manor & Perona 2004).
+    alpha : float in [0, 1], default=1.0
+        Density normalisation K⁽ᵅ⁾ = K/(q_i q_j)^α, q = K 1: 0 gives the normalised graph
+        Laplacian, ½ the Fokker–Planck operator, 1 the Laplace–Beltrami operator, free of the
+        sampling density (the choice of the GPU-cluster papers).
+    t : float ≥ 0, default=1
+        Diffusion time: coordinates are scaled by λᵗ (t = 0 gives the eigenvectors ψ themselves).
+    sigma_neighbor : int, default=7
+        The neighbour whose distance is σ_i with ``epsilon="self_tuning"`` (at most n_neighbors).
+    eigen_solver : {"auto", "scipy", "torch"}, default="auto"
+        "scipy": ARPACK on the host. "torch": thick-restart Lanczos on the device (GPU or CPU).
+        "auto": torch on a CUDA device, SciPy on the CPU. Tiny sets are solved densely.
+    eigen_tol : float, default=1e-10
+        Largest residual ‖A v − λ v‖ accepted for every eigenpair.
+    max_iter : int, default=1000
+        Restarts of the Krylov subspace before the solver gives up (RuntimeError).
+    device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device, default="auto"
+        Where the graph, the kernel and (with the torch solver) the eigenproblem are computed.
+    progress : bool, default=False
+        Progress bars on standard error (the graph's, then the eigensolver's restarts).
+
+    Attributes
+    ----------
+    embedding_ : ndarray of shape (n_samples, n_components)
+        The coordinates λ_kᵗ ψ_k of the training points, float64.
+    eigenvalues_ : ndarray of shape (n_components,)
+        λ₁ ≥ … ≥ λ_m, the non-trivial eigenvalues of P (not raised to t).
+    eigenvectors_ : ndarray of shape (n_samples, n_components)
+        ψ₁ … ψ_m, right eigenvectors of P normalised so that Σ_i π_i ψ_k(i)² = 1 (π the stationary
+        distribution); the entry of largest magnitude of each is positive.
+    epsilon_ : float or None
+        The bandwidth used (None with "self_tuning").
+    n_neighbors_ : int
+        Neighbours actually used (n_neighbors, or n − 1 on smaller sets).
+    n_iter_ : int
+        Products with the sparse conjugate the eigensolver ran (1 for a dense solve).
+    report_ : DiffusionReport
+        Eigenvalues with the trivial one, residuals, spectral gap, components, ε and its rule,
+        the time split graph / kernel / eigensolver.
+    graph_ : knng.Graph
+        The k-NN graph the kernel was built on.
+    n_features_in_ : int
+        Number of features seen during fit (not set when fitted on a Graph).
+
+    Examples
+    --------
+    >>> import numpy as np, knng
+    >>> angle = np.linspace(0, 2 * np.pi, 200, endpoint=False)
+    >>> X = np.c_[np.cos(angle), np.sin(angle)]
+    >>> dm = knng.DiffusionMap(n_components=2, n_neighbors=10, device="cpu").fit(X)
+    >>> dm.embedding_.shape
+    (200, 2)
+    """
+
+    def __init__(self, n_components: int = 2, *, n_neighbors: int = 15, metric: str = "euclidean",
+                 epsilon: float | str = "auto", alpha: float = 1.0, t: float = 1.0, sigma_neighbor: int = 7,
+                 eigen_solver: str = "auto", eigen_tol: float = DEFAULT_EIGEN_TOL, max_iter: int = DEFAULT_MAX_ITER,
+                 device: str | torch.device = "auto", progress: bool = False) -> None:
+        self.n_components = n_components
+        self.n_neighbors = n_neighbors
+        self.metric = metric
+        self.epsilon = epsilon
+        self.alpha = alpha
+        self.t = t
+        self.sigma_neighbor = sigma_neighbor
+        self.eigen_solver = eigen_solver
+        self.eigen_tol = eigen_tol
+        self.max_iter = max_iter
+        self.device = device
+        self.progress = progress
+
+    # -- validation -------------------------------------------------------------------------------
+
+    def _check_params(self) -> None:
+        _check_int(self.n_components, "n_components", 1)
+        _check_int(self.n_neighbors, "n_neighbors", 1)
+        check_metric(self.metric)
+        check_epsilon(self.epsilon)
+        _check_real(self.alpha, "alpha", lower=0.0, lower_open=False, upper=1.0)
+        _check_real(self.t, "t", lower=0.0, lower_open=False)
+        _check_int(self.sigma_neighbor, "sigma_neighbor", 1)
+        if self.eigen_solver not in EIGEN_SOLVERS:
+            raise ValueError(f"eigen_solver must be one of {', '.join(EIGEN_SOLVERS)}, got {self.eigen_solver!r}")
+        _check_real(self.eigen_tol, "eigen_tol", lower=0.0, lower_open=True)
+        _check_int(self.max_iter, "max_iter", 1)
+
+    def _device(self, X: Any) -> torch.device:
+        if isinstance(self.device, str) and self.device == "auto" and isinstance(X, torch.Tensor) \
+                and X.device.type == "cuda":
+            return X.device
+        return resolve_device(self.device)
+
+    def _n_neighbors_for(self, n: int) -> int:
+        return min(self.n_neighbors, n - 1)
+
+    def _check_n_components(self, n: int) -> None:
+        if self.n_components > n - 1:
+            raise ValueError(f"n_components={self.n_components} must be less than the number of samples "
+                             f"(n_samples={n}): the embedding leaves out the trivial eigenvector")
+
+    # -- fitting ------------------------------------------------------------------------------------
+
+    def fit(self, X: Any, y: Any = None, *, graph: Graph | None = None) -> "DiffusionMap":
+        """Compute the embedding of the training points.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features), or knng.Graph
+            Training data (a torch tensor stays on its device), or a precomputed k-NN graph
+            (``include_self=False``, metric equal to ``metric``, k ≥ ``n_neighbors``): then
+            :meth:`transform` is not available, having no training vectors to search.
+        y : Ignored
+            Not used, present for API consistency.
+        graph : knng.Graph, optional
+            The k-NN graph of ``X`` if you have it already (saves computing it).
+
+        Returns
+        -------
+        self : DiffusionMap
+            The fitted estimator.
+        """
+        self._check_params()
+        seconds: dict[str, float] = {}
+        t0 = time.perf_counter()
+        if isinstance(X, Graph):
+            graph, self._fit_X = X, None
+            for name in ("n_features_in_", "feature_names_in_"):
+                if hasattr(self, name):
+                    delattr(self, name)
+            n = graph.n_points
+            dev = resolve_device(self.device)
+        else:
+            X = _check_tensor(X, 2) if isinstance(X, torch.Tensor) else validate_data(
+                self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
+            if isinstance(X, torch.Tensor):
+                self.n_features_in_ = int(X.shape[1])
+            n = int(X.shape[0])
+            dev = self._device(X)
+            self._fit_X = X
+        self._check_n_components(n)
+        k = self._n_neighbors_for(n)
+        if graph is None:
+            graph = knng_graph(X, k, metric=self.metric, device=dev, progress=bool(self.progress))
+        else:
+            self._check_graph(graph, n)
+        _sync(dev)
+        seconds["graph"] = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        kernel = diffusion_kernel(graph, n_neighbors=k, epsilon=self.epsilon, alpha=self.alpha,
+                                  sigma_neighbor=self.sigma_neighbor, device=dev)
+        count, labels = connected_components(kernel)
+        if count > 1:
+            raise ValueError(_disconnected_message(count, labels, k, kernel))
+        _sync(dev)
+        seconds["kernel"] = time.perf_counter() - t1
+
+        t2 = time.perf_counter()
+        n_eigen = min(self.n_components + 2, n)  # the trivial pair, the coordinates, one for the gap
+        with _RestartBar(self.progress) as bar:
+            eig = solve_eigenproblem(kernel, n_eigen, solver=self.eigen_solver, tol=self.eigen_tol,
+                                     max_iter=self.max_iter, on_restart=bar.update)
+        _sync(dev)
+        seconds["eigensolver"] = time.perf_counter() - t2
+        self._set_embedding(graph, kernel, eig, k, seconds, str(dev))
+        return self
+
+    def _check_graph(self, graph: Graph, n: int) -> None:
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be a knng.Graph, got {type(graph).__name__}")
+        if graph.n_points != n:
+            raise ValueError(f"graph has {graph.n_points} points but X has {n} samples")
+        if graph.metric != self.metric:
+            raise ValueError(f"graph is in metric {graph.metric!r} but metric={self.metric!r}")
+
+    def _set_embedding(self, graph: Graph, kernel: DiffusionKernel, eig: EigenResult, k: int,
+                       seconds: dict[str, float], device: str) -> None:
+        """Eigenvectors of A → ψ = v / √π with fixed signs; the fitted attributes and the report."""
+        m = self.n_components
+        vectors = eig.vectors.cpu().numpy() if isinstance(eig.vectors, torch.Tensor) else eig.vectors
+        pi = kernel.stationary.cpu().numpy()
+        psi = fix_signs(vectors / np.sqrt(pi)[:, None])
+        values = eig.values
+        t = float(self.t)
+        if t != int(t) and np.any(values[1:m + 1] < 0):
+            raise ValueError(f"t={t:g} is not an integer and some embedded eigenvalues are negative "
+                             f"({values[1:m + 1].min():.3g}): λᵗ is undefined; use an integer t")
+        self.graph_ = graph
+        self.eigenvalues_ = values[1:m + 1].copy()
+        self.eigenvectors_ = psi[:, 1:m + 1].copy()
+        self.embedding_ = self.eigenvectors_ * self.eigenvalues_ ** t
+        self.epsilon_ = kernel.epsilon
+        self.n_neighbors_ = k
+        self.n_iter_ = eig.matvecs
+        self._n_features_out = m
+        # What transform needs: the training densities, σ, and each point's k-th squared distance.
+        self._density = kernel.density.cpu().numpy()
+        self._sigma = None if kernel.sigma is None else kernel.sigma.cpu().numpy()
+        distances = torch.as_tensor(graph.distances)[:, k - 1]
+        self._reach_sq = squared_distances(distances, graph.metric).cpu().numpy()
+        self._reverse_indptr, self._reverse_indices = _reverse_lists(graph, k)
+        rule = "self_tuning" if self.epsilon == "self_tuning" else (
+            "auto (Berry–Giannakis–Harlim max log-log slope)" if self.epsilon == "auto" else "given")
+        self.report_ = DiffusionReport(
+            n=kernel.n, n_neighbors=k, metric=graph.metric, device=device, solver=eig.solver,
+            epsilon=kernel.epsilon, epsilon_rule=rule, dimension_estimate=kernel.dimension_estimate,
+            sigma_neighbor=min(self.sigma_neighbor, k) if kernel.sigma is not None else None,
+            alpha=float(self.alpha), t=t, kernel_entries=kernel.nnz, kernel_entries_underflowed=kernel.dropped,
+            components=1, eigenvalues=[float(v) for v in values], residuals=[float(r) for r in eig.residuals],
+            trivial_eigenvalue_error=abs(float(values[0]) - 1.0),
+            trivial_vector_error=float(np.abs(psi[:, 0] - 1.0).max()),
+            spectral_gap=1.0 - float(values[1]),
+            eigengap=float(values[m] - values[m + 1]) if len(values) > m + 1 else None,
+            matvecs=eig.matvecs, restarts=eig.restarts, seconds=seconds)
+
+    def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> np.ndarray:
+        """Fit, and return the training points' embedding (``embedding_``).
+
+        Parameters
+        ----------
+        X : array-like, torch.Tensor or knng.Graph
+            As in :meth:`fit`.
+        y : Ignored
+            Not used, present for API consistency.
+        **fit_params
+            ``graph=``, as in :meth:`fit`.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_components)
+        """
+        return self.fit(X, y, **fit_params).embedding_
+
+    # -- out of sample -------------------------------------------------------------------------------
+
+    def transform(self, X: Any) -> np.ndarray:
+        """Embed new points by the Nyström extension of the eigenvectors.
+
+        A new point x gets the kernel row a training point at its place would have: its
+        ``n_neighbors_ + 1`` nearest training points (found with :func:`knng.search`; a training
+        point finds itself first, at distance 0), plus the training points j that would count x
+        among their own ``n_neighbors_`` (d(x, j) ≤ j's k-th neighbour distance: the union rule),
+        looked for among the points that count x's nearest training point among theirs. The row is
+        normalised with the training densities, ``p(x, j) = K⁽ᵅ⁾(x, j) / Σ_j K⁽ᵅ⁾(x, j)``, and
+        ``ψ_k(x) = λ_k⁻¹ Σ_j p(x, j) ψ_k(j)``. For a training point that row is its row of P, so
+        ``transform`` gives back its ``embedding_`` (to the eigensolver's residual).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features)
+            New points.
+
+        Returns
+        -------
+        ndarray of shape (n_queries, n_components)
+            Their coordinates, float64.
+        """
+        check_is_fitted(self)
+        if self._fit_X is None:
+            raise ValueError("transform needs the training vectors, and this DiffusionMap was fitted on a "
+                             "knng.Graph: fit it on the data (fit(X), or fit(X, graph=graph))")
+        if isinstance(X, torch.Tensor):
+            X = _check_tensor(X, 1)
+            if X.shape[1] != self.n_features_in_:
+                raise ValueError(f"X has {X.shape[1]} features, but DiffusionMap is expecting "
+                                 f"{self.n_features_in_} features as input.")
+        else:
+            X = validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+        n = self._density.shape[0]
+        row_size = min(self.n_neighbors_ + 1, n)
+        found = knng_search(X, self._fit_X, row_size, metric=self.metric, device=self._device(X))
+        queries, cols, sq, first = self._kernel_rows(X, found.indices, found.distances)
+        return self._nystrom(queries, cols, sq, first, len(found.indices))
+
+    def _kernel_rows(self, X: Any, indices: Any, distances: Any
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The new points' kernel rows as flat (query, training point, squared distance) triples.
+
+        ``first`` marks the searched neighbours (members whatever their distance); the others are
+        the reverse-neighbour candidates, members when within the training point's reach.
+        """
+        idx = torch.as_tensor(indices).cpu().numpy().astype(np.int64)
+        nq, width = idx.shape
+        sq = squared_distances(torch.as_tensor(distances).cpu(), self.metric).numpy()
+        # Candidates: the points that have x's nearest training point among their neighbours.
+        nearest = idx[:, 0]
+        counts = self._reverse_indptr[nearest + 1] - self._reverse_indptr[nearest]
+        cand_q = np.repeat(np.arange(nq), counts)
+        starts = np.repeat(self._reverse_indptr[nearest], counts)
+        offsets = np.arange(cand_q.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        cand_j = self._reverse_indices[starts + offsets].astype(np.int64)
+        # Leave out those the search found already (keys q·n + j, looked up in the sorted set).
+        n = self._density.shape[0]
+        found_keys = np.sort((np.arange(nq)[:, None] * n + idx).ravel())
+        keys = cand_q * n + cand_j
+        pos = np.minimum(np.searchsorted(found_keys, keys), found_keys.size - 1)
+        new = found_keys[pos] != keys
+        cand_q, cand_j = cand_q[new], cand_j[new]
+        cand_sq = self._pair_squared_distances(X, cand_q, cand_j)
+        within = cand_sq <= self._reach_sq[cand_j]
+        queries = np.concatenate([np.repeat(np.arange(nq), width), cand_q[within]])
+        cols = np.concatenate([idx.ravel(), cand_j[within]])
+        sqs = np.concatenate([sq.ravel(), cand_sq[within]])
+        first = np.zeros(queries.size, dtype=bool)
+        first[: nq * width] = True
+        return queries, cols, sqs, first
+
+    def _pair_squared_distances(self, X: Any, q: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """Squared distances of (query, training point) pairs, as the search would return them:
+        the metric's exact float64 distance rounded to float32."""
+        if q.size == 0:
+            return np.zeros(0)
+        from knng.metrics import get_metric
+
+        train = torch.as_tensor(self._fit_X)
+        queries = torch.as_tensor(X).to(train.device)
+        out = np.empty(q.size)
+        chunk = 1 << 16
+        for c0 in range(0, q.size, chunk):
+            qq = torch.from_numpy(q[c0:c0 + chunk]).to(train.device)
+            jj = torch.from_numpy(j[c0:c0 + chunk]).to(train.device)
+            exact = get_metric(self.metric).exact(queries[qq], train[jj][:, None, :])[:, 0]
+            out[c0:c0 + chunk] = squared_distances(exact.to(torch.float32).cpu(), self.metric).numpy()
+        return out
+
+    def _nystrom(self, queries: np.ndarray, cols: np.ndarray, sq: np.ndarray, first: np.ndarray,
+                 nq: int) -> np.ndarray:
+        """ψ(x) = λ⁻¹ Σ_j p(x, j) ψ(j) over the flat kernel rows; returns the scaled coordinates."""
+        if self._sigma is None:
+            weights = np.exp(-sq / self.epsilon_)
+        else:
+            # σ_x: the sigma_neighbor-th nearest training point other than x (column 0 is x itself
+            # for a training point), as σ_i was for the training points.
+            searched = sq[first].reshape(nq, -1)  # the search's block, row by row
+            sigma_x = np.sqrt(searched[:, min(self.report_.sigma_neighbor, searched.shape[1] - 1)])
+            sigma_x = np.where(sigma_x > 0, sigma_x, self._sigma.min())
+            weights = np.exp(-sq / (sigma_x[queries] * self._sigma[cols]))
+        density = np.bincount(queries, weights=weights, minlength=nq)
+        if self.alpha:
+            weights = weights / (density[queries] * self._density[cols]) ** self.alpha
+        total = np.bincount(queries, weights=weights, minlength=nq)
+        if np.any(total <= 0):
+            far = int(np.flatnonzero(total <= 0)[0])
+            raise ValueError(f"X row {far} is too far from every training point: its kernel row underflows "
+                             f"to 0 with epsilon={self.epsilon_:g}, so it has no diffusion coordinates")
+        p = weights / total[queries]
+        psi = np.zeros((nq, self.n_components))
+        np.add.at(psi, queries, p[:, None] * self.eigenvectors_[cols])
+        return psi * self.eigenvalues_ ** (float(self.t) - 1.0)
+
+    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        return tags
+
+
+def _reverse_lists(graph: Graph, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each point, the points that have it among their first ``k`` neighbours (CSR layout)."""
+    indices = torch.as_tensor(graph.indices)[:, :k].cpu().numpy().astype(np.int64)
+    n = indices.shape[0]
+    owners = np.repeat(np.arange(n, dtype=np.int64), k)
+    order = np.argsort(indices.ravel(), kind="stable")
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(indices.ravel(), minlength=n), out=indptr[1:])
+    # int32 where it fits: the lists are n·k long, half the memory of int64 for 1M × 32.
+    dtype = np.int32 if n < 2**31 else np.int64
+    return indptr, owners[order].astype(dtype)
+
+
+class _RestartBar:
+    """The eigensolver's progress bar (restarts, with the largest residual estimate)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = bool(enabled)
+        self.bar: Any = None
+
+    def __enter__(self) -> "_RestartBar":
+        return self
+
+    def update(self, restart: int, worst: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(desc="eigensolver", unit="restart", dynamic_ncols=True, leave=False)
+        self.bar.update(1)
+        if not math.isnan(worst):
+            self.bar.set_postfix_str(f"residual {worst:.1e}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,515 @@
+"""knng.manifold (DiffusionMap), ``knng embed`` and ``knng demo --embed``.
+
+The reference is written here, independently of the module: a dense float64 kernel matrix built
+from the graph's own distances (union of the k-NN relations, the diagonal, exp(−s/ε) or the
+self-tuning form), its α normalisation and symmetric conjugate, ``numpy.linalg.eigh``, and the
+eigenvectors of P as ψ = v/√π with the largest-magnitude entry positive.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import knng
+from knng import manifold
+from knng.cli import main
+from knng.manifold import DiffusionMap
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+RTOL = 1e-8
+
+
+# ------------------------------------------------------------------------------------------
+# the reference
+# ------------------------------------------------------------------------------------------
+
+
+def dense_reference(graph: knng.Graph, *, epsilon: float | None, alpha: float, m: int,
+                    sigma_neighbor: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (m + 1, the trivial first) and ψ (n, m + 1) of P, densely, from the graph."""
+    idx = np.asarray(graph.indices)
+    dist = np.asarray(graph.distances, dtype=np.float64)
+    n, k = idx.shape
+    sq = dist * dist if graph.metric == "euclidean" else 2.0 * dist  # cosine: squared chord
+    s = np.full((n, n), np.inf)
+    rows = np.repeat(np.arange(n), k)
+    s[rows, idx.ravel()] = sq.ravel()
+    s = np.minimum(s, s.T)  # union of the relations
+    np.fill_diagonal(s, 0.0)
+    if sigma_neighbor is None:
+        kernel = np.exp(-s / epsilon)
+    else:
+        sigma = np.sqrt(sq[:, sigma_neighbor - 1])
+        kernel = np.exp(-s / np.outer(sigma, sigma))
+    q = kernel.sum(axis=1)
+    weighted = kernel / np.outer(q, q) ** alpha
+    d = weighted.sum(axis=1)
+    conjugate = weighted / np.sqrt(np.outer(d, d))
+    values, vectors = np.linalg.eigh(conjugate)
+    values, vectors = values[::-1][: m + 1], vectors[:, ::-1][:, : m + 1]
+    psi = vectors / np.sqrt(d / d.sum())[:, None]
+    top = np.argmax(np.abs(psi), axis=0)
+    psi *= np.sign(psi[top, np.arange(m + 1)])
+    return values, psi
+
+
+def blob(rng: np.random.Generator, n: int = 240, d: int = 3) -> np.ndarray:
+    """Uniform points in a box of unequal sides: no outliers (a connected graph whose spectral gaps
+    stay wide: at least 3e-4 over 120 fits of 240 points) and no symmetric pair of directions (no
+    repeated eigenvalues, so eigenvectors can be compared one by one)."""
+    return rng.uniform(size=(n, d)) * np.r_[1.0, 0.62, np.full(d - 2, 0.15)]
+
+
+def assert_close_relative(actual: np.ndarray, expected: np.ndarray, rtol: float = RTOL, what: str = "") -> None:
+    scale = np.abs(expected).max()
+    err = np.abs(actual - expected).max()
+    assert err <= rtol * scale, f"{what}: max error {err:.3g} > {rtol:g} × {scale:.3g}"
+
+
+# ------------------------------------------------------------------------------------------
+# against the dense float64 reference
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", ["scipy", "torch"])
+@pytest.mark.parametrize("epsilon, alpha", [(0.05, 1.0), ("auto", 0.5), ("self_tuning", 0.0), ("auto", 1.0)])
+def test_equals_dense_reference(solver, epsilon, alpha, rng, seed) -> None:
+    x = blob(rng)
+    m = 4
+    dm = DiffusionMap(n_components=m, n_neighbors=8, epsilon=epsilon, alpha=alpha, t=2, eigen_solver=solver,
+                      eigen_tol=1e-13, device="cpu").fit(x)
+    values, psi = dense_reference(dm.graph_, epsilon=dm.epsilon_, alpha=alpha, m=m,
+                                  sigma_neighbor=7 if epsilon == "self_tuning" else None)
+    # Eigenvectors are determined to about residual / gap: the gaps (the one after ψ_m too) must
+    # be wide for a 1e-8 comparison to mean anything.
+    gaps = np.abs(np.diff(dm.report_.eigenvalues))
+    assert gaps.min() > 1e-4, f"seed {seed}: a near-degenerate spectrum ({gaps.min():.2g}), the test needs wide gaps"
+    assert_close_relative(dm.eigenvalues_, values[1:], what="eigenvalues")
+    assert_close_relative(np.array(dm.report_.eigenvalues[: m + 1]), values, what="eigenvalues with λ₀")
+    assert_close_relative(dm.eigenvectors_, psi[:, 1:], what=f"eigenvectors (seed {seed})")
+    assert_close_relative(dm.embedding_, psi[:, 1:] * values[1:] ** 2, what="embedding = λᵗ ψ")
+    report = dm.report_
+    assert report.trivial_eigenvalue_error < 1e-12 and report.trivial_vector_error < 1e-8
+    assert max(report.residuals) <= 1e-12
+    assert report.spectral_gap == pytest.approx(1 - values[1], abs=1e-12)
+    assert report.eigengap == pytest.approx(report.eigenvalues[m] - report.eigenvalues[m + 1])
+
+
+def test_cosine_kernel_uses_the_squared_chord(rng) -> None:
+    x = blob(rng, 200, 6) + 3.0
+    dm = DiffusionMap(n_components=3, n_neighbors=10, metric="cosine", epsilon=1e-3, eigen_tol=1e-13,
+                      device="cpu").fit(x)
+    values, psi = dense_reference(dm.graph_, epsilon=1e-3, alpha=1.0, m=3)
+    assert_close_relative(dm.eigenvalues_, values[1:])
+    assert_close_relative(dm.eigenvectors_, psi[:, 1:])
+
+
+def test_dense_path_for_tiny_sets(rng) -> None:
+    # 20 points: the Krylov basis would span the space, so both solvers solve densely.
+    x = blob(rng, 20, 3)
+    a = DiffusionMap(n_components=3, n_neighbors=19, epsilon=0.1, device="cpu", eigen_solver="scipy").fit(x)
+    b = DiffusionMap(n_components=3, n_neighbors=19, epsilon=0.1, device="cpu", eigen_solver="torch").fit(x)
+    values, psi = dense_reference(a.graph_, epsilon=0.1, alpha=1.0, m=3)
+    assert "dense" in a.report_.solver and "dense" in b.report_.solver
+    assert_close_relative(a.embedding_, psi[:, 1:] * values[1:])
+    assert_close_relative(b.embedding_, a.embedding_)
+
+
+def test_auto_epsilon_maximises_the_log_log_slope(rng) -> None:
+    x = blob(rng, 300, 3)
+    dm = DiffusionMap(n_neighbors=10, device="cpu").fit(x)
+    d = np.asarray(dm.graph_.distances, dtype=np.float64)
+    s = np.full((300, 300), np.inf)
+    s[np.repeat(np.arange(300), 10), np.asarray(dm.graph_.indices).ravel()] = (d * d).ravel()
+    s = np.minimum(s, s.T)
+    off = s[np.isfinite(s)]
+    log_eps = np.linspace(np.log(off.min()) - 1, np.log(off.max()) + 1, 4000)
+    total = np.array([300 + np.exp(-off / np.exp(e)).sum() for e in log_eps])
+    slope = np.gradient(np.log(total), log_eps)
+    best = np.exp(log_eps[np.argmax(slope)])
+    # The module searches a grid of 2^(1/4) steps and refines by a parabola.
+    assert abs(np.log2(dm.epsilon_ / best)) < 0.25
+    assert dm.report_.dimension_estimate == pytest.approx(2 * slope.max(), rel=0.02)
+
+
+# ------------------------------------------------------------------------------------------
+# the two eigensolvers
+# ------------------------------------------------------------------------------------------
+
+
+def test_torch_solver_on_cpu_equals_scipy(rng) -> None:
+    x = blob(rng, 400, 5)
+    g = knng.graph(x, 10, device="cpu")
+    kernel = manifold.diffusion_kernel(g, epsilon="auto", device="cpu")
+    a = manifold.solve_eigenproblem(kernel, 6, solver="scipy", tol=1e-13)
+    b = manifold.solve_eigenproblem(kernel, 6, solver="torch", tol=1e-13)
+    assert "ARPACK" in a.solver and "Lanczos" in b.solver and b.restarts >= 1
+    np.testing.assert_allclose(b.values, a.values, rtol=0, atol=1e-12)
+    va = manifold.fix_signs(a.vectors)
+    vb = manifold.fix_signs(b.vectors.numpy())
+    assert_close_relative(vb, va, what="eigenvectors")
+    assert max(b.residuals) <= 1e-12
+
+
+def test_lanczos_on_a_dense_operator_with_an_invariant_start(rng) -> None:
+    # A block-diagonal matrix and a start vector inside one block: the Krylov space closes after
+    # a few steps and the solver must go on from a fresh direction to find the other block.
+    n = 120
+    a = rng.standard_normal((n, n))
+    a = (a + a.T) / 2
+    a[:60, 60:] = a[60:, :60] = 0.0
+    matrix = torch.from_numpy(a)
+    v0 = torch.zeros(n, dtype=torch.float64)
+    v0[:3] = 1.0
+    closed = torch.from_numpy(np.diag(np.r_[np.arange(5.0), np.zeros(n - 5)]))
+    values, vectors, _, _, converged = manifold.lanczos_eigsh(lambda v: closed @ v, v0, 3, ncv=12)
+    assert converged
+    np.testing.assert_allclose(values.numpy(), [4.0, 3.0, 2.0], atol=1e-10)
+    values, vectors, _, _, converged = manifold.lanczos_eigsh(lambda v: matrix @ v, torch.from_numpy(
+        rng.standard_normal(n)), 5, tol=1e-12)
+    assert converged
+    np.testing.assert_allclose(values.numpy(), np.linalg.eigvalsh(a)[::-1][:5], atol=1e-10)
+    residual = (matrix @ vectors - vectors * values).norm(dim=0)
+    assert float(residual.max()) < 1e-10
+
+
+def test_signs_are_deterministic(rng) -> None:
+    x = blob(rng)
+    a = DiffusionMap(n_components=3, n_neighbors=8, device="cpu").fit(x)
+    b = DiffusionMap(n_components=3, n_neighbors=8, device="cpu", eigen_solver="torch").fit(x)
+    for psi in (a.eigenvectors_, b.eigenvectors_):
+        top = np.argmax(np.abs(psi), axis=0)
+        assert np.all(psi[top, np.arange(3)] > 0)
+    np.testing.assert_allclose(b.embedding_, a.embedding_, atol=1e-7 * np.abs(a.embedding_).max())
+
+
+# ------------------------------------------------------------------------------------------
+# what the embedding recovers (the demo's data)
+# ------------------------------------------------------------------------------------------
+
+
+def test_rotation_comes_out_as_a_circle_whose_angle_is_the_rotation(tmp_path) -> None:
+    pytest.importorskip("skimage")
+    from knng.demo_embed import circular_correlation, rotation_snapshots
+
+    x, angles = rotation_snapshots(600, seed=1)
+    e = DiffusionMap(n_components=2, n_neighbors=20, device="cpu").fit_transform(x)
+    rho = circular_correlation(angles, np.arctan2(e[:, 1], e[:, 0]))
+    assert abs(rho) >= 0.99, rho
+
+
+def test_circular_correlation() -> None:
+    from knng.demo_embed import circular_correlation
+
+    a = np.linspace(0, 2 * np.pi, 50, endpoint=False)
+    assert circular_correlation(a, a + 1.0) == pytest.approx(1.0)
+    assert circular_correlation(a, -a + 2.0) == pytest.approx(-1.0)
+    assert abs(circular_correlation(a, np.random.default_rng(0).uniform(0, 2 * np.pi, 50))) < 0.5
+
+
+def test_swiss_roll_unrolls(seed) -> None:
+    from knng.demo_embed import swiss_roll
+
+    x, t = swiss_roll(1500, seed=seed % 2**31)
+    e = DiffusionMap(n_components=2, n_neighbors=15, device="cpu").fit_transform(x)
+    rho = spearmanr(e[:, 0], t).statistic
+    assert abs(rho) >= 0.99, f"seed {seed}: Spearman {rho}"
+
+
+def test_demo(tmp_path, capsys) -> None:
+    pytest.importorskip("skimage")
+    from knng.demo_embed import run_embed_demo
+
+    lines: list[str] = []
+    result = run_embed_demo(tmp_path, device="cpu", print=lines.append, n_rotations=400, n_roll=800)
+    assert result["passed"] and [r["name"] for r in result["results"]] == ["rotation", "swiss-roll"]
+    assert any("circular correlation" in line for line in lines)
+    assert any("Spearman" in line for line in lines)
+    if result["plots_skipped"] is None:
+        assert (tmp_path / "rotation.png").stat().st_size > 0 and (tmp_path / "swiss-roll.png").exists()
+    else:
+        assert "knng[plot]" in lines[-1]
+
+
+def test_demo_cli_embed(tmp_path, monkeypatch) -> None:
+    import knng.demo_embed
+
+    seen = {}
+    monkeypatch.setattr(knng.demo_embed, "run_embed_demo", lambda **kw: seen.update(kw) or {"passed": True})
+    assert main(["demo", "--embed", "--device", "cpu", "-o", str(tmp_path)]) == 0
+    assert seen == {"out_dir": str(tmp_path), "device": "cpu"}
+
+
+# ------------------------------------------------------------------------------------------
+# transform (Nyström)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("params", [
+    {}, {"epsilon": "self_tuning", "alpha": 0.5, "t": 3}, {"alpha": 0.0, "t": 0}, {"metric": "cosine"},
+])
+def test_transform_of_the_training_points_gives_their_embedding(params, rng) -> None:
+    from knng.demo_embed import swiss_roll
+
+    if params.get("metric") == "cosine":
+        x = blob(rng, 800, 5) + 2.0  # directions that spread evenly (a swiss roll's do not)
+    else:
+        x, _ = swiss_roll(800, seed=int(rng.integers(2**31)))
+    dm = DiffusionMap(n_components=3, n_neighbors=10, device="cpu", **params).fit(x)
+    assert_close_relative(dm.transform(x), dm.embedding_, rtol=1e-9, what="transform(X_train)")
+    # Subsets and single rows give the same rows (every row is embedded on its own).
+    assert_close_relative(dm.transform(x[5:9]), dm.embedding_[5:9], rtol=1e-9)
+
+
+def test_transform_of_new_points_is_close_to_their_neighbours(rng) -> None:
+    from knng.demo_embed import swiss_roll
+
+    x, t = swiss_roll(2000, seed=int(rng.integers(2**31)))
+    dm = DiffusionMap(n_components=2, n_neighbors=15, device="cpu").fit(x[:1500])
+    e_new = dm.transform(x[1500:])
+    # The unrolled coordinate of new points follows the roll parameter as the training one does.
+    assert abs(spearmanr(e_new[:, 0], t[1500:]).statistic) >= 0.98
+    # A point moved by a hair lands next to where it was.
+    moved = dm.transform(x[:20] + 1e-4)
+    assert np.abs(moved - dm.embedding_[:20]).max() < 1e-2 * np.abs(dm.embedding_).max()
+
+
+def test_torch_input_and_a_precomputed_graph(rng) -> None:
+    x = blob(rng)
+    ref = DiffusionMap(n_components=3, n_neighbors=8, device="cpu").fit(x)
+    tensor = DiffusionMap(n_components=3, n_neighbors=8, device="cpu").fit(torch.from_numpy(x))
+    np.testing.assert_array_equal(tensor.embedding_, ref.embedding_)
+    np.testing.assert_allclose(tensor.transform(torch.from_numpy(x[:7])), ref.embedding_[:7], atol=1e-9)
+    g = knng.graph(x, 12, device="cpu")  # a larger k: its first 8 columns are the 8-NN graph
+    from_graph = DiffusionMap(n_components=3, n_neighbors=8, device="cpu").fit(g)
+    np.testing.assert_array_equal(from_graph.embedding_, ref.embedding_)
+    with pytest.raises(ValueError, match="training vectors"):
+        from_graph.transform(x)
+    both = DiffusionMap(n_components=3, n_neighbors=8, device="cpu").fit(x, graph=g)
+    np.testing.assert_allclose(both.transform(x[:5]), ref.embedding_[:5], atol=1e-9)
+    assert not hasattr(from_graph, "n_features_in_") and both.n_features_in_ == 3
+
+
+def test_report_as_dict_is_json(rng) -> None:
+    dm = DiffusionMap(n_components=2, n_neighbors=8, device="cpu").fit(blob(rng))
+    report = json.loads(json.dumps(dm.report_.as_dict()))
+    assert set(report["seconds"]) == {"graph", "kernel", "eigensolver"}
+    assert report["components"] == 1 and len(report["eigenvalues"]) == len(report["residuals"]) == 4
+    assert report["epsilon_rule"].startswith("auto") and report["epsilon"] == dm.epsilon_
+    assert dm.n_iter_ >= 1 and dm.report_.matvecs == dm.n_iter_
+
+
+# ------------------------------------------------------------------------------------------
+# bad input: errors that name the argument
+# ------------------------------------------------------------------------------------------
+
+
+def test_a_disconnected_graph_is_refused_naming_n_neighbors(rng) -> None:
+    x = np.r_[rng.standard_normal((60, 3)), rng.standard_normal((50, 3)) + 100.0]
+    with pytest.raises(ValueError, match=r"n_neighbors=5.*2 connected components \(sizes 60, 50\).*try 10"):
+        DiffusionMap(n_neighbors=5, device="cpu").fit(x)
+
+
+def test_an_epsilon_so_small_that_the_kernel_falls_apart_is_named(rng) -> None:
+    x = blob(rng, 100, 3)
+    with pytest.raises(ValueError, match="n_neighbors=5.*underflowed to 0 with epsilon=1e-06"):
+        DiffusionMap(n_neighbors=5, epsilon=1e-6, device="cpu").fit(x)
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"epsilon": 0.0}, "epsilon"), ({"epsilon": -1.0}, "epsilon"), ({"epsilon": "median"}, "epsilon"),
+    ({"epsilon": float("nan")}, "epsilon"), ({"n_components": 0}, "n_components"),
+    ({"n_components": 30}, "n_components=30.*n_samples=30"),
+    ({"n_neighbors": 0}, "n_neighbors"), ({"n_neighbors": 2.5}, "n_neighbors"), ({"alpha": 1.5}, "alpha"),
+    ({"alpha": -0.1}, "alpha"), ({"t": -1}, "t must"), ({"metric": "inner_product"}, "metric"),
+    ({"eigen_solver": "lobpcg"}, "eigen_solver"), ({"eigen_tol": 0}, "eigen_tol"), ({"max_iter": 0}, "max_iter"),
+    ({"sigma_neighbor": 0}, "sigma_neighbor"),
+])
+def test_bad_parameters_name_the_argument(params, match, rng) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        DiffusionMap(device="cpu", **params).fit(blob(rng, 30, 3))
+
+
+def test_nan_and_bad_graphs_are_refused(rng) -> None:
+    x = blob(rng, 50, 3)
+    x[3, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        DiffusionMap(device="cpu").fit(x)
+    with pytest.raises(ValueError, match="NaN"):
+        DiffusionMap(device="cpu").fit(torch.from_numpy(x))
+    x = blob(rng, 50, 3)
+    with pytest.raises(ValueError, match="include_self"):
+        DiffusionMap(n_neighbors=5, device="cpu").fit(knng.graph(x, 5, include_self=True, device="cpu"))
+    with pytest.raises(ValueError, match="n_neighbors=9 is more than the graph's k=5"):
+        DiffusionMap(n_neighbors=9, device="cpu").fit(knng.graph(x, 5, device="cpu"))
+    with pytest.raises(ValueError, match="metric"):
+        DiffusionMap(n_neighbors=5, device="cpu").fit(knng.graph(x, 5, metric="cosine", device="cpu"))
+    with pytest.raises(ValueError, match="features"):
+        DiffusionMap(n_neighbors=5, device="cpu").fit(x).transform(x[:, :2])
+
+
+# ------------------------------------------------------------------------------------------
+# scikit-learn's contract and the package's import rules
+# ------------------------------------------------------------------------------------------
+
+
+# Larger n_neighbors than the default: check_estimator fits iris, whose setosa class is a
+# component of its own in the 15-NN graph (and is refused as disconnected, on purpose).
+@parametrize_with_checks([DiffusionMap(n_neighbors=60, device="cpu")])
+def test_sklearn_estimator_checks(estimator, check) -> None:
+    check(estimator)
+
+
+def test_import_knng_does_not_import_sklearn_or_scipy() -> None:
+    code = ("import sys, knng; assert 'sklearn' not in sys.modules and 'scipy' not in sys.modules, 'eager'; "
+            "knng.DiffusionMap; assert 'sklearn' in sys.modules; print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "PYTHONPATH": str(Path(knng.__file__).parents[1])})
+    assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_cli_copies_of_the_names_agree() -> None:
+    from knng import cli
+
+    assert cli.EMBED_METRICS == manifold.METRICS
+    assert cli.EMBED_EPSILON_RULES == manifold.EPSILON_RULES
+    assert cli.EMBED_EIGEN_SOLVERS == manifold.EIGEN_SOLVERS
+
+
+# ------------------------------------------------------------------------------------------
+# knng embed
+# ------------------------------------------------------------------------------------------
+
+
+def _roll_file(tmp_path: Path, n: int = 600) -> tuple[str, np.ndarray, np.ndarray]:
+    from knng.demo_embed import swiss_roll
+
+    x, t = swiss_roll(n, seed=3)
+    x = x.astype(np.float32)
+    np.save(tmp_path / "roll.npy", x)
+    return str(tmp_path / "roll.npy"), x, t
+
+
+def test_embed_command_writes_the_set(tmp_path, capsys) -> None:
+    data, x, t = _roll_file(tmp_path)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("\n".join("inner" if v < 9 else "outer" for v in t) + "\n")
+    out = tmp_path / "out"
+    code = main(["embed", data, "-k", "10", "--components", "3", "-o", str(out), "--labels", str(labels),
+                 "--no-progress", "--device", "cpu"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    embedding, eigenvalues = np.load(out / "embedding.npy"), np.load(out / "eigenvalues.npy")
+    ref = DiffusionMap(n_components=3, n_neighbors=10, device="cpu").fit(x)
+    np.testing.assert_array_equal(embedding, ref.embedding_)
+    np.testing.assert_array_equal(eigenvalues, ref.eigenvalues_)
+    meta = json.loads((out / "knng.json").read_text())
+    assert meta["command"] == "embed" and meta["k"] == 10 and meta["components"] == 3
+    assert set(meta["timings_s"]) == {"graph", "kernel", "eigensolver"}
+    assert meta["diffusion"]["eigenvalues"][1:4] == pytest.approx(list(eigenvalues))
+    if meta["plot"] == "embedding.png":
+        assert (out / "embedding.png").stat().st_size > 0 and "embedding.png" in stdout
+    else:
+        assert "knng[plot]" in meta["plot"] and "no plot: matplotlib is not installed" in stdout
+    assert "eigenvalues λ₁…λ_3" in stdout and "graph" in stdout and "eigensolver" in stdout
+    # The folder holds results now: a second run needs --overwrite.
+    assert main(["embed", data, "-k", "10", "-o", str(out), "--no-progress"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_embed_command_without_matplotlib(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib…` fail
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    data, _, _ = _roll_file(tmp_path, 300)
+    out = tmp_path / "out"
+    assert main(["embed", data, "-k", "10", "-o", str(out), "--no-progress", "--device", "cpu"]) == 0
+    assert "no plot: matplotlib is not installed (pip install 'knng[plot]')" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["eigenvalues.npy", "embedding.npy", "knng.json"]
+
+
+def test_embed_command_with_matplotlib_draws_the_plot(tmp_path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    data, _, _ = _roll_file(tmp_path, 300)
+    labels = tmp_path / "labels.npy"
+    np.save(labels, np.arange(300) % 3)
+    out = tmp_path / "out"
+    assert main(["embed", data, "-k", "10", "--components", "2", "-o", str(out), "--no-progress", "--labels",
+                 str(labels)]) == 0
+    assert (out / "embedding.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--epsilon", "0"], "--epsilon"), (["--epsilon", "wide"], "--epsilon"), (["--components", "600"], "--components"),
+    (["--metric", "inner_product"], "--metric"), (["--alpha", "2"], "--alpha"), (["--t", "-1"], "--t"),
+    (["-k", "0"], "-k"),
+    (["--color-by", "5"], "--color-by"),
+])
+def test_embed_command_bad_arguments(argv, match, tmp_path, capsys) -> None:
+    data, _, _ = _roll_file(tmp_path, 600)
+    args = ["embed", data, "-k", "10", "-o", str(tmp_path / "out"), "--no-progress", *argv]
+    assert main(args) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_embed_command_labels_must_match(tmp_path, capsys) -> None:
+    data, _, _ = _roll_file(tmp_path, 300)
+    (tmp_path / "few.txt").write_text("1\n2\n")
+    assert main(["embed", data, "-k", "10", "-o", str(tmp_path / "out"), "--labels", str(tmp_path / "few.txt")]) == 2
+    assert "--labels" in capsys.readouterr().err
+
+
+def test_embed_help(capsys) -> None:
+    assert main(["embed", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "embedding.npy" in out and "Berry" in out
+
+
+# ------------------------------------------------------------------------------------------
+# GPU (run with -m gpu on a GPU machine)
+# ------------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+def test_gpu_torch_solver_equals_the_cpu_scipy_path(rng) -> None:
+    x = blob(rng, 3000, 8)
+    cpu = DiffusionMap(n_components=6, n_neighbors=15, eigen_tol=1e-12, device="cpu").fit(x)
+    cuda = DiffusionMap(n_components=6, n_neighbors=15, eigen_tol=1e-12, device="cuda").fit(x)
+    assert "Lanczos" in cuda.report_.solver and cuda.report_.device.startswith("cuda")
+    assert cuda.epsilon_ == pytest.approx(cpu.epsilon_, rel=1e-12)
+    np.testing.assert_allclose(cuda.eigenvalues_, cpu.eigenvalues_, rtol=0, atol=1e-11)
+    assert_close_relative(cuda.embedding_, cpu.embedding_, rtol=1e-7, what="GPU vs CPU embedding")
+    assert_close_relative(cuda.transform(x[:100]), cpu.embedding_[:100], rtol=1e-7, what="GPU transform")
+
+
+@gpu
+@needs_cuda
+def test_gpu_kernel_equals_the_cpu_kernel(rng) -> None:
+    x = blob(rng, 2000, 8)
+    g = knng.graph(x, 12, device="cpu")
+    for epsilon in ("auto", "self_tuning", 3.0):
+        a = manifold.diffusion_kernel(g, epsilon=epsilon, device="cpu")
+        b = manifold.diffusion_kernel(g, epsilon=epsilon, device="cuda")
+        assert torch.equal(a.rows, b.rows.cpu()) and torch.equal(a.cols, b.cols.cpu())
+        torch.testing.assert_close(b.conjugate.cpu(), a.conjugate, rtol=1e-13, atol=0)
+
+
+@gpu
+@needs_cuda
+def test_gpu_torch_tensor_input_stays_on_the_device(rng) -> None:
+    x = torch.from_numpy(blob(rng, 1500, 6)).cuda()
+    dm = DiffusionMap(n_components=3, n_neighbors=10).fit(x)
+    assert dm.report_.device.startswith("cuda")
+    assert_close_relative(dm.transform(x[:50]), dm.embedding_[:50], rtol=1e-9)
