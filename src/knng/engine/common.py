@@ -214,19 +214,11 @@ class PreparedCorpus:
             return self.resident[start:stop]
         return self._prepare(self.corpus.rows(start, stop)).vectors
 
-    def tiles(self, step: int, first: int | None = None) -> Iterator[tuple[int, int, torch.Tensor]]:
-        """Every tile of at most ``step`` rows in order, ``(start, stop, prepared rows)``: a streamed
+    def tiles(self, step: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """Every tile of ``step`` rows in order, ``(start, stop, prepared rows)``: a streamed
         corpus is read :data:`READ_AHEAD` tiles ahead by a background thread, so that the
-        reads overlap the screen of the tiles before.
-
-        ``first``: the first tile's rows, each next tile twice the one before, up to ``step``
-        (a screen whose thresholds tighten after each tile keeps about k pairs per row from
-        each tile that doubles what it has seen).
-        """
-        ranges, start, width = [], 0, max(1, min(step, first or step))
-        while start < self.corpus.n:
-            ranges.append((start, min(self.corpus.n, start + width)))
-            start, width = start + width, min(step, 2 * width)
+        reads overlap the screen of the tiles before."""
+        ranges = [(start, min(self.corpus.n, start + step)) for start in range(0, self.corpus.n, step)]
         if self.resident is not None:
             for start, stop in ranges:
                 yield start, stop, self.resident[start:stop]
