@@ -9,7 +9,9 @@ second. Usage::
     PYTHONPATH=src python bench/stage_times.py graph 200000 128 float32 10
 
 Arguments: task, n, d, screen precisions (the planner's choice is overridden), k values, and
-for a search optionally the number of queries (default 10,000). Gaussian data.
+for a search optionally the number of queries (default 10,000). Gaussian data. ``--calls N``
+prints the stages of N timed calls each, not only one (how the sample drawn on the host made
+one search in three 40 ms slower showed up).
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ def main() -> None:
     ap.add_argument("precisions")
     ap.add_argument("ks")
     ap.add_argument("queries", type=int, nargs="?", default=10_000)
+    ap.add_argument("--calls", type=int, default=1, help="timed calls per configuration")
     args = ap.parse_args()
     if args.task == "search":
-        stages = [(search, "prepare_corpus"), (search, "block_scores"), (search, "seed_candidates"),
-                  (search, "screen_rows"), (store.CandidateStore, "screen_thresholds")]
+        stages = [(search, "prepare_corpus"), (search, "sample_columns"), (search, "block_scores"),
+                  (search, "seed_candidates"), (search, "screen_rows"), (store.CandidateStore, "screen_thresholds"),
+                  (store.CandidateStore, "tighten")]
     else:
         stages = [(graph, "corpus_stats"), (graph, "PreparedCorpus"), (graph, "screen_own_part"),
                   (graph, "pair_scores"), (graph, "screen_pairs")]
@@ -73,19 +77,20 @@ def main() -> None:
         for k in [int(v) for v in args.ks.split(",")]:
             run = (lambda: knng.search(q, x, k)) if args.task == "search" else (lambda: knng.graph(x, k))
             run()
-            torch.cuda.synchronize()
-            TOTALS.clear()
-            CALLS.clear()
-            t0 = time.perf_counter()
-            result = run()
-            torch.cuda.synchronize()
-            wall = time.perf_counter() - t0
-            p = result.report.plan
-            print(f"{args.task} {args.n}×{args.d} {precision} k={k}: {1e3 * wall:.1f} ms; tiles {p.query_rows} × "
-                  f"{p.corpus_cols}; screened per row {result.report.screened_per_row}; "
-                  f"evaluated {result.report.evaluations_per_row}")
-            print("   " + "; ".join(f"{name} {1e3 * s:.1f} ms/{CALLS[name]}"
-                                    for name, s in sorted(TOTALS.items(), key=lambda kv: -kv[1])), flush=True)
+            for _ in range(args.calls):
+                torch.cuda.synchronize()
+                TOTALS.clear()
+                CALLS.clear()
+                t0 = time.perf_counter()
+                result = run()
+                torch.cuda.synchronize()
+                wall = time.perf_counter() - t0
+                p = result.report.plan
+                print(f"{args.task} {args.n}×{args.d} {precision} k={k}: {1e3 * wall:.1f} ms; tiles {p.query_rows} × "
+                      f"{p.corpus_cols}; screened per row {result.report.screened_per_row}; "
+                      f"evaluated {result.report.evaluations_per_row}")
+                print("   " + "; ".join(f"{name} {1e3 * s:.1f} ms/{CALLS[name]}"
+                                        for name, s in sorted(TOTALS.items(), key=lambda kv: -kv[1])), flush=True)
 
 
 if __name__ == "__main__":
