@@ -252,7 +252,7 @@ def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, s
         assert bool((store.tau >= key - slack).all()), (store.tau - key)[store.tau < key - slack]
 
     monkeypatch.setattr(CandidateStore, "tighten", checked)
-    monkeypatch.setattr("knng.engine.search.TIGHTEN_AFTER_FIRST_TILE", "always")  # by default on GPUs only
+    monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))  # by default on GPUs only
     res = knng.search(q, x, k, memory_budget="64KB")
     assert last_report().plan.corpus_cols < 1500
     assert seen["calls"] > 0, seen

@@ -124,16 +124,21 @@ def _check_n_neighbors(n_neighbors: Any, name: str = "n_neighbors") -> int:
     return int(n_neighbors)
 
 
-def _check_torch(X: torch.Tensor, name: str = "X") -> torch.Tensor:
-    """Validate a torch tensor the way ``check_array`` validates arrays, without leaving torch."""
+def check_tensor(X: torch.Tensor, name: str = "X", min_samples: int = 1) -> torch.Tensor:
+    """Validate a torch tensor the way ``check_array`` validates arrays, without leaving torch.
+
+    2-D, at least ``min_samples`` rows and one column, real, finite; dtypes knng does not take
+    become float64 (as scikit-learn would make them). Returns the tensor, detached, on its device.
+    """
     if X.ndim != 2:
         raise ValueError(
             f"Expected 2D array, got {X.ndim}D tensor instead: reshape your data either using "
             "X.reshape(-1, 1) if your data has a single feature or X.reshape(1, -1) if it "
             "contains a single sample."
         )
-    if X.shape[0] < 1:
-        raise ValueError(f"Found array with 0 sample(s) (shape={tuple(X.shape)}) while a minimum of 1 is required.")
+    if X.shape[0] < min_samples:
+        raise ValueError(f"Found array with {X.shape[0]} sample(s) (shape={tuple(X.shape)}) while a minimum of "
+                         f"{min_samples} is required.")
     if X.shape[1] < 1:
         raise ValueError(f"Found array with 0 feature(s) (shape={tuple(X.shape)}) while a minimum of 1 is required.")
     X = X.detach()
@@ -180,7 +185,7 @@ class _KNNGNeighborsBase(BaseEstimator):
         """Validate training data; torch tensors stay torch tensors on their device."""
         requires_y = self.__sklearn_tags__().target_tags.required
         if isinstance(X, torch.Tensor):
-            X = _check_torch(X)
+            X = check_tensor(X)
             if requires_y:
                 # Only y goes through scikit-learn here: X must not be copied to NumPy.
                 y = validate_data(
@@ -205,7 +210,7 @@ class _KNNGNeighborsBase(BaseEstimator):
 
     def _validate_query(self, X: Any) -> Any:
         if isinstance(X, torch.Tensor):
-            X = _check_torch(X)
+            X = check_tensor(X)
             if hasattr(self, "feature_names_in_"):
                 # validate_data would warn about the missing names; keep the same behaviour.
                 validate_data(self, X="no_validation", reset=False)

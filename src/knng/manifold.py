@@ -42,6 +42,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from knng.api import graph as knng_graph
 from knng.api import search as knng_search
 from knng.engine.common import resolve_device
+from knng.estimators import check_tensor
 from knng.results import Graph
 
 __all__ = [
@@ -695,21 +696,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _check_tensor(X: torch.Tensor, min_samples: int) -> torch.Tensor:
-    """A torch tensor validated like ``check_array`` (2-D, enough rows, finite), kept on its device."""
-    if X.ndim != 2:
-        raise ValueError(f"Expected 2D array, got {X.ndim}D tensor instead (X)")
-    if X.shape[0] < min_samples:
-        raise ValueError(f"Found array with {X.shape[0]} sample(s) (shape={tuple(X.shape)}) while a minimum "
-                         f"of {min_samples} is required (X).")
-    if X.shape[1] < 1:
-        raise ValueError(f"Found array with 0 feature(s) (shape={tuple(X.shape)}) while a minimum of 1 is "
-                         "required (X).")
-    X = X.detach()
-    if not X.is_floating_point():
-        X = X.to(torch.float64)
-    if not bool(torch.isfinite(X).all()):
-        raise ValueError("Input X contains NaN or infinity.")
-    return X
+    """A torch tensor validated as the estimators validate one, then in a floating type (the
+    kernel and Nyström's arithmetic run in it)."""
+    X = check_tensor(X, min_samples=min_samples)
+    return X if X.is_floating_point() else X.to(torch.float64)
 
 
 class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):

@@ -23,7 +23,6 @@ kernel runs on CPU tensors (the CI tests do that; bfloat16 products are not trus
 
 from __future__ import annotations
 
-import collections
 import functools
 import importlib.util
 import os
@@ -214,8 +213,6 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
 #: start a quarter larger: k = 100 graph blocks keep more than INITIAL_PER_ROW pairs per row
 #: early on, and each overflow ran the kernel twice (71 of 666 blocks of a 582k × 64 graph).
 _last_found: dict[tuple[str, torch.device], int] = {}
-#: Launches repeated because a list overflowed, per kind (a diagnostic for benchmarks).
-relaunches: collections.Counter = collections.Counter()
 
 
 def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,
@@ -244,7 +241,6 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
             raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
                                f"({MAX_LIST}); smaller blocks are needed")
         capacity = max(found)  # the same thresholds keep the same pairs: one relaunch fits them all
-        relaunches[kind] += 1
     _last_found[(kind, device)] = max(found)
     out = [Survivors(owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found)]
     return out[0], out[1] if symmetric else None

@@ -37,15 +37,15 @@ __all__ = ["SearchReport", "exact_search", "prepare_corpus"]
 TF32_SAMPLE = True
 
 
-#: Where the thresholds tighten once, after the first corpus tile, from its survivors
-#: (:meth:`CandidateStore.tighten`): "gpu" (on a CUDA device), "always" or "never". The k-th
+#: Device types on which the thresholds tighten once, after the first corpus tile, from its
+#: survivors (:meth:`CandidateStore.tighten`). The k-th
 #: of a tile of 262,144 columns bounds tighter than the sample's 65,536. 1M × 128, 10k queries,
 #: TF32, H100 (2026-11-23): 220 → 105 pairs screened per row at k = 10, screen 48 → 38 ms;
 #: tightening after every tile, with tiles doubling from a quarter width, kept about as many
 #: (97) and cost 8–12 ms of sorts; float32 k = 10: 143 pairs per row without, 65 with. On a
 #: CPU (64k × 64, 10k queries) the tiles are narrower than the sample and nothing changed
 #: (135 pairs per row either way).
-TIGHTEN_AFTER_FIRST_TILE = "gpu"
+TIGHTEN_ON = frozenset({"cuda"})
 
 
 @dataclass
@@ -183,8 +183,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
         maxima = pcorpus.maxima(c0, c1)
         found = screen_rows(prep.vectors, tile, corpus.d, store.screen_thresholds(rows, *maxima), precision,
                             col_terms=None if terms is None else terms[c0:c1])
-        if c0 == 0 and c1 < corpus.n and (TIGHTEN_AFTER_FIRST_TILE == "always" or (
-                TIGHTEN_AFTER_FIRST_TILE == "gpu" and device.type == "cuda")):
+        if c0 == 0 and c1 < corpus.n and device.type in TIGHTEN_ON:
             store.tighten(found.owner, found.keys, *maxima)  # the later tiles screen against it
         store.add(found.owner, found.other + c0, found.keys)
     return store

@@ -383,7 +383,7 @@ class CandidateStore:
         row's k-th true key, as the store's own tightening is; it costs one sort of the
         survivors instead of a store update, so the next blocks of a screen run on thresholds
         that already know this one (a 1M × 128 search at k = 10 let 220 pairs per row through
-        with the sample's thresholds alone, 95 with this after each tile). The pairs are not
+        with the sample's thresholds alone, 105 with this after its first tile). The pairs are not
         taken in: hand them to :meth:`add` as well.
         """
         p = rows.numel()
