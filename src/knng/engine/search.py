@@ -38,13 +38,12 @@ TF32_SAMPLE = True
 
 
 #: Device types on which the thresholds tighten once, after the first corpus tile, from its
-#: survivors (:meth:`CandidateStore.tighten`). The k-th
-#: of a tile of 262,144 columns bounds tighter than the sample's 65,536. 1M × 128, 10k queries,
-#: TF32, H100 (2026-11-23): 220 → 105 pairs screened per row at k = 10, screen 48 → 38 ms;
-#: tightening after every tile, with tiles doubling from a quarter width, kept about as many
-#: (97) and cost 8–12 ms of sorts; float32 k = 10: 143 pairs per row without, 65 with. On a
-#: CPU (64k × 64, 10k queries) the tiles are narrower than the sample and nothing changed
-#: (135 pairs per row either way).
+#: survivors (:meth:`CandidateStore.tighten`). The k-th of a tile of 262,144 columns bounds
+#: tighter than the sample's 65,536. 1M × 128, 10k queries, TF32, H100 (2026-11-23): 220 → 105
+#: pairs screened per row at k = 10, screen 48 → 38 ms; tightening after every tile, with tiles
+#: doubling from a quarter width, kept about as many (97) and cost 8–12 ms of sorts; float32
+#: k = 10: 143 pairs per row without, 65 with. On a CPU (64k × 64, 10k queries) the tiles are
+#: narrower than the sample and nothing changed (135 pairs per row either way).
 TIGHTEN_ON = frozenset({"cuda"})
 
 
