@@ -277,3 +277,25 @@ def test_key_codes_sort_as_the_keys(rng):
     up = _float32_up(wide)
     assert up.dtype == torch.float32 and bool((up.double() >= wide).all())
     assert bool((torch.nextafter(up, torch.full_like(up, -np.inf)).double() < wide).all())  # the least such
+
+
+@pytest.mark.parametrize("shift", [1, 15, 21, 33])
+def test_wide_key_codes_sort_and_round_up(rng, shift):
+    # A store update sorts (row, upper bound) pairs as one int64 with the row in the top bits:
+    # the bound's code keeps 64 − shift bits, in order, and a code rounds up (never down).
+    from knng.engine.store import _code64_up, _rounded_up
+
+    special = [-np.inf, -1.7e308, -1.0, -5e-324, -0.0, 0.0, 5e-324, 1e-300, 1.0, 1.7e308, np.inf]
+    x = torch.from_numpy(np.concatenate([special, rng.standard_normal(20000) * 10.0 ** rng.integers(-300, 300, 20000),
+                                         1.0 + np.arange(2000) * 2.0**-52]))
+    codes = _code64_up(x, shift)
+    assert int(codes.min()) >= 0 and int(codes.max()) < 2**(64 - shift)
+    order = torch.argsort(x, stable=True)
+    assert bool((codes[order][1:] >= codes[order][:-1]).all())  # sorted keys give sorted codes
+    up = _rounded_up(x, shift)
+    assert bool((up >= x).all()) and torch.equal(_code64_up(up, shift), codes)
+    # The packed (row, code) sorts by row first.
+    rows = torch.from_numpy(rng.integers(0, 2**(shift - 1), x.numel()))
+    packed = rows * 2**(64 - shift) + codes
+    assert int(packed.min()) >= 0
+    assert torch.equal(packed >> (64 - shift), rows)

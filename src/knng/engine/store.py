@@ -152,6 +152,24 @@ def _decoded(code: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
+_SIGN_FLIP = 2**63 - 1
+
+
+def _code64_up(keys: torch.Tensor, shift: int) -> torch.Tensor:
+    """float64 ``keys`` as int64 codes in [0, 2^(64 − shift)) that sort as the keys do, each
+    key's order code (−0 just below +0) rounded up to a multiple of 2^shift."""
+    bits = keys.view(torch.int64)
+    code = torch.where(bits < 0, bits ^ _SIGN_FLIP, bits)
+    up = (code & (2**shift - 1)) != 0
+    return ((code >> shift) + 2**(63 - shift) + up).clamp_max(2**(64 - shift) - 1)
+
+
+def _rounded_up(keys: torch.Tensor, shift: int) -> torch.Tensor:
+    """float64 ``keys`` rounded up to the values :func:`_code64_up` codes exactly (≥ ``keys``)."""
+    code = ((_code64_up(keys, shift) - 2**(63 - shift)) << shift)
+    return torch.where(code < 0, code ^ _SIGN_FLIP, code).view(torch.float64)
+
+
 def _filled(like: torch.Tensor, value: "float | torch.Tensor") -> torch.Tensor:
     """``value`` in the shape of ``like``: a number filled in, a tensor broadcast (no copy)."""
     if isinstance(value, torch.Tensor):
@@ -482,98 +500,114 @@ class CandidateStore:
         if rows.numel() == 0:
             return
         self.stats.survivors += int(rows.numel())
-        order = torch.argsort(rows, stable=True)
-        rows, cols, keys, rad = rows[order], cols[order], keys[order], rad[order]
-        targets, per_target = torch.unique_consecutive(rows, return_counts=True)
-        starts = torch.cumsum(per_target, 0) - per_target
-        entries = rows.numel()
-        rank = (torch.arange(entries, device=rows.device)
-                - torch.repeat_interleave(starts, per_target, output_size=entries))
-        over = self.count[targets] + per_target > self.capacity
-        over_at = torch.nonzero(over).flatten()
-        if over_at.numel():
-            mask = torch.repeat_interleave(over, per_target, output_size=entries)  # rows are sorted: one flag per run
-            extra = _Entries(*_compact(mask, rows, cols, keys, rad))
-            self._tighten(targets[over_at], per_target[over_at], extra)
-            rows, cols, keys, rad, rank = _compact(~mask, rows, cols, keys, rad, rank)
-            # Rows just tightened have their count; the others grow by what they take.
-            per_target = torch.where(over, 0, per_target)
-        if rows.numel():
-            slot = self.count[rows] + rank
-            self.keys[rows, slot] = keys
-            self.rad[rows, slot] = rad
-            self.idx[rows, slot] = cols
-            self.dist[rows, slot] = torch.nan
-            self.count[targets] += per_target
-
-    def _tighten(self, rows: torch.Tensor, per_row: torch.Tensor, extra: "_Entries") -> None:
-        """Tighten ``rows`` (sorted) with their ``per_row`` extra survivors (``extra``, sorted by row),
-        in groups of similar widths (:func:`_rebuild_groups`)."""
-        widest = int(per_row.max())
-        groups = _rebuild_groups(per_row, self.capacity, widest=widest, entries=self.rebuild_entries)
-        if len(groups) == 1:
-            self._rebuild(rows, extra, per_row, widest)
+        new = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
+        over = self.count + new > self.capacity
+        # A merge sorts the new survivors with everything held by the rows that overflow; rows
+        # are cut into ranges of at most rebuild_entries such entries (one range, mostly).
+        merged = torch.cumsum(new + torch.where(over, self.count, 0), 0)
+        total = int(merged[-1])
+        if total <= self.rebuild_entries:
+            self._merge(rows, cols, keys, rad, new, over)
             return
-        # Each extra survivor to its row's group: one stable sort by group keeps every group's
-        # survivors together and in row order (a membership test per group cost a GPU graph of
-        # Gaussian points 0.34 s at k = 100); one transfer gives every group's size and width.
-        group_of = torch.empty_like(rows)
-        for g, members in enumerate(groups):
-            group_of.index_fill_(0, members, g)
-        by_group = torch.argsort(torch.repeat_interleave(group_of, per_row, output_size=extra.rows.numel()),
-                                 stable=True)
-        sizes = torch.zeros(len(groups), dtype=per_row.dtype, device=per_row.device).index_add_(0, group_of, per_row)
-        widths = torch.zeros_like(sizes).scatter_reduce_(0, group_of, per_row, "amax")
-        sizes_h, widths_h = torch.stack([sizes, widths]).tolist()
-        start = 0
-        for members, size, width in zip(groups, sizes_h, widths_h):
-            at = by_group[start:start + size]
-            start += size
-            self._rebuild(rows[members], _Entries(extra.rows[at], extra.cols[at], extra.keys[at], extra.rad[at]),
-                          per_row[members], width)
+        cuts = torch.searchsorted(merged, torch.arange(self.rebuild_entries, total, self.rebuild_entries,
+                                                       device=merged.device), right=True)
+        bounds = [0, *sorted(set(cuts.tolist()) - {0, self.n}), self.n]
+        for r0, r1 in zip(bounds[:-1], bounds[1:]):
+            part = _compact((rows >= r0) & (rows < r1), rows, cols, keys, rad)
+            in_range = torch.zeros_like(over)
+            in_range[r0:r1] = True
+            self._merge(*part, torch.where(in_range, new, 0), over & in_range)
 
-    def _rebuild(self, rows: torch.Tensor, extra: "_Entries", per_row: torch.Tensor, width: int) -> None:
-        """Tighten rows that would overflow: merge their store with the extra survivors
-        (``per_row`` of them for each row, at most ``width``)."""
-        block = self._gather_with(rows, extra, per_row, width)
-        self.stats.tightenings += int(rows.numel())
-        block, count = self._prune(rows, block)
-        sub = torch.nonzero(count > self.capacity).flatten()
-        if sub.numel():
-            # Near-ties beyond the capacity: evaluate them and keep the exact top k.
-            self._overflowed[rows[sub]] = True
-            self.stats.overflow_rows += int(sub.numel())
-            exact = self._evaluate_all(rows[sub], block.take(sub))
-            exact, _ = self._prune(rows[sub], exact)
-            idx, dist, keys, rad = _top_by_distance(exact.idx, exact.dist, self.k, exact.keys, exact.rad)
-            width = block.keys.shape[1]
-            block.keys[sub] = _pad(keys, width, torch.inf)
-            block.rad[sub] = _pad(rad, width, torch.inf)
-            block.idx[sub] = _pad(idx, width, -1)
-            block.dist[sub] = _pad(dist, width, torch.nan)
-            count[sub] = (idx >= 0).sum(dim=1)
-        cap = self.capacity
-        self.keys[rows] = block.keys[:, :cap]
-        self.rad[rows] = block.rad[:, :cap]
-        self.idx[rows] = block.idx[:, :cap]
-        self.dist[rows] = block.dist[:, :cap]
-        self.count[rows] = count
+    def _merge(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor,
+               new: torch.Tensor, over: torch.Tensor) -> None:
+        """Take survivors in (``new`` of them per row); rows flagged ``over`` would overflow and tighten.
 
-    def _gather_with(self, rows: torch.Tensor, extra: "_Entries", per_row: torch.Tensor, width: int) -> "_Block":
-        """The stored candidates of ``rows`` side by side with extra ones (padded matrices):
-        ``per_row`` extra entries for each row (``extra`` sorted by row), at most ``width``."""
-        m = rows.numel()
-        stored = _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
-        if extra.rows.numel() == 0:
-            return stored
-        local = torch.repeat_interleave(torch.arange(m, device=rows.device), per_row, output_size=extra.rows.numel())
-        starts = torch.cumsum(per_row, 0) - per_row
+        One int64 sort orders the survivors and every entry the overflowing rows hold by (row,
+        certified upper bound): a row's τ becomes min(τ, its k-th upper bound), everything whose
+        lower bound lies above goes, and the rest is written back in that order. The upper
+        bounds are rounded up to the 63 − ⌈log₂ n⌉ bits the row leaves (only raising the k-th).
+        A row whose near-ties still exceed the capacity has them evaluated exactly
+        (:meth:`_settle_ties`).
+        """
+        over_rows = torch.nonzero(over).flatten()
+        dist = torch.full_like(keys, torch.nan)
+        if over_rows.numel():
+            self.stats.tightenings += int(over_rows.numel())
+            r, c = torch.nonzero(self.idx[over_rows] >= 0, as_tuple=True)
+            held_rows = over_rows[r]
+            rows, cols, keys, rad, dist = (torch.cat(pair) for pair in (
+                (rows, held_rows), (cols, self.idx[held_rows, c]), (keys, self.keys[held_rows, c]),
+                (rad, self.rad[held_rows, c]), (dist, self.dist[held_rows, c])))
+        row_bits = max(1, (self.n - 1).bit_length())
+        shift = row_bits + 1
+        order = torch.sort(rows * 2**(64 - shift) + _code64_up(keys + rad, shift)).indices
+        rows, cols, keys, rad, dist = rows[order], cols[order], keys[order], rad[order], dist[order]
+        if over_rows.numel():
+            per_row = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
+            starts = torch.cumsum(per_row, 0) - per_row
+            kth = (keys + rad)[starts[over_rows] + self.k - 1]
+            self.tau[over_rows] = torch.minimum(self.tau[over_rows], _rounded_up(kth, shift))
+            rows, cols, keys, rad, dist = _compact(~over[rows] | (keys - rad <= self.tau[rows]),
+                                                   rows, cols, keys, rad, dist)
+        kept = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
+        starts = torch.cumsum(kept, 0) - kept
+        slot = torch.where(over, 0, self.count)[rows] + torch.arange(rows.numel(), device=rows.device) - starts[rows]
+        ties = over & (kept > self.capacity)
+        rewritten = over_rows
+        if bool(ties.any()):
+            tied = ties[rows]
+            self._settle_ties(torch.nonzero(ties).flatten(), _Entries(*_compact(tied, rows, cols, keys, rad)),
+                              dist[tied], kept)
+            rows, cols, keys, rad, dist, slot = _compact(~tied, rows, cols, keys, rad, dist, slot)
+            rewritten = torch.nonzero(over & ~ties).flatten()
+        # Fills and copies allocate nothing: an out-of-memory error comes before the store
+        # changes (the flush is retried without the pairs it already holds).
+        flat = rows * self.capacity + slot
+        for name, empty, values in (("keys", torch.inf, keys), ("rad", torch.inf, rad), ("idx", -1, cols),
+                                    ("dist", torch.nan, dist)):
+            table = getattr(self, name)
+            table.index_fill_(0, rewritten, empty)
+            table.view(-1).index_copy_(0, flat, values)
+        self.count = torch.where(ties, self.count, torch.where(over, kept, self.count + kept))
+
+    def _settle_ties(self, rows: torch.Tensor, entries: "_Entries", dist: torch.Tensor, per_row: torch.Tensor
+                     ) -> None:
+        """Rows whose candidates under τ exceed the capacity (near-ties: duplicates, flat image
+        regions, integer data): evaluate them exactly and keep the exact top k.
+
+        ``entries``: every candidate of ``rows`` (sorted by row), ``dist`` their float64
+        distances where already exact; ``per_row``: candidates per store row. Padded in groups
+        of similar widths (:func:`_rebuild_groups`).
+        """
+        self._overflowed[rows] = True
+        self.stats.overflow_rows += int(rows.numel())
+        widths = per_row[rows]
+        starts = torch.cumsum(widths, 0) - widths
+        local = torch.repeat_interleave(torch.arange(rows.numel(), device=rows.device), widths,
+                                        output_size=entries.rows.numel())
         rank = torch.arange(local.numel(), device=local.device) - starts[local]
-        new = _Block.empty(m, width, self.device)
-        new.keys[local, rank] = extra.keys
-        new.rad[local, rank] = extra.rad
-        new.idx[local, rank] = extra.cols
-        return stored.cat(new)
+        for members in _rebuild_groups(widths, 0, entries=self.rebuild_entries):
+            width = int(widths[members].max())
+            at = torch.zeros(rows.numel(), dtype=torch.bool, device=rows.device)
+            at[members] = True
+            pos = torch.full_like(at, -1, dtype=torch.int64)
+            pos[members] = torch.arange(members.numel(), device=rows.device)
+            sel = torch.nonzero(at[local]).flatten()
+            block = _Block.empty(members.numel(), width, self.device)
+            where = (pos[local[sel]], rank[sel])
+            block.keys[where] = entries.keys[sel]
+            block.rad[where] = entries.rad[sel]
+            block.idx[where] = entries.cols[sel]
+            block.dist[where] = dist[sel]
+            group = rows[members]
+            exact, _ = self._prune(group, self._evaluate_all(group, block))
+            idx, dist_k, keys, rad = _top_by_distance(exact.idx, exact.dist, self.k, exact.keys, exact.rad)
+            cap = self.capacity
+            self.keys[group] = _pad(keys, cap, torch.inf)
+            self.rad[group] = _pad(rad, cap, torch.inf)
+            self.idx[group] = _pad(idx, cap, -1)
+            self.dist[group] = _pad(dist_k, cap, torch.nan)
+            self.count[group] = (idx >= 0).sum(dim=1)
 
     def _bounds(self, block: "_Block") -> tuple[torch.Tensor, torch.Tensor]:
         """Certified (lo, hi) of every entry; empty slots get (+inf, +inf)."""
@@ -710,13 +744,6 @@ class _Block:
         inf = torch.full((m, width), torch.inf, dtype=torch.float64, device=device)
         return cls(inf, inf.clone(), torch.full((m, width), -1, dtype=torch.int64, device=device),
                    torch.full((m, width), torch.nan, dtype=torch.float64, device=device))
-
-    def take(self, rows: torch.Tensor) -> "_Block":
-        return _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
-
-    def cat(self, other: "_Block") -> "_Block":
-        return _Block(*(torch.cat([a, b], 1) for a, b in ((self.keys, other.keys), (self.rad, other.rad),
-                                                            (self.idx, other.idx), (self.dist, other.dist))))
 
 
 def _rebuild_groups(extra: torch.Tensor, capacity: int, widest: int | None = None, entries: int | None = None
