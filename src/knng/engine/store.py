@@ -504,6 +504,9 @@ class CandidateStore:
         over = self.count + new > self.capacity
         # A merge sorts the new survivors with everything held by the rows that overflow; rows
         # are cut into ranges of at most rebuild_entries such entries (one range, mostly).
+        if rows.numel() + self.n * self.capacity <= self.rebuild_entries:  # a bound known without a synchronisation
+            self._merge(rows, cols, keys, rad, new, over)
+            return
         merged = torch.cumsum(new + torch.where(over, self.count, 0), 0)
         total = int(merged[-1])
         if total <= self.rebuild_entries:
