@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import knng
-from knng.demo import _camera_patches
+from knng.demo import camera_patches
 
 
 def _timed(fn):
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     k = args.k
-    camera = _camera_patches(2, None).astype(np.float32)
+    camera = camera_patches(2, None).astype(np.float32)
     gauss = np.random.default_rng(0).standard_normal(camera.shape).astype(np.float32)
     rows = []
     for name, x in (("camera patches", camera), ("gaussian", gauss)):

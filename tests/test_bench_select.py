@@ -1,4 +1,7 @@
-"""Tests for the k-selection benchmark harness (knng.benchmarks.select, ``knng bench select``).
+"""Tests for the k-selection benchmark harness (``bench/select_harness.py``, run by ``bench/bench_select.py``).
+
+The harness lives outside the installed package; these tests import it from ``bench/``, as the
+script does.
 
 Everything runs on the CPU with the quick grids (rows ≤ 64, cols ≤ 2048, k ≤ 32) and a small
 set of algorithms, so the whole file takes seconds. Fake algorithms registered for one test
@@ -15,10 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from knng.benchmarks import select as bench_select
-from knng.benchmarks.select import EXPERIMENTS, ROW_KEYS, Bench, buffer_count, run, timing_stats
-from knng.cli import main
+from knng.cli import main as knng_main
 from knng.select import registry
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_select  # noqa: E402  (bench/bench_select.py: the harness's command line)
+import select_harness as harness  # noqa: E402
+from select_harness import EXPERIMENTS, ROW_KEYS, Bench, buffer_count, run, timing_stats  # noqa: E402
+
+main = bench_select.main
 
 TOP_LEVEL_KEYS = {
     "schema", "device", "device_type", "torch_version", "cuda_version", "knng_version", "date", "command",
@@ -66,7 +76,7 @@ def test_buffer_count_alternates_copies_of_blocks_that_fit_the_cache() -> None:
     assert buffer_count(4 * l2, l2) == 1
     assert buffer_count(2 * l2, l2) == 2
     assert buffer_count(l2, l2) == 4
-    assert buffer_count(1024, l2) == bench_select.MAX_BUFFERS
+    assert buffer_count(1024, l2) == harness.MAX_BUFFERS
     assert buffer_count(10**9, None) == 2  # cache size unknown (a CPU): still two copies
 
 
@@ -76,7 +86,7 @@ def test_buffer_count_alternates_copies_of_blocks_that_fit_the_cache() -> None:
 def test_quick_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     results = _quick(tmp_path, "all")
     data = json.loads((tmp_path / "select.json").read_text())
-    assert set(data) == TOP_LEVEL_KEYS and data["schema"] == bench_select.SCHEMA
+    assert set(data) == TOP_LEVEL_KEYS and data["schema"] == harness.SCHEMA
     assert data["device_type"] == "cpu" and data["quick"] is True and data["trials"] == 3
     assert data["copy_bandwidth"]["read_plus_write_bytes_per_s"] == pytest.approx(
         2 * data["copy_bandwidth"]["read_bytes_per_s"])
@@ -109,7 +119,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
                     "### (a) Q = 64, n swept", "### (b) n = 2048, Q swept", "speed-up over bitonic",
                     "µs per query", "| k | algorithm | mean ms ± % std | topk / this | identical to torch.topk"):
         assert heading in markdown, heading
-    assert markdown == bench_select.render_markdown(results)
+    assert markdown == harness.render_markdown(results)
     if data["plots"]:
         assert data["plots_note"] is None
         for file_name in data["plots"].values():
@@ -120,9 +130,9 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
 
 
 def test_table2_shows_the_papers_values_on_the_full_grid() -> None:
-    exp = {"grid": bench_select.FULL_GRIDS["table2"], "algorithms": ["qms"], "rows": [
+    exp = {"grid": harness.FULL_GRIDS["table2"], "algorithms": ["qms"], "rows": [
         {"algorithm": "qms", "rows": 8192, "cols": 2**16, "k": 512, "status": "ok", "mean_ms": 12.5, "std_pct": 0.4}]}
-    lines = bench_select._md_table2(exp, {})
+    lines = harness._md_table2(exp, {})
     row_16 = next(line for line in lines if line.startswith("| 2^16 |"))
     row_15 = next(line for line in lines if line.startswith("| 2^15 |"))
     assert row_16.endswith("| 12.50 ± 0.4 % | 311.8 ± 0.26 % |")  # ours next to the paper's, verbatim
@@ -212,9 +222,9 @@ def test_slow_cells_get_fewer_trials_and_over_cap_calls_skip_the_rest(tmp_path: 
 
 
 def test_blocks_over_the_memory_share_are_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bench_select, "free_memory_bytes", lambda device: 64 * 2**20)
+    monkeypatch.setattr(harness, "free_memory_bytes", lambda device: 64 * 2**20)
     bench = Bench(torch.device("cpu"), trials=2, quick=True)
-    block = bench_select.Shape(rows=4096, cols=8192, ks=(4,))  # 128 MiB > 40 % of 64 MiB
+    block = harness.Shape(rows=4096, cols=8192, ks=(4,))  # 128 MiB > 40 % of 64 MiB
     rows, skipped = bench.sweep("bar", [block], ["topk"], sort=True)
     assert skipped == {}
     assert [r["status"] for r in rows] == ["skipped"] and "free memory" in rows[0]["reason"]
@@ -249,7 +259,7 @@ def test_bad_arguments_name_the_argument(kwargs: dict, argument: str, tmp_path: 
 ])
 def test_cli_bad_arguments(argv: list[str], expected: list[str], tmp_path: Path,
                            capsys: pytest.CaptureFixture) -> None:
-    code = main(["bench", "select", "--quick", "--device", "cpu", "-o", str(tmp_path), *argv])
+    code = main(["--quick", "--device", "cpu", "-o", str(tmp_path), *argv])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     for text in expected:
@@ -257,11 +267,16 @@ def test_cli_bad_arguments(argv: list[str], expected: list[str], tmp_path: Path,
 
 
 def test_cli_bad_device_and_missing_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    code = main(["bench", "select", "--quick", "--device", "tpu", "-o", str(tmp_path)])
+    code = main(["--quick", "--device", "tpu", "-o", str(tmp_path)])
     err = capsys.readouterr().err
-    assert code == 2 and err.startswith("knng: error:") and "device" in err
-    assert main(["bench"]) == 2
-    assert "select" in capsys.readouterr().err
+    assert code == 2 and err.startswith("bench_select.py: error:") and "device" in err
+
+
+def test_knng_bench_says_where_the_harness_is(capsys: pytest.CaptureFixture) -> None:
+    for argv in (["bench"], ["bench", "select", "--quick", "--device", "cpu"]):
+        assert knng_main(argv) == 2
+        err = capsys.readouterr().err
+        assert "nothing was run" in err and "bench/bench_select.py" in err and "docs/SELECT_BENCH.md" in err
 
 
 # --- the command line -------------------------------------------------------------------------
@@ -269,7 +284,7 @@ def test_cli_bad_device_and_missing_benchmark(tmp_path: Path, capsys: pytest.Cap
 
 def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "results"
-    code = main(["bench", "select", "--quick", "--device", "cpu", "--experiments", "table2,bar",
+    code = main(["--quick", "--device", "cpu", "--experiments", "table2,bar",
                  "--algorithms", "topk", "--trials", "2", "--cell-budget", "0.05", "-o", str(out),
                  "--no-progress"])
     captured = capsys.readouterr()
@@ -278,13 +293,13 @@ def test_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert captured.out.startswith("# k-selection benchmarks") and f"wrote {out / 'select.json'}" in captured.out
     data = json.loads((out / "select.json").read_text())
     assert list(data["experiments"]) == ["table2", "bar"] and data["trials"] == 2
-    assert data["command"].startswith("knng bench select --quick")
+    assert data["command"].startswith("python bench/bench_select.py --quick")
     assert data["experiments"]["bar"]["algorithms"] == ["topk"]
     assert (out / "select.md").read_text() in captured.out
 
 
 def test_cli_progress_lines(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert main(["bench", "select", "--quick", "--device", "cpu", "--experiments", "bar", "--algorithms", "topk",
+    assert main(["--quick", "--device", "cpu", "--experiments", "bar", "--algorithms", "topk",
                  "--trials", "1", "-o", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "[select bar] topk 64×2048 k=4:" in err and "[select bar] topk 64×2048 k=32:" in err

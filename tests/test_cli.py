@@ -435,6 +435,40 @@ def test_version_subprocess() -> None:
     assert result.stdout.startswith(f"knng {knng.__version__}")
 
 
+# --- start-up: each command pays only for what it uses --------------------------------------------
+
+_HEAVY = ("torch", "sklearn", "scipy", "matplotlib", "triton", "h5py", "umap", "scanpy", "openTSNE")
+
+
+def _modules_after(code: str, cwd: Path) -> set[str]:
+    """The heavy packages imported once ``code`` ran in a fresh interpreter (this checkout's knng)."""
+    script = code + "\nimport sys; print('MODULES:', *(m for m in " + repr(_HEAVY) + " if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=cwd,
+                            env={**os.environ, "PYTHONPATH": str(Path(knng.__file__).parents[1])})
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.rpartition("MODULES:")[2].split())
+
+
+def test_start_up_imports_only_what_each_command_uses(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((20, 3), np.float32))
+    assert _modules_after("import knng", tmp_path) == set()
+    assert _modules_after("import knng.cli\ntry:\n    knng.cli.main(['--help'])\nexcept SystemExit:\n    pass",
+                          tmp_path) == set()
+    assert _modules_after("import knng.cli; knng.cli.main(['info', 'x.npy'])", tmp_path) == {"torch"}  # the plan
+    assert "sklearn" in _modules_after("import knng; knng.KNeighborsTransformer", tmp_path)
+
+
+def test_copied_names_agree_with_their_sources() -> None:
+    from knng.cli import choices, ranks
+    from knng.distributed import launch
+    from knng.metrics import METRICS
+    from knng.select import available
+
+    assert choices.METRIC_NAMES == tuple(METRICS)
+    assert choices.SELECT_NAMES == tuple(available())
+    assert ranks.LAUNCH_DEVICE_ENV == launch.LAUNCH_DEVICE_ENV
+
+
 # --- demo -----------------------------------------------------------------------------------------
 
 
@@ -488,7 +522,7 @@ def test_demo_without_scikit_image(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def no_skimage(*args, **kwargs):
         raise ImportError("No module named 'skimage'")
 
-    monkeypatch.setattr(knng.demo, "_camera_patches", no_skimage)
+    monkeypatch.setattr(knng.demo, "camera_patches", no_skimage)
     lines: list[str] = []
     result = knng.demo.run_demo(tmp_path, device="cpu", print=lines.append)
     assert [r["name"] for r in result["results"]] == ["digits"]

@@ -21,6 +21,17 @@ resolved. The rules:
 
 Rules (a) and (b) apply to every import, function-level and ``TYPE_CHECKING`` ones included.
 A failure names the file, line and rule of every violation.
+
+The command line is the package ``knng.cli``, one module per job, all in the top layer. Two more
+rules keep its start-up cheap and the benchmarks outside the package honest:
+
+(d) the modules that build the parser and dispatch (``knng.cli``, ``.entry``, ``.parser``,
+    ``.texts``, ``.choices``, ``.argtypes``, ``.errors``) import, at module level, nothing that
+    imports torch, scikit-learn or SciPy (``knng --help`` must not pay for them);
+(e) ``bench/`` (the benchmark scripts, outside the installed package) imports no private knng
+    name and no private knng module (an underscore in any part of the name); its k-selection
+    harness, ``bench/select_harness.py``, imports only the names that ``knng``, ``knng.io`` and
+    ``knng.select`` export in ``__all__``.
 """
 
 from __future__ import annotations
@@ -31,8 +42,10 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 PACKAGE = SRC / "knng"
+BENCH = ROOT / "bench"
 
 #: The layers, lowest first. A module may import only from its own layer or lower ones.
 LAYERS: tuple[str, ...] = (
@@ -52,14 +65,11 @@ PLACED: dict[str, str] = {
     "estimators": "api",     # scikit-learn front ends over knng.search / knng.graph
     "manifold": "api",       # diffusion maps (DiffusionMap) over knng.graph / knng.search
     "": "api",               # the top-level package re-exports the public API (see EXEMPT)
-    "cli": "cli",
+    "cli": "cli",            # the package knng.cli, every module of it
     "demo": "cli",           # `knng demo`
     "demo_embed": "cli",     # `knng demo --embed`
     "plotting": "cli",       # embedding scatter plots of `knng embed` and the demo
     "__main__": "cli",       # `python -m knng`
-    # The benchmark harness behind `knng bench`, inside the package for now (a later issue
-    # moves it to bench/); it sits with the command line that calls it.
-    "benchmarks": "cli",
 }
 
 #: Importers exempt from the layer rule (a). ``knng/__init__.py`` re-exports the public API and
@@ -378,7 +388,115 @@ def test_checker_exempts_only_the_top_level_package() -> None:
 @pytest.mark.parametrize("module, layer", [
     ("knng._units", "leaf"), ("knng.io.readers", "io"), ("knng._inputs", "_inputs"), ("knng.results", "results"),
     ("knng.select.cuda", "select"), ("knng.arguments", "engine"), ("knng.distributed.comm", "distributed"),
-    ("knng", "api"), ("knng.estimators", "api"), ("knng.demo", "cli"), ("knng.benchmarks.select", "cli"),
+    ("knng", "api"), ("knng.estimators", "api"), ("knng.demo", "cli"), ("knng.cli.search", "cli"),
+    ("knng.cli", "cli"),
 ])
 def test_layer_of(module: str, layer: str) -> None:
     assert layer_of(module) == layer
+
+
+# --------------------------------------------------------------------------------------
+# (d) the parser's start-up, (e) bench/ outside the package
+# --------------------------------------------------------------------------------------
+
+#: The modules ``knng --help`` runs: parsing and dispatch, before any command's module.
+PARSER_MODULES = ("knng.cli", "knng.cli.entry", "knng.cli.parser", "knng.cli.texts", "knng.cli.choices",
+                  "knng.cli.argtypes", "knng.cli.errors")
+#: knng modules that may sit under them: they import no torch, scikit-learn or SciPy at module level.
+LIGHT_MODULES = frozenset({"knng", "knng._version", "knng.io", "knng.io.readers", "knng.io.writers",
+                           "knng.io.outputs", "knng.io.workarea", *PARSER_MODULES})
+HEAVY_PACKAGES = ("torch", "sklearn", "scipy", "matplotlib", "triton")
+
+#: bench/ scripts that time engine internals with no public entry, as (script, imported module, name):
+#: each says why, and goes when the engine gives what it needs a public name.
+BENCH_ALLOWED: dict[tuple[str, str, str | None], str] = {
+    ("bench/bench_graph_parts.py", "knng._inputs", "as_input"):
+        "times exact_graph at chosen part sizes, which knng.graph does not take",
+    ("bench/scaling_model.py", "knng.distributed.blockcyclic", "_plan"):
+        "the scaling model replays the block-cyclic planner's part sizes",
+    ("bench/screen_kernel_variants.py", "knng.engine._triton_kernels", None):
+        "screens variants of the fused kernel itself (the engine's own experiment)",
+}
+
+
+def _module_imports(path: Path) -> list[tuple[int, str, bool]]:
+    """(line, imported top-level package or module, at module level) of every import in ``path``."""
+    found: list[tuple[int, str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            top = False
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            return
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name, top) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.lineno, node.module, top))
+        for child in ast.iter_child_nodes(node):
+            visit(child, top)
+
+    visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), True)
+    return found
+
+
+def test_the_parser_imports_nothing_heavy_at_module_level() -> None:
+    modules = all_modules()
+    problems = []
+    for module in PARSER_MODULES:
+        for line, target, top in _module_imports(modules[module]):
+            if not top:
+                continue
+            root = target.split(".")[0]
+            if root in HEAVY_PACKAGES:
+                problems.append(f"{modules[module].relative_to(ROOT)}:{line}: imports {target}")
+            elif root == "knng" and _resolve(target, set(modules)) not in LIGHT_MODULES:
+                problems.append(f"{modules[module].relative_to(ROOT)}:{line}: imports {target}, which is not "
+                                "one of the light modules (LIGHT_MODULES)")
+    assert not problems, "rule (d): `knng --help` would import too much:\n  " + "\n  ".join(problems)
+
+
+def _bench_imports() -> list[Import]:
+    modules = set(all_modules())
+    found: list[Import] = []
+    for path in sorted(BENCH.glob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        found += imports_of(rel, False, path.read_text(encoding="utf-8"), rel, modules)
+    return found
+
+
+def _private_module(module: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in module.split("."))
+
+
+def test_bench_imports_no_private_knng_name() -> None:
+    problems = []
+    for imp in _bench_imports():
+        if (imp.importer, imp.target, imp.name) in BENCH_ALLOWED:
+            continue
+        if _is_private(imp.name) or _private_module(imp.target):
+            what = f"{imp.target}.{imp.name}" if imp.name else imp.target
+            problems.append(f"{imp.where}: rule (e) bench imports the private {what}")
+    assert not problems, _report(problems)
+
+
+def test_bench_allow_list_has_no_stale_entries() -> None:
+    seen = {(imp.importer, imp.target, imp.name) for imp in _bench_imports()}
+    stale = [f"{key}: {why}" for key, why in BENCH_ALLOWED.items() if key not in seen]
+    assert not stale, "these BENCH_ALLOWED entries no longer match an import; remove them:\n  " + "\n  ".join(stale)
+
+
+def test_the_selection_harness_uses_exported_names_only() -> None:
+    import knng
+    import knng.io
+    import knng.select
+
+    exported = {"knng": set(knng.__all__), "knng.io": set(knng.io.__all__), "knng.select": set(knng.select.__all__)}
+    problems = []
+    for imp in _bench_imports():
+        if imp.importer != "bench/select_harness.py":
+            continue
+        if imp.target not in exported or (imp.name is not None and imp.name not in exported[imp.target]):
+            what = f"{imp.target}.{imp.name}" if imp.name else imp.target
+            problems.append(f"{imp.where}: rule (e) the harness imports {what}, which is not exported by "
+                            "knng, knng.io or knng.select")
+    assert not problems, _report(problems)

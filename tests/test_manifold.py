@@ -380,11 +380,11 @@ def test_import_knng_does_not_import_sklearn_or_scipy() -> None:
 
 
 def test_cli_copies_of_the_names_agree() -> None:
-    from knng import cli
+    from knng.cli import choices
 
-    assert cli.EMBED_METRICS == manifold.METRICS
-    assert cli.EMBED_EPSILON_RULES == manifold.EPSILON_RULES
-    assert cli.EMBED_EIGEN_SOLVERS == manifold.EIGEN_SOLVERS
+    assert choices.EMBED_METRICS == manifold.METRICS
+    assert choices.EMBED_EPSILON_RULES == manifold.EPSILON_RULES
+    assert choices.EMBED_EIGEN_SOLVERS == manifold.EIGEN_SOLVERS
 
 
 # ------------------------------------------------------------------------------------------

@@ -3,37 +3,65 @@
 The public entry points are :func:`knng.search` and :func:`knng.graph`; both return
 results that follow the input kind (NumPy in, NumPy out; torch in, torch out on the same
 device). See ``README.md`` for the exactness promise.
+
+``import knng`` imports nothing but this file and the version: every public name, and every
+sub-package (``knng.io``, ``knng.distributed``, ...), is imported on first use (PEP 562). So a
+command that only parses its arguments or describes a file (``knng --help``, ``knng info``) never
+pays for torch (about a second), scikit-learn (another) or SciPy; ``docs/STARTUP.md`` has the
+figures.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from knng.api import graph, search
-from knng.results import Graph, Neighbors, load_graph
+import importlib
+from typing import TYPE_CHECKING, Any
 
-#: The scikit-learn estimators (and DiffusionMap, from knng.manifold), imported on first use:
-#: scikit-learn takes about a second to import, which every ``knng`` command would otherwise pay
-#: without using it.
-_ESTIMATORS = ("NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer")
+from knng._version import VERSION as __version__
+
+#: Public name → the module that defines it, imported when the name is first used.
+_LAZY: dict[str, str] = {
+    "search": "knng.api",
+    "graph": "knng.api",
+    "Neighbors": "knng.results",
+    "Graph": "knng.results",
+    "load_graph": "knng.results",
+    "NearestNeighbors": "knng.estimators",
+    "KNeighborsClassifier": "knng.estimators",
+    "KNeighborsRegressor": "knng.estimators",
+    "KNeighborsTransformer": "knng.estimators",
+    "DiffusionMap": "knng.manifold",
+}
+
+#: Sub-modules reachable as attributes (``knng.api.last_report()``) without importing them first.
+_SUBMODULES = frozenset({
+    "api", "arguments", "cli", "demo", "demo_embed", "distributed", "engine", "estimators", "io", "manifold",
+    "metrics", "plotting", "reports", "results", "select",
+})
 
 __all__ = [
     "search", "graph", "Neighbors", "Graph", "load_graph",
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
     "DiffusionMap", "__version__",
 ]
-from knng._version import VERSION as __version__  # noqa: E402
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from __getattr__
+    from knng.api import graph, search
+    from knng.estimators import (
+        KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer, NearestNeighbors,
+    )
+    from knng.manifold import DiffusionMap
+    from knng.results import Graph, Neighbors, load_graph
 
 
 def __getattr__(name: str) -> Any:
-    if name in _ESTIMATORS:
-        from knng import estimators
-
-        return getattr(estimators, name)
-    if name == "DiffusionMap":
-        from knng import manifold
-
-        return manifold.DiffusionMap
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later look-ups skip this function
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"knng.{name}")
     raise AttributeError(f"module 'knng' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ESTIMATORS) | {"DiffusionMap"})
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)

@@ -59,7 +59,7 @@ def _digits() -> np.ndarray:
     return np.ascontiguousarray(load_digits().data.astype(np.float32))
 
 
-def _camera_patches(stride: int, max_points: int | None) -> np.ndarray:
+def camera_patches(stride: int, max_points: int | None) -> np.ndarray:
     """Every 8×8 patch of ``skimage.data.camera()`` at ``stride``: float32 rows of 64 in [0, 1]."""
     from skimage import data, img_as_float32  # ImportError without scikit-image: caller handles it
     from numpy.lib.stride_tricks import sliding_window_view
@@ -356,7 +356,7 @@ def run_demo(
 
     stride = patch_stride or (4 if quick else 2)
     try:
-        patches = _camera_patches(stride, max_points)
+        patches = camera_patches(stride, max_points)
     except ImportError:
         reason = "scikit-image is not installed (pip install knng[demo])"
         skipped["camera-patches"] = reason

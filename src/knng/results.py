@@ -308,6 +308,94 @@ class Graph(Neighbors):
         matrix.has_sorted_indices = True
         return matrix
 
+    def to_umap(self) -> tuple[np.ndarray, np.ndarray]:
+        """The graph as UMAP's ``precomputed_knn``: ``umap.UMAP(precomputed_knn=g.to_umap())``.
+
+        UMAP's own nearest neighbours list each point first, at distance 0, then its others; so
+        does this. A graph built without ``include_self`` gets that column prepended: ``(n, k + 1)``
+        arrays, to use with ``n_neighbors`` up to ``k + 1`` (UMAP keeps the first ``n_neighbors``
+        columns). A graph built with ``include_self=True`` is returned as it is.
+
+        Returns
+        -------
+        indices : numpy.ndarray
+            ``(n, k + 1)`` int64 (``(n, k)`` with ``include_self``).
+        distances : numpy.ndarray
+            ``(n, k + 1)`` float32, ascending per row.
+
+        Examples
+        --------
+        >>> import umap                                                    # doctest: +SKIP
+        >>> g = knng.graph(X, k=14)
+        >>> Y = umap.UMAP(n_neighbors=15, precomputed_knn=g.to_umap()).fit_transform(X)
+
+        UMAP then warns that it has no search index, so ``transform`` of new points is
+        unavailable; ``fit`` and ``fit_transform`` are exactly as with its own neighbours.
+        """
+        indices, distances = self._host_arrays()
+        indices, distances = indices.astype(np.int64), distances.astype(np.float32)
+        if self.include_self:
+            return indices, distances
+        n = indices.shape[0]
+        own = np.arange(n, dtype=np.int64)[:, None]
+        return (np.ascontiguousarray(np.concatenate([own, indices], axis=1)),
+                np.ascontiguousarray(np.concatenate([np.zeros((n, 1), np.float32), distances], axis=1)))
+
+    @classmethod
+    def from_scipy(cls, matrix: Any, *, metric: str = "euclidean") -> "Graph":
+        """A graph from a sparse ``n x n`` distance matrix with the same number of neighbours
+        per row: scikit-learn's ``kneighbors_graph`` / ``KNeighborsTransformer`` layout, or
+        scanpy's ``adata.obsp["distances"]``.
+
+        Stored entries on the diagonal (a point listed as its own neighbour, as
+        ``KNeighborsTransformer`` does) are dropped; every row must then hold the same number
+        ``k`` of entries, which are sorted by distance (ties by smaller index).
+
+        Parameters
+        ----------
+        matrix : scipy.sparse matrix or array
+            Square, one row per point; stored values are distances (explicit zeros included).
+        metric : str, default "euclidean"
+            The metric the distances are in.
+
+        Returns
+        -------
+        Graph
+            ``include_self=False``, NumPy arrays, float32 distances.
+
+        Raises
+        ------
+        ValueError
+            If ``matrix`` is not square, rows hold different numbers of neighbours, or a
+            distance is negative or not finite; the message names ``matrix``.
+
+        Examples
+        --------
+        >>> sc.pp.neighbors(adata, transformer=knng.KNeighborsTransformer(n_neighbors=15))  # doctest: +SKIP
+        >>> g = knng.Graph.from_scipy(adata.obsp["distances"])
+        >>> dm = knng.DiffusionMap(n_components=10, n_neighbors=g.k).fit(g)
+        """
+        import scipy.sparse
+
+        csr = scipy.sparse.csr_matrix(matrix)
+        n = csr.shape[0]
+        if csr.shape != (n, n):
+            raise ValueError(f"matrix must be square (one row and column per point), got shape {csr.shape}")
+        csr.sort_indices()
+        rows = np.repeat(np.arange(n), np.diff(csr.indptr))
+        keep = csr.indices != rows
+        cols, values, rows = csr.indices[keep].astype(np.int64), csr.data[keep].astype(np.float64), rows[keep]
+        counts = np.bincount(rows, minlength=n)
+        if n and counts.min() != counts.max():
+            raise ValueError(f"matrix rows must hold the same number of neighbours (besides the point itself), "
+                             f"got between {counts.min()} and {counts.max()}")
+        if values.size and not (np.isfinite(values).all() and values.min() >= 0):
+            raise ValueError("matrix must hold finite distances ≥ 0")
+        k = int(counts[0]) if n else 0
+        order = np.lexsort((cols, values, rows))  # by row, then distance, then index
+        return cls(indices=cols[order].reshape(n, k), distances=values[order].astype(np.float32).reshape(n, k),
+                   metric=metric, include_self=False)
+
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the graph to a ``.npz`` file, atomically.
 

@@ -25,30 +25,21 @@ import torch
 import torch.distributed as dist
 
 from knng.distributed.comm import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_TIMEOUT, Comm, DistributedError
+from knng.distributed.rendezvous import apply_environment, is_launched, local_rank
 from knng.engine.checkpoint import DEFAULT_INTERVAL
 
 __all__ = ["init", "graph", "search", "graph_to_files", "DistributedError", "is_launched", "local_rank"]
-
-
-def is_launched() -> bool:
-    """Whether this process was started as one rank of a job (torchrun, knng's launcher, Slurm)."""
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ or "SLURM_PROCID" in os.environ and (
-        "MASTER_ADDR" in os.environ)
-
-
-def local_rank() -> int:
-    """This process's rank on its host (``LOCAL_RANK``, or Slurm's ``SLURM_LOCALID``; else 0)."""
-    return int(os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0")))
 
 
 def init(device: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> bool:
     """Initialise the default process group from the environment, unless it already is.
 
     Reads what ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-    ``MASTER_PORT``) or Slurm's ``srun`` (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
-    set ``MASTER_ADDR`` to the first host and optionally ``MASTER_PORT``) provide. On a GPU
-    host each process takes GPU ``LOCAL_RANK``; GPU tensors go through NCCL and CPU tensors
-    through Gloo. ``device="cpu"`` uses Gloo only.
+    ``MASTER_PORT``) or Slurm's ``srun`` (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``,
+    ``SLURM_LOCALID``, the first host of ``SLURM_STEP_NODELIST`` and a port from ``SLURM_JOB_ID``:
+    :mod:`knng.distributed.rendezvous`) provide. On a GPU host each process takes GPU
+    ``LOCAL_RANK``; GPU tensors go through NCCL and CPU tensors through Gloo. ``device="cpu"``
+    uses Gloo only.
 
     Returns
     -------
@@ -57,16 +48,13 @@ def init(device: str = "auto", timeout: float = DEFAULT_TIMEOUT) -> bool:
     """
     if dist.is_initialized():
         return False
-    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
-        os.environ["RANK"] = os.environ["SLURM_PROCID"]
-        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-        os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
-        os.environ.setdefault("MASTER_PORT", "29500")
+    apply_environment()
     missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
         raise RuntimeError(
             f"cannot start a distributed run: {', '.join(missing)} not set. Start the processes with "
-            "`torchrun --nproc-per-node N -m knng ...`, `knng ... --gpus N`, or under Slurm with MASTER_ADDR set")
+            "`torchrun --nproc-per-node N -m knng ...`, `knng ... --gpus N`, or `srun --ntasks N knng ...` "
+            "(docs/DISTRIBUTED.md)")
     use_cuda = device != "cpu" and torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(local_rank() % torch.cuda.device_count())

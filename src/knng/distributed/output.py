@@ -19,7 +19,7 @@ import numpy as np
 
 from knng.distributed.comm import Comm
 from knng.distributed.blockcyclic import RankRows
-from knng.io import NEIGHBOR_FILES, OutputFolder, json_default
+from knng.io import NEIGHBOR_FILES, OutputFolder, ResultSet, metadata_json
 
 __all__ = ["write_rows"]
 
@@ -27,7 +27,7 @@ __all__ = ["write_rows"]
 def write_rows(rows: RankRows, n: int, k: int, comm: Comm, out: Path, metadata: dict[str, Any],
                overwrite: bool) -> None:
     """Write every rank's rows of an (n, k) result to ``out``; collective (every rank calls it)."""
-    text = json.dumps(metadata, indent=2, sort_keys=True, default=json_default) + "\n"
+    text = metadata_json(metadata)
     if comm.rank != 0:
         comm.barrier("the creation of the output files by rank 0")
         names = json.loads(comm.store.get("output/temps").decode("utf-8"))
@@ -37,15 +37,14 @@ def write_rows(rows: RankRows, n: int, k: int, comm: Comm, out: Path, metadata: 
         return
     # If any rank fails inside, a barrier raises here and the folder removes its staging copy.
     with OutputFolder(out, overwrite=overwrite, expected_bytes=n * k * 12 + len(text)) as folder:
-        temps = [folder.staging / NEIGHBOR_FILES[key] for key in ("indices", "distances", "metadata")]
-        np.lib.format.open_memmap(temps[0], mode="w+", dtype=np.int64, shape=(n, k)).flush()
-        np.lib.format.open_memmap(temps[1], mode="w+", dtype=np.float32, shape=(n, k)).flush()
-        comm.store.set("output/temps", json.dumps([str(temps[0]), str(temps[1])]))
+        results = ResultSet(folder)
+        temps = [str(results.add_empty_array(NEIGHBOR_FILES["indices"], (n, k), np.int64)),
+                 str(results.add_empty_array(NEIGHBOR_FILES["distances"], (n, k), np.float32))]
+        comm.store.set("output/temps", json.dumps(temps))
         comm.barrier("the creation of the output files by rank 0")
-        _write_own(rows, str(temps[0]), str(temps[1]), comm)
+        _write_own(rows, temps[0], temps[1], comm)
         comm.barrier("the writing of every rank's rows")
-        temps[2].write_text(text, encoding="utf-8")
-        folder.commit()
+        results.commit_text(text)
     comm.barrier("the final rename by rank 0")
 
 

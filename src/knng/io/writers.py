@@ -2,8 +2,12 @@
 
 Every vector file is first written under a temporary name in its destination folder and only
 ``os.replace``-d into place once complete (:func:`atomic_write`), so a reader never sees a
-half-written file and an interrupted run leaves the previous file (or nothing) behind. Result
-sets of several files are committed whole through :class:`knng.io.outputs.OutputFolder`.
+half-written file and an interrupted run leaves the previous file (or nothing) behind.
+
+A run's results are written by one writer, :class:`ResultSet`: arrays as ``.npy`` files (or
+filled in place by several processes), other files (``graph.npz``, a plot) and the run's
+``knng.json`` last, staged in a :class:`knng.io.outputs.OutputFolder` and committed whole.
+:func:`write_neighbors`, every ``knng`` command and the distributed layer go through it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import errno
 import json
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -30,9 +34,12 @@ from knng.io.readers import (
 )
 
 __all__ = [
+    "METADATA_FILE",
     "NEIGHBOR_FILES",
+    "ResultSet",
     "atomic_write",
     "json_default",
+    "metadata_json",
     "write_hdf5",
     "write_neighbors",
     "write_vectors",
@@ -40,11 +47,13 @@ __all__ = [
 
 PathLike = Union[str, "os.PathLike[str]"]
 
+#: The run's description beside its results: what was run, timings, the engine's report.
+METADATA_FILE = "knng.json"
 #: File names written by :func:`write_neighbors` inside its folder.
 NEIGHBOR_FILES: dict[str, str] = {
     "indices": "indices.npy",
     "distances": "distances.npy",
-    "metadata": "knng.json",
+    "metadata": METADATA_FILE,
 }
 
 # Rows are converted and written in blocks of about this many bytes, so converting a
@@ -447,24 +456,102 @@ def write_neighbors(
     if dist.dtype.kind not in "fiu":
         raise ValueError(f"distances must hold real numbers, got dtype {dist.dtype}")
     # Serialise before touching the disk, so a bad metadata value fails with nothing written.
-    text = None
-    if metadata is not None:
-        text = json.dumps(metadata, indent=2, sort_keys=True, default=json_default) + "\n"
+    text = None if metadata is None else metadata_json(metadata)
 
     if isinstance(folder, OutputFolder):
-        _write_neighbor_set(folder, idx, dist, text)
+        _write_neighbor_set(ResultSet(folder), idx, dist, text)
         return folder.path
     n, k = (int(v) for v in idx.shape)
     expected = n * k * 12 + (len(text) if text is not None else 0)
     with OutputFolder(folder, overwrite=overwrite, expected_bytes=expected) as out:
-        _write_neighbor_set(out, idx, dist, text)
+        _write_neighbor_set(ResultSet(out), idx, dist, text)
     return Path(folder)
 
 
-def _write_neighbor_set(out: OutputFolder, idx: Any, dist: Any, text: str | None) -> None:
-    """The three result files, written into ``out``'s staging folder and committed as one set."""
-    _write_npy(out.staging / NEIGHBOR_FILES["indices"], np.asarray(idx, dtype=np.int64))
-    _write_npy(out.staging / NEIGHBOR_FILES["distances"], np.asarray(dist, dtype=np.float32))
-    if text is not None:
-        (out.staging / NEIGHBOR_FILES["metadata"]).write_text(text, encoding="utf-8")
-    out.commit()
+def _write_neighbor_set(results: "ResultSet", idx: Any, dist: Any, text: str | None) -> None:
+    results.add_array(NEIGHBOR_FILES["indices"], idx, np.int64)
+    results.add_array(NEIGHBOR_FILES["distances"], dist, np.float32)
+    results.commit_text(text)
+
+
+def metadata_json(metadata: Mapping[str, Any]) -> str:
+    """The text of a ``knng.json``: sorted keys, indented, NumPy values and paths converted.
+
+    Parameters
+    ----------
+    metadata : mapping
+        What the run records (any value :func:`json_default` can convert).
+
+    Returns
+    -------
+    str
+        The JSON text, ending with a newline.
+    """
+    return json.dumps(metadata, indent=2, sort_keys=True, default=json_default) + "\n"
+
+
+class ResultSet:
+    """One run's results, staged in an open :class:`~knng.io.outputs.OutputFolder` and committed
+    whole, with the run's ``knng.json``: the one writer of knng's result folders.
+
+    Parameters
+    ----------
+    folder : knng.io.outputs.OutputFolder
+        The output folder, open (locked and checked, typically before the computation).
+
+    Examples
+    --------
+    >>> with OutputFolder("out", overwrite=True) as folder:           # doctest: +SKIP
+    ...     results = ResultSet(folder)
+    ...     results.add_array("embedding.npy", embedding)
+    ...     results.add_file("graph.npz", graph.save)
+    ...     results.commit({"command": "embed", "k": 15})             # knng.json, then the switch
+    """
+
+    def __init__(self, folder: OutputFolder) -> None:
+        self.folder = folder
+        self.names: list[str] = []
+
+    def _path(self, name: str) -> Path:
+        if not name or "/" in name or name.startswith(".") or name == METADATA_FILE:
+            raise ValueError(f"name must be a plain file name other than {METADATA_FILE}, got {name!r}")
+        if name in self.names:
+            raise ValueError(f"{name} is already part of this result set")
+        self.names.append(name)
+        return self.folder.staging / name
+
+    def add_array(self, name: str, array: Any, dtype: Any = None) -> Path:
+        """Write ``array`` (NumPy, torch, memory map, h5py dataset) as the ``.npy`` file ``name``,
+        converted to ``dtype`` if given; returns its staged path."""
+        x = _as_source(array, name)
+        if dtype is not None:
+            x = np.asarray(x, dtype=dtype)
+        path = self._path(name)
+        _write_npy(path, x)
+        return path
+
+    def add_empty_array(self, name: str, shape: tuple[int, ...], dtype: Any) -> Path:
+        """Create the ``.npy`` file ``name`` of ``shape`` and ``dtype``, zero-filled, for writers
+        that fill it in place (``np.load(path, mmap_mode="r+")``: each rank its own rows);
+        returns its staged path, which every writer must reach."""
+        path = self._path(name)
+        np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype), shape=tuple(shape)).flush()
+        return path
+
+    def add_file(self, name: str, write: Callable[[Path], Any]) -> Path:
+        """Add a file of another format: ``write(path)`` creates it (``Graph.save``, a figure's
+        ``savefig``); returns its staged path."""
+        path = self._path(name)
+        write(path)
+        return path
+
+    def commit(self, metadata: Mapping[str, Any] | None) -> Path:
+        """Write ``knng.json`` from ``metadata`` (none if None) and switch the whole set in;
+        returns the folder."""
+        return self.commit_text(None if metadata is None else metadata_json(metadata))
+
+    def commit_text(self, text: str | None) -> Path:
+        """:meth:`commit` with the ``knng.json`` text already serialised."""
+        if text is not None:
+            (self.folder.staging / METADATA_FILE).write_text(text, encoding="utf-8")
+        return self.folder.commit()

@@ -1,6 +1,6 @@
 """The historical baselines: ``select="insertion"`` and ``select="bitonic"``.
 
-Kept for the comparisons the papers make (``knng bench select``), not for speed: one thread per
+Kept for the comparisons the papers make (``bench/bench_select.py``), not for speed: one thread per
 row inserting into a sorted k-list in global memory (Garcia et al. 2008, Nolan 2009), and a
 per-row truncated bitonic sort in shared memory (Sismanis et al. 2012). Both return sorted rows
 in the order of :mod:`knng.select.keys`; on a CPU tensor they run the numpy references of

@@ -2,7 +2,7 @@
 
 The paper ("Fast k-NNG construction with GPU-based quick multi-select", PLoS ONE 9(5): e92409)
 times selection alone on blocks of uniformly random float32 values, Q rows (queries) × n columns
-(corpus points). The experiments, by the names ``knng bench select --experiments`` takes:
+(corpus points). The experiments, by the names ``bench/bench_select.py --experiments`` takes:
 
 ``table2``
     Q = 8192, n = 2¹³ … 2¹⁶, k = 64 … 512: mean time and % std, next to the paper's Table 2.
@@ -32,6 +32,11 @@ registered or whose GPU backend is unavailable are reported as skipped.
 :func:`run` runs the chosen experiments and, after each one, writes ``select.json``,
 ``select.md`` and a PNG per experiment (when matplotlib imports) atomically into its output
 folder, so that a long run keeps what it has finished.
+
+This harness lives outside the installed package (``bench/``) and uses knng's public names only:
+``knng.select.available``/``get``, ``knng.io.atomic_write``/``json_default`` and
+``knng.__version__`` (``tests/test_layering.py`` checks it). ``bench/bench_select.py`` is its
+command line.
 """
 
 from __future__ import annotations
@@ -54,8 +59,6 @@ from typing import Any
 import torch
 
 import knng
-from knng.engine.common import is_out_of_memory, resolve_device
-from knng.engine.plan import available_ram
 from knng.io import atomic_write, json_default
 from knng.select import available, get
 
@@ -276,6 +279,46 @@ def time_calls(call: Callable[[torch.Tensor], Any], inputs: Sequence[torch.Tenso
 # --------------------------------------------------------------------------------------
 # Memory and bandwidth
 # --------------------------------------------------------------------------------------
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """``"auto"`` (the current GPU, else the CPU), ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; a bad name
+    is a ValueError naming ``device``."""
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}") from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} asks for a GPU but torch sees no CUDA device")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a device out-of-memory error (recorded per cell, the run goes on)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def available_ram() -> int:
+    """Bytes of host memory available now (``MemAvailable``), or a guess of 8 GiB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
 
 
 def free_memory_bytes(device: torch.device) -> int:
@@ -857,7 +900,7 @@ def _md_header(results: dict[str, Any]) -> list[str]:
     skipped = {name: a["reason"] for name, a in results["algorithms"].items() if a["status"] == "skipped"}
     plots = ", ".join(f"`{p}`" for p in results["plots"].values()) or results["plots_note"] or "none"
     return [
-        "# k-selection benchmarks (`knng bench select`)", "",
+        "# k-selection benchmarks (`bench/bench_select.py`)", "",
         f"- Device: {results['device']} ({results['device_type']}); torch {results['torch_version']}, "
         f"CUDA {results['cuda_version'] or 'n/a'}, knng {results['knng_version']}.",
         f"- Date (UTC): {results['date']}. Command: `{results['command']}`.",
@@ -994,7 +1037,7 @@ def write_plots(results: dict[str, Any], out_dir: Path) -> tuple[dict[str, str],
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        return {}, "none: matplotlib does not import (pip install 'knng[bench]')"
+        return {}, "none: matplotlib does not import (pip install 'knng[bench]', or matplotlib)"
     written: dict[str, str] = {}
     for name, exp in results["experiments"].items():
         panels = [p for p in PANELS[name](exp, results) if p.lines]

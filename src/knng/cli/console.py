@@ -1,0 +1,60 @@
+"""What the commands print: lines, sizes, shapes, devices and the engine's exactness summary."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["say", "say_err", "fmt_bytes", "shape_text", "device_text", "exact_line"]
+
+
+def say(*parts: Any) -> None:
+    print(*parts, flush=True)
+
+
+def say_err(*parts: Any) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def fmt_bytes(n: float) -> str:
+    """Binary units, like the budget defaults (``2 GiB``) and ``--memory-budget 4GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def shape_text(shape: Sequence[int]) -> str:
+    return " × ".join(f"{s:,}" for s in shape)
+
+
+def device_text(dev: Any) -> str:
+    """``cuda:0 (NVIDIA H100 ...)`` or ``cpu (N threads)``."""
+    import torch
+
+    if dev.type == "cuda":
+        return f"{dev} ({torch.cuda.get_device_name(dev)})"
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def exact_line(report: Any) -> str:
+    """The exact evaluations of a run (and its resumption, if any) in one or two lines."""
+    screen = getattr(report, "screen_dtype", None)
+    per_row = getattr(report, "evaluations_per_row", None) or {}
+    text = f"  exact: {report.exact.exact_evaluations:,} exact evaluations for {report.exact.rows:,} rows"
+    if per_row:
+        text += f" (per row: median {per_row['median']:.0f}, p99 {per_row['p99']:.0f}, max {per_row['max']:.0f})"
+    text = (text + (f"; {screen} screen" if screen else "")
+            + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
+    checkpoints = getattr(report, "checkpoints", None) or {}
+    if checkpoints.get("resumed_from"):
+        from knng.distributed.blockcyclic import DistributedGraphReport
+
+        # Steps are blocks (one-process graph), block rows (distributed graph) or query rows.
+        unit = ("blocks" if getattr(report, "blocks_skipped", None) is not None
+                else "block rows" if isinstance(report, DistributedGraphReport) else "queries")
+        text += (f"\n  resumed from a checkpoint with {checkpoints['resumed_from']:,} {unit} done; "
+                 f"{checkpoints['saves']} checkpoints saved since ({checkpoints['seconds']:.2f} s)")
+    return text
