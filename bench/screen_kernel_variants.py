@@ -43,11 +43,14 @@ def _epilogue(acc, row0, col0, m, n, col_terms, row_thr, owner, other, keys, cou
               HAS_COL_TERMS: tl.constexpr, FEW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     rm = row0 + tl.arange(0, BLOCK_M)
     rn = col0 + tl.arange(0, BLOCK_N)
+    row_ok = rm < m
+    col_ok = rn < n
     if HAS_COL_TERMS:
-        acc += tl.load(col_terms + rn, mask=rn < n, other=0.0)[None, :]
-    _test_and_append(acc, row0, col0, rm, rn, m, n, 0, row_thr, row_thr,
+        acc += tl.load(col_terms + rn, mask=col_ok, other=0.0)[None, :]
+    valid = row_ok[:, None] & col_ok[None, :]
+    _test_and_append(acc, valid, row0, col0, rm, rn, row_ok, col_ok, row_thr, row_thr,
                      owner, other, keys, owner, other, keys, counters, capacity,
-                     False, False, FEW, BLOCK_M, BLOCK_N)
+                     False, FEW, BLOCK_M, BLOCK_N)
 
 
 @triton.jit

@@ -76,41 +76,17 @@ def _append(keep, acc, row0, col0, out_owner, out_other, out_keys, counter, capa
 
 
 @triton.jit
-def _test_and_append(acc, row0, col0, rm, rn, m, n, diag, row_thr, col_thr,
+def _test_and_append(acc, valid, row0, col0, rm, rn, row_ok, col_ok, row_thr, col_thr,
                      row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity,
-                     SYMMETRIC: tl.constexpr, EXCLUDE_DIAG: tl.constexpr, FEW: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                     SYMMETRIC: tl.constexpr, FEW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Entries ≤ their row's threshold to the first list (counters[0]); in a symmetric block,
-    entries ≤ their column's to the second (counters[1]), as (column, row, key).
-
-    Only tiles at the block's edge (rows or columns past its end) or on the excluded diagonal
-    carry a mask of valid entries; the others test each row's (column's) minimum first, one
-    comparison per entry fewer than a mask and a count: most tiles keep nothing.
-    """
-    row_ok = rm < m
-    col_ok = rn < n
+    entries ≤ their column's to the second (counters[1]), as (column, row, key)."""
     t_row, t_col = _thresholds(row_thr, col_thr, rm, rn, row_ok, col_ok, SYMMETRIC)
-    edge = (row0 + BLOCK_M > m) | (col0 + BLOCK_N > n)
-    if EXCLUDE_DIAG:
-        # The tile holds entries with row == column + diag.
-        edge = edge | ((row0 - diag < col0 + BLOCK_N) & (col0 < row0 - diag + BLOCK_M))
-    if edge:
-        valid = row_ok[:, None] & col_ok[None, :]
-        if EXCLUDE_DIAG:
-            valid = valid & (rm[:, None] != rn[None, :] + diag)
-        _append(valid & (acc <= t_row[:, None]), acc, row0, col0, row_owner, row_other, row_keys, counters,
-                capacity, False, FEW, BLOCK_M, BLOCK_N)
-        if SYMMETRIC:
-            _append(valid & (acc <= t_col[None, :]), acc, row0, col0, col_owner, col_other, col_keys, counters + 1,
-                    capacity, True, FEW, BLOCK_M, BLOCK_N)
-    else:
-        if tl.max((tl.min(acc, axis=1) <= t_row).to(tl.int32), axis=0) > 0:
-            _append(acc <= t_row[:, None], acc, row0, col0, row_owner, row_other, row_keys, counters, capacity,
-                    False, FEW, BLOCK_M, BLOCK_N)
-        if SYMMETRIC:
-            if tl.max((tl.min(acc, axis=0) <= t_col).to(tl.int32), axis=0) > 0:
-                _append(acc <= t_col[None, :], acc, row0, col0, col_owner, col_other, col_keys, counters + 1,
-                        capacity, True, FEW, BLOCK_M, BLOCK_N)
+    _append(valid & (acc <= t_row[:, None]), acc, row0, col0, row_owner, row_other, row_keys, counters, capacity,
+            False, FEW, BLOCK_M, BLOCK_N)
+    if SYMMETRIC:
+        _append(valid & (acc <= t_col[None, :]), acc, row0, col0, col_owner, col_other, col_keys, counters + 1,
+                capacity, True, FEW, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -155,9 +131,12 @@ def screen_kernel(
         acc += tl.load(col_terms + rn, mask=col_ok, other=0.0)[None, :]
     if HAS_ROW_TERMS:
         acc += tl.load(row_terms + rm, mask=row_ok, other=0.0)[:, None]
-    _test_and_append(acc, row0, col0, rm, rn, m, n, diag, row_thr, col_thr,
+    valid = row_ok[:, None] & col_ok[None, :]
+    if EXCLUDE_DIAG:
+        valid = valid & (rm[:, None] != rn[None, :] + diag)
+    _test_and_append(acc, valid, row0, col0, rm, rn, row_ok, col_ok, row_thr, col_thr,
                      row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity,
-                     SYMMETRIC, EXCLUDE_DIAG, FEW, BLOCK_M, BLOCK_N)
+                     SYMMETRIC, FEW, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -177,6 +156,6 @@ def select_kernel(
     col_ok = rn < n
     valid = row_ok[:, None] & col_ok[None, :]
     acc = tl.load(S + rm[:, None].to(tl.int64) * stride_s + rn[None, :], mask=valid, other=0.0)
-    _test_and_append(acc, row0, col0, rm, rn, m, n, 0, row_thr, col_thr,
+    _test_and_append(acc, valid, row0, col0, rm, rn, row_ok, col_ok, row_thr, col_thr,
                      row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity,
-                     SYMMETRIC, False, FEW, BLOCK_M, BLOCK_N)
+                     SYMMETRIC, FEW, BLOCK_M, BLOCK_N)

@@ -1,0 +1,75 @@
+"""A chrome trace (torch.profiler) of one TF32 search of 1M × 128 Gaussian points, 10k queries,
+with the stores' ``flush`` and ``finish`` marked (``STAGE_flush``, ``STAGE_finish``), and a
+summary of each marked stage: host time, GPU kernel time and launches inside it, and the torch
+operations that took the most host time. Usage (GPU machine)::
+
+    PYTHONPATH=src python bench/trace_stages.py K OUT_DIR
+
+It showed that at k = 10 the store's update is about 400 launches and a dozen synchronisations
+for 1.3 ms of GPU work (``docs/BENCHMARKS.md``, "Store updates by one sort").
+"""
+
+import collections
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import knng
+import knng.engine.plan as plan
+import knng.engine.store as store
+
+
+def marked(name: str) -> None:
+    fn = getattr(store.CandidateStore, name)
+
+    def wrapped(self, *args, **kwargs):
+        with record_function("STAGE_" + name):
+            return fn(self, *args, **kwargs)
+
+    setattr(store.CandidateStore, name, wrapped)
+
+
+def summary(trace: Path) -> None:
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    cpu = [e for e in events if e.get("cat") == "cpu_op"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    print(f"GPU busy {sum(e['dur'] for e in gpu) / 1e3:.1f} ms of "
+          f"{(max(e['ts'] + e['dur'] for e in cpu) - min(e['ts'] for e in cpu)) / 1e3:.1f} ms")
+    # record_function ranges are "user_annotation" events, not "cpu_op" ones.
+    for stage in (e for e in events if e["name"].startswith("STAGE_") and e.get("cat") != "gpu_user_annotation"):
+        a, b = stage["ts"], stage["ts"] + stage["dur"]
+        kernels = [e for e in gpu if a <= e["ts"] < b]
+        ops = collections.Counter()
+        for e in cpu:
+            if a <= e["ts"] < b and e["name"].startswith("aten::"):
+                ops[e["name"]] += e["dur"]
+        top = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in ops.most_common(5))
+        print(f"{stage['name']}: host {stage['dur'] / 1e3:.1f} ms, GPU {sum(e['dur'] for e in kernels) / 1e3:.1f} ms "
+              f"in {len(kernels)} launches; {top}")
+
+
+def main() -> None:
+    k, out = int(sys.argv[1]), Path(sys.argv[2])
+    for name in ("flush", "finish"):
+        marked(name)
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn((1_000_000, 128), device=dev, generator=gen)
+    q = torch.randn((10_000, 128), device=dev, generator=gen)
+    plan.choose_screen_precision = lambda *a, **kw: "tf32"
+    for _ in range(2):
+        knng.search(q, x, k)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        knng.search(q, x, k)
+        torch.cuda.synchronize()
+    trace = out / f"trace_search_k{k}.json"
+    prof.export_chrome_trace(str(trace))
+    summary(trace)
+
+
+if __name__ == "__main__":
+    main()
