@@ -27,11 +27,11 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # select_harness, beside this file
 
 import select_harness as harness  # noqa: E402
+from knng.cli.argtypes import argument_type, positive_int, positive_seconds  # noqa: E402
 
 PROG = "bench_select.py"
 
@@ -59,46 +59,16 @@ examples:
 """
 
 
-def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """An argparse ``type=`` that reports ``parse``'s ValueError as the argument's error."""
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return convert
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise ValueError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--experiments", default="all", type=_argument_type(harness.parse_experiments), metavar="LIST",
+    p.add_argument("--experiments", default="all", type=argument_type(harness.parse_experiments), metavar="LIST",
                    help=f"comma-separated: {', '.join(harness.EXPERIMENTS)}, or all (default: all)")
-    p.add_argument("--trials", type=_argument_type(_positive_int), default=harness.DEFAULT_TRIALS, metavar="N",
+    p.add_argument("--trials", type=argument_type(positive_int), default=harness.DEFAULT_TRIALS, metavar="N",
                    help=f"timed calls per cell, after two warm-up calls (default: {harness.DEFAULT_TRIALS})")
     p.add_argument("--device", default="auto", metavar="DEV",
                    help="auto (a GPU if there is one), cpu, cuda or cuda:N (default: auto)")
-    p.add_argument("--algorithms", default=None, type=_argument_type(harness.parse_algorithms), metavar="LIST",
+    p.add_argument("--algorithms", default=None, type=argument_type(harness.parse_algorithms), metavar="LIST",
                    help="comma-separated algorithms to compare instead of each experiment's defaults; "
                         "the experiment's reference (insertion, bitonic, topk) is always added, names "
                         "that are not registered are reported as skipped")
@@ -107,10 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", default=harness.DEFAULT_OUT, metavar="DIR",
                    help=f"output folder, created if missing (default: {harness.DEFAULT_OUT})")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
-    p.add_argument("--cell-budget", type=_argument_type(_positive_seconds), default=None, metavar="SECONDS",
+    p.add_argument("--cell-budget", type=argument_type(positive_seconds), default=None, metavar="SECONDS",
                    help=f"seconds of timed calls per cell before trials are cut (default: "
                         f"{harness.CELL_BUDGET_S[False]:g}, {harness.CELL_BUDGET_S[True]:g} with --quick)")
-    p.add_argument("--hard-cap", type=_argument_type(_positive_seconds), default=None, metavar="SECONDS",
+    p.add_argument("--hard-cap", type=argument_type(positive_seconds), default=None, metavar="SECONDS",
                    help=f"a single call longer than this skips the algorithm's remaining cells in the "
                         f"experiment (default: {harness.HARD_CAP_S[False]:g}, {harness.HARD_CAP_S[True]:g} "
                         "with --quick)")

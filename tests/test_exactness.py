@@ -401,9 +401,9 @@ def test_store_flush_size_changes_nothing(flush, metric, monkeypatch, rng, seed)
 
 
 def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed):
-    # A tightening pads a group of rows to its widest; a tiny group size forces the split
-    # into many groups (rows of very different widths: a cluster of near-ties among spread
-    # points) and the answer stays exact.
+    # A store update sorts at most REBUILD_ENTRIES entries at once and near-ties are evaluated
+    # in padded groups of similar widths; a tiny size forces many ranges and groups (rows of very
+    # different widths: a cluster of near-ties among spread points) and the answer stays exact.
     import knng.engine.plan as plan
     import knng.engine.store as store
 

@@ -248,8 +248,9 @@ class CandidateStore:
         self.n, self.k, self.capacity = n, k, capacity
         self.errors, self.evaluate, self.device = errors, evaluate, device
         entries = REBUILD_ENTRIES if device.type == "cpu" else REBUILD_ENTRIES_GPU
-        # About 80 bytes of temporaries per padded entry of a tightening group, within four times
-        # the work bytes (a quarter of the budget: the CPU's default budget keeps REBUILD_ENTRIES).
+        # About 80 bytes of temporaries per entry of a store update's sort (or padded entry of an
+        # exact evaluation of near-ties), within four times the work bytes (a quarter of the
+        # budget: the CPU's default budget keeps REBUILD_ENTRIES).
         self.rebuild_entries = entries if work_bytes is None else int(max(capacity, min(entries, 4 * work_bytes // 80)))
         self.keys = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
         # Each entry's error radius (screen keys) or conversion slack (exact keys), kept so
@@ -749,21 +750,18 @@ class _Block:
                    torch.full((m, width), torch.nan, dtype=torch.float64, device=device))
 
 
-def _rebuild_groups(extra: torch.Tensor, capacity: int, widest: int | None = None, entries: int | None = None
-                    ) -> list[torch.Tensor]:
-    """Rows to tighten together: similar widths, at most ``entries`` (default
-    :data:`REBUILD_ENTRIES`) padded entries; ``widest``: ``extra``'s maximum, if known.
+def _rebuild_groups(extra: torch.Tensor, capacity: int, entries: int | None = None) -> list[torch.Tensor]:
+    """Rows to pad together: similar widths (``extra + capacity`` each), at most ``entries``
+    (default :data:`REBUILD_ENTRIES`) padded entries per group.
 
-    A tightening pads every row of a group to the group's widest (capacity + new survivors);
-    one flat-region row with thousands of survivors among thousands of ordinary rows would
-    otherwise pad them all to its width (the CPU graph of the camera patches with 2¹⁷ pending
-    pairs: 74 s, 28 s in groups).
-    Returns sorted index tensors into ``extra``.
+    The rows whose near-ties overflow are evaluated exactly as padded matrices
+    (:meth:`CandidateStore._settle_ties`); one flat-region row with thousands of candidates among
+    thousands of ordinary rows would otherwise pad them all to its width (the CPU graph of the
+    camera patches: 74 s, 28 s in groups). Returns sorted index tensors into ``extra``.
     """
     entries = REBUILD_ENTRIES if entries is None else entries
     widths = extra + capacity
-    widest = int(extra.max()) if widest is None else widest
-    if (widest + capacity) * extra.numel() <= entries:
+    if int(widths.max()) * extra.numel() <= entries:
         return [torch.arange(extra.numel(), device=extra.device)]
     # Widths in classes (2^(c-1), 2^c], each class cut into groups of REBUILD_ENTRIES / 2^c
     # rows: no Python loop over rows (one over 150,000 overflowing rows cost 0.47 s of a GPU
