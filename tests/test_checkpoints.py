@@ -244,3 +244,21 @@ def test_the_free_space_check_counts_the_checkpoints(tmp_path, points):
     assert "not enough free space for the results and the run's checkpoints" in proc.stderr
     assert not out.exists() and siblings(out) == []
     assert _knng("graph", str(data), "-k", "6", "-o", str(out), env={FREE_BYTES_ENV: str(40 << 20)}).returncode == 0
+
+
+def test_a_checkpoint_rewound_by_one_save_finds_that_saves_arrays(tmp_path):
+    # A distributed rank keeps its previous save until every rank has saved the next step; a
+    # run killed in between rewinds to it. Saved in one process (not read back from disk), the
+    # previous state must still name its generation, and that generation must still be there.
+    import torch
+
+    from knng.engine.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(WorkArea(tmp_path / "w"), {"a": 1}, resume=False, interval=0)
+    for step in (1, 2, 3):
+        checkpoint.save({"step": step}, {"store": torch.full((3,), float(step))}, keep_previous=True)
+    checkpoint.rewind(2)
+    np.testing.assert_array_equal(checkpoint.arrays()["store"], [2.0, 2.0, 2.0])
+    resumed = Checkpoint(WorkArea(tmp_path / "w"), {"a": 1}, resume=True, interval=0)
+    resumed.rewind(2)
+    np.testing.assert_array_equal(resumed.arrays()["store"], [2.0, 2.0, 2.0])

@@ -136,8 +136,7 @@ class DistributedCheckpoint:
         """The plan to run: the saved one when resuming, else ``planned`` (recorded as step 0)."""
         if self.state is not None and self.state.get("plan") is not None:
             return dict(self.state["plan"])
-        self.local.state = {"plan": planned, "step": 0, "progress": "started"}
-        self.local.area.save(self.local.state)
+        self.local.state = self.local.area.save({"plan": planned, "step": 0, "progress": "started"})
         self.state = self.local.state
         return planned
 

@@ -158,8 +158,7 @@ class Checkpoint:
                 raise ValueError(f"cannot resume on {planned.device}: the checkpoint in {self.area.path} was made on "
                                  f"{saved.device}; resume on the same kind of device")
             return saved
-        self.state = {"plan": planned.as_dict(), "step": 0, "progress": "started"}
-        self.area.save(self.state)
+        self.state = self.area.save({"plan": planned.as_dict(), "step": 0, "progress": "started"})
         return planned
 
     def due(self) -> bool:
@@ -183,8 +182,10 @@ class Checkpoint:
             full["previous"] = {key: value for key, value in self.state.items() if key not in ("previous", "plan")}
             if "generation" in self.state:
                 keep = (int(self.state["generation"]),)
-        self.area.save(full, None if arrays is None else {k: _numpy(v) for k, v in arrays.items()}, keep=keep)
-        self.state = full
+        # The recorded state names its arrays' generation: the next save's "previous" (and its
+        # kept generation) must too, or a rank rewound to it would find no arrays.
+        self.state = self.area.save(full, None if arrays is None else {k: _numpy(v) for k, v in arrays.items()},
+                                    keep=keep)
         now = time.monotonic()
         self._cost = now - t0
         self.seconds += self._cost

@@ -125,11 +125,14 @@ class WorkArea:
 
     # ------------------------------------------------------------------------------- saving
     def save(self, state: dict[str, Any], arrays: dict[str, np.ndarray] | None = None,
-             keep: tuple[int, ...] = ()) -> None:
+             keep: tuple[int, ...] = ()) -> dict[str, Any]:
         """Record a checkpoint: ``arrays`` as a new generation (if any), growing arrays flushed,
         then ``state`` (plain JSON values) renamed in. Older generations are deleted after that,
         except those numbered in ``keep`` (a distributed rank keeps the one its previous state
-        names until every rank has saved the new step: :mod:`knng.distributed.checkpoint`)."""
+        names until every rank has saved the new step: :mod:`knng.distributed.checkpoint`).
+
+        Returns the state as recorded: ``state`` with the generation of its arrays and the time
+        (what :meth:`state` reads back, and what a later save's ``keep`` must name)."""
         state = dict(state)
         state["saved"] = time.strftime("%Y-%m-%d %H:%M:%S")
         old = self._generations()
@@ -158,6 +161,7 @@ class WorkArea:
         for number in old:
             if number not in kept:
                 shutil.rmtree(self.path / f"g{number}", ignore_errors=True)
+        return state
 
     def load(self, state: dict[str, Any]) -> dict[str, np.ndarray]:
         """The arrays of the generation ``state`` names (empty if it names none)."""
