@@ -2,8 +2,9 @@
 
 Two parts, each printing a markdown table last and writing JSON (``--out``):
 
-``--part kernel``  the fused kernel alone, thresholds that keep nothing (the compare and the
-    reduction run, the compaction does not), per precision and tile shape; TFLOP/s against
+``--part kernel``  the fused kernel alone (bfloat16, TF32) and the digit kernel (int8x4), with
+    thresholds that keep nothing (the compare and the reduction run, the compaction does not)
+    or about 20 or 200 pairs per row, per precision and tile shape; TFLOP/s against
     torch's bfloat16 matrix product of the same shape (which writes its output) and the
     datasheet peaks.
 ``--part engine``  ``knng.search`` / ``knng.graph`` on the workloads of the issue, per screen
@@ -36,10 +37,12 @@ import knng  # noqa: E402
 import knng.engine.plan as plan_module  # noqa: E402
 from knng.api import last_report  # noqa: E402
 from knng.engine import fused  # noqa: E402
+from knng.metrics import get_metric  # noqa: E402
 from bench_engine import sync, timed, torch_search  # noqa: E402 - the same harness and baseline
 
 #: Dense peaks of an H100 / H200 SXM (TFLOP/s), the datasheet figures the issue quotes.
-PEAK = {"bfloat16": 989, "float16": 989, "tf32": 494, "tf32x3": 494 / 3, "float32": 67}
+#: int8x4 counts its four int8 products (1,979 TOP/s) as one product of the d inputs.
+PEAK = {"bfloat16": 989, "float16": 989, "tf32": 494, "tf32x3": 494 / 3, "float32": 67, "int8x4": 1979 / 4}
 
 
 def cuda_ms(fn, repeats: int = 10) -> float:
@@ -76,6 +79,10 @@ def kernel_part(args) -> list[dict]:
         sample = b32[torch.randperm(n, device="cuda")[:min(n, 65536)]]
         sample_scores = -2.0 * (a32 @ sample.T) + (sample.double() ** 2).sum(1).float()[None, :]
         q32, q16 = a32 * -2.0, a16 * -2.0
+        # Digit rows (int8x4): the queries' α = −2 travels in their rows, as prepare() stores it.
+        sq = get_metric("sqeuclidean")
+        q8 = sq.prepare(a32.double(), None, side="query", symmetric=False, dtype=torch.int8).vectors
+        b8 = sq.prepare(b32.double(), None, side="corpus", symmetric=False, dtype=torch.int8).vectors
         row = {"m": m, "n": n, "d": d, "torch_bf16_mm_ms": mm, "variants": {}}
         for survivors in (0, 20, 200):
             if survivors == 0:
@@ -83,8 +90,8 @@ def kernel_part(args) -> list[dict]:
             else:
                 kth = max(1, round(survivors * sample.shape[0] / n))
                 thr = sample_scores.kthvalue(kth, 1).values
-            for precision in ("bfloat16", "tf32"):
-                a, b = (q16, b16) if precision == "bfloat16" else (q32, b32)
+            for precision in ("bfloat16", "tf32", "int8x4"):
+                a, b = {"bfloat16": (q16, b16), "tf32": (q32, b32), "int8x4": (q8, b8)}[precision]
                 ms = cuda_ms(lambda: fused.screen_block(a, b, d, thr, None, None, terms, precision,
                                                         capacity_hint=m * (survivors * 2 + 64)))
                 out, _ = fused.screen_block(a, b, d, thr, None, None, terms, precision)
@@ -93,7 +100,7 @@ def kernel_part(args) -> list[dict]:
                     "kept_per_row": out.owner.numel() / m}
         print(json.dumps(row), flush=True)
         rows.append(row)
-        del a32, b32, a16, b16, q32, q16, sample_scores, sample
+        del a32, b32, a16, b16, q32, q16, q8, b8, sample_scores, sample
         torch.cuda.empty_cache()
     print("\n| m × n × d | torch bf16 mm (ms) | variant | ms | TFLOP/s | of peak | kept per row |")
     print("|---|---|---|---|---|---|---|")

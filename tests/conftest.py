@@ -111,12 +111,13 @@ def as_kind(tmp_path: Path):
         f.close()
 
 
-@pytest.fixture(params=["float32", "float64"])
+@pytest.fixture(params=["float32", "float64", "int8x4"])
 def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     """Force the engine's screen precision (it picks float64 on a CPU when 8·k·d ≥ n).
 
-    Both screens must give the exact answer; after a float32 screen every needed candidate is
-    evaluated exactly, after a float64 one most distances are taken from the screen.
+    Every screen must give the exact answer; after a float32 screen every needed candidate is
+    evaluated exactly, after a float64 one most distances are taken from the screen; the digit
+    screen (int8x4, the reference of an int8 tensor-core kernel) has the loosest bound.
     Tests check ``last_report().screen_dtype`` to see the choice was applied.
     """
     import knng.engine.plan as plan

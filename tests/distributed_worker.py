@@ -68,6 +68,10 @@ CASES: dict[str, dict[str, Any]] = {
     **{f"graph-dups-{m}": _graph_case("duplicates", 12, m, memory_budget="64KB") for m in ("euclidean", "cosine")},
     "graph-dups-f32": _graph_case("duplicates", 3, "euclidean"),
     "graph-int-ties": _graph_case("integer_ties", 30, "sqeuclidean", memory_budget="200KB"),
+    # The digit screen (int8 rows with their scales travel between ranks), forced.
+    **{f"graph-digits-{m}": {**_graph_case("offset", 7, m, memory_budget="64KB"), "precision": "int8x4"}
+       for m in ("euclidean", "inner_product")},
+    "graph-digits-dups": {**_graph_case("duplicates", 12, "cosine", memory_budget="64KB"), "precision": "int8x4"},
     "graph-identical-self": _graph_case("identical", 50, "euclidean", include_self=True),
     "graph-identical": _graph_case("identical", 49, "cosine"),
     "graph-small": _graph_case("small", 4, "euclidean"),
@@ -110,6 +114,19 @@ def _as_input(x: np.ndarray, how: str | None, tmp: Path, tag: str) -> Any:
 
 
 def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, tmp: Path) -> dict[str, Any]:
+    if "precision" not in case:
+        return _run_case(name, case, rank, world, seed, tmp)
+    import knng.engine.plan as plan
+
+    chosen = plan.choose_screen_precision
+    plan.choose_screen_precision = lambda *args, **kwargs: case["precision"]
+    try:
+        return _run_case(name, case, rank, world, seed, tmp)
+    finally:
+        plan.choose_screen_precision = chosen
+
+
+def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, tmp: Path) -> dict[str, Any]:
     import knng.distributed as kd
     from knng.api import last_report
 
@@ -129,6 +146,7 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
             g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
         return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "columns": report.columns,
+                "precision": getattr(report.screen_dtype, "name", report.screen_dtype),
                 "tightenings": report.store.tightenings, "overflow": report.store.overflow_rows,
                 "per_rank_blocks": [r["blocks"] for r in report.per_rank]}
     if kind == "search":

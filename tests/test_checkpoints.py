@@ -246,6 +246,27 @@ def test_the_free_space_check_counts_the_checkpoints(tmp_path, points):
     assert _knng("graph", str(data), "-k", "6", "-o", str(out), env={FREE_BYTES_ENV: str(40 << 20)}).returncode == 0
 
 
+def test_the_launchers_free_space_check_counts_the_ranks_checkpoints(tmp_path, points):
+    # The same room, with --procs 2: refused before any rank starts, for the ranks' checkpoints
+    # (a distributed graph's stores hold every point once; a search's every rank's top k).
+    from knng.io.outputs import FREE_BYTES_ENV
+
+    data, _ = points
+    out = tmp_path / "out"
+    proc = _knng("graph", str(data), "-k", "6", "-o", str(out), "--procs", "2", env={FREE_BYTES_ENV: str(4 << 20)})
+    assert proc.returncode == 2, proc.stderr
+    assert "not enough free space for the results and the run's checkpoints" in proc.stderr
+    assert "rank" not in proc.stderr  # no rank started
+    assert not out.exists() and siblings(out) == []
+    # A search's ranks each checkpoint every query's k: 2 × 17,000 × (16 · 6 + 16) bytes (3.8 MB)
+    # do not fit in 5 MiB beside the results and the margin (1.2 MB + 1 MiB), one process's
+    # 1.9 MB do.
+    room = {FREE_BYTES_ENV: str(5 << 20)}
+    proc = _knng("search", str(data), str(data), "-k", "6", "-o", str(out), "--procs", "2", env=room)
+    assert proc.returncode == 2 and "the run's checkpoints" in proc.stderr, proc.stderr
+    assert _knng("search", str(data), str(data), "-k", "6", "-o", str(out), env=room).returncode == 0
+
+
 def test_a_checkpoint_rewound_by_one_save_finds_that_saves_arrays(tmp_path):
     # A distributed rank keeps its previous save until every rank has saved the next step; a
     # run killed in between rewinds to it. Saved in one process (not read back from disk), the

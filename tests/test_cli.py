@@ -532,8 +532,13 @@ def test_demo_without_scikit_image(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.parametrize("budget", [None, "3MB"])
 def test_info_json_plan_is_the_plan_the_graph_records(budget, tmp_path: Path, rng: np.random.Generator,
-                                                      capsys: pytest.CaptureFixture) -> None:
-    # One planner: `knng info --json` prints the plan `knng graph` then runs and records.
+                                                      capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    # One planner: `knng info --json` prints the plan `knng graph` then runs and records. The
+    # default budgets follow the RAM available at each call, which moves between two calls on a
+    # busy machine (the plan then differs, rightly): hold it still.
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "available_ram", lambda: 8 << 30)
     data = _write(tmp_path / "x.npy", _random(rng, np.float32, 2500))
     extra = [] if budget is None else ["--memory-budget", budget]
     code, stdout, err = _run(["info", data, "-k", "7", "--json", *extra], capsys)

@@ -91,6 +91,8 @@ def test_identical_to_one_process(battery, world, name):
                      context=f"seed={seed}")
         if len(inputs) >= 4 * world:  # tiny inputs get fewer, non-empty parts
             assert got["parts"] >= 2 * world, got["parts"]
+        if "precision" in case:  # the forced screen ran (exact answers are the same in any)
+            assert got["precision"] == case["precision"], got["precision"]
 
 
 @pytest.mark.parametrize("world", WORLDS)

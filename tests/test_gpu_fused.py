@@ -23,7 +23,8 @@ pytestmark = [
                        reason="needs a CUDA GPU and Triton"),
 ]
 
-FUSED = [name for name, p in PRECISIONS.items() if p.fused]
+#: Every precision a kernel screens: the fused kernel's and the digit kernel's (int8x4).
+FUSED = [name for name, p in PRECISIONS.items() if p.fused or p.digits]
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -95,7 +96,8 @@ def test_bound_holds_on_the_hardware(precision, metric_name, kind, seed):
         exact = qe.vectors[:, :d] @ ce.vectors[:, :d].T  # float64 from the unrounded prepared values
         if qe.terms is not None:
             exact = exact + ce.terms[None, :] + qe.terms[:, None]
-        bound = metric.pair_bound(d, qe.norms[:, None], ce.norms[None, :],
+        # The stored vectors' norms: a digit row's are its bound norms (≥ the float64 norms).
+        bound = metric.pair_bound(d, qa.norms[:, None], ca.norms[None, :],
                                   None if qe.terms is None else qe.terms[:, None],
                                   None if ce.terms is None else ce.terms[None, :], precision=PRECISIONS[precision])
         ratio = ((got - exact).abs() / bound).max().item()
@@ -118,7 +120,7 @@ def test_kernel_keeps_what_the_bound_says(precision, symmetric, seed):
     qa, qe = _prepare(x, "sqeuclidean", precision, "query", symmetric=True)
     ca, ce = _prepare(y, "sqeuclidean", precision, "corpus", symmetric=True)
     exact = qe.vectors[:, :d] @ ce.vectors[:, :d].T + ce.terms[None, :] + qe.terms[:, None]
-    bound = metric.pair_bound(d, qe.norms[:, None], ce.norms[None, :], qe.terms[:, None], ce.terms[None, :],
+    bound = metric.pair_bound(d, qa.norms[:, None], ca.norms[None, :], qe.terms[:, None], ce.terms[None, :],
                               precision=PRECISIONS[precision])
     row_thr = exact.kthvalue(20, dim=1).values
     col_thr = exact.kthvalue(5, dim=0).values if symmetric else None

@@ -416,6 +416,8 @@ BENCH_ALLOWED: dict[tuple[str, str, str | None], str] = {
         "the scaling model replays the block-cyclic planner's part sizes",
     ("bench/screen_kernel_variants.py", "knng.engine._triton_kernels", None):
         "screens variants of the fused kernel itself (the engine's own experiment)",
+    ("bench/digit_kernel_tiles.py", "knng.engine._triton_kernels", None):
+        "times the digit kernel at candidate tile shapes, clearing its compile cache between them",
 }
 
 

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPrecision", "PRECISIONS", "get_precision"]
+__all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPrecision", "PRECISIONS", "get_precision",
+           "DIGIT_BASE", "DIGIT_MAX", "DIGIT_REFERENCE_ERROR", "digit_width", "digit_blocks", "digit_scales",
+           "digit_alphas", "digit_row_factors"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -36,6 +38,20 @@ SAFETY = 2.0
 TINY = 2.0**-100
 #: Smallest normal float32 (and bfloat16): tensor cores may flush anything below it to zero.
 FLUSH = 2.0**-126
+#: Digit screens (``int8x4``): each prepared vector v is v ≈ s_v·(h + l/DIGIT_BASE) with
+#: integer digits |h|, |l| ≤ DIGIT_MAX and its own scale s_v (``docs/EXACTNESS.md``).
+DIGIT_BASE = 254
+DIGIT_MAX = 127
+#: The relative digit error r₀ the digit screen's bound is balanced at (``_bound_norms``):
+#: about what a vector's digits err by relative to its norm when its largest value is a few
+#: times its root-mean-square (2.7·10⁻⁵ for Gaussian data, any d).
+DIGIT_REFERENCE_ERROR = 2.0**-15
+#: Each digit block of a prepared row is padded to a multiple of this many columns, and the
+#: row's float32 scale and the metric's α (float32) follow the three blocks in this many more
+#: bytes (8 used): rows of a multiple of 16 bytes let the GPU kernel load 16 bytes at a time.
+#: H100, 10,000 × 1M × 128, nothing kept: rows of 392 bytes (blocks and tail of 8) 150 ms,
+#: of 400 bytes 37 ms (the best tiles: 28.7 ms). Zero digits add exact zeros.
+DIGIT_ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,11 @@ class ScreenPrecision:
         True for the split form of the fused kernel (``knng.engine.fused``): the product runs
         over the d input columns only and the per-vector terms are added afterwards in float32.
         False for the augmented form of the torch screen, where the terms are product columns.
+    digits : bool
+        True for the digit screen: each vector stored as int8 digits (h, l) of its own scale,
+        the four products h·h, h·l, l·h, l·l as exact integers, then scaled and the terms added
+        in float32. Its ``input_roundoff`` is unused (0): each vector's digit error rides in the
+        norms its rows come with (``_bound_norms``).
     """
 
     name: str
@@ -67,6 +88,7 @@ class ScreenPrecision:
     input_roundoff: float
     accumulate_roundoff: float
     fused: bool
+    digits: bool = False
 
 
 #: Every screen precision the engine knows. float32 and float64 run as torch products of the
@@ -77,6 +99,9 @@ PRECISIONS: dict[str, ScreenPrecision] = {
     "tf32x3": ScreenPrecision("tf32x3", torch.float32, 2.0**-19, 3 * 2.0**-23, fused=True),
     "tf32": ScreenPrecision("tf32", torch.float32, 2.0**-10, 2.0**-23, fused=True),
     "bfloat16": ScreenPrecision("bfloat16", torch.bfloat16, 2.0**-8 + 2.0**-23, 2.0**-23, fused=True),
+    # Integer products are exact: the digits are the error (relative, d-dependent: see
+    # Metric.bound_coefficients); float32 for the scaling after the products.
+    "int8x4": ScreenPrecision("int8x4", torch.int8, 0.0, 2.0**-24, fused=False, digits=True),
 }
 
 
@@ -109,12 +134,21 @@ class Prepared:
     vectors : torch.Tensor
         (m, width) in the layout above, in the screen's storage type (float32, float64, bfloat16).
     norms : torch.Tensor
-        float64 (m,): Euclidean norms of the unscaled prepared vectors (before rounding).
+        float64 (m,): Euclidean norms of the unscaled prepared vectors (before rounding); for
+        digit rows their *bound norms*, which are larger (``_bound_norms``): what the error
+        bound multiplies, and an upper bound wherever else the engine uses a norm.
     terms : torch.Tensor or None
         float64 (m,): the additive term (‖·‖² for the Euclidean family), or None.
     offsets : torch.Tensor or None
         float64 (m,), query side only: what turns a row's score into its distance
         (``distance = to_distance(score + offset)``), e.g. the ‖a‖² a search leaves out.
+
+    Digit screens (storage int8) store each row as ``[h | l | h | s α]``: three digit blocks of
+    :func:`digit_width` columns, then the row's scale s and the metric's α as two float32 (in
+    16 bytes), the same on both sides (α enters the products' scaling once, from the row side):
+    the products h·h, [h | l]·[l | h] and l·l of a block read contiguous column ranges, and every
+    copy, gather or exchange of rows carries what its products need. The terms are added after
+    the products in float32, as in the fused kernel's split form.
     """
 
     vectors: torch.Tensor
@@ -134,6 +168,78 @@ CPU_ROW_MULTIPLE = 4
 
 def _aligned_width(d: int, extra: int, multiple: int) -> int:
     return -(-(d + extra) // multiple) * multiple
+
+
+def digit_width(d: int) -> int:
+    """Columns of one digit block (h or l) of a prepared row of dimension ``d``."""
+    return _aligned_width(d, 0, DIGIT_ALIGN)
+
+
+def digit_blocks(rows: torch.Tensor) -> int:
+    """Columns of each of the three digit blocks of prepared digit rows."""
+    return (rows.shape[1] - DIGIT_ALIGN) // 3
+
+
+def digit_scales(rows: torch.Tensor) -> torch.Tensor:
+    """The float32 scale of every row of prepared digit rows (a view into ``rows``)."""
+    w = digit_blocks(rows)
+    return rows[:, 3 * w:3 * w + 4].view(torch.float32)[:, 0]
+
+
+def digit_alphas(rows: torch.Tensor) -> torch.Tensor:
+    """The metric's α stored with every row of prepared digit rows (a view into ``rows``)."""
+    w = digit_blocks(rows)
+    return rows[:, 3 * w + 4:3 * w + 8].view(torch.float32)[:, 0]
+
+
+def digit_row_factors(rows: torch.Tensor) -> torch.Tensor:
+    """float32 α·s / DIGIT_BASE² of every row of prepared digit rows: the row side's factor of
+    the digit screen's scaling (rounded once, as its bound counts)."""
+    return (digit_scales(rows).to(torch.float64) * digit_alphas(rows).to(torch.float64) / DIGIT_BASE**2
+            ).to(torch.float32)
+
+
+def _bound_norms(x64: torch.Tensor, norms: torch.Tensor, scale: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor
+                 ) -> torch.Tensor:
+    """The norms the digit screen's bound multiplies: N = max(‖v‖, ‖s·h‖ + ‖s·l‖/B) + ε / r₀.
+
+    ε is the vector's own digit error ‖v − s(h + l/B)‖ (computed in float64, widened by its
+    rounding), r₀ = :data:`DIGIT_REFERENCE_ERROR`. With c_dot = 2|α|(r₀ + 16u₃₂), c_dot·N_a·N_b
+    covers the digits (r₀(‖a‖ + ε_a/r₀)(‖b‖ + ε_b/r₀) ≥ ε_a‖b‖ + ‖a‖ε_b + ε_a·ε_b) and the float32
+    scaling, whose every intermediate is at most (‖s h_a‖ + ‖s l_a‖/B)(‖s h_b‖ + ‖s l_b‖/B): a
+    product form like every other precision's, from one number per vector, within about twice
+    the bound each vector's own error would give. ``norms``: the float64 ‖v‖.
+    """
+    s = scale.to(torch.float64)[:, None]
+    h, l = hi.to(torch.float64), lo.to(torch.float64)
+    d = x64.shape[1]
+    err = torch.linalg.vector_norm(x64 - s * (h + l / DIGIT_BASE), dim=1)
+    # The float64 steps above err by < 2⁻⁴⁴·s per value (s ≥ max|v| / 127) and (d + 2)·2⁻⁵³
+    # relative in the norm.
+    err = err * (1.0 + 2.0**-40) + math.sqrt(d) * 2.0**-44 * s[:, 0]
+    digits = (torch.linalg.vector_norm(s * h, dim=1) + torch.linalg.vector_norm(s * l, dim=1) / DIGIT_BASE)
+    return (torch.maximum(norms, digits * (1.0 + 2.0**-40)) + err / DIGIT_REFERENCE_ERROR) * (1.0 + 2.0**-50)
+
+
+def _digits(x64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each float64 row's scale s (float32, exact in float64) and int8 digits h, l with
+    x ≈ s·(h + l / DIGIT_BASE).
+
+    s = max|x| / DIGIT_MAX, rounded up to float32 (so that |x / s| ≤ DIGIT_MAX and h never
+    clips; a zero row gets 1, and s is at least the smallest normal float32: rows of tinier
+    values then err absolutely, by less than the bound's ``c_flush``). Per value: t = x / s
+    rounds by ≤ 2⁻⁵³·|t| ≤ 2⁻⁴⁶, t − h is exact, and l rounds DIGIT_BASE·(t − h) to the nearest
+    integer, so |x − s(h + l/B)| ≤ s·(1/(2B) + 2⁻⁴⁵).
+    """
+    top = x64.abs().amax(dim=1) if x64.shape[1] else x64.new_zeros(x64.shape[0])
+    scale64 = torch.where(top > 0, (top / DIGIT_MAX).clamp_min(FLUSH), torch.ones_like(top))
+    scale = scale64.to(torch.float32)
+    scale = torch.where(scale.to(torch.float64) < scale64, torch.nextafter(scale, torch.full_like(scale, torch.inf)),
+                        scale)
+    t = x64 / scale.to(torch.float64)[:, None]
+    hi = torch.round(t)
+    lo = torch.round((t - hi) * DIGIT_BASE)
+    return scale, hi.clamp_(-DIGIT_MAX, DIGIT_MAX).to(torch.int8), lo.clamp_(-DIGIT_MAX, DIGIT_MAX).to(torch.int8)
 
 
 @dataclass(frozen=True)
@@ -174,8 +280,10 @@ class Metric:
             return self.centre_queries and self.centre_corpus
         return self.centre_corpus
 
-    def width(self, d: int, device: torch.device) -> int:
-        """Columns of a prepared block for input dimension ``d`` on ``device``."""
+    def width(self, d: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
+        """Columns of a prepared block for input dimension ``d`` on ``device`` (storage ``dtype``)."""
+        if dtype == torch.int8:
+            return 3 * digit_width(d) + DIGIT_ALIGN
         multiple = GPU_ROW_MULTIPLE if device.type == "cuda" else CPU_ROW_MULTIPLE
         return _aligned_width(d, 2 if self.uses_terms else 0, multiple)
 
@@ -201,7 +309,7 @@ class Metric:
         symmetric : bool
             True for a graph (data against itself): queries also carry the row term q = ‖a‖².
         dtype : torch.dtype
-            The screen's storage type (``ScreenPrecision.storage``).
+            The screen's storage type (``ScreenPrecision.storage``); int8 for the digit screen.
         """
         x64 = x.to(torch.float64)
         if self.centre_rows:
@@ -216,32 +324,57 @@ class Metric:
             x64 = x64 - centre
         m, d = x64.shape
         norms = torch.linalg.vector_norm(x64, dim=1)
-        out = torch.zeros((m, self.width(d, x64.device)), dtype=dtype, device=x64.device)
-        terms = offsets = None
+        out = torch.zeros((m, self.width(d, x64.device, dtype)), dtype=dtype, device=x64.device)
+        terms, offsets = self._terms_and_offsets(x64, norms, centre, side=side, symmetric=symmetric)
+        if dtype == torch.int8:
+            scale, hi, lo = _digits(x64)
+            w = digit_width(d)
+            out[:, :d] = hi
+            out[:, w:w + d] = lo
+            out[:, 2 * w:2 * w + d] = hi
+            digit_scales(out).copy_(scale)
+            digit_alphas(out).fill_(self.alpha)
+            # The bound norms (_bound_norms): every use of a prepared norm is an upper bound that
+            # error radii and block thresholds grow with, so a larger one only widens them.
+            return Prepared(vectors=out, norms=_bound_norms(x64, norms, scale, hi, lo), terms=terms, offsets=offsets)
         if side == "query":
             out[:, :d] = x64 * self.alpha  # exact: α is a power of two
-            offsets = torch.zeros(m, dtype=torch.float64, device=x64.device)
             if self.uses_terms:
                 out[:, d] = 1.0
                 if symmetric:
-                    terms = norms * norms
                     out[:, d + 1] = terms
-                else:
-                    offsets = norms * norms
-            elif self.normalize:
-                offsets += 1.0  # distance 1 − cos = 1 + score
-            elif centre is not None and self.centre_corpus and not symmetric:
-                offsets = -(x64 @ centre)  # −xᵀy = −xᵀ(y − μ) − xᵀμ
         else:
             out[:, :d] = x64
             if self.uses_terms:
-                terms = norms * norms
                 out[:, d] = terms
                 out[:, d + 1] = 1.0
         return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
 
+    def _terms_and_offsets(self, x64: torch.Tensor, norms: torch.Tensor, centre: torch.Tensor | None, *, side: str,
+                           symmetric: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The per-vector terms and (query side) offsets of prepared float64 vectors (see
+        :class:`Prepared`): the same for every storage type."""
+        if side != "query":
+            return (norms * norms if self.uses_terms else None), None
+        terms = None
+        offsets = torch.zeros(x64.shape[0], dtype=torch.float64, device=x64.device)
+        if self.uses_terms:
+            if symmetric:
+                terms = norms * norms
+            else:
+                offsets = norms * norms
+        elif self.normalize:
+            offsets += 1.0  # distance 1 − cos = 1 + score
+        elif centre is not None and self.centre_corpus and not symmetric:
+            offsets = -(x64 @ centre)  # −xᵀy = −xᵀ(y − μ) − xᵀμ
+        return terms, offsets
+
     def query_layout(self, corpus_side: torch.Tensor, d: int) -> torch.Tensor:
-        """Turn a corpus-layout block into the query layout (for a graph, where data is both)."""
+        """Turn a corpus-layout block into the query layout (for a graph, where data is both).
+
+        Digit blocks (int8) are the same on both sides: α is in the products' scaling."""
+        if corpus_side.dtype == torch.int8:
+            return corpus_side
         out = torch.zeros_like(corpus_side)
         out[:, :d] = corpus_side[:, :d] * self.alpha
         if self.uses_terms:
@@ -268,6 +401,8 @@ class Metric:
         products flushed to zero below the smallest normal. See ``docs/EXACTNESS.md``.
         """
         alpha = abs(self.alpha)
+        if precision is not None and precision.digits:
+            return self._digit_coefficients(d)
         if precision is not None and precision.fused:
             u_in, u_acc, u32 = precision.input_roundoff, precision.accumulate_roundoff, UNIT_ROUNDOFF_FP32
             gamma = d * u_acc / (1.0 - d * u_acc)
@@ -280,6 +415,21 @@ class Metric:
             c_dot = SAFETY * alpha * (2.0 * u + gamma)
             c_term = SAFETY * (u + gamma) if self.uses_terms else 0.0
         c_flush = SAFETY * alpha * math.sqrt(d) * FLUSH
+        return c_dot, c_term, c_flush
+
+    def _digit_coefficients(self, d: int) -> tuple[float, float, float]:
+        """``(c_dot, c_term, c_flush)`` of the digit screen (``docs/EXACTNESS.md``).
+
+        Applied to the *bound norms* of :func:`_bound_norms`: c_dot = 2|α|(r₀ + 16u₃₂) covers the
+        digits' error (the r₀ part) and the float32 scaling of the exact integer products (ten
+        roundings on intermediates at most N_a·N_b, two more for the term additions; 16 for
+        margin); the terms are added as in the split form. Scales below 2⁻¹²⁶ and underflowing
+        scaled products err absolutely, within ``c_flush``.
+        """
+        alpha, u32 = abs(self.alpha), UNIT_ROUNDOFF_FP32
+        c_dot = SAFETY * alpha * (DIGIT_REFERENCE_ERROR + 16.0 * u32)
+        c_term = SAFETY * 3.0 * u32 if self.uses_terms else 0.0
+        c_flush = SAFETY * alpha * math.sqrt(d) * 16.0 * FLUSH
         return c_dot, c_term, c_flush
 
     def pair_bound(

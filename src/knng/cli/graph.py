@@ -38,15 +38,16 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     refuse_existing(out, names, args.overwrite)
     refuse_distributed_host_memory(args)
     n = data.shape[0]
-    check_output_before_launch(out, args, n * args.k * 12, argv)
+    capacity = store_capacity(args.k, n if args.include_self else n - 1)
+    # The ranks' checkpoints hold every point's store once, like one process's.
+    store_bytes = checkpoint_bytes("graph", n, args.k, capacity)
+    check_output_before_launch(out, args, n * args.k * 12, argv, checkpoints=lambda world: store_bytes)
     launched = launch_if_asked(args, argv)
     if launched is not None:
         return launched
     if is_rank():
         return _graph_distributed(args, argv, data, metric, out)
-    capacity = store_capacity(args.k, n if args.include_self else n - 1)
-    with output_folder(out, args, n * args.k * 12, argv,
-                       checkpoints=checkpoint_bytes("graph", n, args.k, capacity)) as folder:
+    with output_folder(out, args, n * args.k * 12, argv, checkpoints=store_bytes) as folder:
         return _graph_one_process(args, argv, data, metric, dev, folder)
 
 

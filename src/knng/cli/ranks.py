@@ -7,7 +7,7 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from knng.cli.console import device_text
 from knng.cli.errors import CliError
@@ -96,14 +96,16 @@ def refuse_distributed_host_memory(args: argparse.Namespace) -> None:
 
 
 def check_output_before_launch(out: Path, args: argparse.Namespace, expected_bytes: int,
-                               argv: Sequence[str]) -> None:
-    """Before --gpus/--procs start their ranks: the folder is free, writable and has the space.
+                               argv: Sequence[str], checkpoints: "Callable[[int], int]" = lambda world: 0) -> None:
+    """Before --gpus/--procs start their ranks: the folder is free, writable and has the space
+    for the results and ``checkpoints(world)`` bytes of the ranks' checkpoints in its work area.
 
     Rank 0 locks it again to commit (the launcher cannot hold the lock for its children); a run
     that took the folder in between makes that commit fail, it never replaces results silently.
     """
-    if (args.gpus or args.procs) and not _started_by_knng() and not is_rank():
-        with output_folder(out, args, expected_bytes, argv):
+    world = args.gpus or args.procs
+    if world and not _started_by_knng() and not is_rank():
+        with output_folder(out, args, expected_bytes, argv, checkpoints=checkpoints(world)):
             pass
 
 

@@ -37,14 +37,15 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     truth = ground_truth(corpus, queries) if args.check else None
     refuse_distributed_host_memory(args)
     result_bytes = queries.shape[0] * args.k * 12
-    check_output_before_launch(out, args, result_bytes, argv)
+    rows_bytes = checkpoint_bytes("search", queries.shape[0], args.k, 0)
+    # Every rank of a sharded search checkpoints its shard's top k of every query.
+    check_output_before_launch(out, args, result_bytes, argv, checkpoints=lambda world: world * rows_bytes)
     launched = launch_if_asked(args, argv)
     if launched is not None:
         return launched
     if is_rank():
         return _search_distributed(args, argv, corpus, queries, metric, out, ann_mode, truth)
-    with output_folder(out, args, result_bytes, argv,
-                       checkpoints=checkpoint_bytes("search", queries.shape[0], args.k, 0)) as folder:
+    with output_folder(out, args, result_bytes, argv, checkpoints=rows_bytes) as folder:
         return _search_one_process(args, argv, corpus, queries, ann_mode, metric, dev, truth, folder)
 
 

@@ -153,7 +153,7 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
           host_budget: int | None = None) -> _Sizes:
     """Part size, screen tile height and where the owned columns live, from one rank's budgets."""
     e = dtype.itemsize
-    vec = metric.width(d, device) * e
+    vec = metric.width(d, device, dtype) * e
     owned_rows = -(-n // world)
     fixed = n * 32 + owned_rows * kc * 25  # every norm, term and first threshold; the owned parts' stores
     raw = owned_rows * d * input_itemsize
@@ -262,7 +262,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 return metric.prepare(raw.to(device, non_blocking=True), centre, side="corpus", symmetric=True,
                                       dtype=dtype).vectors
 
-            width = metric.width(d, device)
+            width = metric.width(d, device, dtype)
             gathers: dict[int, tuple[Any, torch.Tensor]] = {}
             piece_reads: dict[int, Any] = {}
 

@@ -90,16 +90,10 @@ def _test_and_append(acc, valid, row0, col0, rm, rn, row_ok, col_ok, row_thr, co
 
 
 @triton.jit
-def screen_kernel(
-    A, B, row_terms, col_terms, row_thr, col_thr,
-    row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters,
-    m, n, K, stride_a, stride_b, capacity, diag,
-    HAS_ROW_TERMS: tl.constexpr, HAS_COL_TERMS: tl.constexpr, SYMMETRIC: tl.constexpr,
-    EXCLUDE_DIAG: tl.constexpr, PRECISION: tl.constexpr, FEW: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    # Grouped tile order: GROUP_M row tiles sweep the columns together, so B's tiles are
-    # re-read from L2 rather than from memory.
+def _tile(m, n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's tile in grouped order (GROUP_M row tiles sweep the columns together, so
+    B's tiles are re-read from L2 rather than from memory): its first row and column, its rows
+    and columns, and which of them exist."""
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(m, BLOCK_M)
     tiles_n = tl.cdiv(n, BLOCK_N)
@@ -109,24 +103,20 @@ def screen_kernel(
     size_m = tl.minimum(tiles_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
-
     row0 = pid_m * BLOCK_M
     col0 = pid_n * BLOCK_N
     rm = row0 + tl.arange(0, BLOCK_M)
     rn = col0 + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    row_ok = rm < m
-    col_ok = rn < n
-    a_ptr = A + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
-    b_ptr = B + rn[None, :].to(tl.int64) * stride_b + rk[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_ptr, mask=row_ok[:, None] & (rk[None, :] + k0 < K), other=0.0)
-        b = tl.load(b_ptr, mask=col_ok[None, :] & (rk[:, None] + k0 < K), other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptr += BLOCK_K
-        b_ptr += BLOCK_K
-    # The terms are added in float32, after the product (the bound's c_term).
+    return row0, col0, rm, rn, rm < m, rn < n
+
+
+@triton.jit
+def _finish_tile(acc, row0, col0, rm, rn, row_ok, col_ok, row_terms, col_terms, row_thr, col_thr,
+                 row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity, diag,
+                 HAS_ROW_TERMS: tl.constexpr, HAS_COL_TERMS: tl.constexpr, SYMMETRIC: tl.constexpr,
+                 EXCLUDE_DIAG: tl.constexpr, FEW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A product tile's epilogue: the float32 terms added after the product (the bound's c_term),
+    the excluded diagonal, then the threshold test and the lists."""
     if HAS_COL_TERMS:
         acc += tl.load(col_terms + rn, mask=col_ok, other=0.0)[None, :]
     if HAS_ROW_TERMS:
@@ -137,6 +127,31 @@ def screen_kernel(
     _test_and_append(acc, valid, row0, col0, rm, rn, row_ok, col_ok, row_thr, col_thr,
                      row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity,
                      SYMMETRIC, FEW, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def screen_kernel(
+    A, B, row_terms, col_terms, row_thr, col_thr,
+    row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters,
+    m, n, K, stride_a, stride_b, capacity, diag,
+    HAS_ROW_TERMS: tl.constexpr, HAS_COL_TERMS: tl.constexpr, SYMMETRIC: tl.constexpr,
+    EXCLUDE_DIAG: tl.constexpr, PRECISION: tl.constexpr, FEW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    row0, col0, rm, rn, row_ok, col_ok = _tile(m, n, BLOCK_M, BLOCK_N, GROUP_M)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptr = A + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
+    b_ptr = B + rn[None, :].to(tl.int64) * stride_b + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptr, mask=row_ok[:, None] & (rk[None, :] + k0 < K), other=0.0)
+        b = tl.load(b_ptr, mask=col_ok[None, :] & (rk[:, None] + k0 < K), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptr += BLOCK_K
+        b_ptr += BLOCK_K
+    _finish_tile(acc, row0, col0, rm, rn, row_ok, col_ok, row_terms, col_terms, row_thr, col_thr,
+                 row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity, diag,
+                 HAS_ROW_TERMS, HAS_COL_TERMS, SYMMETRIC, EXCLUDE_DIAG, FEW, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -159,3 +174,47 @@ def select_kernel(
     _test_and_append(acc, valid, row0, col0, rm, rn, row_ok, col_ok, row_thr, col_thr,
                      row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity,
                      SYMMETRIC, FEW, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def digit_kernel(
+    A, B, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,
+    row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters,
+    m, n, W, stride_a, stride_b, capacity, diag,
+    HAS_ROW_TERMS: tl.constexpr, HAS_COL_TERMS: tl.constexpr, SYMMETRIC: tl.constexpr,
+    EXCLUDE_DIAG: tl.constexpr, FEW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # The digit screen (knng.engine.screen.digit_scores is its reference and contract): rows
+    # [h | l | h | s α] of int8 digits, W columns per block; the four integer products go into
+    # three int32 accumulators (exact: |sums| < 2³¹ for W ≤ 66,000), then the reference's float32
+    # steps, the terms, the test and the lists of screen_kernel.
+    row0, col0, rm, rn, row_ok, col_ok = _tile(m, n, BLOCK_M, BLOCK_N, GROUP_M)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptr = A + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
+    b_ptr = B + rn[None, :].to(tl.int64) * stride_b + rk[:, None]
+    hh = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    cross = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    ll = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, W, BLOCK_K):
+        a_ok = row_ok[:, None] & (rk[None, :] + k0 < W)
+        b_ok = col_ok[None, :] & (rk[:, None] + k0 < W)
+        h_a = tl.load(a_ptr, mask=a_ok, other=0)
+        l_a = tl.load(a_ptr + W, mask=a_ok, other=0)
+        h_b = tl.load(b_ptr, mask=b_ok, other=0)
+        l_b = tl.load(b_ptr + W, mask=b_ok, other=0)
+        hh = tl.dot(h_a, h_b, hh, out_dtype=tl.int32)
+        cross = tl.dot(h_a, l_b, cross, out_dtype=tl.int32)
+        cross = tl.dot(l_a, h_b, cross, out_dtype=tl.int32)
+        ll = tl.dot(l_a, l_b, ll, out_dtype=tl.int32)
+        a_ptr += BLOCK_K
+        b_ptr += BLOCK_K
+    acc = hh.to(tl.float32) * 254.0
+    acc = acc + cross.to(tl.float32)
+    acc = acc * 254.0
+    acc = acc + ll.to(tl.float32)
+    acc = acc * tl.load(row_factor + rm, mask=row_ok, other=0.0)[:, None]
+    acc = acc * tl.load(col_scale + rn, mask=col_ok, other=0.0)[None, :]
+    _finish_tile(acc, row0, col0, rm, rn, row_ok, col_ok, row_terms, col_terms, row_thr, col_thr,
+                 row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity, diag,
+                 HAS_ROW_TERMS, HAS_COL_TERMS, SYMMETRIC, EXCLUDE_DIAG, FEW, BLOCK_M, BLOCK_N)

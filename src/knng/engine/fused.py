@@ -16,6 +16,10 @@ plan's precision, ``docs/EXACTNESS.md``) from the exact score. The order of a li
 defined (tiles append as they finish). :func:`select_block` is the same test and lists on a
 score block already in memory (the float32 and float64 screens, whose products are cuBLAS's).
 
+The digit screen (``int8x4``, :data:`DIGIT_PRECISIONS`) has a kernel of its own with the same
+test and lists: rows of int8 digits, four exact integer products, then the float32 steps of its
+reference :func:`knng.engine.screen.digit_scores` (``docs/EXACTNESS.md``).
+
 Triton is imported lazily: the module imports on machines without it, and
 :func:`fused_available` says whether the kernel can run. Under ``TRITON_INTERPRET=1`` the same
 kernel runs on CPU tensors (the CI tests do that; bfloat16 products are not trustworthy there).
@@ -29,6 +33,8 @@ import os
 from typing import NamedTuple
 
 import torch
+
+from knng.metrics import digit_blocks, digit_row_factors, digit_scales
 
 __all__ = ["fused_available", "screen_block", "select_block", "Survivors", "DOT_PRECISION",
            "SELECT_TILE"]
@@ -92,11 +98,11 @@ def _interpreting() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(interpret: bool):
-    """The jitted kernels (screen, select), imported on first use: Triton reads
+    """The jitted kernels (screen, select, digit), imported on first use: Triton reads
     ``TRITON_INTERPRET`` when it jits, so the interpreter is chosen before the first call."""
     from knng.engine import _triton_kernels
 
-    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel
+    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel, _triton_kernels.digit_kernel
 
 
 def _tile_config(precision: str, interpret: bool) -> dict:
@@ -114,6 +120,15 @@ def _tile_config(precision: str, interpret: bool) -> dict:
     if precision in ("bfloat16", "float16"):
         return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
     return dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def _launch_shape(config: dict, m: int, n: int, interpret: bool) -> tuple[dict, tuple[int], dict]:
+    """A product kernel's tile constants, its grid over an m × n block and the launch options
+    (none in the interpreter) from a tile configuration."""
+    cfg = dict(config)
+    num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    grid = (-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]),)
+    return cfg, grid, {} if interpret else dict(num_warps=num_warps, num_stages=num_stages)
 
 
 #: Kept entries a tile takes out one at a time before it switches to one atomic per entry
@@ -155,15 +170,14 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         ``col_thr``) those kept by their column, as (column, row, key); a pair kept by both
         is in both lists.
     """
+    if precision in DIGIT_PRECISIONS:
+        return _screen_digits(a, b, row_thr, col_thr, row_terms, col_terms, exclude_diagonal, capacity_hint)
     interpret = _interpreting()
     kernel = _kernel(interpret)[0]
     m, n = a.shape[0], b.shape[0]
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("screen_block needs rows stored contiguously")
-    cfg = dict(_tile_config(precision, interpret))
-    num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-    grid = (-(-m // cfg["BLOCK_M"]) * -(-n // cfg["BLOCK_N"]),)
-    extra = {} if interpret else dict(num_warps=num_warps, num_stages=num_stages)
+    cfg, grid, extra = _launch_shape(_tile_config(precision, interpret), m, n, interpret)
     symmetric = col_thr is not None
     dummy = row_thr
 
@@ -179,6 +193,50 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         )
 
     return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device)
+
+
+#: Screen precisions whose rows are int8 digits (``knng.metrics``, the digit layout): the digit kernel.
+DIGIT_PRECISIONS = frozenset({"int8x4"})
+
+
+def _digit_tile_config(interpret: bool) -> dict:
+    """Tiles of the digit kernel, measured on an H100 (``bench/digit_kernel_tiles.py``,
+    2026-11-23, 10,000 × 1M × 128, nothing kept; TF32 kernel 23.8 ms): 64 × 128 × 64, 4 warps,
+    4 stages 28.7 ms; 128 × 128 × 64 (8 warps, 3 stages) 30.9; 128 × 128 × 128 33.0; 64 × 64 ×
+    128 35.5; 128 × 64 × 64 37.1; 128 × 256 × 64 175 (three int32 accumulators)."""
+    if interpret:
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=4, num_warps=4, num_stages=1)
+    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=4)
+
+
+def _screen_digits(a: torch.Tensor, b: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None,
+                   row_terms: torch.Tensor | None, col_terms: torch.Tensor | None, exclude_diagonal: int | None,
+                   capacity_hint: int | None) -> tuple[Survivors, Survivors | None]:
+    """:func:`screen_block` for digit rows ``[h | l | h | s α]``: the digit kernel, whose float32
+    steps are :func:`knng.engine.screen.digit_scores`' (its reference)."""
+    interpret = _interpreting()
+    kernel = _kernel(interpret)[2]
+    m, n = a.shape[0], b.shape[0]
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("screen_block needs rows stored contiguously")
+    # The per-row factor α·s/B² and the column scales, as the reference rounds them (float32).
+    row_factor = digit_row_factors(a)
+    col_scale = digit_scales(b).contiguous()
+    cfg, grid, extra = _launch_shape(_digit_tile_config(interpret), m, n, interpret)
+    symmetric = col_thr is not None
+    dummy = row_thr
+
+    def launch(lists, counters, capacity):
+        kernel[grid](
+            a, b, row_factor, col_scale, row_terms if row_terms is not None else dummy,
+            col_terms if col_terms is not None else dummy, row_thr, col_thr if symmetric else dummy,
+            *lists[0], *lists[-1], counters, m, n, digit_blocks(a), a.stride(0), b.stride(0), capacity,
+            0 if exclude_diagonal is None else exclude_diagonal,
+            HAS_ROW_TERMS=row_terms is not None, HAS_COL_TERMS=col_terms is not None, SYMMETRIC=symmetric,
+            EXCLUDE_DIAG=exclude_diagonal is not None, FEW=FEW_PER_TILE, **cfg, **extra,
+        )
+
+    return _collect(launch, "digits", m, n, capacity_hint, symmetric, torch.float32, a.device)
 
 
 def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None,

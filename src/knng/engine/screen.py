@@ -24,7 +24,7 @@ import torch
 
 from knng.engine import fused
 from knng.engine.fused import Survivors
-from knng.metrics import ScreenPrecision
+from knng.metrics import DIGIT_BASE, DIGIT_MAX, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
            "screen_rows", "screen_pairs", "pair_scores", "use_kernel"]
@@ -172,21 +172,26 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
                  buffer: ScoreBuffer | None = None) -> torch.Tensor:
     """The score block ``a · bᵀ`` as the screen of ``precision`` sees it, materialised.
 
-    Non-fused precisions: one product of the augmented layouts (terms inside). Fused ones: the
+    Digit precisions (``int8x4``): the exact integer products of the digit layouts, combined
+    and scaled in float32 (:func:`digit_scores`), then the float32 terms added. Non-fused
+    precisions: one product of the augmented layouts (terms inside). Fused ones: the
     split form of the kernel — the d input columns of the stored (rounded) vectors multiplied in
     IEEE float32, then the float32 terms added, columns' first; its rounding stays within the
     kernel's bound, so it is the kernel's reference and its stand-in off the GPU. ``buffer``:
     where to write the block (else a new tensor).
     """
-    if not precision.fused:
+    if not precision.fused and not precision.digits:
         if buffer is None:
             return a @ b.T
         return torch.mm(a, b.T, out=buffer.take(a.shape[0], b.shape[0], a.dtype, a.device))
-    a32, b32 = a[:, :d].to(torch.float32), b[:, :d].to(torch.float32)
-    if buffer is None:
-        scores = a32 @ b32.T
+    if precision.digits:
+        scores = digit_scores(a, b, buffer)
     else:
-        scores = torch.mm(a32, b32.T, out=buffer.take(a.shape[0], b.shape[0], torch.float32, a.device))
+        a32, b32 = a[:, :d].to(torch.float32), b[:, :d].to(torch.float32)
+        if buffer is None:
+            scores = a32 @ b32.T
+        else:
+            scores = torch.mm(a32, b32.T, out=buffer.take(a.shape[0], b.shape[0], torch.float32, a.device))
     if col_terms is not None:
         scores += col_terms[None, :]
     if row_terms is not None:
@@ -194,9 +199,53 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     return scores
 
 
+def digit_scores(a: torch.Tensor, b: torch.Tensor, buffer: ScoreBuffer | None = None) -> torch.Tensor:
+    """The digit screen's float32 products (before terms) of prepared digit rows ``[h | l | h | s α]``.
+
+    score = ((B·hh + (h_a·l_b + l_a·h_b))·B + l_a·l_b) · (α·s_a/B²) · s_b, the integer products
+    exact and each step below one float32 rounding, the ones ``Metric.bound_coefficients``
+    counts for digits: this is the arithmetic a digit kernel must reproduce (or round less).
+    """
+    w = digit_blocks(a)
+    if buffer is None:
+        scores = torch.empty((a.shape[0], b.shape[0]), dtype=torch.float32, device=a.device)
+    else:
+        scores = buffer.take(a.shape[0], b.shape[0], torch.float32, a.device)
+    scores.copy_(_integer_products(a[:, :w], b[:, :w]))
+    scores.mul_(DIGIT_BASE).add_(_integer_products(a[:, :2 * w], b[:, w:3 * w]))
+    scores.mul_(DIGIT_BASE).add_(_integer_products(a[:, w:2 * w], b[:, w:2 * w]))
+    scores.mul_(digit_row_factors(a)[:, None]).mul_(digit_scales(b)[None, :])
+    return scores
+
+
+#: Whether ``torch._int_mm`` ran on this kind of device (a failure falls back to float64 products,
+#: once per process and device type).
+_INT_MM_WORKS: dict[str, bool] = {}
+
+
+def _integer_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a · bᵀ`` of int8 matrices, exactly: int32 from ``torch._int_mm`` (oneDNN on a CPU,
+    cuBLASLt on a GPU), or float64 products of the digits where it cannot run (small or
+    unaligned GPU blocks, builds without it, sums that could pass 2³¹): every partial sum is
+    an integer below 2⁵³."""
+    kind = a.device.type
+    fits = kind == "cpu" or (a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[0] % 8 == 0)
+    fits = fits and a.shape[1] * DIGIT_MAX**2 < 2**31  # int32 sums cannot wrap
+    if fits and _INT_MM_WORKS.get(kind, True):
+        try:
+            # A GPU's int8 product is given plain row-major operands (the digit blocks are
+            # column slices of wider rows); oneDNN takes the strided views as they are.
+            return torch._int_mm(a, b.T) if kind == "cpu" else torch._int_mm(a.contiguous(), b.T.contiguous())
+        except RuntimeError as exc:  # an int8 product this build or device does not offer
+            if "out of memory" in str(exc).lower():
+                raise
+            _INT_MM_WORKS[kind] = False
+    return a.to(torch.float64) @ b.to(torch.float64).T
+
+
 def use_kernel(precision: ScreenPrecision, device: torch.device) -> bool:
-    """Whether the fused kernel runs this precision's screen on ``device``."""
-    return precision.fused and fused.fused_available(device)
+    """Whether a kernel (the fused one, or the digit one) runs this precision's screen on ``device``."""
+    return (precision.fused or precision.digits) and fused.fused_available(device)
 
 
 def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tensor, precision: ScreenPrecision, *,
