@@ -1,17 +1,18 @@
-"""A chrome trace (torch.profiler) of one TF32 search of 1M × 128 Gaussian points, 10k queries,
-with the stores' ``flush`` and ``finish`` marked (``STAGE_flush``, ``STAGE_finish``), and a
-summary of each marked stage: host time, GPU kernel time and launches inside it, and the torch
-operations that took the most host time. Usage (GPU machine)::
+"""A chrome trace (torch.profiler) of one TF32 search of 1M × 128 Gaussian points, 10k queries
+(or, with ``--graph N --precision P``, one graph of N × 128 points), with the stores' ``flush``
+and ``finish`` marked (``STAGE_flush``, ``STAGE_finish``), and a summary of each marked stage:
+host time, GPU kernel time and launches inside it, the torch operations that took the most
+host time and the GPU kernels that took the most time. Usage (GPU machine)::
 
-    PYTHONPATH=src python bench/trace_stages.py K OUT_DIR
+    PYTHONPATH=src python bench/trace_stages.py K OUT_DIR [--graph 200000 --precision float32]
 
 It showed that at k = 10 the store's update is about 400 launches and a dozen synchronisations
 for 1.3 ms of GPU work (``docs/BENCHMARKS.md``, "Store updates by one sort").
 """
 
+import argparse
 import collections
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -47,26 +48,41 @@ def summary(trace: Path) -> None:
             if a <= e["ts"] < b and e["name"].startswith("aten::"):
                 ops[e["name"]] += e["dur"]
         top = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in ops.most_common(5))
+        by_kernel = collections.Counter()
+        for e in kernels:
+            by_kernel[e["name"][:60]] += e["dur"]
+        heavy = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in by_kernel.most_common(4))
         print(f"{stage['name']}: host {stage['dur'] / 1e3:.1f} ms, GPU {sum(e['dur'] for e in kernels) / 1e3:.1f} ms "
-              f"in {len(kernels)} launches; {top}")
+              f"in {len(kernels)} launches; host ops: {top}; kernels: {heavy}")
 
 
 def main() -> None:
-    k, out = int(sys.argv[1]), Path(sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("k", type=int)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--graph", type=int, default=0, help="trace a graph of this many points instead")
+    ap.add_argument("--precision", default="tf32")
+    args = ap.parse_args()
+    k, out = args.k, args.out
     for name in ("flush", "finish"):
         marked(name)
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    x = torch.randn((1_000_000, 128), device=dev, generator=gen)
-    q = torch.randn((10_000, 128), device=dev, generator=gen)
-    plan.choose_screen_precision = lambda *a, **kw: "tf32"
+    plan.choose_screen_precision = lambda *a, **kw: args.precision
+    if args.graph:
+        x = torch.randn((args.graph, 128), device=dev, generator=gen)
+        call, tag = (lambda: knng.graph(x, k)), f"graph{args.graph}"
+    else:
+        x = torch.randn((1_000_000, 128), device=dev, generator=gen)
+        q = torch.randn((10_000, 128), device=dev, generator=gen)
+        call, tag = (lambda: knng.search(q, x, k)), "search"
     for _ in range(2):
-        knng.search(q, x, k)
+        call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        knng.search(q, x, k)
+        call()
         torch.cuda.synchronize()
-    trace = out / f"trace_search_k{k}.json"
+    trace = out / f"trace_{tag}_{args.precision}_k{k}.json"
     prof.export_chrome_trace(str(trace))
     summary(trace)
 

@@ -226,3 +226,37 @@ def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, monkeypa
         assert_exact(knng.graph(x, 5), oracle_graph(x, 5))
     assert last_report().screen_dtype == "int8x4"
     assert calls, "the digit kernel did not run"
+
+
+@pytest.mark.parametrize("kind", ["gauss", "offset", "spike", "midpoints", "huge", "integers", "zeros"])
+@pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean", "cosine", "pearson", "inner_product"])
+def test_digit_search_seeds_from_a_float32_sample_bound_every_rows_kth(kind, metric, rng, seed, monkeypatch):
+    # A digit search seeds its thresholds from a sample screened in float32 (one cuBLAS product
+    # instead of three integer ones), with the float32 bound's radii: every seeded τᵢ must still
+    # be at least the row's k-th exact key, and the search exact.
+    import knng
+    import knng.engine.plan as plan
+    from knng.engine.store import CandidateStore
+    from oracle import assert_exact, oracle_search
+
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "int8x4")
+    monkeypatch.setattr(plan, "CPU_SAMPLE", 64)  # a sample narrower than the corpus
+    seeded = []
+    real_seed = CandidateStore.seed
+
+    def seed_and_record(self, rows, cols, keys, rad=None):
+        assert rad is not None and keys.dtype == torch.float32, "digit seeds come from the float32 sample"
+        real_seed(self, rows, cols, keys, rad)
+        seeded.append((self.tau.clone(), self.errors.row_offsets.clone(), self.errors.metric))
+
+    monkeypatch.setattr(CandidateStore, "seed", seed_and_record)
+    x = _digit_data(rng, kind, 400, 24)
+    q = _digit_data(rng, kind, 30, 24)
+    k = 5
+    oracle = oracle_search(q, x, k, metric=metric)
+    assert_exact(knng.search(q, x, k, metric=metric), oracle)
+    assert len(seeded) == 1
+    tau, offsets, m = seeded[0]
+    kth = m.from_distance(torch.from_numpy(np.asarray(oracle.distances)[:, k - 1]).to(torch.float64))
+    slack = 1e-12 * (tau.abs() + offsets.abs() + kth.abs())
+    assert bool((tau + offsets >= kth - slack).all()), "a seeded threshold fell below its row's k-th"

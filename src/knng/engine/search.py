@@ -8,6 +8,7 @@ for each corpus tile: one matrix product → threshold screen → the rows' cand
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,9 +25,9 @@ from knng.engine.plan import EnginePlan, make_search_plan
 from knng.engine.screen import block_scores, screen_rows
 from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
 from knng.engine.thresholds import sample_columns, seed_candidates
-from knng.metrics import Metric
+from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 
-__all__ = ["SearchReport", "exact_search", "prepare_corpus"]
+__all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
 
 #: The sample's product of a TF32 screen runs on TF32 tensor cores: its keys need only the TF32
 #: bound, which the store's radii use anyway (1M × 128, 10k queries, k = 10, H100, 2026-11-23:
@@ -87,9 +88,7 @@ def exact_search(
                 check_finite(block, queries.name, start)
         pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
                                              block_rows=plan.read_rows)
-        sample = sample_columns(corpus.n, plan.sample_size, device)
-        sample_vectors = pcorpus.take(sample)
-        sample_terms = None if pcorpus.terms32 is None else pcorpus.terms32[sample]
+        sample = seed_sample(corpus, pcorpus, metric, plan.precision, plan.sample_size, device)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats, store_stats = ExactStats(), StoreStats()
@@ -109,8 +108,7 @@ def exact_search(
             try:
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                store = _screen_chunk(raw, pcorpus, sample, sample_vectors, sample_terms, metric, k, plan,
-                                      cols_per_tile, select, device)
+                store = _screen_chunk(raw, pcorpus, sample, metric, k, plan, cols_per_tile, select, device)
                 idx, dist = store.finish()
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
                 recover_from_oom(exc, device, can_retry=rows_per_chunk > 8 or cols_per_tile > max(8, k))
@@ -146,9 +144,64 @@ def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dty
                           symmetric=False, dtype=dtype)
 
 
-def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tensor, sample_vectors: torch.Tensor,
-                  sample_terms: torch.Tensor | None, metric: Metric, k: int, plan: EnginePlan, cols_per_tile: int, select: str,
-                  device: torch.device) -> CandidateStore:
+@dataclass
+class SeedSample:
+    """The random corpus columns whose k best screened keys seed a search's thresholds.
+
+    ``vectors`` are prepared for the screen of ``precision``: the search's own, except for the
+    digit screens, whose sample is prepared and screened in float32 (one cuBLAS product; the
+    digit products of a 10k × 65k sample took 28 ms on an H100 where the float32 one takes
+    5). Seeds need only a certified upper bound of k columns' keys, so their radii come from
+    the sample's own precision and norms (``norms``, ``terms``: float64, per sample column;
+    None where the store's own radii apply).
+    """
+
+    columns: torch.Tensor
+    vectors: torch.Tensor
+    terms32: torch.Tensor | None
+    precision: ScreenPrecision
+    norms: torch.Tensor | None = None
+    terms: torch.Tensor | None = None
+
+
+def seed_sample(corpus: InputArray, pcorpus: PreparedCorpus, metric: Metric, precision: ScreenPrecision, size: int,
+                device: torch.device) -> SeedSample:
+    """Draw ``size`` random corpus columns and prepare them for the seeds' product (see :class:`SeedSample`)."""
+    columns = sample_columns(corpus.n, size, device)
+    if not precision.digits:
+        return SeedSample(columns, pcorpus.take(columns), None if pcorpus.terms32 is None else pcorpus.terms32[columns],
+                          precision)
+    prep = metric.prepare(corpus.take(columns).to(device), pcorpus.centre, side="corpus", symmetric=False,
+                          dtype=torch.float32)
+    return SeedSample(columns, prep.vectors, None, PRECISIONS["float32"], prep.norms, prep.terms)
+
+
+def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, pcorpus: PreparedCorpus,
+                      sample: SeedSample, metric: Metric, k: int, select: str, device: torch.device) -> None:
+    """Seed every row's threshold from the k best-screened columns of the sample."""
+    rows = torch.arange(raw.shape[0], device=device)
+    precision, d = sample.precision, pcorpus.corpus.d
+    queries, norms = prep.vectors, None
+    if sample.norms is not None:
+        own = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=sample.vectors.dtype)
+        queries, norms = own.vectors, own.norms
+    # The sample's product of a TF32 screen runs on TF32 tensor cores (see TF32_SAMPLE).
+    tf32 = TF32_SAMPLE and precision.name == "tf32" and device.type == "cuda"
+    with tf32_products() if tf32 else contextlib.nullcontext():
+        scores = block_scores(queries, sample.vectors, d, precision, col_terms=sample.terms32)
+    values, positions = seed_candidates(scores, min(k, scores.shape[1]), select, device)
+    del scores
+    rad = None
+    if norms is not None and sample.norms is not None:
+        pair_rows = rows[:, None].expand_as(positions)
+        rad = replace(store.errors, precision=precision).radius(
+            norms[pair_rows], sample.norms[positions], None, None if sample.terms is None else sample.terms[positions],
+            values, pair_rows)
+    store.seed(rows, sample.columns[positions], values, rad)
+
+
+def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample, metric: Metric, k: int,
+                  plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
     """Screen one chunk of queries against every corpus tile into a store of candidates."""
     prep = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
@@ -168,15 +221,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: torch.Tens
                            work_bytes=plan.work_bytes)
     rows = torch.arange(m, device=device)
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
-    if TF32_SAMPLE and precision.name == "tf32" and device.type == "cuda":
-        with tf32_products():
-            scores = block_scores(prep.vectors, sample_vectors, corpus.d, precision, col_terms=sample_terms)
-    else:
-        scores = block_scores(prep.vectors, sample_vectors, corpus.d, precision, col_terms=sample_terms)
-    ks = min(k, scores.shape[1])
-    values, positions = seed_candidates(scores, ks, select, device)
-    store.seed(rows, sample[positions], values)
-    del scores
+    _seed_from_sample(store, raw, prep, pcorpus, sample, metric, k, select, device)
     terms = pcorpus.terms32
     for c0, c1, tile in pcorpus.tiles(cols_per_tile):
         maxima = pcorpus.maxima(c0, c1)
