@@ -97,6 +97,22 @@ def test_digits_reconstruct_within_their_error(kind, d, rng, seed):
         assert bool((s[fitted] <= top[fitted] / DIGIT_MAX * (1 + 2.0**-22)).all()), "scales as small as they can be"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_digits_are_the_rounded_quotients(kind, rng, seed):
+    # An independent statement of the digits, in NumPy: h = round(x / s), l = round(254 (x / s − h)),
+    # halves to even, for the row's float32 scale s; the prepared rows must hold exactly these.
+    d = 29
+    x = _digit_data(rng, kind, 60, d)
+    rows = get_metric("sqeuclidean").prepare(torch.from_numpy(x), None, side="corpus", symmetric=False,
+                                             dtype=torch.int8).vectors
+    s = digit_scales(rows).to(torch.float64).numpy()[:, None]
+    t = x / s
+    hi = np.round(t)
+    lo = np.round((t - hi) * DIGIT_BASE)
+    w = digit_blocks(rows)
+    assert np.array_equal(rows[:, :d].numpy(), hi) and np.array_equal(rows[:, w:w + d].numpy(), lo)
+
+
 def test_integer_products_are_exact(rng):
     for m, k, n in [(1, 8, 1), (17, 24, 33), (300, 136, 250)]:
         a = torch.from_numpy(rng.choice([-127, -126, 0, 126, 127], (m, k))).to(torch.int8)
