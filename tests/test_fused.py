@@ -227,9 +227,11 @@ def test_planner_picks_tf32_only_for_searches_at_small_k_or_large_d(monkeypatch)
     gpu = torch.device("cuda", 0)
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "tf32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 960, 16) == "tf32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 100) == "float32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 100) == "tf32"  # k ≤ d / 8
-    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 121) == "float32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 100) == "tf32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 128) == "tf32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 63, 17) == "float32"  # below the dimensions measured
+    assert plan.choose_screen_precision(gpu, 1_000_000, 8, 16) == "tf32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 129) == "float32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 4096, 129) == "float32"  # past the widest k measured
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float32"
     assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"

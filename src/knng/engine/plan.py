@@ -317,14 +317,19 @@ class EnginePlan:
         return asdict(self)
 
 
-#: A search screens in TF32 (the fused kernel) when k ≤ max(FUSED_SEARCH_MAX_K, d / 8) and
-#: k ≤ FUSED_SEARCH_WIDEST_K: the product it saves grows with d, the survivors its wider bound
-#: lets through grow with k. Measured on an H100 (2026-11-23, 10k queries against 1M, FAISS
-#: in the same process: ``docs/BENCHMARKS.md``): d = 128, TF32 / float32 120.6 / 130.9 ms at
-#: k = 10, 158.3 / 154.9 at k = 100, 435 / 334 at k = 1024; d = 960, 280 / 511 at k = 10 and
-#: 319 / 548 at k = 100. Graphs were slower in TF32 at every k measured (200k × 128: 426 / 363
-#: ms at k = 10, 1,241 / 673 at k = 100).
+#: A search screens in TF32 (the fused kernel) when k ≤ FUSED_SEARCH_MAX_K, or when d ≥
+#: FUSED_SEARCH_MIN_D and k ≤ FUSED_SEARCH_WIDEST_K: the product it saves grows with d, the
+#: survivors its wider bound lets through grow with k. Measured on an H100 (2026-11-23, later,
+#: 10k queries against 1M Gaussian points, one call each, ``bench/stage_times.py``; TF32 /
+#: float32 ms): d = 64, k = 32 66 / 97, k = 100 90 / 87, k = 300 121 / 117; d = 128, k = 32
+#: 78 / 103, k = 100 111 / 115, k = 300 143 / 170; d = 256, k = 32 90 / 187, k = 100 116 /
+#: 173, k = 300 200 / 199; d = 960, k = 100 249 / 504 (``docs/BENCHMARKS.md``, "Digit
+#: screens, seeded in float32"). The earlier rule (k ≤ max(16, d / 8)) predates the one-sort
+#: store update and left k = 32 at d = 128 25 % slower. Below d = 64 nothing was measured.
+#: Graphs were slower in TF32 at every k measured (200k × 128: 360 / 320 ms at k = 10, 1,088 /
+#: 597 at k = 100).
 FUSED_SEARCH_MAX_K = 16
+FUSED_SEARCH_MIN_D = 64
 FUSED_SEARCH_WIDEST_K = 128
 
 
@@ -335,22 +340,25 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     k·d outweighs the row length n — after a float32 screen every candidate a row keeps is
     evaluated from the input vectors (k·d values read per row), while a float64 screen pins most
     distances down by itself. Else, on a GPU where the fused kernel runs, TF32 for a search with
-    k ≤ max(:data:`FUSED_SEARCH_MAX_K`, d / 8), at most :data:`FUSED_SEARCH_WIDEST_K`; float32
-    otherwise. On a CPU float64 from k·d ≥ n/8 (its products cost twice float32 ones), else
-    float32.
+    k ≤ :data:`FUSED_SEARCH_MAX_K`, or d ≥ :data:`FUSED_SEARCH_MIN_D` and k ≤
+    :data:`FUSED_SEARCH_WIDEST_K`; float32 otherwise. On a CPU float64 from k·d ≥ n/8 (its
+    products cost twice float32 ones), else float32.
 
     Why not more of the fused precisions (``knng.engine.fused``, ``docs/BENCHMARKS.md``, "Fused
     screen"): their kernel screens a 1M × 128 search in 20–35 ms of TF32 where the float32
     product and its select take ~80, but the wider bound lets 1.5–3× more pairs through to the
     candidate stores, whose bookkeeping then costs more than the product saved — except for
     searches at small k or large d. bfloat16 (4× the bound of TF32) lost everywhere measured.
+    The digit screen (int8x4, float32's selectivity on int8 tensor cores) won only in parts of
+    the range (d = 128, k = 100: 97 ms against TF32's 111; d = 256, k = 32 and 100: 110 and
+    124 against 90 and 116), so the planner does not choose it.
     """
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
             return "float64"
-        if (operation == "search" and k <= min(FUSED_SEARCH_WIDEST_K, max(FUSED_SEARCH_MAX_K, d // 8))
-                and fused_available(device)):
+        fused_k = k <= FUSED_SEARCH_MAX_K or (d >= FUSED_SEARCH_MIN_D and k <= FUSED_SEARCH_WIDEST_K)
+        if operation == "search" and fused_k and fused_available(device):
             return "tf32"
         return "float32"
     return "float64" if 8 * k * d >= n_corpus else "float32"
