@@ -13,12 +13,16 @@ Usage (GPU machine, repository root)::
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 
-from knng.engine import fused
-from knng.metrics import get_metric
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_fused import cuda_ms  # noqa: E402 - the same CUDA-event timing
+from knng.engine import fused  # noqa: E402
+from knng.metrics import get_metric  # noqa: E402
 
 CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
@@ -28,20 +32,6 @@ CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
     dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3),
 ]
-
-
-def cuda_ms(fn, repeats: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def main() -> None:

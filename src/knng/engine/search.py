@@ -192,7 +192,7 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     values, positions = seed_candidates(scores, min(k, scores.shape[1]), select, device)
     del scores
     rad = None
-    if norms is not None and sample.norms is not None:
+    if norms is not None:  # the sample's own precision and norms (see SeedSample)
         pair_rows = rows[:, None].expand_as(positions)
         rad = replace(store.errors, precision=precision).radius(
             norms[pair_rows], sample.norms[positions], None, None if sample.terms is None else sample.terms[positions],
