@@ -145,10 +145,10 @@ def run(variant, a, b, d, terms, thr, prec, capacity, opts):
     t = terms if terms is not None else thr
     if variant == "base":
         grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
-        K_.screen_kernel[grid](a, b, thr, t, thr, thr, owner, other, keys, owner, other, keys, counters,
+        K_.screen_kernel[grid](a, b, thr, thr, thr, t, thr, thr, owner, other, keys, owner, other, keys, counters,
                                m, n, d, a.stride(0), b.stride(0), capacity, 0,
                                HAS_ROW_TERMS=False, HAS_COL_TERMS=terms is not None, SYMMETRIC=False,
-                               EXCLUDE_DIAG=False, PRECISION=tp, FEW=4, GROUP_M=8, **cfg, **ex)
+                               EXCLUDE_DIAG=False, SCALED=False, PRECISION=tp, FEW=4, GROUP_M=8, **cfg, **ex)
     elif variant == "persist":
         progs = opts["progs"]
         persist_kernel[(progs,)](a, b, t, thr, owner, other, keys, counters, m, n, d, a.stride(0), b.stride(0),

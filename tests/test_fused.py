@@ -19,7 +19,9 @@ import torch
 import knng
 from knng.api import last_report
 from knng.engine import fused, screen
-from knng.metrics import PRECISIONS, get_metric
+from knng.metrics import (
+    PRECISIONS, SCALED_TAIL, get_metric, scaled_alphas, scaled_row_factors, scaled_scales, scaled_width,
+)
 from oracle import assert_exact, assert_screen_contract, oracle_graph, oracle_search, smooth_image_patches
 
 pytest.importorskip("triton", reason="the kernel tests run Triton's interpreter")
@@ -65,6 +67,79 @@ def test_kernel_contract_in_the_interpreter(interpret, rng, shape, symmetric, fe
         assert torch.allclose(by_col.keys.double(), exact[by_col.other, by_col.owner], rtol=1e-5, atol=1e-4)
 
 
+def _scaled_block(rng: np.random.Generator, m: int, n: int, d: int, symmetric: bool, metric_name: str):
+    """Scaled float16 rows of rows that span several orders of magnitude, duplicates and a zero
+    row, with the float64 scores of the stored values (what the kernel's float32 sums round)."""
+    x = torch.from_numpy(rng.standard_normal((m, d)) * 10.0 ** rng.integers(-3, 4, (m, 1)))
+    y = torch.from_numpy(rng.standard_normal((n, d)) * 10.0 ** rng.integers(-3, 4, (n, 1)) + 50)
+    y[n // 2:n // 2 + min(5, n // 4)] = y[:min(5, n // 4)]
+    y[-1] = 0
+    metric = get_metric(metric_name)
+    qa = metric.prepare(x, None, side="query", symmetric=symmetric, dtype=torch.float16)
+    ca = metric.prepare(y, None, side="corpus", symmetric=True, dtype=torch.float16)
+    rt = qa.terms.float() if symmetric and qa.terms is not None else None
+    ct = ca.terms.float() if ca.terms is not None else None
+    k = scaled_width(d)
+    exact = (qa.vectors[:, :k].double() @ ca.vectors[:, :k].double().T)
+    exact = exact * scaled_row_factors(qa.vectors).double()[:, None] * scaled_scales(ca.vectors).double()[None, :]
+    if ct is not None:
+        exact = exact + ct.double()[None, :]
+    if rt is not None:
+        exact = exact + rt.double()[:, None]
+    return qa, ca, rt, ct, exact
+
+
+@pytest.mark.parametrize("shape", [(70, 45, 19), (33, 97, 16), (1, 40, 3)])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("metric_name", ["sqeuclidean", "inner_product"])
+def test_scaled_float16_kernel_in_the_interpreter(interpret, rng, shape, symmetric, metric_name):
+    """The float16 screen's kernel (scaled rows: × α·s_a × s_b after the product) against the
+    float64 scores of its stored values; ties at the thresholds included."""
+    m, n, d = shape
+    qa, ca, rt, ct, exact = _scaled_block(rng, m, n, d, symmetric, metric_name)
+    row_thr = exact.kthvalue(min(n, 4), dim=1).values
+    col_thr = exact.kthvalue(min(m, 3), dim=0).values if symmetric else None
+    by_row, by_col = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(),
+                                        None if col_thr is None else col_thr.float(), rt, ct, "float16",
+                                        capacity_hint=8)
+    radius = 1e-5 * (1 + exact.abs().max())
+    assert_screen_contract(by_row, by_col, exact, radius, row_thr, col_thr)
+    assert torch.allclose(by_row.keys.double(), exact[by_row.owner, by_row.other], rtol=1e-5, atol=float(radius))
+    ref = screen.block_scores(qa.vectors, ca.vectors, d, PRECISIONS["float16"], rt, ct)
+    assert torch.allclose(ref.double(), exact, rtol=1e-5, atol=float(radius))
+
+
+@pytest.mark.parametrize("metric_name", ["euclidean", "cosine", "inner_product", "pearson"])
+def test_scaled_float16_rows(rng, metric_name):
+    """Scaled rows: largest value in [2¹⁴, 2¹⁵), a power-of-two scale, α in the tail, the value
+    within float16's rounding of x/s; zero rows, tiny and huge rows; both sides alike."""
+    x = torch.from_numpy(rng.standard_normal((9, 21)))
+    x[1] *= 1e-30
+    x[2] *= 1e15
+    x[3] = 0
+    x[4] = 0.0
+    x[4, 7] = 2.0**-140  # below the smallest scale: the row errs absolutely (c_flush)
+    metric = get_metric(metric_name)
+    rows = metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float16).vectors
+    other = metric.prepare(x, None, side="query", symmetric=False, dtype=torch.float16).vectors
+    assert torch.equal(rows, other) and torch.equal(metric.query_layout(rows, 21), rows)
+    assert rows.shape == (9, scaled_width(21) + SCALED_TAIL) and rows.shape[1] % 16 == 0
+    ref = metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float64).vectors[:, :21]
+    scale = scaled_scales(rows).double()
+    mantissa, _ = torch.frexp(scale)
+    assert bool((mantissa == 0.5).all()), "scales must be powers of two"
+    assert bool((scaled_alphas(rows) == metric.alpha).all())
+    assert torch.equal(scaled_row_factors(rows), (scaled_alphas(rows) * scaled_scales(rows)))
+    assert bool((rows[:, 21:scaled_width(21)] == 0).all())
+    values = rows[:, :21].double()
+    top = values.abs().amax(dim=1)
+    normal = ref.abs().amax(dim=1) > 2.0**-100
+    assert bool(((top >= 2.0**14) & (top < 2.0**15))[normal].all())
+    err = (values * scale[:, None] - ref).abs()
+    assert bool((err <= (2.0**-11 + 2.0**-23) * ref.abs() + 2.0**-14 * scale[:, None]).all())
+    assert bool((rows[3, :21] == 0).all())
+
+
 def test_kernel_everything_nothing_and_the_relaunch(interpret, rng):
     """+inf keeps all m·n pairs (more than the first list holds: one relaunch), −inf none."""
     qa, ca, rt, ct, exact = _block(rng, 70, 45, 12, symmetric=True)
@@ -101,6 +176,14 @@ def _emulate(x: torch.Tensor, precision: str) -> torch.Tensor:
     """float64 values the tensor cores would multiply, for a float64 input (worst-case rounding)."""
     if precision == "bfloat16":
         return x.to(torch.float32).to(torch.bfloat16).to(torch.float64)  # torch's double rounding
+    if precision == "float16":
+        # Each row scaled by its own power of two (largest value in [2¹⁴, 2¹⁵)), double-rounded
+        # through float32 to float16, values below float16's smallest normal flushed to zero
+        # (the worse of flushing and subnormal rounding), scaled back.
+        top = x.abs().amax(dim=1, keepdim=True)
+        scale = torch.ldexp(torch.ones_like(top), torch.frexp(top)[1].to(torch.float64) - 15)
+        half = (x / scale).to(torch.float32).to(torch.float16).to(torch.float64)
+        return torch.where(half.abs() < 2.0**-14, 0.0, half) * scale
     f = x.to(torch.float32)
     bits = f.view(torch.int32)
 
@@ -116,7 +199,7 @@ def _emulate(x: torch.Tensor, precision: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("precision", [n for n, p in PRECISIONS.items() if p.fused])
 @pytest.mark.parametrize("metric_name", ["sqeuclidean", "inner_product", "cosine"])
-@pytest.mark.parametrize("kind", ["gaussian", "positive", "midpoints", "offset"])
+@pytest.mark.parametrize("kind", ["gaussian", "positive", "midpoints", "offset", "wide"])
 def test_bound_covers_the_emulated_rounding(precision, metric_name, kind, rng):
     """|s̃ − s| ≤ E when the inputs are rounded as the precision's hardware may round them.
 
@@ -133,6 +216,8 @@ def test_bound_covers_the_emulated_rounding(precision, metric_name, kind, rng):
         base = 1 + rng.integers(0, 128, (2, m, d)) / 128
         delta = rng.choice([2.0**-8, 2.0**-11, 2.0**-10], (2, m, d)) - 2.0**-30
         x, y = base + delta
+    elif kind == "wide":  # values of a row over 12 decades: float16's subnormals and flushes
+        x, y = rng.standard_normal((2, m, d)) * 10.0 ** rng.uniform(-12, 0, (2, m, d))
     else:
         x, y = rng.standard_normal((m, d)) * 1e-3 + 1e4, rng.standard_normal((m, d)) * 1e-3 + 1e4
     metric = get_metric(metric_name)
@@ -155,18 +240,19 @@ def test_bound_covers_the_emulated_rounding(precision, metric_name, kind, rng):
 def test_fused_bound_is_wider_the_coarser_the_precision():
     metric = get_metric("euclidean")
     c = {name: metric.bound_coefficients(128, precision=p)[0] for name, p in PRECISIONS.items()}
-    assert c["float64"] < c["float32"] < c["tf32x3"] < c["tf32"] < c["bfloat16"]
+    assert c["float64"] < c["float32"] < c["tf32x3"] < c["float16"] < c["tf32"] < c["bfloat16"]
 
 
 # ------------------------------------------------------------------------------ the engine
-@pytest.fixture
-def kernel_on_cpu(interpret, monkeypatch):
-    """The engine runs the fused kernel (interpreted) on the CPU, screening in "tf32"."""
+@pytest.fixture(params=["tf32", "float16"])
+def kernel_on_cpu(interpret, monkeypatch, request):
+    """The engine runs the fused kernel (interpreted) on the CPU, screening in "tf32" or in
+    scaled "float16" (whose products the interpreter computes exactly too)."""
     import knng.engine.graph as graph
     import knng.engine.plan as plan
 
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "tf32")
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: request.param)
     monkeypatch.setattr(graph, "OWN_PART_SEED", 48)  # the sampled seeds of a part's own block
     calls = []
     real = fused.screen_block
@@ -177,7 +263,7 @@ def kernel_on_cpu(interpret, monkeypatch):
 
     monkeypatch.setattr(fused, "screen_block", counted)
     yield calls
-    assert last_report().screen_dtype == "tf32"
+    assert last_report().screen_dtype == request.param
 
 
 @pytest.mark.parametrize("k", [1, 7, 150])

@@ -26,7 +26,8 @@ import torch
 
 __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPrecision", "PRECISIONS", "get_precision",
            "DIGIT_BASE", "DIGIT_MAX", "DIGIT_REFERENCE_ERROR", "digit_width", "digit_blocks", "digit_scales",
-           "digit_alphas", "digit_row_factors"]
+           "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
+           "scaled_alphas", "scaled_row_factors"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -52,6 +53,18 @@ DIGIT_REFERENCE_ERROR = 2.0**-15
 #: H100, 10,000 × 1M × 128, nothing kept: rows of 392 bytes (blocks and tail of 8) 150 ms,
 #: of 400 bytes 37 ms (the best tiles: 28.7 ms). Zero digits add exact zeros.
 DIGIT_ALIGN = 16
+#: Scaled float16 rows (``float16``): the d values of x/s (s = 2^e, the row's own power of two),
+#: zero-padded to a multiple of 16, then a tail of this many float16 slots holding s and the
+#: metric's α as two float32 (8 bytes used; 16 slots keep rows a multiple of 16 values, which
+#: Triton specialises and CUDA loads 16 bytes at a time).
+SCALED_TAIL = 16
+#: A scaled row's largest |value| lies in [SCALED_TOP / 2, SCALED_TOP): 2¹⁵ is the largest
+#: power of two below float16's 65,504, so nothing overflows and the row uses all 11 bits.
+SCALED_TOP = 2.0**15
+#: What an input flushed or rounded in float16's subnormal range errs by, absolutely, in the
+#: scaled row's units: at most the smallest normal float16, 2⁻¹⁴; with the row's largest value
+#: ≥ 2¹⁴ that is ≤ √d·2⁻²⁸ of its norm (``Metric.bound_coefficients``).
+SCALED_SUBNORMAL = 2.0**-28
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,13 @@ class ScreenPrecision:
         the four products h·h, h·l, l·h, l·l as exact integers, then scaled and the terms added
         in float32. Its ``input_roundoff`` is unused (0): each vector's digit error rides in the
         norms its rows come with (``_bound_norms``).
+    scaled : bool
+        True for float16 rows with a power-of-two scale of their own (``float16``): each vector
+        v is stored as v/s rounded to float16, with s = 2^e chosen so that its largest value is
+        in [2¹⁴, 2¹⁵) (no overflow, no needless subnormals); the kernel multiplies each product
+        by α·s_a and s_b, exactly (powers of two). Its ``input_roundoff`` is float16's 2⁻¹¹ (plus
+        the float64 → float32 → float16 double rounding); the subnormal range adds √d·2⁻²⁸ in
+        :meth:`Metric.bound_coefficients`. float16 has TF32's bound at bfloat16's speed.
     """
 
     name: str
@@ -89,6 +109,7 @@ class ScreenPrecision:
     accumulate_roundoff: float
     fused: bool
     digits: bool = False
+    scaled: bool = False
 
 
 #: Every screen precision the engine knows. float32 and float64 run as torch products of the
@@ -99,6 +120,7 @@ PRECISIONS: dict[str, ScreenPrecision] = {
     "tf32x3": ScreenPrecision("tf32x3", torch.float32, 2.0**-19, 3 * 2.0**-23, fused=True),
     "tf32": ScreenPrecision("tf32", torch.float32, 2.0**-10, 2.0**-23, fused=True),
     "bfloat16": ScreenPrecision("bfloat16", torch.bfloat16, 2.0**-8 + 2.0**-23, 2.0**-23, fused=True),
+    "float16": ScreenPrecision("float16", torch.float16, 2.0**-11 + 2.0**-23, 2.0**-23, fused=True, scaled=True),
     # Integer products are exact: the digits are the error (relative, d-dependent: see
     # Metric.bound_coefficients); float32 for the scaling after the products.
     "int8x4": ScreenPrecision("int8x4", torch.int8, 0.0, 2.0**-24, fused=False, digits=True),
@@ -199,6 +221,48 @@ def digit_row_factors(rows: torch.Tensor) -> torch.Tensor:
             ).to(torch.float32)
 
 
+def scaled_width(d: int) -> int:
+    """Columns of the value block of a scaled float16 row of dimension ``d`` (the product's K)."""
+    return _aligned_width(d, 0, 16)
+
+
+def _scaled_tail(rows: torch.Tensor) -> torch.Tensor:
+    """The float32 (s, α) pair of every scaled float16 row (a view into ``rows``)."""
+    k = rows.shape[1] - SCALED_TAIL
+    return rows[:, k:k + 4].view(torch.float32)
+
+
+def scaled_scales(rows: torch.Tensor) -> torch.Tensor:
+    """The power-of-two scale s of every row of prepared float16 rows (float32, a view)."""
+    return _scaled_tail(rows)[:, 0]
+
+
+def scaled_alphas(rows: torch.Tensor) -> torch.Tensor:
+    """The metric's α stored with every row of prepared float16 rows (float32, a view)."""
+    return _scaled_tail(rows)[:, 1]
+
+
+def scaled_row_factors(rows: torch.Tensor) -> torch.Tensor:
+    """float32 α·s of every prepared float16 row: the row side's factor of the product, exact
+    (a product of powers of two within float32's range)."""
+    return scaled_alphas(rows) * scaled_scales(rows)
+
+
+def _scaled_rows(x64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each float64 row's power-of-two scale s (float64) and the row x/s (exact in float64).
+
+    s = 2^(e − 15) where max|x| = f·2^e, f ∈ [½, 1): the largest |x/s| is in [2¹⁴, 2¹⁵). A zero
+    row gets s = 1; s stays within [2⁻¹²⁵, 2¹²⁵] (rows of tinier values then err absolutely,
+    by less than the bound's ``c_flush``; larger ones are refused by the norm limit first).
+    """
+    top = torch.linalg.vector_norm(x64, ord=math.inf, dim=1) if x64.shape[1] else x64.new_zeros(x64.shape[0])
+    _, exponent = torch.frexp(top)
+    shift = torch.where(top > 0, exponent.to(torch.int64) - 15, torch.zeros_like(exponent, dtype=torch.int64))
+    shift = shift.clamp(-125, 125)
+    scale = torch.ldexp(torch.ones_like(top), shift.to(torch.float64))
+    return scale, x64 / scale[:, None]
+
+
 def _bound_norms(x64: torch.Tensor, norms: torch.Tensor, scale: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor
                  ) -> torch.Tensor:
     """The norms the digit screen's bound multiplies: N = max(‖v‖, ‖s·h‖ + ‖s·l‖/B) + ε / r₀.
@@ -291,6 +355,8 @@ class Metric:
         """Columns of a prepared block for input dimension ``d`` on ``device`` (storage ``dtype``)."""
         if dtype == torch.int8:
             return 3 * digit_width(d) + DIGIT_ALIGN
+        if dtype == torch.float16:
+            return scaled_width(d) + SCALED_TAIL
         multiple = GPU_ROW_MULTIPLE if device.type == "cuda" else CPU_ROW_MULTIPLE
         return _aligned_width(d, 2 if self.uses_terms else 0, multiple)
 
@@ -346,6 +412,15 @@ class Metric:
             # The bound norms (_bound_norms): every use of a prepared norm is an upper bound that
             # error radii and block thresholds grow with, so a larger one only widens them.
             return Prepared(vectors=out, norms=_bound_norms(x64, norms, scale, hi, lo), terms=terms, offsets=offsets)
+        if dtype == torch.float16:
+            # Scaled rows, the same on both sides (α rides in the tail): x/s is exact in float64,
+            # and its float16 rounding (through float32 in torch) is what the bound counts.
+            scale, values = _scaled_rows(x64)
+            out[:, :d] = values
+            del values
+            scaled_scales(out).copy_(scale)
+            scaled_alphas(out).fill_(self.alpha)
+            return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
         if side == "query":
             out[:, :d] = x64 * self.alpha  # exact: α is a power of two
             if self.uses_terms:
@@ -381,8 +456,9 @@ class Metric:
     def query_layout(self, corpus_side: torch.Tensor, d: int) -> torch.Tensor:
         """Turn a corpus-layout block into the query layout (for a graph, where data is both).
 
-        Digit blocks (int8) are the same on both sides: α is in the products' scaling."""
-        if corpus_side.dtype == torch.int8:
+        Digit blocks (int8) and scaled float16 rows are the same on both sides: α is in the
+        products' scaling."""
+        if corpus_side.dtype in (torch.int8, torch.float16):
             return corpus_side
         out = torch.zeros_like(corpus_side)
         out[:, :d] = corpus_side[:, :d] * self.alpha
@@ -414,6 +490,10 @@ class Metric:
             return self._digit_coefficients(d)
         if precision is not None and precision.fused:
             u_in, u_acc, u32 = precision.input_roundoff, precision.accumulate_roundoff, UNIT_ROUNDOFF_FP32
+            if precision.scaled:
+                # Values in float16's subnormal range err absolutely (SCALED_SUBNORMAL); the
+                # scalings by α·s_a and s_b are exact.
+                u_in += math.sqrt(d) * SCALED_SUBNORMAL
             gamma = d * u_acc / (1.0 - d * u_acc)
             c_dot = SAFETY * alpha * (2.0 * u_in + u_in * u_in + gamma * (1.0 + u_in) ** 2 + 2.0 * u32)
             c_term = SAFETY * 3.0 * u32 if self.uses_terms else 0.0

@@ -131,11 +131,11 @@ def _finish_tile(acc, row0, col0, rm, rn, row_ok, col_ok, row_terms, col_terms, 
 
 @triton.jit
 def screen_kernel(
-    A, B, row_terms, col_terms, row_thr, col_thr,
+    A, B, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,
     row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters,
     m, n, K, stride_a, stride_b, capacity, diag,
     HAS_ROW_TERMS: tl.constexpr, HAS_COL_TERMS: tl.constexpr, SYMMETRIC: tl.constexpr,
-    EXCLUDE_DIAG: tl.constexpr, PRECISION: tl.constexpr, FEW: tl.constexpr,
+    EXCLUDE_DIAG: tl.constexpr, SCALED: tl.constexpr, PRECISION: tl.constexpr, FEW: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     row0, col0, rm, rn, row_ok, col_ok = _tile(m, n, BLOCK_M, BLOCK_N, GROUP_M)
@@ -149,6 +149,10 @@ def screen_kernel(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptr += BLOCK_K
         b_ptr += BLOCK_K
+    if SCALED:
+        # Scaled float16 rows (knng.metrics): × α·s_a, then × s_b, as the reference rounds (exact).
+        acc = acc * tl.load(row_factor + rm, mask=row_ok, other=0.0)[:, None]
+        acc = acc * tl.load(col_scale + rn, mask=col_ok, other=0.0)[None, :]
     _finish_tile(acc, row0, col0, rm, rn, row_ok, col_ok, row_terms, col_terms, row_thr, col_thr,
                  row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity, diag,
                  HAS_ROW_TERMS, HAS_COL_TERMS, SYMMETRIC, EXCLUDE_DIAG, FEW, BLOCK_M, BLOCK_N)

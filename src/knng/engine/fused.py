@@ -34,7 +34,9 @@ from typing import NamedTuple
 
 import torch
 
-from knng.metrics import digit_blocks, digit_row_factors, digit_scales
+from knng.metrics import (
+    digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
+)
 
 __all__ = ["fused_available", "screen_block", "select_block", "Survivors", "DOT_PRECISION",
            "SELECT_TILE"]
@@ -180,16 +182,23 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
     cfg, grid, extra = _launch_shape(_tile_config(precision, interpret), m, n, interpret)
     symmetric = col_thr is not None
     dummy = row_thr
+    scaled = get_precision(precision).scaled
+    if scaled:
+        # Scaled float16 rows: the product of the zero-padded value blocks, then × α·s_a × s_b.
+        k_dims = scaled_width(k_dims)
+        row_factor, col_scale = scaled_row_factors(a), scaled_scales(b).contiguous()
+    else:
+        row_factor = col_scale = dummy
 
     def launch(lists, counters, capacity):
         kernel[grid](
-            a, b, row_terms if row_terms is not None else dummy, col_terms if col_terms is not None else dummy,
-            row_thr, col_thr if symmetric else dummy, *lists[0], *lists[-1], counters,
-            m, n, k_dims, a.stride(0), b.stride(0), capacity,
+            a, b, row_factor, col_scale, row_terms if row_terms is not None else dummy,
+            col_terms if col_terms is not None else dummy, row_thr, col_thr if symmetric else dummy,
+            *lists[0], *lists[-1], counters, m, n, k_dims, a.stride(0), b.stride(0), capacity,
             0 if exclude_diagonal is None else exclude_diagonal,
             HAS_ROW_TERMS=row_terms is not None, HAS_COL_TERMS=col_terms is not None, SYMMETRIC=symmetric,
-            EXCLUDE_DIAG=exclude_diagonal is not None, PRECISION=DOT_PRECISION[precision], FEW=FEW_PER_TILE,
-            **cfg, **extra,
+            EXCLUDE_DIAG=exclude_diagonal is not None, SCALED=scaled, PRECISION=DOT_PRECISION[precision],
+            FEW=FEW_PER_TILE, **cfg, **extra,
         )
 
     return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device)

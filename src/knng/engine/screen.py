@@ -24,7 +24,10 @@ import torch
 
 from knng.engine import fused
 from knng.engine.fused import Survivors
-from knng.metrics import DIGIT_BASE, DIGIT_MAX, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales
+from knng.metrics import (
+    DIGIT_BASE, DIGIT_MAX, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales, scaled_row_factors,
+    scaled_scales, scaled_width,
+)
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
            "screen_rows", "screen_pairs", "pair_scores", "use_kernel"]
@@ -173,7 +176,9 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     """The score block ``a · bᵀ`` as the screen of ``precision`` sees it, materialised.
 
     Digit precisions (``int8x4``): the exact integer products of the digit layouts, combined
-    and scaled in float32 (:func:`digit_scores`), then the float32 terms added. Non-fused
+    and scaled in float32 (:func:`digit_scores`), then the float32 terms added. Scaled float16
+    rows (``float16``): the float32 product of the stored values (each product of two float16
+    values is exact in float32), times α·s_a, times s_b (exact), then the terms. Non-fused
     precisions: one product of the augmented layouts (terms inside). Fused ones: the
     split form of the kernel — the d input columns of the stored (rounded) vectors multiplied in
     IEEE float32, then the float32 terms added, columns' first; its rounding stays within the
@@ -186,6 +191,14 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
         return torch.mm(a, b.T, out=buffer.take(a.shape[0], b.shape[0], a.dtype, a.device))
     if precision.digits:
         scores = digit_scores(a, b, buffer)
+    elif precision.scaled:
+        k = scaled_width(d)
+        a32, b32 = a[:, :k].to(torch.float32), b[:, :k].to(torch.float32)
+        if buffer is None:
+            scores = a32 @ b32.T
+        else:
+            scores = torch.mm(a32, b32.T, out=buffer.take(a.shape[0], b.shape[0], torch.float32, a.device))
+        scores.mul_(scaled_row_factors(a)[:, None]).mul_(scaled_scales(b)[None, :])
     else:
         a32, b32 = a[:, :d].to(torch.float32), b[:, :d].to(torch.float32)
         if buffer is None:

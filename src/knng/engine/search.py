@@ -36,6 +36,10 @@ __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed
 #: were measured too and lost: the store's updates cost more (5.6 → 26–32 ms) than the
 #: screen saved (47 → 35 ms).
 TF32_SAMPLE = True
+#: The screens whose sample product may run on TF32 tensor cores: TF32's own, and scaled
+#: float16, whose stored values (11 significant bits) TF32 holds exactly, so that its products
+#: are the reference's.
+TF32_EXACT_SAMPLES = frozenset({"tf32", "float16"})
 
 
 #: Device types on which the thresholds tighten once, after the first corpus tile, from its
@@ -186,7 +190,7 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
         own = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=sample.vectors.dtype)
         queries, norms = own.vectors, own.norms
     # The sample's product of a TF32 screen runs on TF32 tensor cores (see TF32_SAMPLE).
-    tf32 = TF32_SAMPLE and precision.name == "tf32" and device.type == "cuda"
+    tf32 = TF32_SAMPLE and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
     with tf32_products() if tf32 else contextlib.nullcontext():
         scores = block_scores(queries, sample.vectors, d, precision, col_terms=sample.terms32)
     values, positions = seed_candidates(scores, min(k, scores.shape[1]), select, device)
