@@ -67,6 +67,8 @@ def kernel_part(args) -> list[dict]:
     shapes = [(10_000, 1_000_000, 128), (16_384, 16_384, 128), (16_384, 16_384, 4096), (10_000, 1_000_000, 960)]
     if args.quick:
         shapes = [(4096, 65536, 128)]
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     for m, n, d in shapes:
         a32 = torch.randn((m, d), generator=gen, device="cuda")
@@ -83,6 +85,10 @@ def kernel_part(args) -> list[dict]:
         sq = get_metric("sqeuclidean")
         q8 = sq.prepare(a32.double(), None, side="query", symmetric=False, dtype=torch.int8).vectors
         b8 = sq.prepare(b32.double(), None, side="corpus", symmetric=False, dtype=torch.int8).vectors
+        # Scaled float16 rows (α and each row's power of two in the tail): the CUDA C kernel
+        # ("float16") and the Triton kernel on the same rows ("float16 triton").
+        h_q = sq.prepare(a32.double(), None, side="query", symmetric=False, dtype=torch.float16).vectors
+        h_b = sq.prepare(b32.double(), None, side="corpus", symmetric=False, dtype=torch.float16).vectors
         row = {"m": m, "n": n, "d": d, "torch_bf16_mm_ms": mm, "variants": {}}
         for survivors in (0, 20, 200):
             if survivors == 0:
@@ -90,17 +96,26 @@ def kernel_part(args) -> list[dict]:
             else:
                 kth = max(1, round(survivors * sample.shape[0] / n))
                 thr = sample_scores.kthvalue(kth, 1).values
-            for precision in ("bfloat16", "tf32", "int8x4"):
-                a, b = {"bfloat16": (q16, b16), "tf32": (q32, b32), "int8x4": (q8, b8)}[precision]
+            for variant in args.kernels.split(","):
+                precision = variant.split()[0]
+                a, b = {"bfloat16": (q16, b16), "tf32": (q32, b32), "int8x4": (q8, b8),
+                        "float16": (h_q, h_b)}[precision]
+                fused.CUDA_SCREEN = not variant.endswith("triton")
+                if variant.startswith("float16 bk"):  # "float16 bk32": the CUDA kernel with another K step
+                    from knng.engine import cuda_screen
+                    cuda_screen.BLOCK_K = int(variant.split("bk")[1])
                 ms = cuda_ms(lambda: fused.screen_block(a, b, d, thr, None, None, terms, precision,
                                                         capacity_hint=m * (survivors * 2 + 64)))
                 out, _ = fused.screen_block(a, b, d, thr, None, None, terms, precision)
-                row["variants"][f"{precision} survivors≈{survivors}"] = {
+                fused.CUDA_SCREEN = True
+                if variant.startswith("float16 bk"):
+                    cuda_screen.BLOCK_K = 64
+                row["variants"][f"{variant} survivors≈{survivors}"] = {
                     "ms": ms, "tflops": flops / ms / 1e9, "of_peak": flops / ms / 1e9 / PEAK[precision],
                     "kept_per_row": out.owner.numel() / m}
         print(json.dumps(row), flush=True)
         rows.append(row)
-        del a32, b32, a16, b16, q32, q16, q8, b8, sample_scores, sample
+        del a32, b32, a16, b16, q32, q16, q8, b8, h_q, h_b, sample_scores, sample
         torch.cuda.empty_cache()
     print("\n| m × n × d | torch bf16 mm (ms) | variant | ms | TFLOP/s | of peak | kept per row |")
     print("|---|---|---|---|---|---|---|")
@@ -237,6 +252,10 @@ def main() -> int:
     ap.add_argument("--precisions", default="float32,bfloat16,tf32")
     ap.add_argument("--only", default=None, help="e.g. search128,graph200000")
     ap.add_argument("--ks", default=None, help="only these k (comma-separated)")
+    ap.add_argument("--kernels", default="float16,float16 triton,bfloat16,tf32,int8x4",
+                    help="kernel part: screens to time (a name of PRECISIONS; 'float16 triton': the Triton "
+                         "kernel on float16 rows)")
+    ap.add_argument("--shapes", default=None, help="kernel part: m×n×d shapes, e.g. 10000x1000000x128")
     args = ap.parse_args()
     meta = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
             "torch": torch.__version__, "command": " ".join(["python", *sys.argv])}

@@ -304,17 +304,18 @@ def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rn
     assert last_report().screen_dtype == precision
 
 
-def test_planner_picks_tf32_only_for_searches_at_small_k_or_large_d(monkeypatch):
+def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d(monkeypatch):
     """The default precision rule of ``engine/plan.py`` (measured: docs/BENCHMARKS.md, "Fused screen")."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(plan, "fused_available", lambda device: True)
     gpu = torch.device("cuda", 0)
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "tf32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 16) == "tf32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 100) == "tf32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 128) == "tf32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float16"  # tighter and faster than TF32
+    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 16) == "float16"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 63, 16) == "tf32"  # below the dimensions measured
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 100) == "float16"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 128) == "float16"
     assert plan.choose_screen_precision(gpu, 1_000_000, 63, 17) == "float32"  # below the dimensions measured
     assert plan.choose_screen_precision(gpu, 1_000_000, 8, 16) == "tf32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 960, 129) == "float32"

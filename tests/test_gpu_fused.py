@@ -238,3 +238,91 @@ def test_graph_high_dimension_large_k(fused_precision, seed):
     x = torch.randn((6000, 2048), generator=g, device="cuda")
     res = knng.graph(x, 1024)
     _check(x, x, [res], exclude_self=True, rows=torch.arange(0, 6000, 11, device="cuda"))
+
+
+# ------------------------------------------------------------- the float16 kernels, side by side
+@pytest.mark.skipif(not torch.cuda.is_available() or not __import__("knng.engine.cuda_screen").engine.cuda_screen
+                    .available(torch.device("cuda")), reason="needs CuPy for the CUDA C screen")
+@pytest.mark.parametrize("shape", [(1, 1, 5), (7, 127, 16), (129, 129, 100), (1000, 5000, 128), (300, 777, 960)])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("diag", [None, 0, -40])
+def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, diag, seed, monkeypatch):
+    """The CUDA C kernel (warp votes) and the Triton kernel on the same scaled float16 rows: the
+    contract against the float64 scores of the stored values (ties at the thresholds, duplicate
+    columns, rows of several magnitudes, sizes that are not tile multiples, the diagonal), and
+    every pair kept by one and not the other within float32 rounding of its threshold."""
+    from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
+
+    g = _gen(seed)
+    m, n, d = shape
+    metric = get_metric("sqeuclidean")
+    x = torch.randn((m, d), generator=g, device="cuda", dtype=torch.float64)
+    x *= 10.0 ** torch.randint(-3, 4, (m, 1), generator=g, device="cuda")
+    y = torch.randn((n, d), generator=g, device="cuda", dtype=torch.float64) + 3
+    y[n // 2:n // 2 + min(5, n // 4)] = y[:min(5, n // 4)]
+    qa = metric.prepare(x, None, side="query", symmetric=symmetric, dtype=torch.float16)
+    ca = metric.prepare(y, None, side="corpus", symmetric=True, dtype=torch.float16)
+    rt = qa.terms.float() if symmetric else None
+    ct = ca.terms.float()
+    k = scaled_width(d)
+    exact = (qa.vectors[:, :k].double() @ ca.vectors[:, :k].double().T)
+    exact = exact * scaled_row_factors(qa.vectors).double()[:, None] * scaled_scales(ca.vectors).double()[None, :]
+    exact = exact + ct.double()[None, :] + (rt.double()[:, None] if rt is not None else 0)
+    if diag is not None:
+        r = torch.arange(m, device="cuda")
+        c = r - diag
+        ok = (c >= 0) & (c < n)
+        exact[r[ok], c[ok]] = torch.inf
+    finite_keys = exact[torch.isfinite(exact)]
+    top = float(finite_keys.abs().max()) if finite_keys.numel() else 1.0
+    radius = 2e-5 * (1 + top)
+    # Thresholds on ties (the k-th key), finite even where a row's only entry is the excluded
+    # one; excluded entries stand at 1e30, certainly over every threshold.
+    row_thr = exact.kthvalue(min(n, 3), dim=1).values.clamp(max=top)
+    col_thr = exact.kthvalue(min(m, 2), dim=0).values.clamp(max=top) if symmetric else None
+    outs = []
+    for use_cuda in (True, False):
+        monkeypatch.setattr(fused, "CUDA_SCREEN", use_cuda)
+        by_row, by_col = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(),
+                                            None if col_thr is None else col_thr.float(), rt, ct, "float16",
+                                            exclude_diagonal=diag, capacity_hint=7)  # 7: the relaunch
+        finite = torch.where(torch.isfinite(exact), exact, 1e30)
+        assert_screen_contract(by_row, by_col, finite, radius, row_thr, col_thr)
+        assert torch.allclose(by_row.keys.double(), exact[by_row.owner, by_row.other], rtol=1e-5,
+                              atol=float(radius))
+        outs.append(by_row)
+    (a_row, b_row) = outs
+    pairs = {tuple(p) for p in torch.stack([a_row.owner, a_row.other], 1).tolist()}
+    other = {tuple(p) for p in torch.stack([b_row.owner, b_row.other], 1).tolist()}
+    for r, c in pairs ^ other:
+        assert abs(float(exact[r, c]) - float(row_thr[r])) <= float(radius), "the kernels differ away from a tie"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_float16_kernel_keeps_everything_and_nothing(seed):
+    """+inf thresholds keep all m·n pairs (lists sized to hold them all after one relaunch),
+    −inf none; the keys equal the Triton kernel's within float32 rounding."""
+    from knng.engine import cuda_screen
+
+    if not cuda_screen.available(torch.device("cuda")):
+        pytest.skip("needs CuPy")
+    g = _gen(seed)
+    x = torch.randn((300, 64), generator=g, device="cuda", dtype=torch.float64)
+    metric = get_metric("sqeuclidean")
+    p = metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float16)
+    t = p.terms.float()
+    inf = torch.full((300,), torch.inf, device="cuda")
+    keys = []
+    for use_cuda in (True, False):
+        fused.CUDA_SCREEN = use_cuda
+        try:
+            out, col = fused.screen_block(p.vectors, p.vectors, 64, inf, inf, t, t, "float16", capacity_hint=10)
+            none, _ = fused.screen_block(p.vectors, p.vectors, 64, -inf, None, t, t, "float16")
+        finally:
+            fused.CUDA_SCREEN = True
+        assert out.owner.numel() == col.owner.numel() == 300 * 300 and none.owner.numel() == 0
+        dense = torch.full((300, 300), torch.nan, dtype=torch.float64, device="cuda")
+        dense[out.owner, out.other] = out.keys.double()
+        assert not torch.isnan(dense).any()
+        keys.append(dense)
+    assert torch.allclose(keys[0], keys[1], rtol=1e-5, atol=1e-3)

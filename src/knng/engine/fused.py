@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from knng.engine import cuda_screen
 from knng.metrics import (
     digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
 )
@@ -49,6 +50,11 @@ DOT_PRECISION = {"float32": "ieee", "tf32": "tf32", "tf32x3": "tf32x3", "bfloat1
 #: wrap past 2³¹); a block that keeps more is reported as out of memory, so the engine retries
 #: it in smaller pieces.
 MAX_LIST = 2**31 - 2**24
+
+#: Scaled float16 screens run the CUDA C kernel of :mod:`knng.engine.cuda_screen` (mma.sync
+#: tensor-core tiles, survivors appended by warp votes) where CuPy can compile it, and the
+#: Triton kernel elsewhere; both keep what the same bound says (``tests/test_gpu_fused.py``).
+CUDA_SCREEN = True
 
 #: Survivor-list entries allocated per launch before the first overflow retry, per row of A.
 INITIAL_PER_ROW = 64
@@ -187,6 +193,12 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         # Scaled float16 rows: the product of the zero-padded value blocks, then × α·s_a × s_b.
         k_dims = scaled_width(k_dims)
         row_factor, col_scale = scaled_row_factors(a), scaled_scales(b).contiguous()
+        if CUDA_SCREEN and not interpret and cuda_screen.available(a.device):
+            def launch_cuda(lists, counters, capacity):
+                cuda_screen.launch_screen(a, b, k_dims, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,
+                                          exclude_diagonal, lists, counters, capacity)
+
+            return _collect(launch_cuda, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device)
     else:
         row_factor = col_scale = dummy
 

@@ -207,7 +207,7 @@ class EnginePlan:
         The shape of the problem (a graph has ``n_queries == n_corpus``).
     metric : str
     device : str
-    screen_precision : {"float32", "float64", "tf32", "tf32x3", "bfloat16"}
+    screen_precision : {"float32", "float64", "tf32", "tf32x3", "float16", "bfloat16", "int8x4"}
         Precision of the matrix products of the screen (:data:`knng.metrics.PRECISIONS`): it
         changes the rounding bound, hence how many pairs reach the exact finish, never the
         result. The last three run in the fused kernel (``knng.engine.fused``).
@@ -331,6 +331,13 @@ class EnginePlan:
 FUSED_SEARCH_MAX_K = 16
 FUSED_SEARCH_MIN_D = 64
 FUSED_SEARCH_WIDEST_K = 128
+#: Where the fused rule above holds, scaled float16 instead of TF32 from this dimension on: its
+#: bound is half of TF32's (fewer pairs screened), its CUDA C kernel (``engine/cuda_screen.py``)
+#: screens 10,000 × 1M × 128 in 14.6 ms where TF32's Triton kernel takes 22.9, and its survivors
+#: cost a vote each. H100, 2026-11-24, 1M points, 10k queries (``bench/bench_fused.py --part
+#: engine``; float16 / TF32 ms): d = 128, k = 100 86.3 / 110.2; d = 960, k = 10 151.8 / 177.8,
+#: k = 100 203.9 / 258.7. Below d = 64 nothing was measured.
+FLOAT16_SEARCH_MIN_D = 64
 
 
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search") -> str:
@@ -341,8 +348,9 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     evaluated from the input vectors (k·d values read per row), while a float64 screen pins most
     distances down by itself. Else, on a GPU where the fused kernel runs, TF32 for a search with
     k ≤ :data:`FUSED_SEARCH_MAX_K`, or d ≥ :data:`FUSED_SEARCH_MIN_D` and k ≤
-    :data:`FUSED_SEARCH_WIDEST_K`; float32 otherwise. On a CPU float64 from k·d ≥ n/8 (its
-    products cost twice float32 ones), else float32.
+    :data:`FUSED_SEARCH_WIDEST_K` — in scaled float16 from d ≥ :data:`FLOAT16_SEARCH_MIN_D`,
+    where its tighter bound and faster products beat TF32; float32 otherwise. On a CPU float64
+    from k·d ≥ n/8 (its products cost twice float32 ones), else float32.
 
     Why not more of the fused precisions (``knng.engine.fused``, ``docs/BENCHMARKS.md``, "Fused
     screen"): their kernel screens a 1M × 128 search in 20–35 ms of TF32 where the float32
@@ -359,7 +367,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
             return "float64"
         fused_k = k <= FUSED_SEARCH_MAX_K or (d >= FUSED_SEARCH_MIN_D and k <= FUSED_SEARCH_WIDEST_K)
         if operation == "search" and fused_k and fused_available(device):
-            return "tf32"
+            return "float16" if d >= FLOAT16_SEARCH_MIN_D else "tf32"
         return "float32"
     return "float64" if 8 * k * d >= n_corpus else "float32"
 

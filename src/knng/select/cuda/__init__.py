@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["available", "require", "kernel", "launch", "ptr"]
+__all__ = ["available", "require", "kernel", "launch", "ptr", "source_kernel", "launch_kernel"]
 
 _HERE = Path(__file__).parent
 _SOURCES = ("qms.cu", "baselines.cu")
@@ -73,6 +73,33 @@ def kernel(source: str, name: str, device_index: int) -> Any:
     return fn
 
 
+@functools.cache
+def source_kernel(path: str, name: str, device_index: int, defines: tuple[str, ...] = ()) -> Any:
+    """The kernel ``name`` of the CUDA C file ``path`` (another package's, e.g. the engine's
+    fused screen), compiled once per device (and ``-D`` ``defines``) like this folder's, allowed
+    all the shared memory a block gets."""
+    import cupy
+
+    options = ("-std=c++17",) + tuple(f"-D{d}" for d in defines)
+    with cupy.cuda.Device(device_index):
+        module = cupy.RawModule(code=Path(path).read_text(), options=options)
+        module.compile()
+    fn = module.get_function(name)
+    optin = cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerBlockOptin"]
+    fn.max_dynamic_shared_size_bytes = optin - fn.shared_size_bytes
+    return fn
+
+
+def launch_kernel(fn: Any, device: torch.device, grid: int, block: int, args: tuple, shared_bytes: int = 0) -> None:
+    """Launch the compiled kernel ``fn`` on ``device``'s current PyTorch stream (see :func:`launch`)."""
+    import cupy
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _cupy_stream(torch.cuda.current_stream(index).cuda_stream, index)
+    with cupy.cuda.Device(index), stream:
+        fn((grid,), (block,), args, shared_mem=shared_bytes)
+
+
 def ptr(t: torch.Tensor | None) -> np.uint64:
     """A tensor's device address as a kernel argument (0 for None)."""
     return np.uint64(0 if t is None else t.data_ptr())
@@ -86,13 +113,8 @@ def launch(source: str, name: str, device: torch.device, grid: int, block: int, 
     ``np.int64`` for ``long long``, ``np.uint32`` for ``unsigned``, :func:`ptr` for pointers):
     CuPy packs arguments by their own type, not by the kernel's signature.
     """
-    import cupy
-
     index = device.index if device.index is not None else torch.cuda.current_device()
-    fn = kernel(source, name, index)
-    stream = _cupy_stream(torch.cuda.current_stream(index).cuda_stream, index)
-    with cupy.cuda.Device(index), stream:
-        fn((grid,), (block,), args, shared_mem=shared_bytes)
+    launch_kernel(kernel(source, name, index), device, grid, block, args, shared_bytes)
 
 
 @functools.cache
