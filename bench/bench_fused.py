@@ -109,7 +109,7 @@ def kernel_part(args) -> list[dict]:
                 out, _ = fused.screen_block(a, b, d, thr, None, None, terms, precision)
                 fused.CUDA_SCREEN = True
                 if variant.startswith("float16 bk"):
-                    cuda_screen.BLOCK_K = 64
+                    cuda_screen.BLOCK_K = 32
                 row["variants"][f"{variant} survivors≈{survivors}"] = {
                     "ms": ms, "tflops": flops / ms / 1e9, "of_peak": flops / ms / 1e9 / PEAK[precision],
                     "kept_per_row": out.owner.numel() / m}

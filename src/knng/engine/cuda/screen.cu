@@ -5,7 +5,7 @@
 #define BM 128
 #define BN 128
 #ifndef BK
-#define BK 64
+#define BK 32
 #endif
 #define CH (BK / 8)  // 16-byte chunks per row of a stage
 #define STAGES 3
