@@ -76,9 +76,11 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-identical": _graph_case("identical", 49, "cosine"),
     "graph-small": _graph_case("small", 4, "euclidean"),
     "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),
-    # Budgets that keep the owned columns as read (prepared per block), or not at all.
-    "graph-columns-raw": _graph_case("wide", 5, "euclidean", memory_budget="160KB"),
-    "graph-columns-read": _graph_case("wide", 5, "cosine", memory_budget="90KB"),
+    # Budgets that keep the owned columns as read (prepared per block), or not at all. They are
+    # sized for float32 rows: on a GPU, where the planner screens such graphs in float16 (rows of
+    # half the bytes), the screen stays float32 so that the same tiers are exercised.
+    "graph-columns-raw": {**_graph_case("wide", 5, "euclidean", memory_budget="160KB"), "gpu_precision": "float32"},
+    "graph-columns-read": {**_graph_case("wide", 5, "cosine", memory_budget="90KB"), "gpu_precision": "float32"},
     "graph-memmap": {**_graph_case("offset", 7), "input": "memmap"},
     "graph-h5py": {**_graph_case("normal", 6, "cosine"), "input": "h5py"},
     "search-k1": {"kind": "search", "k": 1, "metric": "euclidean"},
@@ -114,12 +116,13 @@ def _as_input(x: np.ndarray, how: str | None, tmp: Path, tag: str) -> Any:
 
 
 def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, tmp: Path) -> dict[str, Any]:
-    if "precision" not in case:
+    forced = case.get("precision") or (case.get("gpu_precision") if DEVICE[0] != "cpu" else None)
+    if forced is None:
         return _run_case(name, case, rank, world, seed, tmp)
     import knng.engine.plan as plan
 
     chosen = plan.choose_screen_precision
-    plan.choose_screen_precision = lambda *args, **kwargs: case["precision"]
+    plan.choose_screen_precision = lambda *args, **kwargs: forced
     try:
         return _run_case(name, case, rank, world, seed, tmp)
     finally:
