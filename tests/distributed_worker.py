@@ -77,8 +77,8 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-small": _graph_case("small", 4, "euclidean"),
     "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),
     # Budgets that keep the owned columns as read (prepared per block), or not at all. They are
-    # sized for float32 rows: on a GPU, where the planner screens such graphs in float16 (rows of
-    # half the bytes), the screen stays float32 so that the same tiers are exercised.
+    # sized for float32 rows: on a GPU, where the planner may screen small-k graphs in float16
+    # (rows of half the bytes), the screen stays float32 so that the same tiers are exercised.
     "graph-columns-raw": {**_graph_case("wide", 5, "euclidean", memory_budget="160KB"), "gpu_precision": "float32"},
     "graph-columns-read": {**_graph_case("wide", 5, "cosine", memory_budget="90KB"), "gpu_precision": "float32"},
     "graph-memmap": {**_graph_case("offset", 7), "input": "memmap"},

@@ -322,7 +322,7 @@ def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d
     assert plan.choose_screen_precision(gpu, 1_000_000, 4096, 129) == "float32"  # past the widest k measured
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float16"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 17, operation="graph") == "float32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 63, 10, operation="graph") == "float32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 10, operation="graph") == "float32"  # 8x8 patches
     assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"

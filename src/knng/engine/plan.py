@@ -338,12 +338,16 @@ FUSED_SEARCH_WIDEST_K = 128
 #: engine``; float16 / TF32 ms): d = 128, k = 100 86.3 / 110.2; d = 960, k = 10 151.8 / 177.8,
 #: k = 100 203.9 / 258.7. Below d = 64 nothing was measured.
 FLOAT16_SEARCH_MIN_D = 64
-#: Graphs screen in float16 up to this k (at d ≥ FLOAT16_SEARCH_MIN_D), float32 above: their
-#: stores take in every survivor of both sides, and at k = 100 float16's (801 per row against
-#: float32's 409) cost more than its products save. H100, 2026-11-24, 200k × 128, alternating
-#: fresh processes (``bench/ab_precision.py``, min of 5 calls, two rounds; float32 / float16 ms):
-#: k = 10 327.6, 337.4 / 279.2, 270.0; k = 100 620.9, 618.3 / 758.8, 787.1.
+#: Graphs screen in float16 up to this k and from this d, float32 otherwise: their stores take in
+#: every survivor of both sides, and at k = 100 float16's (801 per row against float32's 409)
+#: cost more than its products save; on 8×8 image patches (d = 64) its flat regions let
+#: thousands through (p99 3,250 pairs per row against 125). H100, 2026-11-24, min of calls,
+#: float32 / float16 ms: Gaussian 200k × 128 in alternating fresh processes
+#: (``bench/ab_precision.py``) k = 10 327.6, 337.4 / 279.2, 270.0, k = 100 620.9, 618.3 /
+#: 758.8, 787.1; patches (``bench/bench_patches.py``'s, one process, alternating) 582k × 64,
+#: k = 10 1,585, 1,457 / 1,585, 1,904; 250k × 256, k = 10 609, 587 / 544, 493.
 FLOAT16_GRAPH_MAX_K = 16
+FLOAT16_GRAPH_MIN_D = 128
 
 
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search") -> str:
@@ -356,7 +360,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     k ≤ :data:`FUSED_SEARCH_MAX_K`, or d ≥ :data:`FUSED_SEARCH_MIN_D` and k ≤
     :data:`FUSED_SEARCH_WIDEST_K` — in scaled float16 from d ≥ :data:`FLOAT16_SEARCH_MIN_D`,
     where its tighter bound and faster products beat TF32 — and for a graph with k ≤
-    :data:`FLOAT16_GRAPH_MAX_K` at such d; float32 otherwise. On a CPU float64
+    :data:`FLOAT16_GRAPH_MAX_K` at d ≥ :data:`FLOAT16_GRAPH_MIN_D`; float32 otherwise. On a CPU float64
     from k·d ≥ n/8 (its products cost twice float32 ones), else float32.
 
     Why not more of the fused precisions (``knng.engine.fused``, ``docs/BENCHMARKS.md``, "Fused
@@ -375,7 +379,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
         fused_k = k <= FUSED_SEARCH_MAX_K or (d >= FUSED_SEARCH_MIN_D and k <= FUSED_SEARCH_WIDEST_K)
         if operation == "search" and fused_k and fused_available(device):
             return "float16" if d >= FLOAT16_SEARCH_MIN_D else "tf32"
-        if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_SEARCH_MIN_D and fused_available(device):
+        if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_GRAPH_MIN_D and fused_available(device):
             return "float16"
         return "float32"
     return "float64" if 8 * k * d >= n_corpus else "float32"
