@@ -16,6 +16,11 @@ plan's precision, ``docs/EXACTNESS.md``) from the exact score. The order of a li
 defined (tiles append as they finish). :func:`select_block` is the same test and lists on a
 score block already in memory (the float32 and float64 screens, whose products are cuBLAS's).
 
+Scaled float16 rows (precision ``float16``) run the CUDA C kernel of
+:mod:`knng.engine.cuda_screen` where CuPy is installed (same contract, survivors appended by warp
+votes: 1.4–1.6× this module's kernels at d = 128), and this module's kernel, multiplying by the
+rows' factors after the product, elsewhere.
+
 The digit screen (``int8x4``, :data:`DIGIT_PRECISIONS`) has a kernel of its own with the same
 test and lists: rows of int8 digits, four exact integer products, then the float32 steps of its
 reference :func:`knng.engine.screen.digit_scores` (``docs/EXACTNESS.md``).

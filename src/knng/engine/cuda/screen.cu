@@ -1,6 +1,18 @@
-// Fused float16 screen (see knng/engine/cuda_screen.py): tile of A·Bᵀ on tensor cores (mma.sync
-// m16n8k16, fp16 inputs, fp32 accumulation), scaled by row_factor[i]·col_scale[j], terms added,
-// compared with the row's (and column's) threshold; survivors appended by warp votes.
+// Fused float16 screen (knng/engine/cuda_screen.py launches it; contract: knng/engine/fused.py).
+//
+// One block computes a 128 × 128 tile S = A[I] · B[J]ᵀ of scaled float16 rows on the tensor cores
+// (mma.sync m16n8k16, float32 accumulation; 8 warps of 64 × 32, K in steps of BK through a
+// 3-stage cp.async pipeline into XOR-swizzled shared memory, fragments by ldmatrix), then, in
+// registers: key = (S · row_factor[i]) · col_scale[j] (+ col_terms[j]) (+ row_terms[i]), each step
+// rounded as the torch reference rounds it (no FMA contraction), and the tests key <= row_thr[i]
+// and, for a symmetric block, key <= col_thr[j]. Survivors go to one compact list per side: a
+// warp whose part keeps nothing leaves after one __any_sync; otherwise one __ballot_sync per
+// accumulator and one atomicAdd per warp and vote give every kept entry its slot. The score block
+// never reaches global memory.
+//
+// H100, 10,000 × 2^20 × 128, thresholds keeping ~0 / ~15 / ~200 pairs per row: 14.3 / 15.9 /
+// 25.6 ms (Triton, same rows: 20.5 / 23.1 / 41.3; TF32 Triton 22.9 / 24.9 / 43.1). At d = 960
+// 68.3 ms against Triton's wgmma main loop's 55.0: a warpgroup main loop is the next step.
 
 #define BM 128
 #define BN 128
