@@ -1,44 +1,124 @@
 """The fused float16 screen as a CUDA C kernel (``cuda/screen.cu``), compiled through CuPy.
 
 Same contract as the Triton kernel of :mod:`knng.engine.fused` for scaled float16 rows
-(``knng.metrics``, precision ``"float16"``): a 128 × 128 tile of ``A · Bᵀ`` on the tensor cores
-(``mma.sync`` m16n8k16, float16 inputs, float32 accumulation, K in steps of
-:data:`BLOCK_K` through a 3-stage ``cp.async`` pipeline), each sum multiplied by α·s_a and then
-s_b (exact), the float32
-terms added, column's first, and every entry compared with its row's threshold (and, in a
-symmetric block, its column's). What CUDA C has and Triton does not: warp votes. A warp that
-keeps nothing in its 64 × 32 part of the tile skips the append after one ``__any_sync``; one that
-keeps something appends with one ``__ballot_sync`` per accumulator and one atomic per warp and
-vote, so survivors cost a few instructions each instead of reductions over the tile.
+(``knng.metrics``, precision ``"float16"``): every entry of ``A · Bᵀ`` (tensor cores, float16
+inputs, float32 accumulation) multiplied by α·s_a and then s_b, the float32 terms added (the
+column's first), each step rounded as the reference rounds it, and compared with its row's
+threshold (and, in a symmetric block, its column's); survivors go to one compact list per side.
 
-``fused.screen_block`` launches it (inside its list sizing and relaunch) wherever CuPy is
+What the CUDA C kernel does that the Triton one does not (``cuda/screen.cu`` has the details):
+each block keeps one block of A's rows in shared memory and sweeps a range of column tiles
+(persistent and row-stationary: B streams once from memory, then from L2, and the next tiles'
+copies are in flight during a tile's epilogue); a non-symmetric block tests a one-rounding
+bound first (two float operations an entry, the exact key only for its few candidates); and
+survivors are appended by warp votes into per-warp buffers in shared memory, so a tile that
+keeps nothing costs one vote per 16 rows and one that keeps a few costs no global atomic.
+H100, 10,000 × 2^20, K = 128, ~0 / ~15 / ~200 pairs kept per row: 7.6 / 8.3 / 10.1 ms
+(Triton, bfloat16: 19.8 / 22.4 / 41.0); the header of ``cuda/screen.cu`` has the other shapes.
+
+The kernel is compiled once per device and variant (tile configuration, which terms are
+present, symmetric or not: each a ``-D`` define, so the common path has no run-time tests),
+by NVRTC through CuPy (``knng.select.cuda.source_kernel``; CuPy caches the binaries on disk).
+``fused.screen_block`` launches it inside its list sizing and relaunch wherever CuPy is
 installed; elsewhere the Triton kernel runs the same rows. Nothing here synchronises.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from knng.select import cuda
 
-__all__ = ["available", "launch_screen", "TILE", "THREADS", "BLOCK_K", "shared_bytes"]
+__all__ = ["available", "launch_screen", "Config", "CONFIGS", "choose_config", "shared_bytes", "BLOCK_K"]
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
-#: The kernel's tile (BM = BN) and threads per block: the constants of ``cuda/screen.cu``.
-TILE, THREADS = 128, 256
-#: K step of the kernel's pipeline (its ``BK``, compiled in): 3 stages of a 128 × BLOCK_K slice
-#: of A and of B. H100, 10,000 × 1M, nothing / ~15 / ~200 kept per row, 32 against 64: d = 128
-#: 14.3 / 15.9 / 25.6 against 14.6 / 16.6 / 26.8 ms, d = 960 68.3 against 68.9; 32 needs 126
-#: registers and no spill, 64 spills 36 bytes (``nvcc -arch=sm_90 -Xptxas -v -DBK=64``).
-BLOCK_K = 32
+
+#: Columns of one pipeline chunk (the kernel's ``BK``: 128 bytes of a float16 row). Fixed in
+#: the kernel; kept for scripts that read it.
+BLOCK_K = 64
 
 
-def shared_bytes(block_k: int) -> int:
-    """Dynamic shared memory of one block: 3 stages of A's and B's float16 slices."""
-    return 3 * (TILE + TILE) * block_k * 2
+class Config(NamedTuple):
+    """A tile configuration of ``cuda/screen.cu`` (its ``SCREEN_*`` defines).
+
+    ``bm`` × ``bn`` is a block's tile, ``wm`` × ``wn`` its warps (each a ``bm/wm`` × ``bn/wn``
+    part), ``stages`` the depth of the copy ring, ``resident`` whether A's block stays in shared
+    memory for the whole sweep (else its chunks stream with B's), ``min_blocks`` the blocks per
+    multiprocessor the register allocation must allow (``__launch_bounds__``), ``pretest``
+    whether a non-symmetric block tests a one-rounding bound first (``SCREEN_PRE``: two float
+    operations an entry instead of three or four, exact keys only for its candidates).
+    """
+
+    bm: int
+    bn: int
+    wm: int
+    wn: int
+    stages: int
+    resident: bool
+    min_blocks: int
+    pretest: bool = True
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wm * self.wn
+
+
+#: Configurations the benchmark compares (``bench/cuda_screen_kernel.py``); "r": A resident,
+#: "s": A streamed; warps of 64 × 64 unless named otherwise; "np": without the pre-test. H100,
+#: 10,000 × 2^20, ~0 / ~15 / ~200 kept per row (2026-11-24): K = 128 r128x128 7.64 / 8.29 /
+#: 10.10 ms, r128x128np 8.52 / 9.06 / 10.75, r128x128w32 8.09 / 8.52 / 9.66, r256x128 8.19 /
+#: 8.84 / 11.08, s128x128 8.34 / 8.89 / 10.73; K = 256 r256x128 14.47 / 14.84 / 16.72, s128x128
+#: 15.71 / 15.66 / 16.76, r128x128 (one block per SM) 18.55 / 18.96 / 22.73; K = 960 s128x128
+#: 54.3 / 56.7 / 57.6, s128x256 53.4 / 55.9 / 56.7. Symmetric 16,384² (K = 128): r256x128 0.42 /
+#: 0.65 / 0.90, r128x128 0.40 / 0.78 / 0.93. Also measured and dropped: 128 × 256 tiles with A
+#: resident (8 warps, one block per SM) 5–12 % slower than 128 × 128, 256 × 128 streamed 2–9 %.
+CONFIGS: dict[str, Config] = {
+    "r128x128": Config(128, 128, 2, 2, 4, True, 2),
+    "r128x128np": Config(128, 128, 2, 2, 4, True, 2, pretest=False),
+    "r256x128": Config(256, 128, 4, 2, 4, True, 1),
+    "r128x128w32": Config(128, 128, 2, 4, 4, True, 2),  # 8 warps of 64 × 32
+    "s128x128": Config(128, 128, 2, 2, 3, False, 2),
+    "s128x256": Config(128, 256, 2, 4, 3, False, 1),
+}
+
+#: Shared memory a multiprocessor has for two blocks of ~113 KB each (H100: 228 KB, of which
+#: 1 KB per block is reserved): a resident A block is used while two blocks still fit.
+_TWO_BLOCKS = 113 * 1024
+
+
+#: Shared memory one block may have (H100: 227 KB).
+_ONE_BLOCK = 227 * 1024
+
+
+def choose_config(k_dims: int, symmetric: bool = False) -> str:
+    """The configuration for K = ``k_dims`` (measurements at :data:`CONFIGS`): 128-row blocks
+    with A resident while two blocks fit in a multiprocessor (K <= 128) for a non-symmetric
+    block, 256-row blocks with A resident while one fits (K <= 256: half the reads of B per
+    product; in a symmetric block, whose two tests have no pre-test, 8 warps a block also hide
+    the survivors' path better), else A streamed with B."""
+    if not symmetric and shared_bytes(k_dims, CONFIGS["r128x128"], True, True, True) <= _TWO_BLOCKS:
+        return "r128x128"
+    if shared_bytes(k_dims, CONFIGS["r256x128"], True, True, True) <= _ONE_BLOCK:
+        return "r256x128"
+    return "s128x128"
+
+
+def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool) -> int:
+    """Dynamic shared memory of one block (mirrors ``screen::smem_bytes`` of the kernel, which
+    checks it): A's panels, B's ring, the ring's column vectors, the row vectors, and the
+    warps' survivor buffers."""
+    panels = -(-k_dims // BLOCK_K) if config.resident else config.stages
+    ncolv = 1 + int(col_terms) + int(symmetric)
+    nrowv = 4
+    sides = 2 if symmetric else 1
+    warps = config.wm * config.wn
+    return (panels * config.bm * 128 + config.stages * config.bn * 128 + config.stages * ncolv * config.bn * 4
+            + nrowv * config.bm * 4 + sides * warps * 64 * 12)
 
 
 def available(device: torch.device) -> bool:
@@ -49,21 +129,70 @@ def available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool) -> tuple[str, ...]:
+    return (f"SCREEN_BM={config.bm}", f"SCREEN_BN={config.bn}", f"SCREEN_WM={config.wm}", f"SCREEN_WN={config.wn}",
+            f"SCREEN_STAGES={config.stages}", f"SCREEN_ARES={int(config.resident)}",
+            f"SCREEN_MINB={config.min_blocks}", f"SCREEN_RT={int(row_terms)}", f"SCREEN_CT={int(col_terms)}",
+            f"SCREEN_SYM={int(symmetric)}", f"SCREEN_PRE={int(config.pretest)}", f"SCREEN_WITH_BF16={int(bf16)}")
+
+
+def kernel(device_index: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool,
+           bf16: bool = False) -> Any:
+    """The compiled kernel of one variant (``screen_f16``, or ``screen_bf16`` with ``bf16``),
+    compiled on first use for this device and cached (in memory here, on disk by CuPy)."""
+    defines = _defines(config, row_terms, col_terms, symmetric, bf16)
+    return cuda.source_kernel(_SOURCE, "screen_bf16" if bf16 else "screen_f16", device_index, defines)
+
+
+@functools.cache
+def _device_limits(device_index: int) -> tuple[int, int]:
+    """Multiprocessors and shared memory per multiprocessor of a device."""
+    import cupy
+
+    attrs = cupy.cuda.Device(device_index).attributes
+    return attrs["MultiProcessorCount"], attrs.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024)
+
+
+def _blocks_per_sm(fn: Any, config: Config, smem: int, device_index: int) -> int:
+    """Blocks of this kernel a multiprocessor holds at once (registers, shared memory, threads)."""
+    _, smem_sm = _device_limits(device_index)
+    regs = -(-max(int(fn.num_regs), 1) // 8) * 8  # allocated per warp in units of 256 registers
+    by_regs = 65536 // (regs * config.threads)
+    by_smem = smem_sm // (smem + 1024)  # 1 KB of each block's shared memory is the system's
+    by_threads = 2048 // config.threads
+    return max(1, min(by_regs, by_smem, by_threads))
+
+
+@functools.lru_cache(maxsize=4096)
+def _splits(row_blocks: int, col_tiles: int, resident: int) -> int:
+    """Column ranges per row block: the grid's row_blocks × splits blocks run in waves of
+    ``resident``, each block sweeping col_tiles / splits tiles (plus ~2 tiles' worth of start:
+    A's block and the ring's first chunks); the fewest splits of the least estimated time."""
+    best, best_cost = 1, float("inf")
+    for s in range(1, min(col_tiles, max(1, 8 * resident // max(row_blocks, 1)) + 1, 65535) + 1):
+        waves = -(-row_blocks * s // resident)
+        cost = waves * (-(-col_tiles // s) + 2)
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
 def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: torch.Tensor, col_scale: torch.Tensor,
                   row_terms: torch.Tensor | None, col_terms: torch.Tensor | None, row_thr: torch.Tensor,
                   col_thr: torch.Tensor | None, exclude_diagonal: int | None,
                   lists: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], counters: torch.Tensor,
-                  capacity: int) -> None:
+                  capacity: int, *, config: str | Config | None = None, bf16: bool = False) -> None:
     """Launch the screen of the block ``a · bᵀ`` on the current stream.
 
     Parameters
     ----------
     a, b : torch.Tensor
-        (m, ≥k_dims) and (n, ≥k_dims) float16 CUDA tensors, rows contiguous and 16-byte aligned.
+        (m, ≥k_dims) and (n, ≥k_dims) float16 CUDA tensors, rows contiguous and 16-byte
+        aligned (row strides multiples of 8). Columns from ``k_dims`` on are never read.
     k_dims : int
         Columns of the product, a multiple of 16 (the scaled rows' zero-padded value block).
     row_factor, col_scale : torch.Tensor
-        float32 α·s per row of ``a`` and s per row of ``b``.
+        float32 α·s per row of ``a`` and s per row of ``b`` (contiguous).
     row_terms, col_terms : torch.Tensor or None
         float32 terms added after the scaling (columns' first).
     row_thr, col_thr : torch.Tensor or None
@@ -76,21 +205,61 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
         int32 (2,) zeros: the entries each side found (also those past the capacity).
     capacity : int
         Entries a list holds; a slot past it writes nothing.
+    config : str or Config, optional
+        A key of :data:`CONFIGS` or a configuration (default: :func:`choose_config`); for
+        benchmarks and tests.
+    bf16 : bool
+        Take ``a`` and ``b`` as bfloat16 (the comparison variant ``screen_bf16``).
     """
     m, n = a.shape[0], b.shape[0]
-    if k_dims % 16 or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8:
-        raise ValueError("the CUDA screen needs float16 rows of 16-byte multiples and K a multiple of 16")
-    if a.dtype != torch.float16 or b.dtype != torch.float16:
-        raise TypeError(f"the CUDA screen takes float16 rows, got {a.dtype} and {b.dtype}")
+    if k_dims % 16 or k_dims <= 0 or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8:
+        raise ValueError("the CUDA screen needs rows of 16-byte multiples and K a positive multiple of 16")
+    if a.shape[1] < k_dims or b.shape[1] < k_dims:
+        raise ValueError(f"rows of {a.shape[1]} and {b.shape[1]} columns, K = {k_dims}")
+    want = torch.bfloat16 if bf16 else torch.float16
+    if a.dtype != want or b.dtype != want:
+        raise TypeError(f"the CUDA screen takes {want} rows, got {a.dtype} and {b.dtype}")
+    if a.data_ptr() % 16 or b.data_ptr() % 16:
+        raise ValueError("the CUDA screen needs 16-byte aligned rows")
+    vectors = (row_factor, col_scale, row_terms, col_terms, row_thr, col_thr)
+    if any(v is not None and v.dtype != torch.float32 for v in vectors):
+        raise TypeError("the CUDA screen's factors, terms and thresholds are float32")
+    if m == 0 or n == 0:
+        return
+    if m >= 2**31 - 256 or n >= 2**31 - 256:
+        raise ValueError("int32 positions: blocks of fewer than 2³¹ rows")
     device = a.device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    fn = cuda.source_kernel(_SOURCE, "screen_f16", index, (f"BK={BLOCK_K}",))
+    symmetric = col_thr is not None
+    cfg = config if isinstance(config, Config) else CONFIGS[config or choose_config(k_dims, symmetric)]
+    has_rt, has_ct = row_terms is not None, col_terms is not None
+    fn = kernel(index, cfg, has_rt, has_ct, symmetric, bf16)
+    smem = shared_bytes(k_dims, cfg, has_rt, has_ct, symmetric)
+    row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
+    resident = _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0]
+    splits = _splits(row_blocks, col_tiles, resident)
+    # Contiguous float32 vectors (no-ops for the engine's own): the kernel indexes them by row.
+    row_factor, col_scale, row_thr = (v.contiguous() for v in (row_factor, col_scale, row_thr))
+    row_terms, col_terms, col_thr = (None if v is None else v.contiguous() for v in (row_terms, col_terms, col_thr))
+    # The pre-test's bound on the column terms, max |col_terms| (NaN and inf included: the
+    # kernel then tests every entry exactly); read on the device, so no synchronisation.
+    bound = (torch.linalg.vector_norm(col_terms, ord=float("inf")).reshape(1)
+             if has_ct and cfg.pretest and not symmetric else None)
     row_list, col_list = lists[0], lists[-1]
-    grid = -(-m // TILE) * -(-n // TILE)
     i32 = np.int32
     args = (cuda.ptr(a), cuda.ptr(b), i32(m), i32(n), i32(k_dims), i32(a.stride(0)), i32(b.stride(0)),
             cuda.ptr(row_factor), cuda.ptr(col_scale), cuda.ptr(row_terms), cuda.ptr(col_terms),
-            cuda.ptr(row_thr), cuda.ptr(col_thr), cuda.ptr(row_list[0]), cuda.ptr(row_list[1]),
+            cuda.ptr(row_thr), cuda.ptr(col_thr), cuda.ptr(bound), cuda.ptr(row_list[0]), cuda.ptr(row_list[1]),
             cuda.ptr(row_list[2]), cuda.ptr(col_list[0]), cuda.ptr(col_list[1]), cuda.ptr(col_list[2]),
             cuda.ptr(counters), i32(capacity), i32(exclude_diagonal or 0), i32(exclude_diagonal is not None))
-    cuda.launch_kernel(fn, device, grid, THREADS, args, shared_bytes(BLOCK_K))
+    _launch(fn, device, index, (row_blocks, splits), cfg.threads, args, smem)
+
+
+def _launch(fn: Any, device: torch.device, index: int, grid: tuple[int, int], block: int, args: tuple,
+            smem: int) -> None:
+    """Launch on the device's current PyTorch stream (a 2-D grid: row blocks × column ranges)."""
+    import cupy
+
+    stream = cuda._cupy_stream(torch.cuda.current_stream(index).cuda_stream, index)
+    with cupy.cuda.Device(index), stream:
+        fn(grid, (block,), args, shared_mem=smem)

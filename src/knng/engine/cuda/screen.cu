@@ -1,243 +1,635 @@
 // Fused float16 screen (knng/engine/cuda_screen.py launches it; contract: knng/engine/fused.py).
 //
-// One block computes a 128 × 128 tile S = A[I] · B[J]ᵀ of scaled float16 rows on the tensor cores
-// (mma.sync m16n8k16, float32 accumulation; 8 warps of 64 × 32, K in steps of BK through a
-// 3-stage cp.async pipeline into XOR-swizzled shared memory, fragments by ldmatrix), then, in
-// registers: key = (S · row_factor[i]) · col_scale[j] (+ col_terms[j]) (+ row_terms[i]), each step
-// rounded as the torch reference rounds it (no FMA contraction), and the tests key <= row_thr[i]
-// and, for a symmetric block, key <= col_thr[j]. Survivors go to one compact list per side: a
-// warp whose part keeps nothing leaves after one __any_sync; otherwise one __ballot_sync per
-// accumulator and one atomicAdd per warp and vote give every kept entry its slot. The score block
-// never reaches global memory.
+// What it computes. For every pair (i < m, j < n) of rows of A and B (float16, first K columns,
+// K a multiple of 16): acc = A[i]·B[j] on the tensor cores (float32 accumulation), then
+//   key = (acc × row_factor[i]) × col_scale[j] (+ col_terms[j]) (+ row_terms[i])
+// each step rounded to nearest (no FMA contraction: the torch reference rounds so), and the
+// tests key <= row_thr[i] and, for a symmetric block (col_thr), key <= col_thr[j]; the diagonal
+// i == j + diag is dropped when exclude_diag is set. Each side's survivors are appended to a
+// compact list (owner, other, key) whose int32 counter (counters[side]) counts every survivor,
+// those past the capacity too (the host relaunches with a list large enough). NaN keys fail
+// every test. The score block never reaches global memory.
 //
-// H100, 10,000 × 2^20 × 128, thresholds keeping ~0 / ~15 / ~200 pairs per row: 14.3 / 15.9 /
-// 25.6 ms (Triton, same rows: 20.5 / 23.1 / 41.3; TF32 Triton 22.9 / 24.9 / 43.1). At d = 960
-// 68.3 ms against Triton's wgmma main loop's 55.0: a warpgroup main loop is the next step.
+// Design (mma.sync, no sm_90a features; the -D SCREEN_* defines pick a variant, see cuda_screen.py).
+//  * Row-stationary persistent blocks: block (x, y) owns row block x (BM rows of A) and sweeps
+//    the contiguous range y of column tiles (BN columns each); the grid's x runs fastest, so the
+//    blocks resident together share their column ranges and B streams once from memory, then
+//    from L2. With SCREEN_ARES (K small enough) A's whole BM × K block is loaded into shared
+//    memory once; otherwise A's chunks stream with B's.
+//  * B (and A without ARES) streams in chunks of 64 columns (128 bytes a row) through a
+//    SCREEN_STAGES-deep cp.async ring (16-byte copies; rows past m / n zero-filled, units past
+//    K never copied nor read), one __syncthreads a chunk; the ring runs across tile boundaries,
+//    so the next tiles' copies are in flight during a tile's epilogue. Shared rows are
+//    XOR-swizzled in 16-byte units (unit ^ (row & 7)): ldmatrix.x4 and the copies are
+//    bank-conflict free. Each tile's first k-step runs the mma with C = 0 (no zeroing).
+//  * Warps of 64 × 64 (or 64 × 32): ldmatrix.x4 fragments, mma.sync.m16n8k16 (f16 or bf16
+//    inputs, f32 accumulators in registers).
+//  * Epilogue in registers. The tile's column vectors (col_scale, col_terms, col_thr) ride in
+//    the ring with its last chunk, the block's row vectors sit in shared memory; rows and
+//    columns past m / n get a NaN factor, so their keys fail every test with no extra compare.
+//    Symmetric blocks (and SCREEN_PRE=0) compute every key exactly and OR the tests into one
+//    predicate per 16 rows and side. Non-symmetric blocks (SCREEN_PRE) keep z = acc·α·s_a and
+//    test q = fma(z, s_b, ct) <= T_i, T_i = thr_i − rt_i + 2^-19·(|thr_i| + |rt_i| + max|ct|)
+//    (pretest_bound): every key <= thr_i passes, and the 3 or 4 rounded operations an entry
+//    become 2; the candidates' exact keys then decide, so the lists are those of the exact test
+//    bit for bit (bench/cuda_screen_kernel.py compares the two on ties and non-finite values).
+//  * Survivors: a warp votes (__any_sync) once per 16 rows and side; only a warp with a
+//    candidate there builds its lanes' bit masks, reserves slots (a ballot, or a warp scan when
+//    a lane has several) and writes the entries one loop trip each (a select tree picks the
+//    register): the rarely run code is small, which matters because its instruction fetches
+//    are cold. Entries go to a per-warp buffer in shared memory; a full buffer (64 entries)
+//    goes to the global list with one atomicAdd, so no warp waits on a global atomic per tile,
+//    and each warp's last buffer is flushed when its block ends. The excluded diagonal is
+//    tested only in that path.
+//
+// Registers (NVRTC for sm_90 through CuPy): 210–219 a thread for 64 × 64 warps, <= 128 for
+// 64 × 32; no local memory (nvcc 13.0 -Xptxas -v: 0 spill, 0 stack). Shared memory at K = 128,
+// 128 × 128 (A resident, 4 stages): 105–110 KB, two blocks a multiprocessor.
+//
+// Measured on an H100 (bench/cuda_screen_kernel.py, 2026-11-24; float16 rows, column terms,
+// thresholds keeping ~0 / ~15 / ~194 pairs per row; the Triton kernel in bfloat16 on the same keys):
+//   10,000 × 2^20, K = 128, 128 × 128 resident:  7.64 / 8.29 / 10.10 ms (351 / 324 / 266 TFLOP/s);
+//       Triton 19.75 / 22.38 / 40.95 ms. (64 × 32 warps: 8.09 / 8.52 / 9.66; without the
+//       pre-test: 8.52 / 9.06 / 10.75; bf16 inputs: 7.56 / 8.50 / 10.11.)
+//   K = 64: 4.90 / 5.38 / 7.40 ms (Triton 18.01 / 20.48 / 39.98).
+//   K = 256, 256 × 128 resident: 14.47 / 14.84 / 16.72 ms (Triton 24.46 / 26.82 / 44.87).
+//   K = 960, 128 × 128 streamed: 54.26 / 56.73 / 57.59 ms (Triton 53.70 / 55.87 / 70.51): here the
+//       reads of A and B from L2 (64 flop a byte) bound it; a wgmma main loop is the next step.
+//   16,384² symmetric block, K = 128, both thresholds and terms, diagonal excluded, ~0 / ~13 /
+//       ~199 kept per row and column: 256 × 128 resident 0.42 / 0.65 / 0.90 ms, 128 × 128
+//       0.40 / 0.78 / 0.93 (Triton 1.05 / 3.15 / 6.80).
 
-#define BM 128
-#define BN 128
-#ifndef BK
-#define BK 32
+typedef unsigned short half_t;  // raw 16-bit storage: the tensor cores read the bits
+
+#ifndef SCREEN_BM
+#define SCREEN_BM 128
 #endif
-#define CH (BK / 8)  // 16-byte chunks per row of a stage
-#define STAGES 3
-#define THREADS 256
-#define GROUP_M 8
+#ifndef SCREEN_BN
+#define SCREEN_BN 128
+#endif
+#ifndef SCREEN_WM
+#define SCREEN_WM 2  // warps along M
+#endif
+#ifndef SCREEN_WN
+#define SCREEN_WN 2  // warps along N
+#endif
+#ifndef SCREEN_STAGES
+#define SCREEN_STAGES 4
+#endif
+#ifndef SCREEN_ARES
+#define SCREEN_ARES 1  // A's block resident in shared memory (else streamed with B)
+#endif
+#ifndef SCREEN_MINB
+#define SCREEN_MINB 2  // blocks per SM the register allocation must allow
+#endif
+#ifndef SCREEN_RT
+#define SCREEN_RT 0  // row_terms present
+#endif
+#ifndef SCREEN_CT
+#define SCREEN_CT 1  // col_terms present
+#endif
+#ifndef SCREEN_SYM
+#define SCREEN_SYM 0  // col_thr present (symmetric block)
+#endif
+#ifndef SCREEN_PRE
+#define SCREEN_PRE 1  // non-symmetric blocks: fused pre-test, exact keys only for its candidates
+#endif
+#ifndef SCREEN_WITH_BF16
+#define SCREEN_WITH_BF16 0
+#endif
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+namespace screen {
+
+constexpr int BM = SCREEN_BM, BN = SCREEN_BN, WARPS_M = SCREEN_WM, WARPS_N = SCREEN_WN;
+constexpr int STAGES = SCREEN_STAGES;
+constexpr bool ARES = SCREEN_ARES != 0, HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
+constexpr bool PRE = SCREEN_PRE != 0 && !SYM;
+constexpr int NWARPS = WARPS_M * WARPS_N, THREADS = 32 * NWARPS;
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // a warp's tile
+constexpr int MI = WTM / 16, NI = WTN / 8;               // its m16 and n8 fragments
+constexpr int BK = 64;                                   // halves of a chunk row
+constexpr int ROWB = 128;                                // bytes of a chunk row
+constexpr int RSTEP = THREADS / 8;                       // rows one pass of 16-byte copies covers
+constexpr int NCOLV = 1 + (HAS_CT ? 1 : 0) + (SYM ? 1 : 0);  // col_scale, [col_terms], [col_thr]
+constexpr int NROWV = 4;  // row_factor, row_thr, row_terms (or 0), the pre-test's bound
+constexpr int SIDES = SYM ? 2 : 1;
+constexpr int WBUF = 64;  // survivors a warp buffers per side before one global atomic
+constexpr unsigned FULL = 0xffffffffu;
+
+static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile: multiples of 16");
+static_assert(THREADS % 64 == 0, "copies assume 8 | THREADS / 8 (swizzle phase per thread)");
+static_assert(BM % RSTEP == 0 && BN % RSTEP == 0, "rows per copy pass");
+static_assert(STAGES >= 2, "ring");
+static_assert(NI * 4 <= 32, "a lane's entries of 16 rows fit a 32-bit mask");
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool ok) {
+  // src-size 0 writes 16 zero bytes and reads nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
 }
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(bytes));
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N)); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
-__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Row r of a stage holds BK halves = CH chunks of 16 bytes; chunk c sits at c ^ (some bits of r):
-// the 8 rows an ldmatrix reads then cover all 32 banks.
-__device__ __forceinline__ int swz(int r, int c) { return r * CH + (c ^ ((r / (8 / CH)) & (CH - 1))); }
 
-__device__ __forceinline__ void append(bool keep, int owner, int other, float key, int* cnt, int* o_owner,
-                                       int* o_other, float* o_keys, int capacity, int lane) {
-  unsigned ballot = __ballot_sync(0xffffffffu, keep);
-  if (ballot == 0) return;
-  int leader = __ffs(ballot) - 1;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(cnt, __popc(ballot));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  if (keep) {
-    int slot = base + __popc(ballot & ((1u << lane) - 1u));
-    if (slot >= 0 && slot < capacity) { o_owner[slot] = owner; o_other[slot] = other; o_keys[slot] = key; }
+// First k-step of a tile: C = 0 (the accumulators need no zeroing between tiles).
+template <bool BF16>
+__device__ __forceinline__ void mma16816_zero(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  const float z = 0.f;
+  if (BF16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
   }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
-screen_f16(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B, int m, int n, int K, int lda, int ldb,
-           const float* __restrict__ row_factor, const float* __restrict__ col_scale,
-           const float* __restrict__ row_terms, const float* __restrict__ col_terms,
-           const float* __restrict__ row_thr, const float* __restrict__ col_thr,
-           int* row_owner, int* row_other, float* row_keys, int* col_owner, int* col_other, float* col_keys,
-           int* counters, int capacity, int diag, int exclude_diag) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  uint4* sA = reinterpret_cast<uint4*>(smem_raw);                 // STAGES × BM × CH chunks
-  uint4* sB = sA + STAGES * BM * CH;                              // STAGES × BN × CH chunks
+template <bool BF16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  if (BF16) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
 
-  // Grouped tile order (GROUP_M row tiles sweep the columns together: B re-read from L2).
-  const int tiles_m = (m + BM - 1) / BM, tiles_n = (n + BN - 1) / BN;
-  const long long pid = blockIdx.x;
-  const long long per_group = (long long)GROUP_M * tiles_n;
-  const int group = (int)(pid / per_group);
-  const int first_m = group * GROUP_M;
-  const int size_m = min(tiles_m - first_m, GROUP_M);
-  const int in_group = (int)(pid % per_group);
-  const int row0 = (first_m + in_group % size_m) * BM;
-  const int col0 = (in_group / size_m) * BN;
+// Shared memory of one block, in bytes (cuda_screen.shared_bytes mirrors it).
+__host__ __device__ constexpr int a_panels(int K) { return ARES ? (K + BK - 1) / BK : STAGES; }
+__host__ __device__ constexpr int off_b(int K) { return a_panels(K) * BM * ROWB; }
+__host__ __device__ constexpr int off_col(int K) { return off_b(K) + STAGES * BN * ROWB; }
+__host__ __device__ constexpr int off_row(int K) { return off_col(K) + STAGES * NCOLV * BN * 4; }
+__host__ __device__ constexpr int off_buf(int K) { return off_row(K) + NROWV * BM * 4; }
+__host__ __device__ constexpr int smem_bytes(int K) { return off_buf(K) + SIDES * NWARPS * WBUF * 12; }
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp >> 2, wn = warp & 3;  // 2 × 4 warps, warp tile 64 × 32
+// One warp's survivor buffers: per side, WBUF (owner, other, key) entries in shared memory.
+template <bool V>
+struct Bool {
+  static constexpr bool value = V;
+};
 
-  const int chunks = (K + BK - 1) / BK;
-  auto load_stage = [&](int kc, int slot) {
-    const int k0 = kc * BK;
+struct Lists {
+  int* owner[2];
+  int* other[2];
+  float* keys[2];
+  int* counters;
+  int capacity;
+};
+
+// Move a warp's buffered entries of `side` to the global list: one atomicAdd reserves them.
+template <int SIDE>
+__device__ __forceinline__ void flush(const Lists& out, int* buf, int& count, int lane) {
+  __syncwarp();
+  int base = 0;
+  if (lane == 0) base = atomicAdd(out.counters + SIDE, count);
+  base = __shfl_sync(FULL, base, 0);
+#pragma unroll 1
+  for (int e = lane; e < count; e += 32) {
+    const int slot = base + e;
+    if (slot >= 0 && slot < out.capacity) {
+      out.owner[SIDE][slot] = buf[e];
+      out.other[SIDE][slot] = buf[WBUF + e];
+      out.keys[SIDE][slot] = __int_as_float(buf[2 * WBUF + e]);
+    }
+  }
+  __syncwarp();
+  count = 0;
+}
+
+// Where a warp's new entries go (`cnt` of them in this lane): its buffer when they fit (after
+// flushing it if need be), else, more than a buffer's worth at once, the global list directly
+// (one atomicAdd). `start` is this lane's first slot; slots outside [0, limit) are not written.
+struct Dest {
+  int* owner;
+  int* other;
+  float* keys;
+  int start, limit;
+};
+
+template <int SIDE>
+__device__ __forceinline__ Dest reserve(int cnt, const Lists& out, int* buf, int& count, int lane) {
+  int total, excl;
+  if (__all_sync(FULL, cnt <= 1)) {  // the common case: a vote gives the offsets
+    const unsigned vote = __ballot_sync(FULL, cnt != 0);
+    total = __popc(vote);
+    excl = __popc(vote & ((1u << lane) - 1u));
+  } else {
+    int incl = cnt;
 #pragma unroll
-    for (int t = 0; t < BM * CH / THREADS; ++t) {
-      const int idx = tid + t * THREADS;
-      const int r = idx / CH, c = idx % CH;
-      const int kk = k0 + c * 8;
-      {
-        const int gr = row0 + r;
-        const bool ok = gr < m && kk < K;
-        const unsigned short* src = A + (ok ? (long long)gr * lda + kk : 0);
-        cp_async16(smem_u32(sA + slot * BM * CH + swz(r, c)), src, ok ? 16 : 0);
+    for (int off = 1; off < 32; off *= 2) {
+      const int t = __shfl_up_sync(FULL, incl, off);
+      if (lane >= off) incl += t;
+    }
+    total = __shfl_sync(FULL, incl, 31);
+    excl = incl - cnt;
+  }
+  if (count + total > WBUF && count > 0) flush<SIDE>(out, buf, count, lane);
+  Dest d;
+  if (count + total <= WBUF) {
+    d = Dest{buf, buf + WBUF, reinterpret_cast<float*>(buf + 2 * WBUF), count + excl, WBUF};
+    count += total;
+  } else {
+    int base = 0;
+    if (lane == 0) base = atomicAdd(out.counters + SIDE, total);
+    base = __shfl_sync(FULL, base, 0);
+    d = Dest{out.owner[SIDE], out.other[SIDE], out.keys[SIDE], base + excl, out.capacity};
+  }
+  return d;
+}
+
+// x[e >> 2][e & 3] for a run-time e < 4·NI without local memory: a tree of selects on e's bits.
+__device__ __forceinline__ float pick(const float (&x)[NI][4], int e) {
+  constexpr int LEVELS = NI == 8 ? 5 : NI == 4 ? 4 : NI == 2 ? 3 : 2;
+  static_assert((NI * 4) == (1 << LEVELS), "4·NI entries, a power of two");
+  float t[NI * 4];
+#pragma unroll
+  for (int q = 0; q < NI * 4; ++q) t[q] = x[q >> 2][q & 3];
+#pragma unroll
+  for (int lvl = 0; lvl < LEVELS; ++lvl) {
+    const bool hi = (e >> lvl) & 1;
+#pragma unroll
+    for (int p = 0; p < (NI * 4) / 2; ++p)
+      if (p < ((NI * 4) >> lvl) / 2) t[p] = hi ? t[2 * p + 1] : t[2 * p];
+  }
+  return t[0];
+}
+
+// Write the entries whose bits are set (bit 4j + v: row rbase + 8·(v >> 1), column cbase + 8j + (v & 1)
+// of the 16-row group x) to d, one loop trip per entry: the rarely run code stays small.
+template <int SIDE, typename KeyOf>
+__device__ __forceinline__ void emit(unsigned bits, const float (&x)[NI][4], Dest d, int rbase, int cbase,
+                                     KeyOf key_of) {
+  while (bits) {
+    const int e = __ffs(bits) - 1;
+    bits &= bits - 1;
+    const float key = key_of(pick(x, e), e);
+    const int r = rbase + 8 * ((e >> 1) & 1), c = cbase + 8 * (e >> 2) + (e & 1);
+    if (d.start >= 0 && d.start < d.limit) {
+      d.owner[d.start] = SIDE ? c : r;
+      d.other[d.start] = SIDE ? r : c;
+      d.keys[d.start] = key;
+    }
+    ++d.start;
+  }
+  __syncwarp();
+}
+
+// The pre-test's bound T on q = fma(z, cs, ct) for a row with threshold thr and term rt, where
+// C >= |ct| for every column: key <= thr implies q <= T (the key's three roundings and q's one
+// differ by at most 15·2^-24·(|thr| + |rt| + C) near the threshold; T adds twice that and more).
+// An infinite or NaN term, bound or threshold sends every entry to the exact test (T = +inf),
+// except a NaN threshold, which keeps nothing; T >= -FLT_MAX covers keys that overflow to -inf.
+__device__ __forceinline__ float pretest_bound(float thr, float rt, float C) {
+  if (thr != thr) return thr;
+  const float m = __fadd_rn(__fmul_rn(__fadd_rn(__fadd_rn(fabsf(thr), fabsf(rt)), C), 0x1p-19f), 0x1p-120f);
+  const float T = __fadd_rn(__fsub_rn(thr, rt), m);
+  if (T != T) return __int_as_float(0x7f800000);
+  return fmaxf(T, -3.402823466e38f);
+}
+
+template <bool BF16>
+__device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t* __restrict__ B, int m, int n, int K,
+                                     int lda, int ldb, const float* __restrict__ row_factor,
+                                     const float* __restrict__ col_scale, const float* __restrict__ row_terms,
+                                     const float* __restrict__ col_terms, const float* __restrict__ row_thr,
+                                     const float* __restrict__ col_thr, const float* __restrict__ term_bound,
+                                     const Lists& out, int diag, int exclude_diag) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const float nan = __int_as_float(0x7fc00000);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  const int row0 = blockIdx.x * BM;
+  const int tiles = (n + BN - 1) / BN;
+  const int t_begin = (int)((long long)blockIdx.y * tiles / gridDim.y);
+  const int t_end = (int)((long long)(blockIdx.y + 1) * tiles / gridDim.y);
+  if (t_begin >= t_end) return;  // more column ranges than tiles (the launcher avoids it)
+  const int KC = (K + BK - 1) / BK;
+
+  {  // the launcher's shared-memory size must match this layout
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (unsigned)smem_bytes(K)) __trap();
+  }
+  const unsigned sA = smem_u32(smem), sB = sA + off_b(K);
+  float* s_col = reinterpret_cast<float*>(smem + off_col(K));
+  float* s_row = reinterpret_cast<float*>(smem + off_row(K));
+  int* s_buf = reinterpret_cast<int*>(smem + off_buf(K)) + warp * 3 * WBUF;  // this warp's, side 0
+
+  // The block's row vectors (visible after the main loop's first barrier). Rows past m: NaN.
+  for (int r = tid; r < BM; r += THREADS) {
+    const int gr = row0 + r;
+    const bool ok = gr < m;
+    const float thr = ok ? row_thr[gr] : nan, rt = (ok && HAS_RT) ? row_terms[gr] : 0.f;
+    s_row[r] = ok ? row_factor[gr] : nan;
+    s_row[BM + r] = thr;
+    s_row[2 * BM + r] = rt;
+    if (PRE) s_row[3 * BM + r] = pretest_bound(thr, rt, (HAS_CT && term_bound) ? *term_bound : 0.f);
+  }
+
+  // Copies: this thread moves 16-byte unit lc of rows lr, lr + RSTEP, ... of each chunk.
+  const int lc = tid & 7, lr = tid >> 3;
+  const unsigned dst0 = lr * ROWB + ((lc ^ (lr & 7)) << 4);
+
+  if (ARES) {  // A's whole block, once (in the first commit group)
+    for (int p = 0; p < KC; ++p) {
+      const int kk = p * BK + lc * 8;
+      if (kk >= K) continue;  // never read (see issue below)
+#pragma unroll 4
+      for (int t = 0; t < BM / RSTEP; ++t) {
+        const int gr = row0 + lr + t * RSTEP;
+        const bool ok = gr < m;
+        cp_async16(sA + p * BM * ROWB + dst0 + t * RSTEP * ROWB, ok ? A + (long long)gr * lda + kk : A, ok);
       }
-      {
-        const int gc = col0 + r;
-        const bool ok = gc < n && kk < K;
-        const unsigned short* src = B + (ok ? (long long)gc * ldb + kk : 0);
-        cp_async16(smem_u32(sB + slot * BN * CH + swz(r, c)), src, ok ? 16 : 0);
+    }
+  }
+
+  // The ring's producer: chunk (tile, kc) into slot. Units past K are never read by the
+  // fragments (the last chunk runs only its k-steps below K), so they are not copied; rows past
+  // m or n are zero-filled (their keys are NaN anyway).
+  const long long bstep = (long long)RSTEP * ldb, astep = (long long)RSTEP * lda;
+  auto issue = [&](int tile, int kc, int slot) {
+    const int col0 = tile * BN;
+    const int kk = kc * BK + lc * 8;
+    if (kk < K) {
+      const half_t* src = B + (long long)(col0 + lr) * ldb + kk;
+      const unsigned dst = sB + slot * BN * ROWB + dst0;
+      if (col0 + BN <= n) {
+#pragma unroll
+        for (int t = 0; t < BN / RSTEP; ++t) cp_async16(dst + t * RSTEP * ROWB, src + t * bstep, true);
+      } else {
+#pragma unroll
+        for (int t = 0; t < BN / RSTEP; ++t) {
+          const bool ok = col0 + lr + t * RSTEP < n;
+          cp_async16(dst + t * RSTEP * ROWB, ok ? src + t * bstep : B, ok);
+        }
+      }
+      if (!ARES) {
+        const half_t* asrc = A + (long long)(row0 + lr) * lda + kk;
+        const unsigned adst = sA + slot * BM * ROWB + dst0;
+#pragma unroll
+        for (int t = 0; t < BM / RSTEP; ++t) {
+          const bool ok = row0 + lr + t * RSTEP < m;
+          cp_async16(adst + t * RSTEP * ROWB, ok ? asrc + t * astep : A, ok);
+        }
+      }
+    }
+    if (kc == KC - 1) {  // the tile's column vectors ride with its last chunk; columns past n: NaN
+      float* cv = s_col + slot * NCOLV * BN;
+#pragma unroll
+      for (int t = 0; t < (BN + THREADS - 1) / THREADS; ++t) {
+        const int c = tid + t * THREADS, gc = col0 + c;
+        if (c < BN) {
+          if (gc < n) {
+            cp_async4(smem_u32(cv + c), col_scale + gc);
+            if (HAS_CT) cp_async4(smem_u32(cv + BN + c), col_terms + gc);
+            if (SYM) cp_async4(smem_u32(cv + (NCOLV - 1) * BN + c), col_thr + gc);
+          } else {
+            cv[c] = nan;
+            if (HAS_CT) cv[BN + c] = 0.f;
+            if (SYM) cv[(NCOLV - 1) * BN + c] = nan;
+          }
+        }
       }
     }
   };
 
-  float acc[4][4][4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int v = 0; v < 4; ++v) acc[i][j][v] = 0.f;
-
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < chunks) load_stage(s, s);
-    cp_commit();
-  }
-  for (int kc = 0; kc < chunks; ++kc) {
-    cp_wait<STAGES - 2>();
-    __syncthreads();
-    const int next = kc + STAGES - 1;
-    if (next < chunks) load_stage(next, next % STAGES);
-    cp_commit();
-    const uint4* tA = sA + (kc % STAGES) * BM * CH;
-    const uint4* tB = sB + (kc % STAGES) * BN * CH;
-#pragma unroll
-    for (int ks = 0; ks < BK / 16; ++ks) {
-      unsigned af[4][4], bf[4][2];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = wm * 64 + i * 16 + (lane & 15);
-        const int c = ks * 2 + (lane >> 4);
-        ldsm_x4(smem_u32(tA + swz(r, c)), af[i][0], af[i][1], af[i][2], af[i][3]);
-      }
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        const int mat = lane >> 3;
-        const int r = wn * 32 + jj * 16 + (mat >> 1) * 8 + (lane & 7);
-        const int c = ks * 2 + (mat & 1);
-        ldsm_x4(smem_u32(tB + swz(r, c)), bf[2 * jj][0], bf[2 * jj][1], bf[2 * jj + 1][0], bf[2 * jj + 1][1]);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) mma16816(acc[i][j], af[i], bf[j][0], bf[j][1]);
+  const int chunks = (t_end - t_begin) * KC;
+  int is_tile = t_begin, is_kc = 0, is_slot = 0, issued = 0;
+  auto issue_next = [&]() {
+    if (issued < chunks) {
+      issue(is_tile, is_kc, is_slot);
+      if (++is_kc == KC) { is_kc = 0; ++is_tile; }
+      if (++is_slot == STAGES) is_slot = 0;
+      ++issued;
     }
-  }
-  cp_wait<0>();
+    cp_commit();  // one group per step, empty or not: wait_group counts them
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue_next();
 
-  // Epilogue: keys as the reference rounds them (x α·s_a, x s_b, + column term, + row term),
-  // then each side's test; a warp with no survivor on a side skips that side's votes. Rows and
-  // columns past the block get NaN factors: their keys are NaN, which no comparison keeps, so
-  // the loops below test nothing else (the column values are loaded once per thread).
-  const float nan = __int_as_float(0x7fc00000);
+  // ldmatrix addresses: rows of this lane's 8 × 8 matrix; 16-byte unit (2·ks + hi) ^ (row & 7),
+  // written (32·ks) ^ x with x = (hi ^ (lane & 7)) << 4 since row & 7 == lane & 7.
+  const unsigned a_lane = (wm * WTM + (lane & 15)) * ROWB;
+  const unsigned b_lane = (wn * WTN + ((lane >> 4) & 1) * 8 + (lane & 7)) * ROWB;
+  const unsigned xa = ((((unsigned)lane >> 4) & 1u) ^ ((unsigned)lane & 7u)) << 4;
+  const unsigned xb = ((((unsigned)lane >> 3) & 1u) ^ ((unsigned)lane & 7u)) << 4;
+
+  float acc[MI][NI][4];  // set by each tile's first k-step (C = 0)
+
+  auto kstep = [&](unsigned a_base, unsigned b_base, int ks, auto zero) {
+    unsigned af[MI][4], bf[NI / 2][4];
+    const unsigned ka = ((unsigned)ks * 32u) ^ xa, kb = ((unsigned)ks * 32u) ^ xb;
+#pragma unroll
+    for (int i = 0; i < MI; ++i) ldsm_x4(a_base + i * 16 * ROWB + ka, af[i]);
+#pragma unroll
+    for (int jj = 0; jj < NI / 2; ++jj) ldsm_x4(b_base + jj * 16 * ROWB + kb, bf[jj]);
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+      for (int j = 0; j < NI; ++j) {
+        if (decltype(zero)::value)
+          mma16816_zero<BF16>(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+        else
+          mma16816<BF16>(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+      }
+  };
+  const Bool<true> first{};
+  const Bool<false> next{};
+
+  int count0 = 0, count1 = 0;  // entries in this warp's buffers (warp-uniform)
   const int g = lane >> 2, tig = lane & 3;
-  const int rbase = row0 + wm * 64 + g, cbase = col0 + wn * 32 + tig * 2;
-  float cs[4][2], ct[4][2];
+  int slot = 0;
+  for (int tile = t_begin; tile < t_end; ++tile) {
+    for (int kc = 0; kc < KC; ++kc) {
+      cp_wait<STAGES - 2>();
+      __syncthreads();
+      issue_next();
+      const unsigned a_base = sA + (ARES ? kc : slot) * BM * ROWB + a_lane;
+      const unsigned b_base = sB + slot * BN * ROWB + b_lane;
+      const int krem = K - kc * BK;
+      if (krem >= BK) {
+        if (kc == 0)
+          kstep(a_base, b_base, 0, first);
+        else
+          kstep(a_base, b_base, 0, next);
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
-#pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      const int c = cbase + j * 8 + w;
-      cs[j][w] = c < n ? col_scale[c] : nan;
-      ct[j][w] = (c < n && col_terms) ? col_terms[c] : 0.f;
+        for (int ks = 1; ks < BK / 16; ++ks) kstep(a_base, b_base, ks, next);
+      } else {  // K's last, partial chunk (K % 64 in {16, 32, 48})
+        if (kc == 0)
+          kstep(a_base, b_base, 0, first);
+        else
+          kstep(a_base, b_base, 0, next);
+#pragma unroll 1
+        for (int ks = 1; ks < krem / 16; ++ks) kstep(a_base, b_base, ks, next);
+      }
+      if (kc < KC - 1 && ++slot == STAGES) slot = 0;
     }
-  bool any_row = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = rbase + i * 16 + h * 8;
-      const bool rok = r < m;
-      const float rf = rok ? row_factor[r] : nan;
-      const float rterm = (rok && row_terms) ? row_terms[r] : 0.f;
-      const float rthr = rok ? row_thr[r] : nan;
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          float key = __fmul_rn(__fmul_rn(acc[i][j][2 * h + w], rf), cs[j][w]);
-          if (col_terms) key = __fadd_rn(key, ct[j][w]);
-          if (row_terms) key = __fadd_rn(key, rterm);
-          if (exclude_diag && r == cbase + j * 8 + w + diag) key = nan;
-          acc[i][j][2 * h + w] = key;
-          any_row |= key <= rthr;
-        }
+
+    // ---- epilogue of the tile: keys, tests, survivors
+    const int col0 = tile * BN;
+    const float* cv = s_col + slot * NCOLV * BN;
+    // The excluded diagonal (row == col + diag) is tested only where a warp found a survivor:
+    // dl is the local (row − col) offset of this thread's entries' diagonal, or 2^30 (none).
+    int dl = 1 << 30;
+    if (exclude_diag) {
+      const long long dd = (long long)col0 + diag - row0;  // local row == local col + dd
+      if (dd > -BN && dd < BM) dl = (int)dd - (wm * WTM + g - wn * WTN - 2 * tig);
     }
-  if (__any_sync(0xffffffffu, any_row)) {
+    float rf[MI][2], rthr[MI][2], rt[MI][2];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = rbase + i * 16 + h * 8;
-        const float rthr = r < m ? row_thr[r] : nan;
+        const int r = wm * WTM + i * 16 + h * 8 + g;
+        rf[i][h] = s_row[r];
+        rthr[i][h] = s_row[PRE ? 3 * BM + r : BM + r];  // PRE: the pre-test's bound
+        rt[i][h] = HAS_RT ? s_row[2 * BM + r] : 0.f;
+      }
+    bool hit_r[MI], hit_c[MI];
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < MI; ++i) hit_r[i] = hit_c[i] = false;
 #pragma unroll
-          for (int w = 0; w < 2; ++w) {
-            const float key = acc[i][j][2 * h + w];
-            append(key <= rthr, r, cbase + j * 8 + w, key, counters, row_owner, row_other, row_keys, capacity,
-                   lane);
+    for (int j = 0; j < NI; ++j) {
+      const int c = wn * WTN + j * 8 + 2 * tig;
+      const float2 cs = *reinterpret_cast<const float2*>(cv + c);
+      const float2 ct = HAS_CT ? *reinterpret_cast<const float2*>(cv + BN + c) : float2{0.f, 0.f};
+      const float2 cth = SYM ? *reinterpret_cast<const float2*>(cv + (NCOLV - 1) * BN + c) : float2{0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const int h = v >> 1;
+          if (PRE) {  // acc keeps z = acc·α·s_a; the test takes q = z·s_b + ct in one rounding
+            const float z = __fmul_rn(acc[i][j][v], rf[i][h]);
+            acc[i][j][v] = z;
+            const float q = HAS_CT ? __fmaf_rn(z, (v & 1) ? cs.y : cs.x, (v & 1) ? ct.y : ct.x)
+                                   : __fmul_rn(z, (v & 1) ? cs.y : cs.x);
+            hit_r[i] |= q <= rthr[i][h];
+          } else {
+            float key = __fmul_rn(__fmul_rn(acc[i][j][v], rf[i][h]), (v & 1) ? cs.y : cs.x);
+            if (HAS_CT) key = __fadd_rn(key, (v & 1) ? ct.y : ct.x);
+            if (HAS_RT) key = __fadd_rn(key, rt[i][h]);
+            acc[i][j][v] = key;
+            hit_r[i] |= key <= rthr[i][h];
+            if (SYM) hit_c[i] |= key <= ((v & 1) ? cth.y : cth.x);
           }
-      }
-  }
-  if (col_thr) {
-    float cthr[4][2];
-    bool any_col = false;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const int c = cbase + j * 8 + w;
-        cthr[j][w] = c < n ? col_thr[c] : nan;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) any_col |= acc[i][j][2 * h + w] <= cthr[j][w];
-      }
-    if (__any_sync(0xffffffffu, any_col)) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          const int c = cbase + j * 8 + w;
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float key = acc[i][j][2 * h + w];
-              append(key <= cthr[j][w], c, rbase + i * 16 + h * 8, key, counters + 1, col_owner, col_other,
-                     col_keys, capacity, lane);
-            }
         }
     }
+    // Survivors: a warp votes once per 16 rows and side; only a warp with a survivor there
+    // takes its lanes' kept entries (a bit mask each), reserves their slots with one warp scan
+    // and writes them one by one.
+    const int rbase = row0 + wm * WTM + g, cbase = col0 + wn * WTN + 2 * tig;
+    // PRE: the exact key of entry e (bit 4j + v) of 16-row group i from its z = acc·α·s_a.
+    auto exact_key = [&](float z, int e, int i) {
+      const int lr = wm * WTM + i * 16 + g + 8 * ((e >> 1) & 1), lc = wn * WTN + 2 * tig + 8 * (e >> 2) + (e & 1);
+      float key = __fmul_rn(z, cv[lc]);
+      if (HAS_CT) key = __fadd_rn(key, cv[BN + lc]);
+      if (HAS_RT) key = __fadd_rn(key, s_row[2 * BM + lr]);
+      return key;
+    };
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+      if (__any_sync(FULL, hit_r[i])) {
+        unsigned bits = 0;
+        if (PRE) {
+          // Candidates (the pre-test again), then each one's exact key and test; the keys are
+          // computed once more when written (candidates are few).
+          unsigned cand = 0;
+#pragma unroll
+          for (int j = 0; j < NI; ++j) {
+            const float2 cs = *reinterpret_cast<const float2*>(cv + wn * WTN + j * 8 + 2 * tig);
+            const float2 ct = HAS_CT ? *reinterpret_cast<const float2*>(cv + BN + wn * WTN + j * 8 + 2 * tig)
+                                     : float2{0.f, 0.f};
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+              const float z = acc[i][j][v];
+              const float q = HAS_CT ? __fmaf_rn(z, (v & 1) ? cs.y : cs.x, (v & 1) ? ct.y : ct.x)
+                                     : __fmul_rn(z, (v & 1) ? cs.y : cs.x);
+              if (q <= rthr[i][v >> 1] && i * 16 + 8 * (v >> 1) - j * 8 - (v & 1) != dl) cand |= 1u << (j * 4 + v);
+            }
+          }
+          while (cand) {
+            const int e = __ffs(cand) - 1;
+            cand &= cand - 1;
+            const int lr = wm * WTM + i * 16 + g + 8 * ((e >> 1) & 1);
+            if (exact_key(pick(acc[i], e), e, i) <= s_row[BM + lr]) bits |= 1u << e;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+              if (acc[i][j][v] <= rthr[i][v >> 1] && i * 16 + 8 * (v >> 1) - j * 8 - (v & 1) != dl)
+                bits |= 1u << (j * 4 + v);
+        }
+        const Dest d = reserve<0>(__popc(bits), out, s_buf, count0, lane);
+        if (PRE)
+          emit<0>(bits, acc[i], d, rbase + i * 16, cbase, [&](float z, int e) { return exact_key(z, e, i); });
+        else
+          emit<0>(bits, acc[i], d, rbase + i * 16, cbase, [](float key, int) { return key; });
+      }
+      if (SYM && __any_sync(FULL, hit_c[i])) {
+        unsigned bits = 0;
+#pragma unroll
+        for (int j = 0; j < NI; ++j) {
+          const float2 cth = *reinterpret_cast<const float2*>(cv + (NCOLV - 1) * BN + wn * WTN + j * 8 + 2 * tig);
+#pragma unroll
+          for (int v = 0; v < 4; ++v)
+            if (acc[i][j][v] <= ((v & 1) ? cth.y : cth.x) && i * 16 + 8 * (v >> 1) - j * 8 - (v & 1) != dl)
+              bits |= 1u << (j * 4 + v);
+        }
+        const Dest d = reserve<1>(__popc(bits), out, s_buf + NWARPS * 3 * WBUF, count1, lane);
+        emit<1>(bits, acc[i], d, rbase + i * 16, cbase, [](float key, int) { return key; });
+      }
+    }
+    if (++slot == STAGES) slot = 0;
   }
+  cp_wait<0>();
+  if (count0) flush<0>(out, s_buf, count0, lane);
+  if (SYM && count1) flush<1>(out, s_buf + NWARPS * 3 * WBUF, count1, lane);
 }
+
+}  // namespace screen
+
+#define SCREEN_PARAMS                                                                                              \
+  const half_t *__restrict__ A, const half_t *__restrict__ B, int m, int n, int K, int lda, int ldb,               \
+      const float *__restrict__ row_factor, const float *__restrict__ col_scale,                                   \
+      const float *__restrict__ row_terms, const float *__restrict__ col_terms,                                    \
+      const float *__restrict__ row_thr, const float *__restrict__ col_thr, const float *__restrict__ term_bound,   \
+      int *row_owner, int *row_other,                                                                              \
+      float *row_keys, int *col_owner, int *col_other, float *col_keys, int *counters, int capacity, int diag,     \
+      int exclude_diag
+#define SCREEN_CALL(BF16)                                                                                          \
+  screen::Lists out{{row_owner, col_owner}, {row_other, col_other}, {row_keys, col_keys}, counters, capacity};    \
+  screen::body<BF16>(A, B, m, n, K, lda, ldb, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,      \
+                     term_bound, out,                                                                              \
+                     diag, exclude_diag)
+
+extern "C" __global__ void __launch_bounds__(screen::THREADS, SCREEN_MINB) screen_f16(SCREEN_PARAMS) {
+  SCREEN_CALL(false);
+}
+
+#if SCREEN_WITH_BF16
+extern "C" __global__ void __launch_bounds__(screen::THREADS, SCREEN_MINB) screen_bf16(SCREEN_PARAMS) {
+  SCREEN_CALL(true);
+}
+#endif
