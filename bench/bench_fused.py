@@ -101,15 +101,10 @@ def kernel_part(args) -> list[dict]:
                 a, b = {"bfloat16": (q16, b16), "tf32": (q32, b32), "int8x4": (q8, b8),
                         "float16": (h_q, h_b)}[precision]
                 fused.CUDA_SCREEN = not variant.endswith("triton")
-                if variant.startswith("float16 bk"):  # "float16 bk32": the CUDA kernel with another K step
-                    from knng.engine import cuda_screen
-                    cuda_screen.BLOCK_K = int(variant.split("bk")[1])
                 ms = cuda_ms(lambda: fused.screen_block(a, b, d, thr, None, None, terms, precision,
                                                         capacity_hint=m * (survivors * 2 + 64)))
                 out, _ = fused.screen_block(a, b, d, thr, None, None, terms, precision)
                 fused.CUDA_SCREEN = True
-                if variant.startswith("float16 bk"):
-                    cuda_screen.BLOCK_K = 32
                 row["variants"][f"{variant} survivors≈{survivors}"] = {
                     "ms": ms, "tflops": flops / ms / 1e9, "of_peak": flops / ms / 1e9 / PEAK[precision],
                     "kept_per_row": out.owner.numel() / m}

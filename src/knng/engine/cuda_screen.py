@@ -38,8 +38,8 @@ __all__ = ["available", "launch_screen", "Config", "CONFIGS", "choose_config", "
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
 
-#: Columns of one pipeline chunk (the kernel's ``BK``: 128 bytes of a float16 row). Fixed in
-#: the kernel; kept for scripts that read it.
+#: Columns of one pipeline chunk (the kernel's ``BK``: 128 bytes of a float16 row), fixed in
+#: the kernel.
 BLOCK_K = 64
 
 
@@ -252,14 +252,4 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
             cuda.ptr(row_thr), cuda.ptr(col_thr), cuda.ptr(bound), cuda.ptr(row_list[0]), cuda.ptr(row_list[1]),
             cuda.ptr(row_list[2]), cuda.ptr(col_list[0]), cuda.ptr(col_list[1]), cuda.ptr(col_list[2]),
             cuda.ptr(counters), i32(capacity), i32(exclude_diagonal or 0), i32(exclude_diagonal is not None))
-    _launch(fn, device, index, (row_blocks, splits), cfg.threads, args, smem)
-
-
-def _launch(fn: Any, device: torch.device, index: int, grid: tuple[int, int], block: int, args: tuple,
-            smem: int) -> None:
-    """Launch on the device's current PyTorch stream (a 2-D grid: row blocks × column ranges)."""
-    import cupy
-
-    stream = cuda._cupy_stream(torch.cuda.current_stream(index).cuda_stream, index)
-    with cupy.cuda.Device(index), stream:
-        fn(grid, (block,), args, shared_mem=smem)
+    cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)

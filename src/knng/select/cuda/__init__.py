@@ -62,15 +62,9 @@ def _module(name: str, device_index: int) -> Any:
 @functools.cache
 def kernel(source: str, name: str, device_index: int) -> Any:
     """The kernel ``name`` of ``source`` (e.g. ``"qms.cu"``), allowed all the shared memory a block gets."""
-    import cupy
-
     if source not in _SOURCES:
         raise ValueError(f"unknown kernel source {source!r}")
-    fn = _module(source, device_index).get_function(name)
-    # Above 48 KiB a kernel must opt in to dynamic shared memory; opt in once, to the limit.
-    optin = cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerBlockOptin"]
-    fn.max_dynamic_shared_size_bytes = optin - fn.shared_size_bytes
-    return fn
+    return _opt_in(_module(source, device_index).get_function(name), device_index)
 
 
 @functools.cache
@@ -84,20 +78,28 @@ def source_kernel(path: str, name: str, device_index: int, defines: tuple[str, .
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(code=Path(path).read_text(), options=options)
         module.compile()
-    fn = module.get_function(name)
+    return _opt_in(module.get_function(name), device_index)
+
+
+def _opt_in(fn: Any, device_index: int) -> Any:
+    """``fn`` allowed all the dynamic shared memory a block gets (above 48 KiB a kernel must opt in)."""
+    import cupy
+
     optin = cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerBlockOptin"]
     fn.max_dynamic_shared_size_bytes = optin - fn.shared_size_bytes
     return fn
 
 
-def launch_kernel(fn: Any, device: torch.device, grid: int, block: int, args: tuple, shared_bytes: int = 0) -> None:
-    """Launch the compiled kernel ``fn`` on ``device``'s current PyTorch stream (see :func:`launch`)."""
+def launch_kernel(fn: Any, device: torch.device, grid: "int | tuple[int, ...]", block: int, args: tuple,
+                  shared_bytes: int = 0) -> None:
+    """Launch the compiled kernel ``fn`` on ``device``'s current PyTorch stream (see :func:`launch`);
+    ``grid``: blocks, or a tuple of up to three grid dimensions."""
     import cupy
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _cupy_stream(torch.cuda.current_stream(index).cuda_stream, index)
     with cupy.cuda.Device(index), stream:
-        fn((grid,), (block,), args, shared_mem=shared_bytes)
+        fn(grid if isinstance(grid, tuple) else (grid,), (block,), args, shared_mem=shared_bytes)
 
 
 def ptr(t: torch.Tensor | None) -> np.uint64:
