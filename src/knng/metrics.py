@@ -27,7 +27,7 @@ import torch
 __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPrecision", "PRECISIONS", "get_precision",
            "DIGIT_BASE", "DIGIT_MAX", "DIGIT_REFERENCE_ERROR", "digit_width", "digit_blocks", "digit_scales",
            "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
-           "scaled_alphas", "scaled_row_factors"]
+           "scaled_alphas", "scaled_row_factors", "scaled_row_scales"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -248,18 +248,25 @@ def scaled_row_factors(rows: torch.Tensor) -> torch.Tensor:
     return scaled_alphas(rows) * scaled_scales(rows)
 
 
-def _scaled_rows(x64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each float64 row's power-of-two scale s (float64) and the row x/s (exact in float64).
+def scaled_row_scales(top: torch.Tensor) -> torch.Tensor:
+    """The power-of-two scale s (float64) of rows whose largest |value| is ``top`` (float64).
 
-    s = 2^(e − 15) where max|x| = f·2^e, f ∈ [½, 1): the largest |x/s| is in [2¹⁴, 2¹⁵). A zero
-    row gets s = 1; s stays within [2⁻¹²⁵, 2¹²⁵] (rows of tinier values then err absolutely,
-    by less than the bound's ``c_flush``; larger ones are refused by the norm limit first).
+    s = 2^(e − 15) where top = f·2^e, f ∈ [½, 1): the row's largest |x/s| is in [2¹⁴, 2¹⁵). A
+    zero row gets s = 1; s stays within [2⁻¹²⁵, 2¹²⁵] (rows of tinier values then err
+    absolutely, by less than the bound's ``c_flush``; larger ones are refused by the norm limit
+    first). The one rule for every preparation of scaled float16 rows (the GPU's kernels too).
     """
-    top = torch.linalg.vector_norm(x64, ord=math.inf, dim=1) if x64.shape[1] else x64.new_zeros(x64.shape[0])
     _, exponent = torch.frexp(top)
     shift = torch.where(top > 0, exponent.to(torch.int64) - 15, torch.zeros_like(exponent, dtype=torch.int64))
     shift = shift.clamp(-125, 125)
-    scale = torch.ldexp(torch.ones_like(top), shift.to(torch.float64))
+    return torch.ldexp(torch.ones_like(top), shift.to(torch.float64))
+
+
+def _scaled_rows(x64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each float64 row's power-of-two scale s (float64, :func:`scaled_row_scales`) and the row
+    x/s (exact in float64)."""
+    top = torch.linalg.vector_norm(x64, ord=math.inf, dim=1) if x64.shape[1] else x64.new_zeros(x64.shape[0])
+    scale = scaled_row_scales(top)
     return scale, x64 / scale[:, None]
 
 
@@ -351,6 +358,12 @@ class Metric:
             return self.centre_queries and self.centre_corpus
         return self.centre_corpus
 
+    def shifts(self, side: str, symmetric: bool) -> bool:
+        """Whether :meth:`prepare` subtracts the common centre from vectors of ``side``."""
+        if symmetric:
+            return self.needs_centre(True)
+        return self.centre_queries if side == "query" else self.centre_corpus
+
     def width(self, d: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
         """Columns of a prepared block for input dimension ``d`` on ``device`` (storage ``dtype``)."""
         if dtype == torch.int8:
@@ -391,14 +404,12 @@ class Metric:
             norm = torch.linalg.vector_norm(x64, dim=1, keepdim=True)
             # Zero vectors keep similarity 0 with everything (distance 1), as scikit-learn does.
             x64 = x64 / torch.where(norm > 0, norm, torch.ones_like(norm))
-        shift = self.needs_centre(True) if symmetric else (
-            self.centre_queries if side == "query" else self.centre_corpus)
-        if shift and centre is not None:
+        if self.shifts(side, symmetric) and centre is not None:
             x64 = x64 - centre
         m, d = x64.shape
         norms = torch.linalg.vector_norm(x64, dim=1)
         out = torch.zeros((m, self.width(d, x64.device, dtype)), dtype=dtype, device=x64.device)
-        terms, offsets = self._terms_and_offsets(x64, norms, centre, side=side, symmetric=symmetric)
+        terms, offsets = self.terms_and_offsets(x64, norms, centre, side=side, symmetric=symmetric)
         if dtype == torch.int8:
             scale, hi, lo = _digits(x64)
             w = digit_width(d)
@@ -434,14 +445,16 @@ class Metric:
                 out[:, d + 1] = 1.0
         return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
 
-    def _terms_and_offsets(self, x64: torch.Tensor, norms: torch.Tensor, centre: torch.Tensor | None, *, side: str,
-                           symmetric: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The per-vector terms and (query side) offsets of prepared float64 vectors (see
-        :class:`Prepared`): the same for every storage type."""
+    def terms_and_offsets(self, x: torch.Tensor, norms: torch.Tensor, centre: torch.Tensor | None, *, side: str,
+                          symmetric: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The per-vector terms and (query side) offsets of a block (see :class:`Prepared`),
+        the same for every storage type: ``norms`` the float64 norms of its prepared vectors,
+        ``x`` the vectors (any dtype) where an offset needs them (the query side of an inner
+        product, which is never shifted)."""
         if side != "query":
             return (norms * norms if self.uses_terms else None), None
         terms = None
-        offsets = torch.zeros(x64.shape[0], dtype=torch.float64, device=x64.device)
+        offsets = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
         if self.uses_terms:
             if symmetric:
                 terms = norms * norms
@@ -450,7 +463,7 @@ class Metric:
         elif self.normalize:
             offsets += 1.0  # distance 1 − cos = 1 + score
         elif centre is not None and self.centre_corpus and not symmetric:
-            offsets = -(x64 @ centre)  # −xᵀy = −xᵀ(y − μ) − xᵀμ
+            offsets = -(x.to(torch.float64) @ centre)  # −xᵀy = −xᵀ(y − μ) − xᵀμ
         return terms, offsets
 
     def query_layout(self, corpus_side: torch.Tensor, d: int) -> torch.Tensor:

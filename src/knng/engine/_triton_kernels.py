@@ -222,3 +222,70 @@ def digit_kernel(
     _finish_tile(acc, row0, col0, rm, rn, row_ok, col_ok, row_terms, col_terms, row_thr, col_thr,
                  row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters, capacity, diag,
                  HAS_ROW_TERMS, HAS_COL_TERMS, SYMMETRIC, EXCLUDE_DIAG, FEW, BLOCK_M, BLOCK_N)
+
+
+# ------------------------------------------------------------------------------- preparation
+# The corpus pass and the scaled float16 rows (knng.engine.preparation; references
+# knng.engine.common.corpus_stats and Metric.prepare). Values go through float64 exactly as
+# the reference's: the shift x − μ rounds once, division by a power of two is exact, and
+# float64 → float32 → float16 are the two round-to-nearest-even conversions torch makes.
+
+
+@triton.jit
+def column_sums_kernel(x, partial, nonfinite, m, d, stride, ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+    """float64 sums of columns over ROWS rows per program (one partial row per program, summed
+    by the caller) and a count of non-finite values."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    cols = pid_c * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_ok = cols < d
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float64)
+    bad = tl.zeros((BLOCK_D,), dtype=tl.int32)
+    for r0 in range(0, ROWS, BLOCK_R):
+        rows = pid_r * ROWS + r0 + tl.arange(0, BLOCK_R)
+        ok = (rows < m)[:, None] & col_ok[None, :]
+        v = tl.load(x + rows[:, None].to(tl.int64) * stride + cols[None, :], mask=ok, other=0).to(tl.float64)
+        finite = (v == v) & (tl.abs(v) < float("inf"))
+        bad += tl.sum((~finite).to(tl.int32), axis=0)
+        acc += tl.sum(tl.where(finite, v, 0.0), axis=0)
+    tl.store(partial + pid_r * d + cols, acc, mask=col_ok)
+    tl.atomic_add(nonfinite + tl.zeros((BLOCK_D,), tl.int32), bad, mask=col_ok & (bad > 0))
+
+
+@triton.jit
+def row_extent_kernel(x, centre, sumsq, maxabs, m, d, stride, HAS_CENTRE: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+    """Per row of x − μ (float64): the sum of squares and the largest |value|."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < m
+    ss = tl.zeros((BLOCK_R,), dtype=tl.float64)
+    top = tl.zeros((BLOCK_R,), dtype=tl.float64)
+    for c0 in range(0, d, BLOCK_D):
+        cols = c0 + tl.arange(0, BLOCK_D)
+        ok = row_ok[:, None] & (cols < d)[None, :]
+        v = tl.load(x + rows[:, None].to(tl.int64) * stride + cols[None, :], mask=ok, other=0).to(tl.float64)
+        if HAS_CENTRE:
+            v = tl.where(ok, v - tl.load(centre + cols, mask=cols < d, other=0.0)[None, :], 0.0)
+        ss += tl.sum(v * v, axis=1)
+        top = tl.maximum(top, tl.max(tl.abs(v), axis=1))
+    tl.store(sumsq + rows, ss, mask=row_ok)
+    tl.store(maxabs + rows, top, mask=row_ok)
+
+
+@triton.jit
+def scaled_rows_kernel(x, centre, scale, out, m, d, width, stride, out_stride, HAS_CENTRE: tl.constexpr,
+                       BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[:, :width] = float16((x − μ) / s), zeros past column d: the value block of scaled rows."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < m
+    s = tl.load(scale + rows, mask=row_ok, other=1.0)
+    for c0 in range(0, width, BLOCK_D):
+        cols = c0 + tl.arange(0, BLOCK_D)
+        ok = row_ok[:, None] & (cols < d)[None, :]
+        v = tl.load(x + rows[:, None].to(tl.int64) * stride + cols[None, :], mask=ok, other=0).to(tl.float64)
+        if HAS_CENTRE:
+            v = v - tl.load(centre + cols, mask=cols < d, other=0.0)[None, :]
+        v = tl.where(ok, v / s[:, None], 0.0)
+        tl.store(out + rows[:, None].to(tl.int64) * out_stride + cols[None, :], v.to(tl.float32).to(tl.float16),
+                 mask=row_ok[:, None] & (cols < width)[None, :])

@@ -45,7 +45,7 @@ from knng.metrics import (
 )
 
 __all__ = ["fused_available", "screen_block", "select_block", "Survivors", "DOT_PRECISION",
-           "SELECT_TILE"]
+           "SELECT_TILE", "interpreting", "kernels"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -105,8 +105,17 @@ class Survivors(NamedTuple):
     keys: torch.Tensor
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``: CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def kernels():
+    """The module of jitted Triton kernels (``knng.engine._triton_kernels``), imported on first
+    use (Triton must be installed)."""
+    from knng.engine import _triton_kernels
+
+    return _triton_kernels
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +194,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
     """
     if precision in DIGIT_PRECISIONS:
         return _screen_digits(a, b, row_thr, col_thr, row_terms, col_terms, exclude_diagonal, capacity_hint)
-    interpret = _interpreting()
+    interpret = interpreting()
     m, n = a.shape[0], b.shape[0]
     if a.stride(1) != 1 or b.stride(1) != 1:
         raise ValueError("screen_block needs rows stored contiguously")
@@ -240,7 +249,7 @@ def _screen_digits(a: torch.Tensor, b: torch.Tensor, row_thr: torch.Tensor, col_
                    capacity_hint: int | None) -> tuple[Survivors, Survivors | None]:
     """:func:`screen_block` for digit rows ``[h | l | h | s α]``: the digit kernel, whose float32
     steps are :func:`knng.engine.screen.digit_scores`' (its reference)."""
-    interpret = _interpreting()
+    interpret = interpreting()
     kernel = _kernel(interpret)[2]
     m, n = a.shape[0], b.shape[0]
     if a.stride(1) != 1 or b.stride(1) != 1:
@@ -275,7 +284,7 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
     back in it. Rows of ``scores`` must be contiguous. Returns ``(by_row, by_col)`` as
     :func:`screen_block` does (``by_col`` None without ``col_thr``).
     """
-    interpret = _interpreting()
+    interpret = interpreting()
     kernel = _kernel(interpret)[1]
     m, n = scores.shape
     if m and n and scores.stride(1) != 1:
@@ -310,7 +319,7 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
         return empty[0], empty[1] if symmetric else None
     if capacity_hint is None:
         capacity_hint = max(INITIAL_PER_ROW * m, _last_found.get((kind, device), 0) * 5 // 4)
-    floor = 1024 if _interpreting() else min(m * n, LIST_FLOOR)
+    floor = 1024 if interpreting() else min(m * n, LIST_FLOOR)
     capacity = min(max(floor, capacity_hint), MAX_LIST)
     while True:
         counters = torch.zeros(2, dtype=torch.int32, device=device)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, check_finite
+from knng.engine import preparation
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
@@ -207,7 +208,7 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample, metric: Metric, k: int,
                   plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
     """Screen one chunk of queries against every corpus tile into a store of candidates."""
-    prep = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
+    prep = preparation.prepare(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
         raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
                          f"too large to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")

@@ -1,0 +1,106 @@
+"""The corpus pass and the scaled float16 rows as Triton kernels on a GPU.
+
+Their references are the torch steps they replace, which every other device runs:
+:func:`knng.engine.common.corpus_stats`' float64 column sums and finite check, and
+:meth:`knng.metrics.Metric.prepare` for scaled float16 rows. In torch, preparing a 1M × 128
+float32 corpus went through float64 copies of the whole block about ten times (converted,
+shifted, two norms, divided, rounded: 3.7 ms on an H100, and 2.5 ms more for the corpus pass);
+the kernels read the input three times and write the float16 rows once, keeping the float64
+values in registers.
+
+What they compute is the reference's, value for value: the shift x − μ rounds once in float64,
+the scale comes from the same rule (:func:`knng.metrics.scaled_row_scales`) applied to the same
+float64 maxima, the division by a power of two is exact, and the float16 values take the same
+two round-to-nearest-even conversions (float64 → float32 → float16) torch's copy makes. Only the
+float64 sums (a column's total, a row's sum of squares) add in another order; the centre is
+any fixed vector as far as exactness goes, and a norm's last-bit rounding is within the bound's
+safety factor (``docs/EXACTNESS.md``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from knng.engine import fused
+from knng.metrics import (
+    SCALED_TAIL, Metric, Prepared, scaled_alphas, scaled_row_scales, scaled_scales, scaled_width,
+)
+
+__all__ = ["kernels_apply", "column_sums", "prepare"]
+
+#: Rows per program of the corpus pass, and the tile each program walks them in.
+SUM_ROWS, SUM_TILE_ROWS = 2048, 32
+#: Rows per program of the row passes, and the columns each step of a program loads.
+ROW_BLOCK, COLUMN_BLOCK = 32, 128
+#: The same in Triton's interpreter (CPU tests), whose cost is per step, not per value.
+_INTERPRETED = dict(SUM_ROWS=64, SUM_TILE_ROWS=16, ROW_BLOCK=16, COLUMN_BLOCK=16)
+
+
+def kernels_apply(device: torch.device) -> bool:
+    """Whether the kernels run on ``device``: a GPU where the fused screen kernel can run (or,
+    in the tests, any device on which that has been made to answer yes: the interpreter)."""
+    return fused.fused_available(device)
+
+
+def _sizes() -> dict[str, int]:
+    if fused.interpreting():
+        return _INTERPRETED
+    return dict(SUM_ROWS=SUM_ROWS, SUM_TILE_ROWS=SUM_TILE_ROWS, ROW_BLOCK=ROW_BLOCK, COLUMN_BLOCK=COLUMN_BLOCK)
+
+
+def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 column sums of the finite values of a 2-D ``block`` and the number of non-finite
+    values (an int32 tensor on the device: reading it is the caller's one synchronisation)."""
+    kernels = fused.kernels()
+    sizes = _sizes()
+    m, d = block.shape
+    block = block if block.stride(1) == 1 else block.contiguous()
+    programs = max(1, -(-m // sizes["SUM_ROWS"]))
+    partial = torch.empty((programs, d), dtype=torch.float64, device=block.device)
+    nonfinite = torch.zeros(1, dtype=torch.int32, device=block.device)
+    if m and d:
+        grid = (programs, -(-d // sizes["COLUMN_BLOCK"]))
+        kernels.column_sums_kernel[grid](block, partial, nonfinite, m, d, block.stride(0), ROWS=sizes["SUM_ROWS"],
+                                         BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=sizes["COLUMN_BLOCK"])
+    else:
+        partial.zero_()
+    return partial.sum(dim=0), nonfinite[0]
+
+
+def _scaled_kernel_applies(metric: Metric, x: torch.Tensor, dtype: torch.dtype) -> bool:
+    # Normalised and row-centred metrics rescale rows before the shift: their reference only.
+    return (dtype == torch.float16 and not metric.normalize and not metric.centre_rows and x.dim() == 2
+            and not x.is_complex() and kernels_apply(x.device))
+
+
+def prepare(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, *, side: str, symmetric: bool,
+            dtype: torch.dtype = torch.float32) -> Prepared:
+    """:meth:`Metric.prepare`, through the kernels where they apply (scaled float16 rows of a
+    metric that neither normalises nor centres rows, on a device where :func:`kernels_apply`),
+    else the metric's own; the arguments are that method's."""
+    if not _scaled_kernel_applies(metric, x, dtype):
+        return metric.prepare(x, centre, side=side, symmetric=symmetric, dtype=dtype)
+    kernels = fused.kernels()
+    sizes = _sizes()
+    x = x if x.stride(1) == 1 else x.contiguous()
+    m, d = x.shape
+    shift = metric.shifts(side, symmetric) and centre is not None
+    mu = centre.to(device=x.device, dtype=torch.float64).contiguous() if shift else x.new_zeros(1, dtype=torch.float64)
+    sumsq = torch.empty(m, dtype=torch.float64, device=x.device)
+    top = torch.empty(m, dtype=torch.float64, device=x.device)
+    width = scaled_width(d)
+    out = torch.empty((m, width + SCALED_TAIL), dtype=torch.float16, device=x.device)
+    grid = (max(1, -(-m // sizes["ROW_BLOCK"])),)
+    if m:
+        kernels.row_extent_kernel[grid](x, mu, sumsq, top, m, d, x.stride(0), HAS_CENTRE=shift,
+                                        BLOCK_R=sizes["ROW_BLOCK"], BLOCK_D=sizes["COLUMN_BLOCK"])
+    scale = scaled_row_scales(top)
+    if m:
+        kernels.scaled_rows_kernel[grid](x, mu, scale, out, m, d, width, x.stride(0), out.stride(0),
+                                         HAS_CENTRE=shift, BLOCK_R=sizes["ROW_BLOCK"], BLOCK_D=sizes["COLUMN_BLOCK"])
+    out[:, width:].zero_()
+    scaled_scales(out).copy_(scale)
+    scaled_alphas(out).fill_(metric.alpha)
+    norms = torch.sqrt(sumsq)
+    terms, offsets = metric.terms_and_offsets(x, norms, centre, side=side, symmetric=symmetric)
+    return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)

@@ -1,0 +1,157 @@
+"""The preparation kernels (the corpus pass and scaled float16 rows) against their references.
+
+Their contract (``knng.engine.preparation``): the float16 rows, scales and α of
+:meth:`Metric.prepare` bit for bit, its norms, terms and offsets to the last bits of float64
+(sums in another order), and the corpus pass's float64 column sums and non-finite count. On a
+CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``, chosen by conftest.py); on a GPU
+(``pytest -m gpu``) the compiled kernels run the same checks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+from knng._inputs import as_input
+from knng.api import last_report
+from knng.engine import common, fused, preparation
+from knng.metrics import get_metric, scaled_alphas, scaled_scales
+from oracle import assert_exact, oracle_search, smooth_image_patches
+
+pytest.importorskip("triton", reason="the kernels run in Triton's interpreter off a GPU")
+
+_ON_GPU = torch.cuda.is_available()
+DEVICES = [
+    pytest.param("cpu", id="interpreted"),
+    pytest.param("cuda", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _ON_GPU, reason="needs a GPU")]),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request, monkeypatch) -> torch.device:
+    """Where the kernels run: the interpreter on CPU tensors, or a GPU."""
+    if request.param == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is chosen at start only without a GPU")
+        monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    return torch.device(request.param)
+
+
+def _inputs(rng: np.random.Generator, kind: str, m: int, d: int) -> np.ndarray:
+    """Inputs that stress one step: offsets far from zero, flat rows, tiny and huge values."""
+    x = rng.standard_normal((m, d))
+    if kind == "offset":  # a large common offset: the shift rounds, the scale follows the rest
+        x = x + 3e5
+    elif kind == "flat":  # image-like: duplicate and constant rows, exact zeros
+        x[: m // 3] = 7.25
+        x[m // 3: m // 2] = 0.0
+        x[m // 2: m // 2 + 3] = x[:3]
+    elif kind == "tiny":  # scales at the clamp 2⁻¹²⁵ and float16 subnormals
+        x = x * 1e-39
+        x[::3, 0] = 1e-30
+    elif kind == "wide":  # values spanning many binades in one row (float16 underflows some)
+        x = x * np.exp2(rng.integers(-30, 30, size=(m, d)))
+    return x
+
+
+def _assert_prepared_alike(got, want):
+    assert got.vectors.shape == want.vectors.shape and got.vectors.dtype == want.vectors.dtype
+    assert torch.equal(got.vectors.view(torch.int16), want.vectors.view(torch.int16)), "float16 rows differ"
+    torch.testing.assert_close(got.norms, want.norms, rtol=1e-14, atol=0.0)
+    for mine, theirs in ((got.terms, want.terms), (got.offsets, want.offsets)):
+        assert (mine is None) == (theirs is None)
+        if mine is not None:
+            torch.testing.assert_close(mine, theirs, rtol=1e-13, atol=1e-300)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "offset", "flat", "tiny", "wide"])
+@pytest.mark.parametrize("m,d", [(37, 11), (64, 128), (5, 130), (1, 1), (0, 9)])
+@pytest.mark.parametrize("metric_name,side,symmetric", [
+    ("euclidean", "corpus", False), ("euclidean", "query", False), ("sqeuclidean", "query", True),
+    ("inner_product", "corpus", False), ("inner_product", "query", False),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scaled_rows_match_the_reference(device, rng, kind, m, d, metric_name, side, symmetric, dtype):
+    metric = get_metric(metric_name)
+    raw = torch.from_numpy(_inputs(rng, kind, m, d)).to(device=device, dtype=dtype)
+    centre = raw.to(torch.float64).mean(dim=0) if m else torch.zeros(d, dtype=torch.float64, device=device)
+    for mu in (centre, None):
+        got = preparation.prepare(metric, raw, mu, side=side, symmetric=symmetric, dtype=torch.float16)
+        want = metric.prepare(raw, mu, side=side, symmetric=symmetric, dtype=torch.float16)
+        _assert_prepared_alike(got, want)
+        assert torch.equal(scaled_scales(got.vectors), scaled_scales(want.vectors))
+        assert torch.equal(scaled_alphas(got.vectors), scaled_alphas(want.vectors))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.uint8])
+def test_scaled_rows_from_narrow_inputs(device, rng, dtype):
+    """Image bytes and half-precision inputs convert to float64 exactly, as in the reference."""
+    metric = get_metric("euclidean")
+    raw = torch.from_numpy(rng.integers(0, 256, size=(45, 70))).to(device=device, dtype=dtype)
+    centre = raw.to(torch.float64).mean(dim=0)
+    got = preparation.prepare(metric, raw, centre, side="corpus", symmetric=True, dtype=torch.float16)
+    _assert_prepared_alike(got, metric.prepare(raw, centre, side="corpus", symmetric=True, dtype=torch.float16))
+
+
+def test_non_contiguous_rows(device, rng):
+    metric = get_metric("euclidean")
+    raw = torch.from_numpy(rng.standard_normal((40, 60))).to(device)[:, ::2]
+    got = preparation.prepare(metric, raw, None, side="corpus", symmetric=False, dtype=torch.float16)
+    _assert_prepared_alike(got, metric.prepare(raw, None, side="corpus", symmetric=False, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("metric_name,dtype", [("cosine", torch.float16), ("euclidean", torch.float32),
+                                               ("pearson", torch.float16)])
+def test_other_layouts_take_the_reference(device, rng, metric_name, dtype):
+    metric = get_metric(metric_name)
+    raw = torch.from_numpy(rng.standard_normal((20, 9))).to(device)
+    got = preparation.prepare(metric, raw, None, side="query", symmetric=False, dtype=dtype)
+    want = metric.prepare(raw, None, side="query", symmetric=False, dtype=dtype)
+    assert torch.equal(got.vectors, want.vectors) and torch.equal(got.norms, want.norms)
+
+
+@pytest.mark.parametrize("m,d", [(1, 1), (100, 7), (300, 33), (0, 5)])
+def test_column_sums(device, rng, m, d):
+    x = rng.standard_normal((m, d)) * 10.0 ** rng.integers(-3, 4, size=(m, d))
+    sums, nonfinite = preparation.column_sums(torch.from_numpy(x).to(device=device, dtype=torch.float32))
+    want = x.astype(np.float32).astype(np.float64).sum(axis=0)
+    np.testing.assert_allclose(sums.cpu().numpy(), want, rtol=1e-12, atol=1e-12)
+    assert int(nonfinite) == 0
+
+
+def test_column_sums_count_nan_and_inf(device):
+    x = torch.zeros((200, 6), device=device)
+    x[3, 1], x[150, 5], x[199, 0] = torch.nan, torch.inf, -torch.inf
+    sums, nonfinite = preparation.column_sums(x)
+    assert int(nonfinite) == 3
+    assert torch.isfinite(sums).all()
+
+
+def test_corpus_pass_names_the_first_bad_row(device):
+    x = torch.ones((500, 4), device=device)
+    x[321, 2] = torch.nan
+    with pytest.raises(ValueError, match=r"data contains NaN or Inf \(first in row 321\)"):
+        common.corpus_stats(as_input(x, "data"), get_metric("euclidean"), device, symmetric=True,
+                            block_rows=128)
+
+
+def test_search_prepared_by_the_kernels(device, rng, monkeypatch):
+    """A float16 search whose corpus and queries the kernels prepared (screened by the
+    interpreted Triton kernel, or on a GPU by the CUDA one) is exact; far from the origin, with ties."""
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
+    calls = []
+    real = preparation.prepare
+    monkeypatch.setattr(preparation, "prepare", lambda *a, **k: calls.append(1) or real(*a, **k))
+    c = smooth_image_patches(rng, 300, side=4).astype(np.float32) + 1000.0
+    c[200:220] = c[:20]
+    q = c[::7] + rng.standard_normal((len(c[::7]), 16)).astype(np.float32)
+    data = (torch.from_numpy(q).to(device), torch.from_numpy(c).to(device))
+    got = knng.search(*data, 9, device=device, memory_budget="4MB")
+    assert calls and last_report().screen_dtype == "float16"
+    assert_exact(got, oracle_search(q, c, 9))
