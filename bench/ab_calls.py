@@ -6,8 +6,7 @@ ignored folder), so that drift between runs shows::
     for i in 1 2; do PYTHONPATH=old/src python bench/ab_calls.py old; PYTHONPATH=src python bench/ab_calls.py new; done
 
 Cases: searches of 1M × 128 (k = 10, 100) and 1M × 960 (k = 10) Gaussian points with 10k
-queries at TF32, and graphs of 200k × 128 at k = 10 with the float32 and TF32 screens (the
-planner's precision is overridden).
+queries, and a graph of 200k × 128 at k = 10, each in the planner's own precision.
 """
 
 import sys
@@ -16,7 +15,7 @@ import time
 import torch
 
 import knng
-import knng.engine.plan as plan
+import knng.api
 
 tag = sys.argv[1] if len(sys.argv) > 1 else "knng"
 dev = torch.device("cuda")
@@ -26,13 +25,11 @@ q = torch.randn((10_000, 128), device=dev, generator=gen)
 x960 = torch.randn((1_000_000, 960), device=dev, generator=gen)
 q960 = torch.randn((10_000, 960), device=dev, generator=gen)
 g = x[:200_000].clone()
-cases = [("search128 tf32 k=10", "tf32", lambda: knng.search(q, x, 10)),
-         ("search128 tf32 k=100", "tf32", lambda: knng.search(q, x, 100)),
-         ("search960 tf32 k=10", "tf32", lambda: knng.search(q960, x960, 10)),
-         ("graph200k f32 k=10", "float32", lambda: knng.graph(g, 10)),
-         ("graph200k tf32 k=10", "tf32", lambda: knng.graph(g, 10))]
-for name, precision, call in cases:
-    plan.choose_screen_precision = lambda *a, _p=precision, **kw: _p
+cases = [("search128 k=10", lambda: knng.search(q, x, 10)),
+         ("search128 k=100", lambda: knng.search(q, x, 100)),
+         ("search960 k=10", lambda: knng.search(q960, x960, 10)),
+         ("graph200k k=10", lambda: knng.graph(g, 10))]
+for name, call in cases:
     call()
     times = []
     for _ in range(5):
@@ -41,4 +38,5 @@ for name, precision, call in cases:
         call()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    print(f"{tag} {name:22} min {min(times) * 1e3:7.1f} ms  median {sorted(times)[2] * 1e3:7.1f}", flush=True)
+    print(f"{tag} {name:22} min {min(times) * 1e3:7.1f} ms  median {sorted(times)[2] * 1e3:7.1f}  "
+          f"({knng.api.last_report().screen_dtype})", flush=True)

@@ -1,6 +1,6 @@
 """A chrome trace (torch.profiler) of one TF32 search of 1M × 128 Gaussian points, 10k queries
-(or, with ``--graph N --precision P``, one graph of N × 128 points), with the stores' ``flush``
-and ``finish`` marked (``STAGE_flush``, ``STAGE_finish``), and a summary of each marked stage:
+(or, with ``--graph N --precision P``, one graph of N × 128 points), with the stores' ``flush``,
+``finish``, ``_take_last`` and ``_evaluate_rows`` marked (``STAGE_flush``, ...), and a summary of each marked stage:
 host time, GPU kernel time and launches inside it, the torch operations that took the most
 host time and the GPU kernels that took the most time. Usage (GPU machine)::
 
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--precision", default="tf32")
     args = ap.parse_args()
     k, out = args.k, args.out
-    for name in ("flush", "finish"):
+    for name in ("flush", "finish", "_take_last", "_evaluate_rows"):
         marked(name)
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)

@@ -38,6 +38,7 @@ from knng.distributed.checkpoint import DistributedCheckpoint
 from knng.distributed.comm import Comm
 from knng.distributed.plan import BlockPlan
 from knng.distributed.shards import all_gather_rows, common_centre
+from knng.engine import preparation
 from knng.engine.common import PreparedCorpus, full_precision, recover_from_oom
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.frames import Tile
@@ -259,8 +260,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
 
             def prepare_rows(a: int, b: int, raw: torch.Tensor | None = None) -> torch.Tensor:
                 raw = data.rows(a, b) if raw is None else raw
-                return metric.prepare(raw.to(device, non_blocking=True), centre, side="corpus", symmetric=True,
-                                      dtype=dtype).vectors
+                return preparation.prepare(metric, raw.to(device, non_blocking=True), centre, side="corpus",
+                                           symmetric=True, dtype=dtype).vectors
 
             width = metric.width(d, device, dtype)
             gathers: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -545,7 +546,8 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
         p0, p1 = plan.parts[j]
         comm.status(f"preparing part {j} (rows {p0}–{p1})")
         raw = data.rows(p0, p1)
-        prep = metric.prepare(raw.to(device, non_blocking=True), centre, side="corpus", symmetric=True, dtype=dtype)
+        prep = preparation.prepare(metric, raw.to(device, non_blocking=True), centre, side="corpus", symmetric=True,
+                                   dtype=dtype)
         norms[p0:p1] = prep.norms
         if terms is not None:
             terms[p0:p1] = prep.terms

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from knng._inputs import InputArray
+from knng.engine import preparation
 from knng.engine.exact import exact_pairs, sort_by_distance_then_index
 from knng.metrics import Metric
 
@@ -169,8 +170,17 @@ def common_centre(blocks: Iterable[tuple[int, torch.Tensor]], n: int, d: int, na
     """
     total = torch.zeros(d, dtype=torch.float64, device=device)
     first_bad = n
+    kernel = preparation.kernels_apply(device)
     for start, block in blocks:
         block = block.to(device, non_blocking=True)
+        if kernel and block.dim() == 2:  # one read for both (knng.engine.preparation.column_sums)
+            sums, nonfinite = preparation.column_sums(block)
+            if int(nonfinite):
+                finite = torch.isfinite(block).all(dim=1)
+                first_bad = min(first_bad, start + int(torch.nonzero(~finite)[0, 0]))
+            if need_mean:
+                total += sums
+            continue
         if block.dtype not in (torch.uint8, torch.int8):
             finite = torch.isfinite(block).all(dim=1)
             if not bool(finite.all()):

@@ -21,7 +21,8 @@ from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
-    "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "available_ram",
+    "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
+    "available_ram",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD",
 ]
@@ -191,6 +192,14 @@ GPU_MAX_PART = 16384
 GPU_SAMPLE = 65536
 CPU_SAMPLE = 1024
 SAMPLE_PER_K = 16
+#: On a GPU the sample grows with k from GPU_MIN_SAMPLE to GPU_SAMPLE (GPU_SAMPLE_PER_K columns
+#: per neighbour): at small k the first tile's tightening (the k-th of 262,144 columns) makes up
+#: for a looser start, and the sample's product and selection cost in proportion to its width.
+#: 1M × 128, 10k queries, float16, k = 10, H100 (2026-11-24): 16,384 columns let 220 pairs per
+#: row through instead of 82 and the call took 26.7–28.5 ms instead of 28.9–34.5; at k = 100 a
+#: 16,384-column sample let 2,156 pairs per row through and lost (61.6 ms against 55.3).
+GPU_MIN_SAMPLE = 16384
+GPU_SAMPLE_PER_K = 1024
 #: Widest corpus tile of a search on a GPU: the stores tighten between tiles, so several
 #: tiles per pass keep later tiles' survivors near k (one 1M-wide tile let ~k·n/m through).
 GPU_SEARCH_COLS = 1 << 18
@@ -435,6 +444,22 @@ def store_capacity(k: int, available: int) -> int:
     return int(min(available, k + max(8, k // 4)))
 
 
+#: A search's store capacity on a GPU: GPU_SEARCH_CAPACITY_PER_K·k + GPU_SEARCH_CAPACITY_EXTRA. A
+#: GPU's store update costs its launches, not its width; with room for the near-ties no row
+#: has to evaluate them exactly before the finish (1M × 128, 10k queries, float16, k = 10,
+#: H100, 2026-11-24: k + 8 left 17 rows overflowing, 2k + 16 none; 28.9–29.7 ms against
+#: 34.5–36.9; 4k + 32 30.2–33.1).
+GPU_SEARCH_CAPACITY_PER_K = 2
+GPU_SEARCH_CAPACITY_EXTRA = 16
+
+
+def search_capacity(k: int, available: int, device: torch.device) -> int:
+    """A search's candidates per row: :func:`store_capacity` on a CPU, wider on a GPU."""
+    if device.type == "cuda":
+        return int(min(available, GPU_SEARCH_CAPACITY_PER_K * k + GPU_SEARCH_CAPACITY_EXTRA))
+    return store_capacity(k, available)
+
+
 #: Survivors a store lets wait before it takes them in (CPU, GPU): one store update is a few
 #: dozen operations whatever its size. Measured, 200,000 × 128 graph, k = 10, H100 (ms,
 #: float32 / TF32): 2¹⁷ 646 / 840, 2²⁰ 712 / 931, 2²² 589 / 674; 2 CPU cores, 64,009 × 64
@@ -470,7 +495,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
         budget = min(budget, host_budget)
     precision = resolve_precision(screen_dtype, device, n_corpus, d, k)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
-    capacity = store_capacity(k, n_corpus)
+    capacity = search_capacity(k, n_corpus, device)
     max_cols = GPU_SEARCH_COLS if device.type == "cuda" else None
     if device.type == "cuda":
         # A streamed corpus's tiles pass through pinned host buffers (READ_AHEAD + 1 of them).
@@ -478,7 +503,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=max_cols)
     read_rows = _read_rows(host_budget, d, max(READ_ROWS, tiles.corpus_cols))
-    base = GPU_SAMPLE if device.type == "cuda" else CPU_SAMPLE
+    base = min(GPU_SAMPLE, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else CPU_SAMPLE
     vector = d * element + 24
     # The sample's prepared vectors and its score block take at most an eighth of the budget.
     fit = budget // 8 // (vector + tiles.query_rows * element)
