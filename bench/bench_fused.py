@@ -8,7 +8,7 @@ Two parts, each printing a markdown table last and writing JSON (``--out``):
     torch's bfloat16 matrix product of the same shape (which writes its output) and the
     datasheet peaks.
 ``--part engine``  ``knng.search`` / ``knng.graph`` on the workloads of the issue, per screen
-    precision (the planner's choice is overridden), with ``faiss.knn_gpu`` (if importable) and
+    precision (the planner's choice is overridden; ``auto`` keeps it), with ``faiss.knn_gpu`` (if importable) and
     torch mm + topk in the same process on the same data; wall time (median of ``--repeats``
     after a warm-up), pairs screened per row and exact evaluations per row; every knng result
     is checked exact on 256 rows against a float64 oracle by differences.
@@ -171,7 +171,9 @@ def engine_part(args) -> list[dict]:
     original = plan_module.choose_screen_precision
 
     def run_knng(fn, precision):
-        plan_module.choose_screen_precision = lambda *a, **k: precision
+        # "auto": the planner's own choice (recorded in the row as "screen_dtype").
+        if precision != "auto":
+            plan_module.choose_screen_precision = lambda *a, **k: precision
         try:
             return timed(fn, args.repeats)
         finally:
@@ -192,7 +194,7 @@ def engine_part(args) -> list[dict]:
                 t, res = run_knng(lambda: knng.search(q, c, k), p)
                 rep = last_report()
                 row["knng"][p] = {"ms": 1e3 * statistics.median(t), "screened_per_row": rep.screened_per_row,
-                                  "evaluations_per_row": rep.evaluations_per_row,
+                                  "evaluations_per_row": rep.evaluations_per_row, "screen_dtype": rep.screen_dtype,
                                   "tflops_bf16_equiv": 2.0 * n * nq * d / statistics.median(t) / 1e12,
                                   "exact": check_exact(q, c, res, seed=k)}
                 del res
@@ -213,6 +215,7 @@ def engine_part(args) -> list[dict]:
                 rep = last_report()
                 row["knng"][p] = {"ms": 1e3 * statistics.median(t), "screened_per_row": rep.screened_per_row,
                                   "evaluations_per_row": rep.evaluations_per_row, "parts": rep.parts,
+                                  "screen_dtype": rep.screen_dtype,
                                   "tflops_bf16_equiv": 1.0 * n * n * d / statistics.median(t) / 1e12,
                                   "exact": check_exact(x, x, res, exclude_self=True, seed=k)}
                 del res
