@@ -318,8 +318,9 @@ def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d
     assert plan.choose_screen_precision(gpu, 1_000_000, 64, 128) == "float16"
     assert plan.choose_screen_precision(gpu, 1_000_000, 63, 17) == "float32"  # below the dimensions measured
     assert plan.choose_screen_precision(gpu, 1_000_000, 8, 16) == "tf32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 129) == "float32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 4096, 129) == "float32"  # past the widest k measured
+    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 129) == "float16"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 4096) == "float16"  # any k short of float64's rule
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 16384) == "float64"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float16"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 17, operation="graph") == "float32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 64, 10, operation="graph") == "float32"  # 8x8 patches

@@ -326,26 +326,26 @@ class EnginePlan:
         return asdict(self)
 
 
-#: A search screens in TF32 (the fused kernel) when k ≤ FUSED_SEARCH_MAX_K, or when d ≥
-#: FUSED_SEARCH_MIN_D and k ≤ FUSED_SEARCH_WIDEST_K: the product it saves grows with d, the
-#: survivors its wider bound lets through grow with k. Measured on an H100 (2026-11-23, later,
-#: 10k queries against 1M Gaussian points, one call each, ``bench/stage_times.py``; TF32 /
-#: float32 ms): d = 64, k = 32 66 / 97, k = 100 90 / 87, k = 300 121 / 117; d = 128, k = 32
-#: 78 / 103, k = 100 111 / 115, k = 300 143 / 170; d = 256, k = 32 90 / 187, k = 100 116 /
-#: 173, k = 300 200 / 199; d = 960, k = 100 249 / 504 (``docs/BENCHMARKS.md``, "Digit
-#: screens, seeded in float32"). The earlier rule (k ≤ max(16, d / 8)) predates the one-sort
-#: store update and left k = 32 at d = 128 25 % slower. Below d = 64 nothing was measured.
-#: Graphs were slower in TF32 at every k measured (200k × 128: 360 / 320 ms at k = 10, 1,088 /
-#: 597 at k = 100).
+#: Below FLOAT16_SEARCH_MIN_D a search screens in TF32 (the fused kernel) when k ≤
+#: FUSED_SEARCH_MAX_K. Measured on an H100 (2026-11-23, 10k queries against 1M Gaussian points,
+#: one call each, ``bench/stage_times.py``; TF32 / float32 ms), before float16 took d ≥ 64 over:
+#: d = 64, k = 32 66 / 97, k = 100 90 / 87, k = 300 121 / 117; d = 128, k = 32 78 / 103, k = 100
+#: 111 / 115, k = 300 143 / 170; d = 256, k = 32 90 / 187, k = 100 116 / 173, k = 300 200 / 199;
+#: d = 960, k = 100 249 / 504 (``docs/BENCHMARKS.md``, "Digit screens, seeded in float32").
+#: Below d = 64 nothing was measured. Graphs were slower in TF32 at every k measured (200k ×
+#: 128: 360 / 320 ms at k = 10, 1,088 / 597 at k = 100).
 FUSED_SEARCH_MAX_K = 16
-FUSED_SEARCH_MIN_D = 64
-FUSED_SEARCH_WIDEST_K = 128
 #: Where the fused rule above holds, scaled float16 instead of TF32 from this dimension on: its
 #: bound is half of TF32's (fewer pairs screened), its CUDA C kernel (``engine/cuda_screen.py``)
 #: screens 10,000 × 1M × 128 in 14.6 ms where TF32's Triton kernel takes 22.9, and its survivors
 #: cost a vote each. H100, 2026-11-24, 1M points, 10k queries (``bench/bench_fused.py --part
 #: engine``; float16 / TF32 ms): d = 128, k = 100 86.3 / 110.2; d = 960, k = 10 151.8 / 177.8,
-#: k = 100 203.9 / 258.7. Below d = 64 nothing was measured.
+#: k = 100 203.9 / 258.7. Below d = 64 nothing was measured. From this dimension a search
+#: screens in float16 at every k short of the float64 rule: once the finish took the last
+#: survivors in without the store's capacity, it beat float32 at large k too (1M × 128, 10k
+#: queries, H100, 2026-11-24, alternating fresh processes, ``bench/ab_precision.py``; float16 /
+#: float32 ms): k = 1,024 150, 149 / 270, 272; k = 2,048 258, 256 / 400, 396; k = 4,096 500, 504 /
+#: 653, 652 (k = 16,384, where the float64 rule holds: float64 1,578, 1,544 / float16 1,887, 1,896).
 FLOAT16_SEARCH_MIN_D = 64
 #: Graphs screen in float16 up to this k and from this d, float32 otherwise: their stores take in
 #: every survivor of both sides, and at k = 100 float16's (801 per row against float32's 409)
@@ -365,10 +365,9 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     float64 on GPUs whose float64 products run at the float32 rate (A100, H100/H200, B200) once
     k·d outweighs the row length n — after a float32 screen every candidate a row keeps is
     evaluated from the input vectors (k·d values read per row), while a float64 screen pins most
-    distances down by itself. Else, on a GPU where the fused kernel runs, TF32 for a search with
-    k ≤ :data:`FUSED_SEARCH_MAX_K`, or d ≥ :data:`FUSED_SEARCH_MIN_D` and k ≤
-    :data:`FUSED_SEARCH_WIDEST_K` — in scaled float16 from d ≥ :data:`FLOAT16_SEARCH_MIN_D`,
-    where its tighter bound and faster products beat TF32 — and for a graph with k ≤
+    distances down by itself. Else, on a GPU where the fused kernel runs, scaled float16 for a
+    search from d ≥ :data:`FLOAT16_SEARCH_MIN_D` (any k), and below it TF32 for a search with
+    k ≤ :data:`FUSED_SEARCH_MAX_K`; float16 for a graph with k ≤
     :data:`FLOAT16_GRAPH_MAX_K` at d ≥ :data:`FLOAT16_GRAPH_MIN_D`; float32 otherwise. On a CPU float64
     from k·d ≥ n/8 (its products cost twice float32 ones), else float32.
 
@@ -385,9 +384,10 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
             return "float64"
-        fused_k = k <= FUSED_SEARCH_MAX_K or (d >= FUSED_SEARCH_MIN_D and k <= FUSED_SEARCH_WIDEST_K)
-        if operation == "search" and fused_k and fused_available(device):
-            return "float16" if d >= FLOAT16_SEARCH_MIN_D else "tf32"
+        if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and fused_available(device):
+            return "float16"
+        if operation == "search" and k <= FUSED_SEARCH_MAX_K and fused_available(device):
+            return "tf32"
         if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_GRAPH_MIN_D and fused_available(device):
             return "float16"
         return "float32"
