@@ -720,10 +720,10 @@ class CandidateStore:
     def finish(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact top k of ``rows`` (default all): int64 indices, float64 distances, (m, k).
 
-        The finish of every row (``rows`` None) takes what is pending in as the last step
-        (:meth:`_take_last`); a finish of some rows flushes as usual (the others go on).
+        The screen is over once a finish begins: what is pending is taken in as the last step
+        (:meth:`_take_last`), or flushed where the widened store would not fit.
         """
-        if rows is not None or not self._pending or not self._take_last():
+        if self._pending and not self._take_last():
             self.flush()
         rows = torch.arange(self.n, device=self.device) if rows is None else rows
         block = _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
