@@ -42,17 +42,24 @@ def main() -> None:
 
     rows, device = search_rows(args.files, args.d)
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    labels: list[tuple[int, float, str]] = []
     for r in rows:
         for name, key in (("FAISS knn_gpu (float32)", "faiss_ms"), ("torch mm + topk (float32)", "torch_ms")):
             value = r.get(key)
             if value is not None and not math.isnan(value):
                 series[name].append((r["k"], value))
         for precision, run in r["knng"].items():
-            series[f"knng, {precision} screen (exact)"].append((r["k"], run["ms"]))
+            # "auto": the planner's precision, which can change with k (each point is labelled).
+            name = "knng, the planner's screen (exact)" if precision == "auto" else f"knng, {precision} screen (exact)"
+            series[name].append((r["k"], run["ms"]))
+            if precision == "auto":
+                labels.append((r["k"], run["ms"], run.get("screen_dtype", "")))
     fig, ax = plt.subplots(figsize=(7, 5))
     for name, points in series.items():
         ks, ms = zip(*sorted(points))
         ax.plot(ks, ms, marker="o", label=name, linestyle="--" if not name.startswith("knng") else "-")
+    for k, ms, dtype in labels:
+        ax.annotate(dtype, (k, ms), textcoords="offset points", xytext=(4, -10), fontsize=7)
     shape = rows[0]
     ax.set(xscale="log", yscale="log", xlabel="k", ylabel="time (ms)",
            title=f"search {shape['n']:,} × {args.d}, {shape['nq']:,} queries\n{device}")

@@ -130,3 +130,24 @@ def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     report = last_report()
     assert report is not None and report.screen_dtype == request.param, (
         f"the engine did not screen in {request.param}: {report}")
+
+
+@pytest.fixture(params=[
+    pytest.param("cpu", id="interpreted"),
+    pytest.param("cuda", id="gpu", marks=[pytest.mark.gpu]),
+])
+def kernel_device(request, monkeypatch):
+    """Where a Triton kernel of the engine runs in a test: Triton's interpreter on CPU tensors
+    (``fused_available`` made to answer yes), or a GPU (``-m gpu``)."""
+    import torch
+
+    from knng.engine import fused
+
+    pytest.importorskip("triton", reason="the kernels run in Triton's interpreter off a GPU")
+    if request.param == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is chosen at start only without a GPU")
+        monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    elif not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    return torch.device(request.param)

@@ -9,7 +9,6 @@ CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``, chosen by conftest
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -18,27 +17,16 @@ import torch
 import knng
 from knng._inputs import as_input
 from knng.api import last_report
-from knng.engine import common, fused, preparation
+from knng.engine import common, preparation
 from knng.metrics import get_metric, scaled_alphas, scaled_scales
 from oracle import assert_exact, oracle_search, smooth_image_patches
 
 pytest.importorskip("triton", reason="the kernels run in Triton's interpreter off a GPU")
 
-_ON_GPU = torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", id="interpreted"),
-    pytest.param("cuda", id="gpu", marks=[pytest.mark.gpu, pytest.mark.skipif(not _ON_GPU, reason="needs a GPU")]),
-]
 
-
-@pytest.fixture(params=DEVICES)
-def device(request, monkeypatch) -> torch.device:
-    """Where the kernels run: the interpreter on CPU tensors, or a GPU."""
-    if request.param == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            pytest.skip("Triton's interpreter is chosen at start only without a GPU")
-        monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    return torch.device(request.param)
+@pytest.fixture
+def device(kernel_device) -> torch.device:
+    return kernel_device
 
 
 def _inputs(rng: np.random.Generator, kind: str, m: int, d: int) -> np.ndarray:

@@ -289,3 +289,25 @@ def scaled_rows_kernel(x, centre, scale, out, m, d, width, stride, out_stride, H
         v = tl.where(ok, v / s[:, None], 0.0)
         tl.store(out + rows[:, None].to(tl.int64) * out_stride + cols[None, :], v.to(tl.float32).to(tl.float16),
                  mask=row_ok[:, None] & (cols < width)[None, :])
+
+
+# --------------------------------------------------------------------------- exact evaluation
+@triton.jit
+def pair_squares_kernel(x, rows, y, cols, out, P, d, stride_x, stride_y, BLOCK_P: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """out[p] = Σ (x[rows[p]] − y[cols[p]])² in float64, by differences (both rows converted to
+    float64 exactly first, as ``Metric.exact`` does): the exact evaluation of pairs without the
+    gathered float64 copies of their rows."""
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    ok = p < P
+    r = tl.load(rows + p, mask=ok, other=0).to(tl.int64)
+    c = tl.load(cols + p, mask=ok, other=0).to(tl.int64)
+    acc = tl.zeros((BLOCK_P,), dtype=tl.float64)
+    for d0 in range(0, d, BLOCK_D):
+        dims = d0 + tl.arange(0, BLOCK_D)
+        m = ok[:, None] & (dims < d)[None, :]
+        a = tl.load(x + r[:, None] * stride_x + dims[None, :], mask=m, other=0).to(tl.float64)
+        b = tl.load(y + c[:, None] * stride_y + dims[None, :], mask=m, other=0).to(tl.float64)
+        diff = a - b
+        acc += tl.sum(diff * diff, axis=1)
+    tl.store(out + p, acc, mask=ok)
