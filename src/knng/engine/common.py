@@ -225,11 +225,14 @@ class PreparedCorpus:
             return self.resident[start:stop]
         return self._prepare(self.corpus.rows(start, stop)).vectors
 
-    def tiles(self, step: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+    def tiles(self, step: int, rest_at_once: bool = False) -> Iterator[tuple[int, int, torch.Tensor]]:
         """Every tile of ``step`` rows in order, ``(start, stop, prepared rows)``: a streamed
         corpus is read :data:`READ_AHEAD` tiles ahead by a background thread, so that the
-        reads overlap the screen of the tiles before."""
+        reads overlap the screen of the tiles before. ``rest_at_once``: a resident corpus
+        comes as its first tile and then everything after it as one."""
         ranges = [(start, min(self.corpus.n, start + step)) for start in range(0, self.corpus.n, step)]
+        if rest_at_once and self.resident is not None and len(ranges) > 2:
+            ranges = [ranges[0], (ranges[1][0], self.corpus.n)]
         if self.resident is not None:
             for start, stop in ranges:
                 yield start, stop, self.resident[start:stop]

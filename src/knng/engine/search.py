@@ -23,7 +23,7 @@ from knng.engine.common import (
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
-from knng.engine.screen import block_scores, screen_rows
+from knng.engine.screen import block_scores, screen_rows, use_kernel
 from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
 from knng.engine.thresholds import sample_columns, seed_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
@@ -51,6 +51,13 @@ TF32_EXACT_SAMPLES = frozenset({"tf32", "float16"})
 #: k = 10: 143 pairs per row without, 65 with. On a CPU (64k × 64, 10k queries) the tiles are
 #: narrower than the sample and nothing changed (135 pairs per row either way).
 TIGHTEN_ON = frozenset({"cuda"})
+
+
+#: After the first tile, a kernel screen (no score block) takes the rest of a resident corpus in
+#: one launch instead of tiles of the plan's width: each tile costs its thresholds, its lists and
+#: a synchronisation (1M × 128, 10k queries, float16, H100: four tiles of 2¹⁸ took 10–12 ms of
+#: screen where the kernel alone takes 7.6).
+REST_AT_ONCE = True
 
 
 @dataclass
@@ -228,7 +235,10 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
     _seed_from_sample(store, raw, prep, pcorpus, sample, metric, k, select, device)
     terms = pcorpus.terms32
-    for c0, c1, tile in pcorpus.tiles(cols_per_tile):
+    # A kernel screen writes no score block: once the first tile's survivors have tightened the
+    # thresholds, the rest of a resident corpus goes in one launch (REST_AT_ONCE).
+    rest_at_once = REST_AT_ONCE and use_kernel(precision, device) and device.type in TIGHTEN_ON
+    for c0, c1, tile in pcorpus.tiles(cols_per_tile, rest_at_once=rest_at_once):
         maxima = pcorpus.maxima(c0, c1)
         found = screen_rows(prep.vectors, tile, corpus.d, store.screen_thresholds(rows, *maxima), precision,
                             col_terms=None if terms is None else terms[c0:c1])
