@@ -288,6 +288,21 @@ def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, mon
     assert kernel_on_cpu
 
 
+def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
+    """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART."""
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(plan, "fused_available", lambda device: True)
+    kw = dict(n=1_000_000, d=128, k=10, metric="euclidean", device=torch.device("cuda", 0), budget=60 * 2**30,
+              include_self=False, host_budget=64 * 2**30)
+    assert plan.make_graph_plan(**kw).screen_precision == "float16"
+    assert plan.make_graph_plan(**kw).part_size == plan.GPU_KERNEL_MAX_PART
+    assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == plan.GPU_MAX_PART
+    monkeypatch.setattr(plan, "fused_available", lambda device: False)
+    assert plan.make_graph_plan(**kw, screen_dtype="float16").part_size == plan.GPU_MAX_PART
+
+
 @pytest.mark.parametrize("precision", [n for n, p in PRECISIONS.items() if p.fused])
 @pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
 def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rng, monkeypatch):
