@@ -186,11 +186,14 @@ CPU_MAX_PART = 2048
 GPU_MAX_PART = 16384
 #: Largest graph part on a GPU whose screen is a kernel (no score block in memory): fewer, larger
 #: blocks pay the per-block host work (thresholds, lists, a synchronisation, the stores'
-#: updates) fewer times, though each row's threshold tightens less often in between. Float16,
-#: k = 10, H100, 2026-11-24, alternating fresh processes, parts of 16,384 / 32,768 / 65,536
-#: (ms): 1M × 128 3,071, 2,912 / 2,001, 2,042 / 1,627, 1,453 (median pairs screened per row 113 /
-#: 146 / 218); 200k × 128 206, 223 / 162, 188 / 200, 166.
-GPU_KERNEL_MAX_PART = 65536
+#: updates) fewer times, though each row's threshold tightens less often in between, and a
+#: part's own block is seeded from a sample of it only. Float16, k = 10, H100, 2026-11-24,
+#: alternating fresh processes, parts of 16,384 / 32,768 / 65,536 (ms): 1M × 128 3,071, 2,912 /
+#: 2,001, 2,042 / 1,627, 1,453 (median pairs screened per row 113 / 146 / 218); 200k × 128 206,
+#: 223 / 162, 188 / 200, 166; 16×16 image patches (249,551 × 256, ``bench/bench_patches.py``'s)
+#: 483, 393, 397, 452 / 346, 347 / 537, 511 — their flat regions' near-ties (p99 pairs screened
+#: per row 1,658 / 3,001 / 5,100) make the largest parts lose there.
+GPU_KERNEL_MAX_PART = 32768
 
 
 #: Columns of a search's random sample for the first thresholds. A sample of m columns lets
