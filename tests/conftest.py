@@ -151,3 +151,16 @@ def kernel_device(request, monkeypatch):
     elif not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     return torch.device(request.param)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """``spy(owner, name)``: wrap ``owner.name`` so that every call is counted in the list it
+    returns (and still runs)."""
+    def watch(owner, name: str) -> list:
+        calls: list = []
+        real = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+        return calls
+
+    return watch

@@ -127,15 +127,13 @@ def test_corpus_pass_names_the_first_bad_row(device):
                             block_rows=128)
 
 
-def test_search_prepared_by_the_kernels(device, rng, monkeypatch):
+def test_search_prepared_by_the_kernels(device, rng, monkeypatch, spy):
     """A float16 search whose corpus and queries the kernels prepared (screened by the
     interpreted Triton kernel, or on a GPU by the CUDA one) is exact; far from the origin, with ties."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
-    calls = []
-    real = preparation.prepare
-    monkeypatch.setattr(preparation, "prepare", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = spy(preparation, "prepare")
     c = smooth_image_patches(rng, 300, side=4).astype(np.float32) + 1000.0
     c[200:220] = c[:20]
     q = c[::7] + rng.standard_normal((len(c[::7]), 16)).astype(np.float32)

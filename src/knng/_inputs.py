@@ -18,7 +18,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-__all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite", "READ_AHEAD"]
+__all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite", "first_nonfinite_row",
+           "READ_AHEAD"]
 
 #: Blocks of a lazy input read ahead by a background thread while the engine works on the
 #: current one (two: one being read, one waiting, as in the papers' double buffering).
@@ -285,11 +286,18 @@ def _wrap_rows(x: Any, name: str) -> InputArray:
     return InputArray(name, "rows", shape, dtype, torch.device("cpu"), source=x, bf16_view=bf16)
 
 
+def first_nonfinite_row(block: torch.Tensor) -> int | None:
+    """The first row of ``block`` with a NaN or Inf, or None (integer blocks have none)."""
+    if block.dtype in (torch.uint8, torch.int8):
+        return None
+    finite = torch.isfinite(block).all(dim=1)
+    if bool(finite.all()):
+        return None
+    return int(torch.nonzero(~finite)[0, 0])
+
+
 def check_finite(block: torch.Tensor, name: str, start: int) -> None:
     """Raise ``ValueError`` naming ``name`` and the first bad row if ``block`` has NaN or Inf."""
-    if block.dtype in (torch.uint8, torch.int8):
-        return
-    finite = torch.isfinite(block).all(dim=1)
-    if not bool(finite.all()):
-        bad = int(torch.nonzero(~finite)[0, 0]) + start
-        raise ValueError(f"{name} contains NaN or Inf (first in row {bad}); knng needs finite values")
+    bad = first_nonfinite_row(block)
+    if bad is not None:
+        raise ValueError(f"{name} contains NaN or Inf (first in row {bad + start}); knng needs finite values")

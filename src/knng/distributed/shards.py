@@ -170,23 +170,13 @@ def common_centre(blocks: Iterable[tuple[int, torch.Tensor]], n: int, d: int, na
     """
     total = torch.zeros(d, dtype=torch.float64, device=device)
     first_bad = n
-    kernel = preparation.kernels_apply(device)
     for start, block in blocks:
         block = block.to(device, non_blocking=True)
-        if kernel and block.dim() == 2:  # one read for both (knng.engine.preparation.column_sums)
-            sums, nonfinite = preparation.column_sums(block)
-            if int(nonfinite):
-                finite = torch.isfinite(block).all(dim=1)
-                first_bad = min(first_bad, start + int(torch.nonzero(~finite)[0, 0]))
-            if need_mean:
-                total += sums
-            continue
-        if block.dtype not in (torch.uint8, torch.int8):
-            finite = torch.isfinite(block).all(dim=1)
-            if not bool(finite.all()):
-                first_bad = min(first_bad, start + int(torch.nonzero(~finite)[0, 0]))
-        if need_mean:
-            total += block.to(torch.float64).sum(dim=0)
+        sums, bad = preparation.finite_column_sums(block, sums=need_mean)
+        if bad is not None:
+            first_bad = min(first_bad, start + bad)
+        if sums is not None:
+            total += sums
     bad = torch.tensor([float(first_bad)], dtype=torch.float64, device=device)
     comm.wait(comm.all_reduce(bad, "the finite check", op=dist.ReduceOp.MIN))
     if int(bad.item()) < n:

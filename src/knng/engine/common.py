@@ -117,21 +117,13 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
     """Check the corpus is finite and, where the metric centres, compute its float64 mean."""
     need_mean = metric.needs_centre(symmetric)
     total = torch.zeros(corpus.d, dtype=torch.float64, device=device)
-    # On a GPU one kernel reads each block once for both (preparation.column_sums); the
-    # reference below made a float64 copy of it and read the input twice (2.5 ms for 1M × 128).
-    kernel = preparation.kernels_apply(device)
     for start, block in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
         block = block.to(device, non_blocking=True)
-        if kernel and block.dim() == 2:
-            sums, nonfinite = preparation.column_sums(block)
-            if int(nonfinite):
-                check_finite(block, corpus.name, start)  # names the first bad row
-            if need_mean:
-                total += sums
-            continue
-        check_finite(block, corpus.name, start)
-        if need_mean:
-            total += block.to(torch.float64).sum(dim=0)
+        sums, bad = preparation.finite_column_sums(block, sums=need_mean)
+        if bad is not None:
+            check_finite(block, corpus.name, start)  # raises, naming the first bad row
+        if sums is not None:
+            total += sums
     return CorpusStats(centre=total / corpus.n if need_mean else None)
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import torch
 
+from knng._inputs import first_nonfinite_row
 from knng.engine import fused
 from knng.metrics import (
     SCALED_TAIL, Metric, Prepared, scaled_alphas, scaled_row_scales, scaled_scales, scaled_width,
 )
 
-__all__ = ["kernels_apply", "column_sums", "prepare"]
+__all__ = ["kernels_apply", "column_sums", "finite_column_sums", "prepare"]
 
 #: Rows per program of the corpus pass, and the tile each program walks them in.
 SUM_ROWS, SUM_TILE_ROWS = 2048, 32
@@ -65,6 +66,20 @@ def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     else:
         partial.zero_()
     return partial.sum(dim=0), nonfinite[0]
+
+
+def finite_column_sums(block: torch.Tensor, *, sums: bool) -> tuple[torch.Tensor | None, int | None]:
+    """The corpus pass over one block: its float64 column sums (None unless ``sums``) and its
+    first row with a NaN or Inf (None if there is none).
+
+    Through :func:`column_sums` where :func:`kernels_apply` (one read of the block, the bad
+    row looked for only when there is one), else torch's float64 sum and finite check (a
+    float64 copy of the block and two reads: 2.5 ms for 1M × 128 on an H100).
+    """
+    if kernels_apply(block.device) and block.dim() == 2:
+        totals, nonfinite = column_sums(block)
+        return (totals if sums else None), (first_nonfinite_row(block) if int(nonfinite) else None)
+    return (block.to(torch.float64).sum(dim=0) if sums else None), first_nonfinite_row(block)
 
 
 def _scaled_kernel_applies(metric: Metric, x: torch.Tensor, dtype: torch.dtype) -> bool:

@@ -502,11 +502,7 @@ class CandidateStore:
         """
         rows, cols, keys, rad = self._pending_pairs()
         new = rows.numel()
-        held_rows, slot = torch.nonzero(self.idx >= 0, as_tuple=True)
-        dist = torch.full_like(keys, torch.nan)
-        rows, cols, keys, rad, dist = (torch.cat(pair) for pair in (
-            (rows, held_rows), (cols, self.idx[held_rows, slot]), (keys, self.keys[held_rows, slot]),
-            (rad, self.rad[held_rows, slot]), (dist, self.dist[held_rows, slot])))
+        rows, cols, keys, rad, dist = self._with_held(None, rows, cols, keys, rad, torch.full_like(keys, torch.nan))
         fresh = torch.arange(rows.numel(), device=rows.device) < new
         offered = rows[:new]
         rows, cols, keys, rad, dist, fresh = _compact(keys - rad <= self.tau[rows], rows, cols, keys, rad, dist, fresh)
@@ -514,9 +510,7 @@ class CandidateStore:
             self._screened.index_add_(0, offered, torch.ones_like(offered))
             self._pending, self._pending_size = [], 0
             return True
-        row_bits = max(1, (self.n - 1).bit_length())
-        shift = row_bits + 1
-        order = torch.sort(rows * 2**(64 - shift) + _code64_up(keys + rad, shift)).indices
+        order, shift = self._by_row_and_upper(rows, keys + rad)
         rows, cols, keys, rad, dist, fresh = (t[order] for t in (rows, cols, keys, rad, dist, fresh))
         per_row = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
         starts = torch.cumsum(per_row, 0) - per_row
@@ -589,6 +583,26 @@ class CandidateStore:
             in_range[r0:r1] = True
             self._merge(*part, torch.where(in_range, new, 0), over & in_range)
 
+    def _with_held(self, store_rows: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor,
+                   rad: torch.Tensor, dist: torch.Tensor) -> list[torch.Tensor]:
+        """Flat entries (rows, cols, keys, rad, dist) followed by every entry the store holds for
+        ``store_rows`` (None: all rows)."""
+        if store_rows is None:
+            held_rows, slot = torch.nonzero(self.idx >= 0, as_tuple=True)
+        else:
+            r, slot = torch.nonzero(self.idx[store_rows] >= 0, as_tuple=True)
+            held_rows = store_rows[r]
+        return [torch.cat(pair) for pair in (
+            (rows, held_rows), (cols, self.idx[held_rows, slot]), (keys, self.keys[held_rows, slot]),
+            (rad, self.rad[held_rows, slot]), (dist, self.dist[held_rows, slot]))]
+
+    def _by_row_and_upper(self, rows: torch.Tensor, upper: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The order of entries by (row, certified upper bound) from one int64 sort, and the
+        ``shift`` their bounds were rounded up by (to the 63 − ⌈log₂ n⌉ bits the row leaves;
+        :func:`_rounded_up` with it gives the bound a k-th may take)."""
+        shift = max(1, (self.n - 1).bit_length()) + 1
+        return torch.sort(rows * 2**(64 - shift) + _code64_up(upper, shift)).indices, shift
+
     def _merge(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor,
                new: torch.Tensor, over: torch.Tensor) -> None:
         """Take survivors in (``new`` of them per row); rows flagged ``over`` would overflow and tighten.
@@ -604,14 +618,8 @@ class CandidateStore:
         dist = torch.full_like(keys, torch.nan)
         if over_rows.numel():
             self.stats.tightenings += int(over_rows.numel())
-            r, c = torch.nonzero(self.idx[over_rows] >= 0, as_tuple=True)
-            held_rows = over_rows[r]
-            rows, cols, keys, rad, dist = (torch.cat(pair) for pair in (
-                (rows, held_rows), (cols, self.idx[held_rows, c]), (keys, self.keys[held_rows, c]),
-                (rad, self.rad[held_rows, c]), (dist, self.dist[held_rows, c])))
-        row_bits = max(1, (self.n - 1).bit_length())
-        shift = row_bits + 1
-        order = torch.sort(rows * 2**(64 - shift) + _code64_up(keys + rad, shift)).indices
+            rows, cols, keys, rad, dist = self._with_held(over_rows, rows, cols, keys, rad, dist)
+        order, shift = self._by_row_and_upper(rows, keys + rad)
         rows, cols, keys, rad, dist = rows[order], cols[order], keys[order], rad[order], dist[order]
         if over_rows.numel():
             per_row = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
