@@ -23,14 +23,26 @@ import knng.engine.plan as plan
 import knng.engine.store as store
 
 
-def marked(name: str) -> None:
-    fn = getattr(store.CandidateStore, name)
+def marked(name: str, owner: object = store.CandidateStore) -> None:
+    fn = getattr(owner, name)
 
-    def wrapped(self, *args, **kwargs):
+    def wrapped(*args, **kwargs):
         with record_function("STAGE_" + name):
-            return fn(self, *args, **kwargs)
+            return fn(*args, **kwargs)
 
-    setattr(store.CandidateStore, name, wrapped)
+    setattr(owner, name, wrapped)
+
+
+def mark_graph_stages() -> None:
+    """Mark a graph's own stages too: the corpus pass, each part's own block, each off-diagonal
+    block's product, screen and store hand-over, and the store's seeds."""
+    import knng.engine.graph as graph
+
+    marked("corpus_stats", graph)
+    marked("screen_own_part", graph)
+    for name in ("start", "screen", "add"):
+        marked(name, graph._OffDiagonalBlock)
+    marked("seed")
 
 
 def summary(trace: Path) -> None:
@@ -39,21 +51,30 @@ def summary(trace: Path) -> None:
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     print(f"GPU busy {sum(e['dur'] for e in gpu) / 1e3:.1f} ms of "
           f"{(max(e['ts'] + e['dur'] for e in cpu) - min(e['ts'] for e in cpu)) / 1e3:.1f} ms")
-    # record_function ranges are "user_annotation" events, not "cpu_op" ones.
-    for stage in (e for e in events if e["name"].startswith("STAGE_") and e.get("cat") != "gpu_user_annotation"):
-        a, b = stage["ts"], stage["ts"] + stage["dur"]
-        kernels = [e for e in gpu if a <= e["ts"] < b]
-        ops = collections.Counter()
-        for e in cpu:
-            if a <= e["ts"] < b and e["name"].startswith("aten::"):
-                ops[e["name"]] += e["dur"]
+    # record_function ranges are "user_annotation" events, not "cpu_op" ones. Stages of one name
+    # are summed (a graph has one per block), nested stages counted in each.
+    stages = collections.defaultdict(list)
+    for e in events:
+        if e["name"].startswith("STAGE_") and e.get("cat") != "gpu_user_annotation":
+            stages[e["name"]].append(e)
+    for name, spans in stages.items():
+        ops, by_kernel = collections.Counter(), collections.Counter()
+        host = gpu_ms = launches = 0
+        for stage in spans:
+            a, b = stage["ts"], stage["ts"] + stage["dur"]
+            host += stage["dur"]
+            for e in cpu:
+                if a <= e["ts"] < b and e["name"].startswith("aten::"):
+                    ops[e["name"]] += e["dur"]
+            for e in gpu:
+                if a <= e["ts"] < b:
+                    gpu_ms += e["dur"]
+                    launches += 1
+                    by_kernel[e["name"][:60]] += e["dur"]
         top = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in ops.most_common(5))
-        by_kernel = collections.Counter()
-        for e in kernels:
-            by_kernel[e["name"][:60]] += e["dur"]
         heavy = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in by_kernel.most_common(4))
-        print(f"{stage['name']}: host {stage['dur'] / 1e3:.1f} ms, GPU {sum(e['dur'] for e in kernels) / 1e3:.1f} ms "
-              f"in {len(kernels)} launches; host ops: {top}; kernels: {heavy}")
+        print(f"{name} ×{len(spans)}: host {host / 1e3:.1f} ms, GPU {gpu_ms / 1e3:.1f} ms in {launches} launches; "
+              f"host ops: {top}; kernels: {heavy}")
 
 
 def main() -> None:
@@ -61,14 +82,17 @@ def main() -> None:
     ap.add_argument("k", type=int)
     ap.add_argument("out", type=Path)
     ap.add_argument("--graph", type=int, default=0, help="trace a graph of this many points instead")
-    ap.add_argument("--precision", default="tf32")
+    ap.add_argument("--precision", default="tf32", help="a screen precision, or auto (the planner's)")
     args = ap.parse_args()
     k, out = args.k, args.out
     for name in ("flush", "finish", "_take_last", "_evaluate_rows"):
         marked(name)
+    if args.graph:
+        mark_graph_stages()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    plan.choose_screen_precision = lambda *a, **kw: args.precision
+    if args.precision != "auto":
+        plan.choose_screen_precision = lambda *a, **kw: args.precision
     if args.graph:
         x = torch.randn((args.graph, 128), device=dev, generator=gen)
         call, tag = (lambda: knng.graph(x, k)), f"graph{args.graph}"
