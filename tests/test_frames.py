@@ -188,3 +188,61 @@ def test_outliers_keep_per_block_thresholds_and_stay_exact(small_parts, monkeypa
     g = knng.graph(x, 5, device="cpu")
     assert seen["shared"] is not None  # alike norms (a shell): one threshold per point
     assert_exact(g, oracle_graph(x, 5), context=f"seed={seed} uniform")
+
+
+# ------------------------------------------------------------------------ grouped launches
+@pytest.mark.parametrize("data,metric", [("patches", "euclidean"), ("duplicates", "euclidean"),
+                                         ("line", "sqeuclidean"), ("offset_gauss", "cosine")])
+@pytest.mark.parametrize("local", [True, False])
+@pytest.mark.parametrize("group", [2, 3, 64])
+def test_grouped_launches_give_the_same_exact_graph(data, metric, local, group, small_parts, monkeypatch, rng, seed):
+    # Blocks S(I, J) of several consecutive column parts in one launch (plan.group_parts; parts
+    # of 37 rows, so 11 parts, groups that do not divide them and one wider than all): the same
+    # graph bit for bit as one launch per block, exact against the oracle, every block counted.
+    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", 1e-12 if local else 1e12)
+    x = DATA[data](rng, 401)
+    single = knng.graph(x, 5, metric=metric, device="cpu")
+    monkeypatch.setattr(plan_mod, "group_parts", lambda **kw: group)
+    grouped = knng.graph(x, 5, metric=metric, device="cpu")
+    plan = grouped.report.plan
+    assert plan.group_parts == group and plan.parts == 11
+    assert plan.frames == ("global" if metric == "cosine" else "principal")
+    np.testing.assert_array_equal(grouped.indices, single.indices)
+    np.testing.assert_array_equal(grouped.distances, single.distances)
+    assert_exact(grouped, oracle_graph(x, 5, metric), context=f"seed={seed} {data} group={group}")
+    if plan.frames == "global":  # nothing skipped: every block once, every pair of it screened
+        assert grouped.report.blocks_skipped == 0 == single.report.blocks_skipped
+        assert grouped.report.pairs_screened == single.report.pairs_screened
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_a_span_window_holds_its_members_windows(trial, rng):
+    # span_window's contract: one window whose columns (from the first member's start) cover every
+    # member's window, None only when no member has one, and the live members counted.
+    n, part = 300, 25
+    x = _line(rng, n, d=4, spread=[3.0, 30.0, 300.0][trial])
+    t = torch.from_numpy(x)
+    f = PrincipalFrames(as_input(t, "data"), KNNG_METRICS["euclidean"], t.to(torch.float64).mean(0),
+                        torch.device("cpu"), part, torch.float32)
+    x64 = x.astype(np.float64)
+    d2 = ((x64[:, None, :] - x64[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d2, np.inf)
+    tau = torch.from_numpy(np.sort(d2, axis=1)[:, rng.integers(1, 8, n)].diagonal().copy())
+    parts = len(f.parts)
+    for pi in range(parts - 1):
+        for size in (1, 2, 5, parts):
+            cols = range(pi + 1, min(parts, pi + 1 + size))
+            found = frames_mod.span_window(f, pi, cols, tau, version=trial)
+            members = [(pj, f.window(pi, pj, tau, version=trial)) for pj in cols]
+            live = [(pj, w) for pj, w in members if w is not None]
+            if not live:
+                assert found is None
+                continue
+            window, count = found
+            assert count == len(live)
+            base = f.parts[cols[0]][0]
+            for pj, w in live:
+                offset = f.parts[pj][0] - base
+                assert window.r0 <= w.r0 and window.r1 >= w.r1
+                assert window.c0 <= offset + w.c0 and window.c1 >= offset + w.c1
+            assert window.c1 <= f.parts[cols[-1]][1] - base

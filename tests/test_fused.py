@@ -275,15 +275,16 @@ def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k):
     assert kernel_on_cpu, "the kernel did not run"
 
 
-@pytest.mark.parametrize("include_self", [False, True])
-def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, monkeypatch):
+@pytest.mark.parametrize("include_self,group", [(False, 1), (True, 1), (False, 3)])
+def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, monkeypatch):
     import knng.engine.plan as plan
 
     monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks
+    monkeypatch.setattr(plan, "group_parts", lambda **kw: group)  # column parts per launch
     x = smooth_image_patches(rng, 200, side=3)
     x[150:160] = x[:10]
     g = knng.graph(x, 5, include_self=include_self)
-    assert last_report().parts > 1
+    assert last_report().parts > 1 and last_report().plan.group_parts == group
     assert_exact(g, oracle_graph(x, 5, include_self=include_self))
     assert kernel_on_cpu
 
@@ -298,6 +299,9 @@ def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
               include_self=False, host_budget=64 * 2**30)
     assert plan.make_graph_plan(**kw).screen_precision == "float16"
     assert plan.make_graph_plan(**kw).part_size == plan.GPU_KERNEL_MAX_PART
+    # ... and screens several column parts per launch (nothing materialised), a torch screen one.
+    assert plan.make_graph_plan(**kw).group_parts == plan.GPU_KERNEL_GROUP_COLUMNS // plan.GPU_KERNEL_MAX_PART > 1
+    assert plan.make_graph_plan(**kw, screen_dtype="float32").group_parts == 1
     assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == plan.GPU_MAX_PART
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
     assert plan.make_graph_plan(**kw, screen_dtype="float16").part_size == plan.GPU_MAX_PART

@@ -217,10 +217,14 @@ def test_graph_exact(fused_precision, include_self, seed, monkeypatch):
     import knng.engine.plan as plan
 
     monkeypatch.setattr(plan, "GPU_MAX_PART", 8192)  # several parts, the last one short
+    monkeypatch.setattr(plan, "GPU_KERNEL_MAX_PART", 8192)
+    monkeypatch.setattr(plan, "GPU_KERNEL_GROUP_COLUMNS", 3 * 8192)  # launches of 3 column parts, one short
     g = _gen(seed)
     x = torch.randn((50_001, 64), generator=g, device="cuda") * 3 + 7
     x[40_000:40_500] = x[:500]
     res = [knng.graph(x, k, include_self=include_self) for k in (1, 10, 64)]
+    rep = last_report()
+    assert rep.parts == 7 and rep.plan.group_parts == 3
     _check(x, x, res, exclude_self=not include_self, rows=torch.randperm(50_001, device="cuda")[:1024])
 
 

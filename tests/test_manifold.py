@@ -85,16 +85,20 @@ def assert_close_relative(actual: np.ndarray, expected: np.ndarray, rtol: float 
 @pytest.mark.parametrize("solver", ["scipy", "torch"])
 @pytest.mark.parametrize("epsilon, alpha", [(0.05, 1.0), ("auto", 0.5), ("self_tuning", 0.0), ("auto", 1.0)])
 def test_equals_dense_reference(solver, epsilon, alpha, rng, seed) -> None:
-    x = blob(rng)
     m = 4
-    dm = DiffusionMap(n_components=m, n_neighbors=8, epsilon=epsilon, alpha=alpha, t=2, eigen_solver=solver,
-                      eigen_tol=1e-13, device="cpu").fit(x)
+    # Eigenvectors are determined to about residual / gap: the gaps (the one after ψ_m too) must
+    # be wide for a 1e-8 comparison to mean anything. A blob's are, mostly (one seed in a few
+    # hundred gave 3.5e-5): a narrow one draws the next blob from the same generator.
+    for _ in range(5):
+        x = blob(rng)
+        dm = DiffusionMap(n_components=m, n_neighbors=8, epsilon=epsilon, alpha=alpha, t=2, eigen_solver=solver,
+                          eigen_tol=1e-13, device="cpu").fit(x)
+        gaps = np.abs(np.diff(dm.report_.eigenvalues))
+        if gaps.min() > 1e-4:
+            break
+    assert gaps.min() > 1e-4, f"seed {seed}: near-degenerate spectra ({gaps.min():.2g}), the test needs wide gaps"
     values, psi = dense_reference(dm.graph_, epsilon=dm.epsilon_, alpha=alpha, m=m,
                                   sigma_neighbor=7 if epsilon == "self_tuning" else None)
-    # Eigenvectors are determined to about residual / gap: the gaps (the one after ψ_m too) must
-    # be wide for a 1e-8 comparison to mean anything.
-    gaps = np.abs(np.diff(dm.report_.eigenvalues))
-    assert gaps.min() > 1e-4, f"seed {seed}: a near-degenerate spectrum ({gaps.min():.2g}), the test needs wide gaps"
     assert_close_relative(dm.eigenvalues_, values[1:], what="eigenvalues")
     assert_close_relative(np.array(dm.report_.eigenvalues[: m + 1]), values, what="eigenvalues with λ₀")
     assert_close_relative(dm.eigenvectors_, psi[:, 1:], what=f"eigenvectors (seed {seed})")

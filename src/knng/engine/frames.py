@@ -38,7 +38,8 @@ from knng.metrics import Metric
 if TYPE_CHECKING:
     from knng.engine.common import PreparedCorpus
 
-__all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "Window", "translation_invariant"]
+__all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "Window", "span_window",
+           "translation_invariant"]
 
 #: Rows of the sample the principal direction is estimated from (any unit vector is a valid
 #: bound; a better one only skips more).
@@ -130,19 +131,23 @@ class GlobalFrames:
         self._own: dict[int, Tile] = {}
         self.n, self.d = pdata.corpus.n, pdata.corpus.d
 
-    def block_order(self) -> Iterator[tuple[int, int]]:
-        """Blocks (I, J), I < J, row part by row part: a streamed corpus reads part I once."""
-        for i in range(len(self.parts)):
-            for j in range(i + 1, len(self.parts)):
-                yield i, j
+    def block_groups(self, size: int = 1) -> Iterator[tuple[int, range]]:
+        """Blocks (I, J), I < J, row part by row part (a streamed corpus reads part I once), as
+        (I, up to ``size`` consecutive column parts J): one screen launch each (see
+        :func:`span_window`)."""
+        parts = len(self.parts)
+        for i in range(parts):
+            for j in range(i + 1, parts, size):
+                yield i, range(j, min(parts, j + size))
 
     def note_done(self, row_part: int, col_part: int) -> None:
         """A resumed run passes block (I, J), done before its checkpoint (nothing to note here)."""
 
-    def ids(self, part: int) -> torch.Tensor:
-        """Original ids of the rows of ``part``."""
+    def ids(self, part: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Original ids of rows ``start:stop`` of ``part`` (``stop`` may run on into the parts
+        after it)."""
         i0, i1 = self.parts[part]
-        return torch.arange(i0, i1, device=self.device)
+        return torch.arange(i0 + start, i1 if stop is None else i0 + stop, device=self.device)
 
     def own(self, part: int) -> Tile:
         if part not in self._own:
@@ -151,7 +156,8 @@ class GlobalFrames:
         return self._own[part]
 
     def column(self, part: int, frame: int, start: int = 0, stop: int | None = None) -> Tile:
-        """Rows ``start:stop`` of ``part`` (every frame is the one centre)."""
+        """Rows ``start:stop`` of ``part`` (every frame is the one centre; ``stop`` may run on
+        into the parts after it)."""
         j0, j1 = self.parts[part]
         return self._tile(j0 + start, j1 if stop is None else j0 + stop)
 
@@ -256,6 +262,7 @@ class PrincipalFrames:
         if not self.local:
             self.centres = [centre] * len(self.parts)
         self._own: dict[int, Tile] = {}
+        self._whole_tile: Tile | None = None
         # Each part's first and last position along u, as Python floats.
         ends = torch.tensor([[i0, i1 - 1] for i0, i1 in self.parts], device=device)
         self._ends_t = self.proj[ends]
@@ -278,46 +285,76 @@ class PrincipalFrames:
         return exact_pairs_of(metric, self._sorted_input, self.position[rows], self._sorted_input,
                               self.position[cols], device, chunk_bytes)
 
-    def ids(self, part: int) -> torch.Tensor:
-        """Original ids of the rows of ``part`` (sorted positions → input rows)."""
+    def ids(self, part: int, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Original ids of rows ``start:stop`` of ``part`` (sorted positions → input rows;
+        ``stop`` may run on into the parts after it)."""
         i0, i1 = self.parts[part]
-        return self.order[i0:i1]
+        return self.order[i0 + start:i1 if stop is None else i0 + stop]
 
     def own(self, part: int) -> Tile:
-        """``part`` prepared around its own centre (kept while it is a row part)."""
+        """``part`` prepared around its own centre (kept: a part is the row side of many blocks).
+
+        With one centre for every block, the parts are slices of one prepared copy of the sorted
+        corpus, so that a block's columns may span several parts (:meth:`column`)."""
         if part not in self._own:
-            self._own[part] = self._prepare(part, part)
+            if self.local:
+                self._own[part] = self._prepare(part, part)
+            else:
+                i0, i1 = self.parts[part]
+                self._own[part] = self._whole().slice(i0, i1)
         return self._own[part]
+
+    def _whole(self) -> Tile:
+        """The sorted corpus prepared around the one centre, part by part into one copy (the
+        float64 temporaries of one part at a time)."""
+        if self._whole_tile is None:
+            first = self._prepare(0, 0)
+            vectors = first.vectors.new_empty((self.n, first.vectors.shape[1]))
+            norms = first.norms.new_empty(self.n)
+            terms = None if first.terms is None else first.terms.new_empty(self.n)
+            for part, (i0, i1) in enumerate(self.parts):
+                tile = first if part == 0 else self._prepare(part, part)
+                vectors[i0:i1], norms[i0:i1] = tile.vectors, tile.norms
+                if terms is not None and tile.terms is not None:
+                    terms[i0:i1] = tile.terms
+            self._whole_tile = Tile(vectors, norms, terms)
+        return self._whole_tile
 
     def shared_norms(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """Every point's prepared norm and term by original id when all blocks share one centre
         (then survivors need not carry theirs), else None."""
         if self.local:
             return None
+        whole = self._whole()
         norms = torch.empty(self.n, dtype=torch.float64, device=self.device)
-        terms = torch.empty_like(norms) if self.metric.uses_terms else None
-        for part in range(len(self.parts)):
-            tile, ids = self.own(part), self.ids(part)
-            norms[ids] = tile.norms
-            if terms is not None and tile.terms is not None:
-                terms[ids] = tile.terms
+        norms[self.order] = whole.norms
+        terms = None
+        if self.metric.uses_terms and whole.terms is not None:
+            terms = torch.empty_like(norms)
+            terms[self.order] = whole.terms
         return norms, terms
 
     def column(self, part: int, frame: int, start: int = 0, stop: int | None = None) -> Tile:
-        """Rows ``start:stop`` of ``part`` prepared around the centre of part ``frame``."""
-        if part == frame or not self.local:
-            return self.own(part).slice(start, self.parts[part][1] - self.parts[part][0] if stop is None else stop)
+        """Rows ``start:stop`` of ``part`` prepared around the centre of part ``frame`` (``stop``
+        may run on into the parts after it, except in ``part``'s own frame)."""
+        i0, i1 = self.parts[part]
+        stop_at = i1 if stop is None else i0 + stop
+        if not self.local:
+            return self._whole().slice(i0 + start, stop_at)
+        if part == frame:
+            return self.own(part).slice(start, stop_at - i0)
         return self._prepare(part, frame, start, stop)
 
-    def block_order(self) -> Iterator[tuple[int, int]]:
-        """Blocks (I, J), I < J, nearest first (J − I = 1, 2, …): thresholds tighten on the near
-        slabs before the far ones are tested. Once every block of one distance is skipped, so
-        are all further ones (along u they are further still, and thresholds only shrink)."""
+    def block_groups(self, size: int = 1) -> Iterator[tuple[int, range]]:
+        """Blocks (I, J), I < J, nearest first (J − I = 1, 2, …), as (I, up to ``size``
+        consecutive column parts J) in bands of ``size`` distances: thresholds tighten on the near
+        slabs before the far ones are tested. Once every block of one band is skipped, so are all
+        further ones (along u they are further still, and thresholds only shrink)."""
         parts = len(self.parts)
-        for offset in range(1, parts):
+        for offset in range(1, parts, size):
             self._live = False
             for i in range(parts - offset):
-                yield i, i + offset
+                yield i, range(i + offset, min(parts, i + offset + size))
             if not self._live:
                 return
 
@@ -428,6 +465,32 @@ class PrincipalFrames:
         r0 = torch.minimum(first_needing, torch.minimum(from_lowest, self._lengths[rows]))
         c1 = torch.maximum(after_needing, torch.minimum(to_furthest, self._lengths[cols]))
         return torch.stack([r0, c1], dim=1).tolist()
+
+
+def span_window(frames: "GlobalFrames | PrincipalFrames", row_part: int, col_parts: range, tau: torch.Tensor,
+                version: int) -> tuple[Window, int] | None:
+    """One window over the blocks (``row_part``, J) of consecutive column parts ``col_parts``, and
+    how many of them have a window of their own; None when none has.
+
+    Its columns run from the first column any member's window needs to the last (positions
+    relative to the first member's start, so past the end of its part), its rows from the
+    first any member needs: a superset of the members' windows, which only screens more pairs
+    (each against valid thresholds), in one launch instead of one per member.
+    """
+    base = frames.parts[col_parts[0]][0]
+    r0 = r1 = c0 = c1 = -1
+    live = 0
+    for part in col_parts:
+        window = frames.window(row_part, part, tau, version)
+        if window is None:
+            continue
+        offset = frames.parts[part][0] - base
+        if live == 0:
+            r0, r1, c0 = window.r0, window.r1, offset + window.c0
+        r0, r1 = min(r0, window.r0), max(r1, window.r1)
+        c1 = offset + window.c1
+        live += 1
+    return None if live == 0 else (Window(r0, r1, c0, c1), live)
 
 
 def translation_invariant(metric: Metric) -> bool:

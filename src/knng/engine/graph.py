@@ -21,7 +21,7 @@ from knng.engine.common import (
     EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
 )
 from knng.engine.exact import ExactStats
-from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window
+from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
 from knng.engine.lists import ListHome
 from knng.engine.plan import LISTS_ON_DEVICE, PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
 from knng.engine.screen import (
@@ -195,7 +195,8 @@ def exact_graph(
         step = _off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=shared is None,
                                     buffer=buffer, bar=bar, counts=counts, first_step=step, done=done,
                                     checkpoint_after=None if checkpoint is None else checkpoint_after,
-                                    checkpoint_due=None if checkpoint is None else checkpoint.due)
+                                    checkpoint_due=None if checkpoint is None else checkpoint.due,
+                                    group=plan.group_parts)
         bar.close()
         if checkpoint is not None and keep_checkpoint and step > done:
             checkpoint_after(step, force=True)  # only the finish is left to a run that resumes this
@@ -465,7 +466,9 @@ class _SharedThresholds:
 
 class _OffDiagonalBlock:
     """The ``window`` of block S(I, J), I < J: each entry tested for its row (part I) and its column
-    (part J), in three steps that the graph's loop interleaves with the next block's.
+    (part J), in three steps that the graph's loop interleaves with the next block's. The
+    window's columns may run on past part J into the parts after it (:func:`span_window`: the
+    ``members`` blocks S(I, J'), J' ≥ J, in one launch).
 
     :meth:`start` issues the block's product (it needs nothing from the store), :meth:`screen`
     computes both sides' thresholds and keeps the survivors, :meth:`add` hands them to the
@@ -482,16 +485,19 @@ class _OffDiagonalBlock:
 
     def __init__(self, frames: "GlobalFrames | PrincipalFrames", metric: Metric, pi: int, pj: int, window: Window,
                  precision: ScreenPrecision, *, carry_norms: bool, buffer: ScoreBuffer | None = None,
-                 slots: "Callable[[int], torch.Tensor] | None" = None) -> None:
+                 slots: "Callable[[int], torch.Tensor] | None" = None, members: int = 1) -> None:
         self.window, self.precision, self.carry_norms, self.buffer = window, precision, carry_norms, buffer
+        self.members = members
         self.d = d = frames.d
         own = frames.own(pi)
         own.queries(metric, d)  # kept on the part's tile, so that its slices share it
         self.rows_tile = own.slice(window.r0, window.r1)
         self.cols_tile = frames.column(pj, pi, window.c0, window.c1)
-        self.rows = frames.ids(pi)[window.r0:window.r1]
-        self.cols = frames.ids(pj)[window.c0:window.c1]
-        # Store rows of the block's points: their ids, unless the store holds bands of rows.
+        self.rows = frames.ids(pi, window.r0, window.r1)
+        self.cols = frames.ids(pj, window.c0, window.c1)
+        # Store rows of the block's points: their ids, unless the store holds bands of rows (then
+        # the block is one part's: a part's slots end with it).
+        assert slots is None or window.c1 <= frames.parts[pj][1] - frames.parts[pj][0]
         self.row_slots = self.rows if slots is None else slots(pi)[window.r0:window.r1]
         self.col_slots = self.cols if slots is None else slots(pj)[window.c0:window.c1]
         self.queries = self.rows_tile.queries(metric, d)
@@ -572,31 +578,37 @@ def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candid
                          first_step: int, done: int = 0, checkpoint_after: Callable[[int], None] | None = None,
                          checkpoint_due: Callable[[], bool] | None = None,
                          order: Iterable[tuple[int, int]] | None = None,
-                         slots: Callable[[int], torch.Tensor] | None = None) -> int:
+                         slots: Callable[[int], torch.Tensor] | None = None, group: int = 1) -> int:
     """Every block S(I, J), I < J, whose window is not empty, counted in ``counts``; returns the
     step reached. See :class:`_OffDiagonalBlock` for the order of steps.
 
-    Steps number the blocks of ``frames.block_order()`` from ``first_step``; those below
-    ``done`` were finished before a checkpoint and are passed over. ``checkpoint_after(s)``
-    runs once every step below ``s`` is in the store; a checkpoint that is due is taken like a
-    flushing update, before the next block's window (the window then sees the new thresholds).
-    ``order``: the blocks to run (default ``frames.block_order()``); ``slots(part)``: the store
-    rows of a part's points (default their ids).
+    ``group``: column parts one launch screens (``frames.block_groups``; the plan's
+    ``group_parts``). Steps number the blocks of ``frames.block_groups(group)`` from
+    ``first_step``, one per block S(I, J); those below ``done`` were finished before a
+    checkpoint and are passed over (a checkpoint is taken after whole groups, and a resumed run
+    has the same plan, hence the same groups). ``checkpoint_after(s)`` runs once every step
+    below ``s`` is in the store; a checkpoint that is due is taken like a flushing update,
+    before the next block's window (the window then sees the new thresholds). ``order``: the
+    blocks to run, one per launch (default ``frames.block_groups(group)``); ``slots(part)``: the
+    store rows of a part's points (default their ids).
     """
     step = first_step
+    groups = frames.block_groups(group) if order is None else ((i, range(j, j + 1)) for i, j in order)
 
     def windows() -> Iterator[tuple[int, _OffDiagonalBlock]]:
         nonlocal step
-        for pi, pj in frames.block_order() if order is None else order:
-            here, step = step, step + 1
-            bar.update()
+        for pi, col_parts in groups:
+            here, step = step, step + len(col_parts)
+            bar.update(len(col_parts))
             if here < done:
-                frames.note_done(pi, pj)
+                for pj in col_parts:
+                    frames.note_done(pi, pj)
                 continue
-            window = frames.window(pi, pj, store.tau, store.updates)
-            if window is not None:
-                yield here, _OffDiagonalBlock(frames, metric, pi, pj, window, precision, carry_norms=carry_norms,
-                                              buffer=buffer, slots=slots)
+            found = span_window(frames, pi, col_parts, store.tau, store.updates)
+            if found is not None:
+                window, members = found
+                yield step - 1, _OffDiagonalBlock(frames, metric, pi, col_parts[0], window, precision,
+                                                  carry_norms=carry_norms, buffer=buffer, slots=slots, members=members)
 
     def start(item: tuple[int, _OffDiagonalBlock] | None) -> tuple[int, _OffDiagonalBlock] | None:
         if item is not None:
@@ -612,20 +624,20 @@ def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candid
     todo = windows()
     item = start(next(todo, None))
     while item is not None:
-        here, block = item
+        last, block = item  # the last step of the block's group
         by_row, by_col = screen(block)
         saving = checkpoint_due is not None and checkpoint_due()
         if saving or store.would_flush(by_row.owner.numel() + by_col.owner.numel()):
             counts.retries += retry_on_oom(lambda: block.add(store, by_row, by_col), device)
-            counts.computed += 1
+            counts.computed += block.members
             counts.screened += 2 * block.window.pairs
             if saving and checkpoint_after is not None:
-                checkpoint_after(here + 1)
+                checkpoint_after(last + 1)
             following = start(next(todo, None))
         else:
             following = start(next(todo, None))
             counts.retries += retry_on_oom(lambda: block.add(store, by_row, by_col), device)
-            counts.computed += 1
+            counts.computed += block.members
             counts.screened += 2 * block.window.pairs
         item = following
     return step

@@ -194,6 +194,19 @@ GPU_MAX_PART = 16384
 #: 483, 393, 397, 452 / 346, 347 / 537, 511 — their flat regions' near-ties (p99 pairs screened
 #: per row 1,658 / 3,001 / 5,100) make the largest parts lose there.
 GPU_KERNEL_MAX_PART = 32768
+#: Columns one launch of a kernel-screened graph screens against a row part: the blocks S(I, J)
+#: of up to GPU_KERNEL_GROUP_COLUMNS / part consecutive column parts J go in one launch (one set
+#: of thresholds, one synchronisation for the lists' sizes, one hand-over to the stores), while
+#: the rows keep the parts' size (their own-part seeds) and the stores still tighten between
+#: launches. Float16, k = 10, H100, 2026-11-24 (``bench/ab_group.py``, fresh processes
+#: alternating, min of 3 per process, two rounds each on two machines), columns 32,768 (one part,
+#: as before) / 65,536 / 131,072 / 262,144 / 1,048,576 (ms): 1M × 128 1,811, 2,143 / 1,670,
+#: 1,614 / 1,524, 1,450, 1,294, 1,326 / 1,544, 1,362, 1,272, 1,275 / 1,277, 1,294; 200k × 128
+#: 180, 199 / 182, 160 / 177, 186, 167, 173 / 187, 151, 147, 149 / 147, 151; 16×16 image
+#: patches 362, 416 / 408, 355 / 345, 330, 306, 309 / 383, 311, 302, 300 / 301, 334. Survivors
+#: per graph grow little (1M: 145M with one part per launch, 151M with 262,144 columns, 156M
+#: with whole rows), and every setting gives the same answer bit for bit.
+GPU_KERNEL_GROUP_COLUMNS = 262144
 
 
 #: Columns of a search's random sample for the first thresholds. A sample of m columns lets
@@ -274,6 +287,9 @@ class EnginePlan:
     host_bytes_expected : int
         Peak bytes the plan expects to hold in host memory (results and memory-mapped pages
         of input files excepted).
+    group_parts : int
+        Consecutive column parts a graph screens against a row part in one launch
+        (:func:`group_parts`; 1 for a search).
     """
 
     operation: str
@@ -305,6 +321,7 @@ class EnginePlan:
     lists: str = LISTS_ON_DEVICE
     band_parts: int = 0
     host_bytes_expected: int = 0
+    group_parts: int = 1
 
     @property
     def work_bytes(self) -> int:
@@ -542,6 +559,16 @@ BAND_SHARE = 4
 SLOT_BYTES = 32
 
 
+def group_parts(*, kernel: bool, resident: bool, lists: str, parts: int, part_size: int) -> int:
+    """Column parts one off-diagonal launch of a graph screens (:data:`GPU_KERNEL_GROUP_COLUMNS`
+    columns): only where a kernel screens (nothing is materialised, so a launch's memory does
+    not grow with its columns), the prepared corpus is resident (a group's columns are one
+    slice of it) and the stores stay on the device; else one."""
+    if not (kernel and resident and lists == LISTS_ON_DEVICE) or parts < 3:
+        return 1
+    return int(max(1, min(parts - 1, GPU_KERNEL_GROUP_COLUMNS // max(1, part_size))))
+
+
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
                     source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                     part_size: int | None = None, host_budget: int | None = None,
@@ -617,4 +644,5 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         corpus_resident=resident, parts=parts, part_size=b, blocks=parts * (parts + 1) // 2, frames=frames,
         bytes_expected=int(expected), budget=budget, budget_source=source or "given", host_budget=given_host,
         host_budget_source=host_source or "given", read_rows=read_rows, lists=lists, band_parts=band_parts,
-        host_bytes_expected=int(host))
+        host_bytes_expected=int(host),
+        group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b))

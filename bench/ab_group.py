@@ -1,0 +1,62 @@
+"""A/B of the columns one launch of a kernel-screened graph screens (``plan.GPU_KERNEL_GROUP_COLUMNS``).
+
+One setting per process (fresh allocator and caches), so run the settings alternating, twice,
+on one machine, from the repository root (``.carry/pictures.npz``: the pictures saved by
+``bench/bench_patches.py --save-images``)::
+
+    for i in 1 2; do for c in 32768 131072 262144; do
+        PYTHONPATH=src python bench/ab_group.py $c gauss200k,gauss1M,patches16,patches8 10; done; done
+
+Prints, per shape and k, the minimum of ``repeats`` runs, all runs, launches per graph, the
+store's counters and a checksum of the answer (every setting must give the same bits).
+"""
+import hashlib
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, "bench")
+import knng  # noqa: E402
+import knng.engine.plan as plan  # noqa: E402
+from bench_patches import patches  # noqa: E402
+
+columns = int(sys.argv[1])
+shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["gauss200k", "gauss1M", "patches16", "patches8"]
+ks = [int(v) for v in sys.argv[3].split(",")] if len(sys.argv) > 3 else [10]
+repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+plan.GPU_KERNEL_GROUP_COLUMNS = columns
+
+gen = torch.Generator(device="cuda").manual_seed(0)
+makers = {
+    "gauss200k": lambda: torch.randn(200_000, 128, device="cuda", generator=gen),
+    "gauss1M": lambda: torch.randn(1_000_000, 128, device="cuda", generator=gen),
+}
+pics = None
+for side, stride in ((8, 2), (16, 3)):
+    def make(side=side, stride=stride):
+        global pics
+        pics = pics if pics is not None else dict(np.load(".carry/pictures.npz"))
+        return torch.from_numpy(patches(pics, side, stride, 12)).cuda()
+    makers[f"patches{side}"] = make
+knng.graph(torch.randn(40_000, 64, device="cuda"), 10)  # compile and warm up
+for name in shapes:
+    x = makers[name]()
+    for k in ks:
+        ts = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            g = knng.graph(x, k)
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t)
+        r = g.report
+        h = hashlib.sha1(torch.as_tensor(g.indices).cpu().numpy().tobytes())
+        h.update(torch.as_tensor(g.distances).cpu().numpy().tobytes())
+        print(f"cols {columns:7d} {name:9} {tuple(x.shape)} k={k:<4} min {min(ts) * 1e3:8.1f} ms  "
+              f"all {[round(v * 1e3, 1) for v in ts]}  {r.plan.screen_precision} parts {r.parts} "
+              f"group {r.plan.group_parts} computed {r.blocks_computed} survivors {r.store.survivors} "
+              f"exact {r.store.exact_evaluations} sha1 {h.hexdigest()[:12]}", flush=True)
+    del x
+    torch.cuda.empty_cache()
