@@ -7,6 +7,10 @@ on one machine, from the repository root (``.carry/pictures.npz``: the pictures 
     for i in 1 2; do for c in 32768 131072 262144; do
         PYTHONPATH=src python bench/ab_group.py $c gauss200k,gauss1M,patches16,patches8 10; done; done
 
+Arguments: COLUMNS [SHAPES [KS [REPEATS [PRECISION]]]]; SHAPES also takes ``gaussNxD`` (N Gaussian
+points of dimension D); PRECISION (e.g. float16) overrides the planner's choice, to compare
+precisions the same way.
+
 Prints, per shape and k, the minimum of ``repeats`` runs, all runs, launches per graph, the
 store's counters and a checksum of the answer (every setting must give the same bits).
 """
@@ -26,7 +30,10 @@ columns = int(sys.argv[1])
 shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["gauss200k", "gauss1M", "patches16", "patches8"]
 ks = [int(v) for v in sys.argv[3].split(",")] if len(sys.argv) > 3 else [10]
 repeats = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+precision = sys.argv[5] if len(sys.argv) > 5 else None  # default: the planner's
 plan.GPU_KERNEL_GROUP_COLUMNS = columns
+if precision:
+    plan.choose_screen_precision = lambda *a, **kw: precision
 
 gen = torch.Generator(device="cuda").manual_seed(0)
 makers = {
@@ -42,6 +49,9 @@ for side, stride in ((8, 2), (16, 3)):
     makers[f"patches{side}"] = make
 knng.graph(torch.randn(40_000, 64, device="cuda"), 10)  # compile and warm up
 for name in shapes:
+    if name not in makers:  # gaussNxD: N Gaussian points of dimension D
+        n, d = (int(v) for v in name.removeprefix("gauss").split("x"))
+        makers[name] = lambda n=n, d=d: torch.randn(n, d, device="cuda", generator=gen)
     x = makers[name]()
     for k in ks:
         ts = []

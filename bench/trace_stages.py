@@ -4,7 +4,7 @@
 host time, GPU kernel time and launches inside it, the torch operations that took the most
 host time and the GPU kernels that took the most time. Usage (GPU machine)::
 
-    PYTHONPATH=src python bench/trace_stages.py K OUT_DIR [--graph 200000 --precision float32]
+    PYTHONPATH=src python bench/trace_stages.py K OUT_DIR [--d 960] [--graph 200000 --precision float32]
 
 It showed that at k = 10 the store's update is about 400 launches and a dozen synchronisations
 for 1.3 ms of GPU work (``docs/BENCHMARKS.md``, "Store updates by one sort").
@@ -45,6 +45,16 @@ def mark_graph_stages() -> None:
     marked("seed")
 
 
+def mark_search_stages() -> None:
+    """Mark a search's own stages: the corpus pass and preparation, the sample, the seeds, each
+    tile's screen and the first tile's tightening."""
+    import knng.engine.search as search
+
+    for name in ("prepare_corpus", "seed_sample", "_seed_from_sample", "screen_rows"):
+        marked(name, search)
+    marked("tighten")
+
+
 def summary(trace: Path) -> None:
     events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
     cpu = [e for e in events if e.get("cat") == "cpu_op"]
@@ -83,23 +93,26 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--graph", type=int, default=0, help="trace a graph of this many points instead")
     ap.add_argument("--precision", default="tf32", help="a screen precision, or auto (the planner's)")
+    ap.add_argument("--d", type=int, default=128, help="dimension of the points")
     args = ap.parse_args()
     k, out = args.k, args.out
     for name in ("flush", "finish", "_take_last", "_evaluate_rows"):
         marked(name)
     if args.graph:
         mark_graph_stages()
+    else:
+        mark_search_stages()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     if args.precision != "auto":
         plan.choose_screen_precision = lambda *a, **kw: args.precision
     if args.graph:
-        x = torch.randn((args.graph, 128), device=dev, generator=gen)
+        x = torch.randn((args.graph, args.d), device=dev, generator=gen)
         call, tag = (lambda: knng.graph(x, k)), f"graph{args.graph}"
     else:
-        x = torch.randn((1_000_000, 128), device=dev, generator=gen)
-        q = torch.randn((10_000, 128), device=dev, generator=gen)
-        call, tag = (lambda: knng.search(q, x, k)), "search"
+        x = torch.randn((1_000_000, args.d), device=dev, generator=gen)
+        q = torch.randn((10_000, args.d), device=dev, generator=gen)
+        call, tag = (lambda: knng.search(q, x, k)), f"search{args.d}"
     for _ in range(2):
         call()
     torch.cuda.synchronize()

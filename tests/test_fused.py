@@ -341,8 +341,10 @@ def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 4096) == "float16"  # any k short of float64's rule
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 16384) == "float64"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 17, operation="graph") == "float32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 10, operation="graph") == "float32"  # 8x8 patches
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 300, operation="graph") == "float16"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 301, operation="graph") == "float32"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 100, operation="graph") == "float16"  # 8x8 patches
+    assert plan.choose_screen_precision(gpu, 1_000_000, 31, 10, operation="graph") == "float32"  # not measured
     assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"

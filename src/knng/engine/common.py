@@ -18,7 +18,7 @@ from knng.metrics import Metric, Prepared
 
 __all__ = [
     "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus", "is_out_of_memory",
-    "Progress", "EngineReport",
+    "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
 ]
 
 
@@ -77,6 +77,12 @@ def full_precision() -> Iterator[None]:
     finally:
         for b, value in zip(backends, saved):
             b.fp32_precision = value
+
+
+#: The screens whose seed products (a search's sample, a graph part's sampled own block) may run
+#: on TF32 tensor cores: TF32's own, and scaled float16, whose stored values (11 significant
+#: bits, scaled by powers of two) TF32 holds exactly, so that its products are the reference's.
+TF32_EXACT_SAMPLES = frozenset({"tf32", "float16"})
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ directions. Then every point's candidates go through the same exact finish as a 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -18,7 +19,8 @@ import torch
 from knng._inputs import InputArray
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
-    EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
+    TF32_EXACT_SAMPLES, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
+    tf32_products,
 )
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
@@ -387,8 +389,12 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
         local = torch.arange(r0, r1, device=device)
         rows = row_ids[r0:r1]
         row_terms = None if terms is None else terms[r0:r1]
-        scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms,
-                              buffer if whole else None)
+        # A sampled seed's product may run on TF32 tensor cores where they hold the stored values
+        # exactly (its keys only bound τ; the screen that follows is the kernel's).
+        tf32 = not whole and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
+        with tf32_products() if tf32 else contextlib.nullcontext():
+            scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms,
+                                  buffer if whole else None)
         if not include_self:
             # By index, not by distance: duplicates stay.
             if whole:

@@ -374,16 +374,22 @@ FUSED_SEARCH_MAX_K = 16
 #: float32 ms): k = 1,024 150, 149 / 270, 272; k = 2,048 258, 256 / 400, 396; k = 4,096 500, 504 /
 #: 653, 652 (k = 16,384, where the float64 rule holds: float64 1,578, 1,544 / float16 1,887, 1,896).
 FLOAT16_SEARCH_MIN_D = 64
-#: Graphs screen in float16 up to this k and from this d, float32 otherwise: their stores take in
-#: every survivor of both sides, and at k = 100 float16's (801 per row against float32's 409)
-#: cost more than its products save; on 8×8 image patches (d = 64) its flat regions let
-#: thousands through (p99 3,250 pairs per row against 125). H100, 2026-11-24, min of calls,
+#: Graphs screen in float16 up to this k and from this d, float32 otherwise. Their stores take in
+#: every survivor of both sides (at k = 100 float16's 801 per row against float32's 409; on 8×8
+#: image patches, whose flat regions let thousands through, p99 3,250 against 125), and with one
+#: launch per block float16 lost at k = 100 and on the 8×8 patches. H100, 2026-11-24, min of calls,
 #: float32 / float16 ms: Gaussian 200k × 128 in alternating fresh processes
 #: (``bench/ab_precision.py``) k = 10 327.6, 337.4 / 279.2, 270.0, k = 100 620.9, 618.3 /
 #: 758.8, 787.1; patches (``bench/bench_patches.py``'s, one process, alternating) 582k × 64,
 #: k = 10 1,585, 1,457 / 1,585, 1,904; 250k × 256, k = 10 609, 587 / 544, 493.
-FLOAT16_GRAPH_MAX_K = 16
-FLOAT16_GRAPH_MIN_D = 128
+#: With launches over several column parts (``GPU_KERNEL_GROUP_COLUMNS``) float16 won more widely
+#: (H100, 2026-11-24, alternating fresh processes, ``bench/ab_group.py``, float32 / float16 ms):
+#: 8×8 patches (582k × 64) k = 10 1,545, 1,487 / 798, 847, k = 100 2,021, 1,905 / 1,637, 1,562;
+#: 200k × 128 k = 100 552, 549 / 492, 514, k = 300 1,174, 1,149 / 1,107, 1,053, k = 1,000 2,757,
+#: 2,696 / 3,447, 3,451; 16×16 patches k = 100 758, 683 / 638, 613; 500k × 32, k = 10 1,130,
+#: 1,104 / 476, 437. Below d = 32 nothing was measured.
+FLOAT16_GRAPH_MAX_K = 300
+FLOAT16_GRAPH_MIN_D = 32
 
 
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search") -> str:

@@ -19,7 +19,7 @@ from knng.engine import preparation
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
-    tf32_products,
+    TF32_EXACT_SAMPLES, tf32_products,
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
@@ -37,10 +37,6 @@ __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed
 #: were measured too and lost: the store's updates cost more (5.6 → 26–32 ms) than the
 #: screen saved (47 → 35 ms).
 TF32_SAMPLE = True
-#: The screens whose sample product may run on TF32 tensor cores: TF32's own, and scaled
-#: float16, whose stored values (11 significant bits) TF32 holds exactly, so that its products
-#: are the reference's.
-TF32_EXACT_SAMPLES = frozenset({"tf32", "float16"})
 
 
 #: Device types on which the thresholds tighten once, after the first corpus tile, from its

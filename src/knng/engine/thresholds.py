@@ -31,8 +31,16 @@ def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> to
     return starts[:-1] + jitter.long()
 
 
-#: Columns per chunk of a CPU seed (see :func:`seed_candidates`).
+#: Columns per chunk of a seed by chunk minima (see :func:`seed_candidates`).
 SEED_CHUNK = 32
+#: Largest k whose seeds come from chunk minima on a GPU (any k on a CPU). H100, 2026-11-24,
+#: alternating fresh processes (``bench/ab_calls.py``, ``bench/ab_group.py``), ``select``'s pass
+#: → chunk minima (with TF32 products for graph parts' seeds), ms: graph 200k × 128, k = 10 181,
+#: 184 → 163, 163; 1M × 128 1,475, 1,487 → 1,339, 1,396; 16×16 patches 373, 387 → 337, 375;
+#: search 1M × 960, 10k queries, k = 10 85.4, 83.2 → 81.0, 81.8; 1M × 128 k = 10 32.3, 34.7 →
+#: 32.4, 31.5; but k = 100 39.9, 43.7 → 45.6, 45.3 (a top-100 of 2,048 chunk minima per row, and
+#: seeds a little looser).
+GPU_CHUNK_SEED_MAX_K = 16
 
 
 def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.device
@@ -40,16 +48,18 @@ def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.dev
     """k distinct candidates per row of a block to seed τ, about the k smallest.
 
     Any k columns give a valid bound, so a float64 block is selected on float32 keys (every
-    algorithm takes them) and the block's own values are returned. On a GPU the k smallest,
-    selected by ``select``. On a CPU, with at least 2k chunks of :data:`SEED_CHUNK` columns,
-    the smallest entry of each chunk and the k smallest of those: k distinct columns, whose
-    k-th is about the row's 11th smallest for k = 10 (Gaussian 2,048² block: median rank 11)
-    at half of ``torch.topk``'s time over the whole row (about 3 ms against 6.7 ms, 2 cores).
+    algorithm takes them) and the block's own values are returned. With at least 2k chunks of
+    :data:`SEED_CHUNK` columns, the smallest entry of each chunk and the k smallest of those: k
+    distinct columns, whose k-th is about the row's 11th smallest for k = 10 (Gaussian 2,048²
+    block: median rank 11), in a few launches and no synchronisation: on a CPU at half of
+    ``torch.topk``'s time over the whole row (about 3 ms against 6.7 ms, 2 cores), on a GPU
+    faster than ``select``'s pass over the block up to k = :data:`GPU_CHUNK_SEED_MAX_K`.
+    Otherwise the k smallest, selected by ``select``.
     """
     keys = scores if scores.dtype == torch.float32 else scores.to(torch.float32)
     m, cols = keys.shape
     chunks = cols // SEED_CHUNK
-    if device.type != "cuda" and chunks >= 2 * k:
+    if chunks >= 2 * k and (device.type != "cuda" or k <= GPU_CHUNK_SEED_MAX_K):
         body = keys[:, :chunks * SEED_CHUNK].view(m, chunks, SEED_CHUNK)
         tail = keys[:, chunks * SEED_CHUNK:]
         minima = body.amin(dim=2)  # values only: min() with indices ran 9× slower
