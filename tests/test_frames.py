@@ -15,6 +15,7 @@ import knng.engine.plan as plan_mod
 from knng._inputs import as_input
 from knng.engine.frames import PrincipalFrames
 from knng.metrics import METRICS as KNNG_METRICS
+from knng.metrics import PRECISIONS
 from oracle import assert_exact, oracle_graph, smooth_image_patches
 
 
@@ -155,11 +156,14 @@ def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed):
     import knng.engine.graph as graph_mod
 
     monkeypatch.setattr(plan_mod, "GPU_MAX_PART", 500)
+    monkeypatch.setattr(plan_mod, "GPU_KERNEL_MAX_PART", 500)  # the fused precisions' parts too
+    monkeypatch.setattr(plan_mod, "GPU_KERNEL_GROUP_COLUMNS", 1500)  # their launches: 3 column parts
     monkeypatch.setattr(graph_mod, "OWN_PART_SEED", 128)
     monkeypatch.setattr(plan_mod, "choose_screen_precision", lambda *a, **k: precision)
     x = DATA[data](rng, 4000)
     g = knng.graph(x, 10, device="cuda")
     assert g.report.plan.frames == "principal" and g.report.plan.screen_precision == precision
+    assert g.report.parts == 8 and g.report.plan.group_parts == (3 if PRECISIONS[precision].fused else 1)
     assert_exact(g, oracle_graph(x, 10), context=f"seed={seed} {data} {precision}")
 
 

@@ -354,23 +354,18 @@ def test_select_algorithms_agree(k, seed):
 
 
 def test_oom_retry_on_gpu(monkeypatch, seed):
-    import knng.engine.thresholds as thresholds  # the selection that seeds τ
+    import knng.engine.search as search  # the seeds of τ: chunk minima at k = 10, else a selection
 
-    real = thresholds.resolve
+    real = search.seed_candidates
     calls = {"n": 0}
 
-    def resolve(*args, **kwargs):
-        fn = real(*args, **kwargs)
+    def seed_candidates(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(*args, **kwargs)
 
-        def select(scores, k, **kw):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-            return fn(scores, k, **kw)
-
-        return select
-
-    monkeypatch.setattr(thresholds, "resolve", resolve)
+    monkeypatch.setattr(search, "seed_candidates", seed_candidates)
     corpus = _randn((100_000, 64), seed)
     queries = _randn((4_000, 64), seed + 1)
     res = knng.search(queries, corpus, 10)
