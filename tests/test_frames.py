@@ -108,6 +108,18 @@ def test_slab_data_choose_local_centres_and_gaussian_data_do_not(rng):
         assert f.local is local
 
 
+def _frames_and_distances(x: np.ndarray, part: int) -> tuple[PrincipalFrames, np.ndarray]:
+    """Principal frames of ``x`` (parts of ``part`` rows, on the CPU) and its float64 squared
+    distances by differences, the diagonal +inf."""
+    t = torch.from_numpy(x)
+    f = PrincipalFrames(as_input(t, "data"), KNNG_METRICS["euclidean"], t.to(torch.float64).mean(0),
+                        torch.device("cpu"), part, torch.float32)
+    x64 = x.astype(np.float64)
+    d2 = ((x64[:, None, :] - x64[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d2, np.inf)
+    return f, d2
+
+
 @pytest.mark.parametrize("trial", range(4))
 def test_window_holds_every_pair_either_side_needs(trial, rng):
     # The contract of PrincipalFrames.window: any pair (i, j) of blocks I < J whose exact squared
@@ -116,12 +128,7 @@ def test_window_holds_every_pair_either_side_needs(trial, rng):
     n, part = 240, 30
     x = _line(rng, n, d=4, spread=rng.choice([3.0, 30.0, 300.0])) if trial % 2 else \
         rng.standard_normal((n, 5)).astype(np.float32) * np.array([20, 1, 1, 1, 1], dtype=np.float32)
-    t = torch.from_numpy(x)
-    f = PrincipalFrames(as_input(t, "data"), KNNG_METRICS["euclidean"], t.to(torch.float64).mean(0),
-                        torch.device("cpu"), part, torch.float32)
-    x64 = x.astype(np.float64)
-    d2 = ((x64[:, None, :] - x64[None, :, :]) ** 2).sum(-1)
-    np.fill_diagonal(d2, np.inf)
+    f, d2 = _frames_and_distances(x, part)
     kth = np.sort(d2, axis=1)[:, rng.integers(1, 6)]
     choice = rng.integers(0, 4, n)
     partner = rng.integers(0, n, n)
@@ -225,12 +232,7 @@ def test_a_span_window_holds_its_members_windows(trial, rng):
     # member's window, None only when no member has one, and the live members counted.
     n, part = 300, 25
     x = _line(rng, n, d=4, spread=[3.0, 30.0, 300.0][trial])
-    t = torch.from_numpy(x)
-    f = PrincipalFrames(as_input(t, "data"), KNNG_METRICS["euclidean"], t.to(torch.float64).mean(0),
-                        torch.device("cpu"), part, torch.float32)
-    x64 = x.astype(np.float64)
-    d2 = ((x64[:, None, :] - x64[None, :, :]) ** 2).sum(-1)
-    np.fill_diagonal(d2, np.inf)
+    f, d2 = _frames_and_distances(x, part)
     tau = torch.from_numpy(np.sort(d2, axis=1)[:, rng.integers(1, 8, n)].diagonal().copy())
     parts = len(f.parts)
     for pi in range(parts - 1):
