@@ -7,10 +7,11 @@ on one machine, from the repository root (``.carry/pictures.npz``: the pictures 
     for i in 1 2; do for c in 32768 131072 262144; do
         PYTHONPATH=src python bench/ab_group.py $c gauss200k,gauss1M,patches16,patches8 10; done; done
 
-Arguments: COLUMNS [SHAPES [KS [REPEATS [PRECISION [OWN_SEED [PART [PENDING]]]]]]]; SHAPES also takes ``gaussNxD``
+Arguments: COLUMNS [SHAPES [KS [REPEATS [PRECISION [OWN_SEED [PART [PENDING [REBUILD]]]]]]]]; SHAPES also takes ``gaussNxD``
 (N Gaussian points of dimension D); PRECISION (e.g. float16; ``auto``: the planner's) overrides
 the planner's choice, to compare precisions the same way; OWN_SEED sets ``graph.OWN_PART_SEED``
-(0: as it is), PART ``plan.GPU_KERNEL_MAX_PART`` and PENDING ``plan.PENDING_GPU``.
+(0: as it is), PART ``plan.GPU_KERNEL_MAX_PART``, PENDING ``plan.PENDING_GPU`` and REBUILD
+``store.REBUILD_ENTRIES_GPU``.
 
 Prints, per shape and k, the minimum of ``repeats`` runs, all runs, launches per graph, the
 store's counters and a checksum of the answer (every setting must give the same bits).
@@ -35,7 +36,11 @@ precision = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] != "auto" else None
 own_seed = int(sys.argv[6]) if len(sys.argv) > 6 else 0  # columns seeding a part's own block
 part = int(sys.argv[7]) if len(sys.argv) > 7 else 0  # rows of a kernel-screened graph's parts
 pending = int(sys.argv[8]) if len(sys.argv) > 8 else 0  # survivors the stores let wait
+rebuild = int(sys.argv[9]) if len(sys.argv) > 9 else 0  # entries one store update sorts at a time
 plan.GPU_KERNEL_GROUP_COLUMNS = columns
+if rebuild:
+    import knng.engine.store as store
+    store.REBUILD_ENTRIES_GPU = rebuild
 if pending:
     plan.PENDING_GPU = pending
 if part:
