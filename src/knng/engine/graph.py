@@ -25,7 +25,7 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
 from knng.engine.lists import ListHome
-from knng.engine.plan import LISTS_ON_DEVICE, PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
+from knng.engine.plan import LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, use_kernel,
 )
@@ -38,14 +38,6 @@ __all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "OWN
 #: Shared block thresholds (one per point, against the corpus's largest norm) only while the
 #: largest norm of every part is within this factor of the smallest part maximum.
 UNIFORM_NORMS = 1.5
-#: Columns of a part that seed its rows' thresholds when the fused kernel screens the part's own
-#: block (the torch screen seeds from the whole block it materialises anyway). H100, 2026-11-24,
-#: k = 10, parts of 32,768, alternating fresh processes (``bench/ab_group.py``), 4,096 / 8,192 /
-#: 16,384 columns, ms: 1M × 128 1,542, 1,383 / 1,407, 1,355 / 1,489, 1,483; 200k × 128 154, 164
-#: / 172, 151 / 194, 181; 16×16 patches 369, 363 / 348, 311 / 371, 374; 8×8 patches 984, 957 /
-#: 832, 829 / 1,001, 848 (survivors of the 1M graph 153M / 107M / 85M: each doubling halves the
-#: own blocks' survivors and doubles the seeds' product and selection).
-OWN_PART_SEED = 8192
 #: The candidate-store tensors a checkpoint saves (see CandidateStore.state).
 _STORE_ARRAYS = tuple(name.lstrip("_") for name in CandidateStore.STATE_TENSORS)
 #: Store entries × 64 bytes the finish takes at a time: on a CPU rows that stay in cache; on a

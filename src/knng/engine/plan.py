@@ -207,6 +207,14 @@ GPU_KERNEL_MAX_PART = 32768
 #: per graph grow little (1M: 145M with one part per launch, 151M with 262,144 columns, 156M
 #: with whole rows), and every setting gives the same answer bit for bit.
 GPU_KERNEL_GROUP_COLUMNS = 262144
+#: Columns of a part that seed its rows' thresholds when the fused kernel screens the part's own
+#: block (the torch screen seeds from the whole block it materialises anyway). H100, 2026-11-24,
+#: k = 10, parts of 32,768, alternating fresh processes (``bench/ab_group.py``), 4,096 / 8,192 /
+#: 16,384 columns, ms: 1M × 128 1,542, 1,383 / 1,407, 1,355 / 1,489, 1,483; 200k × 128 154, 164
+#: / 172, 151 / 194, 181; 16×16 patches 369, 363 / 348, 311 / 371, 374; 8×8 patches 984, 957 /
+#: 832, 829 / 1,001, 848 (survivors of the 1M graph 153M / 107M / 85M: each doubling halves the
+#: own blocks' survivors and doubles the seeds' product and selection).
+OWN_PART_SEED = 8192
 
 
 #: Columns of a search's random sample for the first thresholds. A sample of m columns lets
@@ -634,7 +642,9 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                  and 3 * corpus_bytes + store <= budget // 2)
     frames = PRINCIPAL_FRAMES if principal else GLOBAL_FRAMES
     slots = store if lists == LISTS_ON_DEVICE else 2 * band_parts * b * (capacity * 25 + 40 + SLOT_BYTES)
-    blocks_bytes = 0 if kernel else b * b * element * 3  # a kernel screen materialises no block
+    # A kernel screen materialises no block but the float32 sample block that seeds a part's own
+    # block (its whole own block when the part is no wider than the sample).
+    blocks_bytes = b * min(b, OWN_PART_SEED) * BLOCK_BYTES_PER_ELEMENT if kernel else b * b * element * 3
     expected = (slots + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
                 + pending * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
     read_rows = _read_rows(host_budget, d, max(b, READ_ROWS))
