@@ -43,7 +43,7 @@ def plan_lines(title: str, plan: Any) -> list[str]:
         lines.append(f"  symmetry        {plan.parts:,} part{'s' if plan.parts != 1 else ''} of ≤{plan.part_size:,} "
                      f"points: {plan.blocks:,} of {plan.parts * plan.parts:,} blocks computed "
                      f"({1 - plan.blocks / (plan.parts * plan.parts):.0%} of the pair work skipped)")
-        group = getattr(plan, "group_parts", 1)
+        group = plan.group_parts
         lines.append(f"  score blocks    {plan.part_size:,} × {plan.part_size:,}" + (
             f"; a screen kernel takes up to {group} column parts ({group * plan.part_size:,} columns) "
             "per launch" if group > 1 else ""))

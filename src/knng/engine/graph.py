@@ -379,6 +379,9 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     else:
         seed_cols = torch.linspace(0, m - 1, OWN_PART_SEED, device=device).round().long().unique()
         seed_prep, seed_terms = prep[seed_cols], None if terms is None else terms[seed_cols]
+    # A sampled seed's product may run on TF32 tensor cores where they hold the stored values
+    # exactly (its keys only bound τ; the screen that follows is the kernel's).
+    tf32 = not whole and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
     maxima = tile.maxima()
     errors = store.errors
     for r0 in range(0, m, step):
@@ -386,9 +389,6 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
         local = torch.arange(r0, r1, device=device)
         rows = row_ids[r0:r1]
         row_terms = None if terms is None else terms[r0:r1]
-        # A sampled seed's product may run on TF32 tensor cores where they hold the stored values
-        # exactly (its keys only bound τ; the screen that follows is the kernel's).
-        tf32 = not whole and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
         with tf32_products() if tf32 else contextlib.nullcontext():
             scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms,
                                   buffer if whole else None)

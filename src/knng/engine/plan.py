@@ -578,7 +578,7 @@ def group_parts(*, kernel: bool, resident: bool, lists: str, parts: int, part_si
     columns): only where a kernel screens (nothing is materialised, so a launch's memory does
     not grow with its columns), the prepared corpus is resident (a group's columns are one
     slice of it) and the stores stay on the device; else one."""
-    if not (kernel and resident and lists == LISTS_ON_DEVICE) or parts < 3:
+    if not (kernel and resident and lists == LISTS_ON_DEVICE):
         return 1
     return int(max(1, min(parts - 1, GPU_KERNEL_GROUP_COLUMNS // max(1, part_size))))
 
