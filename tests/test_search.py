@@ -261,6 +261,52 @@ def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, s
     assert_exact(res, oracle, context=f"seed={seed} {data}")
 
 
+@pytest.mark.parametrize("fits", [True, False])
+@pytest.mark.parametrize("data,k", [("gaussian", 1), ("duplicates", 9), ("flat", 7), ("offset", 4),
+                                    ("integers", 30), ("all", 300)])
+def test_held_survivors_finish_exact(data, k, fits, monkeypatch, rng, seed, screen):
+    # Where the tiles tighten the thresholds (GPU searches), the survivors are re-screened
+    # against them after every tile and held back; the finish evaluates every one exactly
+    # (CandidateStore.finish_all) or, where the widest row would not fit, hands them to the store.
+    # Both must be exact, and identical, on ties, duplicates, flat regions, huge offsets, integer
+    # data and k = n; tiles of sizes that are not multiples of anything (a small budget).
+    from knng.engine.store import CandidateStore
+
+    x = rng.standard_normal((300 if data == "all" else 1700, 5))
+    q = rng.standard_normal((13, 5))
+    if data == "duplicates":
+        x[600:1200] = x[:600]
+        q[:4] = x[:4]
+    elif data == "flat":  # a flat region: hundreds of points a hair apart, queries inside it
+        x[:900] = 3.0 + rng.integers(0, 2, (900, 5)) * 1e-3
+        q[:6] = 3.0
+    elif data == "offset":
+        x, q = x + 1e5, q + 1e5
+    elif data == "integers":
+        x, q = np.round(2 * x), np.round(2 * q)
+    calls = {"all": 0, "fitted": 0}
+    real = CandidateStore.finish_all
+
+    def counted(store, rows, cols):
+        calls["all"] += 1
+        # Room for every row, or for none (the store finishes; its own test keeps its limit).
+        store.rebuild_entries = 1 << 30 if fits else 1
+        done = real(store, rows, cols)
+        calls["fitted"] += done is not None
+        return done
+
+    monkeypatch.setattr(CandidateStore, "finish_all", counted)
+    if not fits:
+        monkeypatch.setattr("knng.engine.store.FINISH_ALL_PADDING", 0)
+    monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))
+    res = knng.search(q, x, k, memory_budget="64KB")
+    assert calls["all"] >= 1 and (calls["fitted"] == calls["all"]) == fits, calls
+    assert_exact(res, oracle_search(q, x, k), context=f"seed={seed} {data} fits={fits}")
+    report = last_report()
+    assert report.screened_per_row["median"] >= k
+    assert report.evaluations_per_row["median"] >= (k if fits else 0)
+
+
 def test_key_codes_sort_as_the_keys(rng):
     # CandidateStore.tighten sorts (row, key) pairs as one int64: the key's code must order
     # like the float32 key and decode to the same bits; float64 keys are rounded up.

@@ -39,13 +39,18 @@ __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed
 TF32_SAMPLE = True
 
 
-#: Device types on which the thresholds tighten once, after the first corpus tile, from its
-#: survivors (:meth:`CandidateStore.tighten`). The k-th of a tile of 262,144 columns bounds
-#: tighter than the sample's 65,536. 1M × 128, 10k queries, TF32, H100 (2026-11-23): 220 → 105
-#: pairs screened per row at k = 10, screen 48 → 38 ms; tightening after every tile, with tiles
-#: doubling from a quarter width, kept about as many (97) and cost 8–12 ms of sorts; float32
-#: k = 10: 143 pairs per row without, 65 with. On a CPU (64k × 64, 10k queries) the tiles are
-#: narrower than the sample and nothing changed (135 pairs per row either way).
+#: Device types on which the screen tightens the thresholds itself: after every corpus tile, τ
+#: of each row becomes the k-th key among the survivors of the tiles so far (plus a radius,
+#: :meth:`CandidateStore.tighten`), the survivors are re-screened against it and held back, and
+#: the finish evaluates every one left exactly (:meth:`CandidateStore.finish_all`) instead of
+#: taking them through the store. The k-th of a tile of 262,144 columns bounds tighter than the
+#: sample's 65,536 (1M × 128, 10k queries, TF32, H100, 2026-11-23: 220 → 105 pairs screened per
+#: row at k = 10); re-screening what the tiles let through leaves a little more than k per row
+#: (float16, H100, 2026-11-24: 213 → 13 at k = 10, 8,016 → 1,248 at k = 1,024), and the finish
+#: without the store took k = 10 / 100 / 1,024 / 2,048 from 28–34 / 36–41 / 109–113 / 197–202 ms
+#: to 24–25 / 30–32 / 69–70 / 104–105 (``bench/ab_search.py``). On a CPU (64k × 64, 10k
+#: queries) the tiles are narrower than the sample and the store's capacity keeps rows small
+#: as they fill, so the CPU keeps the store's path.
 TIGHTEN_ON = frozenset({"cuda"})
 
 
@@ -116,8 +121,8 @@ def exact_search(
             try:
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                store = _screen_chunk(raw, pcorpus, sample, metric, k, plan, cols_per_tile, select, device)
-                idx, dist = store.finish()
+                chunk = _screen_chunk(raw, pcorpus, sample, metric, k, plan, cols_per_tile, select, device)
+                idx, dist = chunk.finish()
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
                 recover_from_oom(exc, device, can_retry=rows_per_chunk > 8 or cols_per_tile > max(8, k))
                 if rows_per_chunk >= cols_per_tile and rows_per_chunk > 8:
@@ -130,10 +135,11 @@ def exact_search(
             out_idx[q0:q1] = idx
             out_dist[q0:q1] = dist
             exact_stats.rows += q1 - q0
+            store = chunk.store
             exact_stats.exact_evaluations += store.stats.exact_evaluations
             store_stats.add(store.stats)
             per_row.append(store.evaluations_per_row())
-            screened.append(store.screened_per_row())
+            screened.append(store.screened_per_row() if chunk.screened is None else chunk.screened)
             if finished is not None:
                 finished.record(q0, q1, idx, dist, per_row[-1], screened[-1], exact_stats, store_stats, retries)
             bar.update(q1 - q0)
@@ -208,9 +214,32 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     store.seed(rows, sample.columns[positions], values, rad)
 
 
+@dataclass
+class _ScreenedChunk:
+    """One query chunk after its screen: its store (thresholds, and candidates handed in), and
+    where the tiles tightened the thresholds themselves, the survivors still held back
+    (rows, global columns, keys) and the pairs the screen let through per row."""
+
+    store: CandidateStore
+    held: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    screened: torch.Tensor | None = None
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's exact top k: every held survivor evaluated exactly where they fit
+        (:meth:`CandidateStore.finish_all`), else taken into the store and finished there."""
+        if self.held is not None:
+            owner, cols, keys = self.held
+            done = self.store.finish_all(owner, cols)
+            if done is not None:
+                return done
+            self.store.add(owner, cols, keys)
+        return self.store.finish()
+
+
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample, metric: Metric, k: int,
-                  plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
-    """Screen one chunk of queries against every corpus tile into a store of candidates."""
+                  plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> _ScreenedChunk:
+    """Screen one chunk of queries against every corpus tile, into a store of candidates or
+    (where the tiles tighten the thresholds, :data:`TIGHTEN_ON`) held survivors."""
     prep = preparation.prepare(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
         raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
@@ -233,15 +262,44 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     terms = pcorpus.terms32
     # A kernel screen writes no score block: once the first tile's survivors have tightened the
     # thresholds, the rest of a resident corpus goes in one launch (REST_AT_ONCE).
-    rest_at_once = REST_AT_ONCE and use_kernel(precision, device) and device.type in TIGHTEN_ON
+    tightening = device.type in TIGHTEN_ON
+    rest_at_once = REST_AT_ONCE and use_kernel(precision, device) and tightening
+    held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # survivors not yet handed in
+    screened = torch.zeros(m, dtype=torch.int64, device=device)
+    seen = (0.0, 0.0)  # the largest norm and |term| of the columns screened so far
     for c0, c1, tile in pcorpus.tiles(cols_per_tile, rest_at_once=rest_at_once):
         maxima = pcorpus.maxima(c0, c1)
         found = screen_rows(prep.vectors, tile, corpus.d, store.screen_thresholds(rows, *maxima), precision,
                             col_terms=None if terms is None else terms[c0:c1])
-        if c0 == 0 and c1 < corpus.n and device.type in TIGHTEN_ON:
-            store.tighten(found.owner, found.keys, *maxima)  # the later tiles screen against it
-        store.add(found.owner, found.other + c0, found.keys)
-    return store
+        if not tightening:
+            store.add(found.owner, found.other + c0, found.keys)
+            continue
+        screened.index_add_(0, found.owner, torch.ones_like(found.owner))
+        seen = (max(seen[0], maxima[0]), max(seen[1], maxima[1]))
+        held.append((found.owner, found.other + c0, found.keys))
+        held = [_tightened(store, rows, held, seen)]
+    if not tightening:
+        return _ScreenedChunk(store)
+    return _ScreenedChunk(store, held[0], screened)
+
+
+def _tightened(store: CandidateStore, rows: torch.Tensor, held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+               maxima: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tighten every row's τ from the survivors of the tiles screened so far (``held``: lists
+    of (rows, global columns, screen keys) of distinct columns; ``maxima``: their columns'
+    largest norm and |term|), and keep only those that can still pass the store's own test.
+
+    The store's test keeps a pair when s̃ − E ≤ τ; E is at most the radius of the thresholds
+    for columns within ``maxima`` (:meth:`CandidateStore.screen_thresholds`), so a pair above
+    those thresholds can never pass it, now or after τ tightens further. The later tiles
+    screen against the tightened τ; what is held waits for the finish's last take-in, which
+    then sorts a little more than k per row instead of everything the first tile's sampled
+    thresholds let through (1M × 128, 10k queries, k = 1,024: about 8,000 pairs per row).
+    """
+    owner, cols, keys = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(3))
+    store.tighten(owner, keys, *maxima)
+    keep = torch.nonzero(keys <= store.screen_thresholds(rows, *maxima)[owner]).flatten()
+    return owner[keep], cols[keep], keys[keep]
 
 
 class _FinishedRows:

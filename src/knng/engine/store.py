@@ -44,6 +44,9 @@ DENSE_EVALUATION = 2
 #: 2²⁴ entries (about 1.3 GB of temporaries) leave a flush of 4M survivors one or two groups.
 REBUILD_ENTRIES = 1 << 22
 REBUILD_ENTRIES_GPU = 1 << 24
+#: :meth:`CandidateStore.finish_all` pads every row to the widest one's candidates: at most this
+#: many times the pairs it is given (which were in memory already), or rebuild_entries entries.
+FINISH_ALL_PADDING = 2
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
 _INT64_MAX = torch.iinfo(torch.int64).max
@@ -771,6 +774,41 @@ class CandidateStore:
         if bool(repeat.any()):
             idx, dist = _top_by_distance(torch.where(repeat, -1, idx), dist, dist.shape[1])
         return idx[:, :k], dist[:, :k]
+
+    def finish_all(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The exact top k of every row from candidates handed in whole: store rows ``rows`` and
+        global columns ``cols``, each pair once, a superset of every row's true top k (the
+        screen's survivors under thresholds that held). Returns int64 indices and float64
+        distances, (n, k), as :meth:`finish` does; or None, with nothing changed, where the
+        widest row padded to every row would take more than :attr:`rebuild_entries` entries and
+        :data:`FINISH_ALL_PADDING` times the pairs (near-ties by the thousand in a few rows: hand
+        the pairs to :meth:`add` instead).
+
+        Every candidate is evaluated exactly, none is ordered from its screened interval: where
+        few more than k per row are left (a GPU search re-screens its survivors against the
+        thresholds its tiles tightened, ``knng.engine.search``) that costs less than the store's
+        take-in, tightening and finish, a few hundred small launches. The store must be empty.
+        """
+        if self._pending or bool((self.count > 0).any()):
+            raise RuntimeError("finish_all on a store that already holds candidates")
+        per_row = torch.bincount(rows, minlength=self.n)
+        width = max(self.k, int(per_row.max()) if rows.numel() else 0)
+        if width * self.n > max(self.rebuild_entries, FINISH_ALL_PADDING * rows.numel()):
+            return None
+        by_row = torch.sort(rows, stable=True)
+        rows, cols = by_row.values, cols[by_row.indices]
+        starts = torch.cumsum(per_row, 0) - per_row
+        slot = torch.arange(rows.numel(), device=rows.device) - starts[rows]
+        idx = torch.full((self.n, width), -1, dtype=torch.int64, device=self.device)
+        dist = torch.full((self.n, width), torch.inf, dtype=torch.float64, device=self.device)
+        idx[rows, slot] = cols
+        dist[rows, slot] = self.evaluate(rows, cols)
+        self.stats.survivors += int(rows.numel())
+        self.stats.exact_evaluations += int(rows.numel())
+        self._evaluations += per_row
+        self.updates += 1
+        idx, dist = _top_by_distance(idx, dist, self.k)
+        return idx, dist
 
     def _evaluate_rows(self, rows: torch.Tensor, idx: torch.Tensor, todo: torch.Tensor) -> torch.Tensor:
         """Exact distances of the ``todo`` entries of the padded ``idx`` of store rows ``rows``.

@@ -1,0 +1,76 @@
+"""A/B of a GPU search's engine settings: one variant per process, fresh processes alternating.
+
+From the repository root on a GPU machine::
+
+    for i in 1 2; do for v in store new; do PYTHONPATH=src:tests python bench/ab_search.py $v; done; done
+
+Variants (each patches module constants before the first call; ``new`` leaves the code as it is):
+
+* ``store``: the survivors a search holds back are taken into the store and finished there
+  (``CandidateStore.finish_all`` declines), as before it existed.
+* ``new``: the code as it is.
+
+Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
+most ``plan.PENDING_GPU`` pairs and tightening only after the first tile.
+
+Cases: 10k queries against 1M N(0, 1) points, d = 128 at k = 10, 100, 1,024 and 2,048 and d = 960
+at k = 10 and 100 (``CASES`` as ``d:k,d:k``, optional second argument). For each: min and median
+of 5 calls after a warm-up, the peak of allocated GPU memory, pairs screened per row, and whether
+256 rows are exact against the float64 oracle by differences (``tests/oracle.py``).
+"""
+import sys
+import time
+
+import torch
+
+import knng
+import knng.api
+import knng.engine.store as store
+
+VARIANTS = {
+    # The held survivors taken into the store and finished there, as before finish_all.
+    "store": lambda: setattr(store.CandidateStore, "finish_all", lambda self, rows, cols: None),
+    "new": lambda: None,
+}
+
+
+def main() -> None:
+    variant = sys.argv[1] if len(sys.argv) > 1 else "new"
+    cases = [tuple(int(v) for v in c.split(":")) for c in
+             (sys.argv[2] if len(sys.argv) > 2 else "128:10,128:100,128:1024,128:2048,960:10,960:100").split(",")]
+    VARIANTS[variant]()
+    from oracle import assert_exact_chunked
+
+    dev = torch.device("cuda")
+    data = {}
+    for d, k in cases:
+        if d not in data:
+            gen = torch.Generator(device=dev).manual_seed(d)
+            data[d] = (torch.randn((1_000_000, d), device=dev, generator=gen),
+                       torch.randn((10_000, d), device=dev, generator=gen))
+        x, q = data[d]
+        res = knng.search(q, x, k)
+        rows = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(k))[:256].to(dev)
+        try:
+            assert_exact_chunked(q, x, [res], "euclidean", rows=rows, device="cuda")
+            exact = "exact"
+        except AssertionError as exc:
+            exact = "NOT EXACT " + str(exc)[:200]
+        del res
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            knng.search(q, x, k)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        r = knng.api.last_report()
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        print(f"{variant:>6} d={d:<4} k={k:<5} min {min(times) * 1e3:7.1f} ms  median {sorted(times)[2] * 1e3:7.1f}"
+              f"  peak {peak:5.1f} GiB  ({r.screen_dtype}, pending {r.plan.pending_pairs:,}, screened/row "
+              f"{r.screened_per_row['median']:.0f}, evaluated/row {r.evaluations_per_row['median']:.0f}, {exact})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
