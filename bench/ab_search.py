@@ -8,6 +8,8 @@ Variants (each patches module constants before the first call; ``new`` leaves th
 
 * ``store``: the survivors a search holds back are taken into the store and finished there
   (``CandidateStore.finish_all`` declines), as before it existed.
+* ``blocks``: a corpus already on the GPU prepared in the plan's read blocks
+  (``search.DEVICE_BLOCK_BYTES = 0``), as before.
 * ``new``: the code as it is.
 
 Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
@@ -25,11 +27,14 @@ import torch
 
 import knng
 import knng.api
+import knng.engine.search as search
 import knng.engine.store as store
 
 VARIANTS = {
     # The held survivors taken into the store and finished there, as before finish_all.
     "store": lambda: setattr(store.CandidateStore, "finish_all", lambda self, rows, cols: None),
+    # A corpus on the GPU prepared in the plan's read blocks, as before prepare_corpus took it whole.
+    "blocks": lambda: setattr(search, "DEVICE_BLOCK_BYTES", 0),
     "new": lambda: None,
 }
 
