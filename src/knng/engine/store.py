@@ -277,6 +277,7 @@ class CandidateStore:
         #: Flushes so far: thresholds change only at a flush or a seed.
         self.updates = 0
         self._interrupted = False  # a flush failed part-way; the next one drops repeats
+        self._tile_tightenings = torch.zeros((), dtype=torch.int64, device=device)  # see tighten
 
     # ----------------------------------------------------------------------------- checkpoints
     #: The tensors a checkpoint saves: the candidates, thresholds and per-row report counters.
@@ -428,6 +429,9 @@ class CandidateStore:
         far = torch.where((first + offsets).abs() > (kth + offsets).abs(), first, kth)
         rad = self.errors.block_err(every, far, max_col_norm, max_col_term)
         torch.minimum(self.tau, torch.where(counts >= self.k, kth + rad, torch.inf), out=self.tau)
+        # Rows tightened, counted on the device (a count read here would be a synchronisation
+        # between a search's tiles): the finish adds them to stats.tightenings.
+        self._tile_tightenings += (counts >= self.k).sum()
         self.updates += 1
 
     # ------------------------------------------------------------------------------------ add
@@ -736,6 +740,7 @@ class CandidateStore:
         """
         if self._pending and not self._take_last():
             self.flush()
+        self._count_tile_tightenings()
         rows = torch.arange(self.n, device=self.device) if rows is None else rows
         block = _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
         lo, hi = self._bounds(block)
@@ -805,10 +810,16 @@ class CandidateStore:
         dist[rows, slot] = self.evaluate(rows, cols)
         self.stats.survivors += int(rows.numel())
         self.stats.exact_evaluations += int(rows.numel())
+        self._count_tile_tightenings()
         self._evaluations += per_row
         self.updates += 1
         idx, dist = _top_by_distance(idx, dist, self.k)
         return idx, dist
+
+    def _count_tile_tightenings(self) -> None:
+        """Add the rows :meth:`tighten` tightened (counted on the device) to the stats."""
+        self.stats.tightenings += int(self._tile_tightenings)
+        self._tile_tightenings.zero_()
 
     def _evaluate_rows(self, rows: torch.Tensor, idx: torch.Tensor, todo: torch.Tensor) -> torch.Tensor:
         """Exact distances of the ``todo`` entries of the padded ``idx`` of store rows ``rows``.
