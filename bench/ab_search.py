@@ -10,6 +10,8 @@ Variants (each patches module constants before the first call; ``new`` leaves th
   (``CandidateStore.finish_all`` declines), as before it existed.
 * ``blocks``: a corpus already on the GPU prepared in the plan's read blocks
   (``search.DEVICE_BLOCK_BYTES = 0``), as before.
+* ``cols131072``, ``cols524288``: the first corpus tile half / twice the planner's width
+  (``plan.GPU_SEARCH_COLS``).
 * ``new``: the code as it is.
 
 Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
@@ -27,6 +29,7 @@ import torch
 
 import knng
 import knng.api
+import knng.engine.plan as plan
 import knng.engine.search as search
 import knng.engine.store as store
 
@@ -35,6 +38,10 @@ VARIANTS = {
     "store": lambda: setattr(store.CandidateStore, "finish_all", lambda self, rows, cols: None),
     # A corpus on the GPU prepared in the plan's read blocks, as before prepare_corpus took it whole.
     "blocks": lambda: setattr(search, "DEVICE_BLOCK_BYTES", 0),
+    # The first corpus tile (whose survivors tighten the thresholds the rest is screened against)
+    # half / twice the planner's width.
+    "cols131072": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 17),
+    "cols524288": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 19),
     "new": lambda: None,
 }
 
