@@ -159,6 +159,9 @@ def engine_part(args) -> list[dict]:
     else:
         searches = [(1_000_000, 10_000, 128, [10, 100, 1024, 2048, 4096, 16384]), (1_000_000, 10_000, 960, [10, 100])]
         graphs = [(200_000, 128, [10, 100]), (16_384, 4096, [1024]), (1_000_000, 128, [10])]
+    if args.graphs:  # "NxD:K,K;NxD:K"
+        graphs = [(int(shape.split("x")[0]), int(shape.split("x")[1].split(":")[0]),
+                   [int(k) for k in shape.split(":")[1].split(",")]) for shape in args.graphs.split(";")]
     if args.only:
         keep = set(args.only.split(","))
         searches = [s for s in searches if f"search{s[2]}" in keep]
@@ -215,7 +218,7 @@ def engine_part(args) -> list[dict]:
                 rep = last_report()
                 row["knng"][p] = {"ms": 1e3 * statistics.median(t), "screened_per_row": rep.screened_per_row,
                                   "evaluations_per_row": rep.evaluations_per_row, "parts": rep.parts,
-                                  "screen_dtype": rep.screen_dtype,
+                                  "screen_dtype": rep.screen_dtype, "graph_method": rep.plan.graph_method,
                                   "tflops_bf16_equiv": 1.0 * n * n * d / statistics.median(t) / 1e12,
                                   "exact": check_exact(x, x, res, exclude_self=True, seed=k)}
                 del res
@@ -250,6 +253,7 @@ def main() -> int:
     ap.add_argument("--precisions", default="float32,bfloat16,tf32")
     ap.add_argument("--only", default=None, help="e.g. search128,graph200000")
     ap.add_argument("--ks", default=None, help="only these k (comma-separated)")
+    ap.add_argument("--graphs", default=None, help='graph shapes instead of the defaults, e.g. "200000x128:10,100;582150x64:100"')
     ap.add_argument("--kernels", default="float16,float16 triton,bfloat16,tf32,int8x4",
                     help="kernel part: screens to time (a name of PRECISIONS; 'float16 triton': the Triton "
                          "kernel on float16 rows)")

@@ -213,27 +213,49 @@ def test_search_huge_offset_and_k_equals_n(fused_precision, seed):
 
 
 @pytest.mark.parametrize("include_self", [False, True])
-def test_graph_exact(fused_precision, include_self, seed, monkeypatch):
+@pytest.mark.parametrize("method", ["symmetric", "rows"])
+def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch):
+    """Both graph methods (``plan.graph_method``) on the kernels: symmetric parts of 8,192 (the last
+    one short) in launches of 3 column parts; or chunks of rows searched against the data (the
+    last one short). Duplicates: 500 points twice, and 21 copies of point 7 (more than k of
+    smaller index than most of them: the point itself falls out of its k + 1 nearest)."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(plan, "GPU_MAX_PART", 8192)  # several parts, the last one short
     monkeypatch.setattr(plan, "GPU_KERNEL_MAX_PART", 8192)
     monkeypatch.setattr(plan, "GPU_KERNEL_GROUP_COLUMNS", 3 * 8192)  # launches of 3 column parts, one short
+    monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
+    monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 8192)  # several chunks of rows, the last one short
     g = _gen(seed)
     x = torch.randn((50_001, 64), generator=g, device="cuda") * 3 + 7
     x[40_000:40_500] = x[:500]
+    x[45_000:45_020] = x[7]
     res = [knng.graph(x, k, include_self=include_self) for k in (1, 10, 64)]
     rep = last_report()
-    assert rep.parts == 7 and rep.plan.group_parts == 3
-    _check(x, x, res, exclude_self=not include_self, rows=torch.randperm(50_001, device="cuda")[:1024])
+    if method == "rows" and PRECISIONS[fused_precision].fused:
+        assert rep.plan.graph_method == "rows" and rep.parts == -(-50_001 // rep.plan.query_rows) > 1
+    else:
+        assert rep.plan.graph_method == "symmetric" and rep.parts == 7 and rep.plan.group_parts == 3
+    rows = torch.cat([torch.randperm(50_001, device="cuda")[:1024], torch.arange(45_000, 45_020, device="cuda")])
+    _check(x, x, res, exclude_self=not include_self, rows=rows)
 
 
-def test_graph_image_patches(fused_precision, seed):
+@pytest.mark.parametrize("method", ["symmetric", "rows"])
+def test_graph_image_patches(fused_precision, method, seed, monkeypatch):
+    """Image patches (flat regions: near-ties by the hundred) by both graph methods (the planner
+    keeps such data symmetric; the rows method is forced here, around one centre)."""
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
+    monkeypatch.setattr(plan, "slab_gain", lambda *a: 1.0)
+    monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 16384)
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(smooth_image_patches(rng, 80_000)).cuda()
     res = [knng.graph(x, k) for k in (10, 100)]
     rep = last_report()
     assert rep.screened_per_row, rep
+    if method == "rows" and PRECISIONS[fused_precision].fused:
+        assert rep.plan.graph_method == "rows" and rep.parts > 1
     _check(x, x, res, exclude_self=True, rows=torch.arange(0, 80_000, 97, device="cuda"))
 
 

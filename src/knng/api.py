@@ -251,7 +251,7 @@ def graph(
     budget = resolve_budget(memory_budget, dev)
     plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
                            source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
-                           host_source=host_budget_source(host_memory_budget))
+                           host_source=host_budget_source(host_memory_budget), data=x)
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
                             inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self)
     if ckpt is not None:

@@ -92,7 +92,11 @@ def _graph_one_process(args: argparse.Namespace, argv: Sequence[str], data: Inpu
     say(f"knng graph: {n:,} points, d={data.shape[1]}, k={args.k}, metric {metric}"
         + (", self included" if args.include_self else ""))
     say(f"  device {device_text(dev)}: {seconds:.2f} s, {n / max(seconds, 1e-9):,.0f} points/s")
-    if report is not None:
+    if report is not None and getattr(report.plan, "graph_method", "") == "rows":
+        say(f"  rows plan: {report.parts} chunk{'s' if report.parts != 1 else ''} of ≤{report.part_size:,} points, "
+            "each searched against all the data")
+        say(exact_line(report))
+    elif report is not None:
         say(f"  symmetric plan: {report.parts} part{'s' if report.parts != 1 else ''} of ≤{report.part_size:,} points, "
             f"{report.blocks_computed:,} of {report.blocks_full:,} blocks computed "
             f"({report.pairs_saving:.0%} of the pair work skipped)")

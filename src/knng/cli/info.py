@@ -39,7 +39,14 @@ def plan_lines(title: str, plan: Any) -> list[str]:
              f"  screen          {plan.screen_precision} matrix products (unit roundoff {plan.unit_roundoff:.3g}); "
              f"stores of {plan.capacity} candidates per row; exact float64 finish",
              f"  thresholds      {plan.thresholds}"]
-    if plan.operation == "graph":
+    if plan.operation == "graph" and plan.graph_method == "rows":
+        lines.append(f"  rows            {plan.parts:,} chunk{'s' if plan.parts != 1 else ''} of ≤{plan.query_rows:,} "
+                     f"points, each searched against all the data for k + 1 (itself dropped): every pair "
+                     f"screened from both sides by the non-symmetric kernel, no candidate stores (on this "
+                     f"device and k it beats the symmetric blocks; image-like data keep those)")
+        lines.append(f"  score blocks    {plan.query_rows:,} points × {plan.corpus_cols:,} columns, "
+                     "nothing materialised")
+    elif plan.operation == "graph":
         lines.append(f"  symmetry        {plan.parts:,} part{'s' if plan.parts != 1 else ''} of ≤{plan.part_size:,} "
                      f"points: {plan.blocks:,} of {plan.parts * plan.parts:,} blocks computed "
                      f"({1 - plan.blocks / (plan.parts * plan.parts):.0%} of the pair work skipped)")

@@ -38,7 +38,7 @@ from knng.metrics import Metric
 if TYPE_CHECKING:
     from knng.engine.common import PreparedCorpus
 
-__all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "Window", "span_window",
+__all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "slab_gain", "Window", "span_window",
            "translation_invariant"]
 
 #: Rows of the sample the principal direction is estimated from (any unit vector is a valid
@@ -190,8 +190,38 @@ def principal_direction(data: InputArray, centre: torch.Tensor, device: torch.de
     Power iteration on the centred sample (never its d × d covariance: d may be large). Any
     unit vector gives a valid bound; this one makes the slabs thin where the data allow.
     """
+    return _principal_direction_and_sample(data, centre, device)[0]
+
+
+def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
+    """How much slabs along the principal direction shrink the squared norms the screen's bound
+    grows with: their sum about the mean over their sum about each slab's own mean (≥ 1).
+
+    Estimated on the principal direction's own sample (:data:`DIRECTION_SAMPLE` rows, about their
+    mean) cut into ``parts`` slabs: a read of a few thousand rows, for the planner's choice of a
+    graph's method (``knng.engine.plan``). :class:`PrincipalFrames` centres its blocks on their
+    row parts from :data:`LOCAL_CENTRE_GAIN` on (measured there on every row); image patches
+    give several times that, Gaussian data about 1.
+    """
+    if parts < 2 or data.n < 2:
+        return 1.0
     sample = sample_columns(data.n, min(data.n, DIRECTION_SAMPLE), torch.device("cpu"), seed=1)
-    rows = data.take(sample).to(device).to(torch.float64) - centre
+    rows = data.take(sample).to(device).to(torch.float64)
+    u, rows = _principal_direction_and_sample(data, rows.mean(dim=0), device, rows)
+    total = float((rows * rows).sum())
+    slabs = torch.tensor_split(rows[torch.argsort(rows @ u, stable=True)], min(parts, rows.shape[0]))
+    within = sum(float(((s - s.mean(dim=0)) ** 2).sum()) for s in slabs)
+    return total / within if within > 0 else (1.0 if total == 0 else float("inf"))
+
+
+def _principal_direction_and_sample(data: InputArray, centre: torch.Tensor, device: torch.device,
+                                    rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`principal_direction` of ``data``, and the centred float64 sample rows it came from
+    (``rows``: the sample's float64 rows, if already read)."""
+    if rows is None:
+        sample = sample_columns(data.n, min(data.n, DIRECTION_SAMPLE), torch.device("cpu"), seed=1)
+        rows = data.take(sample).to(device).to(torch.float64)
+    rows = rows - centre
     gen = torch.Generator().manual_seed(2)
     v = torch.randn(data.d, generator=gen, dtype=torch.float64).to(device)
     for _ in range(POWER_ITERATIONS):
@@ -200,7 +230,7 @@ def principal_direction(data: InputArray, centre: torch.Tensor, device: torch.de
         if not bool(norm > 0):
             break  # all sample rows equal: any direction will do
         v = w / norm
-    return v / torch.linalg.vector_norm(v)
+    return v / torch.linalg.vector_norm(v), rows
 
 
 class PrincipalFrames:

@@ -11,7 +11,7 @@ directions. Then every point's candidates go through the same exact finish as a 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -25,10 +25,13 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
 from knng.engine.lists import ListHome
-from knng.engine.plan import LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, make_graph_plan
+from knng.engine.plan import (
+    GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, graph_search_k, make_graph_plan,
+)
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, use_kernel,
 )
+from knng.engine.search import exact_search
 from knng.engine.store import CandidateStore, PairErrors, PairNorms, StoreStats, summarize_per_row
 from knng.engine.thresholds import seed_candidates
 from knng.metrics import Metric, ScreenPrecision
@@ -122,7 +125,11 @@ def exact_graph(
     n, d = data.n, data.d
     if plan is None:
         plan = make_graph_plan(n=n, d=d, k=k, metric=metric.name, device=device, budget=budget,
-                               include_self=include_self, screen_dtype=screen_dtype, part_size=part_size)
+                               include_self=include_self, screen_dtype=screen_dtype, part_size=part_size,
+                               data=data)
+    if plan.graph_method == GRAPH_ROWS:
+        return _graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
+                              keep_checkpoint)
     b = plan.part_size
     parts = [(s, min(n, s + b)) for s in range(0, n, b)]
     with full_precision():
@@ -206,6 +213,41 @@ def exact_graph(
             r1 = min(n, r0 + chunk)
             out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
     return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done)
+
+
+def _graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
+                   include_self: bool, progress: bool, checkpoint: Checkpoint | None, keep_checkpoint: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
+    """The graph by the rows method (``plan.graph_method == "rows"``): the data searched against
+    themselves for k + 1 neighbours (k with ``include_self``), each point then dropped from its
+    own row.
+
+    Exact by the search's proof: a row's k + 1 nearest by (distance, index) hold its k nearest
+    other points, whether or not the point itself is among them (a point with more than k
+    duplicates of smaller index may not be; then its first k are the answer). A checkpoint
+    records finished chunks of rows, as a search's does.
+    """
+    k_search = graph_search_k(k, include_self)
+    idx, dist, report = exact_search(data, data, k_search, metric, device, select, plan.budget, progress=progress,
+                                     plan=replace(plan, operation="search", k=k_search), checkpoint=checkpoint,
+                                     keep_checkpoint=keep_checkpoint)
+    if not include_self:
+        idx, dist = _without_self(idx, dist, k)
+    n = data.n
+    # Every pair screened from both sides: counted as both triangles of the n × n matrix, twice.
+    return idx, dist, GraphReport(plan=plan, oom_retries=report.oom_retries, exact=report.exact, store=report.store,
+                                  evaluations_per_row=report.evaluations_per_row,
+                                  screened_per_row=report.screened_per_row, pairs_screened=2 * n * n,
+                                  checkpoints=report.checkpoints)
+
+
+def _without_self(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's first k entries other than the row's own index (rows of k + 1 entries)."""
+    n = idx.shape[0]
+    own = idx == torch.arange(n, device=idx.device)[:, None]
+    keep = ~own
+    keep[:, -1] &= own.any(dim=1)  # a row without itself drops its last entry
+    return idx[keep].view(n, k), dist[keep].view(n, k)
 
 
 def _finish_rows(plan: EnginePlan, device: torch.device) -> int:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from knng._inputs import READ_AHEAD
+from knng._inputs import READ_AHEAD, InputArray
 from knng._units import parse_bytes
-from knng.engine.frames import translation_invariant
+from knng.engine.frames import LOCAL_CENTRE_GAIN, slab_gain, translation_invariant
 from knng.engine.fused import fused_available
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 
@@ -24,12 +24,20 @@ __all__ = [
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
     "available_ram",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
-    "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD",
+    "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
+    "GRAPH_ROWS", "graph_search_k",
 ]
 
 #: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.frames`).
 PRINCIPAL_FRAMES = "principal"
 GLOBAL_FRAMES = "global"
+#: :attr:`EnginePlan.graph_method` values. ``"symmetric"``: blocks S(I, J), I ≤ J, each pair
+#: screened once for both its points (:func:`knng.engine.graph.exact_graph`). ``"rows"``: chunks
+#: of rows, each screened against the whole data as a search is (every pair screened from both
+#: sides, by the non-symmetric kernel, its survivors held back and evaluated whole; see
+#: :data:`GRAPH_ROWS_MIN_K`).
+GRAPH_SYMMETRIC = "symmetric"
+GRAPH_ROWS = "rows"
 
 #: Bytes per score-block element: the block itself, the selection's workspace (torch.topk's
 #: radix select and sort need up to about one block-size more) and the exactness pass.
@@ -234,6 +242,19 @@ GPU_SAMPLE_PER_K = 1024
 #: Widest corpus tile of a search on a GPU: the stores tighten between tiles, so several
 #: tiles per pass keep later tiles' survivors near k (one 1M-wide tile let ~k·n/m through).
 GPU_SEARCH_COLS = 1 << 18
+#: Query rows per chunk of a GPU search whose screen is the fused kernel over a resident corpus:
+#: no score block is materialised, so a chunk is bounded by its sample block (an eighth of the
+#: budget, see make_search_plan) and by its survivors (a few k per row, held until the finish:
+#: at most about KERNEL_SEARCH_PAIRS / k rows), not by a score block's 16,384 rows
+#: (plan_tiles). Every chunk pays a fixed price (its sample's product and seeds, two
+#: tightenings, the finish: about 12 ms and 500 launches at 10k × 1M × 128), which fewer, larger
+#: chunks amortise. H100, 2026-11-25, the data searched against themselves (``k + 1``,
+#: ``bench/ab_search_rows.py``), chunks of 16,384 / 65,536 / 131,072 rows (ms): 200k × 128,
+#: k = 10 213 / 141 / 153, k = 100 305 / 272 / 326; 1M × 128, k = 10 1,870 / 1,419 / 1,662
+#: (the widest chunks lose: their sample shrinks to fit the budget, their thresholds start
+#: looser).
+KERNEL_SEARCH_ROWS = 1 << 16
+KERNEL_SEARCH_PAIRS = 1 << 23
 
 
 @dataclass(frozen=True)
@@ -298,6 +319,11 @@ class EnginePlan:
     group_parts : int
         Consecutive column parts a graph screens against a row part in one launch
         (:func:`group_parts`; 1 for a search).
+    graph_method : {"symmetric", "rows"}
+        How a graph runs: blocks S(I, J), I ≤ J, each pair screened once for both its points;
+        or ``parts`` chunks of ``part_size`` rows, each screened against the whole data as a
+        search of ``k + 1`` neighbours is (the point itself dropped; :data:`GRAPH_ROWS_MIN_K`).
+        The rows method's other fields are its search's (``query_rows``, ``sample_size``, ...).
     """
 
     operation: str
@@ -330,6 +356,7 @@ class EnginePlan:
     band_parts: int = 0
     host_bytes_expected: int = 0
     group_parts: int = 1
+    graph_method: str = GRAPH_SYMMETRIC
 
     @property
     def work_bytes(self) -> int:
@@ -555,6 +582,10 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
         max_cols = max(MIN_TILE, min(max_cols, _read_rows(host_budget, d, max_cols)))
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=max_cols)
+    kernel = device.type == "cuda" and PRECISIONS[precision].fused and fused_available(device)
+    if kernel and tiles.corpus_resident:  # no score block: chunks of more rows (KERNEL_SEARCH_ROWS)
+        rows = max(tiles.query_rows, min(n_queries, KERNEL_SEARCH_ROWS, KERNEL_SEARCH_PAIRS // max(1, k)))
+        tiles = TilePlan(query_rows=rows, corpus_cols=tiles.corpus_cols, corpus_resident=True, budget=budget)
     read_rows = _read_rows(host_budget, d, max(READ_ROWS, tiles.corpus_cols))
     base = min(GPU_SAMPLE, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else CPU_SAMPLE
     vector = d * element + 24
@@ -562,8 +593,10 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     fit = budget // 8 // (vector + tiles.query_rows * element)
     sample = int(min(n_corpus, max(min(base, fit), SAMPLE_PER_K * k)))
     pending = pending_pairs(device, budget, search=True)
-    expected = (_store_bytes(tiles.query_rows, capacity) + tiles.query_rows * tiles.corpus_cols * element * 3
-                + pending * PENDING_PAIR_BYTES
+    # A kernel screen holds survivors (a few k per row) where a torch screen holds its score block.
+    block = (tiles.query_rows * k * 4 * PENDING_PAIR_BYTES if kernel and tiles.corpus_resident else
+             tiles.query_rows * tiles.corpus_cols * element * 3)
+    expected = (_store_bytes(tiles.query_rows, capacity) + block + pending * PENDING_PAIR_BYTES
                 + (n_corpus * vector if tiles.corpus_resident else tiles.corpus_cols * vector)
                 + sample * vector + n_corpus * 16)
     reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * max(read_rows, 0 if tiles.corpus_resident else tiles.corpus_cols)
@@ -598,8 +631,13 @@ def group_parts(*, kernel: bool, resident: bool, lists: str, parts: int, part_si
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
                     source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                     part_size: int | None = None, host_budget: int | None = None,
-                    host_source: str = "") -> EnginePlan:
+                    host_source: str = "", method: str | None = None, data: InputArray | None = None
+                    ) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
+
+    ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
+    default the planner's choice (:func:`rows_method_wins`), which reads a sample of ``data``
+    where given (:func:`~knng.engine.frames.slab_gain`; without it, as if the data had no slabs).
 
     The candidate stores of all rows stay on the device when they take at most half its budget
     (on a CPU: half the host budget, results included). Otherwise they live in pinned host
@@ -663,7 +701,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * read_rows
     off_device = store if lists == LISTS_IN_HOST else 0
     host = reads + off_device + (expected if device.type == "cpu" else 0)
-    return EnginePlan(
+    symmetric = EnginePlan(
         operation="graph", n_queries=n, n_corpus=n, d=d, k=k, metric=metric, device=str(device),
         screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds="k-th best certified upper bound within each point's own part (the diagonal blocks, "
@@ -674,3 +712,52 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         host_budget_source=host_source or "given", read_rows=read_rows, lists=lists, band_parts=band_parts,
         host_bytes_expected=int(host),
         group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b))
+    if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE)):
+        return symmetric
+    if method not in (None, GRAPH_ROWS):
+        raise ValueError(f"method must be {GRAPH_SYMMETRIC!r} or {GRAPH_ROWS!r}, got {method!r}")
+    by_rows = make_search_plan(n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric,
+                               device=device, budget=budget, source=source, screen_dtype=screen_dtype,
+                               host_budget=given_host, host_source=host_source)
+    if method is None and not rows_method_wins(by_rows, device, k):
+        return symmetric
+    if method is None and data is not None and frames == PRINCIPAL_FRAMES and slab_gain(data, parts, device) >= \
+            LOCAL_CENTRE_GAIN:
+        return symmetric  # the symmetric graph's blocks centred on their row parts (GRAPH_ROWS_MIN_K)
+    chunks = -(-n // by_rows.query_rows)
+    return replace(by_rows, operation="graph", k=k, graph_method=GRAPH_ROWS, parts=chunks,
+                   part_size=by_rows.query_rows, blocks=chunks,
+                   thresholds=f"k-th best certified upper bound among {by_rows.sample_size} random points, then "
+                              "tightened by every tile's survivors (each chunk of rows as a search of the data)")
+
+
+def graph_search_k(k: int, include_self: bool) -> int:
+    """Neighbours a graph's rows method searches for: k, and the point itself unless it counts."""
+    return k if include_self else k + 1
+
+
+#: The planner takes the rows method (:data:`GRAPH_ROWS`) for a GPU graph from this k on, when the
+#: search it becomes screens with the fused kernel over a resident corpus and the data gain
+#: nothing from principal frames (:func:`~knng.engine.frames.slab_gain` below
+#: ``LOCAL_CENTRE_GAIN``). Two screens of every pair by the non-symmetric kernel, survivors held
+#: back per chunk and evaluated whole (``knng.engine.search``), against one screen of every pair
+#: by the symmetric kernel, which runs at about half the rate (its epilogue tests two
+#: thresholds), and candidate stores that take in both sides' survivors block by block, whose
+#: updates grow with k. H100, 2026-11-25, both methods alternating in one process, min of 3
+#: (``bench/ab_graph_method.py``; symmetric / rows ms, float16): Gaussian 200k × 128 k = 10
+#: 149, 151 / 131, 140; k = 100 391, 389 / 234, 237; k = 300 818 / 331; 582k × 64 k = 10 531 /
+#: 496, k = 100 1,601 / 1,049; 1M × 128 k = 10 1,271 / 1,375 (the symmetric halving pays at
+#: large n and small k), k = 100 3,872 / 2,580. Image patches, whose slabs shrink the squared norms several times, stay
+#: symmetric (principal frames: blocks centred on their row parts, far blocks skipped): 8×8
+#: patches (582k × 64) k = 10 / 100 836 / 1,329 against 8,273 / 9,094 by rows around one centre
+#: (median pairs screened per row 106 against 1,840), and still 1,594 / 2,524 with every chunk
+#: of rows a slab centred on itself; 16×16 patches (250k × 256) 298 / 514 against 702 / 980.
+#: Between k = 10 (within ±10 %) and 100 nothing was measured.
+GRAPH_ROWS_MIN_K = 32
+
+
+def rows_method_wins(by_rows: "EnginePlan", device: torch.device, k: int) -> bool:
+    """Whether the planner takes the rows method, given the search plan ``by_rows`` it would run
+    (:data:`GRAPH_ROWS_MIN_K`)."""
+    kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
+    return kernel and by_rows.corpus_resident and k >= GRAPH_ROWS_MIN_K

@@ -1,0 +1,162 @@
+"""A graph's rows method (``plan.graph_method == "rows"``): chunks of rows searched against the
+data for k + 1 neighbours, each point dropped from its own row; and the planner's choice
+between it and the symmetric blocks (``knng.engine.plan.rows_method_wins``).
+
+On a CPU the planner never takes the rows method; these tests force it (the same engine runs on
+a GPU, where ``tests/test_gpu_fused.py`` runs it on the kernels).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+import knng.api
+from knng._inputs import as_input
+from knng.engine import plan as plan_mod
+from knng.engine.checkpoint import Checkpoint
+from knng.engine.frames import slab_gain
+from oracle import assert_exact, assert_exact_chunked, oracle_graph, smooth_image_patches
+
+
+def _graph(monkeypatch, x, k, method=plan_mod.GRAPH_ROWS, **kw):
+    """``knng.graph`` on the CPU, planned with ``method``."""
+    real = plan_mod.make_graph_plan
+    with monkeypatch.context() as m:
+        m.setattr(knng.api, "make_graph_plan", lambda **plan_kw: real(**plan_kw, method=method))
+        return knng.graph(x, k, device="cpu", **kw)
+
+
+def _data(rng, n: int = 3000, d: int = 8) -> np.ndarray:
+    """Gaussian points far from the origin with duplicates: 100 points twice, and 25 copies of
+    point 5 at rows 300–324 (for most of them more than k + 1 points at distance 0 have smaller
+    indices, so that the point itself is not among its k + 1 nearest)."""
+    x = (rng.standard_normal((n, d)) + 100).astype(np.float32)
+    x[n - 100:] = x[:100]
+    x[300:325] = x[5]
+    return x
+
+
+@pytest.mark.parametrize("k, include_self", [(1, False), (10, False), (2999, False), (3000, True), (25, True)])
+def test_the_rows_method_is_exact_and_equals_the_symmetric_graph(k, include_self, monkeypatch, rng, seed):
+    x = _data(rng)
+    g = _graph(monkeypatch, x, k, include_self=include_self)
+    report = g.report
+    assert report.plan.graph_method == "rows" and report.parts == -(-3000 // report.plan.query_rows) > 1
+    assert report.blocks_computed == report.parts and report.pairs_saving == 0.0
+    assert_exact(g, oracle_graph(x, k, include_self=include_self), context=f"seed={seed}")
+    if not include_self:  # the copies of point 5 nearest to row 324: the others, by index
+        others = np.r_[5, 300:324][:k]
+        np.testing.assert_array_equal(g.indices[324, :len(others)], others)
+    sym = _graph(monkeypatch, x, k, plan_mod.GRAPH_SYMMETRIC, include_self=include_self)
+    assert sym.report.plan.graph_method == "symmetric"
+    np.testing.assert_array_equal(g.indices, sym.indices)
+    np.testing.assert_array_equal(g.distances, sym.distances)
+
+
+@pytest.mark.parametrize("metric", ["sqeuclidean", "cosine", "inner_product"])
+def test_the_rows_method_in_every_metric(metric, monkeypatch, rng):
+    x = smooth_image_patches(rng, 2500, side=4).astype(np.float32)
+    x[2000:2100] = x[:100]
+    g = _graph(monkeypatch, x, 12, metric=metric)
+    assert g.report.plan.graph_method == "rows"
+    assert_exact(g, oracle_graph(x, 12, metric=metric), context=metric)
+
+
+def test_a_rows_graph_interrupted_mid_run_resumes_bit_for_bit(tmp_path, monkeypatch, rng):
+    # An error right after the second save (two chunks of rows done), then a resume: it starts
+    # from the third chunk, and the answer is the uninterrupted one.
+    x = _data(rng, n=5000)
+    ref = _graph(monkeypatch, x, 6)
+    assert ref.report.parts >= 4
+    real_save, saves = Checkpoint.save, []
+
+    def save_then_fail(self, state, *args, **kwargs):
+        real_save(self, state, *args, **kwargs)
+        saves.append(state.get("step"))
+        if len(saves) == 2:
+            raise RuntimeError("interrupted")
+
+    folder = tmp_path / "ck"
+    monkeypatch.setattr(Checkpoint, "save", save_then_fail)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _graph(monkeypatch, x, 6, checkpoint=folder, checkpoint_interval=0)
+    monkeypatch.setattr(Checkpoint, "save", real_save)
+    again = _graph(monkeypatch, x, 6, checkpoint=folder, resume=True)
+    assert again.report.checkpoints["resumed_from"] == saves[-1] == 2 * ref.report.plan.query_rows
+    np.testing.assert_array_equal(again.indices, ref.indices)
+    np.testing.assert_array_equal(again.distances, ref.distances)
+    assert_exact_chunked(x, x, [(again.indices, again.distances)], exclude_self=True, rows=np.arange(0, 5000, 37))
+    # A resumed run keeps its checkpoint's plan: the symmetric planner now would not matter.
+    assert again.report.plan.graph_method == "rows"
+
+
+def test_bad_method_is_refused():
+    with pytest.raises(ValueError, match="method"):
+        plan_mod.make_graph_plan(n=100, d=4, k=5, metric="euclidean", device=torch.device("cpu"), budget=1 << 26,
+                                 include_self=False, method="diagonal")
+
+
+# ------------------------------------------------------------------------------ the planner
+@pytest.fixture
+def gpu_planner(monkeypatch):
+    """Plans for an H100 on this machine; returns a function setting the data's slab gain."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(plan_mod, "fused_available", lambda device: True)
+    gain = {"value": 1.0, "calls": 0}
+
+    def fake_gain(data, parts, device):
+        gain["calls"] += 1
+        return gain["value"]
+
+    monkeypatch.setattr(plan_mod, "slab_gain", fake_gain)
+    return gain
+
+
+def _gpu_plan(k: int, *, n: int = 200_000, metric: str = "euclidean", budget: int = 60 * 2**30, **kw):
+    return plan_mod.make_graph_plan(n=n, d=128, k=k, metric=metric, device=torch.device("cuda", 0), budget=budget,
+                                    include_self=False, host_budget=64 * 2**30, data=object(), **kw)
+
+
+def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
+    rows = _gpu_plan(100)
+    assert rows.graph_method == "rows" and rows.screen_precision == "float16" and rows.k == 100
+    assert rows.query_rows == plan_mod.KERNEL_SEARCH_ROWS and rows.parts == -(-200_000 // rows.query_rows)
+    assert rows.operation == "graph" and rows.sample_size > 0
+    assert _gpu_plan(plan_mod.GRAPH_ROWS_MIN_K - 1).graph_method == "symmetric"
+    # Image-like data (slabs that shrink the squared norms) keep principal frames.
+    gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN
+    sym = _gpu_plan(100)
+    assert sym.graph_method == "symmetric" and sym.frames == "principal"
+    # Metrics whose blocks have one centre anyway need no sample of the data.
+    calls = gpu_planner["calls"]
+    assert _gpu_plan(100, metric="cosine").graph_method == "rows" and gpu_planner["calls"] == calls
+
+
+def test_the_planner_keeps_symmetric_where_rows_cannot_run(gpu_planner):
+    assert _gpu_plan(100, screen_dtype="float32").graph_method == "symmetric"  # no kernel: score blocks
+    assert _gpu_plan(100, method="symmetric").graph_method == "symmetric"
+    # Candidate stores that do not fit the device: bands of parts, symmetric.
+    assert _gpu_plan(100, n=4_000_000, budget=2 * 2**30).graph_method == "symmetric"
+
+
+def test_kernel_searches_take_larger_query_chunks(gpu_planner):
+    def search(k: int, **kw):
+        return plan_mod.make_search_plan(n_queries=200_000, n_corpus=1_000_000, d=128, k=k, metric="euclidean",
+                                         device=torch.device("cuda", 0), budget=60 * 2**30, host_budget=64 * 2**30,
+                                         **kw)
+
+    assert search(10).query_rows == plan_mod.KERNEL_SEARCH_ROWS
+    assert search(1024).query_rows == 16384  # survivors grow with k: a score block's rows
+    assert search(10, screen_dtype="float32").query_rows <= 16384
+
+
+def test_slab_gain_tells_image_patches_from_gaussian_points(rng):
+    patches = as_input(smooth_image_patches(rng, 20_000, side=4).astype(np.float32), "data")
+    gauss = as_input(rng.standard_normal((20_000, 16)).astype(np.float32), "data")
+    cpu = torch.device("cpu")
+    assert slab_gain(patches, 8, cpu) >= plan_mod.LOCAL_CENTRE_GAIN
+    assert 1.0 <= slab_gain(gauss, 8, cpu) < 1.3
+    assert slab_gain(patches, 1, cpu) == 1.0
