@@ -164,3 +164,29 @@ def spy(monkeypatch):
         return calls
 
     return watch
+
+
+@pytest.fixture
+def interrupt_after_saves(monkeypatch):
+    """``interrupt_after_saves(n)``: the n-th checkpoint save (``Checkpoint.save``) raises
+    ``RuntimeError("interrupted")`` right after it is written, as a crash would leave it; returns
+    the list of saved steps, which the saves so far fill. ``.undo()`` on the fixture's value
+    restores the real save (for the resumed run)."""
+    from knng.engine.checkpoint import Checkpoint
+
+    real = Checkpoint.save
+
+    def arm(count: int) -> list:
+        saves: list = []
+
+        def save_then_fail(self, state, *args, **kwargs):
+            real(self, state, *args, **kwargs)
+            saves.append(state.get("step"))
+            if len(saves) == count:
+                raise RuntimeError("interrupted")
+
+        monkeypatch.setattr(Checkpoint, "save", save_then_fail)
+        return saves
+
+    arm.undo = lambda: monkeypatch.setattr(Checkpoint, "save", real)  # type: ignore[attr-defined]
+    return arm

@@ -285,31 +285,23 @@ def test_a_checkpoint_rewound_by_one_save_finds_that_saves_arrays(tmp_path):
     np.testing.assert_array_equal(resumed.arrays()["store"], [2.0, 2.0, 2.0])
 
 
-def test_a_graph_of_grouped_launches_interrupted_mid_run_resumes_bit_for_bit(tmp_path, points, monkeypatch):
+def test_a_graph_of_grouped_launches_interrupted_mid_run_resumes_bit_for_bit(tmp_path, points, monkeypatch,
+                                                                           interrupt_after_saves):
     # Launches of 3 column parts (plan.group_parts; 9 parts: groups that do not divide the row
     # parts' columns), an error raised right after the 12th save (9 own parts and 3 groups
     # done), then a resume: it continues from a group boundary with the saved plan's groups
     # (the planner would now choose single blocks) and gives the uninterrupted answer.
     import knng.engine.plan as plan_mod
-    from knng.engine.checkpoint import Checkpoint
 
     _, x = points
     monkeypatch.setattr(plan_mod, "group_parts", lambda **kw: 3)
     ref = knng.graph(x, 6, device="cpu")
     assert ref.report.plan.group_parts == 3 and ref.report.parts == 9
-    real_save, saves = Checkpoint.save, []
-
-    def save_then_fail(self, state, *args, **kwargs):
-        real_save(self, state, *args, **kwargs)
-        saves.append(state.get("step"))
-        if len(saves) == 12:
-            raise RuntimeError("interrupted")
-
+    saves = interrupt_after_saves(12)
     folder = tmp_path / "ck"
-    monkeypatch.setattr(Checkpoint, "save", save_then_fail)
     with pytest.raises(RuntimeError, match="interrupted"):
         knng.graph(x, 6, device="cpu", checkpoint=folder, checkpoint_interval=0)
-    monkeypatch.setattr(Checkpoint, "save", real_save)
+    interrupt_after_saves.undo()
     monkeypatch.setattr(plan_mod, "group_parts", lambda **kw: 1)
     again = knng.graph(x, 6, device="cpu", checkpoint=folder, resume=True)
     resumed = again.report.checkpoints["resumed_from"]

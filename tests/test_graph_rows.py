@@ -16,7 +16,6 @@ import knng
 import knng.api
 from knng._inputs import as_input
 from knng.engine import plan as plan_mod
-from knng.engine.checkpoint import Checkpoint
 from knng.engine.frames import slab_gain
 from oracle import assert_exact, assert_exact_chunked, oracle_graph, smooth_image_patches
 
@@ -65,25 +64,17 @@ def test_the_rows_method_in_every_metric(metric, monkeypatch, rng):
     assert_exact(g, oracle_graph(x, 12, metric=metric), context=metric)
 
 
-def test_a_rows_graph_interrupted_mid_run_resumes_bit_for_bit(tmp_path, monkeypatch, rng):
+def test_a_rows_graph_interrupted_mid_run_resumes_bit_for_bit(tmp_path, monkeypatch, rng, interrupt_after_saves):
     # An error right after the second save (two chunks of rows done), then a resume: it starts
     # from the third chunk, and the answer is the uninterrupted one.
     x = _data(rng, n=5000)
     ref = _graph(monkeypatch, x, 6)
     assert ref.report.parts >= 4
-    real_save, saves = Checkpoint.save, []
-
-    def save_then_fail(self, state, *args, **kwargs):
-        real_save(self, state, *args, **kwargs)
-        saves.append(state.get("step"))
-        if len(saves) == 2:
-            raise RuntimeError("interrupted")
-
+    saves = interrupt_after_saves(2)
     folder = tmp_path / "ck"
-    monkeypatch.setattr(Checkpoint, "save", save_then_fail)
     with pytest.raises(RuntimeError, match="interrupted"):
         _graph(monkeypatch, x, 6, checkpoint=folder, checkpoint_interval=0)
-    monkeypatch.setattr(Checkpoint, "save", real_save)
+    interrupt_after_saves.undo()
     again = _graph(monkeypatch, x, 6, checkpoint=folder, resume=True)
     assert again.report.checkpoints["resumed_from"] == saves[-1] == 2 * ref.report.plan.query_rows
     np.testing.assert_array_equal(again.indices, ref.indices)

@@ -737,22 +737,23 @@ def graph_search_k(k: int, include_self: bool) -> int:
 
 
 #: The planner takes the rows method (:data:`GRAPH_ROWS`) for a GPU graph from this k on, when the
-#: search it becomes screens with the fused kernel over a resident corpus and the data gain
-#: nothing from principal frames (:func:`~knng.engine.frames.slab_gain` below
-#: ``LOCAL_CENTRE_GAIN``). Two screens of every pair by the non-symmetric kernel, survivors held
-#: back per chunk and evaluated whole (``knng.engine.search``), against one screen of every pair
-#: by the symmetric kernel, which runs at about half the rate (its epilogue tests two
-#: thresholds), and candidate stores that take in both sides' survivors block by block, whose
-#: updates grow with k. H100, 2026-11-25, both methods alternating in one process, min of 3
-#: (``bench/ab_graph_method.py``; symmetric / rows ms, float16): Gaussian 200k × 128 k = 10
-#: 149, 151 / 131, 140; k = 100 391, 389 / 234, 237; k = 300 818 / 331; 582k × 64 k = 10 531 /
-#: 496, k = 100 1,601 / 1,049; 1M × 128 k = 10 1,271 / 1,375 (the symmetric halving pays at
-#: large n and small k), k = 100 3,872 / 2,580. Image patches, whose slabs shrink the squared norms several times, stay
-#: symmetric (principal frames: blocks centred on their row parts, far blocks skipped): 8×8
-#: patches (582k × 64) k = 10 / 100 836 / 1,329 against 8,273 / 9,094 by rows around one centre
-#: (median pairs screened per row 106 against 1,840), and still 1,594 / 2,524 with every chunk
-#: of rows a slab centred on itself; 16×16 patches (250k × 256) 298 / 514 against 702 / 980.
-#: Between k = 10 (within ±10 %) and 100 nothing was measured.
+#: search it becomes screens with the fused kernel over a resident corpus and the data gain nothing
+#: from principal frames (:func:`~knng.engine.frames.slab_gain` below ``LOCAL_CENTRE_GAIN``). Two
+#: screens of every pair by the non-symmetric kernel, survivors held back per chunk and evaluated
+#: whole (``knng.engine.search``), against one screen of every pair by the symmetric kernel, which
+#: runs at about half the rate (its epilogue tests two thresholds), and candidate stores that take
+#: in both sides' survivors block by block, whose updates grow with k. H100, 2026-11-25, both
+#: methods alternating in one process, min of 3 (``bench/ab_graph_method.py``; symmetric / rows ms,
+#: float16): Gaussian 200k × 128 k = 10 149, 151 / 131, 140; k = 100 391, 389 / 234, 237; k = 300
+#: 818 / 331; 582k × 64 k = 10 531 / 496, k = 100 1,601 / 1,049; 1M × 128 k = 10 1,271 / 1,375 (the
+#: symmetric halving pays at large n and small k), k = 100 3,872 / 2,580; 200k × 128, k = 1,000
+#: 2,639 (float32) / 588; 100k × 256, k = 500 618 (float32) / 183. Image patches, whose slabs
+#: shrink the squared norms several times, stay symmetric (principal frames: blocks centred on
+#: their row parts, far blocks skipped): 8×8 patches (582k × 64) k = 10 / 100 836 / 1,329 against
+#: 8,273 / 9,094 by rows around one centre (median pairs screened per row 106 against 1,840), and
+#: still 1,594 / 2,524 with every chunk of rows a slab centred on itself; 16×16 patches (250k ×
+#: 256) 298 / 514 against 1,033 / 1,240 (702 / 980 in slabs). Between k = 10 (within ±10 %) and 100
+#: nothing was measured.
 GRAPH_ROWS_MIN_K = 32
 
 
