@@ -151,3 +151,12 @@ def test_slab_gain_tells_image_patches_from_gaussian_points(rng):
     assert slab_gain(patches, 8, cpu) >= plan_mod.LOCAL_CENTRE_GAIN
     assert 1.0 <= slab_gain(gauss, 8, cpu) < 1.3
     assert slab_gain(patches, 1, cpu) == 1.0
+
+
+def test_knng_info_describes_a_rows_plan(gpu_planner):
+    from knng.cli.info import plan_lines
+
+    text = "\n".join(plan_lines("graph", _gpu_plan(100)))
+    assert "4 chunks of ≤65,536 points, each searched against all the data" in text
+    assert "symmetry" not in text
+    assert "symmetry" in "\n".join(plan_lines("graph", _gpu_plan(10)))
