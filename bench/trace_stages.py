@@ -47,12 +47,19 @@ def mark_graph_stages() -> None:
 
 def mark_search_stages() -> None:
     """Mark a search's own stages: the corpus pass and preparation, the sample, the seeds, each
-    tile's screen and the first tile's tightening."""
+    tile's screen and tightening, the finish, and the API's planning and output around them."""
     import knng.engine.search as search
 
-    for name in ("prepare_corpus", "seed_sample", "_seed_from_sample", "screen_rows"):
+    import knng.api as api
+
+    for name in ("prepare_corpus", "seed_sample", "_seed_from_sample", "screen_rows", "_screen_chunk", "_tightened",
+                 "exact_pairs", "summarize_per_row"):
         marked(name, search)
-    marked("tighten")
+    marked("finish", search._ScreenedChunk)
+    for name in ("tighten", "finish_all"):
+        marked(name)
+    for name in ("make_search_plan", "as_output", "resolve_device", "resolve_budget", "exact_search"):
+        marked(name, api)
 
 
 def summary(trace: Path) -> None:
@@ -87,6 +94,27 @@ def summary(trace: Path) -> None:
               f"host ops: {top}; kernels: {heavy}")
 
 
+def idle_gaps(trace: Path, count: int = 12) -> None:
+    """The longest stretches with no GPU work, each with the innermost marked stage and the
+    torch operations the host ran during it (where the host kept the GPU waiting)."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    cpu = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("aten::")]
+    stages = [e for e in events if e["name"].startswith("STAGE_") and e.get("cat") != "gpu_user_annotation"]
+    gaps = []
+    end = gpu[0]["ts"] + gpu[0]["dur"]
+    for e in gpu[1:]:
+        if e["ts"] > end:
+            gaps.append((e["ts"] - end, end, e["ts"]))
+        end = max(end, e["ts"] + e["dur"])
+    print(f"GPU idle between kernels: {sum(g[0] for g in gaps) / 1e3:.1f} ms in {len(gaps)} gaps; longest:")
+    for dur, a, b in sorted(gaps, reverse=True)[:count]:
+        inner = [st for st in stages if st["ts"] <= a <= st["ts"] + st["dur"]]
+        name = min(inner, key=lambda st: st["dur"])["name"] if inner else "-"
+        ops = collections.Counter(e["name"] for e in cpu if a <= e["ts"] < b)
+        print(f"  {dur / 1e3:6.2f} ms in {name}: " + ", ".join(f"{n} ×{c}" for n, c in ops.most_common(6)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("k", type=int)
@@ -117,11 +145,13 @@ def main() -> None:
         call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        torch.cuda.synchronize()
+        with record_function("STAGE_call"):
+            call()
+            torch.cuda.synchronize()
     trace = out / f"trace_{tag}_{args.precision}_k{k}.json"
     prof.export_chrome_trace(str(trace))
     summary(trace)
+    idle_gaps(trace)
 
 
 if __name__ == "__main__":
