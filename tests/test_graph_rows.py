@@ -160,3 +160,14 @@ def test_knng_info_describes_a_rows_plan(gpu_planner):
     assert "4 chunks of ≤65,536 points, each searched against all the data" in text
     assert "symmetry" not in text
     assert "symmetry" in "\n".join(plan_lines("graph", _gpu_plan(10)))
+
+
+def test_a_resumed_rows_graph_reports_rows(monkeypatch, rng, tmp_path):
+    from knng.cli.console import exact_line
+
+    x = _data(rng, n=2500)
+    g = _graph(monkeypatch, x, 4, checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True)
+    again = _graph(monkeypatch, x, 4, checkpoint=tmp_path / "ck", resume=True)
+    assert again.report.checkpoints["resumed_from"] == 2500
+    assert "resumed from a checkpoint with 2,500 rows done" in exact_line(again.report)
+    np.testing.assert_array_equal(again.indices, g.indices)

@@ -52,8 +52,10 @@ def exact_line(report: Any) -> str:
     if checkpoints.get("resumed_from"):
         from knng.distributed.blockcyclic import DistributedGraphReport
 
-        # Steps are blocks (one-process graph), block rows (distributed graph) or query rows.
-        unit = ("blocks" if getattr(report, "blocks_skipped", None) is not None
+        # Steps are blocks (one-process graph), rows (a graph by rows), block rows (distributed
+        # graph) or query rows.
+        by_rows = getattr(getattr(report, "plan", None), "graph_method", "") == "rows"
+        unit = ("rows" if by_rows else "blocks" if getattr(report, "blocks_skipped", None) is not None
                 else "block rows" if isinstance(report, DistributedGraphReport) else "queries")
         text += (f"\n  resumed from a checkpoint with {checkpoints['resumed_from']:,} {unit} done; "
                  f"{checkpoints['saves']} checkpoints saved since ({checkpoints['seconds']:.2f} s)")
