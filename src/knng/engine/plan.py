@@ -752,8 +752,9 @@ def graph_search_k(k: int, include_self: bool) -> int:
 #: their row parts, far blocks skipped): 8×8 patches (582k × 64) k = 10 / 100 836 / 1,329 against
 #: 8,273 / 9,094 by rows around one centre (median pairs screened per row 106 against 1,840), and
 #: still 1,594 / 2,524 with every chunk of rows a slab centred on itself; 16×16 patches (250k ×
-#: 256) 298 / 514 against 1,033 / 1,240 (702 / 980 in slabs). Between k = 10 (within ±10 %) and 100
-#: nothing was measured.
+#: 256) 298 / 514 against 1,033 / 1,240 (702 / 980 in slabs). At k = 32, where rows won on every
+#: shape measured: 200k × 128 259 / 193 (k = 20: 212 / 151, k = 50: 299 / 193); 582k × 64 940 / 805;
+#: 1M × 128 2,094 / 1,931. At k = 10 the two are within ±10 % (rows ahead below 1M points).
 GRAPH_ROWS_MIN_K = 32
 
 
