@@ -6,6 +6,10 @@ row of S(J, I)), so every pair is screened once for each of its two points and t
 products halve. The screening score is the full symmetric form q_i + r_j + α·a_iᵀa_j (one
 matrix product thanks to the augmented layout of :mod:`knng.metrics`), so one block serves both
 directions. Then every point's candidates go through the same exact finish as a search.
+
+Where that costs more than it saves (a GPU, k ≥ ``plan.GRAPH_ROWS_MIN_K``, data without principal
+slabs: ``plan.graph_method == "rows"``), the graph runs by rows instead: the data searched
+against themselves (:func:`_graph_by_rows`).
 """
 
 from __future__ import annotations
@@ -234,7 +238,8 @@ def _graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.devic
     if not include_self:
         idx, dist = _without_self(idx, dist, k)
     n = data.n
-    # Every pair screened from both sides: counted as both triangles of the n × n matrix, twice.
+    # All n² entries computed, each pair once from each side: no symmetric saving (pairs_screened
+    # counts a symmetric block's entries once per side, so n² entries here count 2n²).
     return idx, dist, GraphReport(plan=plan, oom_retries=report.oom_retries, exact=report.exact, store=report.store,
                                   evaluations_per_row=report.evaluations_per_row,
                                   screened_per_row=report.screened_per_row, pairs_screened=2 * n * n,
