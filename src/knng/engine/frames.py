@@ -190,7 +190,7 @@ def principal_direction(data: InputArray, centre: torch.Tensor, device: torch.de
     Power iteration on the centred sample (never its d × d covariance: d may be large). Any
     unit vector gives a valid bound; this one makes the slabs thin where the data allow.
     """
-    return _principal_direction_and_sample(data, centre, device)[0]
+    return _leading_direction(_direction_sample(data, device) - centre)
 
 
 def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
@@ -205,32 +205,33 @@ def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
     """
     if parts < 2 or data.n < 2:
         return 1.0
-    sample = sample_columns(data.n, min(data.n, DIRECTION_SAMPLE), torch.device("cpu"), seed=1)
-    rows = data.take(sample).to(device).to(torch.float64)
-    u, rows = _principal_direction_and_sample(data, rows.mean(dim=0), device, rows)
+    rows = _direction_sample(data, device)
+    rows = rows - rows.mean(dim=0)
+    u = _leading_direction(rows)
     total = float((rows * rows).sum())
     slabs = torch.tensor_split(rows[torch.argsort(rows @ u, stable=True)], min(parts, rows.shape[0]))
     within = sum(float(((s - s.mean(dim=0)) ** 2).sum()) for s in slabs)
     return total / within if within > 0 else (1.0 if total == 0 else float("inf"))
 
 
-def _principal_direction_and_sample(data: InputArray, centre: torch.Tensor, device: torch.device,
-                                    rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`principal_direction` of ``data``, and the centred float64 sample rows it came from
-    (``rows``: the sample's float64 rows, if already read)."""
-    if rows is None:
-        sample = sample_columns(data.n, min(data.n, DIRECTION_SAMPLE), torch.device("cpu"), seed=1)
-        rows = data.take(sample).to(device).to(torch.float64)
-    rows = rows - centre
+def _direction_sample(data: InputArray, device: torch.device) -> torch.Tensor:
+    """The float64 rows (:data:`DIRECTION_SAMPLE` of them, a fixed stratified draw) the principal
+    direction is estimated from."""
+    sample = sample_columns(data.n, min(data.n, DIRECTION_SAMPLE), torch.device("cpu"), seed=1)
+    return data.take(sample).to(device).to(torch.float64)
+
+
+def _leading_direction(rows: torch.Tensor) -> torch.Tensor:
+    """Power iteration for the leading right singular vector of centred float64 ``rows``."""
     gen = torch.Generator().manual_seed(2)
-    v = torch.randn(data.d, generator=gen, dtype=torch.float64).to(device)
+    v = torch.randn(rows.shape[1], generator=gen, dtype=torch.float64).to(rows.device)
     for _ in range(POWER_ITERATIONS):
         w = rows.T @ (rows @ v)
         norm = torch.linalg.vector_norm(w)
         if not bool(norm > 0):
             break  # all sample rows equal: any direction will do
         v = w / norm
-    return v / torch.linalg.vector_norm(v), rows
+    return v / torch.linalg.vector_norm(v)
 
 
 class PrincipalFrames:

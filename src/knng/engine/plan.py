@@ -719,11 +719,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     by_rows = make_search_plan(n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric,
                                device=device, budget=budget, source=source, screen_dtype=screen_dtype,
                                host_budget=given_host, host_source=host_source)
-    if method is None and not rows_method_wins(by_rows, device, k):
+    if method is None and not rows_method_wins(by_rows, symmetric, device, data):
         return symmetric
-    if method is None and data is not None and frames == PRINCIPAL_FRAMES and slab_gain(data, parts, device) >= \
-            LOCAL_CENTRE_GAIN:
-        return symmetric  # the symmetric graph's blocks centred on their row parts (GRAPH_ROWS_MIN_K)
     chunks = -(-n // by_rows.query_rows)
     return replace(by_rows, operation="graph", k=k, graph_method=GRAPH_ROWS, parts=chunks,
                    part_size=by_rows.query_rows, blocks=chunks,
@@ -758,8 +755,14 @@ def graph_search_k(k: int, include_self: bool) -> int:
 GRAPH_ROWS_MIN_K = 32
 
 
-def rows_method_wins(by_rows: "EnginePlan", device: torch.device, k: int) -> bool:
-    """Whether the planner takes the rows method, given the search plan ``by_rows`` it would run
-    (:data:`GRAPH_ROWS_MIN_K`)."""
+def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device,
+                     data: InputArray | None) -> bool:
+    """Whether the planner takes the rows method (:data:`GRAPH_ROWS_MIN_K`): ``by_rows`` is the
+    search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
+    principal frames, a sample of ``data`` (if given) says whether their slabs pay: image-like
+    data keep the blocks centred on their row parts."""
     kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
-    return kernel and by_rows.corpus_resident and k >= GRAPH_ROWS_MIN_K
+    if not (kernel and by_rows.corpus_resident and symmetric.k >= GRAPH_ROWS_MIN_K):
+        return False
+    return (data is None or symmetric.frames != PRINCIPAL_FRAMES
+            or slab_gain(data, symmetric.parts, device) < LOCAL_CENTRE_GAIN)
