@@ -12,6 +12,11 @@ Variants (each patches module constants before the first call; ``new`` leaves th
   (``search.DEVICE_BLOCK_BYTES = 0``), as before.
 * ``cols131072``, ``cols524288``: the first corpus tile half / twice the planner's width
   (``plan.GPU_SEARCH_COLS``).
+* ``noradius``: the thresholds' radii by torch's float64 operations on every device, as before
+  the radius kernel (``knng.engine.radius``).
+* ``noepilogue``: the seeds' column terms added to the sample block by a pass of their own, as
+  before they went into the product's epilogue (``screen.GEMM_COLUMN_TERMS``).
+* ``old``: both of the above.
 * ``new``: the code as it is.
 
 Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
@@ -30,6 +35,8 @@ import torch
 import knng
 import knng.api
 import knng.engine.plan as plan
+import knng.engine.radius as radius
+import knng.engine.screen as screen
 import knng.engine.search as search
 import knng.engine.store as store
 
@@ -42,6 +49,9 @@ VARIANTS = {
     # half / twice the planner's width.
     "cols131072": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 17),
     "cols524288": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 19),
+    "noradius": lambda: setattr(radius, "kernel_applies", lambda *tensors: False),
+    "noepilogue": lambda: setattr(screen, "GEMM_COLUMN_TERMS", False),
+    "old": lambda: (VARIANTS["noradius"](), VARIANTS["noepilogue"]()),
     "new": lambda: None,
 }
 

@@ -193,6 +193,10 @@ def engine_part(args) -> list[dict]:
             if k <= 2048:
                 t, _ = timed(lambda: torch_search(q, c, k), args.repeats)
                 row["torch_ms"] = 1e3 * statistics.median(t)
+            # Each library starts from an empty allocator cache: torch's 10k × 1M score blocks
+            # (40 GB) left cached segments that knng's allocations were carved from (k = 100:
+            # 35.7 ms after them, 28–32 in a process of its own, 2026-11-25).
+            torch.cuda.empty_cache()
             for p in precisions:
                 t, res = run_knng(lambda: knng.search(q, c, k), p)
                 rep = last_report()

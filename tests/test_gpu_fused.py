@@ -352,3 +352,42 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(seed):
         assert not torch.isnan(dense).any()
         keys.append(dense)
     assert torch.allclose(keys[0], keys[1], rtol=1e-5, atol=1e-3)
+
+
+# ------------------------------------------------------------------------ threshold radii
+def test_radius_kernel_is_its_reference_on_the_hardware():
+    """The threshold radius kernel, launched without fused multiply-adds, gives the torch
+    reference's float64 values bit for bit on the GPU (every metric, precision and kind of
+    maxima: ``test_radius.py``)."""
+    from test_radius import assert_kernel_is_reference, assert_tightening_is_reference
+
+    assert assert_kernel_is_reference(torch.device("cuda")) > 100
+    assert assert_tightening_is_reference(torch.device("cuda")) > 20
+
+
+@pytest.mark.parametrize("precision", ["tf32", "tf32x3", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(1000, 4099, 128), (3, 70000, 20)])
+def test_column_terms_in_the_product_epilogue(precision, shape, seed, monkeypatch):
+    """``block_scores`` with the column terms as the product's bias (``GEMM_COLUMN_TERMS``) keeps
+    the screen's contract: every key within the bound of the float64 score, and (the same product,
+    the same single float32 rounding of each term) equal to the product plus a separate
+    addition, or one float32 rounding from it where cuBLAS picks another algorithm."""
+    from knng.engine import screen
+
+    m, n, d = shape
+    g = _gen(seed)
+    x = torch.randn((m, d), generator=g, device="cuda", dtype=torch.float64) * 3 + 5
+    y = torch.randn((n, d), generator=g, device="cuda", dtype=torch.float64) * 3 + 5
+    a, a64 = _prepare(x, "sqeuclidean", precision, "query", False)
+    b, b64 = _prepare(y, "sqeuclidean", precision, "corpus", False)
+    terms = b64.terms.to(torch.float32)
+    p = PRECISIONS[precision]
+    fused_keys = screen.block_scores(a.vectors, b.vectors, d, p, col_terms=terms)
+    monkeypatch.setattr(screen, "GEMM_COLUMN_TERMS", False)
+    separate = screen.block_scores(a.vectors, b.vectors, d, p, col_terms=terms)
+    exact = a64.vectors[:, :d] @ b64.vectors[:, :d].T + b64.terms[None, :]
+    bound = get_metric("sqeuclidean").pair_bound(d, a.norms[:, None], b.norms[None, :], None,
+                                                 b64.terms[None, :], precision=p)
+    assert bool(((fused_keys.double() - exact).abs() <= bound).all())
+    step = torch.finfo(torch.float32).eps * separate.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    assert bool(((fused_keys - separate).abs() <= step).all())

@@ -27,7 +27,8 @@ import torch
 __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPrecision", "PRECISIONS", "get_precision",
            "DIGIT_BASE", "DIGIT_MAX", "DIGIT_REFERENCE_ERROR", "digit_width", "digit_blocks", "digit_scales",
            "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
-           "scaled_alphas", "scaled_row_factors", "scaled_row_scales"]
+           "scaled_alphas", "scaled_row_factors", "scaled_row_scales", "TINY", "ORACLE_RELATIVE", "ORACLE_CONSTANT",
+           "ORACLE_NORMS"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -37,6 +38,8 @@ UNIT_ROUNDOFF_FP32 = 2.0**-24
 SAFETY = 2.0
 #: An absolute floor on the bound so that underflowing products cannot escape it.
 TINY = 2.0**-100
+#: The forms of :meth:`Metric.oracle_error` (:meth:`Metric.oracle_form`).
+ORACLE_RELATIVE, ORACLE_CONSTANT, ORACLE_NORMS = 0, 1, 2
 #: Smallest normal float32 (and bfloat16): tensor cores may flush anything below it to zero.
 FLUSH = 2.0**-126
 #: Digit screens (``int8x4``): each prepared vector v is v ≈ s_v·(h + l/DIGIT_BASE) with
@@ -574,12 +577,24 @@ class Metric:
         γ_d relative; the unit-vector form by a few γ_d absolutely (its terms are ≤ 2); the
         inner product by γ_d·‖x‖‖y‖ with ‖y‖ ≤ ‖y − μ‖ + ‖μ‖.
         """
+        form, gamma = self.oracle_form(d)
+        if form == ORACLE_RELATIVE:
+            return gamma * value.abs()
+        if form == ORACLE_CONSTANT:
+            return torch.full_like(value, gamma)
+        return gamma * row_norms * (col_norms + centre_norm)
+
+    def oracle_form(self, d: int) -> tuple[int, float]:
+        """The form of :meth:`oracle_error` for this metric and its coefficient: γ·|value|
+        (``ORACLE_RELATIVE``), a constant (``ORACLE_CONSTANT``) or γ·‖x‖·(‖y‖ + ‖μ‖)
+        (``ORACLE_NORMS``), with γ = γ_d (a few γ_d for the constant). The threshold kernel
+        (:mod:`knng.engine.radius`) computes the same from it."""
         gamma = 2.0 * (d + 8) * 2.0**-53
         if self.uses_terms:
-            return gamma * value.abs()
+            return ORACLE_RELATIVE, gamma
         if self.normalize:
-            return torch.full_like(value, 4.0 * gamma)
-        return gamma * row_norms * (col_norms + centre_norm)
+            return ORACLE_CONSTANT, 4.0 * gamma
+        return ORACLE_NORMS, gamma
 
     def exact(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Exact float64 distances from each row ``x[i]`` (m, d) to its rows ``y[i]`` (m, c, d).

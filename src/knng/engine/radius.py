@@ -1,0 +1,116 @@
+"""A block's per-row threshold radii as one Triton kernel on a GPU.
+
+Before every corpus tile a search asks each row for τᵢ + E(block), and each tightening asks again
+(:meth:`knng.engine.store.CandidateStore.screen_thresholds`, :meth:`~knng.engine.store.PairErrors.block_err`):
+the rounding bound of ``Metric.pair_bound`` with the block's largest column norm and term, the
+float64 conversion slack and ``Metric.oracle_error``, about 25 elementwise float64 operations on
+vectors of one value per row. On a GPU each is a launch of a few microseconds of work, and the
+host's launches, not the GPU, set the pace: in a search of 10k queries (1M × 128, H100) the two
+tightenings were 299 launches for 2.5 ms of GPU work. :func:`block_radius` does the same
+arithmetic in one launch.
+
+Its reference is ``PairErrors.block_err``'s torch code, which every other device runs: the
+kernel performs the same IEEE float64 operations in the same order, and is launched without
+fused multiply-adds (``enable_fp_fusion=False``), so its values are the reference's bit for bit
+(``tests/test_radius.py`` checks every metric and precision in Triton's interpreter, and
+``tests/test_gpu_fused.py`` on the GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from knng.engine import fused
+from knng.metrics import TINY, Metric, ScreenPrecision
+
+__all__ = ["kernel_applies", "block_radius", "tighten_rows"]
+
+#: Rows per program (the interpreter's cost is per program).
+BLOCK = 1024
+
+
+def kernel_applies(*tensors: torch.Tensor) -> bool:
+    """Whether :func:`block_radius` runs on these tensors' device: where the fused screen
+    kernel can (a GPU with Triton; in the tests, the interpreter), for float64 vectors."""
+    first = tensors[0]
+    return (fused.fused_available(first.device)
+            and all(t.dtype == torch.float64 and t.dim() <= 1 for t in tensors if t is not None))
+
+
+def _scalar_or_tensor(value: "float | torch.Tensor", m: int) -> tuple[float, torch.Tensor | None, int]:
+    """A block maximum as the kernel takes it: a number, or a float64 tensor of one value (0-dim)
+    or one per row, with its stride."""
+    if not isinstance(value, torch.Tensor):
+        return float(value), None, 0
+    if value.dim() == 0 or value.numel() == 1:
+        return 0.0, value.reshape(1).to(torch.float64), 0
+    if value.shape != (m,):
+        raise ValueError(f"a block maximum per row must have shape ({m},), got {tuple(value.shape)}")
+    return 0.0, value.to(torch.float64).contiguous(), 1
+
+
+def block_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
+                 rows: torch.Tensor, tau: torch.Tensor, tau_indexed: bool, row_norms: torch.Tensor,
+                 row_terms: torch.Tensor | None, indexed: bool, offsets: torch.Tensor,
+                 max_col_norm: "float | torch.Tensor", max_col_term: "float | torch.Tensor", add_tau: bool
+                 ) -> torch.Tensor:
+    """``PairErrors.block_err`` (plus τ where ``add_tau``) in one launch; float64, one per row.
+
+    ``rows``: store rows; ``tau``: a key per row, the store's own gathered through ``rows``
+    (``tau_indexed``) or one per position; ``row_norms`` and ``row_terms`` likewise
+    (``indexed``); ``offsets`` are always gathered; ``slack`` is the relative conversion slack of
+    the keys and offsets. The maxima are numbers, or tensors of one value or one per row.
+    """
+    m = rows.numel()
+    out = torch.empty(m, dtype=torch.float64, device=tau.device)
+    if m == 0:
+        return out
+    c_dot, c_term, c_flush, gamma, form, col_terms = _coefficients(metric, d, precision)
+    has_row_terms = bool(c_term) and row_terms is not None
+    col_norm, col_norms, norm_stride = _scalar_or_tensor(max_col_norm, m)
+    col_term, col_term_values, term_stride = _scalar_or_tensor(max_col_term, m) if col_terms else (0.0, None, 0)
+    rows = rows.contiguous()
+    tau, row_norms, offsets = tau.contiguous(), row_norms.contiguous(), offsets.contiguous()
+    dummy = tau
+    fused.kernels().block_radius_kernel[(-(-m // BLOCK),)](
+        tau, rows, row_norms, row_terms.contiguous() if has_row_terms else dummy, offsets,
+        col_norms if col_norms is not None else dummy, col_term_values if col_term_values is not None else dummy,
+        out, m, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, col_norm, col_term,
+        norm_stride, term_stride, INDEXED=indexed, TAU_INDEXED=tau_indexed, COL_NORM_TENSOR=col_norms is not None,
+        COL_TERM_TENSOR=col_term_values is not None, COL_TERMS=col_terms, ROW_TERMS=has_row_terms, ORACLE=form,
+        ADD_TAU=add_tau, BLOCK=BLOCK, **_options())
+    return out
+
+
+def _coefficients(metric: Metric, d: int, precision: ScreenPrecision) -> tuple[float, float, float, float, int, bool]:
+    """The bound's and the oracle's coefficients, the oracle's form and whether column terms count."""
+    c_dot, c_term, c_flush = metric.bound_coefficients(d, precision=precision)
+    form, gamma = metric.oracle_form(d)
+    return c_dot, c_term, c_flush, gamma, form, bool(c_term) and metric.uses_terms
+
+
+def _options() -> dict:
+    return {} if fused.interpreting() else dict(num_warps=4, enable_fp_fusion=False)
+
+
+def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
+                 pairs: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor, k: int, tau: torch.Tensor,
+                 tightened: torch.Tensor, row_norms: torch.Tensor, row_terms: torch.Tensor | None,
+                 offsets: torch.Tensor, max_col_norm: float, max_col_term: float) -> None:
+    """``CandidateStore.tighten``'s steps after its sort, in one launch, in place.
+
+    ``pairs``: the sorted int64 (row · 2³² + order code) of the survivors; ``starts`` and
+    ``counts``: each store row's first position among them and how many it has; ``tau``: the
+    store's thresholds (updated); ``tightened``: an int64 counter (0-dim) of the rows tightened;
+    row norms, terms and offsets: the store's, one per row; the maxima: numbers.
+    """
+    n = tau.numel()
+    if n == 0:
+        return
+    c_dot, c_term, c_flush, gamma, form, col_terms = _coefficients(metric, d, precision)
+    has_row_terms = bool(c_term) and row_terms is not None
+    fused.kernels().tighten_kernel[(-(-n // BLOCK),)](
+        pairs, pairs.numel(), starts, counts, k, tau, tightened, row_norms,
+        row_terms if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
+        float(max_col_norm), float(max_col_term) if col_terms else 0.0, COL_TERMS=col_terms, ROW_TERMS=has_row_terms,
+        ORACLE=form, BLOCK=BLOCK, **_options())

@@ -1,0 +1,153 @@
+"""The threshold radius kernel (``knng.engine.radius``) against its torch reference, bit for bit.
+
+On a CPU the kernel runs in Triton's interpreter (NumPy float64, one IEEE operation at a time);
+the GPU test in ``test_gpu_fused.py`` runs the same cases on the device, launched without fused
+multiply-adds. Every metric, every precision, maxima as numbers, 0-dim tensors and one per row,
+the store's own rows or rows given per position, τ infinite, negative and huge, offsets far
+from the origin.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from knng.engine import fused, radius
+from knng.engine.radius import tighten_rows
+from knng.engine.store import CandidateStore, PairErrors
+from knng.metrics import METRICS, PRECISIONS, get_metric
+
+pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter")
+
+
+def radius_cases(device: torch.device, seed: int = 0):
+    """(errors, rows, tau, maxima, row norms/terms or None) for every metric and precision."""
+    gen = torch.Generator().manual_seed(seed)
+    n, m, d = 3000, 1500, 96
+
+    def vec(size, scale=1.0):
+        return (torch.rand(size, generator=gen, dtype=torch.float64) * scale).to(device)
+
+    for name in METRICS:
+        metric = get_metric(name)
+        for precision in PRECISIONS.values():
+            offsets = (torch.randn(n, generator=gen, dtype=torch.float64) * 1e6).to(device)
+            errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=vec(n, 30.0),
+                                row_terms=vec(n, 900.0) - 450.0 if metric.uses_terms else None, row_offsets=offsets,
+                                col_norms=None, col_terms=None, centre_norm=12.5)
+            rows = torch.randperm(n, generator=gen)[:m].to(device)
+            tau = (torch.randn(n, generator=gen, dtype=torch.float64) * 100.0).to(device)
+            tau[::7] = torch.inf
+            tau[3::11] = -1e12
+            maxima = [(31.5, 800.0), (torch.tensor(17.25, dtype=torch.float64, device=device),
+                                      torch.tensor(3.0, dtype=torch.float64, device=device)),
+                      (vec(m, 40.0), vec(m, 600.0))]
+            own = [None, (vec(m, 25.0), vec(m, 500.0) - 250.0 if metric.uses_terms else None)]
+            for max_norm, max_term in maxima:
+                for given in own:
+                    yield f"{name}-{precision.name}", errors, rows, tau, max_norm, max_term, given
+
+
+def reference(errors: PairErrors, rows, tau, max_norm, max_term, given, add_tau: bool) -> torch.Tensor:
+    """The torch steps of ``PairErrors.block_err`` (plus τ)."""
+    t = tau[rows] if add_tau else tau[: rows.numel()]
+    if given is None:
+        norms = errors.row_norms[rows]
+        terms = None if errors.row_terms is None else errors.row_terms[rows]
+    else:
+        norms, terms = given
+    rad = errors._block_err_reference(rows, t, max_norm, max_term, norms, terms)
+    return t + rad if add_tau else rad
+
+
+def kernel(errors: PairErrors, rows, tau, max_norm, max_term, given, add_tau: bool) -> torch.Tensor:
+    if add_tau:
+        return errors.block_thresholds(rows, tau, max_norm, max_term, *(given or (None, None)))
+    return errors.block_err(rows, tau[: rows.numel()], max_norm, max_term, *(given or (None, None)))
+
+
+def assert_kernel_is_reference(device: torch.device) -> int:
+    """Every case's kernel values equal the reference's, bit for bit; returns the cases run."""
+    cases = 0
+    for label, errors, rows, tau, max_norm, max_term, given in radius_cases(device):
+        assert radius.kernel_applies(tau, errors.row_norms, errors.row_offsets)
+        for add_tau in (False, True):
+            want = reference(errors, rows, tau, max_norm, max_term, given, add_tau)
+            got = kernel(errors, rows, tau, max_norm, max_term, given, add_tau)
+            assert got.dtype == torch.float64 and got.shape == want.shape, label
+            same = (got == want) | (torch.isinf(got) & torch.isinf(want) & (got.sign() == want.sign()))
+            assert bool(same.all()), (label, add_tau, (got - want).abs().max().item())
+            cases += 1
+    return cases
+
+
+def assert_tightening_is_reference(device: torch.device) -> int:
+    """``CandidateStore.tighten`` through its kernel and through torch: the same thresholds and
+    the same count of rows tightened, bit for bit (rows with fewer than k survivors, with none,
+    with ties, negative and huge keys; every metric and precision)."""
+    cases = 0
+    gen = torch.Generator().manual_seed(5)
+    for label, errors, rows, tau, max_norm, max_term, given in radius_cases(device):
+        if isinstance(max_norm, torch.Tensor) or given is not None:
+            continue
+        n, k = errors.row_norms.numel(), 7
+        owner = torch.randint(0, n // 2, (40_000,), generator=gen).to(device)  # rows past n/2 get none
+        keys = (torch.randn(40_000, generator=gen) * 50.0).to(torch.float32).to(device)
+        keys[::13] = keys[0]  # ties
+        keys[5::17] = -3e30
+        results = []
+        for use_kernel in (True, False):
+            store = CandidateStore(n, k, 2 * k, errors, lambda r, c: None, device)
+            store.tau.copy_(tau)
+            if not use_kernel:
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(radius, "kernel_applies", lambda *t: False)
+                    store.tighten(owner, keys, max_norm, max_term)
+            else:
+                calls = []
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setattr(radius, "tighten_rows", lambda *a, **kw: calls.append(tighten_rows(*a, **kw)))
+                    store.tighten(owner, keys, max_norm, max_term)
+                assert len(calls) == 1, "the kernel did not run"
+            results.append((store.tau.clone(), int(store._tile_tightenings)))
+        (tau_k, count_k), (tau_r, count_r) = results
+        assert count_k == count_r > 0, label
+        assert torch.equal(tau_k, tau_r), (label, (tau_k - tau_r).abs().max().item())
+        assert bool((tau_k < tau).any()), label
+        cases += 1
+    return cases
+
+
+def test_radius_kernel_is_its_reference(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert assert_kernel_is_reference(torch.device("cpu")) > 100
+
+
+def test_tightening_kernel_is_its_reference(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert assert_tightening_is_reference(torch.device("cpu")) > 20
+
+
+def test_reference_where_the_kernel_does_not_run(monkeypatch):
+    """Without the kernel (a CPU, no Triton) block_err is the torch reference."""
+    monkeypatch.setattr(fused, "fused_available", lambda device: False)
+    for label, errors, rows, tau, max_norm, max_term, given in radius_cases(torch.device("cpu")):
+        for add_tau in (False, True):
+            assert torch.equal(kernel(errors, rows, tau, max_norm, max_term, given, add_tau),
+                               reference(errors, rows, tau, max_norm, max_term, given, add_tau)), label
+        break
+
+
+def test_one_maximum_per_row_must_match_the_rows(monkeypatch):
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the interpreter")
+    label, errors, rows, tau, *_ = next(radius_cases(torch.device("cpu")))
+    with pytest.raises(ValueError, match="one value per row|per row"):
+        errors.block_err(rows, tau[: rows.numel()], torch.ones(rows.numel() + 1, dtype=torch.float64), 0.0)
