@@ -15,11 +15,14 @@ import pytest
 import torch
 
 from knng.engine import fused, radius
-from knng.engine.radius import tighten_rows
+from knng.engine.radius import seed_rows, tighten_rows
 from knng.engine.store import CandidateStore, PairErrors
 from knng.metrics import METRICS, PRECISIONS, get_metric
 
 pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter")
+
+#: Columns of the cases' corpus (seeds gather their norms and terms by global id).
+N_COLS = 5000
 
 
 def radius_cases(device: torch.device, seed: int = 0):
@@ -36,7 +39,8 @@ def radius_cases(device: torch.device, seed: int = 0):
             offsets = (torch.randn(n, generator=gen, dtype=torch.float64) * 1e6).to(device)
             errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=vec(n, 30.0),
                                 row_terms=vec(n, 900.0) - 450.0 if metric.uses_terms else None, row_offsets=offsets,
-                                col_norms=None, col_terms=None, centre_norm=12.5)
+                                col_norms=vec(N_COLS, 35.0), col_terms=vec(N_COLS, 1000.0) if metric.uses_terms else None,
+                                centre_norm=12.5)
             rows = torch.randperm(n, generator=gen)[:m].to(device)
             tau = (torch.randn(n, generator=gen, dtype=torch.float64) * 100.0).to(device)
             tau[::7] = torch.inf
@@ -120,6 +124,38 @@ def assert_tightening_is_reference(device: torch.device) -> int:
     return cases
 
 
+def assert_seeding_is_reference(device: torch.device) -> int:
+    """``CandidateStore.seed`` through its kernel and through torch: the same thresholds, bit for
+    bit (seeds with −1 columns, keys negative and huge, every metric and precision)."""
+    cases = 0
+    gen = torch.Generator().manual_seed(9)
+    for label, errors, rows, tau, max_norm, max_term, given in radius_cases(device):
+        if isinstance(max_norm, torch.Tensor) or given is not None:  # one case per metric and precision
+            continue
+        n, k, width = errors.row_norms.numel(), 5, 9
+        cols = torch.randint(0, N_COLS, (rows.numel(), width), generator=gen).to(device)
+        cols[::5, 3] = -1
+        keys = (torch.randn((rows.numel(), width), generator=gen) * 40.0).to(torch.float32).to(device)
+        keys[::7, 0] = -2e30
+        results = []
+        for use_kernel in (True, False):
+            store = CandidateStore(n, k, 2 * k, errors, lambda r, c: None, device)
+            store.tau.copy_(tau)
+            with pytest.MonkeyPatch.context() as mp:
+                calls = []
+                if use_kernel:
+                    mp.setattr(radius, "seed_rows", lambda *a, **kw: calls.append(seed_rows(*a, **kw)))
+                else:
+                    mp.setattr(radius, "kernel_applies", lambda *t: False)
+                store.seed(rows, cols, keys)
+                assert len(calls) == use_kernel, "the kernel did not run"
+            results.append(store.tau.clone())
+        assert torch.equal(results[0], results[1]), (label, (results[0] - results[1]).abs().max().item())
+        assert bool((results[0] < tau).any()), label
+        cases += 1
+    return cases
+
+
 def test_radius_kernel_is_its_reference(monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
@@ -132,6 +168,7 @@ def test_tightening_kernel_is_its_reference(monkeypatch):
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
     assert assert_tightening_is_reference(torch.device("cpu")) > 20
+    assert assert_seeding_is_reference(torch.device("cpu")) > 20
 
 
 def test_reference_where_the_kernel_does_not_run(monkeypatch):

@@ -419,3 +419,39 @@ def tighten_kernel(pairs, p, starts, counts, k, tau, tightened, row_norms, row_t
     old = tl.load(tau + i, mask=ok, other=0.0)
     tl.store(tau + i, tl.where(bound < old, bound, old), mask=ok)
     tl.atomic_add(tightened, tl.sum(full.to(tl.int64), axis=0))
+
+
+@triton.jit
+def seed_kernel(rows, cols, keys, m, width, tau, row_norms, row_terms, offsets, col_norms, col_terms,
+                c_dot: "fp64", c_flush: "fp64", c_term: "fp64", slack: "fp64", gamma: "fp64", centre_norm: "fp64",
+                tiny: "fp64", COL_TERMS: tl.constexpr, ROW_TERMS: tl.constexpr, ORACLE: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """``CandidateStore.seed`` with the store's own radii, one program per ``BLOCK`` rows: for row
+    ``rows[i]`` the largest key + radius (:func:`_row_radius`, the column's own norm and term)
+    among its ``width`` seeds ``cols[i, :]`` (−1: none), and τ ← min(τ, that)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < m
+    r = tl.load(rows + i, mask=ok, other=0).to(tl.int64)
+    a = tl.load(row_norms + r, mask=ok, other=0.0)
+    off = tl.load(offsets + r, mask=ok, other=0.0)
+    if ROW_TERMS:
+        at = tl.load(row_terms + r, mask=ok, other=0.0)
+    else:
+        at = a
+    top = tl.full((BLOCK,), float("-inf"), dtype=tl.float64)
+    base = i.to(tl.int64) * width
+    for j in range(0, width):
+        c = tl.load(cols + base + j, mask=ok, other=-1).to(tl.int64)
+        key = tl.load(keys + base + j, mask=ok, other=0.0).to(tl.float64)
+        safe = tl.where(c >= 0, c, 0)
+        b = tl.load(col_norms + safe, mask=ok, other=0.0)
+        if COL_TERMS:
+            bt = tl.load(col_terms + safe, mask=ok, other=0.0)
+        else:
+            bt = b
+        rad = _row_radius(a, b, bt, at, key, off, c_dot, c_flush, c_term, slack, gamma, centre_norm, tiny,
+                          COL_TERMS, ROW_TERMS, ORACLE)
+        hi = tl.where(c >= 0, key + rad, float("inf"))
+        top = tl.maximum(top, hi)
+    old = tl.load(tau + r, mask=ok, other=0.0)
+    tl.store(tau + r, tl.where(top < old, top, old), mask=ok)

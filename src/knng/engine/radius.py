@@ -23,7 +23,7 @@ import torch
 from knng.engine import fused
 from knng.metrics import TINY, Metric, ScreenPrecision
 
-__all__ = ["kernel_applies", "block_radius", "tighten_rows"]
+__all__ = ["kernel_applies", "block_radius", "tighten_rows", "seed_rows"]
 
 #: Rows per program (the interpreter's cost is per program).
 BLOCK = 1024
@@ -113,4 +113,25 @@ def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
         pairs, pairs.numel(), starts, counts, k, tau, tightened, row_norms,
         row_terms if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
         float(max_col_norm), float(max_col_term) if col_terms else 0.0, COL_TERMS=col_terms, ROW_TERMS=has_row_terms,
+        ORACLE=form, BLOCK=BLOCK, **_options())
+
+
+def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
+              rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, tau: torch.Tensor, row_norms: torch.Tensor,
+              row_terms: torch.Tensor | None, offsets: torch.Tensor, col_norms: torch.Tensor,
+              col_terms: torch.Tensor | None) -> None:
+    """``CandidateStore.seed`` with the store's own radii, in one launch, in place: τ of store
+    rows ``rows`` (distinct) ← min(τ, the largest certified upper bound key + radius of the row's
+    seeds ``cols``/``keys`` (m, width), −1 columns left out). Norms, terms and offsets are the
+    store's (rows by store row, columns by global id)."""
+    m, width = cols.shape
+    if m == 0 or width == 0:
+        return
+    c_dot, c_term, c_flush = metric.bound_coefficients(d, precision=precision)
+    form, gamma = metric.oracle_form(d)
+    has_col_terms, has_row_terms = bool(c_term) and col_terms is not None, bool(c_term) and row_terms is not None
+    fused.kernels().seed_kernel[(-(-m // BLOCK),)](
+        rows.contiguous(), cols.contiguous(), keys.contiguous(), m, width, tau, row_norms,
+        row_terms if has_row_terms else row_norms, offsets, col_norms, col_terms if has_col_terms else col_norms,
+        c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, COL_TERMS=has_col_terms, ROW_TERMS=has_row_terms,
         ORACLE=form, BLOCK=BLOCK, **_options())

@@ -419,6 +419,16 @@ class CandidateStore:
         """
         if cols.shape[1] < self.k:
             return
+        errors = self.errors
+        if (rad is None and errors.row_norms is not None and errors.col_norms is not None
+                and radius.kernel_applies(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets,
+                                          errors.col_norms, errors.col_terms)):
+            # The radii, the bounds and the update in one launch (knng.engine.radius): the same values.
+            radius.seed_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK, rows, cols,
+                             keys, self.tau, errors.row_norms, errors.row_terms, errors.row_offsets, errors.col_norms,
+                             errors.col_terms)
+            self.updates += 1
+            return
         if rad is None:
             rad = self.errors.err(rows[:, None].expand_as(cols), cols, keys)
         hi = keys.to(torch.float64) + rad
