@@ -1,19 +1,22 @@
-"""A block's per-row threshold radii as one Triton kernel on a GPU.
+"""The thresholds' float64 arithmetic as Triton kernels on a GPU: one launch where torch takes dozens.
 
 Before every corpus tile a search asks each row for τᵢ + E(block), and each tightening asks again
 (:meth:`knng.engine.store.CandidateStore.screen_thresholds`, :meth:`~knng.engine.store.PairErrors.block_err`):
 the rounding bound of ``Metric.pair_bound`` with the block's largest column norm and term, the
 float64 conversion slack and ``Metric.oracle_error``, about 25 elementwise float64 operations on
-vectors of one value per row. On a GPU each is a launch of a few microseconds of work, and the
-host's launches, not the GPU, set the pace: in a search of 10k queries (1M × 128, H100) the two
-tightenings were 299 launches for 2.5 ms of GPU work. :func:`block_radius` does the same
-arithmetic in one launch.
+vectors of one value per row. The tightening decodes and widens each row's first and k-th keys
+before that (:meth:`~knng.engine.store.CandidateStore.tighten`), and the seeds take every seed's
+own radius and each row's largest bound (:meth:`~knng.engine.store.CandidateStore.seed`). On a
+GPU each operation is a launch of a few microseconds of work, and the host's launches, not the
+GPU, set the pace: in a search of 10k queries (1M × 128, H100) the two tightenings were 299
+launches for 2.5 ms of GPU work. :func:`block_radius`, :func:`tighten_rows` and
+:func:`seed_rows` do the same arithmetic in one launch each.
 
-Its reference is ``PairErrors.block_err``'s torch code, which every other device runs: the
-kernel performs the same IEEE float64 operations in the same order, and is launched without
-fused multiply-adds (``enable_fp_fusion=False``), so its values are the reference's bit for bit
-(``tests/test_radius.py`` checks every metric and precision in Triton's interpreter, and
-``tests/test_gpu_fused.py`` on the GPU).
+Their reference is the torch code of those methods, which every other device runs: the kernels
+perform the same IEEE float64 operations in the same order (``_triton_kernels._row_radius``) and
+are launched without fused multiply-adds (``enable_fp_fusion=False``), so their values are the
+reference's bit for bit (``tests/test_radius.py`` checks every metric and precision in Triton's
+interpreter, and ``tests/test_gpu_fused.py`` on the GPU).
 """
 
 from __future__ import annotations
@@ -127,8 +130,7 @@ def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: f
     m, width = cols.shape
     if m == 0 or width == 0:
         return
-    c_dot, c_term, c_flush = metric.bound_coefficients(d, precision=precision)
-    form, gamma = metric.oracle_form(d)
+    c_dot, c_term, c_flush, gamma, form, _ = _coefficients(metric, d, precision)
     has_col_terms, has_row_terms = bool(c_term) and col_terms is not None, bool(c_term) and row_terms is not None
     fused.kernels().seed_kernel[(-(-m // BLOCK),)](
         rows.contiguous(), cols.contiguous(), keys.contiguous(), m, width, tau, row_norms,
