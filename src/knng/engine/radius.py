@@ -33,8 +33,9 @@ BLOCK = 1024
 
 
 def kernel_applies(*tensors: torch.Tensor) -> bool:
-    """Whether :func:`block_radius` runs on these tensors' device: where the fused screen
-    kernel can (a GPU with Triton; in the tests, the interpreter), for float64 vectors."""
+    """Whether this module's kernels run on these tensors' device: where the fused screen
+    kernel can (a GPU with Triton; in the tests, the interpreter), for float64 vectors (None
+    entries, absent terms, are skipped)."""
     first = tensors[0]
     return (fused.fused_available(first.device)
             and all(t.dtype == torch.float64 and t.dim() <= 1 for t in tensors if t is not None))
