@@ -17,6 +17,11 @@ Variants (each patches module constants before the first call; ``new`` leaves th
 * ``noepilogue``: the seeds' column terms added to the sample block by a pass of their own, as
   before they went into the product's epilogue (``screen.GEMM_COLUMN_TERMS``).
 * ``old``: both of the above.
+* ``sort``: each row's first and k-th key for the tightening by one int64 sort of the survivors
+  on every device (``row_kth.row_ends_reference``), as before the selection kernels.
+* ``oldseed``: the seed kernel one program per 1,024 rows and one seed per step, as before.
+* ``anyshape``: a screen launch's lists sized from the last launch of any shape, as before.
+* ``before``: all three.
 * ``new``: the code as it is.
 
 Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
@@ -35,7 +40,9 @@ import torch
 import knng
 import knng.api
 import knng.engine.plan as plan
+import knng.engine.fused as fused
 import knng.engine.radius as radius
+import knng.engine.row_kth as row_kth
 import knng.engine.screen as screen
 import knng.engine.search as search
 import knng.engine.store as store
@@ -52,6 +59,11 @@ VARIANTS = {
     "noradius": lambda: setattr(radius, "kernel_applies", lambda *tensors: False),
     "noepilogue": lambda: setattr(screen, "GEMM_COLUMN_TERMS", False),
     "old": lambda: (VARIANTS["noradius"](), VARIANTS["noepilogue"]()),
+    "sort": lambda: setattr(row_kth, "kernel_applies", lambda rows: False),
+    "oldseed": lambda: setattr(radius, "SEED_TILE", (1024, 1)),
+    "anyshape": lambda: setattr(fused, "_capacity_hint", lambda kind, device, m, n: max(
+        fused.INITIAL_PER_ROW * m, fused._last_found.get((kind, device), 0) * 5 // 4)),
+    "before": lambda: (VARIANTS["sort"](), VARIANTS["oldseed"](), VARIANTS["anyshape"]()),
     "new": lambda: None,
 }
 

@@ -366,6 +366,24 @@ def test_radius_kernel_is_its_reference_on_the_hardware():
     assert assert_seeding_is_reference(torch.device("cuda")) > 20
 
 
+def test_row_selection_is_its_reference_on_the_hardware():
+    """Each row's first and k-th key code by the selection kernels (``row_kth``) equals the
+    sort's, on the adversarial cases of ``test_row_kth.py`` and on a search's scale: 10k rows,
+    25M pairs, k = 2,048, keys with many ties."""
+    from knng.engine import row_kth
+    from test_row_kth import assert_kernels_are_reference
+
+    assert assert_kernels_are_reference(torch.device("cuda")) == 6
+    g = torch.Generator(device="cuda").manual_seed(3)
+    rows = torch.randint(0, 10_000, (25_000_000,), device="cuda", generator=g)
+    keys = torch.randn(25_000_000, device="cuda", generator=g) * 100.0 + 5e3
+    keys[::3] = keys[::3].round()
+    got = row_kth.row_ends(rows, keys, 10_000, 2048)
+    want = row_kth.row_ends_reference(rows, keys, 10_000, 2048)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert int((got[2] >= 2048).sum()) == 10_000
+
+
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1000, 4099, 128), (3, 70000, 20)])
 def test_column_terms_in_the_product_epilogue(precision, shape, seed, monkeypatch):

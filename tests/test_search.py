@@ -308,19 +308,19 @@ def test_held_survivors_finish_exact(data, k, fits, monkeypatch, rng, seed, scre
 
 
 def test_key_codes_sort_as_the_keys(rng):
-    # CandidateStore.tighten sorts (row, key) pairs as one int64: the key's code must order
+    # CandidateStore.tighten selects each row's k-th key by its order code: the code must order
     # like the float32 key and decode to the same bits; float64 keys are rounded up.
-    from knng.engine.store import _decoded, _float32_up, _ordered_code
+    from knng.engine.row_kth import decoded, float32_up, ordered_code
 
     special = [-np.inf, -3.4e38, -1.0, -1e-40, -0.0, 0.0, 1e-45, 1e-40, 1.0, 3.4e38, np.inf]
     x = torch.from_numpy(np.concatenate([special, rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)])
                          .astype(np.float32))
-    codes = _ordered_code(x)
+    codes = ordered_code(x)
     assert int(codes.min()) >= 0 and int(codes.max()) < 2**32
-    assert torch.equal(_decoded(codes).view(torch.int32), x.view(torch.int32))
+    assert torch.equal(decoded(codes).view(torch.int32), x.view(torch.int32))
     assert torch.equal(x[torch.argsort(codes, stable=True)], torch.sort(x, stable=True).values)
     wide = torch.from_numpy(rng.standard_normal(5000) * 1e3)
-    up = _float32_up(wide)
+    up = float32_up(wide)
     assert up.dtype == torch.float32 and bool((up.double() >= wide).all())
     assert bool((torch.nextafter(up, torch.full_like(up, -np.inf)).double() < wide).all())  # the least such
 

@@ -381,26 +381,25 @@ def block_radius_kernel(tau, rows, row_norms, row_terms, offsets, col_norms, col
 
 @triton.jit
 def _decoded_key(code):
-    """The float32 key of an order code of ``store._ordered_code`` (int64 in [0, 2³²)), as float64."""
+    """The float32 key of an order code of ``row_kth.ordered_code`` (int64 in [0, 2³²)), as float64."""
     bits = tl.where(code < 2147483648, -code - 1, code - 2147483648)
     return bits.to(tl.int32).to(tl.float32, bitcast=True).to(tl.float64)
 
 
 @triton.jit
-def tighten_kernel(pairs, p, starts, counts, k, tau, tightened, row_norms, row_terms, offsets, n,
+def tighten_kernel(firsts, kths, counts, k, tau, tightened, row_norms, row_terms, offsets, n,
                    c_dot: "fp64", c_flush: "fp64", c_term: "fp64", slack: "fp64", gamma: "fp64",
                    centre_norm: "fp64", tiny: "fp64", col_norm: "fp64", col_term: "fp64",
                    COL_TERMS: tl.constexpr, ROW_TERMS: tl.constexpr, ORACLE: tl.constexpr, BLOCK: tl.constexpr):
-    """``CandidateStore.tighten`` after its sort, one program per ``BLOCK`` store rows: each row's
-    first and k-th key among the sorted ``pairs`` (row above 32 bits of an order code), widened
-    by 2⁻²⁰, the radius at the end farther from −offset (:func:`_row_radius`), and
-    τ ← min(τ, k-th + radius) where the row has k pairs; ``tightened`` counts those rows."""
+    """``CandidateStore.tighten`` after its selection, one program per ``BLOCK`` store rows: each
+    row's first and k-th key (order codes, ``row_kth.row_ends``), widened by 2⁻²⁰, the radius at
+    the end farther from −offset (:func:`_row_radius`), and τ ← min(τ, k-th + radius) where the
+    row has k pairs; ``tightened`` counts those rows."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < n
-    start = tl.load(starts + i, mask=ok, other=0)
     count = tl.load(counts + i, mask=ok, other=0)
-    first = _decoded_key(tl.load(pairs + tl.minimum(start, p - 1), mask=ok, other=0) & 0xFFFFFFFF)
-    kth = _decoded_key(tl.load(pairs + tl.minimum(start + k - 1, p - 1), mask=ok, other=0) & 0xFFFFFFFF)
+    first = _decoded_key(tl.load(firsts + i, mask=ok, other=2147483648))
+    kth = _decoded_key(tl.load(kths + i, mask=ok, other=2147483648))
     first = first - tl.abs(first) * 9.5367431640625e-07
     kth = kth + tl.abs(kth) * 9.5367431640625e-07
     off = tl.load(offsets + i, mask=ok, other=0.0)
@@ -425,33 +424,106 @@ def tighten_kernel(pairs, p, starts, counts, k, tau, tightened, row_norms, row_t
 def seed_kernel(rows, cols, keys, m, width, tau, row_norms, row_terms, offsets, col_norms, col_terms,
                 c_dot: "fp64", c_flush: "fp64", c_term: "fp64", slack: "fp64", gamma: "fp64", centre_norm: "fp64",
                 tiny: "fp64", COL_TERMS: tl.constexpr, ROW_TERMS: tl.constexpr, ORACLE: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """``CandidateStore.seed`` with the store's own radii, one program per ``BLOCK`` rows: for row
-    ``rows[i]`` the largest key + radius (:func:`_row_radius`, the column's own norm and term)
-    among its ``width`` seeds ``cols[i, :]`` (−1: none), and τ ← min(τ, that)."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+                ROWS: tl.constexpr, WIDTH: tl.constexpr):
+    """``CandidateStore.seed`` with the store's own radii, one program per ``ROWS`` rows, their
+    seeds ``WIDTH`` at a time: for row ``rows[i]`` the largest key + radius (:func:`_row_radius`,
+    the column's own norm and term) among its ``width`` seeds ``cols[i, :]`` (−1: none, which
+    leaves the row as it is), and τ ← min(τ, that)."""
+    i = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     ok = i < m
     r = tl.load(rows + i, mask=ok, other=0).to(tl.int64)
-    a = tl.load(row_norms + r, mask=ok, other=0.0)
-    off = tl.load(offsets + r, mask=ok, other=0.0)
+    a = tl.load(row_norms + r, mask=ok, other=0.0)[:, None]
+    off = tl.load(offsets + r, mask=ok, other=0.0)[:, None]
     if ROW_TERMS:
-        at = tl.load(row_terms + r, mask=ok, other=0.0)
+        at = tl.load(row_terms + r, mask=ok, other=0.0)[:, None]
     else:
         at = a
-    top = tl.full((BLOCK,), float("-inf"), dtype=tl.float64)
-    base = i.to(tl.int64) * width
-    for j in range(0, width):
-        c = tl.load(cols + base + j, mask=ok, other=-1).to(tl.int64)
-        key = tl.load(keys + base + j, mask=ok, other=0.0).to(tl.float64)
+    top = tl.full((ROWS,), float("-inf"), dtype=tl.float64)
+    base = i.to(tl.int64)[:, None] * width
+    for j0 in range(0, width, WIDTH):
+        j = j0 + tl.arange(0, WIDTH)
+        here = ok[:, None] & (j < width)[None, :]
+        c = tl.load(cols + base + j[None, :], mask=here, other=-1).to(tl.int64)
+        key = tl.load(keys + base + j[None, :], mask=here, other=0.0).to(tl.float64)
         safe = tl.where(c >= 0, c, 0)
-        b = tl.load(col_norms + safe, mask=ok, other=0.0)
+        b = tl.load(col_norms + safe, mask=here, other=0.0)
         if COL_TERMS:
-            bt = tl.load(col_terms + safe, mask=ok, other=0.0)
+            bt = tl.load(col_terms + safe, mask=here, other=0.0)
         else:
             bt = b
         rad = _row_radius(a, b, bt, at, key, off, c_dot, c_flush, c_term, slack, gamma, centre_norm, tiny,
                           COL_TERMS, ROW_TERMS, ORACLE)
-        hi = tl.where(c >= 0, key + rad, float("inf"))
-        top = tl.maximum(top, hi)
+        # A −1 seed makes the row's bound infinite; positions past the width count for nothing.
+        hi = tl.where(here, tl.where(c >= 0, key + rad, float("inf")), float("-inf"))
+        top = tl.maximum(top, tl.max(hi, axis=1))
     old = tl.load(tau + r, mask=ok, other=0.0)
     tl.store(tau + r, tl.where(top < old, top, old), mask=ok)
+
+
+# ------------------------------------------------------------------- order statistics per row
+@triton.jit
+def _signed_code(keys):
+    """float32 keys as int32 codes whose signed order is the keys' (``row_kth.ordered_code`` − 2³¹)."""
+    bits = keys.to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def row_count_kernel(rows, p, counts, BLOCK: tl.constexpr):
+    """counts[r] += the pairs of row r among ``rows[:p]`` (int32 counters)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < p
+    r = tl.load(rows + i, mask=ok, other=0)
+    tl.atomic_add(counts + r, tl.full((BLOCK,), 1, tl.int32), mask=ok)
+
+
+@triton.jit
+def group_rows_kernel(rows, keys, p, starts, cursor, out, BLOCK: tl.constexpr):
+    """Each pair's key code into its row's segment of ``out`` (row r's segment starts at
+    ``starts[r]``; ``cursor`` counts what each row has received, so the order within a row is
+    whatever the atomics gave)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < p
+    r = tl.load(rows + i, mask=ok, other=0)
+    key = tl.load(keys + i, mask=ok, other=0.0)
+    slot = tl.atomic_add(cursor + r, tl.full((BLOCK,), 1, tl.int32), mask=ok)
+    start = tl.load(starts + r, mask=ok, other=0)
+    tl.store(out + start + slot, _signed_code(key), mask=ok)
+
+
+@triton.jit
+def row_kth_kernel(codes, starts, counts, k, firsts, kths, none, CHUNK: tl.constexpr):
+    """One program per row: the smallest and the k-th smallest order code of the row's segment of
+    ``codes`` (int32 signed codes), by a radix select over the code's four bytes, most
+    significant first: a 256-bin histogram of the byte among the codes that share the bytes
+    chosen so far, and the bin where the running count reaches the rank left. Rows with fewer
+    than k codes get ``none``."""
+    row = tl.program_id(0)
+    start = tl.load(starts + row)
+    count = tl.load(counts + row)
+    todo = tl.where(count >= k, count, 0)
+    bins = tl.arange(0, 256)
+    prefix = tl.full([], 0, tl.int64)
+    rank = tl.full([], 0, tl.int64) + k
+    first = tl.full([], 4294967296, tl.int64)
+    for step in tl.static_range(4):
+        shift = 24 - 8 * step
+        hist = tl.zeros((256,), dtype=tl.int32)
+        for c0 in range(0, todo, CHUNK):
+            j = c0 + tl.arange(0, CHUNK)
+            ok = j < todo
+            u = tl.load(codes + start + j, mask=ok, other=0).to(tl.int64) + 2147483648
+            if step == 0:
+                first = tl.minimum(first, tl.min(tl.where(ok, u, 4294967296), axis=0))
+            match = ok & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
+            digit = tl.where(match, (u >> shift) & 255, 0).to(tl.int32)
+            # Codes that do not match were counted in bin 0: take them out again.
+            missed = CHUNK - tl.sum(match.to(tl.int32), axis=0)
+            hist += tl.histogram(digit, 256) - tl.where(bins == 0, missed, 0)
+        below = tl.cumsum(hist, 0)
+        chosen = tl.sum((below < rank).to(tl.int32), axis=0)
+        rank -= tl.sum(tl.where(bins < chosen, hist, 0), axis=0).to(tl.int64)
+        prefix += chosen.to(tl.int64) << shift
+    full = count >= k
+    tl.store(firsts + row, tl.where(full, first, none))
+    tl.store(kths + row, tl.where(full, prefix, none))

@@ -302,10 +302,20 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
     return _collect(launch, "select", m, n, capacity_hint, symmetric, scores.dtype, scores.device)
 
 
-#: Survivors per side the last launch of each kind found on each device. The next block's lists
-#: start a quarter larger: k = 100 graph blocks keep more than INITIAL_PER_ROW pairs per row
-#: early on, and each overflow ran the kernel twice (71 of 666 blocks of a 582k × 64 graph).
-_last_found: dict[tuple[str, torch.device], int] = {}
+#: Survivors per side the last launch of each kind found on each device, by block shape and
+#: whatever the shape. The next block's lists start a quarter larger than the last of its shape
+#: found, or than the last of any shape: k = 100 graph blocks keep more than INITIAL_PER_ROW
+#: pairs per row early on, and each overflow ran the kernel twice (71 of 666 blocks of a 582k ×
+#: 64 graph). By shape, because a search's two launches differ: its first tile of 262,144
+#: columns kept more at k ≥ 1,024 than a quarter above what the rest of the corpus had kept
+#: just before, and ran twice in every call.
+_last_found: dict[tuple, int] = {}
+
+
+def _capacity_hint(kind: str, device: torch.device, m: int, n: int) -> int:
+    """Where a launch's lists start (see :data:`_last_found`)."""
+    last = _last_found.get((kind, device, m, n), _last_found.get((kind, device), 0))
+    return max(INITIAL_PER_ROW * m, last * 5 // 4)
 
 
 def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,
@@ -318,7 +328,7 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
         empty = [Survivors(none, none.clone(), torch.empty(0, dtype=key_dtype, device=device)) for _ in range(sides)]
         return empty[0], empty[1] if symmetric else None
     if capacity_hint is None:
-        capacity_hint = max(INITIAL_PER_ROW * m, _last_found.get((kind, device), 0) * 5 // 4)
+        capacity_hint = _capacity_hint(kind, device, m, n)
     floor = 1024 if interpreting() else min(m * n, LIST_FLOOR)
     capacity = min(max(floor, capacity_hint), MAX_LIST)
     while True:
@@ -334,6 +344,8 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
             raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
                                f"({MAX_LIST}); smaller blocks are needed")
         capacity = max(found)  # the same thresholds keep the same pairs: one relaunch fits them all
-    _last_found[(kind, device)] = max(found)
+    if len(_last_found) > 4096:  # a long process of many block shapes
+        _last_found.clear()
+    _last_found[(kind, device)] = _last_found[(kind, device, m, n)] = max(found)
     out = [Survivors(owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found)]
     return out[0], out[1] if symmetric else None

@@ -30,6 +30,10 @@ __all__ = ["kernel_applies", "block_radius", "tighten_rows", "seed_rows"]
 
 #: Rows per program (the interpreter's cost is per program).
 BLOCK = 1024
+#: The seed kernel's rows per program and seeds per step on a GPU. One program per 1,024 rows,
+#: each walking its rows' seeds one at a time (strided loads), kept ten programs busy for 10k
+#: queries: 5.1 / 10.1 ms at k = 1,024 / 2,048 (H100, 2026-11-25).
+SEED_TILE = (16, 128)
 
 
 def kernel_applies(*tensors: torch.Tensor) -> bool:
@@ -98,15 +102,15 @@ def _options() -> dict:
 
 
 def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
-                 pairs: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor, k: int, tau: torch.Tensor,
+                 firsts: torch.Tensor, kths: torch.Tensor, counts: torch.Tensor, k: int, tau: torch.Tensor,
                  tightened: torch.Tensor, row_norms: torch.Tensor, row_terms: torch.Tensor | None,
                  offsets: torch.Tensor, max_col_norm: float, max_col_term: float) -> None:
-    """``CandidateStore.tighten``'s steps after its sort, in one launch, in place.
+    """``CandidateStore.tighten``'s steps after its selection, in one launch, in place.
 
-    ``pairs``: the sorted int64 (row · 2³² + order code) of the survivors; ``starts`` and
-    ``counts``: each store row's first position among them and how many it has; ``tau``: the
-    store's thresholds (updated); ``tightened``: an int64 counter (0-dim) of the rows tightened;
-    row norms, terms and offsets: the store's, one per row; the maxima: numbers.
+    ``firsts``, ``kths``, ``counts``: each store row's smallest and k-th key order code among
+    the survivors and how many it has (``row_kth.row_ends``); ``tau``: the store's thresholds
+    (updated); ``tightened``: an int64 counter (0-dim) of the rows tightened; row norms, terms
+    and offsets: the store's, one per row; the maxima: numbers.
     """
     n = tau.numel()
     if n == 0:
@@ -114,7 +118,7 @@ def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
     c_dot, c_term, c_flush, gamma, form, col_terms = _coefficients(metric, d, precision)
     has_row_terms = bool(c_term) and row_terms is not None
     fused.kernels().tighten_kernel[(-(-n // BLOCK),)](
-        pairs, pairs.numel(), starts, counts, k, tau, tightened, row_norms,
+        firsts, kths, counts, k, tau, tightened, row_norms,
         row_terms if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
         float(max_col_norm), float(max_col_term) if col_terms else 0.0, COL_TERMS=col_terms, ROW_TERMS=has_row_terms,
         ORACLE=form, BLOCK=BLOCK, **_options())
@@ -133,8 +137,9 @@ def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: f
         return
     c_dot, c_term, c_flush, gamma, form, _ = _coefficients(metric, d, precision)
     has_col_terms, has_row_terms = bool(c_term) and col_terms is not None, bool(c_term) and row_terms is not None
-    fused.kernels().seed_kernel[(-(-m // BLOCK),)](
+    rows_per_program, seeds_per_step = (BLOCK, 64) if fused.interpreting() else SEED_TILE
+    fused.kernels().seed_kernel[(-(-m // rows_per_program),)](
         rows.contiguous(), cols.contiguous(), keys.contiguous(), m, width, tau, row_norms,
         row_terms if has_row_terms else row_norms, offsets, col_norms, col_terms if has_col_terms else col_norms,
         c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, COL_TERMS=has_col_terms, ROW_TERMS=has_row_terms,
-        ORACLE=form, BLOCK=BLOCK, **_options())
+        ORACLE=form, ROWS=rows_per_program, WIDTH=seeds_per_step, **_options())

@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from knng.engine import radius
+from knng.engine import radius, row_kth
 from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["PairErrors", "PairNorms", "CandidateStore", "StoreStats", "summarize_per_row"]
@@ -165,26 +165,6 @@ class PairErrors:
         offsets = self.row_offsets[rows]
         key = value - offsets
         return key, CONVERSION_SLACK * (value.abs() + offsets.abs())
-
-
-def _float32_up(keys: torch.Tensor) -> torch.Tensor:
-    """``keys`` as float32, each rounded up (float32 keys are returned as they are)."""
-    if keys.dtype == torch.float32:
-        return keys
-    down = keys.to(torch.float32)
-    return torch.where(down.to(keys.dtype) < keys, torch.nextafter(down, torch.full_like(down, torch.inf)), down)
-
-
-def _ordered_code(keys: torch.Tensor) -> torch.Tensor:
-    """float32 ``keys`` as int64 codes in [0, 2³²) that sort as the keys do (−0 just below +0)."""
-    bits = keys.view(torch.int32).to(torch.int64)
-    return torch.where(bits < 0, -bits - 1, bits + 2**31)
-
-
-def _decoded(code: torch.Tensor) -> torch.Tensor:
-    """The float32 keys of :func:`_ordered_code`'s codes."""
-    bits = torch.where(code < 2**31, -code - 1, code - 2**31)
-    return bits.to(torch.int32).view(torch.float32)
 
 
 _SIGN_FLIP = 2**63 - 1
@@ -445,44 +425,39 @@ class CandidateStore:
         columns have norms and terms at most ``max_col_norm``/``max_col_term`` (as for
         :meth:`screen_thresholds`). The k-th smallest key of a row plus an error radius valid
         for every key up to it bounds k distinct columns' true keys, so it is at least the
-        row's k-th true key, as the store's own tightening is; it costs one sort of the
+        row's k-th true key, as the store's own tightening is; it costs one selection over the
         survivors instead of a store update, so the next blocks of a screen run on thresholds
         that already know this one (a 1M × 128 search at k = 10 let 220 pairs per row through
         with the sample's thresholds alone, 105 with this after its first tile). The pairs are not
         taken in: hand them to :meth:`add` as well.
         """
-        p = rows.numel()
-        if p < self.k:
+        if rows.numel() < self.k:
             return
-        # One int64 sort orders the pairs by row, then by key: the row above 32 bits of the key
-        # mapped to an unsigned order-preserving code (keys rounded up to float32, which only
-        # raises the k-th).
-        code = _ordered_code(_float32_up(keys))
-        pairs = torch.sort(rows.to(torch.int64) * 2**32 + code).values
-        counts = torch.zeros(self.n, dtype=torch.int64, device=rows.device).index_add_(0, rows, torch.ones_like(rows))
-        starts = torch.cumsum(counts, 0) - counts
+        # Each row's smallest and k-th key (order codes of the keys rounded up to float32, which
+        # only raises the k-th): one int64 sort of the pairs, or on a GPU a selection in each
+        # row's segment without one (knng.engine.row_kth): the same codes.
+        first, kth, counts = row_kth.row_ends(rows, keys, self.n, self.k)
         errors = self.errors
         if (errors.row_norms is not None and not isinstance(max_col_norm, torch.Tensor)
                 and not isinstance(max_col_term, torch.Tensor)
                 and radius.kernel_applies(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets)):
             # What follows, in one launch (knng.engine.radius): the same values.
             radius.tighten_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK,
-                                pairs, starts, counts, self.k, self.tau, self._tile_tightenings, errors.row_norms,
+                                first, kth, counts, self.k, self.tau, self._tile_tightenings, errors.row_norms,
                                 errors.row_terms, errors.row_offsets, max_col_norm, max_col_term)
         else:
-            self._tighten_sorted(pairs, starts, counts, max_col_norm, max_col_term)
+            self._tighten_ends(first, kth, counts, max_col_norm, max_col_term)
         self.updates += 1
 
-    def _tighten_sorted(self, pairs: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor,
-                        max_col_norm: "float | torch.Tensor", max_col_term: "float | torch.Tensor") -> None:
-        """:meth:`tighten` after its sort (the reference of ``radius.tighten_rows``): ``pairs``
-        sorted (row · 2³² + order code), each row's first position and count among them."""
-        p = pairs.numel()
-        first = _decoded(pairs[starts.clamp_max(p - 1)] & 0xFFFFFFFF).to(torch.float64)
-        kth = _decoded(pairs[(starts + self.k - 1).clamp_max(p - 1)] & 0xFFFFFFFF).to(torch.float64)
+    def _tighten_ends(self, first: torch.Tensor, kth: torch.Tensor, counts: torch.Tensor,
+                      max_col_norm: "float | torch.Tensor", max_col_term: "float | torch.Tensor") -> None:
+        """:meth:`tighten` after its selection (the reference of ``radius.tighten_rows``): each
+        row's smallest and k-th key order code and its count of pairs (``row_kth.row_ends``)."""
+        first = row_kth.decoded(first).to(torch.float64)
+        kth = row_kth.decoded(kth).to(torch.float64)
         # The radius grows with |key + offset|, which is largest at an end of [first, kth]; the
         # ends widen by 2⁻²⁰ to cover float64 keys rounded to float32.
-        every = torch.arange(self.n, device=pairs.device)
+        every = torch.arange(self.n, device=first.device)
         offsets = self.errors.row_offsets
         first, kth = first - first.abs() * 2.0**-20, kth + kth.abs() * 2.0**-20
         far = torch.where((first + offsets).abs() > (kth + offsets).abs(), first, kth)
