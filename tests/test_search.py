@@ -345,3 +345,28 @@ def test_wide_key_codes_sort_and_round_up(rng, shift):
     packed = rows * 2**(64 - shift) + codes
     assert int(packed.min()) >= 0
     assert torch.equal(packed >> (64 - shift), rows)
+
+
+@pytest.mark.parametrize("cols", [64 * 32, 64 * 32 + 17, 5000])
+@pytest.mark.parametrize("k", [1, 10])
+def test_seed_candidates_are_chunk_minima(rng, cols, k):
+    # Seeds by chunk minima: k distinct columns per row, the block's own values, each the
+    # smallest of its strided chunk (or a column of the ragged tail), and none of the other
+    # chunks' minima (or tail entries) smaller than the largest picked one.
+    from knng.engine.thresholds import SEED_CHUNK, seed_candidates
+
+    scores = torch.from_numpy(rng.standard_normal((37, cols)))
+    scores[:, ::7] = 0.25  # ties
+    values, positions = seed_candidates(scores, k, "auto", torch.device("cpu"))
+    assert positions.shape == (37, k)
+    assert torch.equal(values, scores.gather(1, positions))
+    chunks = cols // SEED_CHUNK
+    keys = scores.to(torch.float32)
+    minima = keys[:, :chunks * SEED_CHUNK].view(37, SEED_CHUNK, chunks).amin(dim=1)
+    pool = torch.cat([minima, keys[:, chunks * SEED_CHUNK:]], dim=1)
+    for r in range(37):
+        assert len(set(positions[r].tolist())) == k
+        for c in positions[r].tolist():
+            if c < chunks * SEED_CHUNK:
+                assert float(keys[r, c]) == float(minima[r, c % chunks])
+        assert int((pool[r] < keys[r, positions[r]].max()).sum()) < k

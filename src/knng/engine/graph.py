@@ -444,7 +444,10 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
             if whole:
                 scores[local - r0, local] = torch.inf
             else:
-                scores.masked_fill_(seed_cols[None, :] == local[:, None], torch.inf)
+                # Each row's own column, where the (sorted, distinct) seed columns have it: a
+                # scatter, not a mask over the whole block (two passes of 1 GB for 32,768 rows).
+                at = (local - r0, torch.searchsorted(seed_cols, local).clamp_max(seed_cols.numel() - 1))
+                scores[at] = torch.where(seed_cols[at[1]] == local, torch.inf, scores[at])
         if ks >= 1:
             values, positions = seed_candidates(scores, min(ks, scores.shape[1]), select, device)
             cols = seed_cols[positions]
