@@ -370,3 +370,30 @@ def test_seed_candidates_are_chunk_minima(rng, cols, k):
             if c < chunks * SEED_CHUNK:
                 assert float(keys[r, c]) == float(minima[r, c % chunks])
         assert int((pool[r] < keys[r, positions[r]].max()).sum()) < k
+
+
+def test_finish_all_refuses_a_store_that_took_candidates(rng):
+    # finish_all evaluates what it is given and nothing else: a store that took pairs in (or a
+    # checkpoint's state) must be finished by its own finish, and says so instead.
+    from knng.engine.store import CandidateStore, PairErrors
+    from knng.metrics import PRECISIONS, get_metric
+
+    x = torch.from_numpy(rng.standard_normal((6, 4)))
+    y = torch.from_numpy(rng.standard_normal((9, 4)))
+    errors = PairErrors(metric=get_metric("sqeuclidean"), d=4, precision=PRECISIONS["float32"],
+                        row_norms=x.norm(dim=1), row_terms=None, row_offsets=torch.zeros(6, dtype=torch.float64),
+                        col_norms=y.norm(dim=1), col_terms=None, centre_norm=0.0)
+
+    def evaluate(rows, cols):
+        return ((x[rows] - y[cols]) ** 2).sum(-1)
+
+    rows = torch.arange(6).repeat_interleave(9)
+    cols = torch.arange(9).repeat(6)
+    fresh = CandidateStore(6, 3, 6, errors, evaluate, torch.device("cpu"))
+    idx, dist = fresh.finish_all(rows, cols)
+    want = torch.sort(((x[:, None] - y[None]) ** 2).sum(-1), dim=1, stable=True)
+    assert torch.equal(idx, want.indices[:, :3]) and torch.equal(dist, want.values[:, :3])
+    took = CandidateStore(6, 3, 6, errors, evaluate, torch.device("cpu"))
+    took.add(rows[:2], cols[:2], torch.zeros(2))
+    with pytest.raises(RuntimeError, match="already holds candidates"):
+        took.finish_all(rows, cols)

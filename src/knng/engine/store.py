@@ -291,6 +291,9 @@ class CandidateStore:
         self.updates = 0
         self._interrupted = False  # a flush failed part-way; the next one drops repeats
         self._tile_tightenings = torch.zeros((), dtype=torch.int64, device=device)  # see tighten
+        # Whether candidates may have been taken in (add, a checkpoint's state): known on the
+        # host, so that finish_all checks its store is empty without reading counts back.
+        self._may_hold = False
 
     # ----------------------------------------------------------------------------- checkpoints
     #: The tensors a checkpoint saves: the candidates, thresholds and per-row report counters.
@@ -318,6 +321,7 @@ class CandidateStore:
         self.stats = StoreStats(**{f: int(counters[f]) for f in vars(StoreStats())})
         self.updates = int(counters["updates"])
         self._pending, self._pending_size, self._interrupted = [], 0, False
+        self._may_hold = True
 
     def rows_state(self, slots: slice) -> dict[str, torch.Tensor]:
         """The :data:`STATE_TENSORS` of store rows ``slots`` (views; pending pairs taken in first):
@@ -336,6 +340,7 @@ class CandidateStore:
         for name in self.STATE_TENSORS:
             getattr(self, name)[slots].copy_(tensors[name.lstrip("_")], non_blocking=True)
         self.updates += 1
+        self._may_hold = True
 
     # ------------------------------------------------------------------------------- exchange
     def pack(self) -> torch.Tensor:
@@ -367,6 +372,7 @@ class CandidateStore:
         store.keys, store.idx, store.dist = torch.cat(keys, 1), torch.cat(idx, 1), torch.cat(dist, 1)
         store.count = (store.idx >= 0).sum(dim=1)
         store.rad = store._radii(store.keys, store.idx, store.dist)
+        store._may_hold = True
         return store
 
     def _radii(self, keys: torch.Tensor, idx: torch.Tensor, dist: torch.Tensor) -> torch.Tensor:
@@ -484,6 +490,7 @@ class CandidateStore:
         """
         if rows.numel() == 0:
             return
+        self._may_hold = True
         self._pending.append((rows, cols, keys.to(torch.float64), norms))
         self._pending_size += rows.numel()
         if self._pending_size >= self.flush_size:
@@ -827,9 +834,10 @@ class CandidateStore:
         thresholds its tiles tightened, ``knng.engine.search``) that costs less than the store's
         take-in, tightening and finish, a few hundred small launches. The store must be empty.
         """
-        if self._pending or bool((self.count > 0).any()):
+        if self._may_hold:
             raise RuntimeError("finish_all on a store that already holds candidates")
-        per_row = torch.bincount(rows, minlength=self.n)
+        # One synchronisation, for the padded width (bincount would add one of its own).
+        per_row = torch.zeros(self.n, dtype=torch.int64, device=rows.device).index_add_(0, rows, torch.ones_like(rows))
         width = max(self.k, int(per_row.max()) if rows.numel() else 0)
         if width * self.n > max(self.rebuild_entries, FINISH_ALL_PADDING * rows.numel()):
             return None
@@ -843,10 +851,10 @@ class CandidateStore:
         dist[rows, slot] = self.evaluate(rows, cols)
         self.stats.survivors += int(rows.numel())
         self.stats.exact_evaluations += int(rows.numel())
-        self._count_tile_tightenings()
         self._evaluations += per_row
         self.updates += 1
         idx, dist = _top_by_distance(idx, dist, self.k)
+        self._count_tile_tightenings()  # read once the finish's launches are queued
         return idx, dist
 
     def _count_tile_tightenings(self) -> None:
