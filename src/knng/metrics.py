@@ -61,8 +61,10 @@ DIGIT_ALIGN = 16
 #: metric's α as two float32 (8 bytes used; 16 slots keep rows a multiple of 16 values, which
 #: Triton specialises and CUDA loads 16 bytes at a time).
 SCALED_TAIL = 16
-#: A scaled row's largest |value| lies in [SCALED_TOP / 2, SCALED_TOP): 2¹⁵ is the largest
-#: power of two below float16's 65,504, so nothing overflows and the row uses all 11 bits.
+#: A scaled row's largest |x/s| lies in [SCALED_TOP / 2, SCALED_TOP), and its float16 value in
+#: [SCALED_TOP / 2, SCALED_TOP]: above 2¹⁴ float16's spacing is 16, so x/s ≥ 32,760 rounds to 2¹⁵.
+#: 2¹⁵ is the largest power of two below float16's 65,504, so nothing overflows and the row uses
+#: all 11 bits.
 SCALED_TOP = 2.0**15
 #: What an input flushed or rounded in float16's subnormal range errs by, absolutely, in the
 #: scaled row's units: at most the smallest normal float16, 2⁻¹⁴; with the row's largest value
@@ -100,7 +102,7 @@ class ScreenPrecision:
     scaled : bool
         True for float16 rows with a power-of-two scale of their own (``float16``): each vector
         v is stored as v/s rounded to float16, with s = 2^e chosen so that its largest value is
-        in [2¹⁴, 2¹⁵) (no overflow, no needless subnormals); the kernel multiplies each product
+        in [2¹⁴, 2¹⁵) before that rounding (no overflow, no needless subnormals); the kernel multiplies each product
         by α·s_a and s_b, exactly (powers of two). Its ``input_roundoff`` is float16's 2⁻¹¹ (plus
         the float64 → float32 → float16 double rounding); the subnormal range adds √d·2⁻²⁸ in
         :meth:`Metric.bound_coefficients`. float16 has TF32's bound at bfloat16's speed.
