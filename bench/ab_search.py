@@ -6,8 +6,9 @@ From the repository root on a GPU machine::
 
 Variants (each patches module constants before the first call; ``new`` leaves the code as it is):
 
-* ``store``: the survivors a search holds back are taken into the store and finished there
-  (``CandidateStore.finish_all`` declines), as before it existed.
+* ``store``: the survivors a search holds back are taken into the store after its first tile
+  and finished there (a holding of no room, ``store.Holding(limit=0)``), as before the finish
+  from held survivors existed.
 * ``blocks``: a corpus already on the GPU prepared in the plan's read blocks
   (``search.DEVICE_BLOCK_BYTES = 0``), as before.
 * ``cols131072``, ``cols524288``: the first corpus tile half / twice the planner's width
@@ -48,8 +49,8 @@ import knng.engine.search as search
 import knng.engine.store as store
 
 VARIANTS = {
-    # The held survivors taken into the store and finished there, as before finish_all.
-    "store": lambda: setattr(store.CandidateStore, "finish_all", lambda self, rows, cols: None),
+    # The held survivors taken into the store and finished there, as before they were finished whole.
+    "store": lambda: setattr(search, "Holding", lambda: store.Holding(limit=0)),
     # A corpus on the GPU prepared in the plan's read blocks, as before prepare_corpus took it whole.
     "blocks": lambda: setattr(search, "DEVICE_BLOCK_BYTES", 0),
     # The first corpus tile (whose survivors tighten the thresholds the rest is screened against)

@@ -52,11 +52,10 @@ def mark_search_stages() -> None:
 
     import knng.api as api
 
-    for name in ("prepare_corpus", "seed_sample", "_seed_from_sample", "screen_rows", "_screen_chunk", "_tightened",
+    for name in ("prepare_corpus", "seed_sample", "_seed_from_sample", "screen_rows", "_screen_chunk",
                  "exact_pairs", "summarize_per_row"):
         marked(name, search)
-    marked("finish", search._ScreenedChunk)
-    for name in ("tighten", "finish_all"):
+    for name in ("tighten", "tighten_held", "_finish_held"):
         marked(name)
     for name in ("make_search_plan", "as_output", "resolve_device", "resolve_budget", "exact_search"):
         marked(name, api)

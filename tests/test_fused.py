@@ -267,8 +267,11 @@ def kernel_on_cpu(interpret, monkeypatch, request):
     assert last_report().screen_dtype == request.param
 
 
+@pytest.mark.parametrize("held", [False, True])
 @pytest.mark.parametrize("k", [1, 7, 150])
-def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k):
+def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, monkeypatch):
+    if held:  # the GPU's way: survivors held back, tightened by the selection kernels
+        monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))
     c = rng.standard_normal((150, 11)) + 30
     c[100:110] = c[:10]
     q = rng.standard_normal((37, 11)) + 30
@@ -276,18 +279,27 @@ def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k):
     assert kernel_on_cpu, "the kernel did not run"
 
 
-@pytest.mark.parametrize("include_self,group", [(False, 1), (True, 1), (False, 3)])
-def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, monkeypatch):
+@pytest.mark.parametrize("include_self,group,held", [(False, 1, False), (True, 1, False), (False, 3, False),
+                                                     (False, 1, True), (True, 3, True)])
+def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, held, monkeypatch):
+    import knng.engine.graph as graph
     import knng.engine.plan as plan
 
+    from knng.engine.store import CandidateStore
+
+    holds = []
+    if held:  # the GPU's way where the blocks share one centre (Gaussian data): survivors held back
+        monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
+        real = CandidateStore._hold
+        monkeypatch.setattr(CandidateStore, "_hold", lambda store, *a: holds.append(1) or real(store, *a))
     monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks
     monkeypatch.setattr(plan, "group_parts", lambda **kw: group)  # column parts per launch
-    x = smooth_image_patches(rng, 200, side=3)
+    x = rng.standard_normal((200, 9)) + 50 if held else smooth_image_patches(rng, 200, side=3)
     x[150:160] = x[:10]
     g = knng.graph(x, 5, include_self=include_self)
     assert last_report().parts > 1 and last_report().plan.group_parts == group
     assert_exact(g, oracle_graph(x, 5, include_self=include_self))
-    assert kernel_on_cpu
+    assert kernel_on_cpu and bool(holds) == held
 
 
 def test_kernel_screened_graphs_take_larger_parts(monkeypatch):

@@ -368,8 +368,8 @@ def test_radius_kernel_is_its_reference_on_the_hardware():
 
 def test_row_selection_is_its_reference_on_the_hardware():
     """Each row's first and k-th key code by the selection kernels (``row_kth``) equals the
-    sort's, on the adversarial cases of ``test_row_kth.py`` and on a search's scale: 10k rows,
-    25M pairs, k = 2,048, keys with many ties."""
+    sort's, on the adversarial cases of ``test_row_kth.py``, on a search's scale (10k rows, 25M
+    pairs, k = 2,048) and a graph's (1M rows of about 20 pairs, k = 10), keys with many ties."""
     from knng.engine import row_kth
     from test_row_kth import assert_kernels_are_reference
 
@@ -382,6 +382,22 @@ def test_row_selection_is_its_reference_on_the_hardware():
     want = row_kth.row_ends_reference(rows, keys, 10_000, 2048)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert int((got[2] >= 2048).sum()) == 10_000
+    # A graph's held survivors: 1M rows of ~20 pairs (sorted in registers), some of 64 and 65
+    # (either side of the register sort's width), a few of thousands (the radix select), k = 10.
+    rows = torch.cat([torch.randint(0, 1_000_000, (20_000_000,), device="cuda", generator=g),
+                      torch.arange(0, 1_000_000, 99_991, device="cuda").repeat_interleave(3_000),
+                      torch.full((row_kth.SMALL_WIDTH,), 7, device="cuda"),
+                      torch.full((row_kth.SMALL_WIDTH + 1,), 8, device="cuda")])
+    keys = (torch.randn(rows.numel(), device="cuda", generator=g) * 4.0).round()  # ties
+    rows[rows == 7], rows[rows == 8] = -1, -1  # rows 7 and 8: only the lists above
+    rows[-2 * row_kth.SMALL_WIDTH - 1:-row_kth.SMALL_WIDTH - 1] = 7
+    rows[-row_kth.SMALL_WIDTH - 1:] = 8
+    keep = rows >= 0
+    rows, keys = rows[keep], keys[keep]
+    got = row_kth.row_ends(rows, keys, 1_000_000, 10)
+    want = row_kth.row_ends_reference(rows, keys, 1_000_000, 10)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[2][7] == row_kth.SMALL_WIDTH and got[2][8] == row_kth.SMALL_WIDTH + 1
 
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3", "float16", "bfloat16"])

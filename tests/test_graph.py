@@ -292,3 +292,51 @@ def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, monkeypatch
     assert_exact(g, oracle, context=f"seed={seed} {data}")
     if oracle.exact_ties:
         np.testing.assert_array_equal(g.indices, oracle.indices, err_msg=f"seed={seed} {data}")
+
+
+@pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint"])
+@pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 6), ("offset", 5),
+                                    ("integers", 12), ("all", 299)])
+def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, seed, tmp_path):
+    # A GPU graph of one centre in a low precision holds its survivors back (graph.HOLD_ON,
+    # store.Holding): tightened by selection every `pending` pairs, finished from what is left;
+    # over the holding's limit (or for a checkpoint) the store takes them in. Here on the CPU
+    # with the reference screen of a fused precision, across parts of sizes that are not
+    # multiples of anything: ties, duplicates, huge offsets, integer data, k = 1 and k = n - 1.
+    import knng.engine.plan as plan
+    from knng.engine.store import CandidateStore, Holding
+
+    monkeypatch.setattr(graph_engine, "HOLD_ON", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **kw: "tf32")
+    monkeypatch.setattr(plan, "CPU_MAX_PART", 70)
+    monkeypatch.setattr(plan, "PENDING_CPU", 300)  # several tightenings
+    if how == "taken":
+        monkeypatch.setattr(graph_engine, "Holding", lambda maxima, limit: Holding(maxima=maxima, limit=0))
+    calls = {name: 0 for name in ("_hold", "_finish_held", "_take_held")}
+    for name in calls:
+        def counted(store, *args, _real=getattr(CandidateStore, name), _name=name):
+            calls[_name] += 1
+            if how == "flat":  # the finish orders the flat lists, no row padded
+                monkeypatch.setattr(store, "rebuild_entries", 0)
+                monkeypatch.setattr("knng.engine.store.FINISH_PADDING", 0)
+            return _real(store, *args)
+        monkeypatch.setattr(CandidateStore, name, counted)
+    x = rng.standard_normal((300 if data == "all" else 333, 6))
+    if data == "duplicates":
+        x[100:200] = x[:100]
+        x[250:260] = x[3]
+    elif data == "offset":
+        x = x + 1e5
+    elif data == "integers":
+        x = np.round(2 * x)
+    options = dict(checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True) if how == "checkpoint" else {}
+    g = knng.graph(x, k, device="cpu", **options)
+    assert (last_report().parts > 1 or data == "all") and last_report().screen_dtype == "tf32"
+    assert calls["_hold"] > 0, calls
+    held = how in ("held", "flat")
+    assert (calls["_finish_held"] > 0) == held and (calls["_take_held"] > 0) != held, calls
+    assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {how}")
+    if how == "checkpoint":
+        again = knng.graph(x, k, device="cpu", checkpoint=tmp_path / "ck", resume=True)
+        np.testing.assert_array_equal(again.indices, g.indices)
+        np.testing.assert_array_equal(again.distances, g.distances)

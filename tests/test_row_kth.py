@@ -20,11 +20,12 @@ pytest.importorskip("triton", reason="the kernels run in Triton's interpreter")
 
 def key_cases(seed: int = 0):
     """(label, rows, keys, n, k): random keys, ties, duplicates, ±0, ±inf, huge and tiny keys,
-    rows with fewer than k pairs and rows with none, k = 1, k = a row's whole count, rows longer
-    than the kernel's chunk, float64 keys."""
+    rows with fewer than k pairs and rows with none, k = 1, k = a row's whole count, rows short
+    enough to be sorted in registers (k = their width: full rows of exactly that width) and
+    rows longer than the kernel's chunk, float64 keys."""
     gen = np.random.default_rng(seed)
     n = 40
-    for k in (1, 3, 64, 1500):
+    for k in (1, 3, row_kth.SMALL_WIDTH, 1500):
         counts = gen.integers(0, 2 * k + 5, n)
         counts[::7] = 0
         counts[1::9] = k  # exactly k: the k-th is the row's largest
@@ -79,10 +80,14 @@ def test_reference_is_numpy_order():
         assert (got[0].tolist(), got[1].tolist(), got[2].tolist()) == (first, kth, counts), label
 
 
-def test_kernels_are_the_reference(monkeypatch):
+@pytest.mark.parametrize("programs", [row_kth.MAX_PROGRAMS, 3])
+def test_kernels_are_the_reference(monkeypatch, programs):
+    # Rows of at most SMALL_WIDTH pairs are sorted in registers, the longer ones radix-selected
+    # by programs that stride over the rows (here also 3 programs for 40 rows).
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    monkeypatch.setattr(row_kth, "MAX_PROGRAMS", programs)
     assert row_kth.kernel_applies(torch.zeros(1, dtype=torch.int64))
     assert assert_kernels_are_reference(torch.device("cpu")) == 6
 

@@ -261,16 +261,17 @@ def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, s
     assert_exact(res, oracle, context=f"seed={seed} {data}")
 
 
-@pytest.mark.parametrize("fits", [True, False])
+@pytest.mark.parametrize("spill", [False, True])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("duplicates", 9), ("flat", 7), ("offset", 4),
                                     ("integers", 30), ("all", 300)])
-def test_held_survivors_finish_exact(data, k, fits, monkeypatch, rng, seed, screen):
-    # Where the tiles tighten the thresholds (GPU searches), the survivors are re-screened
-    # against them after every tile and held back; the finish evaluates every one exactly
-    # (CandidateStore.finish_all) or, where the widest row would not fit, hands them to the store.
-    # Both must be exact, and identical, on ties, duplicates, flat regions, huge offsets, integer
-    # data and k = n; tiles of sizes that are not multiples of anything (a small budget).
-    from knng.engine.store import CandidateStore
+def test_held_survivors_finish_exact(data, k, spill, monkeypatch, rng, seed, screen):
+    # Where the tiles tighten the thresholds (GPU searches), the store holds the survivors back,
+    # re-screens them against the tightened thresholds after every tile, and its finish
+    # evaluates every one left exactly (CandidateStore._finish_held); held lists over their
+    # limit are taken into the store, which then finishes them. Both must be exact on ties,
+    # duplicates, flat regions, huge offsets, integer data and k = n; tiles of sizes that are
+    # not multiples of anything (a small budget).
+    from knng.engine.store import CandidateStore, Holding
 
     x = rng.standard_normal((300 if data == "all" else 1700, 5))
     q = rng.standard_normal((13, 5))
@@ -284,27 +285,28 @@ def test_held_survivors_finish_exact(data, k, fits, monkeypatch, rng, seed, scre
         x, q = x + 1e5, q + 1e5
     elif data == "integers":
         x, q = np.round(2 * x), np.round(2 * q)
-    calls = {"all": 0, "fitted": 0}
-    real = CandidateStore.finish_all
+    calls = {"held": 0, "taken": 0}
+    real_finish, real_take = CandidateStore._finish_held, CandidateStore._take_held
 
-    def counted(store, rows, cols):
-        calls["all"] += 1
-        # Room for every row, or for none (the store finishes; its own test keeps its limit).
-        store.rebuild_entries = 1 << 30 if fits else 1
-        done = real(store, rows, cols)
-        calls["fitted"] += done is not None
-        return done
+    def finish_held(store):
+        calls["held"] += 1
+        return real_finish(store)
 
-    monkeypatch.setattr(CandidateStore, "finish_all", counted)
-    if not fits:
-        monkeypatch.setattr("knng.engine.store.FINISH_ALL_PADDING", 0)
+    def take_held(store):
+        calls["taken"] += 1
+        return real_take(store)
+
+    monkeypatch.setattr(CandidateStore, "_finish_held", finish_held)
+    monkeypatch.setattr(CandidateStore, "_take_held", take_held)
+    if spill:  # held lists over their limit at the first tile: the store takes them in
+        monkeypatch.setattr("knng.engine.search.Holding", lambda: Holding(limit=0))
     monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))
     res = knng.search(q, x, k, memory_budget="64KB")
-    assert calls["all"] >= 1 and (calls["fitted"] == calls["all"]) == fits, calls
-    assert_exact(res, oracle_search(q, x, k), context=f"seed={seed} {data} fits={fits}")
+    assert (calls["held"] == 0) == spill and (calls["taken"] > 0) == spill, calls
+    assert_exact(res, oracle_search(q, x, k), context=f"seed={seed} {data} spill={spill}")
     report = last_report()
     assert report.screened_per_row["median"] >= k
-    assert report.evaluations_per_row["median"] >= (k if fits else 0)
+    assert report.evaluations_per_row["median"] >= (0 if spill else k)
 
 
 def test_key_codes_sort_as_the_keys(rng):
@@ -372,28 +374,45 @@ def test_seed_candidates_are_chunk_minima(rng, cols, k):
         assert int((pool[r] < keys[r, positions[r]].max()).sum()) < k
 
 
-def test_finish_all_refuses_a_store_that_took_candidates(rng):
-    # finish_all evaluates what it is given and nothing else: a store that took pairs in (or a
-    # checkpoint's state) must be finished by its own finish, and says so instead.
-    from knng.engine.store import CandidateStore, PairErrors
+@pytest.mark.parametrize("how", ["held", "flat", "tightened", "taken", "state"])
+def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
+    # A holding store finishes from its held survivors alone (every one evaluated, ordered by
+    # distance then index: ties here); one that took pairs in (over its limit, or a checkpoint's
+    # state) finishes through the store, and answers the same.
+    from knng.engine.store import CandidateStore, Holding, PairErrors
     from knng.metrics import PRECISIONS, get_metric
 
     x = torch.from_numpy(rng.standard_normal((6, 4)))
-    y = torch.from_numpy(rng.standard_normal((9, 4)))
+    y = torch.from_numpy(rng.standard_normal((40, 4)))
+    y[20:] = y[:20]  # every distance twice: ties broken by the smaller index
     errors = PairErrors(metric=get_metric("sqeuclidean"), d=4, precision=PRECISIONS["float32"],
                         row_norms=x.norm(dim=1), row_terms=None, row_offsets=torch.zeros(6, dtype=torch.float64),
                         col_norms=y.norm(dim=1), col_terms=None, centre_norm=0.0)
 
-    def evaluate(rows, cols):
-        return ((x[rows] - y[cols]) ** 2).sum(-1)
+    def evaluate(rows, cols):  # pairs, or (row, columns) batches
+        left = x[rows] if cols.dim() == 1 else x[rows][:, None]
+        return ((left - y[cols]) ** 2).sum(-1)
 
-    rows = torch.arange(6).repeat_interleave(9)
-    cols = torch.arange(9).repeat(6)
-    fresh = CandidateStore(6, 3, 6, errors, evaluate, torch.device("cpu"))
-    idx, dist = fresh.finish_all(rows, cols)
-    want = torch.sort(((x[:, None] - y[None]) ** 2).sum(-1), dim=1, stable=True)
+    exact = ((x[:, None] - y[None]) ** 2).sum(-1)
+    keys = (exact - (x.norm(dim=1) ** 2)[:, None]).to(torch.float32)  # the screen's key: ‖y‖² − 2xᵀy
+    order = torch.randperm(6 * 40, generator=torch.Generator().manual_seed(1))
+    rows, cols = torch.arange(6).repeat_interleave(40)[order], torch.arange(40).repeat(6)[order]
+    maxima = (float(y.norm(dim=1).max()), 0.0)
+    store = CandidateStore(6, 3, 8, errors, evaluate, torch.device("cpu"), pending=50,
+                           holding=Holding(maxima=maxima, limit=0 if how == "taken" else None))
+    for p0 in range(0, rows.numel(), 37):
+        store.add(rows[p0:p0 + 37], cols[p0:p0 + 37], keys[rows[p0:p0 + 37], cols[p0:p0 + 37]])
+        if how == "tightened":
+            store.tighten_held()
+    if how == "state":
+        store.state()  # takes the held pairs in
+    if how == "flat":  # the finish orders the flat lists, no row padded
+        store.rebuild_entries = 0
+        monkeypatch.setattr("knng.engine.store.FINISH_PADDING", 0)
+    assert store._may_hold == (how in ("taken", "state"))
+    idx, dist = store.finish()
+    want = torch.sort(exact, dim=1, stable=True)
     assert torch.equal(idx, want.indices[:, :3]) and torch.equal(dist, want.values[:, :3])
-    took = CandidateStore(6, 3, 6, errors, evaluate, torch.device("cpu"))
-    took.add(rows[:2], cols[:2], torch.zeros(2))
-    with pytest.raises(RuntimeError, match="already holds candidates"):
-        took.finish_all(rows, cols)
+    assert torch.equal(store.screened_per_row(), torch.full((6,), 40))
+    part = store.finish(torch.arange(2, 5))
+    assert torch.equal(part[0], idx[2:5]) and torch.equal(part[1], dist[2:5])

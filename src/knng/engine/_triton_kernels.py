@@ -492,38 +492,62 @@ def group_rows_kernel(rows, keys, p, starts, cursor, out, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def row_kth_kernel(codes, starts, counts, k, firsts, kths, none, CHUNK: tl.constexpr):
-    """One program per row: the smallest and the k-th smallest order code of the row's segment of
-    ``codes`` (int32 signed codes), by a radix select over the code's four bytes, most
-    significant first: a 256-bin histogram of the byte among the codes that share the bytes
-    chosen so far, and the bin where the running count reaches the rank left. Rows with fewer
-    than k codes get ``none``."""
-    row = tl.program_id(0)
-    start = tl.load(starts + row)
-    count = tl.load(counts + row)
-    todo = tl.where(count >= k, count, 0)
-    bins = tl.arange(0, 256)
-    prefix = tl.full([], 0, tl.int64)
-    rank = tl.full([], 0, tl.int64) + k
-    first = tl.full([], 4294967296, tl.int64)
-    for step in tl.static_range(4):
-        shift = 24 - 8 * step
-        hist = tl.zeros((256,), dtype=tl.int32)
-        for c0 in range(0, todo, CHUNK):
-            j = c0 + tl.arange(0, CHUNK)
-            ok = j < todo
-            u = tl.load(codes + start + j, mask=ok, other=0).to(tl.int64) + 2147483648
-            if step == 0:
-                first = tl.minimum(first, tl.min(tl.where(ok, u, 4294967296), axis=0))
-            match = ok & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
-            digit = tl.where(match, (u >> shift) & 255, 0).to(tl.int32)
-            # Codes that do not match were counted in bin 0: take them out again.
-            missed = CHUNK - tl.sum(match.to(tl.int32), axis=0)
-            hist += tl.histogram(digit, 256) - tl.where(bins == 0, missed, 0)
-        below = tl.cumsum(hist, 0)
-        chosen = tl.sum((below < rank).to(tl.int32), axis=0)
-        rank -= tl.sum(tl.where(bins < chosen, hist, 0), axis=0).to(tl.int64)
-        prefix += chosen.to(tl.int64) << shift
+def row_kth_kernel(codes, starts, counts, n, k, firsts, kths, none, SKIP: tl.constexpr, CHUNK: tl.constexpr):
+    """The smallest and the k-th smallest order code of each row's segment of ``codes`` (int32
+    signed codes) with more than ``SKIP`` codes (``row_kth_small_kernel`` takes the others), by a
+    radix select over the code's four bytes, most significant first: a 256-bin histogram of the
+    byte among the codes that share the bytes chosen so far, and the bin where the running count
+    reaches the rank left. Rows with fewer than k codes get ``none``. Programs stride over the
+    rows: most rows of a graph's held survivors are short, and skipping them costs a load each
+    instead of a program each."""
+    for row in range(tl.program_id(0), n, tl.num_programs(0)):
+        count = tl.load(counts + row)
+        if count > SKIP:
+            start = tl.load(starts + row)
+            todo = tl.where(count >= k, count, 0)
+            bins = tl.arange(0, 256)
+            prefix = tl.full([], 0, tl.int64)
+            rank = tl.full([], 0, tl.int64) + k
+            first = tl.full([], 4294967296, tl.int64)
+            for step in tl.static_range(4):
+                shift = 24 - 8 * step
+                hist = tl.zeros((256,), dtype=tl.int32)
+                for c0 in range(0, todo, CHUNK):
+                    j = c0 + tl.arange(0, CHUNK)
+                    ok = j < todo
+                    u = tl.load(codes + start + j, mask=ok, other=0).to(tl.int64) + 2147483648
+                    if step == 0:
+                        first = tl.minimum(first, tl.min(tl.where(ok, u, 4294967296), axis=0))
+                    match = ok & ((u >> (shift + 8)) == (prefix >> (shift + 8)))
+                    digit = tl.where(match, (u >> shift) & 255, 0).to(tl.int32)
+                    # Codes that do not match were counted in bin 0: take them out again.
+                    missed = CHUNK - tl.sum(match.to(tl.int32), axis=0)
+                    hist += tl.histogram(digit, 256) - tl.where(bins == 0, missed, 0)
+                below = tl.cumsum(hist, 0)
+                chosen = tl.sum((below < rank).to(tl.int32), axis=0)
+                rank -= tl.sum(tl.where(bins < chosen, hist, 0), axis=0).to(tl.int64)
+                prefix += chosen.to(tl.int64) << shift
+            full = count >= k
+            tl.store(firsts + row, tl.where(full, first, none))
+            tl.store(kths + row, tl.where(full, prefix, none))
+
+
+@triton.jit
+def row_kth_small_kernel(codes, starts, counts, n, k, firsts, kths, none, ROWS: tl.constexpr,
+                         WIDTH: tl.constexpr):
+    """``row_kth_kernel`` for the rows of at most ``WIDTH`` codes, ``ROWS`` rows a program: each
+    row's segment padded to WIDTH and sorted in registers; the smallest and the k-th are read
+    off. Rows with more codes are left to ``row_kth_kernel``."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    count = tl.load(counts + r, mask=r < n, other=WIDTH + 1)
+    small = (r < n) & (count <= WIDTH)
+    start = tl.load(starts + r, mask=small, other=0)
+    j = tl.arange(0, WIDTH)
+    ok = small[:, None] & (j[None, :] < count[:, None])
+    u = tl.load(codes + start[:, None] + j[None, :], mask=ok, other=0).to(tl.int64) + 2147483648
+    u = tl.sort(tl.where(ok, u, 4294967296), dim=1)
+    first = tl.min(u, axis=1)
+    kth = tl.sum(tl.where(j[None, :] == k - 1, u, 0), axis=1)  # none where k > WIDTH: no row is full
     full = count >= k
-    tl.store(firsts + row, tl.where(full, first, none))
-    tl.store(kths + row, tl.where(full, prefix, none))
+    tl.store(firsts + r, tl.where(full, first, none), mask=small)
+    tl.store(kths + r, tl.where(full, kth, none), mask=small)

@@ -24,7 +24,7 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
 from knng.engine.screen import block_scores, screen_rows, use_kernel
-from knng.engine.store import CandidateStore, PairErrors, StoreStats, summarize_per_row
+from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row
 from knng.engine.thresholds import sample_columns, seed_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 
@@ -39,11 +39,11 @@ __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed
 TF32_SAMPLE = True
 
 
-#: Device types on which the screen tightens the thresholds itself: after every corpus tile, τ
-#: of each row becomes the k-th key among the survivors of the tiles so far (plus a radius,
-#: :meth:`CandidateStore.tighten`), the survivors are re-screened against it and held back, and
-#: the finish evaluates every one left exactly (:meth:`CandidateStore.finish_all`) instead of
-#: taking them through the store. The k-th of a tile of 262,144 columns bounds tighter than the
+#: Device types on which the screen tightens the thresholds itself: the store holds the
+#: survivors back (:class:`~knng.engine.store.Holding`), after every corpus tile τ of each row
+#: becomes the k-th key among the survivors of the tiles so far (plus a radius,
+#: :meth:`CandidateStore.tighten_held`), the survivors are re-screened against it, and the
+#: finish evaluates every one left exactly instead of taking them through the store. The k-th of a tile of 262,144 columns bounds tighter than the
 #: sample's 65,536 (1M × 128, 10k queries, TF32, H100, 2026-11-23: 220 → 105 pairs screened per
 #: row at k = 10); re-screening what the tiles let through leaves a little more than k per row
 #: (float16, H100, 2026-11-24: 213 → 13 at k = 10, 8,016 → 1,248 at k = 1,024), and with the
@@ -126,8 +126,8 @@ def exact_search(
             try:
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                chunk = _screen_chunk(raw, pcorpus, sample, metric, k, plan, cols_per_tile, select, device)
-                idx, dist = chunk.finish()
+                store = _screen_chunk(raw, pcorpus, sample, metric, k, plan, cols_per_tile, select, device)
+                idx, dist = store.finish()
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
                 recover_from_oom(exc, device, can_retry=rows_per_chunk > 8 or cols_per_tile > max(8, k))
                 if rows_per_chunk >= cols_per_tile and rows_per_chunk > 8:
@@ -140,11 +140,10 @@ def exact_search(
             out_idx[q0:q1] = idx
             out_dist[q0:q1] = dist
             exact_stats.rows += q1 - q0
-            store = chunk.store
             exact_stats.exact_evaluations += store.stats.exact_evaluations
             store_stats.add(store.stats)
             per_row.append(store.evaluations_per_row())
-            screened.append(store.screened_per_row() if chunk.screened is None else chunk.screened)
+            screened.append(store.screened_per_row())
             if finished is not None:
                 finished.record(q0, q1, idx, dist, per_row[-1], screened[-1], exact_stats, store_stats, retries)
             bar.update(q1 - q0)
@@ -227,32 +226,10 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     store.seed(rows, sample.columns[positions], values, rad)
 
 
-@dataclass
-class _ScreenedChunk:
-    """One query chunk after its screen: its store (thresholds, and candidates handed in), and
-    where the tiles tightened the thresholds themselves, the survivors still held back
-    (rows, global columns, keys) and the pairs the screen let through per row."""
-
-    store: CandidateStore
-    held: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    screened: torch.Tensor | None = None
-
-    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chunk's exact top k: every held survivor evaluated exactly where they fit
-        (:meth:`CandidateStore.finish_all`), else taken into the store and finished there."""
-        if self.held is not None:
-            owner, cols, keys = self.held
-            done = self.store.finish_all(owner, cols)
-            if done is not None:
-                return done
-            self.store.add(owner, cols, keys)
-        return self.store.finish()
-
-
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample, metric: Metric, k: int,
-                  plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> _ScreenedChunk:
-    """Screen one chunk of queries against every corpus tile, into a store of candidates or
-    (where the tiles tighten the thresholds, :data:`TIGHTEN_ON`) held survivors."""
+                  plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
+    """Screen one chunk of queries against every corpus tile into a store of candidates (where
+    the tiles tighten the thresholds, :data:`TIGHTEN_ON`, one that holds them back)."""
     prep = preparation.prepare(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
         raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
@@ -267,52 +244,28 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         return exact_pairs(metric, raw, rows, corpus, cols, device, plan.work_bytes)
 
+    # Where the tiles tighten the thresholds themselves, the store holds the survivors back and
+    # this loop tightens after each tile, against the columns screened so far.
+    tightening = device.type in TIGHTEN_ON
     store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
-                           work_bytes=plan.work_bytes)
+                           work_bytes=plan.work_bytes, holding=Holding() if tightening else None)
     rows = torch.arange(m, device=device)
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
     _seed_from_sample(store, raw, prep, pcorpus, sample, metric, k, select, device)
     terms = pcorpus.terms32
     # A kernel screen writes no score block: once the first tile's survivors have tightened the
     # thresholds, the rest of a resident corpus goes in one launch (REST_AT_ONCE).
-    tightening = device.type in TIGHTEN_ON
     rest_at_once = REST_AT_ONCE and use_kernel(precision, device) and tightening
-    held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # survivors not yet handed in
-    screened = torch.zeros(m, dtype=torch.int64, device=device)
     seen = (0.0, 0.0)  # the largest norm and |term| of the columns screened so far
     for c0, c1, tile in pcorpus.tiles(cols_per_tile, rest_at_once=rest_at_once):
         maxima = pcorpus.maxima(c0, c1)
         found = screen_rows(prep.vectors, tile, corpus.d, store.screen_thresholds(rows, *maxima), precision,
                             col_terms=None if terms is None else terms[c0:c1])
-        if not tightening:
-            store.add(found.owner, found.other + c0, found.keys)
-            continue
-        screened.index_add_(0, found.owner, torch.ones_like(found.owner))
-        seen = (max(seen[0], maxima[0]), max(seen[1], maxima[1]))
-        held.append((found.owner, found.other + c0, found.keys))
-        held = [_tightened(store, rows, held, seen)]
-    if not tightening:
-        return _ScreenedChunk(store)
-    return _ScreenedChunk(store, held[0], screened)
-
-
-def _tightened(store: CandidateStore, rows: torch.Tensor, held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-               maxima: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Tighten every row's τ from the survivors of the tiles screened so far (``held``: lists
-    of (rows, global columns, screen keys) of distinct columns; ``maxima``: their columns'
-    largest norm and |term|), and keep only those that can still pass the store's own test.
-
-    The store's test keeps a pair when s̃ − E ≤ τ; E is at most the radius of the thresholds
-    for columns within ``maxima`` (:meth:`CandidateStore.screen_thresholds`), so a pair above
-    those thresholds can never pass it, now or after τ tightens further. The later tiles
-    screen against the tightened τ; what is held waits for the finish's last take-in, which
-    then sorts a little more than k per row instead of everything the first tile's sampled
-    thresholds let through (1M × 128, 10k queries, k = 1,024: about 8,000 pairs per row).
-    """
-    owner, cols, keys = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(3))
-    store.tighten(owner, keys, *maxima)
-    keep = torch.nonzero(keys <= store.screen_thresholds(rows, *maxima)[owner]).flatten()
-    return owner[keep], cols[keep], keys[keep]
+        store.add(found.owner, found.other + c0, found.keys)
+        if tightening:
+            seen = (max(seen[0], maxima[0]), max(seen[1], maxima[1]))
+            store.tighten_held(seen)
+    return store
 
 
 class _FinishedRows:

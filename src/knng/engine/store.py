@@ -11,6 +11,11 @@ evaluated exactly, from the input vectors, in float64; exact candidates beyond t
 (distance, index) can never come back, so the row fits again. No row is ever re-screened
 against the corpus.
 
+A store may instead **hold** its survivors back (``holding``, a GPU's search and graph): they
+wait as flat lists, a tightening selects each row's k-th key among them (no sort, no capacity)
+and drops what can no longer pass, and the finish evaluates every one left exactly. Where the
+held lists outgrow their limit, or a checkpoint needs the state, they are taken in as above.
+
 The finish takes, for every row, the candidates whose lower bound is ≤ the final τᵢ (a
 superset of the true top k: every pair left out had a lower bound above some earlier, larger
 τᵢ), evaluates those it cannot order from the screen alone, and sorts by (distance, index).
@@ -33,7 +38,7 @@ import torch
 from knng.engine import radius, row_kth
 from knng.metrics import Metric, ScreenPrecision
 
-__all__ = ["PairErrors", "PairNorms", "CandidateStore", "StoreStats", "summarize_per_row"]
+__all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
 #: Pending survivors that trigger a store update unless the plan says (see CandidateStore.add).
@@ -45,9 +50,9 @@ DENSE_EVALUATION = 2
 #: 2²⁴ entries (about 1.3 GB of temporaries) leave a flush of 4M survivors one or two groups.
 REBUILD_ENTRIES = 1 << 22
 REBUILD_ENTRIES_GPU = 1 << 24
-#: :meth:`CandidateStore.finish_all` pads every row to the widest one's candidates: at most this
-#: many times the pairs it is given (which were in memory already), or rebuild_entries entries.
-FINISH_ALL_PADDING = 2
+#: A holding store's finish pads every row to the widest one's pairs where that takes at most
+#: this many times the pairs (see CandidateStore._finish_held).
+FINISH_PADDING = 2
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
 _INT64_MAX = torch.iinfo(torch.int64).max
@@ -202,6 +207,22 @@ class PairNorms(NamedTuple):
     col_terms: torch.Tensor | None
 
 
+@dataclass(frozen=True)
+class Holding:
+    """How a :class:`CandidateStore` holds its survivors back instead of taking them in.
+
+    ``maxima``: the largest prepared norm and |term| of every column the screen may hand in;
+    with them the store tightens by itself whenever ``pending`` new survivors are held (without
+    them the caller does, :meth:`CandidateStore.tighten_held`, with the maxima of the columns
+    screened so far). ``limit``: held survivors beyond which they are taken into the store,
+    whose capacity and exact evaluation of near-ties bound its memory (thousands of duplicates
+    per row); None for no limit.
+    """
+
+    maxima: tuple[float, float] | None = None
+    limit: int | None = None
+
+
 @dataclass
 class StoreStats:
     """Counters of one store: survivors taken in, tightenings, exact evaluations."""
@@ -255,10 +276,14 @@ class CandidateStore:
     work_bytes : int, optional
         Bytes a tightening's temporaries may take (:attr:`EnginePlan.work_bytes`); default: the
         device's :data:`REBUILD_ENTRIES` padded entries.
+    holding : Holding, optional
+        Hold the survivors back (:meth:`tighten_held`, :meth:`finish`) instead of taking them in;
+        only for pairs whose radii come from the store's own norms (one centre).
     """
 
     def __init__(self, n: int, k: int, capacity: int, errors: PairErrors, evaluate: Evaluator,
-                 device: torch.device, pending: int = DEFAULT_PENDING, work_bytes: int | None = None) -> None:
+                 device: torch.device, pending: int = DEFAULT_PENDING, work_bytes: int | None = None,
+                 holding: Holding | None = None) -> None:
         if capacity < k:
             raise ValueError(f"capacity {capacity} < k {k}")
         self.n, self.k, self.capacity = n, k, capacity
@@ -292,8 +317,18 @@ class CandidateStore:
         self._interrupted = False  # a flush failed part-way; the next one drops repeats
         self._tile_tightenings = torch.zeros((), dtype=torch.int64, device=device)  # see tighten
         # Whether candidates may have been taken in (add, a checkpoint's state): known on the
-        # host, so that finish_all checks its store is empty without reading counts back.
+        # host, so that a holding store's finish knows without reading counts back whether its
+        # held survivors are all there is.
         self._may_hold = False
+        # Held survivors (see Holding): (store rows, global columns, screen keys) lists, how many
+        # in all and how many came since the last tightening; a holding store's finished rows.
+        if holding is not None and (errors.row_norms is None or errors.col_norms is None):
+            raise ValueError("a holding store needs the rows' and columns' norms (pairs of one centre)")
+        self.holding = holding
+        self._held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._held_size = self._held_fresh = 0
+        self._finished: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._every: torch.Tensor | None = None  # arange(n), for thresholds of every row
 
     # ----------------------------------------------------------------------------- checkpoints
     #: The tensors a checkpoint saves: the candidates, thresholds and per-row report counters.
@@ -490,6 +525,9 @@ class CandidateStore:
         """
         if rows.numel() == 0:
             return
+        if self.holding is not None and norms is None:
+            self._hold(rows, cols, keys)
+            return
         self._may_hold = True
         self._pending.append((rows, cols, keys.to(torch.float64), norms))
         self._pending_size += rows.numel()
@@ -497,11 +535,16 @@ class CandidateStore:
             self.flush()
 
     def would_flush(self, pairs: int) -> bool:
-        """Whether :meth:`add` of ``pairs`` survivors would take the pending ones in (and change τ)."""
+        """Whether :meth:`add` of ``pairs`` survivors would take the pending ones in, or tighten
+        the held ones (either changes τ)."""
+        if self.holding is not None:
+            return pairs > 0 and self.holding.maxima is not None and self._held_fresh + pairs >= self.flush_size
         return pairs > 0 and self._pending_size + pairs >= self.flush_size
 
     def flush(self) -> None:
-        """Take every pending survivor into the store (tightening rows that overflow)."""
+        """Take every pending (and held) survivor into the store (tightening rows that overflow)."""
+        if self._held:
+            self._take_held()
         if not self._pending:
             return
         rows, cols, keys, rad = self._pending_pairs()
@@ -514,6 +557,117 @@ class CandidateStore:
         self._interrupted = False
         self._pending, self._pending_size = [], 0
         self.updates += 1
+
+    # ------------------------------------------------------------------------------- holding
+    def _hold(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
+        """Hold survivors back (a holding store's :meth:`add`)."""
+        self._held.append((rows, cols, keys))
+        self._held_size += rows.numel()
+        self._held_fresh += rows.numel()
+        self._screened.index_add_(0, rows, torch.ones_like(rows))
+        assert self.holding is not None
+        if self.holding.maxima is not None and self._held_fresh >= self.flush_size:
+            self.tighten_held()
+
+    def tighten_held(self, maxima: tuple[float, float] | None = None) -> None:
+        """Tighten every row's τ from all its held survivors, then drop those that can no longer
+        pass the store's test.
+
+        ``maxima``: the largest norm and |term| of the columns held so far (default the
+        holding's). A row's held pairs have distinct columns (each pair is screened once per
+        side), so :meth:`tighten` applies to all of them at once: τᵢ becomes at most the k-th
+        smallest held key plus a radius. The store's test keeps a pair when s̃ − E ≤ τ; E is at
+        most the radius of the thresholds for columns within ``maxima``
+        (:meth:`screen_thresholds`), so a pair above those thresholds can never pass it, now or
+        after τ tightens further. What is left is a little more than k per row (1M × 128, 10k
+        queries: about 8,000 pairs per row after the first tile at k = 1,024, 1,248 after this).
+        """
+        if not self._held:
+            return
+        assert self.holding is not None
+        maxima = maxima if maxima is not None else self.holding.maxima
+        if maxima is None:
+            raise ValueError("tighten_held needs the columns' maxima (the holding has none)")
+        held = self._held
+        rows, cols, keys = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(3))
+        self.tighten(rows, keys, *maxima)
+        if self._every is None or self._every.device != rows.device:
+            self._every = torch.arange(self.n, device=rows.device)
+        keep = torch.nonzero(keys <= self.screen_thresholds(self._every, *maxima)[rows]).flatten()
+        self._held = [(rows[keep], cols[keep], keys[keep])]
+        self._held_size, self._held_fresh = keep.numel(), 0
+        limit = self.holding.limit
+        if limit is not None and self._held_size > limit:
+            self._take_held()
+
+    def _take_held(self) -> None:
+        """Take every held survivor into the store (as :meth:`add` does without holding)."""
+        held, self._held = self._held, []
+        self._held_size = self._held_fresh = 0
+        self._may_hold = True
+        # Their rows were counted as screened when they were held.
+        for rows, cols, keys in held:
+            self._pending.append((rows, cols, keys.to(torch.float64), None))
+            self._pending_size += rows.numel()
+            self._screened.index_add_(0, rows, torch.full_like(rows, -1))
+        self.flush()
+
+    def _finish_held(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's exact top k from its held survivors alone (nothing taken in): each one
+        evaluated exactly, then ordered by (distance, index) within its row.
+
+        Rows padded to the widest one where that takes at most :data:`FINISH_PADDING` times the
+        pairs (or ``rebuild_entries`` entries): one sort groups the rows and two short sorts per
+        row order them (a search: 10k rows of about 1,250 pairs at k = 1,024). Else three stable
+        sorts of the flat lists order everything by (row, distance, index), no row padded (a
+        graph's million rows of 15–25 pairs, or a few rows of thousands of near-ties).
+        """
+        held, self._held = self._held, []
+        self._held_size = self._held_fresh = 0
+        k, n, device = self.k, self.n, self.device
+        if held:
+            rows, cols = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(2))
+        else:
+            rows = cols = torch.zeros(0, dtype=torch.int64, device=device)
+        p = rows.numel()
+        per_row = torch.zeros(n, dtype=torch.int64, device=device).index_add_(0, rows, torch.ones_like(rows))
+        self.stats.survivors += p
+        self.stats.exact_evaluations += p
+        self._evaluations += per_row
+        self.updates += 1
+        # Radix sorts take as many passes as their keys have bytes: rows and columns as int32.
+        assert self.errors.col_norms is not None  # a holding store's columns: one norm each
+        narrow = max(n, self.errors.col_norms.numel()) < 2**31
+        rows_key = rows.to(torch.int32) if narrow else rows
+        starts = torch.cumsum(per_row, 0) - per_row
+        width = max(k, int(per_row.max()) if p else 0)  # the one synchronisation
+        if width * n <= max(self.rebuild_entries, FINISH_PADDING * p):
+            # Grouped by row before the evaluation, which then reads each row's vector for
+            # consecutive pairs.
+            by_row = torch.sort(rows_key, stable=True).indices
+            rows, cols = rows[by_row], cols[by_row]
+            dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
+            slot = torch.arange(p, device=device) - starts[rows]
+            idx = torch.full((n, width), -1, dtype=torch.int64, device=device)
+            out = torch.full((n, width), torch.inf, dtype=torch.float64, device=device)
+            idx[rows, slot] = cols
+            out[rows, slot] = dist
+            idx, out = _top_by_distance(idx, out, k)
+            self._count_tile_tightenings()  # read once the finish's launches are queued
+            return idx, out
+        dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
+        order = torch.argsort(cols.to(torch.int32) if narrow else cols, stable=True)
+        order = order[torch.argsort(dist[order], stable=True)]
+        order = order[torch.argsort(rows_key[order], stable=True)]
+        rows, cols, dist = rows[order], cols[order], dist[order]
+        rank = torch.arange(p, device=device) - starts[rows]
+        # Entries past a row's k-th go to one spare slot at the end (scattered, then cut off):
+        # no mask, hence no synchronisation.
+        slot = torch.where(rank < k, rows * k + rank, n * k)
+        idx = torch.full((n * k + 1,), -1, dtype=torch.int64, device=device).scatter_(0, slot, cols)
+        out = torch.full((n * k + 1,), torch.inf, dtype=torch.float64, device=device).scatter_(0, slot, dist)
+        self._count_tile_tightenings()
+        return idx[:-1].view(n, k), out[:-1].view(n, k)
 
     def _pending_pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every pending survivor as flat (rows, cols, float64 keys, error radii), each pair once
@@ -776,8 +930,20 @@ class CandidateStore:
         """The exact top k of ``rows`` (default all): int64 indices, float64 distances, (m, k).
 
         The screen is over once a finish begins: what is pending is taken in as the last step
-        (:meth:`_take_last`), or flushed where the widened store would not fit.
+        (:meth:`_take_last`), or flushed where the widened store would not fit. A holding store
+        that took nothing in finishes every row from its held survivors at the first call
+        (:meth:`_finish_held`) and answers later calls from those results.
         """
+        holding = self.holding
+        if holding is not None and self._finished is None and self._held_fresh and holding.maxima is not None:
+            self.tighten_held()  # (which may take them in, over the holding's limit)
+        if holding is not None and (self._finished is not None or not self._may_hold):
+            if self._finished is None:
+                self._finished = self._finish_held()
+            idx, dist = self._finished
+            return (idx, dist) if rows is None else (idx[rows], dist[rows])
+        if self._held:
+            self._take_held()
         if self._pending and not self._take_last():
             self.flush()
         self._count_tile_tightenings()
@@ -819,43 +985,6 @@ class CandidateStore:
         if bool(repeat.any()):
             idx, dist = _top_by_distance(torch.where(repeat, -1, idx), dist, dist.shape[1])
         return idx[:, :k], dist[:, :k]
-
-    def finish_all(self, rows: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The exact top k of every row from candidates handed in whole: store rows ``rows`` and
-        global columns ``cols``, each pair once, a superset of every row's true top k (the
-        screen's survivors under thresholds that held). Returns int64 indices and float64
-        distances, (n, k), as :meth:`finish` does; or None, with nothing changed, where the
-        widest row padded to every row would take more than :attr:`rebuild_entries` entries and
-        :data:`FINISH_ALL_PADDING` times the pairs (near-ties by the thousand in a few rows: hand
-        the pairs to :meth:`add` instead).
-
-        Every candidate is evaluated exactly, none is ordered from its screened interval: where
-        few more than k per row are left (a GPU search re-screens its survivors against the
-        thresholds its tiles tightened, ``knng.engine.search``) that costs less than the store's
-        take-in, tightening and finish, a few hundred small launches. The store must be empty.
-        """
-        if self._may_hold:
-            raise RuntimeError("finish_all on a store that already holds candidates")
-        # One synchronisation, for the padded width (bincount would add one of its own).
-        per_row = torch.zeros(self.n, dtype=torch.int64, device=rows.device).index_add_(0, rows, torch.ones_like(rows))
-        width = max(self.k, int(per_row.max()) if rows.numel() else 0)
-        if width * self.n > max(self.rebuild_entries, FINISH_ALL_PADDING * rows.numel()):
-            return None
-        by_row = torch.sort(rows, stable=True)
-        rows, cols = by_row.values, cols[by_row.indices]
-        starts = torch.cumsum(per_row, 0) - per_row
-        slot = torch.arange(rows.numel(), device=rows.device) - starts[rows]
-        idx = torch.full((self.n, width), -1, dtype=torch.int64, device=self.device)
-        dist = torch.full((self.n, width), torch.inf, dtype=torch.float64, device=self.device)
-        idx[rows, slot] = cols
-        dist[rows, slot] = self.evaluate(rows, cols)
-        self.stats.survivors += int(rows.numel())
-        self.stats.exact_evaluations += int(rows.numel())
-        self._evaluations += per_row
-        self.updates += 1
-        idx, dist = _top_by_distance(idx, dist, self.k)
-        self._count_tile_tightenings()  # read once the finish's launches are queued
-        return idx, dist
 
     def _count_tile_tightenings(self) -> None:
         """Add the rows :meth:`tighten` tightened (counted on the device) to the stats."""
