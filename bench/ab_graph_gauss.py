@@ -1,8 +1,15 @@
-"""A/B of ``knng.graph`` on Gaussian points (whichever knng is on PYTHONPATH): 200k × 128 at k = 10
-and 100, 1M × 128 at k = 10; min of 3 calls after a warm-up, 128 rows checked against the float64
-oracle by differences (``tests/oracle.py``). Two source trees alternating on one GPU machine::
+"""A/B of ``knng.graph`` on Gaussian points (whichever knng is on PYTHONPATH): by default 200k × 128
+at k = 10 and 100, 1M × 128 at k = 10 (or ``N:K`` cases, d = 128, as the second argument); min of 3
+calls after a warm-up, 128 rows checked against the float64 oracle by differences
+(``tests/oracle.py``). Two source trees alternating on one GPU machine::
 
     for i in 1 2; do PYTHONPATH=old/src:tests python bench/ab_graph_gauss.py old; PYTHONPATH=src:tests python bench/ab_graph_gauss.py new; done
+
+or one tree's variants in fresh processes (a first argument that names none is only a label):
+
+* ``store``: a graph's survivors taken into its store as before it held them (``graph.HOLD_ON`` empty);
+* ``p2`` / ``p8`` / ``p16``: held survivors tightened every 2²¹ / 2²³ / 2²⁴ new ones instead of
+  ``plan.PENDING_GPU``.
 """
 import sys
 import time
@@ -10,15 +17,27 @@ import time
 import torch
 
 import knng
+import knng.engine.graph as graph
+import knng.engine.plan as plan
 
 sys.path.insert(0, "tests")
 from oracle import assert_exact_chunked  # noqa: E402
 
+VARIANTS = {
+    "store": lambda: setattr(graph, "HOLD_ON", frozenset()),
+    "p2": lambda: setattr(plan, "PENDING_GPU", 1 << 21),
+    "p8": lambda: setattr(plan, "PENDING_GPU", 1 << 23),
+    "p16": lambda: setattr(plan, "PENDING_GPU", 1 << 24),
+}
+
 
 def main() -> None:
     tag = sys.argv[1]
+    VARIANTS.get(tag, lambda: None)()
+    cases = ([tuple(int(v) for v in c.split(":")) for c in sys.argv[2].split(",")] if len(sys.argv) > 2
+             else [(200_000, 10), (1_000_000, 10), (200_000, 100)])
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for n, k in [(200_000, 10), (1_000_000, 10), (200_000, 100)]:
+    for n, k in cases:
         x = torch.randn(n, 128, device="cuda", generator=gen)
         g = knng.graph(x, k)
         rows = torch.randperm(n, generator=torch.Generator().manual_seed(k))[:128].cuda()
