@@ -43,15 +43,15 @@ TF32_SAMPLE = True
 #: survivors back (:class:`~knng.engine.store.Holding`), after every corpus tile τ of each row
 #: becomes the k-th key among the survivors of the tiles so far (plus a radius,
 #: :meth:`CandidateStore.tighten_held`), the survivors are re-screened against it, and the
-#: finish evaluates every one left exactly instead of taking them through the store. The k-th of a tile of 262,144 columns bounds tighter than the
-#: sample's 65,536 (1M × 128, 10k queries, TF32, H100, 2026-11-23: 220 → 105 pairs screened per
-#: row at k = 10); re-screening what the tiles let through leaves a little more than k per row
-#: (float16, H100, 2026-11-24: 213 → 13 at k = 10, 8,016 → 1,248 at k = 1,024), and with the
-#: finish without the store k = 10 / 100 / 1,024 / 2,048 went from 25–31 / 36–40 / 109–113 /
-#: 196–202 ms to 22–25 / 28–32 / 66–70 / 104–105 (``bench/ab_search.py``, docs/BENCHMARKS.md,
-#: "Search survivors held back"). On a CPU (64k × 64, 10k
-#: queries) the tiles are narrower than the sample and the store's capacity keeps rows small
-#: as they fill, so the CPU keeps the store's path.
+#: finish evaluates every one left exactly instead of taking them through the store. The k-th
+#: of a tile of 262,144 columns bounds tighter than the sample's 65,536 (1M × 128, 10k queries,
+#: TF32, H100, 2026-11-23: 220 → 105 pairs screened per row at k = 10); re-screening what the
+#: tiles let through leaves a little more than k per row (float16, H100, 2026-11-24: 213 → 13
+#: at k = 10, 8,016 → 1,248 at k = 1,024), and with the finish without the store k = 10 / 100 /
+#: 1,024 / 2,048 went from 25–31 / 36–40 / 109–113 / 196–202 ms to 22–25 / 28–32 / 66–70 /
+#: 104–105 (``bench/ab_search.py``, docs/BENCHMARKS.md, "Search survivors held back"). On a CPU
+#: (64k × 64, 10k queries) the tiles are narrower than the sample and the store's capacity keeps
+#: rows small as they fill, so the CPU keeps the store's path.
 TIGHTEN_ON = frozenset({"cuda"})
 
 
