@@ -9,7 +9,9 @@ or one tree's variants in fresh processes (a first argument that names none is o
 
 * ``store``: a graph's survivors taken into its store as before it held them (``graph.HOLD_ON`` empty);
 * ``p2`` / ``p8`` / ``p16``: held survivors tightened every 2²¹ / 2²³ / 2²⁴ new ones instead of
-  ``plan.PENDING_GPU``.
+  ``plan.PENDING_GPU``;
+* ``chunks``: own parts' seeds by chunk minima of the materialised sample block, as before the
+  kernel's strip minima (``fused.strip_minima_runs`` false).
 """
 import sys
 import time
@@ -18,6 +20,7 @@ import torch
 
 import knng
 import knng.engine.graph as graph
+from knng.engine import fused
 import knng.engine.plan as plan
 
 sys.path.insert(0, "tests")
@@ -28,6 +31,7 @@ VARIANTS = {
     "p2": lambda: setattr(plan, "PENDING_GPU", 1 << 21),
     "p8": lambda: setattr(plan, "PENDING_GPU", 1 << 23),
     "p16": lambda: setattr(plan, "PENDING_GPU", 1 << 24),
+    "chunks": lambda: setattr(fused, "strip_minima_runs", lambda precision, device: False),
 }
 
 

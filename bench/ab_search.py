@@ -23,6 +23,8 @@ Variants (each patches module constants before the first call; ``new`` leaves th
 * ``oldseed``: the seed kernel one program per 1,024 rows and one seed per step, as before.
 * ``anyshape``: a screen launch's lists sized from the last launch of any shape, as before.
 * ``before``: all three.
+* ``chunks``: the seeds by chunk minima (or a selection) of the materialised sample block, as
+  before the kernel's strip minima (``fused.strip_minima_runs`` false).
 * ``new``: the code as it is.
 
 Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
@@ -65,6 +67,7 @@ VARIANTS = {
     "anyshape": lambda: setattr(fused, "_capacity_hint", lambda kind, device, m, n: max(
         fused.INITIAL_PER_ROW * m, fused._last_found.get((kind, device), 0) * 5 // 4)),
     "before": lambda: (VARIANTS["sort"](), VARIANTS["oldseed"](), VARIANTS["anyshape"]()),
+    "chunks": lambda: setattr(fused, "strip_minima_runs", lambda precision, device: False),
     "new": lambda: None,
 }
 

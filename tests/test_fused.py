@@ -267,26 +267,48 @@ def kernel_on_cpu(interpret, monkeypatch, request):
     assert last_report().screen_dtype == request.param
 
 
-@pytest.mark.parametrize("held", [False, True])
+def _strip_minima_by_reference(monkeypatch, strip: int = 4) -> list:
+    """Seeds from strip minima, as the CUDA kernel gives them, here by their reference
+    (``screen.strip_minima_of``) in strips of ``strip`` columns; returns the list of calls."""
+    calls: list = []
+    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: True)
+    monkeypatch.setattr(fused, "STRIP", strip)
+
+    def reference(a, b, k_dims, row_terms, col_terms, precision):
+        calls.append(1)
+        keys, cols = screen.strip_minima_of(
+            screen.block_scores(a, b, k_dims, PRECISIONS[precision], row_terms, col_terms), strip=strip)
+        return keys, cols.to(torch.int32)
+
+    monkeypatch.setattr(fused, "strip_minima", reference)
+    return calls
+
+
+@pytest.mark.parametrize("held,strips", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("k", [1, 7, 150])
-def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, monkeypatch):
+def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, strips, monkeypatch):
     if held:  # the GPU's way: survivors held back, tightened by the selection kernels
         monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))
+    minima = _strip_minima_by_reference(monkeypatch) if strips else []  # 150 sample columns: 38 strips
     c = rng.standard_normal((150, 11)) + 30
     c[100:110] = c[:10]
     q = rng.standard_normal((37, 11)) + 30
     assert_exact(knng.search(q, c, k, memory_budget="2MB"), oracle_search(q, c, k))
     assert kernel_on_cpu, "the kernel did not run"
+    assert bool(minima) == (strips and 2 * k <= 38)
 
 
-@pytest.mark.parametrize("include_self,group,held", [(False, 1, False), (True, 1, False), (False, 3, False),
-                                                     (False, 1, True), (True, 3, True)])
-def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, held, monkeypatch):
+@pytest.mark.parametrize("include_self,group,held,strips", [(False, 1, False, False), (True, 1, False, False),
+                                                            (False, 3, False, False), (False, 1, True, False),
+                                                            (True, 3, True, False), (False, 1, True, True),
+                                                            (True, 1, False, True)])
+def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, held, strips, monkeypatch):
     import knng.engine.graph as graph
     import knng.engine.plan as plan
 
     from knng.engine.store import CandidateStore
 
+    minima = _strip_minima_by_reference(monkeypatch) if strips else []  # 48 seed columns: 12 strips
     holds = []
     if held:  # the GPU's way where the blocks share one centre (Gaussian data): survivors held back
         monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
@@ -299,7 +321,7 @@ def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, gro
     g = knng.graph(x, 5, include_self=include_self)
     assert last_report().parts > 1 and last_report().plan.group_parts == group
     assert_exact(g, oracle_graph(x, 5, include_self=include_self))
-    assert kernel_on_cpu and bool(holds) == held
+    assert kernel_on_cpu and bool(holds) == held and bool(minima) == strips
 
 
 def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
@@ -362,6 +384,36 @@ def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"
     assert plan.choose_screen_precision(torch.device("cpu"), 1_000_000, 128, 10) == "float32"
+
+
+def test_strip_minima_reference_and_candidates(rng):
+    # Strip minima of a block: each strip's smallest value and its column, ties to the smaller
+    # column, NaN never the smallest (a strip of NaN reports +inf and its first column), a last
+    # strip shorter than the others; the k smallest minima are k distinct columns.
+    from knng.engine.thresholds import strip_candidates
+
+    for m, n, strip in ((1, 1, 4), (7, 13, 4), (33, 64, 8), (5, 200, 64)):
+        scores = torch.from_numpy(rng.integers(0, 6, size=(m, n)).astype(np.float32))  # ties
+        scores[0, : min(n, strip)] = np.nan
+        if n > strip:
+            scores[-1, strip] = np.nan
+        keys, cols = screen.strip_minima_of(scores, strip=strip)
+        for r in range(m):
+            for s_ in range(-(-n // strip)):
+                seg = scores[r, s_ * strip:(s_ + 1) * strip].double()
+                seg = torch.where(torch.isnan(seg), torch.inf, seg)
+                best = float(seg.min())
+                assert float(keys[r, s_]) == best
+                assert int(cols[r, s_]) == s_ * strip + int(torch.nonzero(seg == best)[0, 0])
+        k = max(1, keys.shape[1] // 2)
+        values, picked = strip_candidates(keys, cols, k)
+        for r in range(m):
+            assert len(set(picked[r].tolist())) == k
+            assert sorted(values[r].tolist()) == sorted(keys[r].tolist())[:k]
+            assert torch.equal(torch.where(torch.isnan(scores[r, picked[r]]), torch.inf, scores[r, picked[r]]),
+                               values[r])
+    with pytest.raises(ValueError, match="strips"):
+        strip_candidates(keys, cols, keys.shape[1] + 1)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (31, 33), (64, 64), (130, 97), (257, 1025)])

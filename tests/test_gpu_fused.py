@@ -354,6 +354,35 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(seed):
     assert torch.allclose(keys[0], keys[1], rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m,n,d", [(1, 1, 16), (129, 63, 64), (300, 65, 128), (1000, 8229, 128), (77, 700, 200),
+                                   (50, 300, 960)])
+def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, seed):
+    """The CUDA kernel's strip minima equal the reference reduction (``strip_minima_of``) of
+    every key the screen kernel computes for the same block, bit for bit (the same products
+    and roundings), columns too: duplicate rows (ties go to the smaller column), NaN column
+    terms (never the smallest; a strip of them reports +inf), sizes that are not tile or strip
+    multiples, K of one chunk and several (A resident, and streamed at K = 960)."""
+    from knng.engine import cuda_screen, screen
+
+    if not cuda_screen.available(torch.device("cuda")):
+        pytest.skip("needs CuPy")
+    g = _gen(seed + m + n)
+    x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
+    x[10:20] = x[:10]
+    metric = get_metric("sqeuclidean")
+    p = metric.prepare(x - x.mean(0), None, side="corpus", symmetric=True, dtype=torch.float16)
+    a, b = p.vectors[:m], p.vectors[:n]
+    rt, ct = p.terms.float()[:m].contiguous(), p.terms.float()[:n].clone()
+    ct[5:5 + fused.STRIP] = torch.nan  # a whole strip (where n allows) of NaN keys
+    keys, cols = fused.strip_minima(a, b, d, rt, ct, "float16")
+    dense = _kernel_keys(a, b, d, "float16", rt, ct.nan_to_num(nan=torch.inf))
+    dense[:, 5:5 + fused.STRIP] = torch.nan
+    want_keys, want_cols = screen.strip_minima_of(dense.float())
+    assert keys.shape == (m, -(-n // fused.STRIP)) and cols.dtype == torch.int32
+    assert torch.equal(keys, want_keys) and torch.equal(cols.long(), want_cols)
+
+
 # ------------------------------------------------------------------------ threshold radii
 def test_radius_kernel_is_its_reference_on_the_hardware():
     """The threshold radius kernel, launched without fused multiply-adds, gives the torch

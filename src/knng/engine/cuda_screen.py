@@ -34,7 +34,7 @@ import torch
 
 from knng.select import cuda
 
-__all__ = ["available", "launch_screen", "Config", "CONFIGS", "choose_config", "shared_bytes", "BLOCK_K"]
+__all__ = ["available", "launch_screen", "launch_strip_minima", "STRIP", "Config", "CONFIGS", "choose_config", "shared_bytes", "BLOCK_K"]
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
 
@@ -129,18 +129,21 @@ def available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 0)
 
 
-def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool) -> tuple[str, ...]:
+def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,
+             minima: bool = False) -> tuple[str, ...]:
     return (f"SCREEN_BM={config.bm}", f"SCREEN_BN={config.bn}", f"SCREEN_WM={config.wm}", f"SCREEN_WN={config.wn}",
             f"SCREEN_STAGES={config.stages}", f"SCREEN_ARES={int(config.resident)}",
             f"SCREEN_MINB={config.min_blocks}", f"SCREEN_RT={int(row_terms)}", f"SCREEN_CT={int(col_terms)}",
-            f"SCREEN_SYM={int(symmetric)}", f"SCREEN_PRE={int(config.pretest)}", f"SCREEN_WITH_BF16={int(bf16)}")
+            f"SCREEN_SYM={int(symmetric)}", f"SCREEN_PRE={int(config.pretest and not minima)}",
+            f"SCREEN_WITH_BF16={int(bf16)}", f"SCREEN_MIN={int(minima)}")
 
 
 def kernel(device_index: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool,
-           bf16: bool = False) -> Any:
-    """The compiled kernel of one variant (``screen_f16``, or ``screen_bf16`` with ``bf16``),
-    compiled on first use for this device and cached (in memory here, on disk by CuPy)."""
-    defines = _defines(config, row_terms, col_terms, symmetric, bf16)
+           bf16: bool = False, minima: bool = False) -> Any:
+    """The compiled kernel of one variant (``screen_f16``, or ``screen_bf16`` with ``bf16``; with
+    ``minima`` the strip minima of :func:`launch_strip_minima`), compiled on first use for this
+    device and cached (in memory here, on disk by CuPy)."""
+    defines = _defines(config, row_terms, col_terms, symmetric, bf16, minima)
     return cuda.source_kernel(_SOURCE, "screen_bf16" if bf16 else "screen_f16", device_index, defines)
 
 
@@ -175,6 +178,18 @@ def _splits(row_blocks: int, col_tiles: int, resident: int) -> int:
         if cost < best_cost:
             best, best_cost = s, cost
     return best
+
+
+def _check_rows(a: torch.Tensor, b: torch.Tensor, k_dims: int, want: torch.dtype) -> None:
+    """The rows' layout the kernel reads: ``want`` values, 16-byte aligned rows, K a multiple of 16."""
+    if k_dims % 16 or k_dims <= 0 or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8:
+        raise ValueError("the CUDA screen needs rows of 16-byte multiples and K a positive multiple of 16")
+    if a.shape[1] < k_dims or b.shape[1] < k_dims:
+        raise ValueError(f"rows of {a.shape[1]} and {b.shape[1]} columns, K = {k_dims}")
+    if a.dtype != want or b.dtype != want:
+        raise TypeError(f"the CUDA screen takes {want} rows, got {a.dtype} and {b.dtype}")
+    if a.data_ptr() % 16 or b.data_ptr() % 16:
+        raise ValueError("the CUDA screen needs 16-byte aligned rows")
 
 
 def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: torch.Tensor, col_scale: torch.Tensor,
@@ -212,15 +227,7 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
         Take ``a`` and ``b`` as bfloat16 (the comparison variant ``screen_bf16``).
     """
     m, n = a.shape[0], b.shape[0]
-    if k_dims % 16 or k_dims <= 0 or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8:
-        raise ValueError("the CUDA screen needs rows of 16-byte multiples and K a positive multiple of 16")
-    if a.shape[1] < k_dims or b.shape[1] < k_dims:
-        raise ValueError(f"rows of {a.shape[1]} and {b.shape[1]} columns, K = {k_dims}")
-    want = torch.bfloat16 if bf16 else torch.float16
-    if a.dtype != want or b.dtype != want:
-        raise TypeError(f"the CUDA screen takes {want} rows, got {a.dtype} and {b.dtype}")
-    if a.data_ptr() % 16 or b.data_ptr() % 16:
-        raise ValueError("the CUDA screen needs 16-byte aligned rows")
+    _check_rows(a, b, k_dims, torch.bfloat16 if bf16 else torch.float16)
     vectors = (row_factor, col_scale, row_terms, col_terms, row_thr, col_thr)
     if any(v is not None and v.dtype != torch.float32 for v in vectors):
         raise TypeError("the CUDA screen's factors, terms and thresholds are float32")
@@ -251,5 +258,64 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
             cuda.ptr(row_factor), cuda.ptr(col_scale), cuda.ptr(row_terms), cuda.ptr(col_terms),
             cuda.ptr(row_thr), cuda.ptr(col_thr), cuda.ptr(bound), cuda.ptr(row_list[0]), cuda.ptr(row_list[1]),
             cuda.ptr(row_list[2]), cuda.ptr(col_list[0]), cuda.ptr(col_list[1]), cuda.ptr(col_list[2]),
-            cuda.ptr(counters), i32(capacity), i32(exclude_diagonal or 0), i32(exclude_diagonal is not None))
+            cuda.ptr(counters), i32(capacity), i32(exclude_diagonal or 0), i32(exclude_diagonal is not None),
+            cuda.ptr(None), cuda.ptr(None), i32(0))
     cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)
+
+
+#: Configurations of the strip minima (:func:`launch_strip_minima`), the first whose shared
+#: memory fits one block: 128 × 128 tiles with A resident, else streamed (K = 960); warps of
+#: 64 × 64 in both, so strips of :data:`STRIP` columns.
+MINIMA_CONFIGS = ("r128x128", "s128x128")
+#: Columns of one strip of :func:`launch_strip_minima` (a warp's columns).
+STRIP = 64
+assert all(CONFIGS[name].bn // CONFIGS[name].wn == STRIP for name in MINIMA_CONFIGS)
+
+
+def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: torch.Tensor,
+                        col_scale: torch.Tensor, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's smallest key in every strip of :data:`STRIP` consecutive columns of the block.
+
+    The keys are the screen's (:func:`launch_screen`'s arguments, without thresholds): float16
+    products on the tensor cores, float32 accumulation, each step rounded as the reference
+    rounds it. Ties go to the smaller column; a NaN key is never the smallest (a strip of NaN
+    and +inf keys reports +inf and its first column). No block of keys is materialised.
+
+    Returns
+    -------
+    keys : torch.Tensor
+        float32 (m, ⌈n / STRIP⌉): the minima.
+    cols : torch.Tensor
+        int32 (m, ⌈n / STRIP⌉): their columns (rows of ``b``).
+    """
+    m, n = a.shape[0], b.shape[0]
+    strips = -(-n // STRIP)
+    keys = torch.empty((m, strips), dtype=torch.float32, device=a.device)
+    cols = torch.empty((m, strips), dtype=torch.int32, device=a.device)
+    if m == 0 or n == 0:
+        return keys, cols
+    _check_rows(a, b, k_dims, torch.float16)
+    if m >= 2**31 - 256 or n >= 2**31 - 256 or m * strips >= 2**63:
+        raise ValueError("int32 positions: blocks of fewer than 2³¹ rows")
+    device = a.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    has_rt, has_ct = row_terms is not None, col_terms is not None
+    cfg = next((CONFIGS[name] for name in MINIMA_CONFIGS
+                if shared_bytes(k_dims, CONFIGS[name], has_rt, has_ct, False) <= _ONE_BLOCK), CONFIGS[MINIMA_CONFIGS[-1]])
+    fn = kernel(index, cfg, has_rt, has_ct, False, minima=True)
+    smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False)
+    row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
+    splits = _splits(row_blocks, col_tiles, _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0])
+    row_factor, col_scale = row_factor.contiguous(), col_scale.contiguous()
+    row_terms, col_terms = (None if v is None else v.contiguous() for v in (row_terms, col_terms))
+    i32 = np.int32
+    # No survivors: the lists and thresholds are never written (the thresholds' pointer must
+    # still be readable: the kernel loads its rows' entries with the other row vectors).
+    args = (cuda.ptr(a), cuda.ptr(b), i32(m), i32(n), i32(k_dims), i32(a.stride(0)), i32(b.stride(0)),
+            cuda.ptr(row_factor), cuda.ptr(col_scale), cuda.ptr(row_terms), cuda.ptr(col_terms),
+            cuda.ptr(row_factor), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None),
+            cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), i32(0), i32(0), i32(0),
+            cuda.ptr(keys), cuda.ptr(cols), i32(strips))
+    cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)
+    return keys, cols

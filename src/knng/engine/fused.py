@@ -44,8 +44,8 @@ from knng.metrics import (
     digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
 )
 
-__all__ = ["fused_available", "screen_block", "select_block", "Survivors", "DOT_PRECISION",
-           "SELECT_TILE", "interpreting", "kernels"]
+__all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
+           "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -228,6 +228,29 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         )
 
     return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device)
+
+
+#: Columns of one strip of :func:`strip_minima`.
+STRIP = cuda_screen.STRIP
+
+
+def strip_minima_runs(precision: str, device: torch.device) -> bool:
+    """Whether :func:`strip_minima` runs for ``precision`` on ``device``: scaled float16 rows and
+    the CUDA C kernel (the Triton kernels have no minima epilogue)."""
+    return (CUDA_SCREEN and get_precision(precision).scaled and not interpreting()
+            and cuda_screen.available(device))
+
+
+def strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_terms: torch.Tensor | None,
+                 col_terms: torch.Tensor | None, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's smallest key in every strip of :data:`STRIP` consecutive columns of the block
+    ``A[:, :k_dims] · B[:, :k_dims]ᵀ (+ terms)``, the keys :func:`screen_block` compares, and
+    its column (int32); ties to the smaller column, NaN never the smallest. Where
+    :func:`strip_minima_runs` says; ``knng.engine.screen.strip_minima`` is the reference."""
+    if not strip_minima_runs(precision, a.device):
+        raise ValueError(f"strip minima run on the CUDA kernel only (precision {precision!r}, {a.device})")
+    return cuda_screen.launch_strip_minima(a, b, scaled_width(k_dims), scaled_row_factors(a),
+                                           scaled_scales(b).contiguous(), row_terms, col_terms)
 
 
 #: Screen precisions whose rows are int8 digits (``knng.metrics``, the digit layout): the digit kernel.

@@ -32,12 +32,14 @@ from knng.engine.lists import ListHome
 from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, graph_search_k, make_graph_plan,
 )
+from knng.engine import fused
 from knng.engine.screen import (
-    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, use_kernel,
+    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, strip_minima,
+    use_kernel,
 )
 from knng.engine.search import exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row
-from knng.engine.thresholds import seed_candidates
+from knng.engine.thresholds import seed_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "OWN_PART_SEED"]
@@ -450,6 +452,9 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     # A sampled seed's product may run on TF32 tensor cores where they hold the stored values
     # exactly (its keys only bound τ; the screen that follows is the kernel's).
     tf32 = not whole and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
+    # Seeds from the kernel's strip minima of the sample where it finds them, 2k strips or more.
+    by_strips = (not whole and fused.strip_minima_runs(precision.name, device)
+                 and 2 * ks <= -(-seed_cols.numel() // fused.STRIP))
     maxima = tile.maxima()
     errors = store.errors
     for r0 in range(0, m, step):
@@ -457,20 +462,32 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
         local = torch.arange(r0, r1, device=device)
         rows = row_ids[r0:r1]
         row_terms = None if terms is None else terms[r0:r1]
-        with tf32_products() if tf32 else contextlib.nullcontext():
-            scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms,
-                                  buffer if whole else None)
-        if not include_self:
-            # By index, not by distance: duplicates stay.
-            if whole:
-                scores[local - r0, local] = torch.inf
-            else:
-                # Each row's own column, where the (sorted, distinct) seed columns have it: a
-                # scatter, not a mask over the whole block (two passes of 1 GB for 32,768 rows).
-                at = (local - r0, torch.searchsorted(seed_cols, local).clamp_max(seed_cols.numel() - 1))
-                scores[at] = torch.where(seed_cols[at[1]] == local, torch.inf, scores[at])
+        minima = None
+        if by_strips:
+            # The kernel's strip minima of the sample: no block is written (for a 32,768-row part
+            # and 8,192 columns, 1 GB of keys, its terms added and reduced: ~2 ms a part).
+            minima = strip_minima(queries[r0:r1], seed_prep, d, precision, row_terms=row_terms, col_terms=seed_terms)
+        else:
+            with tf32_products() if tf32 else contextlib.nullcontext():
+                scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms,
+                                      buffer if whole else None)
+            if not include_self:
+                # By index, not by distance: duplicates stay.
+                if whole:
+                    scores[local - r0, local] = torch.inf
+                else:
+                    # Each row's own column, where the (sorted, distinct) seed columns have it: a
+                    # scatter, not a mask over the whole block (two passes of 1 GB for 32,768 rows).
+                    at = (local - r0, torch.searchsorted(seed_cols, local).clamp_max(seed_cols.numel() - 1))
+                    scores[at] = torch.where(seed_cols[at[1]] == local, torch.inf, scores[at])
         if ks >= 1:
-            values, positions = seed_candidates(scores, min(ks, scores.shape[1]), select, device)
+            if minima is not None:
+                keys, strip_cols = minima
+                if not include_self:  # a row's own column, where a strip found it, seeds nothing
+                    keys = torch.where(seed_cols[strip_cols] == local[:, None], torch.inf, keys)
+                values, positions = strip_candidates(keys, strip_cols, ks)
+            else:
+                values, positions = seed_candidates(scores, min(ks, scores.shape[1]), select, device)
             cols = seed_cols[positions]
             rad = errors.radius(*_pair_norms(tile, tile, local[:, None].expand_as(cols), cols), values,
                                 rows[:, None].expand_as(cols))
@@ -484,7 +501,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
                 keep = owner != other
                 owner, other, keys = owner[keep], other[keep], keys[keep]
         else:
-            del scores
+            scores = None
             found = screen_rows(queries[r0:r1], prep, d, thresholds, precision, row_terms=row_terms, col_terms=terms,
                                 exclude_diagonal=None if include_self else -r0)
             owner, other, keys = found.owner + r0, found.other, found.keys

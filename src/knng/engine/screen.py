@@ -30,7 +30,7 @@ from knng.metrics import (
 )
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
-           "screen_rows", "screen_pairs", "pair_scores", "use_kernel"]
+           "screen_rows", "screen_pairs", "pair_scores", "use_kernel", "strip_minima", "strip_minima_of"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest
@@ -271,6 +271,36 @@ def _integer_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def use_kernel(precision: ScreenPrecision, device: torch.device) -> bool:
     """Whether a kernel (the fused one, or the digit one) runs this precision's screen on ``device``."""
     return (precision.fused or precision.digits) and fused.fused_available(device)
+
+
+def strip_minima(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision, *,
+                 row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's smallest key in every strip of ``fused.STRIP`` consecutive columns of the block
+    ``a · bᵀ`` (:func:`block_scores`' keys), and its column.
+
+    Any k of them bound a row's k-th smallest key from above, which is what seeds need, and
+    2k strips or more give k distinct columns near the row's k smallest. The CUDA kernel finds
+    them without writing the block (:func:`knng.engine.fused.strip_minima`, where
+    :func:`~knng.engine.fused.strip_minima_runs`); elsewhere the block is materialised and
+    reduced (:func:`strip_minima_of`, the kernel's reference). Returns float32-or-wider keys
+    (m, ⌈n / STRIP⌉) and int64 columns.
+    """
+    if fused.strip_minima_runs(precision.name, a.device):
+        keys, cols = fused.strip_minima(a, b, d, row_terms, col_terms, precision.name)
+        return keys, cols.long()
+    return strip_minima_of(block_scores(a, b, d, precision, row_terms, col_terms))
+
+
+def strip_minima_of(scores: torch.Tensor, strip: int = fused.STRIP) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`strip_minima` of a materialised block: per row and strip of ``strip`` columns the
+    smallest value (NaN counted as +inf; ties to the smaller column) and its column."""
+    m, n = scores.shape
+    strips = -(-n // strip)
+    keys = torch.full((m, strips * strip), torch.inf, dtype=scores.dtype, device=scores.device)
+    keys[:, :n] = torch.nan_to_num(scores, nan=torch.inf, posinf=torch.inf, neginf=-torch.inf)
+    values, at = keys.view(m, strips, strip).min(dim=2)  # the first of equal minima
+    return values, at + strip * torch.arange(strips, device=scores.device)
 
 
 def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tensor, precision: ScreenPrecision, *,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, check_finite
-from knng.engine import preparation
+from knng.engine import fused, preparation
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
@@ -23,9 +23,9 @@ from knng.engine.common import (
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
-from knng.engine.screen import block_scores, screen_rows, use_kernel
+from knng.engine.screen import block_scores, screen_rows, strip_minima, use_kernel
 from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row
-from knng.engine.thresholds import sample_columns, seed_candidates
+from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 
 __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
@@ -211,12 +211,19 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     if sample.norms is not None:
         own = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=sample.vectors.dtype)
         queries, norms = own.vectors, own.norms
-    # The sample's product of a TF32 screen runs on TF32 tensor cores (see TF32_SAMPLE).
-    tf32 = TF32_SAMPLE and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
-    with tf32_products() if tf32 else contextlib.nullcontext():
-        scores = block_scores(queries, sample.vectors, d, precision, col_terms=sample.terms32)
-    values, positions = seed_candidates(scores, min(k, scores.shape[1]), select, device)
-    del scores
+    strips = -(-sample.columns.numel() // fused.STRIP)
+    if norms is None and 2 * k <= strips and fused.strip_minima_runs(precision.name, device):
+        # The kernel's strip minima of the sample: no block is written (10k queries × 65,536
+        # columns at k = 100: 2.6 GB of keys, their terms and a selection over them).
+        keys, cols = strip_minima(queries, sample.vectors, d, precision, col_terms=sample.terms32)
+        values, positions = strip_candidates(keys, cols, k)
+    else:
+        # The sample's product of a TF32 screen runs on TF32 tensor cores (see TF32_SAMPLE).
+        tf32 = TF32_SAMPLE and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
+        with tf32_products() if tf32 else contextlib.nullcontext():
+            scores = block_scores(queries, sample.vectors, d, precision, col_terms=sample.terms32)
+        values, positions = seed_candidates(scores, min(k, scores.shape[1]), select, device)
+        del scores
     rad = None
     if norms is not None:  # the sample's own precision and norms (see SeedSample)
         pair_rows = rows[:, None].expand_as(positions)

@@ -12,7 +12,7 @@ import torch
 
 from knng.select import resolve
 
-__all__ = ["sample_columns", "seed_candidates"]
+__all__ = ["sample_columns", "seed_candidates", "strip_candidates"]
 
 
 def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -76,3 +76,14 @@ def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.dev
     selector = resolve(select, rows=m, cols=cols, k=k, device=device)
     _, positions = selector(keys, k)
     return scores.gather(1, positions), positions
+
+
+def strip_candidates(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """k distinct candidates per row from its strip minima (``knng.engine.screen.strip_minima``):
+    the k smallest minima and their columns. Strips are disjoint, so the columns are distinct;
+    with at least 2k strips the k-th is near the row's k-th smallest key of the block (the
+    chunk minima of :func:`seed_candidates`, with the kernel's contiguous strips)."""
+    if k > keys.shape[1]:
+        raise ValueError(f"{k} candidates from {keys.shape[1]} strips")
+    values, pick = torch.topk(keys, k, dim=1, largest=False, sorted=False)
+    return values, cols.gather(1, pick)

@@ -97,13 +97,17 @@ typedef unsigned short half_t;  // raw 16-bit storage: the tensor cores read the
 #ifndef SCREEN_WITH_BF16
 #define SCREEN_WITH_BF16 0
 #endif
+#ifndef SCREEN_MIN
+#define SCREEN_MIN 0  // strip minima instead of survivors (non-symmetric, no pre-test; see below)
+#endif
 
 namespace screen {
 
 constexpr int BM = SCREEN_BM, BN = SCREEN_BN, WARPS_M = SCREEN_WM, WARPS_N = SCREEN_WN;
 constexpr int STAGES = SCREEN_STAGES;
 constexpr bool ARES = SCREEN_ARES != 0, HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
-constexpr bool PRE = SCREEN_PRE != 0 && !SYM;
+constexpr bool MINIMA = SCREEN_MIN != 0 && !SYM;
+constexpr bool PRE = SCREEN_PRE != 0 && !SYM && !MINIMA;
 constexpr int NWARPS = WARPS_M * WARPS_N, THREADS = 32 * NWARPS;
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // a warp's tile
 constexpr int MI = WTM / 16, NI = WTN / 8;               // its m16 and n8 fragments
@@ -312,7 +316,8 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
                                      const float* __restrict__ col_scale, const float* __restrict__ row_terms,
                                      const float* __restrict__ col_terms, const float* __restrict__ row_thr,
                                      const float* __restrict__ col_thr, const float* __restrict__ term_bound,
-                                     const Lists& out, int diag, int exclude_diag) {
+                                     const Lists& out, int diag, int exclude_diag, float* __restrict__ strip_keys,
+                                     int* __restrict__ strip_cols, int strips) {
   extern __shared__ __align__(128) unsigned char smem[];
   const float nan = __int_as_float(0x7fc00000);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -534,6 +539,40 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
           }
         }
     }
+    if (MINIMA) {
+      // Each row's smallest key in this warp's strip of WTN columns (ties: the smaller column;
+      // NaN keys, rows and columns past m / n included, are never smaller): a thread's own
+      // entries, then the four lanes of its row (tig) by shuffles; lane tig == 0 writes.
+      const int strip = (col0 + wn * WTN) / WTN;
+#pragma unroll
+      for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float best = __int_as_float(0x7f800000);
+          int bcol = col0 + wn * WTN;  // the strip's first column: a valid one when every key is +inf or NaN
+#pragma unroll
+          for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+              const float key = acc[i][j][2 * h + w];
+              const int c = col0 + wn * WTN + j * 8 + 2 * tig + w;
+              if (key < best || (key == best && c < bcol)) { best = key; bcol = c; }
+            }
+#pragma unroll
+          for (int off = 1; off < 4; off *= 2) {
+            const float ob = __shfl_xor_sync(FULL, best, off);
+            const int oc = __shfl_xor_sync(FULL, bcol, off);
+            if (ob < best || (ob == best && oc < bcol)) { best = ob; bcol = oc; }
+          }
+          const int r = row0 + wm * WTM + i * 16 + h * 8 + g;
+          if (tig == 0 && r < m && strip < strips) {
+            strip_keys[(long long)r * strips + strip] = best;
+            strip_cols[(long long)r * strips + strip] = bcol;
+          }
+        }
+      if (++slot == STAGES) slot = 0;
+      continue;
+    }
     // Survivors: a warp votes once per 16 rows and side; only a warp with a survivor there
     // takes its lanes' kept entries (a bit mask each), reserves their slots with one warp scan
     // and writes them one by one.
@@ -617,12 +656,12 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
       const float *__restrict__ row_thr, const float *__restrict__ col_thr, const float *__restrict__ term_bound,   \
       int *row_owner, int *row_other,                                                                              \
       float *row_keys, int *col_owner, int *col_other, float *col_keys, int *counters, int capacity, int diag,     \
-      int exclude_diag
+      int exclude_diag, float *strip_keys, int *strip_cols, int strips
 #define SCREEN_CALL(BF16)                                                                                          \
   screen::Lists out{{row_owner, col_owner}, {row_other, col_other}, {row_keys, col_keys}, counters, capacity};    \
   screen::body<BF16>(A, B, m, n, K, lda, ldb, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,      \
                      term_bound, out,                                                                              \
-                     diag, exclude_diag)
+                     diag, exclude_diag, strip_keys, strip_cols, strips)
 
 extern "C" __global__ void __launch_bounds__(screen::THREADS, SCREEN_MINB) screen_f16(SCREEN_PARAMS) {
   SCREEN_CALL(false);
