@@ -42,6 +42,11 @@
 //    and each warp's last buffer is flushed when its block ends. The excluded diagonal is
 //    tested only in that path.
 //
+//  * Strip minima (SCREEN_MIN, cuda_screen.launch_strip_minima): the same products and keys, but
+//    the epilogue keeps, per row, the smallest key of each warp's 64 columns and its column (ties
+//    to the smaller column, NaN never the smallest) and writes those: the seeds of τ from a
+//    sample without writing its score block.
+//
 // Registers (NVRTC for sm_90 through CuPy): 210–219 a thread for 64 × 64 warps, <= 128 for
 // 64 × 32; no local memory (nvcc 13.0 -Xptxas -v: 0 spill, 0 stack). Shared memory at K = 128,
 // 128 × 128 (A resident, 4 stages): 105–110 KB, two blocks a multiprocessor.
