@@ -11,7 +11,9 @@ or one tree's variants in fresh processes (a first argument that names none is o
 * ``p2`` / ``p8`` / ``p16``: held survivors tightened every 2²¹ / 2²³ / 2²⁴ new ones instead of
   ``plan.PENDING_GPU``;
 * ``chunks``: own parts' seeds by chunk minima of the materialised sample block, as before the
-  kernel's strip minima (``fused.strip_minima_runs`` false).
+  kernel's strip minima (``fused.strip_minima_runs`` false);
+* ``seed16384`` / ``seed24576``: own parts seeded from 16,384 / 24,576 of their columns instead of
+  ``plan.OWN_PART_SEED`` (tighter seeds, now that strip minima write no block).
 """
 import sys
 import time
@@ -32,6 +34,8 @@ VARIANTS = {
     "p8": lambda: setattr(plan, "PENDING_GPU", 1 << 23),
     "p16": lambda: setattr(plan, "PENDING_GPU", 1 << 24),
     "chunks": lambda: setattr(fused, "strip_minima_runs", lambda precision, device: False),
+    "seed16384": lambda: setattr(graph, "OWN_PART_SEED", 16384),
+    "seed24576": lambda: setattr(graph, "OWN_PART_SEED", 24576),
 }
 
 

@@ -25,6 +25,8 @@ Variants (each patches module constants before the first call; ``new`` leaves th
 * ``before``: all three.
 * ``chunks``: the seeds by chunk minima (or a selection) of the materialised sample block, as
   before the kernel's strip minima (``fused.strip_minima_runs`` false).
+* ``sample32768``, ``sample65536``: a sample of at least 32,768 / 65,536 columns at every k
+  (``plan.GPU_MIN_SAMPLE``; tighter seeds, now that strip minima write no block).
 * ``new``: the code as it is.
 
 Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
@@ -68,6 +70,8 @@ VARIANTS = {
         fused.INITIAL_PER_ROW * m, fused._last_found.get((kind, device), 0) * 5 // 4)),
     "before": lambda: (VARIANTS["sort"](), VARIANTS["oldseed"](), VARIANTS["anyshape"]()),
     "chunks": lambda: setattr(fused, "strip_minima_runs", lambda precision, device: False),
+    "sample32768": lambda: setattr(plan, "GPU_MIN_SAMPLE", 32768),
+    "sample65536": lambda: setattr(plan, "GPU_MIN_SAMPLE", 65536),
     "new": lambda: None,
 }
 

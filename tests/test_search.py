@@ -416,3 +416,19 @@ def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
     assert torch.equal(store.screened_per_row(), torch.full((6,), 40))
     part = store.finish(torch.arange(2, 5))
     assert torch.equal(part[0], idx[2:5]) and torch.equal(part[1], dist[2:5])
+
+
+@pytest.mark.parametrize("n", [1, 2, 99, 100, 101, 1000])
+def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, monkeypatch):
+    # Median (the lower of an even count), 99th percentile and maximum by the device's sort, as
+    # NumPy's partition on the host gives them: ties, several lists, sizes either side of 100.
+    import knng.engine.store as store
+
+    counts = [torch.from_numpy(rng.integers(0, 7, size=m)) for m in (n // 3, n - n // 3)]
+    host = store.summarize_per_row(counts)
+    monkeypatch.setattr(store, "DEVICE_SUMMARY_ON", frozenset({"cpu"}))
+    monkeypatch.setattr(store, "DEVICE_SUMMARY_ROWS", 1)
+    assert store.summarize_per_row(counts) == host
+    every = np.sort(np.concatenate([c.numpy() for c in counts]))
+    assert host == {"median": float(every[(n + 1) // 2 - 1]), "p99": float(every[max(1, int(np.ceil(0.99 * n))) - 1]),
+                    "max": float(every[-1])}

@@ -239,8 +239,10 @@ class StoreStats:
         self.overflow_rows += other.overflow_rows
 
 
-#: Rows from which :func:`summarize_per_row` sorts counts on their GPU instead of on the host.
+#: Rows from which :func:`summarize_per_row` sorts counts on their device (of these types)
+#: instead of on the host.
 DEVICE_SUMMARY_ROWS = 65536
+DEVICE_SUMMARY_ON = frozenset({"cuda"})
 
 
 def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
@@ -261,7 +263,7 @@ def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
     if n == 0:
         return {}
     median, p99 = (n + 1) // 2 - 1, max(1, min(n, math.ceil(0.99 * n))) - 1  # 0-based ranks
-    if allc.device.type != "cpu" and n >= DEVICE_SUMMARY_ROWS:
+    if allc.device.type in DEVICE_SUMMARY_ON and n >= DEVICE_SUMMARY_ROWS:
         ranks = torch.tensor([median, p99, n - 1], device=allc.device)
         values = [float(v) for v in torch.sort(allc).values[ranks].tolist()]
     else:
