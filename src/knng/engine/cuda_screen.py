@@ -296,7 +296,7 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
     if m == 0 or n == 0:
         return keys, cols
     _check_rows(a, b, k_dims, torch.float16)
-    if m >= 2**31 - 256 or n >= 2**31 - 256 or m * strips >= 2**63:
+    if m >= 2**31 - 256 or n >= 2**31 - 256:
         raise ValueError("int32 positions: blocks of fewer than 2³¹ rows")
     device = a.device
     index = device.index if device.index is not None else torch.cuda.current_device()

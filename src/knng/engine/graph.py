@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from knng._inputs import InputArray
+from knng.engine import fused
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     TF32_EXACT_SAMPLES, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
@@ -32,7 +33,6 @@ from knng.engine.lists import ListHome
 from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, graph_search_k, make_graph_plan,
 )
-from knng.engine import fused
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, strip_minima,
     use_kernel,
