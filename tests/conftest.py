@@ -28,6 +28,16 @@ if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+@pytest.fixture(autouse=True)
+def _rows_not_folded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests of the engine see every row: graphs do not fold exact duplicates into one
+    (``knng.api.FOLD_DUPLICATES``), which would route their duplicate-heavy data (integer
+    ties, flat patches, all-equal rows) around the engine's tie handling. Tests marked
+    ``folds`` (``tests/test_duplicates.py``) keep the default and test the folding."""
+    if request.node.get_closest_marker("folds") is None:
+        monkeypatch.setattr("knng.api.FOLD_DUPLICATES", False)
+
+
 def _new_seed() -> int:
     env = os.environ.get("KNNG_TEST_SEED")
     if env:
