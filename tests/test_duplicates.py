@@ -10,7 +10,7 @@ import knng
 import knng.api as api
 from knng.api import last_report
 from knng.engine import duplicates
-from oracle import assert_exact, oracle_graph, smooth_image_patches
+from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
 
 pytestmark = pytest.mark.folds
 
@@ -51,6 +51,27 @@ def test_folded_graph_is_exact(case, metric, include_self, rng):
         big = np.unique(x, axis=0, return_counts=True)[1].max()
         folds = big > max(duplicates.GROUP_MIN, k + 1)
         assert (last_report().duplicates_folded > 0) == folds, (k, big)
+
+
+@pytest.mark.parametrize("case", ["groups", "one_value", "integers"])
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_folded_search_is_exact(case, metric, rng):
+    # The corpus folded: queries equal to a group's rows, next to it, and elsewhere.
+    n = 230
+    if case == "groups":
+        c = _with_groups(rng, n, 5, (70, 30))
+    elif case == "one_value":
+        c = np.repeat(rng.standard_normal((1, 5)).astype(np.float32), n, axis=0)
+        c[::41] -= 0.5
+    else:
+        c = _with_groups(rng, n, 3, (60, 25), integers=True)
+    q = np.concatenate([c[rng.integers(0, n, 20)], c[rng.integers(0, n, 20)] + 1e-3,
+                        rng.standard_normal((20, c.shape[1])).astype(np.float32)]).astype(np.float32)
+    for k in (1, 9, 80, n):
+        res = knng.search(q, c, k, metric=metric)
+        assert_exact(res, oracle_search(q, c, k, metric), context=f"k={k}")
+        big = np.unique(c, axis=0, return_counts=True)[1].max()
+        assert (last_report().duplicates_folded > 0) == (big > max(duplicates.GROUP_MIN, k + 1))
 
 
 def test_folding_only_where_it_is_exact_and_pays(rng):

@@ -97,7 +97,9 @@ def search(
         row-sliceable dataset (``h5py.Dataset``). dtypes: float16, bfloat16, float32, float64,
         uint8, int8.
     corpus : array-like, shape (n_corpus, d)
-        Same kinds and dtypes. Memory maps and datasets stream through in tiles.
+        Same kinds and dtypes. Memory maps and datasets stream through in tiles. Identical
+        rows of an in-memory corpus are folded into one for the run where a group is large
+        enough to matter (the answer is the same; ``report.duplicates_folded``).
     k : int
         Neighbours per query, 1 ≤ k ≤ n_corpus.
     metric : {"euclidean", "sqeuclidean", "cosine", "pearson", "inner_product"}
@@ -175,6 +177,14 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
+    if FOLD_DUPLICATES and checkpoint is None and c.in_memory and duplicates.applies(m):
+        rows = _on_device(c, dev, budget)
+        assert rows.tensor is not None
+        groups = duplicates.find_duplicates(rows.tensor, k)
+        if groups is not None:
+            return _search_of_groups(q, c, rows, groups, k, m, dev, select, budget, memory_budget,
+                                     host_memory_budget, progress)
+        c = rows
     plan = make_search_plan(n_queries=q.n, n_corpus=c.n, d=c.d, k=k, metric=m.name, device=dev, budget=budget,
                             source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
                             host_source=host_budget_source(host_memory_budget))
@@ -190,9 +200,9 @@ def search(
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
 
-#: Fold exact duplicate rows into one before a graph (``knng.engine.duplicates``), where some
-#: group is large enough to pay; runs with a checkpoint, distributed runs and data read from
-#: files are not folded.
+#: Fold exact duplicate rows into one before a graph, or a search's corpus rows
+#: (``knng.engine.duplicates``), where some group is large enough to pay; runs with a
+#: checkpoint, distributed runs and data read from files are not folded.
 FOLD_DUPLICATES = True
 
 
@@ -209,6 +219,28 @@ def _on_device(x: InputArray, dev: torch.device, budget: int) -> InputArray:
     if t.device == dev or dev.type == "cpu" or t.numel() * t.element_size() * DEVICE_COPY_SHARE > budget:
         return x
     return as_input(t.to(dev), x.name)
+
+
+def _search_of_groups(q: InputArray, c: InputArray, rows: InputArray, groups: "duplicates.DuplicateGroups", k: int,
+                      m: "Metric", dev: torch.device, select: str, budget: int, memory_budget: Any,
+                      host_memory_budget: Any, progress: bool) -> Neighbors:
+    """The search of ``c`` (read as ``rows``) from the search of its groups' representatives
+    (see :mod:`knng.engine.duplicates`)."""
+    assert rows.tensor is not None
+    reps = as_input(rows.tensor[groups.reps.to(rows.tensor.device)], c.name)
+    groups = duplicates.DuplicateGroups(*(t.to(dev) for t in (groups.reps, groups.group, groups.members,
+                                                               groups.starts)))
+    k_reps = min(k, reps.n)
+    plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=reps.d, k=k_reps, metric=m.name, device=dev,
+                            budget=budget, source=budget_source(memory_budget, dev),
+                            host_budget=resolve_host_budget(host_memory_budget),
+                            host_source=host_budget_source(host_memory_budget))
+    idx, dist, report = exact_search(q, reps, k_reps, m, dev, select, plan.budget, progress, plan=plan)
+    idx, dist = duplicates.unfold_search(groups, idx.to(dev), dist.to(dev), k)
+    report = replace(report, duplicates_folded=c.n - reps.n)
+    set_last_report(report)
+    out_idx, out_dist = as_output(q, idx, dist)
+    return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
 
 def _graph_of_groups(x: InputArray, rows: InputArray, groups: "duplicates.DuplicateGroups", k: int, m: "Metric",

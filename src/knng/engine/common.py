@@ -294,6 +294,10 @@ class EngineReport:
     #: A checkpointed run's ``resumed_from`` (steps or query rows a resumed run found done),
     #: ``saves`` and ``seconds`` spent saving (:mod:`knng.engine.checkpoint`); empty without.
     checkpoints: dict[str, float] = field(default_factory=dict)
+    #: Rows (a graph's data, a search's corpus) that were exact duplicates of an earlier row and
+    #: were folded into it for the run (:mod:`knng.engine.duplicates`); the other figures then
+    #: describe the run over the rows that remained.
+    duplicates_folded: int = 0
 
     @property
     def screen_dtype(self) -> str:

@@ -28,7 +28,7 @@ import torch
 
 from knng.metrics import Metric
 
-__all__ = ["DuplicateGroups", "find_duplicates", "applies", "unfold_graph", "GROUP_MIN"]
+__all__ = ["DuplicateGroups", "find_duplicates", "applies", "unfold_graph", "unfold_search", "GROUP_MIN"]
 
 #: Fold only where some group has more rows than this and more than k + 1: smaller groups
 #: create no ties beyond a row's k nearest, and folding costs a pass over the data and the
@@ -111,27 +111,46 @@ def _fingerprints(x: torch.Tensor) -> torch.Tensor:
 
 
 def unfold_graph(groups: DuplicateGroups, idx: torch.Tensor, dist: torch.Tensor, self_dist: torch.Tensor, k: int,
-                 include_self: bool, rows_per_chunk: int = 65536) -> tuple[torch.Tensor, torch.Tensor]:
+                 include_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The graph of every row from the graph of the groups' representatives.
 
     ``idx``/``dist``: (u, k_u) the representatives' nearest other representatives (positions in
-    ``groups.reps``, −1 past the end), float64 distances; ``self_dist``: (u,) each
-    representative's exact distance to itself. Returns (n, k) int64 row indices and float64
-    distances, ascending by (distance, index); each row's own index only with ``include_self``.
+    ``groups.reps``), float64 distances; ``self_dist``: (u,) each representative's exact
+    distance to itself. Returns (n, k) int64 row indices and float64 distances, ascending by
+    (distance, index); each row's own index only with ``include_self``.
     """
-    n, device = groups.group.numel(), groups.group.device
+    return _unfold(groups, groups.group, idx, dist, k, own=self_dist, drop_self=not include_self)
+
+
+def unfold_search(groups: DuplicateGroups, idx: torch.Tensor, dist: torch.Tensor, k: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A search's answer over every corpus row from its answer over the groups' representatives
+    (``idx``/``dist``: (m, k_u), positions in ``groups.reps``): (m, k) corpus row indices and
+    float64 distances, ascending by (distance, index)."""
+    return _unfold(groups, None, idx, dist, k)
+
+
+def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.Tensor, dist: torch.Tensor, k: int,
+            own: torch.Tensor | None = None, drop_self: bool = False, rows_per_chunk: int = 65536
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each answer row's candidates — the first k + 1 members (by index) of its own group
+    (``own_group[row]``, at distance ``own[group]``; graphs only) and of each group in its row of
+    ``idx`` (−1: none) at the distance in ``dist`` — sorted by (distance, index), the row itself
+    dropped with ``drop_self``, cut at k (see the module's proof)."""
+    m, device = idx.shape[0] if own_group is None else own_group.numel(), idx.device
     sizes = groups.sizes
-    out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
-    out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
-    for r0 in range(0, n, rows_per_chunk):
-        rows = torch.arange(r0, min(n, r0 + rows_per_chunk), device=device)
-        g = groups.group[rows]
-        # Candidates: the row's own group (itself only with include_self) and each of its
-        # group's nearest groups, at most k + 1 members of each (the first by index).
-        cand_group = torch.cat([g[:, None], idx[g]], dim=1)  # (m, 1 + k_u), −1 past the end
-        cand_dist = torch.cat([self_dist[g][:, None], dist[g]], dim=1)
-        valid = cand_group >= 0
-        take = torch.where(valid, torch.minimum(sizes[cand_group.clamp_min(0)], torch.tensor(k + 1, device=device)), 0)
+    out_idx = torch.empty((m, k), dtype=torch.int64, device=device)
+    out_dist = torch.empty((m, k), dtype=torch.float64, device=device)
+    for r0 in range(0, m, rows_per_chunk):
+        rows = torch.arange(r0, min(m, r0 + rows_per_chunk), device=device)
+        if own_group is None:
+            cand_group, cand_dist = idx[rows], dist[rows]
+        else:
+            g = own_group[rows]
+            assert own is not None
+            cand_group = torch.cat([g[:, None], idx[g]], dim=1)
+            cand_dist = torch.cat([own[g][:, None], dist[g]], dim=1)
+        take = torch.where(cand_group >= 0, sizes[cand_group.clamp_min(0)].clamp_max(k + 1), 0)
         flat_take = take.reshape(-1)
         total = int(flat_take.sum())
         owner = torch.repeat_interleave(torch.arange(rows.numel(), device=device), take.sum(1))
@@ -140,7 +159,7 @@ def unfold_graph(groups: DuplicateGroups, idx: torch.Tensor, dist: torch.Tensor,
                                                                                flat_take)
         member = groups.members[groups.starts[cand_group.reshape(-1).clamp_min(0)[slot]] + offset]
         d = cand_dist.reshape(-1)[slot]
-        if not include_self:
+        if drop_self:
             keep = member != rows[owner]
             owner, member, d = owner[keep], member[keep], d[keep]
         # Order by (row, distance, index): stable sorts, last key first.

@@ -69,15 +69,11 @@ class GraphReport(EngineReport):
     """How a graph run went: the report of a search plus the symmetric saving.
 
     ``blocks_skipped``: blocks S(I, J), I < J, that no row or column could need (principal
-    frames); ``pairs_screened``: score entries the screen computed, both triangles counted;
-    ``duplicates_folded``: rows that were exact duplicates of an earlier row and were folded
-    into it for the run (:mod:`knng.engine.duplicates`; the rest of the report then describes
-    the run over the remaining rows).
+    frames); ``pairs_screened``: score entries the screen computed, both triangles counted.
     """
 
     blocks_skipped: int = 0
     pairs_screened: int = 0
-    duplicates_folded: int = 0
 
     @property
     def parts(self) -> int:
