@@ -133,3 +133,26 @@ def test_folding_can_be_turned_off(rng, monkeypatch):
     g = knng.graph(x, 4)
     assert last_report().duplicates_folded == 0
     assert_exact(g, oracle_graph(x, 4))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind", ["numpy", "cuda"])
+def test_folding_on_the_gpu(kind, rng):
+    # The GPU's way: the rows copied to the device (numpy in) or there already, the groups found
+    # and the answer unfolded there; a graph and a search, exact against the float64 oracle, and
+    # data without groups taking the engine's own path from the device copy.
+    n = 20_000
+    x = _with_groups(rng, n, 16, (3_000, 400, 40), offset=5.0)
+    data = x if kind == "numpy" else torch.from_numpy(x).cuda()
+    g = knng.graph(data, 10, device="cuda")
+    assert last_report().duplicates_folded == 3_000 + 400 + 40 - 3
+    assert_exact(g, oracle_graph(x, 10))
+    q = np.concatenate([x[:50], x[:50] + 1e-2]).astype(np.float32)
+    res = knng.search(q if kind == "numpy" else torch.from_numpy(q).cuda(), data, 25, device="cuda")
+    assert last_report().duplicates_folded > 0
+    assert_exact(res, oracle_search(q, x, 25))
+    plain = rng.standard_normal((5_000, 16)).astype(np.float32)
+    g = knng.graph(plain if kind == "numpy" else torch.from_numpy(plain).cuda(), 5, device="cuda")
+    assert last_report().duplicates_folded == 0
+    assert_exact(g, oracle_graph(plain, 5))
