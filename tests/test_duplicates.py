@@ -28,12 +28,14 @@ def _with_groups(rng, n: int, d: int, sizes: tuple[int, ...], offset: float = 0.
     return x
 
 
-@pytest.mark.parametrize("case", ["groups", "one_value", "offset", "integers", "patches"])
+@pytest.mark.parametrize("case", ["groups", "one_value", "all_equal", "offset", "integers", "patches"])
 @pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine"])
 @pytest.mark.parametrize("include_self", [False, True])
 def test_folded_graph_is_exact(case, metric, include_self, rng):
     n = 240
-    if case == "groups":
+    if case == "all_equal":  # one group: no engine run, every row's neighbours are its twins
+        x = np.repeat(rng.standard_normal((1, 3)).astype(np.float32), n, axis=0)
+    elif case == "groups":
         x = _with_groups(rng, n, 6, (60, 25, 2, 2))
     elif case == "one_value":
         x = np.repeat(rng.standard_normal((1, 4)).astype(np.float32), n, axis=0)
