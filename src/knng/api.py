@@ -16,8 +16,8 @@ import torch
 
 from knng._inputs import InputArray, as_input, as_output
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
-from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine import duplicates
+from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine.common import resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.graph import GraphReport, exact_graph
@@ -226,10 +226,7 @@ def _search_of_groups(q: InputArray, c: InputArray, rows: InputArray, groups: "d
                       host_memory_budget: Any, progress: bool) -> Neighbors:
     """The search of ``c`` (read as ``rows``) from the search of its groups' representatives
     (see :mod:`knng.engine.duplicates`)."""
-    assert rows.tensor is not None
-    reps = as_input(rows.tensor[groups.reps.to(rows.tensor.device)], c.name)
-    groups = duplicates.DuplicateGroups(*(t.to(dev) for t in (groups.reps, groups.group, groups.members,
-                                                               groups.starts)))
+    reps, groups = _representatives(rows, groups, dev)
     k_reps = min(k, reps.n)
     plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=reps.d, k=k_reps, metric=m.name, device=dev,
                             budget=budget, source=budget_source(memory_budget, dev),
@@ -243,18 +240,23 @@ def _search_of_groups(q: InputArray, c: InputArray, rows: InputArray, groups: "d
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
 
+def _representatives(rows: InputArray, groups: "duplicates.DuplicateGroups", dev: torch.device
+                     ) -> tuple[InputArray, "duplicates.DuplicateGroups"]:
+    """The groups' representative rows (where ``rows`` are) and the groups on ``dev``."""
+    assert rows.tensor is not None
+    reps = as_input(rows.tensor[groups.reps.to(rows.tensor.device)], rows.name)
+    return reps, duplicates.DuplicateGroups(*(t.to(dev) for t in (groups.reps, groups.group, groups.members,
+                                                                   groups.starts)))
+
+
 def _graph_of_groups(x: InputArray, rows: InputArray, groups: "duplicates.DuplicateGroups", k: int, m: "Metric",
-                     dev: torch.device, select: str, include_self: bool, memory_budget: Any, host_memory_budget: Any,
-                     progress: bool) -> Graph:
+                     dev: torch.device, select: str, include_self: bool, budget: int, memory_budget: Any,
+                     host_memory_budget: Any, progress: bool) -> Graph:
     """The graph of ``x`` (read as ``rows``: the data or their copy on the device) from the graph
     of its groups' representatives (see :mod:`knng.engine.duplicates`)."""
-    assert rows.tensor is not None
-    reps = as_input(rows.tensor[groups.reps.to(rows.tensor.device)], x.name)
-    groups = duplicates.DuplicateGroups(*(t.to(dev) for t in (groups.reps, groups.group, groups.members,
-                                                               groups.starts)))
+    reps, groups = _representatives(rows, groups, dev)
     u = reps.n
     k_reps = min(k, u - 1)
-    budget = resolve_budget(memory_budget, dev)
     plan = make_graph_plan(n=u, d=reps.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
                            include_self=False, source=budget_source(memory_budget, dev),
                            host_budget=resolve_host_budget(host_memory_budget),
@@ -350,7 +352,7 @@ def graph(
         assert rows.tensor is not None
         groups = duplicates.find_duplicates(rows.tensor, k)
         if groups is not None:
-            return _graph_of_groups(x, rows, groups, k, m, dev, select, include_self, memory_budget,
+            return _graph_of_groups(x, rows, groups, k, m, dev, select, include_self, budget, memory_budget,
                                     host_memory_budget, progress)
     plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
                            source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),

@@ -34,7 +34,8 @@ import torch
 
 from knng.select import cuda
 
-__all__ = ["available", "launch_screen", "launch_strip_minima", "STRIP", "Config", "CONFIGS", "choose_config", "shared_bytes", "BLOCK_K"]
+__all__ = ["available", "launch_screen", "launch_strip_minima", "STRIP", "Config", "CONFIGS", "choose_config",
+           "shared_bytes", "BLOCK_K"]
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
 
@@ -301,8 +302,9 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
     device = a.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     has_rt, has_ct = row_terms is not None, col_terms is not None
-    cfg = next((CONFIGS[name] for name in MINIMA_CONFIGS
-                if shared_bytes(k_dims, CONFIGS[name], has_rt, has_ct, False) <= _ONE_BLOCK), CONFIGS[MINIMA_CONFIGS[-1]])
+    fits = [CONFIGS[name] for name in MINIMA_CONFIGS
+            if shared_bytes(k_dims, CONFIGS[name], has_rt, has_ct, False) <= _ONE_BLOCK]
+    cfg = fits[0] if fits else CONFIGS[MINIMA_CONFIGS[-1]]
     fn = kernel(index, cfg, has_rt, has_ct, False, minima=True)
     smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False)
     row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)

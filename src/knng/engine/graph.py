@@ -21,7 +21,6 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from knng._inputs import InputArray
-from knng.engine import fused
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     TF32_EXACT_SAMPLES, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
@@ -35,7 +34,7 @@ from knng.engine.plan import (
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, strip_minima,
-    use_kernel,
+    strip_seeds_run, use_kernel,
 )
 from knng.engine.search import exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row
@@ -453,8 +452,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     # exactly (its keys only bound τ; the screen that follows is the kernel's).
     tf32 = not whole and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
     # Seeds from the kernel's strip minima of the sample where it finds them, 2k strips or more.
-    by_strips = (not whole and fused.strip_minima_runs(precision.name, device)
-                 and 2 * ks <= -(-seed_cols.numel() // fused.STRIP))
+    by_strips = not whole and strip_seeds_run(precision, device, seed_cols.numel(), ks)
     maxima = tile.maxima()
     errors = store.errors
     for r0 in range(0, m, step):

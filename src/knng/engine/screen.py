@@ -30,7 +30,8 @@ from knng.metrics import (
 )
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
-           "screen_rows", "screen_pairs", "pair_scores", "use_kernel", "strip_minima", "strip_minima_of"]
+           "screen_rows", "screen_pairs", "pair_scores", "use_kernel", "strip_minima", "strip_minima_of",
+           "strip_seeds_run"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest
@@ -290,6 +291,13 @@ def strip_minima(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
         keys, cols = fused.strip_minima(a, b, d, row_terms, col_terms, precision.name)
         return keys, cols.long()
     return strip_minima_of(block_scores(a, b, d, precision, row_terms, col_terms))
+
+
+def strip_seeds_run(precision: ScreenPrecision, device: torch.device, columns: int, k: int) -> bool:
+    """Whether k seeds per row from ``columns`` sample columns come from the kernel's strip
+    minima (:func:`strip_minima`): where the CUDA kernel finds them and the sample has 2k strips
+    or more (k distinct columns near each row's k smallest); else from the materialised block."""
+    return 2 * k <= -(-columns // fused.STRIP) and fused.strip_minima_runs(precision.name, device)
 
 
 def strip_minima_of(scores: torch.Tensor, strip: int = fused.STRIP) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, check_finite
-from knng.engine import fused, preparation
+from knng.engine import preparation
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
@@ -23,7 +23,7 @@ from knng.engine.common import (
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
-from knng.engine.screen import block_scores, screen_rows, strip_minima, use_kernel
+from knng.engine.screen import block_scores, screen_rows, strip_minima, strip_seeds_run, use_kernel
 from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row
 from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
@@ -211,8 +211,7 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     if sample.norms is not None:
         own = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=sample.vectors.dtype)
         queries, norms = own.vectors, own.norms
-    strips = -(-sample.columns.numel() // fused.STRIP)
-    if norms is None and 2 * k <= strips and fused.strip_minima_runs(precision.name, device):
+    if norms is None and strip_seeds_run(precision, device, sample.columns.numel(), k):
         # The kernel's strip minima of the sample: no block is written (10k queries × 65,536
         # columns at k = 100: 2.6 GB of keys, their terms and a selection over them).
         keys, cols = strip_minima(queries, sample.vectors, d, precision, col_terms=sample.terms32)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from knng.engine import radius, row_kth
+from knng.engine.exact import flat_top_by_distance
 from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row"]
@@ -652,13 +653,12 @@ class CandidateStore:
         # Radix sorts take as many passes as their keys have bytes: rows and columns as int32.
         assert self.errors.col_norms is not None  # a holding store's columns: one norm each
         narrow = max(n, self.errors.col_norms.numel()) < 2**31
-        rows_key = rows.to(torch.int32) if narrow else rows
-        starts = torch.cumsum(per_row, 0) - per_row
         width = max(k, int(per_row.max()) if p else 0)  # the one synchronisation
         if width * n <= max(self.rebuild_entries, FINISH_PADDING * p):
             # Grouped by row before the evaluation, which then reads each row's vector for
             # consecutive pairs.
-            by_row = torch.sort(rows_key, stable=True).indices
+            starts = torch.cumsum(per_row, 0) - per_row
+            by_row = torch.sort(rows.to(torch.int32) if narrow else rows, stable=True).indices
             rows, cols = rows[by_row], cols[by_row]
             dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
             slot = torch.arange(p, device=device) - starts[rows]
@@ -670,18 +670,9 @@ class CandidateStore:
             self._count_tile_tightenings()  # read once the finish's launches are queued
             return idx, out
         dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
-        order = torch.argsort(cols.to(torch.int32) if narrow else cols, stable=True)
-        order = order[torch.argsort(dist[order], stable=True)]
-        order = order[torch.argsort(rows_key[order], stable=True)]
-        rows, cols, dist = rows[order], cols[order], dist[order]
-        rank = torch.arange(p, device=device) - starts[rows]
-        # Entries past a row's k-th go to one spare slot at the end (scattered, then cut off):
-        # no mask, hence no synchronisation.
-        slot = torch.where(rank < k, rows * k + rank, n * k)
-        idx = torch.full((n * k + 1,), -1, dtype=torch.int64, device=device).scatter_(0, slot, cols)
-        out = torch.full((n * k + 1,), torch.inf, dtype=torch.float64, device=device).scatter_(0, slot, dist)
+        idx, out = flat_top_by_distance(rows, cols, dist, n, k, per_row=per_row, narrow=narrow)
         self._count_tile_tightenings()
-        return idx[:-1].view(n, k), out[:-1].view(n, k)
+        return idx, out
 
     def _pending_pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every pending survivor as flat (rows, cols, float64 keys, error radii), each pair once
