@@ -177,14 +177,11 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    if FOLD_DUPLICATES and checkpoint is None and c.in_memory and duplicates.applies(m):
-        rows = _on_device(c, dev, budget)
-        assert rows.tensor is not None
-        groups = duplicates.find_duplicates(rows.tensor, k)
-        if groups is not None:
-            return _search_of_groups(q, c, rows, groups, k, m, dev, select, budget, memory_budget,
-                                     host_memory_budget, progress)
-        c = rows
+    rows, groups = _duplicate_groups(c, m, k, dev, budget, checkpoint)
+    if groups is not None:
+        return _search_of_groups(q, c, rows, groups, k, m, dev, select, budget, memory_budget, host_memory_budget,
+                                 progress)
+    c = rows
     plan = make_search_plan(n_queries=q.n, n_corpus=c.n, d=c.d, k=k, metric=m.name, device=dev, budget=budget,
                             source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
                             host_source=host_budget_source(host_memory_budget))
@@ -219,6 +216,17 @@ def _on_device(x: InputArray, dev: torch.device, budget: int) -> InputArray:
     if t.device == dev or dev.type == "cpu" or t.numel() * t.element_size() * DEVICE_COPY_SHARE > budget:
         return x
     return as_input(t.to(dev), x.name)
+
+
+def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, budget: int, checkpoint: Any
+                      ) -> tuple[InputArray, "duplicates.DuplicateGroups | None"]:
+    """The rows the engine reads (``x``, or its copy on the device) and their groups of identical
+    rows where folding them applies and pays (:data:`FOLD_DUPLICATES`), else None."""
+    if not (FOLD_DUPLICATES and checkpoint is None and x.in_memory and duplicates.applies(m)):
+        return x, None
+    rows = _on_device(x, dev, budget)
+    assert rows.tensor is not None
+    return rows, duplicates.find_duplicates(rows.tensor, k)
 
 
 def _search_of_groups(q: InputArray, c: InputArray, rows: InputArray, groups: "duplicates.DuplicateGroups", k: int,
@@ -346,14 +354,10 @@ def graph(
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
-    rows = x  # what the engine reads: the data, or their copy on the device
-    if FOLD_DUPLICATES and checkpoint is None and x.in_memory and duplicates.applies(m):
-        rows = _on_device(x, dev, budget)
-        assert rows.tensor is not None
-        groups = duplicates.find_duplicates(rows.tensor, k)
-        if groups is not None:
-            return _graph_of_groups(x, rows, groups, k, m, dev, select, include_self, budget, memory_budget,
-                                    host_memory_budget, progress)
+    rows, groups = _duplicate_groups(x, m, k, dev, budget, checkpoint)  # rows: what the engine reads
+    if groups is not None:
+        return _graph_of_groups(x, rows, groups, k, m, dev, select, include_self, budget, memory_budget,
+                                host_memory_budget, progress)
     plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
                            source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
                            host_source=host_budget_source(host_memory_budget), data=rows)
