@@ -12,6 +12,8 @@ or one tree's variants in fresh processes (a first argument that names none is o
   ``plan.PENDING_GPU``;
 * ``chunks``: own parts' seeds by chunk minima of the materialised sample block, as before the
   kernel's strip minima (``fused.strip_minima_runs`` false);
+* ``mmasync``: the float16 screen in ``cuda/screen.cu``'s mma.sync kernel on a Hopper GPU too
+  (``cuda_screen.WGMMA`` false), as before the wgmma kernel;
 * ``seed16384`` / ``seed24576``: own parts seeded from 16,384 / 24,576 of their columns instead of
   ``plan.OWN_PART_SEED`` (tighter seeds, now that strip minima write no block).
 """
@@ -22,7 +24,7 @@ import torch
 
 import knng
 import knng.engine.graph as graph
-from knng.engine import fused
+from knng.engine import cuda_screen, fused
 import knng.engine.plan as plan
 
 sys.path.insert(0, "tests")
@@ -36,6 +38,7 @@ VARIANTS = {
     "chunks": lambda: setattr(fused, "strip_minima_runs", lambda precision, device: False),
     "seed16384": lambda: setattr(graph, "OWN_PART_SEED", 16384),
     "seed24576": lambda: setattr(graph, "OWN_PART_SEED", 24576),
+    "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
 }
 
 

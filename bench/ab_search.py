@@ -45,6 +45,7 @@ import torch
 import knng
 import knng.api
 import knng.engine.plan as plan
+import knng.engine.cuda_screen as cuda_screen
 import knng.engine.fused as fused
 import knng.engine.radius as radius
 import knng.engine.row_kth as row_kth
@@ -72,6 +73,8 @@ VARIANTS = {
     "chunks": lambda: setattr(fused, "strip_minima_runs", lambda precision, device: False),
     "sample32768": lambda: setattr(plan, "GPU_MIN_SAMPLE", 32768),
     "sample65536": lambda: setattr(plan, "GPU_MIN_SAMPLE", 65536),
+    # The float16 screen in the mma.sync kernel (cuda/screen.cu) on a Hopper GPU too.
+    "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
     "new": lambda: None,
 }
 

@@ -9,7 +9,10 @@ process on the same device; the exact evaluations per row show what the proof ne
 Usage (GPU machine without scikit-image: save the pictures here first)::
 
     python bench/bench_patches.py --save-images .carry/pictures.npz        # here, needs scikit-image
-    PYTHONPATH=src python bench/bench_patches.py --images .carry/pictures.npz --out patches.json
+    PYTHONPATH=src:tests python bench/bench_patches.py --images .carry/pictures.npz --out patches.json
+
+Every knng graph is checked against the float64 oracle (``tests/oracle.py``, hence ``tests`` on
+the path) on 256 random rows and 64 rows of flat patches.
 """
 
 from __future__ import annotations
@@ -73,6 +76,26 @@ def _time(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
+def check_exact(x: torch.Tensor, g: "knng.Graph", seed: int) -> bool | None:
+    """The graph against the float64 oracle by differences (``tests/oracle.py``, on the PYTHONPATH)
+    on 256 random rows and 64 rows of flat patches (every value equal: the near-ties that cost
+    most); None where the oracle is not importable."""
+    try:
+        from oracle import assert_exact_chunked
+    except ImportError:
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    flat = torch.nonzero(x.std(dim=1).cpu() == 0)[:, 0]
+    rows = torch.cat([torch.randperm(x.shape[0], generator=gen)[:256],
+                      flat[torch.randperm(flat.numel(), generator=gen)[:64]]]).unique()
+    try:
+        assert_exact_chunked(x, x, [g], "euclidean", exclude_self=True, rows=rows, device=x.device)
+        return True
+    except AssertionError as exc:
+        print("NOT EXACT:", str(exc)[:300], flush=True)
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", help=".npz written by --save-images (else scikit-image is used)")
@@ -106,6 +129,8 @@ def main() -> None:
                 row = {"data": label, "shape": list(x.shape), "k": k}
                 row["knng_s"], g = _time(lambda: knng.graph(x, k), args.repeats)
                 row["evaluations_per_row"] = g.report.evaluations_per_row
+                row["duplicates_folded"] = getattr(g.report, "duplicates_folded", 0)
+                row["exact"] = check_exact(x, g, seed=k)
                 row["plan"] = g.report.plan.as_dict()
                 if res is not None:
                     row["faiss_s"], (_, fi) = _time(lambda: faiss.knn_gpu(res, x, x, k + 1), args.repeats)
@@ -119,7 +144,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{label:16s} {x.shape[0]:>7,} × {x.shape[1]:<3} k={k:<4} knng {row['knng_s']:.3f} s  "
                       f"faiss {row.get('faiss_s', float('nan')):.3f} s  faiss recall {row.get('faiss_recall', 0):.4f}  "
-                      f"evaluations/row {g.report.evaluations_per_row}", flush=True)
+                      f"evaluations/row {g.report.evaluations_per_row}  folded {row['duplicates_folded']:,}  "
+                      f"exact {row['exact']}", flush=True)
             del x
     meta = {"date": datetime.date.today().isoformat(),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

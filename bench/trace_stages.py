@@ -38,8 +38,17 @@ def mark_graph_stages() -> None:
     block's product, screen and store hand-over, and the store's seeds."""
     import knng.engine.graph as graph
 
+    import knng.api as api
+    import knng.engine.duplicates as duplicates
+
     marked("corpus_stats", graph)
     marked("screen_own_part", graph)
+    marked("_holding", graph)
+    marked("when_uniform", graph._SharedThresholds)
+    marked("_duplicate_groups", api)
+    marked("find_duplicates", duplicates)
+    for name in ("make_graph_plan", "as_output", "resolve_device", "resolve_budget", "exact_graph"):
+        marked(name, api)
     for name in ("start", "screen", "add"):
         marked(name, graph._OffDiagonalBlock)
     marked("seed")

@@ -272,13 +272,18 @@ def test_graph_high_dimension_large_k(fused_precision, seed):
 @pytest.mark.parametrize("shape", [(1, 1, 5), (7, 127, 16), (129, 129, 100), (1000, 5000, 128), (300, 777, 960)])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("diag", [None, 0, -40])
-def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, diag, seed, monkeypatch):
-    """The CUDA C kernel (warp votes) and the Triton kernel on the same scaled float16 rows: the
-    contract against the float64 scores of the stored values (ties at the thresholds, duplicate
-    columns, rows of several magnitudes, sizes that are not tile multiples, the diagonal), and
-    every pair kept by one and not the other within float32 rounding of its threshold."""
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, diag, wgmma, seed, monkeypatch):
+    """The CUDA C kernels (warp votes; with ``wgmma``, on a Hopper GPU and K ≤ 128,
+    ``cuda/screen_wg.cu``'s asynchronous warpgroup products, else ``cuda/screen.cu``'s
+    mma.sync) and the Triton kernel on the same scaled float16 rows: the contract against the
+    float64 scores of the stored values (ties at the thresholds, duplicate columns, rows of
+    several magnitudes, sizes that are not tile multiples, the diagonal), and every pair kept by
+    one and not the other within float32 rounding of its threshold."""
+    from knng.engine import cuda_screen
     from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
 
+    monkeypatch.setattr(cuda_screen, "WGMMA", wgmma)
     g = _gen(seed)
     m, n, d = shape
     metric = get_metric("sqeuclidean")
@@ -325,13 +330,36 @@ def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, d
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_float16_kernel_keeps_everything_and_nothing(seed):
-    """+inf thresholds keep all m·n pairs (lists sized to hold them all after one relaunch),
-    −inf none; the keys equal the Triton kernel's within float32 rounding."""
+def test_hopper_screens_run_the_wgmma_kernel():
+    """On compute capability 9.0 a screen of K ≤ 128 runs the wgmma kernel (it compiles there), a
+    wider one or one with WGMMA off the mma.sync kernel; elsewhere always the latter."""
     from knng.engine import cuda_screen
 
     if not cuda_screen.available(torch.device("cuda")):
         pytest.skip("needs CuPy")
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    index = torch.cuda.current_device()
+    for symmetric in (False, True):
+        assert (cuda_screen.choose_config(128, symmetric, index) == "wg128x128") == hopper
+        assert cuda_screen.choose_config(64, symmetric, index).startswith("wg") == hopper
+        assert not cuda_screen.choose_config(256, symmetric, index).startswith("wg")
+    cuda_screen.WGMMA = False
+    try:
+        assert not cuda_screen.choose_config(128, False, index).startswith("wg")
+    finally:
+        cuda_screen.WGMMA = True
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypatch):
+    """+inf thresholds keep all m·n pairs (lists sized to hold them all after one relaunch),
+    −inf none; the keys equal the Triton kernel's within float32 rounding (both CUDA kernels)."""
+    from knng.engine import cuda_screen
+
+    if not cuda_screen.available(torch.device("cuda")):
+        pytest.skip("needs CuPy")
+    monkeypatch.setattr(cuda_screen, "WGMMA", wgmma)
     g = _gen(seed)
     x = torch.randn((300, 64), generator=g, device="cuda", dtype=torch.float64)
     metric = get_metric("sqeuclidean")

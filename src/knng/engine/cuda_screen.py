@@ -16,6 +16,12 @@ keeps nothing costs one vote per 16 rows and one that keeps a few costs no globa
 H100, 10,000 × 2^20, K = 128, ~0 / ~15 / ~200 pairs kept per row: 7.6 / 8.3 / 10.1 ms
 (Triton, bfloat16: 19.8 / 22.4 / 41.0); the header of ``cuda/screen.cu`` has the other shapes.
 
+On a Hopper GPU (compute capability 9.0) a block of K ≤ 128 runs ``cuda/screen_wg.cu`` instead:
+the same epilogue (``cuda/screen_common.cuh``) after asynchronous warpgroup products
+(``wgmma``, sm_90a), so that a tile's keys and tests run while the next tile's products do.
+H200, 28,672² block, K = 128, nothing kept: 355–379 against 286–310 TFLOP/s non-symmetric,
+284–289 against 216–248 symmetric (``docs/BENCHMARKS.md``, "A wgmma screen kernel").
+
 The kernel is compiled once per device and variant (tile configuration, which terms are
 present, symmetric or not: each a ``-D`` define, so the common path has no run-time tests),
 by NVRTC through CuPy (``knng.select.cuda.source_kernel``; CuPy caches the binaries on disk).
@@ -26,6 +32,7 @@ installed; elsewhere the Triton kernel runs the same rows. Nothing here synchron
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -38,6 +45,7 @@ __all__ = ["available", "launch_screen", "launch_strip_minima", "STRIP", "Config
            "shared_bytes", "BLOCK_K"]
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
+_SOURCE_WG = str(Path(__file__).parent / "cuda" / "screen_wg.cu")
 
 #: Columns of one pipeline chunk (the kernel's ``BK``: 128 bytes of a float16 row), fixed in
 #: the kernel.
@@ -52,7 +60,9 @@ class Config(NamedTuple):
     memory for the whole sweep (else its chunks stream with B's), ``min_blocks`` the blocks per
     multiprocessor the register allocation must allow (``__launch_bounds__``), ``pretest``
     whether a non-symmetric block tests a one-rounding bound first (``SCREEN_PRE``: two float
-    operations an entry instead of three or four, exact keys only for its candidates).
+    operations an entry instead of three or four, exact keys only for its candidates),
+    ``wgmma`` whether it is ``cuda/screen_wg.cu``'s Hopper kernel (two warpgroups of 64 rows,
+    ``stages`` B tiles in its ring; compute capability 9.0 only, K ≤ 128).
     """
 
     bm: int
@@ -63,6 +73,7 @@ class Config(NamedTuple):
     resident: bool
     min_blocks: int
     pretest: bool = True
+    wgmma: bool = False
 
     @property
     def threads(self) -> int:
@@ -85,7 +96,13 @@ CONFIGS: dict[str, Config] = {
     "r128x128w32": Config(128, 128, 2, 4, 4, True, 2),  # 8 warps of 64 × 32
     "s128x128": Config(128, 128, 2, 2, 3, False, 2),
     "s128x256": Config(128, 256, 2, 4, 3, False, 1),
+    "wg128x128": Config(128, 128, 8, 1, 4, True, 1, wgmma=True),
+    "wg128x128np": Config(128, 128, 8, 1, 4, True, 1, pretest=False, wgmma=True),
 }
+#: Largest K of the wgmma kernel (A's block and four B tiles in shared memory).
+WGMMA_MAX_K = 128
+#: Whether screens use the wgmma kernel where it runs (benchmarks turn it off to compare).
+WGMMA = True
 
 #: Shared memory a multiprocessor has for two blocks of ~113 KB each (H100: 228 KB, of which
 #: 1 KB per block is reserved): a resident A block is used while two blocks still fit.
@@ -96,12 +113,15 @@ _TWO_BLOCKS = 113 * 1024
 _ONE_BLOCK = 227 * 1024
 
 
-def choose_config(k_dims: int, symmetric: bool = False) -> str:
-    """The configuration for K = ``k_dims`` (measurements at :data:`CONFIGS`): 128-row blocks
-    with A resident while two blocks fit in a multiprocessor (K <= 128) for a non-symmetric
-    block, 256-row blocks with A resident while one fits (K <= 256: half the reads of B per
-    product; in a symmetric block, whose two tests have no pre-test, 8 warps a block also hide
-    the survivors' path better), else A streamed with B."""
+def choose_config(k_dims: int, symmetric: bool = False, device_index: int | None = None) -> str:
+    """The configuration for K = ``k_dims`` (measurements at :data:`CONFIGS`): on a Hopper GPU
+    (``device_index`` of compute capability 9.0) the wgmma kernel up to K = 128; else 128-row
+    blocks with A resident while two blocks fit in a multiprocessor (K <= 128) for a
+    non-symmetric block, 256-row blocks with A resident while one fits (K <= 256: half the reads
+    of B per product; in a symmetric block, whose two tests have no pre-test, 8 warps a block
+    also hide the survivors' path better), else A streamed with B."""
+    if WGMMA and device_index is not None and k_dims <= WGMMA_MAX_K and _wgmma_runs(device_index):
+        return "wg128x128"
     if not symmetric and shared_bytes(k_dims, CONFIGS["r128x128"], True, True, True) <= _TWO_BLOCKS:
         return "r128x128"
     if shared_bytes(k_dims, CONFIGS["r256x128"], True, True, True) <= _ONE_BLOCK:
@@ -109,17 +129,34 @@ def choose_config(k_dims: int, symmetric: bool = False) -> str:
     return "s128x128"
 
 
+@functools.cache
+def _wgmma_runs(device_index: int) -> bool:
+    """Whether the wgmma kernel runs on this device: compute capability 9.0 (its sm_90a code runs
+    on no other) and an NVRTC that compiles it (checked once, on one variant)."""
+    if torch.cuda.get_device_capability(device_index) != (9, 0):
+        return False
+    try:
+        kernel(device_index, CONFIGS["wg128x128"], False, True, False)
+    except Exception as exc:  # noqa: BLE001 - an NVRTC too old for sm_90a: the mma.sync kernel runs
+        warnings.warn(f"knng: the wgmma screen does not compile here ({str(exc)[:200]}); using mma.sync")
+        return False
+    return True
+
+
 def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool) -> int:
-    """Dynamic shared memory of one block (mirrors ``screen::smem_bytes`` of the kernel, which
-    checks it): A's panels, B's ring, the ring's column vectors, the row vectors, and the
-    warps' survivor buffers."""
-    panels = -(-k_dims // BLOCK_K) if config.resident else config.stages
+    """Dynamic shared memory of one block (mirrors ``screen::smem_bytes`` of ``cuda/screen.cu``, or
+    ``screen_wg::smem_bytes`` of ``cuda/screen_wg.cu``, which check it): A's panels, B's ring, the
+    ring's column vectors, the row vectors, and the warps' survivor buffers (the wgmma kernel's
+    ring holds whole tiles, and 1 KB more lets it align its panels to 1,024 bytes)."""
+    chunks = -(-k_dims // BLOCK_K)
+    panels = chunks if config.resident else config.stages
     ncolv = 1 + int(col_terms) + int(symmetric)
     nrowv = 4
     sides = 2 if symmetric else 1
     warps = config.wm * config.wn
-    return (panels * config.bm * 128 + config.stages * config.bn * 128 + config.stages * ncolv * config.bn * 4
-            + nrowv * config.bm * 4 + sides * warps * 64 * 12)
+    ring = config.stages * config.bn * 128 * (chunks if config.wgmma else 1)
+    return (panels * config.bm * 128 + ring + config.stages * ncolv * config.bn * 4
+            + nrowv * config.bm * 4 + sides * warps * 64 * 12 + (1024 if config.wgmma else 0))
 
 
 def available(device: torch.device) -> bool:
@@ -131,7 +168,11 @@ def available(device: torch.device) -> bool:
 
 
 def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,
-             minima: bool = False) -> tuple[str, ...]:
+             minima: bool = False, k_dims: int = 128) -> tuple[str, ...]:
+    if config.wgmma:
+        return (f"SCREEN_STAGES={config.stages}", f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
+                f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}", f"SCREEN_PRE={int(config.pretest)}",
+                f"SCREEN_WITH_BF16={int(bf16)}")
     return (f"SCREEN_BM={config.bm}", f"SCREEN_BN={config.bn}", f"SCREEN_WM={config.wm}", f"SCREEN_WN={config.wn}",
             f"SCREEN_STAGES={config.stages}", f"SCREEN_ARES={int(config.resident)}",
             f"SCREEN_MINB={config.min_blocks}", f"SCREEN_RT={int(row_terms)}", f"SCREEN_CT={int(col_terms)}",
@@ -140,10 +181,18 @@ def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, 
 
 
 def kernel(device_index: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool,
-           bf16: bool = False, minima: bool = False) -> Any:
+           bf16: bool = False, minima: bool = False, k_dims: int = 128) -> Any:
     """The compiled kernel of one variant (``screen_f16``, or ``screen_bf16`` with ``bf16``; with
-    ``minima`` the strip minima of :func:`launch_strip_minima`), compiled on first use for this
-    device and cached (in memory here, on disk by CuPy)."""
+    ``minima`` the strip minima of :func:`launch_strip_minima`; ``screen_wg_f16`` /
+    ``screen_wg_bf16`` for a wgmma configuration, whose variants also differ by K's 64-column
+    chunks), compiled on first use for this device and cached (in memory here, on disk by CuPy
+    or :func:`knng.select.cuda.source_kernel`)."""
+    if config.wgmma:
+        if minima or k_dims > WGMMA_MAX_K:
+            raise ValueError(f"the wgmma screen takes K <= {WGMMA_MAX_K} and no strip minima")
+        defines = _defines(config, row_terms, col_terms, symmetric, bf16, k_dims=k_dims)
+        return cuda.source_kernel(_SOURCE_WG, "screen_wg_bf16" if bf16 else "screen_wg_f16", device_index, defines,
+                                  arch="sm_90a")
     defines = _defines(config, row_terms, col_terms, symmetric, bf16, minima)
     return cuda.source_kernel(_SOURCE, "screen_bf16" if bf16 else "screen_f16", device_index, defines)
 
@@ -239,9 +288,9 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
     device = a.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     symmetric = col_thr is not None
-    cfg = config if isinstance(config, Config) else CONFIGS[config or choose_config(k_dims, symmetric)]
+    cfg = config if isinstance(config, Config) else CONFIGS[config or choose_config(k_dims, symmetric, index)]
     has_rt, has_ct = row_terms is not None, col_terms is not None
-    fn = kernel(index, cfg, has_rt, has_ct, symmetric, bf16)
+    fn = kernel(index, cfg, has_rt, has_ct, symmetric, bf16, k_dims=k_dims)
     smem = shared_bytes(k_dims, cfg, has_rt, has_ct, symmetric)
     row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
     resident = _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0]

@@ -64,7 +64,7 @@
 //       ~199 kept per row and column: 256 × 128 resident 0.42 / 0.65 / 0.90 ms, 128 × 128
 //       0.40 / 0.78 / 0.93 (Triton 1.05 / 3.15 / 6.80).
 
-typedef unsigned short half_t;  // raw 16-bit storage: the tensor cores read the bits
+#include "screen_common.cuh"
 
 #ifndef SCREEN_BM
 #define SCREEN_BM 128
@@ -108,6 +108,8 @@ typedef unsigned short half_t;  // raw 16-bit storage: the tensor cores read the
 
 namespace screen {
 
+using namespace screen_common;
+
 constexpr int BM = SCREEN_BM, BN = SCREEN_BN, WARPS_M = SCREEN_WM, WARPS_N = SCREEN_WN;
 constexpr int STAGES = SCREEN_STAGES;
 constexpr bool ARES = SCREEN_ARES != 0, HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
@@ -122,8 +124,6 @@ constexpr int RSTEP = THREADS / 8;                       // rows one pass of 16-
 constexpr int NCOLV = 1 + (HAS_CT ? 1 : 0) + (SYM ? 1 : 0);  // col_scale, [col_terms], [col_thr]
 constexpr int NROWV = 4;  // row_factor, row_thr, row_terms (or 0), the pre-test's bound
 constexpr int SIDES = SYM ? 2 : 1;
-constexpr int WBUF = 64;  // survivors a warp buffers per side before one global atomic
-constexpr unsigned FULL = 0xffffffffu;
 
 static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tile: multiples of 16");
 static_assert(THREADS % 64 == 0, "copies assume 8 | THREADS / 8 (swizzle phase per thread)");
@@ -131,18 +131,6 @@ static_assert(BM % RSTEP == 0 && BN % RSTEP == 0, "rows per copy pass");
 static_assert(STAGES >= 2, "ring");
 static_assert(NI * 4 <= 32, "a lane's entries of 16 rows fit a 32-bit mask");
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool ok) {
-  // src-size 0 writes 16 zero bytes and reads nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -190,130 +178,6 @@ __host__ __device__ constexpr int off_row(int K) { return off_col(K) + STAGES * 
 __host__ __device__ constexpr int off_buf(int K) { return off_row(K) + NROWV * BM * 4; }
 __host__ __device__ constexpr int smem_bytes(int K) { return off_buf(K) + SIDES * NWARPS * WBUF * 12; }
 
-// One warp's survivor buffers: per side, WBUF (owner, other, key) entries in shared memory.
-template <bool V>
-struct Bool {
-  static constexpr bool value = V;
-};
-
-struct Lists {
-  int* owner[2];
-  int* other[2];
-  float* keys[2];
-  int* counters;
-  int capacity;
-};
-
-// Move a warp's buffered entries of `side` to the global list: one atomicAdd reserves them.
-template <int SIDE>
-__device__ __forceinline__ void flush(const Lists& out, int* buf, int& count, int lane) {
-  __syncwarp();
-  int base = 0;
-  if (lane == 0) base = atomicAdd(out.counters + SIDE, count);
-  base = __shfl_sync(FULL, base, 0);
-#pragma unroll 1
-  for (int e = lane; e < count; e += 32) {
-    const int slot = base + e;
-    if (slot >= 0 && slot < out.capacity) {
-      out.owner[SIDE][slot] = buf[e];
-      out.other[SIDE][slot] = buf[WBUF + e];
-      out.keys[SIDE][slot] = __int_as_float(buf[2 * WBUF + e]);
-    }
-  }
-  __syncwarp();
-  count = 0;
-}
-
-// Where a warp's new entries go (`cnt` of them in this lane): its buffer when they fit (after
-// flushing it if need be), else, more than a buffer's worth at once, the global list directly
-// (one atomicAdd). `start` is this lane's first slot; slots outside [0, limit) are not written.
-struct Dest {
-  int* owner;
-  int* other;
-  float* keys;
-  int start, limit;
-};
-
-template <int SIDE>
-__device__ __forceinline__ Dest reserve(int cnt, const Lists& out, int* buf, int& count, int lane) {
-  int total, excl;
-  if (__all_sync(FULL, cnt <= 1)) {  // the common case: a vote gives the offsets
-    const unsigned vote = __ballot_sync(FULL, cnt != 0);
-    total = __popc(vote);
-    excl = __popc(vote & ((1u << lane) - 1u));
-  } else {
-    int incl = cnt;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int t = __shfl_up_sync(FULL, incl, off);
-      if (lane >= off) incl += t;
-    }
-    total = __shfl_sync(FULL, incl, 31);
-    excl = incl - cnt;
-  }
-  if (count + total > WBUF && count > 0) flush<SIDE>(out, buf, count, lane);
-  Dest d;
-  if (count + total <= WBUF) {
-    d = Dest{buf, buf + WBUF, reinterpret_cast<float*>(buf + 2 * WBUF), count + excl, WBUF};
-    count += total;
-  } else {
-    int base = 0;
-    if (lane == 0) base = atomicAdd(out.counters + SIDE, total);
-    base = __shfl_sync(FULL, base, 0);
-    d = Dest{out.owner[SIDE], out.other[SIDE], out.keys[SIDE], base + excl, out.capacity};
-  }
-  return d;
-}
-
-// x[e >> 2][e & 3] for a run-time e < 4·NI without local memory: a tree of selects on e's bits.
-__device__ __forceinline__ float pick(const float (&x)[NI][4], int e) {
-  constexpr int LEVELS = NI == 8 ? 5 : NI == 4 ? 4 : NI == 2 ? 3 : 2;
-  static_assert((NI * 4) == (1 << LEVELS), "4·NI entries, a power of two");
-  float t[NI * 4];
-#pragma unroll
-  for (int q = 0; q < NI * 4; ++q) t[q] = x[q >> 2][q & 3];
-#pragma unroll
-  for (int lvl = 0; lvl < LEVELS; ++lvl) {
-    const bool hi = (e >> lvl) & 1;
-#pragma unroll
-    for (int p = 0; p < (NI * 4) / 2; ++p)
-      if (p < ((NI * 4) >> lvl) / 2) t[p] = hi ? t[2 * p + 1] : t[2 * p];
-  }
-  return t[0];
-}
-
-// Write the entries whose bits are set (bit 4j + v: row rbase + 8·(v >> 1), column cbase + 8j + (v & 1)
-// of the 16-row group x) to d, one loop trip per entry: the rarely run code stays small.
-template <int SIDE, typename KeyOf>
-__device__ __forceinline__ void emit(unsigned bits, const float (&x)[NI][4], Dest d, int rbase, int cbase,
-                                     KeyOf key_of) {
-  while (bits) {
-    const int e = __ffs(bits) - 1;
-    bits &= bits - 1;
-    const float key = key_of(pick(x, e), e);
-    const int r = rbase + 8 * ((e >> 1) & 1), c = cbase + 8 * (e >> 2) + (e & 1);
-    if (d.start >= 0 && d.start < d.limit) {
-      d.owner[d.start] = SIDE ? c : r;
-      d.other[d.start] = SIDE ? r : c;
-      d.keys[d.start] = key;
-    }
-    ++d.start;
-  }
-  __syncwarp();
-}
-
-// The pre-test's bound T on q = fma(z, cs, ct) for a row with threshold thr and term rt, where
-// C >= |ct| for every column: key <= thr implies q <= T (the key's three roundings and q's one
-// differ by at most 15·2^-24·(|thr| + |rt| + C) near the threshold; T adds twice that and more).
-// An infinite or NaN term, bound or threshold sends every entry to the exact test (T = +inf),
-// except a NaN threshold, which keeps nothing; T >= -FLT_MAX covers keys that overflow to -inf.
-__device__ __forceinline__ float pretest_bound(float thr, float rt, float C) {
-  if (thr != thr) return thr;
-  const float m = __fadd_rn(__fmul_rn(__fadd_rn(__fadd_rn(fabsf(thr), fabsf(rt)), C), 0x1p-19f), 0x1p-120f);
-  const float T = __fadd_rn(__fsub_rn(thr, rt), m);
-  if (T != T) return __int_as_float(0x7f800000);
-  return fmaxf(T, -3.402823466e38f);
-}
 
 template <bool BF16>
 __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t* __restrict__ B, int m, int n, int K,

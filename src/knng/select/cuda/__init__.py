@@ -11,6 +11,7 @@ the tensor's device, on PyTorch-allocated memory: nothing is copied or synchroni
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +69,31 @@ def kernel(source: str, name: str, device_index: int) -> Any:
 
 
 @functools.cache
-def source_kernel(path: str, name: str, device_index: int, defines: tuple[str, ...] = ()) -> Any:
+def source_kernel(path: str, name: str, device_index: int, defines: tuple[str, ...] = (),
+                  arch: str | None = None) -> Any:
     """The kernel ``name`` of the CUDA C file ``path`` (another package's, e.g. the engine's
     fused screen), compiled once per device (and ``-D`` ``defines``) like this folder's, allowed
-    all the shared memory a block gets."""
+    all the shared memory a block gets.
+
+    ``#include "file"`` lines naming a file beside ``path`` are pasted in (so that CuPy's cache
+    key covers them). ``arch`` (e.g. ``"sm_90a"``, for the instructions of one chip only, such as
+    Hopper's ``wgmma``) is passed to NVRTC besides the ``-arch`` of the device that CuPy adds, and
+    NVRTC 13 compiles for the ``a`` target when given both (seen on 13.0; a kernel that does not
+    compile raises CuPy's ``CompileException``).
+    """
     import cupy
 
-    options = ("-std=c++17",) + tuple(f"-D{d}" for d in defines)
+    options = ("-std=c++17",) + tuple(f"-D{d}" for d in defines) + (() if arch is None else (f"-arch={arch}",))
     with cupy.cuda.Device(device_index):
-        module = cupy.RawModule(code=Path(path).read_text(), options=options)
+        module = cupy.RawModule(code=_with_includes(Path(path)), options=options)
         module.compile()
     return _opt_in(module.get_function(name), device_index)
+
+
+def _with_includes(path: Path) -> str:
+    """The text of ``path`` with each ``#include "name"`` of a file beside it replaced by that file."""
+    return re.sub(r'^#include "([^"/]+)"[^\n]*$', lambda m: (path.parent / m.group(1)).read_text(), path.read_text(),
+                  flags=re.M)
 
 
 def _opt_in(fn: Any, device_index: int) -> Any:

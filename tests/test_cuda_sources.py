@@ -1,0 +1,49 @@
+"""The CUDA C sources as NVRTC sees them, checked on a CPU (no CuPy, no GPU needed).
+
+``knng.select.cuda.source_kernel`` pastes the headers a kernel includes into its text, so that
+NVRTC needs no include path and CuPy's cache key (the source text) changes when a header does;
+the float16 screen's two kernels share ``screen_common.cuh`` that way. The launcher's shared
+memory sizes must cover what the kernels lay out.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from knng.engine import cuda_screen
+from knng.select import cuda
+
+CUDA_DIR = Path(cuda_screen.__file__).parent / "cuda"
+
+
+@pytest.mark.parametrize("name", ["screen.cu", "screen_wg.cu"])
+def test_headers_are_pasted_into_the_source(name):
+    text = cuda._with_includes(CUDA_DIR / name)
+    assert not any(line.startswith("#include") for line in text.splitlines())
+    assert "namespace screen_common" in text
+    assert (CUDA_DIR / "screen_common.cuh").read_text() in text
+
+
+def test_a_source_without_headers_is_unchanged(tmp_path):
+    src = tmp_path / "k.cu"
+    src.write_text('// #include "nothing.cuh" in a comment\nextern "C" __global__ void k() {}\n')
+    assert cuda._with_includes(src) == src.read_text()
+
+
+@pytest.mark.parametrize("k_dims", [16, 64, 80, 128])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_wgmma_shared_memory_fits_one_block(k_dims, symmetric):
+    """A's panels and four B tiles of 64-column chunks, the column and row vectors, the warps'
+    buffers and 1 KB of alignment: within a Hopper block's 227 KB at every K the kernel takes."""
+    cfg = cuda_screen.CONFIGS["wg128x128"]
+    chunks = -(-k_dims // 64)
+    size = cuda_screen.shared_bytes(k_dims, cfg, True, True, symmetric)
+    assert size <= 227 * 1024
+    assert size >= chunks * 128 * 128 + cfg.stages * chunks * 128 * 128 + 1024
+    assert cfg.threads == 256
+
+
+def test_without_a_device_the_mma_sync_kernel_is_chosen():
+    for k_dims in (16, 128, 256, 960):
+        for symmetric in (False, True):
+            assert not cuda_screen.choose_config(k_dims, symmetric).startswith("wg")
