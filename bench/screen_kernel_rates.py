@@ -1,0 +1,83 @@
+"""The float16 screen kernels' rate on one square block: mma.sync (``cuda/screen.cu``) against wgmma
+(``cuda/screen_wg.cu``), non-symmetric and symmetric, at thresholds that keep about 0, 15 and 100
+pairs per row.
+
+One block of n × n rows (default 28,672: a part of a 200k-point graph), K = 128, float16 rows
+drawn from N(0, 1), factors −2 and 1 and the squared norms as terms, so that the keys are the
+squared distances; the thresholds are the distance quantiles that keep the asked number per row.
+CUDA-event median of 15 launches after one. TFLOP/s count 2·n²·K. Usage (GPU machine)::
+
+    PYTHONPATH=src python bench/screen_kernel_rates.py [N] [--once VARIANT]
+
+``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``). Figures:
+``docs/BENCHMARKS.md``, "A wgmma screen kernel".
+"""
+import statistics
+import sys
+
+import torch
+
+from knng.engine import cuda_screen
+
+DEV = torch.device("cuda")
+K = 128
+#: name: (symmetric, configuration)
+VARIANTS = {
+    "mma.sync": (False, "r128x128"),
+    "mma.sync, no pre-test": (False, "r128x128np"),
+    "wgmma": (False, "wg128x128"),
+    "wgmma, no pre-test": (False, "wg128x128np"),
+    "mma.sync symmetric 256": (True, "r256x128"),
+    "mma.sync symmetric 128": (True, "r128x128"),
+    "wgmma symmetric": (True, "wg128x128"),
+}
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 28672
+    once = sys.argv[sys.argv.index("--once") + 1] if "--once" in sys.argv else None
+    g = torch.Generator(device=DEV).manual_seed(0)
+    a = torch.randn((n, K), device=DEV, generator=g).half()
+    b = torch.randn((n, K), device=DEV, generator=g).half()
+    row_factor = torch.full((n,), -2.0, device=DEV)
+    col_scale = torch.ones(n, device=DEV)
+    row_terms = (a.float() ** 2).sum(1).contiguous()
+    col_terms = (b.float() ** 2).sum(1).contiguous()
+    capacity = 1 << 23
+    lists = [tuple(torch.empty(capacity, dtype=t, device=DEV) for t in (torch.int32, torch.int32, torch.float32))
+             for _ in range(2)]
+    counters = torch.zeros(2, dtype=torch.int32, device=DEV)
+    normal = torch.distributions.Normal(0.0, 1.0)
+    for keep in ([0] if once else [0, 15, 100]):
+        # squared distances of N(0, 1) rows: about 2K ± sqrt(8K)
+        q = -1e30 if keep == 0 else 2 * K + float(normal.icdf(torch.tensor(keep / n))) * (8 * K) ** 0.5
+        thr = torch.full((n,), q, device=DEV)
+        for name, (symmetric, config) in VARIANTS.items():
+            if once and name != once:
+                continue
+
+            def launch() -> None:
+                counters.zero_()
+                cuda_screen.launch_screen(a, b, K, row_factor, col_scale, row_terms, col_terms, thr,
+                                          thr if symmetric else None, None, lists, counters, capacity, config=config)
+
+            launch()
+            torch.cuda.synchronize()
+            if once:
+                continue
+            times = []
+            for _ in range(15):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                launch()
+                e1.record()
+                e1.synchronize()
+                times.append(e0.elapsed_time(e1))
+            ms = statistics.median(times)
+            kept = counters.tolist()
+            print(f"keep ~{keep:3d}  {name:24s} {ms:7.3f} ms  {2 * n * n * K / ms / 1e9:6.1f} TFLOP/s  "
+                  f"kept per row {kept[0] / n:.1f} / {kept[1] / n:.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
