@@ -14,6 +14,8 @@ or one tree's variants in fresh processes (a first argument that names none is o
   kernel's strip minima (``fused.strip_minima_runs`` false);
 * ``mmasync``: the float16 screen in ``cuda/screen.cu``'s mma.sync kernel on a Hopper GPU too
   (``cuda_screen.WGMMA`` false), as before the wgmma kernel;
+* ``perpart``: each part's own block seeded and screened in a pass of its own (``screen_own_part``),
+  as before ``screen_own_parts_together``;
 * ``seed16384`` / ``seed24576``: own parts seeded from 16,384 / 24,576 of their columns instead of
   ``plan.OWN_PART_SEED`` (tighter seeds, now that strip minima write no block).
 """
@@ -39,6 +41,7 @@ VARIANTS = {
     "seed16384": lambda: setattr(graph, "OWN_PART_SEED", 16384),
     "seed24576": lambda: setattr(graph, "OWN_PART_SEED", 24576),
     "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
+    "perpart": lambda: setattr(graph, "_own_parts_together", lambda *a: False),
 }
 
 

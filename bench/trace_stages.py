@@ -43,6 +43,9 @@ def mark_graph_stages() -> None:
 
     marked("corpus_stats", graph)
     marked("screen_own_part", graph)
+    marked("screen_own_parts_together", graph)
+    marked("PreparedCorpus", graph)
+    marked("_graph_report", graph)
     marked("_holding", graph)
     marked("when_uniform", graph._SharedThresholds)
     marked("_duplicate_groups", api)

@@ -324,6 +324,34 @@ def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, gro
     assert kernel_on_cpu and bool(holds) == held and bool(minima) == strips
 
 
+@pytest.mark.parametrize("include_self,k", [(False, 5), (True, 5), (False, 1), (True, 1), (False, 11)])
+def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, monkeypatch):
+    """The GPU's held graph seeds every part from its own sample and screens every part's own block
+    in one pass (graph.screen_own_parts_together): exact, with duplicates across parts, ties from
+    integer data, k = 1, a sample that holds the whole part (OWN_PART_SEED ≥ its size) and a last
+    part too small for 2k strips (its rows are not seeded)."""
+    import knng.engine.graph as graph
+    import knng.engine.plan as plan
+
+    _strip_minima_by_reference(monkeypatch)
+    monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(plan, "CPU_MAX_PART", 100)
+    calls = []
+    real = graph.screen_own_parts_together
+    monkeypatch.setattr(graph, "screen_own_parts_together", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    # parts of 100, 100, 50 (24 strips of 4 in the first two) and 100, 30 (25 strips)
+    for n, seed_cols, integers in ((250, 96, False), (130, 200, True)):
+        monkeypatch.setattr(graph, "OWN_PART_SEED", seed_cols)
+        x = rng.standard_normal((n, 9)) + 50
+        if integers:
+            x = np.round(x * 2)
+        x[n - 20:n - 10] = x[:10]
+        g = knng.graph(x, k, include_self=include_self)
+        assert_exact(g, oracle_graph(x, k, include_self=include_self))
+        assert last_report().parts > 1
+    assert len(calls) == 2, "the parts' own blocks were not screened together"
+
+
 def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
     """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART."""
     import knng.engine.plan as plan
