@@ -209,15 +209,7 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   int* s_buf = reinterpret_cast<int*>(smem + off_buf(K)) + warp * 3 * WBUF;  // this warp's, side 0
 
   // The block's row vectors (visible after the main loop's first barrier). Rows past m: NaN.
-  for (int r = tid; r < BM; r += THREADS) {
-    const int gr = row0 + r;
-    const bool ok = gr < m;
-    const float thr = ok ? row_thr[gr] : nan, rt = (ok && HAS_RT) ? row_terms[gr] : 0.f;
-    s_row[r] = ok ? row_factor[gr] : nan;
-    s_row[BM + r] = thr;
-    s_row[2 * BM + r] = rt;
-    if (PRE) s_row[3 * BM + r] = pretest_bound(thr, rt, (HAS_CT && term_bound) ? *term_bound : 0.f);
-  }
+  load_row_vectors<BM, THREADS, HAS_RT, HAS_CT, PRE>(s_row, row0, m, row_factor, row_thr, row_terms, term_bound);
 
   // Copies: this thread moves 16-byte unit lc of rows lr, lr + RSTEP, ... of each chunk.
   const int lc = tid & 7, lr = tid >> 3;
@@ -518,16 +510,8 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
 
 }  // namespace screen
 
-#define SCREEN_PARAMS                                                                                              \
-  const half_t *__restrict__ A, const half_t *__restrict__ B, int m, int n, int K, int lda, int ldb,               \
-      const float *__restrict__ row_factor, const float *__restrict__ col_scale,                                   \
-      const float *__restrict__ row_terms, const float *__restrict__ col_terms,                                    \
-      const float *__restrict__ row_thr, const float *__restrict__ col_thr, const float *__restrict__ term_bound,   \
-      int *row_owner, int *row_other,                                                                              \
-      float *row_keys, int *col_owner, int *col_other, float *col_keys, int *counters, int capacity, int diag,     \
-      int exclude_diag, float *strip_keys, int *strip_cols, int strips
 #define SCREEN_CALL(BF16)                                                                                          \
-  screen::Lists out{{row_owner, col_owner}, {row_other, col_other}, {row_keys, col_keys}, counters, capacity};    \
+  SCREEN_LISTS;                                                                                                    \
   screen::body<BF16>(A, B, m, n, K, lda, ldb, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,      \
                      term_bound, out,                                                                              \
                      diag, exclude_diag, strip_keys, strip_cols, strips)

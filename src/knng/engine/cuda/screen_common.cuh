@@ -149,4 +149,38 @@ __device__ __forceinline__ float pretest_bound(float thr, float rt, float C) {
   return fmaxf(T, -3.402823466e38f);
 }
 
+// The block's row vectors in shared memory, BM each: factor, threshold, term (0 without) and,
+// with the pre-test, its bound; rows past m get a NaN factor and threshold, so that their keys
+// fail every test with no extra compare.
+template <int BM, int THREADS, bool HAS_RT, bool HAS_CT, bool PRE>
+__device__ __forceinline__ void load_row_vectors(float* s_row, int row0, int m, const float* __restrict__ row_factor,
+                                                 const float* __restrict__ row_thr,
+                                                 const float* __restrict__ row_terms,
+                                                 const float* __restrict__ term_bound) {
+  const float nan = __int_as_float(0x7fc00000);
+  const int tid = threadIdx.x;
+  for (int r = tid; r < BM; r += THREADS) {
+    const int gr = row0 + r;
+    const bool ok = gr < m;
+    const float thr = ok ? row_thr[gr] : nan, rt = (ok && HAS_RT) ? row_terms[gr] : 0.f;
+    s_row[r] = ok ? row_factor[gr] : nan;
+    s_row[BM + r] = thr;
+    s_row[2 * BM + r] = rt;
+    if (PRE) s_row[3 * BM + r] = pretest_bound(thr, rt, (HAS_CT && term_bound) ? *term_bound : 0.f);
+  }
+}
+
 }  // namespace screen_common
+
+// Both kernels' parameters (knng/engine/cuda_screen.py passes the same arguments to either; the
+// strip minima's last three only screen.cu's SCREEN_MIN variant reads) and their survivor lists.
+#define SCREEN_PARAMS                                                                                              \
+  const half_t *__restrict__ A, const half_t *__restrict__ B, int m, int n, int K, int lda, int ldb,               \
+      const float *__restrict__ row_factor, const float *__restrict__ col_scale,                                   \
+      const float *__restrict__ row_terms, const float *__restrict__ col_terms,                                    \
+      const float *__restrict__ row_thr, const float *__restrict__ col_thr, const float *__restrict__ term_bound,   \
+      int *row_owner, int *row_other,                                                                              \
+      float *row_keys, int *col_owner, int *col_other, float *col_keys, int *counters, int capacity, int diag,     \
+      int exclude_diag, float *strip_keys, int *strip_cols, int strips
+#define SCREEN_LISTS \
+  screen_common::Lists out { {row_owner, col_owner}, {row_other, col_other}, {row_keys, col_keys}, counters, capacity }

@@ -163,15 +163,7 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   float* s_row = reinterpret_cast<float*>(smem + off_row(K));
   int* s_buf = reinterpret_cast<int*>(smem + off_buf(K)) + warp * 3 * WBUF;
 
-  for (int r = tid; r < BM; r += THREADS) {
-    const int gr = row0 + r;
-    const bool ok = gr < m;
-    const float thr = ok ? row_thr[gr] : nan, rt = (ok && HAS_RT) ? row_terms[gr] : 0.f;
-    s_row[r] = ok ? row_factor[gr] : nan;
-    s_row[BM + r] = thr;
-    s_row[2 * BM + r] = rt;
-    if (PRE) s_row[3 * BM + r] = pretest_bound(thr, rt, (HAS_CT && term_bound) ? *term_bound : 0.f);
-  }
+  load_row_vectors<BM, THREADS, HAS_RT, HAS_CT, PRE>(s_row, row0, m, row_factor, row_thr, row_terms, term_bound);
 
   const int lc = tid & 7, lr = tid >> 3;
   const unsigned dst0 = lr * ROWB + ((lc ^ (lr & 7)) << 4);
@@ -405,26 +397,18 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
 
 }  // namespace screen_wg
 
-#define SCREEN_WG_PARAMS                                                                                           \
-  const half_t *__restrict__ A, const half_t *__restrict__ B, int m, int n, int K, int lda, int ldb,               \
-      const float *__restrict__ row_factor, const float *__restrict__ col_scale,                                   \
-      const float *__restrict__ row_terms, const float *__restrict__ col_terms,                                    \
-      const float *__restrict__ row_thr, const float *__restrict__ col_thr, const float *__restrict__ term_bound,   \
-      int *row_owner, int *row_other, float *row_keys, int *col_owner, int *col_other, float *col_keys,            \
-      int *counters, int capacity, int diag, int exclude_diag, float *strip_keys, int *strip_cols, int strips
 #define SCREEN_WG_CALL(BF16)                                                                                       \
-  screen_common::Lists out{{row_owner, col_owner}, {row_other, col_other}, {row_keys, col_keys}, counters,         \
-                           capacity};                                                                              \
+  SCREEN_LISTS;                                                                                                    \
   screen_wg::body<BF16>(A, B, m, n, K, lda, ldb, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,   \
                         term_bound, out, diag, exclude_diag)
 
 // The strip-minima arguments are screen.cu's (same launcher); this kernel ignores them.
-extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, 1) screen_wg_f16(SCREEN_WG_PARAMS) {
+extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, 1) screen_wg_f16(SCREEN_PARAMS) {
   SCREEN_WG_CALL(false);
 }
 
 #if SCREEN_WITH_BF16
-extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, 1) screen_wg_bf16(SCREEN_WG_PARAMS) {
+extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, 1) screen_wg_bf16(SCREEN_PARAMS) {
   SCREEN_WG_CALL(true);
 }
 #endif
