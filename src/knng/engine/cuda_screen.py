@@ -19,7 +19,7 @@ H100, 10,000 × 2^20, K = 128, ~0 / ~15 / ~200 pairs kept per row: 7.6 / 8.3 / 1
 On a Hopper GPU (compute capability 9.0) a block of K ≤ 128 runs ``cuda/screen_wg.cu`` instead:
 the same epilogue (``cuda/screen_common.cuh``) after asynchronous warpgroup products
 (``wgmma``, sm_90a), so that a tile's keys and tests run while the next tile's products do.
-H200, 28,672² block, K = 128, nothing kept: 355–379 against 286–310 TFLOP/s non-symmetric,
+H200, 28,672² block, K = 128, nothing kept: 348–379 against 286–310 TFLOP/s non-symmetric,
 284–289 against 216–248 symmetric (``docs/BENCHMARKS.md``, "A wgmma screen kernel").
 
 The kernel is compiled once per device and variant (tile configuration, which terms are
