@@ -516,7 +516,8 @@ def _own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: Candida
                         device: torch.device, k: int, include_self: bool) -> bool:
     """Whether every part's own block runs at once (:func:`screen_own_parts_together`): blocks of
     one centre (a holding store needs it) whose survivors the store holds back, screened by a
-    kernel, seeded by the kernel's strip minima of the whole data's sample."""
+    kernel, each part seeded by the kernel's strip minima of its own sample (2k strips or more
+    in the largest part)."""
     if store.holding is None or not use_kernel(precision, device):
         return False
     m = max(i1 - i0 for i0, i1 in frames.parts)
