@@ -16,6 +16,8 @@ or one tree's variants in fresh processes (a first argument that names none is o
   (``cuda_screen.WGMMA`` false), as before the wgmma kernel;
 * ``perpart``: each part's own block seeded and screened in a pass of its own (``screen_own_part``),
   as before ``screen_own_parts_together``;
+* ``sorts``: the finish's rows ordered by two stable sorts, as before the rank kernel
+  (``row_order.MAX_WIDTH`` 0);
 * ``seed16384`` / ``seed24576``: own parts seeded from 16,384 / 24,576 of their columns instead of
   ``plan.OWN_PART_SEED`` (tighter seeds, now that strip minima write no block).
 """
@@ -26,7 +28,7 @@ import torch
 
 import knng
 import knng.engine.graph as graph
-from knng.engine import cuda_screen, fused
+from knng.engine import cuda_screen, fused, row_order
 import knng.engine.plan as plan
 
 sys.path.insert(0, "tests")
@@ -42,6 +44,7 @@ VARIANTS = {
     "seed24576": lambda: setattr(graph, "OWN_PART_SEED", 24576),
     "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
     "perpart": lambda: setattr(graph, "_own_parts_together", lambda *a: False),
+    "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
 }
 
 

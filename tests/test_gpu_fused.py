@@ -457,6 +457,24 @@ def test_row_selection_is_its_reference_on_the_hardware():
     assert got[2][7] == row_kth.SMALL_WIDTH and got[2][8] == row_kth.SMALL_WIDTH + 1
 
 
+
+def test_row_order_is_its_reference_on_the_hardware():
+    """Each row's first k by (distance, index) ranked by the kernel (``row_order``) equals the
+    two stable sorts, on the adversarial cases of ``test_row_order.py`` and on a graph's finish
+    (200,000 rows of up to 40 candidates, k = 10, distances with ties)."""
+    from knng.engine import row_order
+    from test_row_order import assert_kernel_is_reference
+
+    assert assert_kernel_is_reference(torch.device("cuda")) == 28
+    g = torch.Generator(device="cuda").manual_seed(4)
+    idx = torch.randint(0, 200_000, (200_000, 40), device="cuda", generator=g)
+    dist = (torch.rand((200_000, 40), device="cuda", generator=g, dtype=torch.float64) * 50).round(decimals=1)
+    idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
+    assert row_order.kernel_applies(idx)
+    got = row_order.top_by_distance(idx, dist, 10)
+    want = row_order.top_by_distance_reference(idx, dist, 10)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1000, 4099, 128), (3, 70000, 20)])
 def test_column_terms_in_the_product_epilogue(precision, shape, seed, monkeypatch):

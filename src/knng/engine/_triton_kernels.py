@@ -551,3 +551,36 @@ def row_kth_small_kernel(codes, starts, counts, n, k, firsts, kths, none, ROWS: 
     full = count >= k
     tl.store(firsts + r, tl.where(full, first, none), mask=small)
     tl.store(kths + r, tl.where(full, kth, none), mask=small)
+
+
+@triton.jit
+def row_order_kernel(idx, dist, width, k, order, W: tl.constexpr, J: tl.constexpr):
+    """Row ``program_id``'s first k positions by (distance, index, position) among its ``width``
+    entries (row-major (rows, width) ``idx``/``dist``; index −1 marks an empty entry, ordered
+    after every other as if its distance were +inf and its index the largest; NaN distances
+    after +inf): each entry's rank is the number of entries before it, so ``order[row, rank] =
+    position`` for the ranks below k. The key is a strict total order, so the ranks are a
+    permutation and every slot below min(k, width) is written."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, W)
+    ok_i = i < width
+    xi = tl.load(idx + row * width + i, mask=ok_i, other=-1)
+    di = tl.load(dist + row * width + i, mask=ok_i, other=0.0)
+    ni = (di != di) & (xi >= 0)  # NaN
+    di = tl.where((xi >= 0) & (di == di), di, float("inf"))
+    xi = tl.where(xi >= 0, xi, 9223372036854775807)
+    rank = tl.zeros((W,), dtype=tl.int32)
+    for j0 in range(0, width, J):
+        j = j0 + tl.arange(0, J)
+        ok_j = j < width
+        xj = tl.load(idx + row * width + j, mask=ok_j, other=-1)
+        dj = tl.load(dist + row * width + j, mask=ok_j, other=0.0)
+        nj = (dj != dj) & (xj >= 0)
+        dj = tl.where((xj >= 0) & (dj == dj), dj, float("inf"))
+        xj = tl.where(xj >= 0, xj, 9223372036854775807)
+        same_d = (nj[None, :] == ni[:, None]) & (dj[None, :] == di[:, None])
+        tie = (xj[None, :] < xi[:, None]) | ((xj[None, :] == xi[:, None]) & (j[None, :] < i[:, None]))
+        before = (nj[None, :] < ni[:, None]) | ((nj[None, :] == ni[:, None]) & (dj[None, :] < di[:, None]))
+        before = (before | (same_d & tie)) & ok_j[None, :]
+        rank += tl.sum(before.to(tl.int32), axis=1)
+    tl.store(order + row * k + rank, i.to(tl.int64), mask=ok_i & (rank < k))

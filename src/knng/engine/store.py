@@ -37,6 +37,7 @@ import torch
 
 from knng.engine import radius, row_kth
 from knng.engine.exact import flat_top_by_distance
+from knng.engine.row_order import top_by_distance
 from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row"]
@@ -56,7 +57,6 @@ REBUILD_ENTRIES_GPU = 1 << 24
 FINISH_PADDING = 2
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
-_INT64_MAX = torch.iinfo(torch.int64).max
 
 #: ``evaluate(rows, cols) -> float64 distances`` for store-local rows and global column ids:
 #: pairs (``rows`` and ``cols`` of one shape (p,)) or batches (``rows`` (m,), ``cols`` (m, w)).
@@ -666,7 +666,7 @@ class CandidateStore:
             out = torch.full((n, width), torch.inf, dtype=torch.float64, device=device)
             idx[rows, slot] = cols
             out[rows, slot] = dist
-            idx, out = _top_by_distance(idx, out, k)
+            idx, out = top_by_distance(idx, out, k)
             self._count_tile_tightenings()  # read once the finish's launches are queued
             return idx, out
         dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
@@ -886,7 +886,7 @@ class CandidateStore:
             block.dist[where] = dist[sel]
             group = rows[members]
             exact, _ = self._prune(group, self._evaluate_all(group, block))
-            idx, dist_k, keys, rad = _top_by_distance(exact.idx, exact.dist, self.k, exact.keys, exact.rad)
+            idx, dist_k, keys, rad = top_by_distance(exact.idx, exact.dist, self.k, exact.keys, exact.rad)
             cap = self.capacity
             self.keys[group] = _pad(keys, cap, torch.inf)
             self.rad[group] = _pad(rad, cap, torch.inf)
@@ -982,13 +982,13 @@ class CandidateStore:
         screened = needed & torch.isnan(dist)
         dist = torch.where(screened, metric.to_distance(keys + offsets), dist)
         dist = torch.where(needed, dist, torch.inf)
-        idx, dist = _top_by_distance(torch.where(needed, idx, -1), dist, dist.shape[1])
+        idx, dist = top_by_distance(torch.where(needed, idx, -1), dist, dist.shape[1])
         # A pair held twice has one value, so its copies sit side by side: keep one. A store
         # takes no pair twice (see flush); this guards stores merged from packs (from_packs).
         repeat = torch.zeros_like(idx, dtype=torch.bool)
         repeat[:, 1:] = (idx[:, 1:] == idx[:, :-1]) & (idx[:, 1:] >= 0)
         if bool(repeat.any()):
-            idx, dist = _top_by_distance(torch.where(repeat, -1, idx), dist, dist.shape[1])
+            idx, dist = top_by_distance(torch.where(repeat, -1, idx), dist, dist.shape[1])
         return idx[:, :k], dist[:, :k]
 
     def _count_tile_tightenings(self) -> None:
@@ -1091,19 +1091,6 @@ def _compact(mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
     (indexing each by the mask finds the positions again, a GPU synchronisation each time)."""
     at = torch.nonzero(mask).flatten()
     return [t[at] for t in tensors]
-
-
-def _top_by_distance(idx: torch.Tensor, dist: torch.Tensor, k: int, *carry: torch.Tensor
-                     ) -> tuple[torch.Tensor, ...]:
-    """Each row's first k entries by (distance, index), empty entries (index −1) last.
-
-    Returns ``idx``, ``dist`` and every ``carry`` tensor in that order.
-    """
-    dist = torch.where(idx >= 0, dist, torch.inf)
-    by_index = torch.argsort(torch.where(idx >= 0, idx, _INT64_MAX), dim=1, stable=True)
-    by_distance = torch.argsort(dist.gather(1, by_index), dim=1, stable=True)[:, :k]
-    order = by_index.gather(1, by_distance)
-    return tuple(t.gather(1, order) for t in (idx, dist, *carry))
 
 
 def _pad(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:

@@ -1,0 +1,46 @@
+"""Each row's first k by (distance, index): the rank kernel (``knng.engine.row_order``) against
+the two stable sorts of its reference, on random rows of several widths (10 % empty entries),
+CUDA-event medians of 7 after one call, and whether the two agree. Usage (GPU machine)::
+
+    PYTHONPATH=src python bench/row_order_rates.py
+
+Figures: ``knng/engine/row_order.py``'s docstring (they set ``row_order.MAX_WIDTH``).
+"""
+import statistics
+
+import torch
+
+from knng.engine import row_order
+
+#: (rows, width, k): a 200k-point graph's finish at k = 10; a rows-method graph's chunk at
+#: k = 100; a search's 10k rows of a few hundred candidates.
+SHAPES = ((200_000, 26, 10), (200_000, 64, 10), (65_536, 153, 101), (10_000, 500, 100))
+
+
+def main() -> None:
+    row_order.MAX_WIDTH = 1 << 20  # time the kernel at every width
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for rows, width, k in SHAPES:
+        idx = torch.randint(0, 200_000, (rows, width), device="cuda", generator=g)
+        dist = torch.rand((rows, width), device="cuda", generator=g, dtype=torch.float64)
+        idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.1] = -1
+        line = []
+        for name, fn in (("kernel", row_order.top_by_distance), ("sorts", row_order.top_by_distance_reference)):
+            fn(idx, dist, k)
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(7):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                fn(idx, dist, k)
+                e1.record()
+                e1.synchronize()
+                times.append(e0.elapsed_time(e1))
+            line.append(f"{name} {statistics.median(times):7.3f} ms")
+        same = all(torch.equal(a, b) for a, b in zip(row_order.top_by_distance(idx, dist, k),
+                                                      row_order.top_by_distance_reference(idx, dist, k)))
+        print(f"{rows:>7} rows × {width:>3}, k = {k:>3}: " + ", ".join(line) + f"; same: {same}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

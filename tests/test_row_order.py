@@ -1,0 +1,101 @@
+"""Each row's first k entries by (distance, index) ranked by a kernel (``knng.engine.row_order``)
+against the two stable sorts of its reference and against Python's own sort of each row.
+
+The kernel runs in Triton's interpreter on a CPU (``TRITON_INTERPRET=1``, as CI runs it) and on
+the GPU in ``test_gpu_fused.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from knng.engine import fused, row_order
+
+pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter")
+
+
+def order_cases(seed: int = 0):
+    """(label, idx, dist, k): random rows, ties of distance across indices, repeated (distance,
+    index) entries, empty entries (index −1, whatever their distance), NaN and ±inf distances,
+    all-empty rows, widths that are not powers of two, k = 1, k = width, k > width, one entry
+    and the widest row the kernel takes."""
+    gen = np.random.default_rng(seed)
+    for width in (1, 5, 16, 37, row_order.MAX_WIDTH - 1, row_order.MAX_WIDTH):
+        rows = 23
+        idx = gen.integers(0, 10 * width, (rows, width))
+        dist = gen.standard_normal((rows, width)) ** 2
+        dist[:, ::3] = np.round(dist[:, ::3], 1)  # ties across indices
+        idx[1::4, :] = idx[1::4, ::-1]
+        if width > 1:
+            idx[2, 1:], dist[2, 1:] = idx[2, 0], dist[2, 0]  # one (distance, index) repeated
+            dist[3, : width // 2] = 0.25  # a row of equal distances
+        empty = gen.random((rows, width)) < 0.2
+        empty[4] = True  # no entry at all
+        idx[empty] = -1
+        dist[empty & (gen.random((rows, width)) < 0.5)] = np.nan  # an empty entry's distance is ignored
+        dist[5, ::7] = np.nan
+        dist[6, ::5] = np.inf
+        for k in sorted({1, 3, width // 2 or 1, width, width + 4}):
+            yield f"width={width} k={k}", torch.from_numpy(idx), torch.from_numpy(dist), k
+
+
+def python_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[list, list]:
+    """Each row's first k (index, distance) by Python's sort of (NaN?, distance, index, position),
+    empties as (+inf, the largest index)."""
+    out_idx, out_dist = [], []
+    for row_i, row_d in zip(idx.tolist(), dist.tolist()):
+        keyed = []
+        for pos, (x, d) in enumerate(zip(row_i, row_d)):
+            if x < 0:
+                keyed.append(((False, math.inf, math.inf, pos), x, math.inf))
+            else:
+                nan = math.isnan(d)
+                keyed.append(((nan, math.inf if nan else d, x, pos), x, d))
+        keyed.sort(key=lambda e: e[0])
+        out_idx.append([e[1] for e in keyed[:k]])
+        out_dist.append([e[2] for e in keyed[:k]])
+    return out_idx, out_dist
+
+
+def same(got: torch.Tensor, want: list) -> bool:
+    return np.array_equal(got.numpy(), np.array(want, dtype=got.numpy().dtype).reshape(got.shape), equal_nan=True)
+
+
+def assert_kernel_is_reference(device: torch.device) -> int:
+    cases = 0
+    for label, idx, dist, k in order_cases():
+        idx, dist = idx.to(device), dist.to(device)
+        carry = torch.arange(idx.numel(), device=device).view(idx.shape)
+        assert row_order.kernel_applies(idx), label
+        got = row_order.top_by_distance(idx, dist, k, carry)
+        want = row_order.top_by_distance_reference(idx, dist, k, carry)
+        for name, g, w in zip(("idx", "dist", "carry"), got, want):
+            assert g.shape == w.shape == (idx.shape[0], min(k, idx.shape[1])), (label, name)
+            assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num()), (label, name)
+        cases += 1
+    return cases
+
+
+def test_reference_is_python_order():
+    for label, idx, dist, k in order_cases(1):
+        want_idx, want_dist = python_order(idx, dist, k)
+        got_idx, got_dist = row_order.top_by_distance_reference(idx, dist, k)
+        assert same(got_idx, want_idx) and same(got_dist, want_dist), label
+
+
+def test_kernel_is_the_reference(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert assert_kernel_is_reference(torch.device("cpu")) == 28
+
+
+def test_wide_rows_take_the_sorts(monkeypatch):
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert not row_order.kernel_applies(torch.zeros((3, row_order.MAX_WIDTH + 1), dtype=torch.int64))
+    assert not row_order.kernel_applies(torch.zeros((0, 8), dtype=torch.int64))
