@@ -10,7 +10,7 @@ Variants (each patches module constants before the first call; ``new`` leaves th
   and finished there (a holding of no room, ``store.Holding(limit=0)``), as before the finish
   from held survivors existed.
 * ``blocks``: a corpus already on the GPU prepared in the plan's read blocks
-  (``search.DEVICE_BLOCK_BYTES = 0``), as before.
+  (``common.DEVICE_BLOCK_BYTES = 0``), as before.
 * ``cols131072``, ``cols524288``: the first corpus tile half / twice the planner's width
   (``plan.GPU_SEARCH_COLS``).
 * ``noradius``: the thresholds' radii by torch's float64 operations on every device, as before
@@ -47,8 +47,10 @@ import knng.api
 import knng.engine.plan as plan
 import knng.engine.cuda_screen as cuda_screen
 import knng.engine.fused as fused
+import knng.engine.common as common
 import knng.engine.radius as radius
 import knng.engine.row_kth as row_kth
+import knng.engine.row_order as row_order
 import knng.engine.screen as screen
 import knng.engine.search as search
 import knng.engine.store as store
@@ -57,7 +59,7 @@ VARIANTS = {
     # The held survivors taken into the store and finished there, as before they were finished whole.
     "store": lambda: setattr(search, "Holding", lambda: store.Holding(limit=0)),
     # A corpus on the GPU prepared in the plan's read blocks, as before prepare_corpus took it whole.
-    "blocks": lambda: setattr(search, "DEVICE_BLOCK_BYTES", 0),
+    "blocks": lambda: setattr(common, "DEVICE_BLOCK_BYTES", 0),
     # The first corpus tile (whose survivors tighten the thresholds the rest is screened against)
     # half / twice the planner's width.
     "cols131072": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 17),
@@ -75,6 +77,8 @@ VARIANTS = {
     "sample65536": lambda: setattr(plan, "GPU_MIN_SAMPLE", 65536),
     # The float16 screen in the mma.sync kernel (cuda/screen.cu) on a Hopper GPU too.
     "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
+    # The finish's rows ordered by two stable sorts, as before the rank kernel (row_order).
+    "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
     "new": lambda: None,
 }
 

@@ -261,11 +261,25 @@ def test_numpy_in_numpy_out_on_cuda(seed):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_second_gpu_keeps_device(seed):
+def test_second_gpu_keeps_device(seed, monkeypatch):
+    # The engine makes the data's GPU the current one: Triton launches its kernels on the
+    # current device's stream, and kernels run from cuda:0 on cuda:1's tensors once returned a
+    # wrong answer here (unordered with the stream that wrote their inputs).
+    from knng.engine.store import CandidateStore
+
+    current = []
+    finish = CandidateStore.finish
+    monkeypatch.setattr(CandidateStore, "finish",
+                        lambda self, *a, **kw: (current.append(torch.cuda.current_device()), finish(self, *a, **kw))[1])
+    torch.cuda.set_device(0)
     corpus = _randn((20_000, 32), seed).to("cuda:1")
     queries = _randn((200, 32), seed + 1).to("cuda:1")
     res = knng.search(queries, corpus, 10)
     assert res.indices.device == torch.device("cuda:1")
+    assert current and set(current) == {1} and torch.cuda.current_device() == 0
+    current.clear()
+    g = knng.graph(corpus[:3000], 5)
+    assert g.indices.device == torch.device("cuda:1") and current and set(current) == {1}
     _check(queries.to("cuda:0"), corpus.to("cuda:0"), [(res.indices.to("cuda:0"), res.distances.to("cuda:0"))],
            seed=seed)
 

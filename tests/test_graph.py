@@ -340,3 +340,17 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
         again = knng.graph(x, k, device="cpu", checkpoint=tmp_path / "ck", resume=True)
         np.testing.assert_array_equal(again.indices, g.indices)
         np.testing.assert_array_equal(again.distances, g.distances)
+
+
+def test_own_part_seed_positions_are_distinct_and_span_the_part():
+    # The own parts' sample columns: evenly spaced, first and last included, distinct without a
+    # ``unique`` (integer steps of at least one), all of a part smaller than the sample.
+    from knng.engine.graph import _evenly_spaced
+
+    for m in (1, 2, 3, 10, 8191, 8192, 8193, 28_672):
+        for count in (1, 2, 5, 8192):
+            at = _evenly_spaced(m, count, torch.device("cpu"))
+            assert at.numel() == min(m, count) and int(at[0]) == 0 and int(at.max()) < m
+            assert bool((at.diff() > 0).all())
+            if 1 < count:
+                assert int(at[-1]) == m - 1

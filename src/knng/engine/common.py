@@ -17,7 +17,7 @@ from knng.engine.store import StoreStats
 from knng.metrics import Metric, Prepared
 
 __all__ = [
-    "resolve_device", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus", "is_out_of_memory",
+    "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus", "is_out_of_memory",
     "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
 ]
 
@@ -47,6 +47,40 @@ def resolve_device(device: str | torch.device, *inputs: InputArray) -> torch.dev
     elif dev.type != "cpu":
         raise ValueError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
     return dev
+
+
+@contextlib.contextmanager
+def on_device(device: torch.device) -> Iterator[None]:
+    """Make a CUDA ``device`` torch's current device while the engine runs (nothing for a CPU).
+
+    Triton launches a kernel on the *current* device's current stream, whatever device its
+    tensors are on: a search on ``cuda:1`` while ``cuda:0`` was current ran its Triton kernels
+    from ``cuda:0``, reading ``cuda:1``'s memory unordered with the stream that wrote it (a wrong
+    answer once in a test run on two GPUs, 2026-11-26). torch's own operations and the CUDA C
+    kernels (launched on the tensors' device explicitly) are not affected.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.device(device):
+        yield
+
+
+#: Bytes of float64 rows per block when data already on the GPU are read (see device_block_rows).
+DEVICE_BLOCK_BYTES = 2**31
+
+
+def device_block_rows(data: InputArray, device: torch.device, block_rows: int) -> int:
+    """Rows per block for a pass over ``data``: where the data already lie on the (CUDA) device the
+    pass reads, blocks of up to :data:`DEVICE_BLOCK_BYTES` of float64 rows (a preparation's
+    widest temporaries) instead of the plan's reads (``block_rows``), which size the host's
+    read-ahead buffers: each block costs a dozen launches per pass (1M × 128 took four, a
+    200k-point graph's passes seven blocks each, and the corpus statistics a synchronisation
+    a block)."""
+    already_there = data.tensor is not None and torch.device(data.tensor.device).type == device.type
+    if already_there and device.type == "cuda":
+        return max(block_rows, min(data.n, DEVICE_BLOCK_BYTES // (8 * max(1, data.d))))
+    return block_rows
 
 
 @contextlib.contextmanager

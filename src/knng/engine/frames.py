@@ -49,6 +49,12 @@ DIRECTION_SAMPLE = 8192
 LOCAL_CENTRE_GAIN = 2.0
 #: Power iterations on the sample.
 POWER_ITERATIONS = 40
+#: On a GPU, dimensions up to this take the power iteration by squaring the Gram matrix
+#: (:func:`_leading_direction`): 2·d³ operations a squaring, 0.2 GFLOP of float64 at d = 1,024.
+SQUARING_MAX_D = 1024
+#: Squarings of the Gram matrix: as many power iterations as 2^SQUARINGS = 64 (more than
+#: POWER_ITERATIONS).
+SQUARINGS = 6
 #: Relative slack on a threshold's square root before it is compared along u: covers the
 #: float64 roundings of the square root, of ‖u‖ and of the exact evaluation (≤ 1e-10 for
 #: d ≤ 10⁵).
@@ -222,9 +228,27 @@ def _direction_sample(data: InputArray, device: torch.device) -> torch.Tensor:
 
 
 def _leading_direction(rows: torch.Tensor) -> torch.Tensor:
-    """Power iteration for the leading right singular vector of centred float64 ``rows``."""
+    """Power iteration for the leading right singular vector of centred float64 ``rows``.
+
+    On a GPU, for d ≤ :data:`SQUARING_MAX_D`, by repeated squaring of the d × d Gram matrix
+    (:data:`SQUARINGS` products: 2^SQUARINGS iterations' worth) instead of one iteration after
+    another: a score of launches instead of 240 (40 iterations, six operations each, all host
+    time: 2–5 ms of a 62 ms 200k-point graph, and as much again where the planner estimates the
+    slabs' gain). Elsewhere the iteration, which never forms the d × d matrix.
+    """
     gen = torch.Generator().manual_seed(2)
     v = torch.randn(rows.shape[1], generator=gen, dtype=torch.float64).to(rows.device)
+    if rows.device.type == "cuda" and rows.shape[1] <= SQUARING_MAX_D:
+        g = rows.T @ rows
+        for _ in range(SQUARINGS):
+            # Scaled by its largest entry each time (no overflow); all sample rows equal (g = 0):
+            # any direction will do, so v stays.
+            g = g / g.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
+            g = g @ g
+        w = g @ v
+        norm = torch.linalg.vector_norm(w)
+        v = torch.where(norm > 0, w / norm, v)
+        return v / torch.linalg.vector_norm(v)
     for _ in range(POWER_ITERATIONS):
         w = rows.T @ (rows @ v)
         norm = torch.linalg.vector_norm(w)

@@ -23,8 +23,8 @@ import torch
 from knng._inputs import InputArray
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
-    TF32_EXACT_SAMPLES, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
-    tf32_products,
+    TF32_EXACT_SAMPLES, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
+    on_device, recover_from_oom, tf32_products,
 )
 from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
@@ -145,18 +145,21 @@ def exact_graph(
                               keep_checkpoint)
     b = plan.part_size
     parts = [(s, min(n, s + b)) for s in range(0, n, b)]
-    with full_precision():
-        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=plan.read_rows)
+    with on_device(device), full_precision():
+        # Data already on the GPU are read in a few large blocks; the parts' tiles are cut
+        # from them whatever the blocks.
+        read_rows = device_block_rows(data, device, plan.read_rows) if plan.corpus_resident else plan.read_rows
+        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows)
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
         precision = plan.precision
         frames: GlobalFrames | PrincipalFrames
         if plan.frames == PRINCIPAL_FRAMES:
             assert stats.centre is not None
             frames = PrincipalFrames(data, metric, stats.centre, device, b, plan.screen_torch_dtype,
-                                     read_rows=plan.read_rows)
+                                     read_rows=read_rows)
         else:
             pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
-                                   block_rows=plan.read_rows, symmetric=True, dtype=plan.screen_torch_dtype)
+                                   block_rows=read_rows, symmetric=True, dtype=plan.screen_torch_dtype)
             frames = GlobalFrames(pdata, parts)
         if plan.lists != LISTS_ON_DEVICE:
             assert isinstance(frames, GlobalFrames)
@@ -452,7 +455,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     if whole:
         seed_cols, seed_prep, seed_terms = torch.arange(m, device=device), prep, terms
     else:
-        seed_cols = torch.linspace(0, m - 1, OWN_PART_SEED, device=device).round().long().unique()
+        seed_cols = _evenly_spaced(m, OWN_PART_SEED, device)
         seed_prep, seed_terms = prep[seed_cols], None if terms is None else terms[seed_cols]
     # A sampled seed's product may run on TF32 tensor cores where they hold the stored values
     # exactly (its keys only bound τ; the screen that follows is the kernel's).
@@ -550,7 +553,7 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
         ks = min(k, m if include_self else m - 1)
         if ks < 1:
             continue
-        at = i0 + torch.linspace(0, m - 1, min(OWN_PART_SEED, m), device=device).round().long().unique()
+        at = i0 + _evenly_spaced(m, OWN_PART_SEED, device)
         keys, strip_cols = strip_minima(queries[i0:i1], whole.vectors[at], d, precision,
                                         row_terms=_part(whole.terms32, i0, i1),
                                         col_terms=None if whole.terms32 is None else whole.terms32[at])
@@ -569,6 +572,17 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
         others.append(part_ids[found.other])
         found_keys.append(found.keys)
     store.add(torch.cat(owners), torch.cat(others), torch.cat(found_keys))
+
+
+def _evenly_spaced(m: int, count: int, device: torch.device) -> torch.Tensor:
+    """min(count, m) distinct positions in [0, m), evenly spaced, the first and the last included
+    (⌊i·(m − 1)/(count − 1)⌋: steps of at least one where count ≤ m), ascending. Integer
+    arithmetic, so no ``unique`` (a synchronisation a part) is needed to make them distinct."""
+    if count >= m:
+        return torch.arange(m, device=device)
+    if count == 1:
+        return torch.zeros(1, dtype=torch.int64, device=device)
+    return torch.arange(count, device=device) * (m - 1) // (count - 1)
 
 
 def _pair_norms(row_tile: Tile, col_tile: Tile, owner: torch.Tensor, other: torch.Tensor) -> PairNorms:

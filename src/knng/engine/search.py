@@ -18,8 +18,8 @@ from knng._inputs import READ_AHEAD, InputArray, check_finite
 from knng.engine import preparation
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
-    MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, full_precision, recover_from_oom,
-    TF32_EXACT_SAMPLES, tf32_products,
+    MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
+    on_device, recover_from_oom, TF32_EXACT_SAMPLES, tf32_products,
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
@@ -62,8 +62,6 @@ TIGHTEN_ON = frozenset({"cuda"})
 REST_AT_ONCE = True
 
 
-#: Bytes of float64 rows per block when a corpus already on the GPU is prepared (see prepare_corpus).
-DEVICE_BLOCK_BYTES = 2**31
 
 
 @dataclass
@@ -98,7 +96,7 @@ def exact_search(
         plan = make_search_plan(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k=k, metric=metric.name,
                                 device=device, budget=budget, screen_dtype=screen_dtype)
     dtype = plan.screen_torch_dtype
-    with full_precision():
+    with on_device(device), full_precision():
         if not queries.in_memory:
             # Lazy queries (memory maps, datasets) are checked up front, so that a NaN in the
             # last row is reported before the work rather than after it.
@@ -158,13 +156,11 @@ def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dty
                    resident: bool, block_rows: int) -> PreparedCorpus:
     """One pass for the finite check and the centre, then the corpus in the screen's layout.
 
-    A corpus that already lies on the GPU and stays there goes in blocks of up to
-    :data:`DEVICE_BLOCK_BYTES` of float64 rows (a preparation's widest temporaries), not the
-    plan's reads: each block costs a dozen launches per pass (1M × 128 took four).
+    A corpus that already lies on the GPU and stays there goes in the larger blocks of
+    :func:`~knng.engine.common.device_block_rows`, not the plan's reads.
     """
-    on_device = corpus.tensor is not None and torch.device(corpus.tensor.device).type == device.type
-    if on_device and resident and device.type == "cuda":
-        block_rows = max(block_rows, min(corpus.n, DEVICE_BLOCK_BYTES // (8 * max(1, corpus.d))))
+    if resident:
+        block_rows = device_block_rows(corpus, device, block_rows)
     stats = corpus_stats(corpus, metric, device, symmetric=False, block_rows=block_rows)
     return PreparedCorpus(corpus, metric, stats.centre, device, resident=resident, block_rows=block_rows,
                           symmetric=False, dtype=dtype)
