@@ -9,7 +9,10 @@ CUDA-event median of 15 launches after one. TFLOP/s count 2·n²·K. Usage (GPU 
 
     PYTHONPATH=src python bench/screen_kernel_rates.py [N] [--once VARIANT]
 
-``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``). Figures:
+``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``). ``--against FILE[,FILE]``
+also times each wgmma variant compiled from each FILE (other versions of ``cuda/screen_wg.cu``,
+their headers beside them), launches of the versions alternating, so that a kernel change is
+measured on one machine in one process: each line then gives every version's (this tree's first). Figures:
 ``docs/BENCHMARKS.md``, "A wgmma screen kernel".
 """
 import statistics
@@ -36,6 +39,8 @@ VARIANTS = {
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 28672
     once = sys.argv[sys.argv.index("--once") + 1] if "--once" in sys.argv else None
+    against = sys.argv[sys.argv.index("--against") + 1].split(",") if "--against" in sys.argv else []
+    ours = cuda_screen._SOURCE_WG
     g = torch.Generator(device=DEV).manual_seed(0)
     a = torch.randn((n, K), device=DEV, generator=g).half()
     b = torch.randn((n, K), device=DEV, generator=g).half()
@@ -56,27 +61,32 @@ def main() -> None:
             if once and name != once:
                 continue
 
-            def launch() -> None:
+            def launch(source: str = ours) -> None:
                 counters.zero_()
+                cuda_screen._SOURCE_WG = source
                 cuda_screen.launch_screen(a, b, K, row_factor, col_scale, row_terms, col_terms, thr,
                                           thr if symmetric else None, None, lists, counters, capacity, config=config)
 
-            launch()
+            sources = [ours] + (against if cuda_screen.CONFIGS[config].wgmma else [])
+            for source in sources:
+                launch(source)
             torch.cuda.synchronize()
             if once:
                 continue
-            times = []
+            times: dict[str, list[float]] = {source: [] for source in sources}
             for _ in range(15):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                launch()
-                e1.record()
-                e1.synchronize()
-                times.append(e0.elapsed_time(e1))
-            ms = statistics.median(times)
+                for source in sources:
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    launch(source)
+                    e1.record()
+                    e1.synchronize()
+                    times[source].append(e0.elapsed_time(e1))
             kept = counters.tolist()
-            print(f"keep ~{keep:3d}  {name:24s} {ms:7.3f} ms  {2 * n * n * K / ms / 1e9:6.1f} TFLOP/s  "
-                  f"kept per row {kept[0] / n:.1f} / {kept[1] / n:.1f}", flush=True)
+            rates = "  ".join(f"{statistics.median(t):7.3f} ms {2 * n * n * K / statistics.median(t) / 1e9:6.1f} "
+                              f"TFLOP/s" for t in times.values())
+            print(f"keep ~{keep:3d}  {name:24s} {rates}  kept per row {kept[0] / n:.1f} / {kept[1] / n:.1f}",
+                  flush=True)
 
 
 if __name__ == "__main__":

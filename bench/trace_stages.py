@@ -57,9 +57,10 @@ def mark_graph_stages() -> None:
     marked("seed")
 
 
-def mark_search_stages() -> None:
+def mark_search_stages(api_too: bool = True) -> None:
     """Mark a search's own stages: the corpus pass and preparation, the sample, the seeds, each
-    tile's screen and tightening, the finish, and the API's planning and output around them."""
+    tile's screen and tightening, the finish, and (``api_too``) the API's planning and output
+    around them. A graph by rows is a search: its trace marks these too, not the API's twice."""
     import knng.engine.search as search
 
     import knng.api as api
@@ -69,8 +70,9 @@ def mark_search_stages() -> None:
         marked(name, search)
     for name in ("tighten", "tighten_held", "_finish_held"):
         marked(name)
-    for name in ("make_search_plan", "as_output", "resolve_device", "resolve_budget", "exact_search"):
-        marked(name, api)
+    if api_too:
+        for name in ("make_search_plan", "as_output", "resolve_device", "resolve_budget", "exact_search"):
+            marked(name, api)
 
 
 def summary(trace: Path) -> None:
@@ -139,6 +141,7 @@ def main() -> None:
         marked(name)
     if args.graph:
         mark_graph_stages()
+        mark_search_stages(api_too=False)
     else:
         mark_search_stages()
     dev = torch.device("cuda")
