@@ -1,5 +1,6 @@
-"""Each row's first k entries by (distance, index) ranked by a kernel (``knng.engine.row_order``)
-against the two stable sorts of its reference and against Python's own sort of each row.
+"""Each row's first k entries by (distance, index) (``knng.engine.row_order``): ranked by a kernel
+(narrow rows) or by one sort with ties settled again (wider rows), against the two stable sorts
+of its reference, and the reference against Python's own sort of each row.
 
 The kernel runs in Triton's interpreter on a CPU (``TRITON_INTERPRET=1``, as CI runs it) and on
 the GPU in ``test_gpu_fused.py``.
@@ -19,13 +20,14 @@ from knng.engine import fused, row_order
 pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter")
 
 
-def order_cases(seed: int = 0):
+def order_cases(seed: int = 0, wide: bool = False):
     """(label, idx, dist, k): random rows, ties of distance across indices, repeated (distance,
     index) entries, empty entries (index −1, whatever their distance), NaN and ±inf distances,
-    all-empty rows, widths that are not powers of two, k = 1, k = width, k > width, one entry
-    and the widest row the kernel takes."""
+    all-empty rows, widths that are not powers of two, k = 1, k = width, k > width, one entry,
+    the widest row the kernel takes and wider ones (``wide``)."""
     gen = np.random.default_rng(seed)
-    for width in (1, 5, 16, 37, row_order.MAX_WIDTH - 1, row_order.MAX_WIDTH):
+    for width in (1, 5, 16, 37, row_order.MAX_WIDTH - 1, row_order.MAX_WIDTH) + (
+            (row_order.MAX_WIDTH + 1, 150, 300) if wide else ()):
         rows = 23
         idx = gen.integers(0, 10 * width, (rows, width))
         dist = gen.standard_normal((rows, width)) ** 2
@@ -66,12 +68,14 @@ def same(got: torch.Tensor, want: list) -> bool:
     return np.array_equal(got.numpy(), np.array(want, dtype=got.numpy().dtype).reshape(got.shape), equal_nan=True)
 
 
-def assert_kernel_is_reference(device: torch.device) -> int:
+def assert_kernel_is_reference(device: torch.device, wide: bool = False) -> int:
+    """``top_by_distance`` (the kernel where it applies, else the one sort) against the reference."""
     cases = 0
-    for label, idx, dist, k in order_cases():
+    for label, idx, dist, k in order_cases(wide=wide):
         idx, dist = idx.to(device), dist.to(device)
         carry = torch.arange(idx.numel(), device=device).view(idx.shape)
-        assert row_order.kernel_applies(idx), label
+        assert row_order.kernel_applies(idx) == (idx.shape[1] <= row_order.MAX_WIDTH
+                                                 and fused.fused_available(device)), label
         got = row_order.top_by_distance(idx, dist, k, carry)
         want = row_order.top_by_distance_reference(idx, dist, k, carry)
         for name, g, w in zip(("idx", "dist", "carry"), got, want):
@@ -82,7 +86,7 @@ def assert_kernel_is_reference(device: torch.device) -> int:
 
 
 def test_reference_is_python_order():
-    for label, idx, dist, k in order_cases(1):
+    for label, idx, dist, k in order_cases(1, wide=True):
         want_idx, want_dist = python_order(idx, dist, k)
         got_idx, got_dist = row_order.top_by_distance_reference(idx, dist, k)
         assert same(got_idx, want_idx) and same(got_dist, want_dist), label
@@ -93,6 +97,12 @@ def test_kernel_is_the_reference(monkeypatch):
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
     assert assert_kernel_is_reference(torch.device("cpu")) == 28
+
+
+def test_one_sort_is_the_reference():
+    # Without the kernel (a CPU, or rows wider than it takes) rows are sorted once by distance
+    # and those with a tie or a NaN in their first k + 1 sorted again by the reference.
+    assert assert_kernel_is_reference(torch.device("cpu"), wide=True) == 43
 
 
 def test_wide_rows_take_the_sorts(monkeypatch):

@@ -164,7 +164,7 @@ FEW_PER_TILE = 4
 def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.Tensor,
                  col_thr: torch.Tensor | None, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None,
                  precision: str, exclude_diagonal: int | None = None,
-                 capacity_hint: int | None = None) -> tuple[Survivors, Survivors | None]:
+                 capacity_hint: int | None = None, later: bool = False):
     """Survivors of the block ``A[:, :k_dims] · B[:, :k_dims]ᵀ (+ terms)`` against the thresholds.
 
     Parameters
@@ -184,6 +184,9 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         Drop entries with ``row == col + exclude_diagonal`` (a point and itself).
     capacity_hint : int or None
         Expected survivors per side; the lists grow (one relaunch) when a block keeps more.
+    later : bool
+        Return a function that gives the result when called (its lists sized then, see
+        ``_collect``); nothing the block reads may change until then.
 
     Returns
     -------
@@ -193,7 +196,8 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         is in both lists.
     """
     if precision in DIGIT_PRECISIONS:
-        return _screen_digits(a, b, row_thr, col_thr, row_terms, col_terms, exclude_diagonal, capacity_hint)
+        result = _screen_digits(a, b, row_thr, col_thr, row_terms, col_terms, exclude_diagonal, capacity_hint)
+        return (lambda: result) if later else result
     interpret = interpreting()
     m, n = a.shape[0], b.shape[0]
     if a.stride(1) != 1 or b.stride(1) != 1:
@@ -210,7 +214,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
                 cuda_screen.launch_screen(a, b, k_dims, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,
                                           exclude_diagonal, lists, counters, capacity)
 
-            return _collect(launch_cuda, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device)
+            return _collect(launch_cuda, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device, later)
     else:
         row_factor = col_scale = dummy
     kernel = _kernel(interpret)[0]
@@ -227,7 +231,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
             FEW=FEW_PER_TILE, **cfg, **extra,
         )
 
-    return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device)
+    return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device, later)
 
 
 #: Columns of one strip of :func:`strip_minima`.
@@ -342,33 +346,50 @@ def _capacity_hint(kind: str, device: torch.device, m: int, n: int) -> int:
 
 
 def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symmetric: bool, key_dtype: torch.dtype,
-             device: torch.device) -> tuple[Survivors, Survivors | None]:
+             device: torch.device, later: bool = False):
     """Run ``launch(lists, counters, capacity)`` over an m × n block into one list per side, once
-    more with room for all if the first overflowed; one synchronisation reads the sizes."""
+    more with room for all if the first overflowed; one synchronisation reads the sizes.
+
+    ``later``: return a function that reads the sizes (and relaunches if need be) when called,
+    instead of its result: launches of several blocks then queue back to back and one
+    synchronisation sizes them all. The block's inputs and thresholds must not change before
+    the call (a relaunch reads them again)."""
     sides = 2 if symmetric else 1
     if m == 0 or n == 0:
         none = torch.empty(0, dtype=torch.int64, device=device)
         empty = [Survivors(none, none.clone(), torch.empty(0, dtype=key_dtype, device=device)) for _ in range(sides)]
-        return empty[0], empty[1] if symmetric else None
+        result = (empty[0], empty[1] if symmetric else None)
+        return (lambda: result) if later else result
     if capacity_hint is None:
         capacity_hint = _capacity_hint(kind, device, m, n)
     floor = 1024 if interpreting() else min(m * n, LIST_FLOOR)
-    capacity = min(max(floor, capacity_hint), MAX_LIST)
-    while True:
+
+    def run(capacity: int) -> tuple[list, torch.Tensor]:
         counters = torch.zeros(2, dtype=torch.int32, device=device)
         lists = [(torch.empty(capacity, dtype=torch.int32, device=device),
                   torch.empty(capacity, dtype=torch.int32, device=device),
                   torch.empty(capacity, dtype=key_dtype, device=device)) for _ in range(sides)]
         launch(lists, counters, capacity)
-        found = counters.tolist()[:sides]
-        if max(found) <= capacity and min(found) >= 0:
-            break
-        if min(found) < 0 or max(found) > MAX_LIST:
-            raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
-                               f"({MAX_LIST}); smaller blocks are needed")
-        capacity = max(found)  # the same thresholds keep the same pairs: one relaunch fits them all
-    if len(_last_found) > 4096:  # a long process of many block shapes
-        _last_found.clear()
-    _last_found[(kind, device)] = _last_found[(kind, device, m, n)] = max(found)
-    out = [Survivors(owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found)]
-    return out[0], out[1] if symmetric else None
+        return lists, counters
+
+    capacity = min(max(floor, capacity_hint), MAX_LIST)
+    lists, counters = run(capacity)
+
+    def sized() -> tuple[Survivors, Survivors | None]:
+        nonlocal lists, counters, capacity
+        while True:
+            found = counters.tolist()[:sides]
+            if max(found) <= capacity and min(found) >= 0:
+                break
+            if min(found) < 0 or max(found) > MAX_LIST:
+                raise RuntimeError(f"CUDA out of memory: a screen block kept more pairs than one list holds "
+                                   f"({MAX_LIST}); smaller blocks are needed")
+            capacity = max(found)  # the same thresholds keep the same pairs: one relaunch fits them all
+            lists, counters = run(capacity)
+        if len(_last_found) > 4096:  # a long process of many block shapes
+            _last_found.clear()
+        _last_found[(kind, device)] = _last_found[(kind, device, m, n)] = max(found)
+        out = [Survivors(owner[:f].long(), other[:f].long(), keys[:f]) for (owner, other, keys), f in zip(lists, found)]
+        return out[0], out[1] if symmetric else None
+
+    return sized if later else sized()

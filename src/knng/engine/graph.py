@@ -33,8 +33,8 @@ from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, graph_search_k, make_graph_plan,
 )
 from knng.engine.screen import (
-    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, strip_minima,
-    strip_seeds_run, use_kernel,
+    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, screen_rows_later,
+    strip_minima, strip_seeds_run, use_kernel,
 )
 from knng.engine.search import exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row
@@ -562,14 +562,22 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
         if 2 * ks <= keys.shape[1]:
             values, positions = strip_candidates(keys, strip_cols, ks)
             store.seed(ids[i0:i1], ids[at[positions]], values)
+    # Every row's threshold in one computation (each part's own maxima, per row), every part's
+    # launch queued before any list is sized: the store changes only when all are in.
+    tiles = [whole.slice(i0, i1) for i0, i1 in frames.parts]  # each part around the one centre
+    sizes = torch.tensor([i1 - i0 for i0, i1 in frames.parts], device=device)
+    max_norms, max_terms = (torch.repeat_interleave(torch.stack(m), sizes, output_size=n)
+                            for m in zip(*(tile.maxima() for tile in tiles)))
+    thresholds = store.screen_thresholds(ids, max_norms, max_terms, row_norms=whole.norms, row_terms=whole.terms)
+    pending = [screen_rows_later(tile.queries(metric, d), tile.vectors, d, thresholds[i0:i1], precision,
+                                 row_terms=tile.terms32, col_terms=tile.terms32,
+                                 exclude_diagonal=None if include_self else 0)
+               for tile, (i0, i1) in zip(tiles, frames.parts)]
     owners, others, found_keys = [], [], []
-    for i0, i1 in frames.parts:
-        tile, part_ids = whole.slice(i0, i1), ids[i0:i1]  # the part around the one centre
-        thresholds = store.screen_thresholds(part_ids, *tile.maxima(), row_norms=tile.norms, row_terms=tile.terms)
-        found = screen_rows(tile.queries(metric, d), tile.vectors, d, thresholds, precision, row_terms=tile.terms32,
-                            col_terms=tile.terms32, exclude_diagonal=None if include_self else 0)
-        owners.append(part_ids[found.owner])
-        others.append(part_ids[found.other])
+    for sized, (i0, i1) in zip(pending, frames.parts):
+        found = sized()
+        owners.append(ids[i0:i1][found.owner])
+        others.append(ids[i0:i1][found.other])
         found_keys.append(found.keys)
     store.add(torch.cat(owners), torch.cat(others), torch.cat(found_keys))
 

@@ -1,19 +1,24 @@
-"""Each row's first k entries by (distance, index), ranked instead of sorted.
+"""Each row's first k entries by (distance, index): ranked in narrow rows, sorted once in wide ones.
 
 The exact finish of a store orders every row's evaluated candidates by (distance, index) and
-keeps the first k (:func:`top_by_distance`). The reference (:func:`top_by_distance_reference`,
-which every device without the kernel runs, and every row wider than :data:`MAX_WIDTH`) is two
-stable sorts along the rows, by index and then by distance: on a GPU, torch's segmented sorts,
-which cost about as much for a graph's rows of a dozen entries as for rows ten times wider.
+keeps the first k (:func:`top_by_distance`). The reference (:func:`top_by_distance_reference`)
+is two stable sorts along the rows, by index and then by distance: on a GPU, torch's segmented
+sorts, which cost about as much for a graph's rows of a dozen entries as for rows ten times
+wider (16 ms of a 121 ms 200k-point graph at k = 100 by rows, H200, 2026-11-26).
 
-The kernel (``row_order_kernel``) ranks instead: each entry's rank in its row is the number of
-entries that come before it by (distance, index, position), counted by comparing it with every
-entry of the row (W² comparisons a row, W the width rounded up to a power of two). The key is a
-strict total order, so the ranks are a permutation and the result is the stable sorts' exactly,
-ties, empty entries (index −1) and NaN included. H200, 2026-11-26 (``bench/row_order_rates.py``,
-CUDA events, median of 7): 200,000 rows of 26 (a 200k-point graph at k = 10)
-0.67 ms against 2.73 for the sorts; 65,536 rows of 153 (a rows-method graph at k = 100) 7.2
-against 6.0; 10,000 rows of 500 16.5 against 1.3. Hence the kernel for narrow rows only.
+Rows of at most :data:`MAX_WIDTH` entries, where the fused kernels run, are ranked by a kernel
+(``row_order_kernel``): each entry's rank is the number of entries that come before it by
+(distance, index, position), counted by comparing it with every entry of the row (W²
+comparisons, W the width rounded up to a power of two). The key is a strict total order, so the
+ranks are a permutation and the result is the reference's exactly, ties, empty entries (index
+−1) and NaN included. Wider rows (and every row on a CPU) are sorted once, stably, by distance
+alone, and the rows where that can differ from the reference (a tie or a NaN among their first
+k + 1) are sorted again by the reference. ``bench/row_order_rates.py`` (H200, 2026-11-26,
+CUDA events, median of 7): 200,000 rows of 26 (a 200k-point graph at k = 10) 0.60 ms ranked
+against 2.58 for the two sorts; rows of 64 1.90 against 5.63; 65,536 rows of 153 (a rows-method
+graph at k = 100) 7.09 ranked against 5.87; 10,000 rows of 500 16.4 ranked against 1.2. On 2
+CPU cores the one sort takes about half the reference's time (64,009 rows of 26: 58 against
+122 ms).
 """
 
 from __future__ import annotations
@@ -59,23 +64,59 @@ def top_by_distance(idx: torch.Tensor, dist: torch.Tensor, k: int, *carry: torch
         ``idx``, ``dist`` (+inf where empty) and every ``carry`` tensor, (rows, min(k, width))
         each, in that order.
     """
-    if not kernel_applies(idx):
+    if idx.shape[0] == 0 or idx.shape[1] == 0:
         return top_by_distance_reference(idx, dist, k, *carry)
+    order = _ranked_order(idx, dist, k) if kernel_applies(idx) else _sorted_order(idx, dist, k)
+    dist = torch.where(idx >= 0, dist, torch.inf)
+    return tuple(t.gather(1, order) for t in (idx, dist, *carry))
+
+
+def _ranked_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's first min(k, width) positions by the rank kernel (rows of at most MAX_WIDTH)."""
     rows, width = idx.shape
     kk = min(k, width)
     order = torch.empty((rows, kk), dtype=torch.int64, device=idx.device)
     options = {} if fused.interpreting() else dict(num_warps=4)
     fused.kernels().row_order_kernel[(rows,)](idx.contiguous(), dist.contiguous(), width, kk, order,
                                               W=max(16, 1 << (width - 1).bit_length()), J=CHUNK, **options)
-    dist = torch.where(idx >= 0, dist, torch.inf)
-    return tuple(t.gather(1, order) for t in (idx, dist, *carry))
+    return order
+
+
+def _sorted_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's first min(k, width) positions by one stable sort of the distances, rows with a
+    tie among them taken again by the reference's two sorts.
+
+    A stable sort by distance orders equal distances by position where the reference orders
+    them by index; only such ties (between two entries within the first k + 1, not both empty)
+    and NaN distances can make the two differ, so those rows (none in most calls; one
+    synchronisation to find them) go through the reference. Empty entries (+inf) tied with each
+    other stay in position order in both."""
+    width = idx.shape[1]
+    kk = min(k, width)
+    real = idx >= 0
+    key = torch.where(real, dist, torch.inf)
+    ordered, order = torch.sort(key, dim=1, stable=True)
+    head = min(kk + 1, width)
+    real_head = real.gather(1, order[:, :head])
+    tie = (ordered[:, 1:head] == ordered[:, :head - 1]) & (real_head[:, 1:] | real_head[:, :-1])
+    order = order[:, :kk].contiguous()
+    again = torch.nonzero(tie.any(dim=1) | (real & key.isnan()).any(dim=1)).flatten()
+    if again.numel():
+        order[again] = _reference_order(idx[again], dist[again], kk)
+    return order
 
 
 def top_by_distance_reference(idx: torch.Tensor, dist: torch.Tensor, k: int, *carry: torch.Tensor
                               ) -> tuple[torch.Tensor, ...]:
     """:func:`top_by_distance` by two stable sorts along the rows: by index, then by distance."""
+    order = _reference_order(idx, dist, k)
+    dist = torch.where(idx >= 0, dist, torch.inf)
+    return tuple(t.gather(1, order) for t in (idx, dist, *carry))
+
+
+def _reference_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's first min(k, width) positions by two stable sorts: by index, then by distance."""
     dist = torch.where(idx >= 0, dist, torch.inf)
     by_index = torch.argsort(torch.where(idx >= 0, idx, _INT64_MAX), dim=1, stable=True)
     by_distance = torch.argsort(dist.gather(1, by_index), dim=1, stable=True)[:, :k]
-    order = by_index.gather(1, by_distance)
-    return tuple(t.gather(1, order) for t in (idx, dist, *carry))
+    return by_index.gather(1, by_distance)

@@ -29,7 +29,7 @@ from knng.metrics import (
     scaled_scales, scaled_width,
 )
 
-__all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
+__all__ = ["Survivors", "ScoreBuffer", "screen_rows_later", "row_survivors", "column_survivors", "block_survivors", "block_scores",
            "screen_rows", "screen_pairs", "pair_scores", "use_kernel", "strip_minima", "strip_minima_of",
            "strip_seeds_run"]
 
@@ -330,6 +330,27 @@ def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tens
         ok = (c >= 0) & (c < scores.shape[1])
         scores[t[ok], c[ok]] = torch.inf
     return row_survivors(scores, thresholds)
+
+
+def screen_rows_later(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tensor,
+                      precision: ScreenPrecision, *, row_terms: torch.Tensor | None = None,
+                      col_terms: torch.Tensor | None = None,
+                      exclude_diagonal: int | None = None) -> Callable[[], Survivors]:
+    """:func:`screen_rows` whose survivors are read when the returned function is called.
+
+    A kernel screen is launched now and its lists sized then (``fused.screen_block``'s
+    ``later``), so that several blocks' launches queue back to back and one synchronisation
+    sizes them all; elsewhere the screen runs now. Nothing the block reads (``a``, ``b``,
+    ``thresholds``, the terms) may change before the call: a list that overflowed is filled by
+    a second launch then.
+    """
+    if use_kernel(precision, a.device):
+        sized = fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
+                                   col_terms, precision.name, exclude_diagonal=exclude_diagonal, later=True)
+        return lambda: sized()[0]
+    found = screen_rows(a, b, d, thresholds, precision, row_terms=row_terms, col_terms=col_terms,
+                        exclude_diagonal=exclude_diagonal)
+    return lambda: found
 
 
 def pair_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision, *,
