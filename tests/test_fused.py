@@ -152,6 +152,16 @@ def test_kernel_everything_nothing_and_the_relaunch(interpret, rng):
     assert torch.allclose(dense, exact, rtol=1e-5, atol=1e-4)
     none = fused.screen_block(qa.vectors, ca.vectors, 12, -inf, torch.full((45,), -torch.inf), rt, ct, "tf32")
     assert none[0].owner.numel() == 0 and none[1].owner.numel() == 0
+    # Sized later: two blocks launched before either is read, the first overflowing its list
+    # (relaunched when it is read), each the same pairs as when read at once.
+    first = fused.screen_block(qa.vectors, ca.vectors, 12, inf, None, rt, ct, "tf32", capacity_hint=1, later=True)
+    half = exact.median(dim=1).values.float()
+    second = fused.screen_block(qa.vectors, ca.vectors, 12, half, None, rt, ct, "tf32", later=True)
+    now = fused.screen_block(qa.vectors, ca.vectors, 12, half, None, rt, ct, "tf32")[0]
+    assert callable(first) and callable(second)
+    got, want = second()[0], now
+    assert torch.equal(got.owner, want.owner) and torch.equal(got.other, want.other)
+    assert torch.equal(got.keys, want.keys) and first()[0].owner.numel() == 70 * 45
 
 
 def test_kernel_excludes_the_diagonal(interpret, rng):
