@@ -17,8 +17,8 @@ from knng.engine.store import StoreStats
 from knng.metrics import Metric, Prepared
 
 __all__ = [
-    "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats", "PreparedCorpus", "is_out_of_memory",
-    "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
+    "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
+    "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
 ]
 
 

@@ -29,9 +29,9 @@ from knng.metrics import (
     scaled_scales, scaled_width,
 )
 
-__all__ = ["Survivors", "ScoreBuffer", "screen_rows_later", "row_survivors", "column_survivors", "block_survivors", "block_scores",
-           "screen_rows", "screen_pairs", "pair_scores", "use_kernel", "strip_minima", "strip_minima_of",
-           "strip_seeds_run"]
+__all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
+           "screen_rows", "screen_rows_later", "screen_pairs", "pair_scores", "use_kernel", "strip_minima",
+           "strip_minima_of", "strip_seeds_run"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest

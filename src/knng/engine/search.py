@@ -62,8 +62,6 @@ TIGHTEN_ON = frozenset({"cuda"})
 REST_AT_ONCE = True
 
 
-
-
 @dataclass
 class SearchReport(EngineReport):
     """How a search went (see :class:`EngineReport`)."""
