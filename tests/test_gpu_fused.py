@@ -509,3 +509,32 @@ def test_column_terms_in_the_product_epilogue(precision, shape, seed, monkeypatc
     assert bool(((fused_keys.double() - exact).abs() <= bound).all())
     step = torch.finfo(torch.float32).eps * separate.abs().clamp_min(torch.finfo(torch.float32).tiny)
     assert bool(((fused_keys - separate).abs() <= step).all())
+
+
+def test_blocks_sized_later_keep_the_pairs_of_blocks_sized_at_once(seed):
+    """Screens launched with ``later`` (their counters copied to pinned memory right behind each
+    launch) and sized afterwards, out of order and one of them overflowing its first list, keep
+    the pairs the same screens keep when sized at once (as sets: atomics order the lists)."""
+    from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
+
+    g = _gen(seed)
+    metric = get_metric("sqeuclidean")
+    x = torch.randn((3000, 64), device="cuda", generator=g, dtype=torch.float64)
+    qa = metric.prepare(x, None, side="query", symmetric=True, dtype=torch.float16)
+    ca = metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float16)
+    rt, ct = qa.terms.float(), ca.terms.float()
+    k = scaled_width(64)
+    keys = (qa.vectors[:, :k].double() @ ca.vectors[:, :k].double().T)
+    keys = keys * scaled_row_factors(qa.vectors).double()[:, None] * scaled_scales(ca.vectors).double()[None, :]
+    keys = keys + ct.double()[None, :] + rt.double()[:, None]
+    thresholds = [keys.kthvalue(q, dim=1).values.float() for q in (5, 40, 2000)]
+
+    def pairs(found):
+        return sorted(zip(found.owner.tolist(), found.other.tolist(), found.keys.tolist()))
+
+    later = [fused.screen_block(qa.vectors, ca.vectors, 64, t, t, rt, ct, "float16", capacity_hint=64, later=True)
+             for t in thresholds]
+    for t, sized in reversed(list(zip(thresholds, later))):
+        got = sized()
+        want = fused.screen_block(qa.vectors, ca.vectors, 64, t, t, rt, ct, "float16")
+        assert pairs(got[0]) == pairs(want[0]) and pairs(got[1]) == pairs(want[1])

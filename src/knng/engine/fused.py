@@ -351,9 +351,11 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
     more with room for all if the first overflowed; one synchronisation reads the sizes.
 
     ``later``: return a function that reads the sizes (and relaunches if need be) when called,
-    instead of its result: launches of several blocks then queue back to back and one
-    synchronisation sizes them all. The block's inputs and thresholds must not change before
-    the call (a relaunch reads them again)."""
+    instead of its result: launches of several blocks then queue back to back, and on a GPU
+    reading one block's sizes waits for that launch only (its counters are copied to pinned
+    memory right behind it), so the host can work on a block while the next one runs. The
+    block's inputs and thresholds must not change before the call (a relaunch reads them
+    again)."""
     sides = 2 if symmetric else 1
     if m == 0 or n == 0:
         none = torch.empty(0, dtype=torch.int64, device=device)
@@ -374,11 +376,23 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
 
     capacity = min(max(floor, capacity_hint), MAX_LIST)
     lists, counters = run(capacity)
+    # Sized later on a GPU: the counters' copy is queued right behind the launch, so that
+    # reading it waits for this launch only, not for whatever was queued after it.
+    early, copied = None, None
+    if later and device.type == "cuda":
+        early = torch.empty(2, dtype=torch.int32, pin_memory=True)
+        early.copy_(counters, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
 
     def sized() -> tuple[Survivors, Survivors | None]:
-        nonlocal lists, counters, capacity
+        nonlocal lists, counters, capacity, early
         while True:
-            found = counters.tolist()[:sides]
+            if early is not None and copied is not None:
+                copied.synchronize()
+                found, early = early.tolist()[:sides], None
+            else:
+                found = counters.tolist()[:sides]
             if max(found) <= capacity and min(found) >= 0:
                 break
             if min(found) < 0 or max(found) > MAX_LIST:

@@ -33,8 +33,8 @@ from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, graph_search_k, make_graph_plan,
 )
 from knng.engine.screen import (
-    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_rows, screen_rows_later,
-    strip_minima, strip_seeds_run, use_kernel,
+    ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
+    screen_rows_later, strip_minima, strip_seeds_run, use_kernel,
 )
 from knng.engine.search import exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row
@@ -646,12 +646,14 @@ class _OffDiagonalBlock:
     window's columns may run on past part J into the parts after it (:func:`span_window`: the
     ``members`` blocks S(I, J'), J' ≥ J, in one launch).
 
-    :meth:`start` issues the block's product (it needs nothing from the store), :meth:`screen`
-    computes both sides' thresholds and keeps the survivors, :meth:`add` hands them to the
-    store. On a GPU the loop issues the next block's product before this block's store update
-    unless that update flushes (then the next window must see the new thresholds), so the
-    update's launches queue behind a product instead of leaving the GPU idle before it; the
-    store sees the same survivors in the same order as one block after the other.
+    :meth:`start` issues the block's product (it needs nothing from the store) or, where a
+    kernel screens it, the kernel's launch against the store's present thresholds (its lists
+    sized in :meth:`screen`); :meth:`screen` computes both sides' thresholds and keeps the
+    survivors; :meth:`add` hands them to the store. On a GPU the loop issues the next block's
+    product or launch before this block's store update unless that update changes τ (then the
+    next window must see the new thresholds), so the update's launches queue behind the next
+    block's work instead of leaving the GPU idle before it; the store sees the same survivors
+    in the same order as one block after the other.
 
     ``thresholds``: every point's threshold, when all blocks share one centre and the parts'
     norms are alike (else each block's are computed against its own maxima); ``carry_norms``:
@@ -678,36 +680,48 @@ class _OffDiagonalBlock:
         self.col_slots = self.cols if slots is None else slots(pj)[window.c0:window.c1]
         self.queries = self.rows_tile.queries(metric, d)
         self.scores: torch.Tensor | None = None
+        self.launched: Callable[[], tuple[Survivors, Survivors]] | None = None
 
-    def start(self) -> None:
-        """Issue the product (where the block is materialised)."""
+    def start(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> None:
+        """Issue the product (where the block is materialised), or the kernel's screen against
+        the store's present thresholds (where a kernel screens it; sized by :meth:`screen`)."""
+        if use_kernel(self.precision, self.queries.device):
+            self.launched = screen_pairs_later(self.queries, self.cols_tile.vectors, self.d,
+                                               *self._thresholds(store, thresholds), self.precision,
+                                               row_terms=self.rows_tile.terms32, col_terms=self.cols_tile.terms32)
+            return
         self.scores = pair_scores(self.queries, self.cols_tile.vectors, self.d, self.precision,
                                   row_terms=self.rows_tile.terms32, col_terms=self.cols_tile.terms32,
                                   buffer=self.buffer)
 
     def screen(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> tuple[Survivors, Survivors]:
-        """Both sides' survivors against the store's current thresholds (the product again if it
-        was dropped, after an out-of-memory error)."""
-        rows, cols, rows_tile, cols_tile = self.row_slots, self.col_slots, self.rows_tile, self.cols_tile
-
-        def block_thresholds() -> tuple[torch.Tensor, torch.Tensor]:
-            if thresholds is not None:
-                return thresholds(rows), thresholds(cols)
-            # Both sides in one computation: the same float64 arithmetic per point, in half the
-            # launches (it is a few dozen elementwise steps on vectors of at most a part).
-            r = rows.numel()
-            (row_max, row_term), (col_max, col_term) = rows_tile.maxima(), cols_tile.maxima()
-            both = store.screen_thresholds(
-                torch.cat([rows, cols]), torch.cat([col_max.expand(r), row_max.expand(cols.numel())]),
-                torch.cat([col_term.expand(r), row_term.expand(cols.numel())]),
-                row_norms=torch.cat([rows_tile.norms, cols_tile.norms]),
-                row_terms=None if rows_tile.terms is None else torch.cat([rows_tile.terms, cols_tile.terms]))
-            return both[:r], both[r:]
-
+        """Both sides' survivors: those of the launch :meth:`start` issued, else against the
+        store's current thresholds (the product again if it was dropped, or the launch again,
+        after an out-of-memory error)."""
+        launched, self.launched = self.launched, None
+        if launched is not None:
+            return launched()
         scores, self.scores = self.scores, None
-        return screen_pairs(self.queries, cols_tile.vectors, self.d, block_thresholds, None, self.precision,
-                            row_terms=rows_tile.terms32, col_terms=cols_tile.terms32, buffer=self.buffer,
-                            scores=scores)
+        return screen_pairs(self.queries, self.cols_tile.vectors, self.d, lambda: self._thresholds(store, thresholds),
+                            None, self.precision, row_terms=self.rows_tile.terms32,
+                            col_terms=self.cols_tile.terms32, buffer=self.buffer, scores=scores)
+
+    def _thresholds(self, store: CandidateStore, thresholds: "_SharedThresholds | None"
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both sides' thresholds from the store's present τ."""
+        rows, cols, rows_tile, cols_tile = self.row_slots, self.col_slots, self.rows_tile, self.cols_tile
+        if thresholds is not None:
+            return thresholds(rows), thresholds(cols)
+        # Both sides in one computation: the same float64 arithmetic per point, in half the
+        # launches (it is a few dozen elementwise steps on vectors of at most a part).
+        r = rows.numel()
+        (row_max, row_term), (col_max, col_term) = rows_tile.maxima(), cols_tile.maxima()
+        both = store.screen_thresholds(
+            torch.cat([rows, cols]), torch.cat([col_max.expand(r), row_max.expand(cols.numel())]),
+            torch.cat([col_term.expand(r), row_term.expand(cols.numel())]),
+            row_norms=torch.cat([rows_tile.norms, cols_tile.norms]),
+            row_terms=None if rows_tile.terms is None else torch.cat([rows_tile.terms, cols_tile.terms]))
+        return both[:r], both[r:]
 
     def add(self, store: CandidateStore, by_row: Survivors, by_col: Survivors) -> None:
         """Hand the survivors to the store."""
@@ -788,7 +802,7 @@ def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candid
 
     def start(item: tuple[int, _OffDiagonalBlock] | None) -> tuple[int, _OffDiagonalBlock] | None:
         if item is not None:
-            counts.retries += retry_on_oom(item[1].start, device)
+            counts.retries += retry_on_oom(lambda: item[1].start(store, thresholds), device)
         return item
 
     def screen(block: _OffDiagonalBlock) -> tuple[Survivors, Survivors]:

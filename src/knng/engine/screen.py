@@ -30,8 +30,8 @@ from knng.metrics import (
 )
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
-           "screen_rows", "screen_rows_later", "screen_pairs", "pair_scores", "use_kernel", "strip_minima",
-           "strip_minima_of", "strip_seeds_run"]
+           "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later", "pair_scores", "use_kernel",
+           "strip_minima", "strip_minima_of", "strip_seeds_run"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest
@@ -350,6 +350,28 @@ def screen_rows_later(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torc
         return lambda: sized()[0]
     found = screen_rows(a, b, d, thresholds, precision, row_terms=row_terms, col_terms=col_terms,
                         exclude_diagonal=exclude_diagonal)
+    return lambda: found
+
+
+def screen_pairs_later(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds: torch.Tensor,
+                       col_thresholds: torch.Tensor, precision: ScreenPrecision, *,
+                       row_terms: torch.Tensor | None = None,
+                       col_terms: torch.Tensor | None = None) -> Callable[[], tuple[Survivors, Survivors]]:
+    """:func:`screen_pairs` whose survivors are read when the returned function is called (see
+    :func:`screen_rows_later`: a kernel screen launched now, sized then; elsewhere run now)."""
+    if use_kernel(precision, a.device):
+        sized = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
+                                   _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
+                                   precision.name, later=True)
+
+        def both() -> tuple[Survivors, Survivors]:
+            by_row, by_col = sized()
+            assert by_col is not None
+            return by_row, by_col
+
+        return both
+    found = screen_pairs(a, b, d, row_thresholds, col_thresholds, precision, row_terms=row_terms,
+                         col_terms=col_terms)
     return lambda: found
 
 
