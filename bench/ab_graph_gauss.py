@@ -18,6 +18,10 @@ or one tree's variants in fresh processes (a first argument that names none is o
   as before ``screen_own_parts_together``;
 * ``sorts``: the finish's rows ordered by two stable sorts, as before the rank kernel
   (``row_order.MAX_WIDTH`` 0);
+* ``cols65536`` / ``cols131072``: a rows-method graph's (and a search's) column tiles of 2¹⁶ / 2¹⁷
+  instead of ``plan.GPU_SEARCH_COLS`` (the thresholds tighten between tiles);
+* ``sample16384`` / ``sample32768`` / ``sample131072``: threshold samples of at most 2¹⁴ / 2¹⁵ / 2¹⁷ columns instead of
+  ``plan.GPU_SAMPLE``;
 * ``seed16384`` / ``seed24576``: own parts seeded from 16,384 / 24,576 of their columns instead of
   ``plan.OWN_PART_SEED`` (tighter seeds, now that strip minima write no block).
 """
@@ -45,6 +49,11 @@ VARIANTS = {
     "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
     "perpart": lambda: setattr(graph, "_own_parts_together", lambda *a: False),
     "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
+    "cols65536": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 16),
+    "cols131072": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 17),
+    "sample16384": lambda: setattr(plan, "GPU_SAMPLE", 1 << 14),
+    "sample32768": lambda: setattr(plan, "GPU_SAMPLE", 1 << 15),
+    "sample131072": lambda: setattr(plan, "GPU_SAMPLE", 1 << 17),
 }
 
 

@@ -9,7 +9,8 @@ CUDA-event median of 15 launches after one. TFLOP/s count 2·n²·K. Usage (GPU 
 
     PYTHONPATH=src python bench/screen_kernel_rates.py [N] [--once VARIANT]
 
-``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``). ``--against FILE[,FILE]``
+``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``), at thresholds that keep
+nothing or, with ``--keep K``, about K pairs per row. ``--against FILE[,FILE]``
 also times each wgmma variant compiled from each FILE (other versions of ``cuda/screen_wg.cu``,
 their headers beside them), launches of the versions alternating, so that a kernel change is
 measured on one machine in one process: each line then gives every version's (this tree's first). Figures:
@@ -39,6 +40,7 @@ VARIANTS = {
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 28672
     once = sys.argv[sys.argv.index("--once") + 1] if "--once" in sys.argv else None
+    once_keep = int(sys.argv[sys.argv.index("--keep") + 1]) if "--keep" in sys.argv else 0
     against = sys.argv[sys.argv.index("--against") + 1].split(",") if "--against" in sys.argv else []
     ours = cuda_screen._SOURCE_WG
     g = torch.Generator(device=DEV).manual_seed(0)
@@ -53,7 +55,7 @@ def main() -> None:
              for _ in range(2)]
     counters = torch.zeros(2, dtype=torch.int32, device=DEV)
     normal = torch.distributions.Normal(0.0, 1.0)
-    for keep in ([0] if once else [0, 15, 100]):
+    for keep in ([once_keep] if once else [0, 15, 100]):
         # squared distances of N(0, 1) rows: about 2K ± sqrt(8K)
         q = -1e30 if keep == 0 else 2 * K + float(normal.icdf(torch.tensor(keep / n))) * (8 * K) ** 0.5
         thr = torch.full((n,), q, device=DEV)

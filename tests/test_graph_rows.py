@@ -171,3 +171,16 @@ def test_a_resumed_rows_graph_reports_rows(monkeypatch, rng, tmp_path):
     assert again.report.checkpoints["resumed_from"] == 2500
     assert "resumed from a checkpoint with 2,500 rows done" in exact_line(again.report)
     np.testing.assert_array_equal(again.indices, g.indices)
+
+
+def test_strip_seeds_take_their_whole_sample(gpu_planner, monkeypatch):
+    # The kernel's strip minima write no score block, so a rows chunk of 65,536 points takes the
+    # planner's whole sample; a screen whose seeds materialise the block takes what fits an eighth
+    # of the budget beside it.
+    monkeypatch.setattr(plan_mod, "strip_minima_runs", lambda precision, device: True)
+    whole = min(plan_mod.GPU_SAMPLE, plan_mod.GPU_SAMPLE_PER_K * 101)
+    assert _gpu_plan(100).sample_size == whole
+    monkeypatch.setattr(plan_mod, "strip_minima_runs", lambda precision, device: False)
+    block = _gpu_plan(100)
+    assert block.sample_size < whole
+    assert block.sample_size * block.query_rows * 4 <= 60 * 2**30 // 8

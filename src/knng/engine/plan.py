@@ -16,7 +16,7 @@ import torch
 from knng._inputs import READ_AHEAD, InputArray
 from knng._units import parse_bytes
 from knng.engine.frames import LOCAL_CENTRE_GAIN, slab_gain, translation_invariant
-from knng.engine.fused import fused_available
+from knng.engine.fused import STRIP, fused_available, strip_minima_runs
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 
 __all__ = [
@@ -589,8 +589,13 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     read_rows = _read_rows(host_budget, d, max(READ_ROWS, tiles.corpus_cols))
     base = min(GPU_SAMPLE, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else CPU_SAMPLE
     vector = d * element + 24
-    # The sample's prepared vectors and its score block take at most an eighth of the budget.
-    fit = budget // 8 // (vector + tiles.query_rows * element)
+    # The sample's prepared vectors and its score block take at most an eighth of the budget. The
+    # kernel's strip minima write no score block, only a key and a column per row and strip
+    # (seeds, search.py): a graph's rows method at k = 100 (chunks of 50,000 rows) took 42,545
+    # columns where a score block was counted and 65,536 without.
+    strips = kernel and tiles.corpus_resident and strip_minima_runs(precision, device) and 2 * k <= base // STRIP
+    column_bytes = -(-tiles.query_rows * 8 // STRIP) if strips else tiles.query_rows * element
+    fit = budget // 8 // (vector + column_bytes)
     sample = int(min(n_corpus, max(min(base, fit), SAMPLE_PER_K * k)))
     pending = pending_pairs(device, budget, search=True)
     # A kernel screen holds survivors (a few k per row) where a torch screen holds its score block.
