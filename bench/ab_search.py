@@ -79,6 +79,8 @@ VARIANTS = {
     "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
     # The finish's rows ordered by two stable sorts, as before the rank kernel (row_order).
     "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
+    # Wide rows sorted once by their float64 distances, as before the float32 keys.
+    "f64sort": lambda: setattr(row_order, "SORT_KEY", torch.float64),
     "new": lambda: None,
 }
 

@@ -22,7 +22,8 @@ pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter")
 
 def order_cases(seed: int = 0, wide: bool = False):
     """(label, idx, dist, k): random rows, ties of distance across indices, repeated (distance,
-    index) entries, empty entries (index −1, whatever their distance), NaN and ±inf distances,
+    index) entries, distances that only float32 rounding ties, distances past float32's range,
+    empty entries (index −1, whatever their distance), NaN and ±inf distances,
     all-empty rows, widths that are not powers of two, k = 1, k = width, k > width, one entry,
     the widest row the kernel takes and wider ones (``wide``)."""
     gen = np.random.default_rng(seed)
@@ -42,6 +43,10 @@ def order_cases(seed: int = 0, wide: bool = False):
         dist[empty & (gen.random((rows, width)) < 0.5)] = np.nan  # an empty entry's distance is ignored
         dist[5, ::7] = np.nan
         dist[6, ::5] = np.inf
+        # distinct in float64, equal once rounded to float32 (the one sort's key), decreasing
+        # along the row; and finite distances past float32's range
+        dist[7, :] = 1.0 + np.arange(width)[::-1] * 1e-12
+        dist[8, ::4] = 1e300 * (1 + np.arange(len(dist[8, ::4])) % 3)
         for k in sorted({1, 3, width // 2 or 1, width, width + 4}):
             yield f"width={width} k={k}", torch.from_numpy(idx), torch.from_numpy(dist), k
 

@@ -12,8 +12,9 @@ Rows of at most :data:`MAX_WIDTH` entries, where the fused kernels run, are rank
 comparisons, W the width rounded up to a power of two). The key is a strict total order, so the
 ranks are a permutation and the result is the reference's exactly, ties, empty entries (index
 −1) and NaN included. Wider rows (and every row on a CPU) are sorted once, stably, by distance
-alone, and the rows where that can differ from the reference (a tie or a NaN among their first
-k + 1) are sorted again by the reference. ``bench/row_order_rates.py`` (H200, 2026-11-26,
+alone (rounded to float32 up to k = 256, a monotone rounding), and the rows where that can
+differ from the reference (a tie of the sort's keys or a NaN among their first k + 1) are
+sorted again by the reference. ``bench/row_order_rates.py`` (H200, 2026-11-26,
 CUDA events, median of 7): 200,000 rows of 26 (a 200k-point graph at k = 10) 0.60 ms ranked
 against 2.58 for the two sorts; rows of 64 1.90 against 5.63; 65,536 rows of 153 (a rows-method
 graph at k = 100) 7.09 ranked against 5.87; 10,000 rows of 500 16.4 ranked against 1.2. On 2
@@ -35,6 +36,18 @@ _INT64_MAX = torch.iinfo(torch.int64).max
 MAX_WIDTH = 64
 #: Entries of the row compared with all of it at a time.
 CHUNK = 32
+#: The one sort's key up to k = :data:`ROUNDED_KEY_MAX_K`: float32 keys sort in about two
+#: thirds of the time of float64 ones (radix passes over half the bits), and the rows whose
+#: rounded keys tie are sorted again exactly. H200, 2026-11-26 (``bench/row_order_rates.py``,
+#: float32 / float64 keys): 65,536 rows of 153 at k = 101 2.22 / 3.39 ms, 200,000 rows of 64 at
+#: k = 10 1.72 / 3.06; a 200k-point graph at k = 100 by rows 107.2, 108.8 / 110.8, 111.5 ms
+#: (``bench/ab_graph_gauss.py``).
+SORT_KEY = torch.float32
+#: Largest k sorted by :data:`SORT_KEY`: a search's rows at k = 1,024 / 2,048 hold ~1,250 /
+#: ~2,460 candidates within float32's rounding of each other so often that almost every row
+#: was sorted again (39.5 / 59.3 ms against 38.1 / 54.9 with float64 keys, 1M × 128, 10k
+#: queries, ``bench/ab_search.py``); at k = 100 the two are level (20.0 / 19.8 ms).
+ROUNDED_KEY_MAX_K = 256
 
 
 def kernel_applies(idx: torch.Tensor) -> bool:
@@ -83,19 +96,23 @@ def _ranked_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor
 
 
 def _sorted_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor:
-    """Each row's first min(k, width) positions by one stable sort of the distances, rows with a
-    tie among them taken again by the reference's two sorts.
+    """Each row's first min(k, width) positions by one stable sort of the distances (rounded to
+    :data:`SORT_KEY`, float32, up to k = :data:`ROUNDED_KEY_MAX_K`), rows with a tie among them
+    taken again by the reference's two sorts.
 
-    A stable sort by distance orders equal distances by position where the reference orders
-    them by index; only such ties (between two entries within the first k + 1, not both empty)
-    and NaN distances can make the two differ, so those rows (none in most calls; one
-    synchronisation to find them) go through the reference. Empty entries (+inf) tied with each
-    other stay in position order in both."""
+    Rounding is monotone (a < b gives round(a) ≤ round(b)), so where a row's first k + 1 rounded
+    keys are strictly increasing its first k are the first k of the float64 distances, in their
+    order. A stable sort orders equal keys by position where the reference orders equal
+    distances by index; only equal keys (between two entries within the first k + 1, not both
+    empty: equal distances, or distances within float32's rounding of each other) and NaN
+    distances can make the two differ, so those rows (none in most calls; one synchronisation to
+    find them) go through the reference. Empty entries (+inf) tied with each other stay in
+    position order in both."""
     width = idx.shape[1]
     kk = min(k, width)
     real = idx >= 0
     key = torch.where(real, dist, torch.inf)
-    ordered, order = torch.sort(key, dim=1, stable=True)
+    ordered, order = torch.sort(key.to(SORT_KEY if kk <= ROUNDED_KEY_MAX_K else key.dtype), dim=1, stable=True)
     head = min(kk + 1, width)
     real_head = real.gather(1, order[:, :head])
     tie = (ordered[:, 1:head] == ordered[:, :head - 1]) & (real_head[:, 1:] | real_head[:, :-1])
