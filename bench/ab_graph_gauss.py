@@ -22,6 +22,8 @@ or one tree's variants in fresh processes (a first argument that names none is o
   instead of ``plan.GPU_SEARCH_COLS`` (the thresholds tighten between tiles);
 * ``sample16384`` / ``sample32768`` / ``sample131072``: threshold samples of at most 2¹⁴ / 2¹⁵ / 2¹⁷ columns instead of
   ``plan.GPU_SAMPLE``;
+* ``mmaminima``: strip minima (seeds) by ``cuda/screen.cu``'s mma.sync kernel on a Hopper GPU
+  too, as before the wgmma kernel ran them (``cuda_screen.WGMMA_MINIMA`` false);
 * ``f64sort``: the finish's wide rows sorted once by their float64 distances, as before the
   float32 keys (``row_order.SORT_KEY``);
 * ``seed16384`` / ``seed24576``: own parts seeded from 16,384 / 24,576 of their columns instead of
@@ -52,6 +54,7 @@ VARIANTS = {
     "perpart": lambda: setattr(graph, "_own_parts_together", lambda *a: False),
     "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
     "f64sort": lambda: setattr(row_order, "SORT_KEY", torch.float64),
+    "mmaminima": lambda: setattr(cuda_screen, "WGMMA_MINIMA", False),
     "cols65536": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 16),
     "cols131072": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 17),
     "sample16384": lambda: setattr(plan, "GPU_SAMPLE", 1 << 14),

@@ -27,6 +27,9 @@ Variants (each patches module constants before the first call; ``new`` leaves th
   before the kernel's strip minima (``fused.strip_minima_runs`` false).
 * ``sample32768``, ``sample65536``: a sample of at least 32,768 / 65,536 columns at every k
   (``plan.GPU_MIN_SAMPLE``; tighter seeds, now that strip minima write no block).
+* ``mmaminima``: the seeds' strip minima by the mma.sync kernel on a Hopper GPU too, as before
+  the wgmma kernel ran them (``cuda_screen.WGMMA_MINIMA`` false).
+* ``f64sort``: wide rows sorted once by their float64 distances (``row_order.SORT_KEY``).
 * ``new``: the code as it is.
 
 Earlier variants (2026-11-24, see ``docs/BENCHMARKS.md``): ``base``, a search's survivors waiting at
@@ -81,6 +84,7 @@ VARIANTS = {
     "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
     # Wide rows sorted once by their float64 distances, as before the float32 keys.
     "f64sort": lambda: setattr(row_order, "SORT_KEY", torch.float64),
+    "mmaminima": lambda: setattr(cuda_screen, "WGMMA_MINIMA", False),
     "new": lambda: None,
 }
 

@@ -385,16 +385,19 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypat
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m,n,d", [(1, 1, 16), (129, 63, 64), (300, 65, 128), (1000, 8229, 128), (77, 700, 200),
                                    (50, 300, 960)])
-def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, seed):
+@pytest.mark.parametrize("wgmma", [True, False])
+def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, monkeypatch):
     """The CUDA kernel's strip minima equal the reference reduction (``strip_minima_of``) of
     every key the screen kernel computes for the same block, bit for bit (the same products
     and roundings), columns too: duplicate rows (ties go to the smaller column), NaN column
     terms (never the smallest; a strip of them reports +inf), sizes that are not tile or strip
-    multiples, K of one chunk and several (A resident, and streamed at K = 960)."""
+    multiples, K of one chunk and several (A resident, and streamed at K = 960); on a Hopper GPU
+    from the wgmma kernel (K <= 128) and from the mma.sync one."""
     from knng.engine import cuda_screen, screen
 
     if not cuda_screen.available(torch.device("cuda")):
         pytest.skip("needs CuPy")
+    monkeypatch.setattr(cuda_screen, "WGMMA_MINIMA", wgmma)
     g = _gen(seed + m + n)
     x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
     x[10:20] = x[:10]

@@ -103,6 +103,8 @@ CONFIGS: dict[str, Config] = {
 WGMMA_MAX_K = 128
 #: Whether screens use the wgmma kernel where it runs (benchmarks turn it off to compare).
 WGMMA = True
+#: Whether strip minima use it too (benchmarks turn it off to compare).
+WGMMA_MINIMA = True
 
 #: Shared memory a multiprocessor has for two blocks of ~113 KB each (H100: 228 KB, of which
 #: 1 KB per block is reserved): a resident A block is used while two blocks still fit.
@@ -171,8 +173,9 @@ def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, 
              minima: bool = False, k_dims: int = 128) -> tuple[str, ...]:
     if config.wgmma:
         return (f"SCREEN_STAGES={config.stages}", f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
-                f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}", f"SCREEN_PRE={int(config.pretest)}",
-                f"SCREEN_WITH_BF16={int(bf16)}")
+                f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}",
+                f"SCREEN_PRE={int(config.pretest and not minima)}", f"SCREEN_WITH_BF16={int(bf16)}"
+                ) + (("SCREEN_MIN=1",) if minima else ())
     return (f"SCREEN_BM={config.bm}", f"SCREEN_BN={config.bn}", f"SCREEN_WM={config.wm}", f"SCREEN_WN={config.wn}",
             f"SCREEN_STAGES={config.stages}", f"SCREEN_ARES={int(config.resident)}",
             f"SCREEN_MINB={config.min_blocks}", f"SCREEN_RT={int(row_terms)}", f"SCREEN_CT={int(col_terms)}",
@@ -188,9 +191,9 @@ def kernel(device_index: int, config: Config, row_terms: bool, col_terms: bool, 
     chunks), compiled on first use for this device and cached (in memory here, on disk by CuPy
     or :func:`knng.select.cuda.source_kernel`)."""
     if config.wgmma:
-        if minima or k_dims > WGMMA_MAX_K:
-            raise ValueError(f"the wgmma screen takes K <= {WGMMA_MAX_K} and no strip minima")
-        defines = _defines(config, row_terms, col_terms, symmetric, bf16, k_dims=k_dims)
+        if k_dims > WGMMA_MAX_K or (minima and symmetric):
+            raise ValueError(f"the wgmma screen takes K <= {WGMMA_MAX_K}, and strip minima of non-symmetric blocks")
+        defines = _defines(config, row_terms, col_terms, symmetric, bf16, minima, k_dims=k_dims)
         return cuda.source_kernel(_SOURCE_WG, "screen_wg_bf16" if bf16 else "screen_wg_f16", device_index, defines,
                                   arch="sm_90a")
     defines = _defines(config, row_terms, col_terms, symmetric, bf16, minima)
@@ -313,9 +316,10 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
     cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)
 
 
-#: Configurations of the strip minima (:func:`launch_strip_minima`), the first whose shared
-#: memory fits one block: 128 × 128 tiles with A resident, else streamed (K = 960); warps of
-#: 64 × 64 in both, so strips of :data:`STRIP` columns.
+#: Configurations of the strip minima (:func:`launch_strip_minima`) where the wgmma kernel does
+#: not run them (on a Hopper GPU it does up to K = 128: its warps' 64-column halves are the
+#: strips), the first whose shared memory fits one block: 128 × 128 tiles with A resident, else
+#: streamed (K = 960); warps of 64 × 64 in both, so strips of :data:`STRIP` columns.
 MINIMA_CONFIGS = ("r128x128", "s128x128")
 #: Columns of one strip of :func:`launch_strip_minima` (a warp's columns).
 STRIP = 64
@@ -351,10 +355,13 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
     device = a.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     has_rt, has_ct = row_terms is not None, col_terms is not None
-    fits = [CONFIGS[name] for name in MINIMA_CONFIGS
-            if shared_bytes(k_dims, CONFIGS[name], has_rt, has_ct, False) <= _ONE_BLOCK]
-    cfg = fits[0] if fits else CONFIGS[MINIMA_CONFIGS[-1]]
-    fn = kernel(index, cfg, has_rt, has_ct, False, minima=True)
+    if WGMMA and WGMMA_MINIMA and k_dims <= WGMMA_MAX_K and _wgmma_runs(index):
+        cfg = CONFIGS["wg128x128"]  # its halves of 64 columns are the strips
+    else:
+        fits = [CONFIGS[name] for name in MINIMA_CONFIGS
+                if shared_bytes(k_dims, CONFIGS[name], has_rt, has_ct, False) <= _ONE_BLOCK]
+        cfg = fits[0] if fits else CONFIGS[MINIMA_CONFIGS[-1]]
+    fn = kernel(index, cfg, has_rt, has_ct, False, minima=True, k_dims=k_dims)
     smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False)
     row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
     splits = _splits(row_blocks, col_tiles, _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0])

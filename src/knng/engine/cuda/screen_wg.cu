@@ -26,8 +26,9 @@
 //  * The epilogue is screen.cu's (the same key roundings, pre-test and tests, the same warp
 //    votes and survivor buffers, from screen_common.cuh), on two 64-column halves of a warp's
 //    16 × 128 strip (a lane's entries of a half fit a 32-bit mask).
-// Only float16 (and bfloat16 for comparison) rows with K ≤ 128; strip minima and larger K stay in
-// screen.cu.
+//  * Strip minima (SCREEN_MIN): the same products and keys; per row and 64-column half, the
+//    smallest key and its column, as screen.cu's minima (cuda_screen.launch_strip_minima).
+// Only float16 (and bfloat16 for comparison) rows with K ≤ 128; larger K stays in screen.cu.
 
 #include "screen_common.cuh"
 
@@ -52,6 +53,9 @@
 #ifndef SCREEN_WITH_BF16
 #define SCREEN_WITH_BF16 0
 #endif
+#ifndef SCREEN_MIN
+#define SCREEN_MIN 0  // strip minima instead of survivors (non-symmetric, no pre-test; see screen.cu)
+#endif
 
 namespace screen_wg {
 
@@ -62,7 +66,8 @@ constexpr int NWARPS = 8, THREADS = 32 * NWARPS;
 constexpr int STAGES = SCREEN_STAGES;  // B tiles in the ring
 constexpr int LOOKAHEAD = STAGES - 2;  // tiles loading while one is multiplied and one screened
 constexpr bool HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
-constexpr bool PRE = SCREEN_PRE != 0 && !SYM;
+constexpr bool MINIMA = SCREEN_MIN != 0 && !SYM;
+constexpr bool PRE = SCREEN_PRE != 0 && !SYM && !MINIMA;
 constexpr int BK = 64;       // halves of a chunk row
 constexpr int ROWB = 128;    // bytes of a chunk row
 constexpr int RSTEP = THREADS / 8;
@@ -140,7 +145,8 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
                                      const float* __restrict__ col_scale, const float* __restrict__ row_terms,
                                      const float* __restrict__ col_terms, const float* __restrict__ row_thr,
                                      const float* __restrict__ col_thr, const float* __restrict__ term_bound,
-                                     const Lists& out, int diag, int exclude_diag) {
+                                     const Lists& out, int diag, int exclude_diag, float* __restrict__ strip_keys,
+                                     int* __restrict__ strip_cols, int strips) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const float nan = __int_as_float(0x7fc00000);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -289,10 +295,57 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
             if (HAS_CT) key = __fadd_rn(key, (v & 1) ? ct.y : ct.x);
             if (HAS_RT) key = __fadd_rn(key, h ? rt1 : rt0);
             x[j][v] = key;
-            hit_r |= key <= rthr[h];
+            if (!MINIMA) hit_r |= key <= rthr[h];
             if (SYM) hit_c |= key <= ((v & 1) ? cth.y : cth.x);
           }
         }
+      }
+      if (MINIMA) {
+        // Each row's smallest key in this half (strip col0 / 64 + hf: 64 columns; ties to the
+        // smaller column; NaN keys, rows and columns past m / n included, are never smaller):
+        // a lane's own 16 entries of the row by a tree of depth 4 (their columns increase with
+        // the entry, so a tie keeps the left one; NaN counts as +inf), then the four lanes of the
+        // row (tig) by shuffles; lane tig == 0 writes. A strip of +inf and NaN keys reports +inf
+        // and its first column. As screen.cu's minima, whose strips are also 64 columns.
+        const int strip = col0 / 64 + hf;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float kv[2 * HALF];
+          int kc[2 * HALF];
+#pragma unroll
+          for (int j = 0; j < HALF; ++j)
+#pragma unroll
+            for (int w = 0; w < 2; ++w) {
+              const float key = x[j][2 * h + w];
+              kv[2 * j + w] = key != key ? __int_as_float(0x7f800000) : key;
+              kc[2 * j + w] = cbase + 8 * j + w;
+            }
+#pragma unroll
+          for (int step = 1; step < 2 * HALF; step *= 2)
+#pragma unroll
+            for (int e = 0; e < 2 * HALF; e += 2 * step)
+              if (kv[e + step] < kv[e]) {
+                kv[e] = kv[e + step];
+                kc[e] = kc[e + step];
+              }
+          float best = kv[0];
+          int bcol = kc[0];
+#pragma unroll
+          for (int off = 1; off < 4; off *= 2) {
+            const float ob = __shfl_xor_sync(FULL, best, off);
+            const int oc = __shfl_xor_sync(FULL, bcol, off);
+            if (ob < best || (ob == best && oc < bcol)) {
+              best = ob;
+              bcol = oc;
+            }
+          }
+          const int r = rbase + 8 * h;
+          if (tig == 0 && r < m && strip < strips) {
+            strip_keys[(long long)r * strips + strip] = best;
+            strip_cols[(long long)r * strips + strip] = bcol;
+          }
+        }
+        continue;
       }
       // The exact key of entry e (bit 4j + v) of this half from its z = acc·α·s_a (PRE).
       auto exact_key = [&](float z, int e) {
@@ -400,9 +453,9 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
 #define SCREEN_WG_CALL(BF16)                                                                                       \
   SCREEN_LISTS;                                                                                                    \
   screen_wg::body<BF16>(A, B, m, n, K, lda, ldb, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,   \
-                        term_bound, out, diag, exclude_diag)
+                        term_bound, out, diag, exclude_diag, strip_keys, strip_cols, strips)
 
-// The strip-minima arguments are screen.cu's (same launcher); this kernel ignores them.
+// The parameters are screen.cu's (same launcher).
 extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, 1) screen_wg_f16(SCREEN_PARAMS) {
   SCREEN_WG_CALL(false);
 }
