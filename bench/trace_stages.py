@@ -5,6 +5,7 @@ host time, GPU kernel time and launches inside it, the torch operations that too
 host time and the GPU kernels that took the most time. Usage (GPU machine)::
 
     PYTHONPATH=src python bench/trace_stages.py K OUT_DIR [--d 960] [--graph 200000 --precision float32]
+    PYTHONPATH=src python bench/trace_stages.py K OUT_DIR --patches 8 --precision auto
 
 It showed that at k = 10 the store's update is about 400 launches and a dozen synchronisations
 for 1.3 ms of GPU work (``docs/BENCHMARKS.md``, "Store updates by one sort").
@@ -135,11 +136,13 @@ def main() -> None:
     ap.add_argument("--graph", type=int, default=0, help="trace a graph of this many points instead")
     ap.add_argument("--precision", default="tf32", help="a screen precision, or auto (the planner's)")
     ap.add_argument("--d", type=int, default=128, help="dimension of the points")
+    ap.add_argument("--patches", type=int, choices=(8, 16), default=0,
+                    help="trace a graph of image patches of this side (.carry/pictures.npz, bench/bench_patches.py)")
     args = ap.parse_args()
     k, out = args.k, args.out
     for name in ("flush", "finish", "_take_last", "_evaluate_rows"):
         marked(name)
-    if args.graph:
+    if args.graph or args.patches:
         mark_graph_stages()
         mark_search_stages(api_too=False)
     else:
@@ -148,7 +151,17 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     if args.precision != "auto":
         plan.choose_screen_precision = lambda *a, **kw: args.precision
-    if args.graph:
+    if args.patches:
+        import sys
+
+        import numpy as np
+        sys.path.insert(0, "bench")
+        from bench_patches import patches
+
+        stride = {8: 2, 16: 3}[args.patches]
+        x = torch.from_numpy(patches(dict(np.load(".carry/pictures.npz")), args.patches, stride, 12)).to(dev)
+        call, tag = (lambda: knng.graph(x, k)), f"patches{args.patches}"
+    elif args.graph:
         x = torch.randn((args.graph, args.d), device=dev, generator=gen)
         call, tag = (lambda: knng.graph(x, k)), f"graph{args.graph}"
     else:

@@ -184,3 +184,16 @@ def test_strip_seeds_take_their_whole_sample(gpu_planner, monkeypatch):
     block = _gpu_plan(100)
     assert block.sample_size < whole
     assert block.sample_size * block.query_rows * 4 <= 60 * 2**30 // 8
+
+
+def test_stores_that_take_survivors_in_wait_for_more(gpu_planner):
+    # A GPU graph store that cannot hold survivors back (blocks centred on their own parts, in
+    # principal frames) lets PENDING_GPU_UPDATES wait; the plan's memory counts them.
+    cuda = torch.device("cuda", 0)
+    assert plan_mod.pending_pairs(cuda, 60 * 2**30, updates=True) == plan_mod.PENDING_GPU_UPDATES
+    assert plan_mod.pending_pairs(cuda, 60 * 2**30) == plan_mod.PENDING_GPU
+    assert plan_mod.pending_pairs(torch.device("cpu"), 60 * 2**30, updates=True) == plan_mod.PENDING_CPU
+    assert plan_mod.pending_pairs(cuda, 2**30, updates=True) == 2**30 // 8 // plan_mod.PENDING_PAIR_BYTES
+    sym = _gpu_plan(10)
+    assert sym.frames == "principal"
+    assert sym.bytes_expected >= plan_mod.PENDING_GPU_UPDATES * plan_mod.PENDING_PAIR_BYTES

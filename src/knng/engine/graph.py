@@ -31,6 +31,7 @@ from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span
 from knng.engine.lists import ListHome
 from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, graph_search_k, make_graph_plan,
+    pending_pairs,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
@@ -178,8 +179,11 @@ def exact_graph(
         def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
             return frames.evaluate(metric, rows, cols, device, plan.work_bytes)
 
-        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
-                               work_bytes=plan.work_bytes, holding=_holding(plan, norms, terms, device))
+        holding = _holding(plan, norms, terms, device)
+        # A store that takes its survivors in as it goes waits for more of them at a time.
+        pending = plan.pending_pairs if holding is not None else pending_pairs(device, plan.budget, updates=True)
+        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=pending,
+                               work_bytes=plan.work_bytes, holding=holding)
         thresholds = None if shared is None else _SharedThresholds.when_uniform(store, norms, terms,
                                                                                  [frames.ids(p) for p in range(len(parts))])
         buffer = ScoreBuffer() if device.type == "cpu" else None

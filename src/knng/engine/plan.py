@@ -534,6 +534,14 @@ def search_capacity(k: int, available: int, device: torch.device) -> int:
 #: Gaussian: 2¹² 9.8 s, 2¹⁵ 7.6 s, 2¹⁷ 9.6 s (later flushes tighten later: more survivors).
 PENDING_CPU = 1 << 15
 PENDING_GPU = 1 << 22
+#: Survivors a GPU graph's store lets wait when it takes them in as it goes (blocks centred on
+#: their own parts: image patches in principal slabs, whose stores cannot hold survivors back;
+#: ``knng.engine.graph``), where PENDING_GPU is how often a holding store tightens. H200,
+#: 2026-11-26, one process, alternating, min of 2 (2²² / 2²³ / 2²⁴ / 2²⁵, ms): 8×8 patches
+#: (582k × 64) k = 10 440, 449 / 415, 429 / 397, 403 / 392, 397; k = 100 905, 904 / 876, 875 /
+#: 871, 875 / 871, 866; 16×16 patches (250k × 256) k = 10 224, 222 / 213, 212 / 206, 203 / 221,
+#: 199 (22 store updates of ~515 launches each at 2²² on the 8×8 patches).
+PENDING_GPU_UPDATES = 1 << 24
 #: Bytes per pending survivor, its copies during the update included.
 PENDING_PAIR_BYTES = 96
 
@@ -547,12 +555,13 @@ PENDING_PAIR_BYTES = 96
 SEARCH_PENDING_SHARE: int | None = 4
 
 
-def pending_pairs(device: torch.device, budget: int, search: bool = False) -> int:
+def pending_pairs(device: torch.device, budget: int, search: bool = False, updates: bool = False) -> int:
     """Survivors a store may hold pending: the device's measured best, within 1/8 of the budget
-    (a GPU search: as many as 1/:data:`SEARCH_PENDING_SHARE` of the budget holds)."""
+    (a GPU search: as many as 1/:data:`SEARCH_PENDING_SHARE` of the budget holds; ``updates``:
+    a GPU graph store that takes its survivors in as it goes, :data:`PENDING_GPU_UPDATES`)."""
     if search and device.type == "cuda" and SEARCH_PENDING_SHARE:
         return int(max(1024, budget // SEARCH_PENDING_SHARE // PENDING_PAIR_BYTES))
-    best = PENDING_GPU if device.type == "cuda" else PENDING_CPU
+    best = (PENDING_GPU_UPDATES if updates else PENDING_GPU) if device.type == "cuda" else PENDING_CPU
     return int(max(1024, min(best, budget // 8 // PENDING_PAIR_BYTES)))
 
 
@@ -700,8 +709,10 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     # A kernel screen materialises no block but the float32 sample block that seeds a part's own
     # block (its whole own block when the part is no wider than the sample).
     blocks_bytes = b * min(b, OWN_PART_SEED) * BLOCK_BYTES_PER_ELEMENT if kernel else b * b * element * 3
+    # Principal frames whose blocks are centred on their own parts take survivors in as they go.
+    waiting = pending_pairs(device, budget, updates=True) if principal else pending
     expected = (slots + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
-                + pending * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
+                + max(pending, waiting) * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
     read_rows = _read_rows(host_budget, d, max(b, READ_ROWS))
     reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * read_rows
     off_device = store if lists == LISTS_IN_HOST else 0
