@@ -321,8 +321,7 @@ def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tens
     ``buffer``: where a materialised block is written.
     """
     if use_kernel(precision, a.device):
-        return fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
-                                  col_terms, precision.name, exclude_diagonal=exclude_diagonal)[0]
+        return _kernel_rows(a, b, d, thresholds, precision, row_terms, col_terms, exclude_diagonal)
     scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
     if exclude_diagonal is not None:
         t = torch.arange(scores.shape[0], device=scores.device)
@@ -345,9 +344,7 @@ def screen_rows_later(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torc
     a second launch then.
     """
     if use_kernel(precision, a.device):
-        sized = fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
-                                   col_terms, precision.name, exclude_diagonal=exclude_diagonal, later=True)
-        return lambda: sized()[0]
+        return _kernel_rows(a, b, d, thresholds, precision, row_terms, col_terms, exclude_diagonal, later=True)
     found = screen_rows(a, b, d, thresholds, precision, row_terms=row_terms, col_terms=col_terms,
                         exclude_diagonal=exclude_diagonal)
     return lambda: found
@@ -360,16 +357,7 @@ def screen_pairs_later(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds:
     """:func:`screen_pairs` whose survivors are read when the returned function is called (see
     :func:`screen_rows_later`: a kernel screen launched now, sized then; elsewhere run now)."""
     if use_kernel(precision, a.device):
-        sized = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
-                                   _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
-                                   precision.name, later=True)
-
-        def both() -> tuple[Survivors, Survivors]:
-            by_row, by_col = sized()
-            assert by_col is not None
-            return by_row, by_col
-
-        return both
+        return _kernel_pairs(a, b, d, row_thresholds, col_thresholds, precision, row_terms, col_terms, later=True)
     found = screen_pairs(a, b, d, row_thresholds, col_thresholds, precision, row_terms=row_terms,
                          col_terms=col_terms)
     return lambda: found
@@ -402,11 +390,7 @@ def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
         if callable(row_thresholds):
             row_thresholds, col_thresholds = row_thresholds()
         assert col_thresholds is not None
-        by_row, by_col = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
-                                            _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms,
-                                            col_terms, precision.name)
-        assert by_col is not None
-        return by_row, by_col
+        return _kernel_pairs(a, b, d, row_thresholds, col_thresholds, precision, row_terms, col_terms)
     if scores is None:
         scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
     if callable(row_thresholds):
@@ -415,6 +399,33 @@ def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
     by_row, by_col = block_survivors(scores, row_thresholds, col_thresholds)
     assert by_col is not None
     return by_row, by_col
+
+
+def _kernel_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tensor, precision: ScreenPrecision,
+                 row_terms: torch.Tensor | None, col_terms: torch.Tensor | None, exclude_diagonal: int | None,
+                 later: bool = False):
+    """The kernel's screen of rows (:func:`screen_rows`): float32 thresholds rounded up, so that
+    the kernel keeps every pair the float64 ones keep; with ``later`` a function that sizes the
+    lists when called (``fused.screen_block``)."""
+    found = fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
+                               col_terms, precision.name, exclude_diagonal=exclude_diagonal, later=later)
+    return (lambda: found()[0]) if later else found[0]
+
+
+def _kernel_pairs(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds: torch.Tensor,
+                  col_thresholds: torch.Tensor, precision: ScreenPrecision, row_terms: torch.Tensor | None,
+                  col_terms: torch.Tensor | None, later: bool = False):
+    """The kernel's screen of a symmetric block (:func:`screen_pairs`), as :func:`_kernel_rows`."""
+    found = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
+                               _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
+                               precision.name, later=later)
+
+    def both() -> tuple[Survivors, Survivors]:
+        by_row, by_col = found() if later else found
+        assert by_col is not None
+        return by_row, by_col
+
+    return both if later else both()
 
 
 def _round_up(rounded: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
