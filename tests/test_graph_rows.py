@@ -177,10 +177,12 @@ def test_strip_seeds_take_their_whole_sample(gpu_planner, monkeypatch):
     # The kernel's strip minima write no score block, so a rows chunk of 65,536 points takes the
     # planner's whole sample; a screen whose seeds materialise the block takes what fits an eighth
     # of the budget beside it.
-    monkeypatch.setattr(plan_mod, "strip_minima_runs", lambda precision, device: True)
+    from knng.engine import fused
+
+    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: True)
     whole = min(plan_mod.GPU_SAMPLE, plan_mod.GPU_SAMPLE_PER_K * 101)
     assert _gpu_plan(100).sample_size == whole
-    monkeypatch.setattr(plan_mod, "strip_minima_runs", lambda precision, device: False)
+    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: False)
     block = _gpu_plan(100)
     assert block.sample_size < whole
     assert block.sample_size * block.query_rows * 4 <= 60 * 2**30 // 8
@@ -197,3 +199,16 @@ def test_stores_that_take_survivors_in_wait_for_more(gpu_planner):
     sym = _gpu_plan(10)
     assert sym.frames == "principal"
     assert sym.bytes_expected >= plan_mod.PENDING_GPU_UPDATES * plan_mod.PENDING_PAIR_BYTES
+
+
+def test_strip_seeds_are_planned_only_where_the_search_runs_them(gpu_planner, monkeypatch):
+    # A corpus with fewer than 2k strips is seeded from a materialised sample block even where
+    # the kernel's minima run: the plan must then fit that block in its eighth of the budget.
+    from knng.engine import fused
+
+    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: True)
+    budget = 16 * 2**30
+    p = plan_mod.make_search_plan(n_queries=200_000, n_corpus=50_000, d=128, k=500, metric="euclidean",
+                                  device=torch.device("cuda", 0), budget=budget, host_budget=64 * 2**30)
+    assert 2 * 500 > -(-50_000 // fused.STRIP)
+    assert p.sample_size * p.query_rows * 4 <= budget // 8 or p.sample_size == 500 * plan_mod.SAMPLE_PER_K

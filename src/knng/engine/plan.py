@@ -16,7 +16,8 @@ import torch
 from knng._inputs import READ_AHEAD, InputArray
 from knng._units import parse_bytes
 from knng.engine.frames import LOCAL_CENTRE_GAIN, slab_gain, translation_invariant
-from knng.engine.fused import STRIP, fused_available, strip_minima_runs
+from knng.engine.fused import STRIP, fused_available
+from knng.engine.screen import strip_seeds_run
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 
 __all__ = [
@@ -602,7 +603,9 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     # kernel's strip minima write no score block, only a key and a column per row and strip
     # (seeds, search.py): a graph's rows method at k = 100 (chunks of 50,000 rows) took 42,545
     # columns where a score block was counted and 65,536 without.
-    strips = kernel and tiles.corpus_resident and strip_minima_runs(precision, device) and 2 * k <= base // STRIP
+    # (Decided on the fewest columns the sample can then have, as the search decides on its own.)
+    strips = (kernel and tiles.corpus_resident
+              and strip_seeds_run(PRECISIONS[precision], device, min(n_corpus, base), k))
     column_bytes = -(-tiles.query_rows * 8 // STRIP) if strips else tiles.query_rows * element
     fit = budget // 8 // (vector + column_bytes)
     sample = int(min(n_corpus, max(min(base, fit), SAMPLE_PER_K * k)))
