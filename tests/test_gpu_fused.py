@@ -419,11 +419,15 @@ def test_radius_kernel_is_its_reference_on_the_hardware():
     """The threshold radius kernel, launched without fused multiply-adds, gives the torch
     reference's float64 values bit for bit on the GPU (every metric, precision and kind of
     maxima: ``test_radius.py``)."""
-    from test_radius import assert_kernel_is_reference, assert_seeding_is_reference, assert_tightening_is_reference
+    from test_radius import (
+        assert_kernel_is_reference, assert_pair_radius_is_reference, assert_seeding_is_reference,
+        assert_tightening_is_reference,
+    )
 
     assert assert_kernel_is_reference(torch.device("cuda")) > 100
     assert assert_tightening_is_reference(torch.device("cuda")) > 20
     assert assert_seeding_is_reference(torch.device("cuda")) > 20
+    assert assert_pair_radius_is_reference(torch.device("cuda")) > 20
 
 
 def test_row_selection_is_its_reference_on_the_hardware():

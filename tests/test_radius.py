@@ -152,6 +152,7 @@ def assert_seeding_is_reference(device: torch.device) -> int:
                     mp.setattr(radius, "seed_rows", lambda *a, **kw: calls.append(seed_rows(*a, **kw)))
                 else:
                     mp.setattr(radius, "kernel_applies", lambda *t: False)
+                    mp.setattr(radius, "pair_kernel_applies", lambda *t: False)
                 store.seed(rows, cols, keys)
                 assert len(calls) == use_kernel, "the kernel did not run"
             results.append(store.tau.clone())
@@ -159,6 +160,66 @@ def assert_seeding_is_reference(device: torch.device) -> int:
         assert bool((results[0] < tau).any()), label
         cases += 1
     return cases
+
+
+def assert_pair_radius_is_reference(device: torch.device) -> int:
+    """``PairErrors.err`` and ``PairErrors.radius`` through the pair radius kernel against
+    :meth:`PairErrors.radius_reference`, bit for bit: the store's norms gathered, norms given per
+    pair (with and without terms), flat and (rows, seeds) shapes, float32 and float64 keys,
+    infinite, NaN, negative and huge keys, every metric and precision."""
+    cases = 0
+    gen = torch.Generator().manual_seed(13)
+    for label, errors, rows, tau, max_norm, max_term, given in radius_cases(device):
+        if isinstance(max_norm, torch.Tensor) or given is not None:  # one case per metric and precision
+            continue
+        n, p = errors.row_norms.numel(), 7_001  # not a multiple of the kernel's block
+        pair_rows = torch.randint(0, n, (p,), generator=gen).to(device)
+        cols = torch.randint(0, N_COLS, (p,), generator=gen).to(device)
+        keys = (torch.randn(p, generator=gen, dtype=torch.float64) * 300.0).to(device)
+        keys[::9] = torch.inf
+        keys[1::9] = -torch.inf
+        keys[2::9] = torch.nan
+        keys[3::9] = -3e300
+        keys[4::9] = 2e290
+        for key_type in (torch.float64, torch.float32):
+            k = keys.to(key_type)
+            want = errors.radius_reference(*errors.norms_of(pair_rows, cols), k, pair_rows)
+            got = errors.err(pair_rows, cols, k)
+            assert got.dtype == torch.float64 and got.shape == want.shape, label
+            assert torch.equal(got, want), (label, key_type, (got - want).abs().max().item())
+            a, b = errors.row_norms[pair_rows] * 1.5, errors.col_norms[cols] * 0.75
+            terms = [(None, None)]
+            if errors.row_terms is not None:
+                terms += [(errors.row_terms[pair_rows] - 1.0, errors.col_terms[cols] + 2.0),
+                          (None, errors.col_terms[cols])]
+            for at, bt in terms:
+                want = errors.radius_reference(a, b, at, bt, k, pair_rows)
+                got = errors.radius(a, b, at, bt, k, pair_rows)
+                assert torch.equal(got, want), (label, key_type, at is None, (got - want).abs().max().item())
+            # (rows, seeds) shapes, the rows broadcast along each row's seeds (as a seed's radii).
+            grid_rows = pair_rows[:500, None].expand(500, 14)
+            grid_cols, grid_keys = cols[:7000].view(500, 14), k[:7000].view(500, 14)
+            want = errors.radius_reference(*errors.norms_of(grid_rows, grid_cols), grid_keys, grid_rows)
+            assert torch.equal(errors.err(grid_rows, grid_cols, grid_keys), want), label
+            cases += 1
+    return cases
+
+
+def test_pair_radius_kernel_is_its_reference(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    calls = []
+    kernel = radius.pair_radius
+    monkeypatch.setattr(radius, "pair_radius", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    assert assert_pair_radius_is_reference(torch.device("cpu")) > 20
+    assert len(calls) > 100, "the kernel did not run"
+
+
+def test_pair_radius_is_the_reference_without_the_kernel(monkeypatch):
+    """Without the kernel (a CPU, no Triton) the radii are the torch reference's."""
+    monkeypatch.setattr(fused, "fused_available", lambda device: False)
+    assert assert_pair_radius_is_reference(torch.device("cpu")) > 20
 
 
 def test_radius_kernel_is_its_reference(monkeypatch):

@@ -380,6 +380,41 @@ def block_radius_kernel(tau, rows, row_norms, row_terms, offsets, col_norms, col
 
 
 @triton.jit
+def pair_radius_kernel(rows, cols, keys, row_norms, col_norms, row_terms, col_terms, offsets, out, p,
+                       c_dot: "fp64", c_flush: "fp64", c_term: "fp64", slack: "fp64", gamma: "fp64",
+                       centre_norm: "fp64", tiny: "fp64", GATHER: tl.constexpr, COL_TERMS: tl.constexpr,
+                       ROW_TERMS: tl.constexpr, ORACLE: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = the error radius of the screened key ``keys[i]`` (float32 or float64) of pair i
+    (:func:`_row_radius` with the pair's own norms and terms): given per pair, or, where
+    ``GATHER``, the store's gathered through ``rows[i]`` and the global column ``cols[i]``. The
+    offsets are always gathered through ``rows``."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < p
+    r = tl.load(rows + i, mask=ok, other=0).to(tl.int64)
+    if GATHER:
+        at_row = r
+        at_col = tl.load(cols + i, mask=ok, other=0).to(tl.int64)
+    else:
+        at_row = i
+        at_col = i
+    a = tl.load(row_norms + at_row, mask=ok, other=0.0)
+    b = tl.load(col_norms + at_col, mask=ok, other=0.0)
+    if ROW_TERMS:
+        at = tl.load(row_terms + at_row, mask=ok, other=0.0)
+    else:
+        at = a
+    if COL_TERMS:
+        bt = tl.load(col_terms + at_col, mask=ok, other=0.0)
+    else:
+        bt = b
+    t = tl.load(keys + i, mask=ok, other=0.0).to(tl.float64)
+    off = tl.load(offsets + r, mask=ok, other=0.0)
+    rad = _row_radius(a, b, bt, at, t, off, c_dot, c_flush, c_term, slack, gamma, centre_norm, tiny,
+                      COL_TERMS, ROW_TERMS, ORACLE)
+    tl.store(out + i, rad, mask=ok)
+
+
+@triton.jit
 def _decoded_key(code):
     """The float32 key of an order code of ``row_kth.ordered_code`` (int64 in [0, 2³²)), as float64."""
     bits = tl.where(code < 2147483648, -code - 1, code - 2147483648)

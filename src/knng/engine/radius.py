@@ -10,7 +10,9 @@ own radius and each row's largest bound (:meth:`~knng.engine.store.CandidateStor
 GPU each operation is a launch of a few microseconds of work, and the host's launches, not the
 GPU, set the pace: in a search of 10k queries (1M × 128, H100) the two tightenings were 299
 launches for 2.5 ms of GPU work. :func:`block_radius`, :func:`tighten_rows` and
-:func:`seed_rows` do the same arithmetic in one launch each.
+:func:`seed_rows` do the same arithmetic in one launch each, and :func:`pair_radius` the radius
+of every survivor a store takes in (``PairErrors.radius``: a store update of 2²⁴ survivors of
+an image-patch graph ran it as ~25 launches over 16M float64 values, ~2.5 ms of GPU a flush).
 
 Their reference is the torch code of those methods, which every other device runs: the kernels
 perform the same IEEE float64 operations in the same order (``_triton_kernels._row_radius``) and
@@ -26,7 +28,7 @@ import torch
 from knng.engine import fused
 from knng.metrics import TINY, Metric, ScreenPrecision
 
-__all__ = ["kernel_applies", "block_radius", "tighten_rows", "seed_rows"]
+__all__ = ["kernel_applies", "pair_kernel_applies", "block_radius", "pair_radius", "tighten_rows", "seed_rows"]
 
 #: Rows per program (the interpreter's cost is per program).
 BLOCK = 1024
@@ -87,6 +89,53 @@ def block_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
         norm_stride, term_stride, INDEXED=indexed, TAU_INDEXED=tau_indexed, COL_NORM_TENSOR=col_norms is not None,
         COL_TERM_TENSOR=col_term_values is not None, COL_TERMS=col_terms, ROW_TERMS=has_row_terms, ORACLE=form,
         ADD_TAU=add_tau, BLOCK=BLOCK, **_options())
+    return out
+
+
+def pair_kernel_applies(*tensors: "torch.Tensor | None") -> bool:
+    """Whether :func:`pair_radius` runs on these norm and term tensors (any shape, float64; None
+    entries skipped): where the fused screen kernel can."""
+    first = next(t for t in tensors if t is not None)
+    return fused.fused_available(first.device) and all(t.dtype == torch.float64 for t in tensors if t is not None)
+
+
+def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
+                rows: torch.Tensor, keys: torch.Tensor, offsets: torch.Tensor, row_norms: torch.Tensor,
+                col_norms: torch.Tensor, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None,
+                cols: torch.Tensor | None = None) -> torch.Tensor:
+    """``PairErrors.radius`` of screened ``keys`` in one launch: float64, the shape of ``keys``.
+
+    ``rows``: the pairs' store rows (``offsets`` are gathered through them); the norms and terms
+    are the pairs' own, one per key (shapes broadcast to ``keys``), or, with ``cols`` (the pairs'
+    global columns), the store's: rows' gathered through ``rows``, columns' through ``cols``.
+    Terms count where the metric's bound has a term coefficient and they are given.
+    """
+    shape = keys.shape
+    out = torch.empty(shape, dtype=torch.float64, device=keys.device)
+    p = keys.numel()
+    if p == 0:
+        return out
+    c_dot, c_term, c_flush, gamma, form, _ = _coefficients(metric, d, precision)
+    has_row_terms, has_col_terms = bool(c_term) and row_terms is not None, bool(c_term) and col_terms is not None
+
+    def flat(t: torch.Tensor) -> torch.Tensor:  # one value per key, contiguous
+        return t.expand(shape).reshape(-1)
+
+    gather = cols is not None
+    if gather:
+        assert cols is not None
+        cols = flat(cols)
+    else:
+        row_norms, col_norms = flat(row_norms), flat(col_norms)
+        row_terms = flat(row_terms) if has_row_terms and row_terms is not None else None
+        col_terms = flat(col_terms) if has_col_terms and col_terms is not None else None
+    rows_flat = flat(rows)
+    fused.kernels().pair_radius_kernel[(-(-p // BLOCK),)](
+        rows_flat, cols if gather else rows_flat, keys.reshape(-1), row_norms.contiguous(), col_norms.contiguous(),
+        row_terms.contiguous() if has_row_terms and row_terms is not None else row_norms,
+        col_terms.contiguous() if has_col_terms and col_terms is not None else col_norms,
+        offsets.contiguous(), out.view(-1), p, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
+        GATHER=gather, COL_TERMS=has_col_terms, ROW_TERMS=has_row_terms, ORACLE=form, BLOCK=BLOCK, **_options())
     return out
 
 

@@ -87,6 +87,13 @@ class PairErrors:
 
     def err(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Error radius of screened ``keys`` for store rows ``rows`` and global columns ``cols``."""
+        if (self.row_norms is not None and self.col_norms is not None
+                and radius.pair_kernel_applies(self.row_norms, self.col_norms, self.row_terms, self.col_terms,
+                                               self.row_offsets)):
+            # The norms gathered and the radius computed in one launch (knng.engine.radius).
+            return radius.pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+                                      keys, self.row_offsets, self.row_norms, self.col_norms, self.row_terms,
+                                      self.col_terms, cols=cols)
         return self.radius(*self.norms_of(rows, cols), keys, rows)
 
     def norms_of(self, rows: torch.Tensor, cols: torch.Tensor) -> "PairNorms":
@@ -102,7 +109,16 @@ class PairErrors:
                keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Error radius of screened ``keys`` whose pairs were prepared with norms ``a``, ``b`` and
         terms ``a_terms``, ``b_terms`` (float64; a block prepared around its own centre has its
-        own), for store rows ``rows``."""
+        own), for store rows ``rows``: one launch where the radius kernel runs
+        (:func:`knng.engine.radius.pair_radius`, the same values), else :meth:`radius_reference`."""
+        if radius.pair_kernel_applies(a, b, a_terms, b_terms, self.row_offsets):
+            return radius.pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+                                      keys, self.row_offsets, a, b, a_terms, b_terms)
+        return self.radius_reference(a, b, a_terms, b_terms, keys, rows)
+
+    def radius_reference(self, a: torch.Tensor, b: torch.Tensor, a_terms: torch.Tensor | None,
+                         b_terms: torch.Tensor | None, keys: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`radius` in torch (the pair radius kernel's reference)."""
         bound = self.metric.pair_bound(self.d, a, b, a_terms, b_terms, precision=self.precision)
         return self._add_float64(bound, keys.to(torch.float64), self.row_offsets[rows], a, b)
 
@@ -679,16 +695,15 @@ class CandidateStore:
         (after an interrupted flush, without those the store already holds)."""
         parts = self._pending
         if all(p[3] is None for p in parts):
-            # The store's own norms for every pair: gather them once for the whole batch.
+            # The store's own norms for every pair: gathered with the radii, for the whole batch.
             rows, cols, keys = (parts[0][f] if len(parts) == 1 else torch.cat([p[f] for p in parts])
                                 for f in range(3))
-            norms = self.errors.norms_of(rows, cols)
+            rad = self.errors.err(rows, cols, keys)
         else:
-            parts = [(r, c, k, self.errors.norms_of(r, c) if n is None else n) for r, c, k, n in parts]
-            rows, cols, keys = (torch.cat([p[f] for p in parts]) for f in range(3))
-            norms = PairNorms(*(None if parts[0][3][f] is None else torch.cat([p[3][f] for p in parts])
-                                for f in range(4)))
-        rad = self.errors.radius(*norms, keys, rows)
+            # Each part's radii from its own norms (no concatenated copies of the norms).
+            rows, cols, keys, rad = (torch.cat(f) for f in zip(*(
+                (r, c, k, self.errors.err(r, c, k) if n is None else self.errors.radius(*n, k, r))
+                for r, c, k, n in parts)))
         if self._interrupted:
             rows, cols, keys, rad = self._without_repeats(rows, cols, keys, rad)
         return rows, cols, keys, rad
