@@ -733,13 +733,13 @@ class CandidateStore:
             return True
         order, shift = self._by_row_and_upper(rows, keys + rad)
         rows, cols, keys, rad, dist, fresh = (t[order] for t in (rows, cols, keys, rad, dist, fresh))
-        per_row = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
+        per_row = _sorted_counts(rows, self.n)
         starts = torch.cumsum(per_row, 0) - per_row
         full = per_row >= self.k
         kth = (keys + rad)[(starts + self.k - 1).clamp_max(rows.numel() - 1)]
         torch.minimum(self.tau, torch.where(full, _rounded_up(kth, shift), torch.inf), out=self.tau)
         rows, cols, keys, rad, dist, fresh = _compact(keys - rad <= self.tau[rows], rows, cols, keys, rad, dist, fresh)
-        kept = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
+        kept = _sorted_counts(rows, self.n)
         width, taken, tightened = torch.stack([kept.max(), fresh.sum(), full.sum()]).tolist()
         if width * self.n > self.rebuild_entries and width > self.capacity:
             return False
@@ -843,13 +843,13 @@ class CandidateStore:
         order, shift = self._by_row_and_upper(rows, keys + rad)
         rows, cols, keys, rad, dist = rows[order], cols[order], keys[order], rad[order], dist[order]
         if over_rows.numel():
-            per_row = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
+            per_row = _sorted_counts(rows, self.n)
             starts = torch.cumsum(per_row, 0) - per_row
             kth = (keys + rad)[starts[over_rows] + self.k - 1]
             self.tau[over_rows] = torch.minimum(self.tau[over_rows], _rounded_up(kth, shift))
             rows, cols, keys, rad, dist = _compact(~over[rows] | (keys - rad <= self.tau[rows]),
                                                    rows, cols, keys, rad, dist)
-        kept = torch.zeros_like(self.count).index_add_(0, rows, torch.ones_like(rows))
+        kept = _sorted_counts(rows, self.n)
         starts = torch.cumsum(kept, 0) - kept
         slot = torch.where(over, 0, self.count)[rows] + torch.arange(rows.numel(), device=rows.device) - starts[rows]
         ties = over & (kept > self.capacity)
@@ -1101,6 +1101,16 @@ def _rebuild_groups(extra: torch.Tensor, capacity: int, entries: int | None = No
     return groups
 
 
+def _sorted_counts(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Entries per row (int64, (n,)) of ascending store ``rows``, from where each row starts.
+
+    ``index_add_`` of ones serialises its atomic adds on sorted rows (a warp's threads add to
+    one counter): an 8×8 image-patch graph's store updates at k = 100 spent 25 ms of GPU in it
+    (H200, 2026-11-26); a search for the rows' boundaries takes a fraction of that."""
+    bounds = torch.searchsorted(rows, torch.arange(n + 1, device=rows.device, dtype=rows.dtype))
+    return bounds[1:] - bounds[:-1]
+
+
 def _compact(mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
     """The entries of ``tensors`` where ``mask`` holds, in order: one ``nonzero`` for all of them
     (indexing each by the mask finds the positions again, a GPU synchronisation each time)."""
@@ -1120,9 +1130,29 @@ def _overlapping_sorted(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
 
     Rows must be in ascending order of the intervals' centres: interval j meets an earlier one
     iff the running maximum of the earlier ``high`` reaches ``low[j]``, and a later one iff the
-    running minimum of the later ``low`` is within ``high[j]``.
+    running minimum of the later ``low`` is within ``high[j]``. On a GPU many narrow rows are
+    scanned as the columns of their transpose (:data:`SCAN_TRANSPOSED_ROWS`).
     """
+    m, w = low.shape
+    if low.device.type == "cuda" and m >= SCAN_TRANSPOSED_ROWS * w:
+        return _overlapping_sorted_columns(low.t().contiguous(), high.t().contiguous()).t()
     inf = torch.full_like(low[:, :1], torch.inf)
     prev_hi = torch.cat([-inf, torch.cummax(high, dim=1).values[:, :-1]], dim=1)
     next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(low, [1]), dim=1).values, [1])[:, 1:], inf], dim=1)
+    return (prev_hi >= low) | (next_lo <= high)
+
+
+#: :func:`_overlapping_sorted` scans the transpose on a GPU from this many rows per entry of a
+#: row on: torch's scans along the last dimension take one block per row, along the first one
+#: thread per column. H200, 2026-11-26 (``bench/overlap_scan_rates.py``, CUDA events):
+#: 582,150 × 18 12.65 ms along the rows, 0.89 transposed; 300,000 × 125 7.45 / 2.47;
+#: 100,000 × 136 0.71 / 0.82; 10,000 × 1,250 0.75 / 1.62.
+SCAN_TRANSPOSED_ROWS = 1024
+
+
+def _overlapping_sorted_columns(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """:func:`_overlapping_sorted` of the columns of ``low`` and ``high`` (each column a row)."""
+    inf = torch.full_like(low[:1], torch.inf)
+    prev_hi = torch.cat([-inf, torch.cummax(high, dim=0).values[:-1]], dim=0)
+    next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(low, [0]), dim=0).values, [0])[1:], inf], dim=0)
     return (prev_hi >= low) | (next_lo <= high)
