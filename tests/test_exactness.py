@@ -512,15 +512,16 @@ def test_store_row_helpers_equal_their_plain_forms(rng):
     """The store's counts of sorted rows and its transposed interval scan give the plain forms'
     values: counts by index_add_, overlaps by scans along the rows (ties of endpoints, empty
     rows, infinite intervals, rows of one entry)."""
-    from knng.engine.store import _overlapping_sorted, _overlapping_sorted_columns, _sorted_counts
+    from knng.engine.store import _counts_by_starts, _overlapping_sorted, _overlapping_sorted_columns, _sorted_counts
 
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
     n = 1_000
     rows = torch.sort(torch.randint(0, n, (20_000,), generator=gen)).values
     rows = rows[(rows % 7) != 3]  # rows with no entry
     want = torch.zeros(n, dtype=torch.int64).index_add_(0, rows, torch.ones_like(rows))
+    assert torch.equal(_counts_by_starts(rows, n), want)
+    assert torch.equal(_counts_by_starts(rows[:0], n), torch.zeros(n, dtype=torch.int64))
     assert torch.equal(_sorted_counts(rows, n), want)
-    assert torch.equal(_sorted_counts(rows[:0], n), torch.zeros(n, dtype=torch.int64))
     for m, w in ((500, 1), (300, 7), (64, 40)):
         mid = torch.sort(torch.randint(0, 50, (m, w), generator=gen).double(), dim=1).values
         r = torch.randint(0, 3, (m, w), generator=gen).double() / 2  # touching endpoints tie exactly

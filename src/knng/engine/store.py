@@ -699,11 +699,19 @@ class CandidateStore:
             rows, cols, keys = (parts[0][f] if len(parts) == 1 else torch.cat([p[f] for p in parts])
                                 for f in range(3))
             rad = self.errors.err(rows, cols, keys)
-        else:
-            # Each part's radii from its own norms (no concatenated copies of the norms).
+        elif radius.pair_kernel_applies(self.errors.row_offsets):
+            # Each part's radii from its own norms in one launch (no concatenated copies of them).
             rows, cols, keys, rad = (torch.cat(f) for f in zip(*(
                 (r, c, k, self.errors.err(r, c, k) if n is None else self.errors.radius(*n, k, r))
                 for r, c, k, n in parts)))
+        else:
+            # torch's radii for the whole batch at once: one part at a time would be ~25
+            # operations each, and a CPU update takes many small parts in.
+            parts = [(r, c, k, self.errors.norms_of(r, c) if n is None else n) for r, c, k, n in parts]
+            rows, cols, keys = (torch.cat([p[f] for p in parts]) for f in range(3))
+            norms = PairNorms(*(None if parts[0][3][f] is None else torch.cat([p[3][f] for p in parts])
+                                for f in range(4)))
+            rad = self.errors.radius(*norms, keys, rows)
         if self._interrupted:
             rows, cols, keys, rad = self._without_repeats(rows, cols, keys, rad)
         return rows, cols, keys, rad
@@ -1102,11 +1110,20 @@ def _rebuild_groups(extra: torch.Tensor, capacity: int, entries: int | None = No
 
 
 def _sorted_counts(rows: torch.Tensor, n: int) -> torch.Tensor:
-    """Entries per row (int64, (n,)) of ascending store ``rows``, from where each row starts.
+    """Entries per row (int64, (n,)) of ascending store ``rows``.
 
-    ``index_add_`` of ones serialises its atomic adds on sorted rows (a warp's threads add to
-    one counter): an 8×8 image-patch graph's store updates at k = 100 spent 25 ms of GPU in it
-    (H200, 2026-11-26); a search for the rows' boundaries takes a fraction of that."""
+    On a GPU from where each row starts (:func:`_counts_by_starts`): ``index_add_`` of ones
+    serialises its atomic adds on sorted rows (a warp's threads add to one counter), and an 8×8
+    image-patch graph's store updates at k = 100 spent 25 ms of GPU in it (H200, 2026-11-26). On
+    a CPU ``index_add_`` is one pass, where a search of every row's start in a small update is
+    n·log of its size."""
+    if rows.device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int64, device=rows.device).index_add_(0, rows, torch.ones_like(rows))
+    return _counts_by_starts(rows, n)
+
+
+def _counts_by_starts(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Entries per row of ascending ``rows`` by a search for each row's first entry."""
     bounds = torch.searchsorted(rows, torch.arange(n + 1, device=rows.device, dtype=rows.dtype))
     return bounds[1:] - bounds[:-1]
 

@@ -1,0 +1,83 @@
+"""A/B of whole calls in fresh processes, each answer checked against the float64 oracle.
+
+Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
+200k × 128 Gaussian graph (k = 10) and the 1M × 128 search (10k queries, k = 10 and 100): min
+and all of 3 calls after a warm-up (5 for searches), then the oracle on 192 rows of a graph
+(128 random, 64 flat patches) or 128 of a search, and the report's pairs screened and
+evaluated per row. Whichever knng is on PYTHONPATH; run the versions alternating, twice, on one
+machine, from the repository root (``.carry/pictures.npz``: ``bench_patches.py --save-images``)::
+
+    for i in 1 2; do
+      PYTHONPATH=old/src:tests python bench/ab_exact_calls.py old p8,p16,g200k,s128
+      PYTHONPATH=src:tests python bench/ab_exact_calls.py new p8,p16,g200k,s128
+    done
+
+Variant ``seedN`` (e.g. ``seed16384``) sets ``graph.OWN_PART_SEED`` first. The A/Bs of
+``docs/BENCHMARKS.md``'s "Pair radii in one launch, …" section ran this script.
+"""
+
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, "bench")
+sys.path.insert(0, "tests")
+
+import knng  # noqa: E402
+import knng.engine.graph as graph  # noqa: E402
+from bench_patches import patches  # noqa: E402
+from oracle import assert_exact_chunked  # noqa: E402
+
+
+def timed(call, repeats: int):
+    call()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        result = call()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return result, times
+
+
+def main() -> None:
+    tag = sys.argv[1]
+    which = sys.argv[2].split(",") if len(sys.argv) > 2 else ["p8", "p16", "g200k", "s128"]
+    if tag.startswith("seed"):
+        graph.OWN_PART_SEED = int(tag[4:])
+    pictures = dict(np.load(".carry/pictures.npz")) if {"p8", "p16"} & set(which) else {}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name in which:
+        if name in ("p8", "p16"):
+            side, stride = (8, 2) if name == "p8" else (16, 3)
+            x = torch.from_numpy(patches(pictures, side, stride, 12)).cuda()
+            cases = [(k, x, None) for k in (10, 100)]
+        elif name == "g200k":
+            x = torch.randn((200_000, 128), device="cuda", generator=gen)
+            cases = [(10, x, None)]
+        else:
+            x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
+            q = torch.randn((10_000, 128), device="cuda", generator=gen)
+            cases = [(10, x, q), (100, x, q)]
+        for k, x, q in cases:
+            if q is None:
+                result, times = timed(lambda: knng.graph(x, k), 3)
+                flat = torch.nonzero((x.max(1).values - x.min(1).values) < 1e-3).flatten().cpu()[:64]
+                rows = torch.cat([torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(k))[:128], flat])
+                assert_exact_chunked(x, x, [result], "euclidean", exclude_self=True, rows=rows.cuda())
+            else:
+                result, times = timed(lambda: knng.search(q, x, k), 5)
+                rows = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(k))[:128]
+                assert_exact_chunked(q, x, [result], "euclidean", rows=rows.cuda())
+            report = result.report
+            screened, evaluated = report.screened_per_row, report.evaluations_per_row
+            print(f"AB {tag} {name} k={k}: min {min(times) * 1e3:.1f} ms all {[round(t * 1e3, 1) for t in times]} "
+                  f"exact on {rows.numel()} rows; screened/row {screened.get('median')}/{screened.get('p99')}/"
+                  f"{screened.get('max')}, evaluated p99 {evaluated.get('p99')}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
