@@ -116,26 +116,25 @@ def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm:
     if p == 0:
         return out
     c_dot, c_term, c_flush, gamma, form, _ = _coefficients(metric, d, precision)
-    has_row_terms, has_col_terms = bool(c_term) and row_terms is not None, bool(c_term) and col_terms is not None
+    # Terms the bound does not count are not read (their pointer is the norms').
+    row_terms = row_terms if c_term else None
+    col_terms = col_terms if c_term else None
 
     def flat(t: torch.Tensor) -> torch.Tensor:  # one value per key, contiguous
         return t.expand(shape).reshape(-1)
 
-    gather = cols is not None
-    if gather:
-        assert cols is not None
-        cols = flat(cols)
-    else:
+    rows = flat(rows)
+    if cols is None:  # the pairs' own norms and terms
         row_norms, col_norms = flat(row_norms), flat(col_norms)
-        row_terms = flat(row_terms) if has_row_terms and row_terms is not None else None
-        col_terms = flat(col_terms) if has_col_terms and col_terms is not None else None
-    rows_flat = flat(rows)
+        row_terms, col_terms = (None if t is None else flat(t) for t in (row_terms, col_terms))
+    row_norms, col_norms = row_norms.contiguous(), col_norms.contiguous()
     fused.kernels().pair_radius_kernel[(-(-p // BLOCK),)](
-        rows_flat, cols if gather else rows_flat, keys.reshape(-1), row_norms.contiguous(), col_norms.contiguous(),
-        row_terms.contiguous() if has_row_terms and row_terms is not None else row_norms,
-        col_terms.contiguous() if has_col_terms and col_terms is not None else col_norms,
+        rows, rows if cols is None else flat(cols), keys.reshape(-1), row_norms, col_norms,
+        row_norms if row_terms is None else row_terms.contiguous(),
+        col_norms if col_terms is None else col_terms.contiguous(),
         offsets.contiguous(), out.view(-1), p, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
-        GATHER=gather, COL_TERMS=has_col_terms, ROW_TERMS=has_row_terms, ORACLE=form, BLOCK=BLOCK, **_options())
+        GATHER=cols is not None, COL_TERMS=col_terms is not None, ROW_TERMS=row_terms is not None, ORACLE=form,
+        BLOCK=BLOCK, **_options())
     return out
 
 

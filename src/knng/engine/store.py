@@ -1153,10 +1153,7 @@ def _overlapping_sorted(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     m, w = low.shape
     if low.device.type == "cuda" and m >= SCAN_TRANSPOSED_ROWS * w:
         return _overlapping_sorted_columns(low.t().contiguous(), high.t().contiguous()).t()
-    inf = torch.full_like(low[:, :1], torch.inf)
-    prev_hi = torch.cat([-inf, torch.cummax(high, dim=1).values[:, :-1]], dim=1)
-    next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(low, [1]), dim=1).values, [1])[:, 1:], inf], dim=1)
-    return (prev_hi >= low) | (next_lo <= high)
+    return _overlaps_along(low, high, 1)
 
 
 #: :func:`_overlapping_sorted` scans the transpose on a GPU from this many rows per entry of a
@@ -1169,7 +1166,17 @@ SCAN_TRANSPOSED_ROWS = 1024
 
 def _overlapping_sorted_columns(low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     """:func:`_overlapping_sorted` of the columns of ``low`` and ``high`` (each column a row)."""
-    inf = torch.full_like(low[:1], torch.inf)
-    prev_hi = torch.cat([-inf, torch.cummax(high, dim=0).values[:-1]], dim=0)
-    next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(low, [0]), dim=0).values, [0])[1:], inf], dim=0)
+    return _overlaps_along(low, high, 0)
+
+
+def _overlaps_along(low: torch.Tensor, high: torch.Tensor, dim: int) -> torch.Tensor:
+    """The scans of :func:`_overlapping_sorted` along dimension ``dim`` (0 or 1) of 2-D tensors."""
+
+    def cut(start: int | None, stop: int | None) -> tuple[slice, ...]:
+        return (slice(None),) * dim + (slice(start, stop),)
+
+    inf = torch.full_like(low[cut(None, 1)], torch.inf)
+    prev_hi = torch.cat([-inf, torch.cummax(high, dim=dim).values[cut(None, -1)]], dim=dim)
+    next_lo = torch.cat([torch.flip(torch.cummin(torch.flip(low, [dim]), dim=dim).values, [dim])[cut(1, None)], inf],
+                        dim=dim)
     return (prev_hi >= low) | (next_lo <= high)
