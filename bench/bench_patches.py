@@ -10,6 +10,10 @@ Usage (GPU machine without scikit-image: save the pictures here first)::
 
     python bench/bench_patches.py --save-images .carry/pictures.npz        # here, needs scikit-image
     PYTHONPATH=src:tests python bench/bench_patches.py --images .carry/pictures.npz --out patches.json
+    PYTHONPATH=src:tests python bench/bench_patches.py --images .carry/pictures.npz --pixels both --no-gaussian
+
+``--pixels uint8`` hands knng the grey levels themselves (integers: exact products), ``both``
+runs each picture's patches both ways; FAISS gets float32 copies of the same values.
 
 Every knng graph is checked against the float64 oracle (``tests/oracle.py``, hence ``tests`` on
 the path) on 256 random rows and 64 rows of flat patches.
@@ -47,13 +51,15 @@ def save_pictures(path: str) -> None:
     np.savez_compressed(path, **arrays)
 
 
-def patches(pictures: dict[str, np.ndarray], side: int, stride: int, count: int) -> np.ndarray:
-    """Every side × side patch at ``stride`` of the first ``count`` pictures, float32 in [0, 1]."""
+def patches(pictures: dict[str, np.ndarray], side: int, stride: int, count: int, pixels: str = "unit") -> np.ndarray:
+    """Every side × side patch at ``stride`` of the first ``count`` pictures: float32 in [0, 1]
+    (``pixels="unit"``, the grey levels divided by 255) or the uint8 grey levels themselves
+    (``"uint8"``, which knng screens with exact products: ``knng.metrics.with_exact_products``)."""
     from numpy.lib.stride_tricks import sliding_window_view
 
     out = []
     for name in PICTURES[:count]:
-        img = pictures[name].astype(np.float32) / 255.0
+        img = pictures[name] if pixels == "uint8" else pictures[name].astype(np.float32) / 255.0
         windows = sliding_window_view(img, (side, side))[::stride, ::stride]
         out.append(windows.reshape(-1, side * side))
     return np.ascontiguousarray(np.concatenate(out))
@@ -102,6 +108,10 @@ def main() -> None:
     parser.add_argument("--save-images", help="write the pictures to this .npz and stop")
     parser.add_argument("--ks", default="10,100")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--pixels", choices=("unit", "uint8", "both"), default="unit",
+                        help="patches as float32 grey levels / 255 (unit), as uint8 grey levels, or both")
+    parser.add_argument("--no-gaussian", action="store_true", help="skip the Gaussian twins")
+    parser.add_argument("--sides", default="8,16", help="patch sides to run (8, 16)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.save_images:
@@ -120,20 +130,30 @@ def main() -> None:
     except ImportError:
         faiss = res = None
     rows = []
-    for side, stride, count in SHAPES:
-        real = patches(pictures, side, stride, count)
-        gauss = np.random.default_rng(0).standard_normal(real.shape).astype(np.float32)
-        for label, x_np in ((f"{side}×{side} patches", real), ("gaussian", gauss)):
+    sides = {int(v) for v in args.sides.split(",")}
+    for side, stride, count in (shape for shape in SHAPES if shape[0] in sides):
+        datasets = []
+        for pixels in ("unit", "uint8"):
+            if args.pixels in (pixels, "both"):
+                label = f"{side}×{side} patches" + (" (uint8)" if pixels == "uint8" else "")
+                datasets.append((label, patches(pictures, side, stride, count, pixels)))
+        if not args.no_gaussian:
+            shape = datasets[0][1].shape
+            datasets.append(("gaussian", np.random.default_rng(0).standard_normal(shape).astype(np.float32)))
+        for label, x_np in datasets:
             x = torch.from_numpy(x_np).to(device)
+            xf = x if x.is_floating_point() else x.float()  # FAISS takes float32: the same values
             for k in (int(v) for v in args.ks.split(",")):
                 row = {"data": label, "shape": list(x.shape), "k": k}
                 row["knng_s"], g = _time(lambda: knng.graph(x, k), args.repeats)
                 row["evaluations_per_row"] = g.report.evaluations_per_row
+                row["screened_per_row"] = g.report.screened_per_row
+                row["exact_products"] = getattr(g.report, "exact_products", False)
                 row["duplicates_folded"] = getattr(g.report, "duplicates_folded", 0)
-                row["exact"] = check_exact(x, g, seed=k)
+                row["exact"] = check_exact(xf, g, seed=k)
                 row["plan"] = g.report.plan.as_dict()
                 if res is not None:
-                    row["faiss_s"], (_, fi) = _time(lambda: faiss.knn_gpu(res, x, x, k + 1), args.repeats)
+                    row["faiss_s"], (_, fi) = _time(lambda: faiss.knn_gpu(res, xf, xf, k + 1), args.repeats)
                     # FAISS's graph: drop each point's own index where it appears, else the last.
                     fi = fi.cpu().numpy()
                     own = fi == np.arange(len(fi))[:, None]
@@ -144,9 +164,10 @@ def main() -> None:
                 rows.append(row)
                 print(f"{label:16s} {x.shape[0]:>7,} × {x.shape[1]:<3} k={k:<4} knng {row['knng_s']:.3f} s  "
                       f"faiss {row.get('faiss_s', float('nan')):.3f} s  faiss recall {row.get('faiss_recall', 0):.4f}  "
-                      f"evaluations/row {g.report.evaluations_per_row}  folded {row['duplicates_folded']:,}  "
+                      f"evaluations/row {g.report.evaluations_per_row}  screened/row {row['screened_per_row']}  "
+                      f"exact products {row['exact_products']}  folded {row['duplicates_folded']:,}  "
                       f"exact {row['exact']}", flush=True)
-            del x
+            del x, xf
     meta = {"date": datetime.date.today().isoformat(),
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "faiss": getattr(faiss, "__version__", None), "rows": rows}

@@ -545,3 +545,50 @@ def test_blocks_sized_later_keep_the_pairs_of_blocks_sized_at_once(seed):
         got = sized()
         want = fused.screen_block(qa.vectors, ca.vectors, 64, t, t, rt, ct, "float16")
         assert pairs(got[0]) == pairs(want[0]) and pairs(got[1]) == pairs(want[1])
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("kernel", ["wgmma", "mma.sync", "triton", "tf32"])
+def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, monkeypatch):
+    """What ``knng.metrics.with_exact_products`` relies on: float16 tensor cores multiply integer
+    rows and add the products in float32 without an error while |sums| stay below 2²⁴, in
+    whatever order and alignment they add. Rows of ±255 (every product the largest, sums up to
+    d·255² = 16,646,400 at d = 256), with odd entries among them so that a sum near the limit
+    must keep its last bit, and random integers of [−255, 255]; every key (no terms, no
+    threshold) equals −2·aᵀb computed exactly. ``tf32``: the TF32 products of the float16
+    values that seed a float16 screen's thresholds (``common.TF32_EXACT_SAMPLES``)."""
+    from knng.engine import cuda_screen
+    from knng.engine.common import full_precision, tf32_products
+    from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
+
+    if kernel in ("wgmma", "mma.sync") and not cuda_screen.available(torch.device("cuda")):
+        pytest.skip("needs CuPy for the CUDA C screen")
+    if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
+                              or cuda_screen.choose_config(d, False, torch.cuda.current_device()) != "wg128x128"):
+        pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 128")
+    monkeypatch.setattr(cuda_screen, "WGMMA", kernel == "wgmma")
+    monkeypatch.setattr(fused, "CUDA_SCREEN", kernel != "triton")
+    g = _gen(seed)
+
+    def rows(m: int) -> torch.Tensor:
+        x = torch.where(torch.rand((m, d), generator=g, device="cuda") < 0.5, -255.0, 255.0).double()
+        x[::3, ::5] = 1.0
+        x[1::4, ::7] = 0.0
+        x[2::5] = 255.0
+        x[3::6] = torch.randint(-255, 256, (x[3::6].shape[0], d), generator=g, device="cuda").double()
+        return x
+
+    metric = get_metric("sqeuclidean")
+    a64, b64 = rows(1100), rows(3000)
+    a = metric.prepare(a64, None, side="corpus", symmetric=True, dtype=torch.float16).vectors
+    b = metric.prepare(b64, None, side="corpus", symmetric=True, dtype=torch.float16).vectors
+    exact = -2.0 * (a64 @ b64.T)  # integers below 2⁵³: exact
+    if kernel == "tf32":
+        k = scaled_width(d)
+        with full_precision(), tf32_products():
+            products = a[:, :k].float() @ b[:, :k].float().T
+        keys = products.double() * scaled_row_factors(a).double()[:, None] * scaled_scales(b).double()[None, :]
+    else:
+        keys = _kernel_keys(a, b, d, "float16")
+    wrong = (keys != exact).sum().item()
+    assert wrong == 0, f"{wrong} of {exact.numel()} integer products not exact ({kernel}, d = {d})"

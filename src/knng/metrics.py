@@ -20,7 +20,7 @@ side only, which shifts each query row by the constant xᵀμ and leaves its ran
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -28,7 +28,7 @@ __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPreci
            "DIGIT_BASE", "DIGIT_MAX", "DIGIT_REFERENCE_ERROR", "digit_width", "digit_blocks", "digit_scales",
            "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
            "scaled_alphas", "scaled_row_factors", "scaled_row_scales", "TINY", "ORACLE_RELATIVE", "ORACLE_CONSTANT",
-           "ORACLE_NORMS"]
+           "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -70,6 +70,14 @@ SCALED_TOP = 2.0**15
 #: scaled row's units: at most the smallest normal float16, 2⁻¹⁴; with the row's largest value
 #: ≥ 2¹⁴ that is ≤ √d·2⁻²⁸ of its norm (``Metric.bound_coefficients``).
 SCALED_SUBNORMAL = 2.0**-28
+#: The largest integer magnitude float16 holds exactly (11-bit significands): a scaled float16 row
+#: of integers up to this, scaled by a power of two, is stored without rounding.
+FLOAT16_EXACT_INTEGER = 2048
+#: Integer sums whose terms' absolute values add up to less than this are exact in float32 in any
+#: order and under round-to-nearest or truncation: every product and partial sum is an integer
+#: with at most 24 significant bits, so aligning the terms to the largest one drops no set bit
+#: (``docs/EXACTNESS.md``, "Integer data"; ``tests/test_gpu_fused.py`` checks it at the limit).
+EXACT_SUM_LIMIT = 2**24
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,11 @@ class ScreenPrecision:
     accumulate_roundoff : float
         Unit roundoff of the float32 accumulation (2⁻²³ for tensor cores, which may truncate;
         three times that for tf32x3, whose three products go into one accumulator).
+    exact_products : bool
+        True where the data make the products exact (:func:`with_exact_products`): integer
+        vectors, centred on an integer point, whose float16 values and float32 sums never
+        round. Then ``input_roundoff`` and ``accumulate_roundoff`` are 0 and only the float32
+        additions of the terms round.
     fused : bool
         True for the split form of the fused kernel (``knng.engine.fused``): the product runs
         over the d input columns only and the per-vector terms are added afterwards in float32.
@@ -115,6 +128,7 @@ class ScreenPrecision:
     fused: bool
     digits: bool = False
     scaled: bool = False
+    exact_products: bool = False
 
 
 #: Every screen precision the engine knows. float32 and float64 run as torch products of the
@@ -130,6 +144,30 @@ PRECISIONS: dict[str, ScreenPrecision] = {
     # Metric.bound_coefficients); float32 for the scaling after the products.
     "int8x4": ScreenPrecision("int8x4", torch.int8, 0.0, 2.0**-24, fused=False, digits=True),
 }
+
+
+def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor | None) -> ScreenPrecision:
+    """``precision`` with exact products where the data allow, else ``precision`` itself.
+
+    ``integer_spread``: for data whose every value is an integer, each column's largest minus
+    smallest value (float64; None for other data). Centred on any integer point of the data's
+    bounding box (a rounded mean is one), every prepared value v is an integer with |v_t| ≤
+    spread_t. Scaled float16 rows hold such values exactly while spread ≤ 2,048 (a power-of-two
+    scale only moves the exponent), their products are exact in float32, and a dot product's
+    terms add up to Σ|a_t b_t| ≤ ‖a‖‖b‖ ≤ ‖spread‖² in absolute value: below
+    :data:`EXACT_SUM_LIMIT` the float32 sum is exact too, in whatever order the tensor cores add.
+    Only the terms' float32 additions are left to round, so the bound shrinks from about 2⁻⁸ of
+    ‖a‖‖b‖ to about 2⁻²¹ (image patches of uint8 pixels: 8×8 and 16×16 both qualify). The caller
+    centres on integer points (``torch.round`` of a mean).
+    """
+    if integer_spread is None or not precision.scaled or precision.exact_products:
+        return precision
+    spread = integer_spread.to(torch.float64)
+    # Integers below 2⁵³: the sum of squares is exact in float64, so the test is exact.
+    if spread.numel() and (float(spread.max()) > FLOAT16_EXACT_INTEGER
+                           or float((spread * spread).sum()) >= EXACT_SUM_LIMIT):
+        return precision
+    return replace(precision, input_roundoff=0.0, accumulate_roundoff=0.0, exact_products=True)
 
 
 def get_precision(name: "str | ScreenPrecision | torch.dtype") -> ScreenPrecision:
@@ -508,7 +546,7 @@ class Metric:
             return self._digit_coefficients(d)
         if precision is not None and precision.fused:
             u_in, u_acc, u32 = precision.input_roundoff, precision.accumulate_roundoff, UNIT_ROUNDOFF_FP32
-            if precision.scaled:
+            if precision.scaled and not precision.exact_products:
                 # Values in float16's subnormal range err absolutely (SCALED_SUBNORMAL); the
                 # scalings by α·s_a and s_b are exact.
                 u_in += math.sqrt(d) * SCALED_SUBNORMAL

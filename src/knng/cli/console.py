@@ -46,7 +46,8 @@ def exact_line(report: Any) -> str:
     text = f"  exact: {report.exact.exact_evaluations:,} exact evaluations for {report.exact.rows:,} rows"
     if per_row:
         text += f" (per row: median {per_row['median']:.0f}, p99 {per_row['p99']:.0f}, max {per_row['max']:.0f})"
-    text = (text + (f"; {screen} screen" if screen else "")
+    exact_products = " with exact products (integer data)" if getattr(report, "exact_products", False) else ""
+    text = (text + (f"; {screen} screen{exact_products}" if screen else "")
             + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
     checkpoints = getattr(report, "checkpoints", None) or {}
     if checkpoints.get("resumed_from"):

@@ -14,7 +14,7 @@ from knng.engine import preparation
 from knng.engine.exact import ExactStats
 from knng.engine.plan import EnginePlan
 from knng.engine.store import StoreStats
-from knng.metrics import Metric, Prepared
+from knng.metrics import Metric, Prepared, ScreenPrecision, with_exact_products
 
 __all__ = [
     "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
@@ -147,16 +147,38 @@ def tf32_products() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class CorpusStats:
-    """What one pass over the corpus learns: the common centre (or None)."""
+    """What one pass over the corpus learns: the common centre (or None) and, where asked for,
+    each column's extent (largest minus smallest value, float64) if every value is an integer
+    (else None)."""
 
     centre: torch.Tensor | None
+    integer_spread: torch.Tensor | None = None
+
+    def screen(self, precision: ScreenPrecision) -> tuple[ScreenPrecision, torch.Tensor | None]:
+        """The precision and centre a screen of this corpus runs with: ``precision`` with exact
+        products (:func:`knng.metrics.with_exact_products`) around the rounded centre when the
+        corpus is integer-valued and small enough, else ``precision`` around :attr:`centre`."""
+        if self.centre is None:
+            return precision, self.centre
+        exact = with_exact_products(precision, self.integer_spread)
+        if not exact.exact_products:
+            return precision, self.centre
+        # The rounded mean is an integer point inside the data's bounding box: every centred
+        # value stays within its column's extent.
+        return exact, torch.round(self.centre)
 
 
 def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, symmetric: bool,
-                 block_rows: int) -> CorpusStats:
-    """Check the corpus is finite and, where the metric centres, compute its float64 mean."""
+                 block_rows: int, integers: bool = False) -> CorpusStats:
+    """Check the corpus is finite and, where the metric centres, compute its float64 mean.
+
+    ``integers``: also find whether every value is an integer and each column's extent
+    (:attr:`CorpusStats.integer_spread`), for a screen that may run with exact products (a
+    translation-invariant metric whose both sides are centred: the caller's to say).
+    """
     need_mean = metric.needs_centre(symmetric)
     total = torch.zeros(corpus.d, dtype=torch.float64, device=device)
+    extent = _IntegerExtent(corpus.d, device) if integers and need_mean else None
     for start, block in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
         block = block.to(device, non_blocking=True)
         sums, bad = preparation.finite_column_sums(block, sums=need_mean)
@@ -164,7 +186,34 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
             check_finite(block, corpus.name, start)  # raises, naming the first bad row
         if sums is not None:
             total += sums
-    return CorpusStats(centre=total / corpus.n if need_mean else None)
+        if extent is not None:
+            extent.add(block)
+    return CorpusStats(centre=total / corpus.n if need_mean else None,
+                       integer_spread=None if extent is None else extent.spread())
+
+
+class _IntegerExtent:
+    """Whether blocks of values are all integers, and their columns' smallest and largest values
+    (on the device, read once at the end)."""
+
+    def __init__(self, d: int, device: torch.device) -> None:
+        self.low = torch.full((d,), torch.inf, dtype=torch.float64, device=device)
+        self.high = torch.full((d,), -torch.inf, dtype=torch.float64, device=device)
+        self.fractional = torch.zeros((), dtype=torch.bool, device=device)
+
+    def add(self, block: torch.Tensor) -> None:
+        if not block.numel():
+            return
+        if block.is_floating_point():
+            self.fractional |= (block != torch.round(block)).any()
+        low, high = torch.aminmax(block, dim=0)
+        torch.minimum(self.low, low.to(torch.float64), out=self.low)
+        torch.maximum(self.high, high.to(torch.float64), out=self.high)
+
+    def spread(self) -> torch.Tensor | None:
+        if bool(self.fractional):
+            return None
+        return torch.where(self.high >= self.low, self.high - self.low, torch.zeros_like(self.low))
 
 
 #: Largest prepared-vector norm whose squares and products stay far from float32 overflow.

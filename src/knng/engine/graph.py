@@ -27,7 +27,7 @@ from knng.engine.common import (
     on_device, recover_from_oom, tf32_products,
 )
 from knng.engine.exact import ExactStats
-from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
+from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window, translation_invariant
 from knng.engine.lists import ListHome
 from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, EnginePlan, graph_search_k, make_graph_plan,
@@ -69,11 +69,14 @@ class GraphReport(EngineReport):
     """How a graph run went: the report of a search plus the symmetric saving.
 
     ``blocks_skipped``: blocks S(I, J), I < J, that no row or column could need (principal
-    frames); ``pairs_screened``: score entries the screen computed, both triangles counted.
+    frames); ``pairs_screened``: score entries the screen computed, both triangles counted;
+    ``exact_products``: integer data screened with exact products (no input rounding in the
+    bound: :func:`knng.metrics.with_exact_products`).
     """
 
     blocks_skipped: int = 0
     pairs_screened: int = 0
+    exact_products: bool = False
 
     @property
     def parts(self) -> int:
@@ -150,31 +153,33 @@ def exact_graph(
         # Data already on the GPU are read in a few large blocks; the parts' tiles are cut
         # from them whatever the blocks.
         read_rows = device_block_rows(data, device, plan.read_rows) if plan.corpus_resident else plan.read_rows
-        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows)
+        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows,
+                             integers=plan.precision.scaled and translation_invariant(metric))
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
-        precision = plan.precision
+        # Integer data: exact products around integer centres (CorpusStats.screen).
+        precision, centre = stats.screen(plan.precision)
         frames: GlobalFrames | PrincipalFrames
         if plan.frames == PRINCIPAL_FRAMES:
-            assert stats.centre is not None
-            frames = PrincipalFrames(data, metric, stats.centre, device, b, plan.screen_torch_dtype,
-                                     read_rows=read_rows)
+            assert centre is not None
+            frames = PrincipalFrames(data, metric, centre, device, b, plan.screen_torch_dtype,
+                                     read_rows=read_rows, integer_centres=precision.exact_products)
         else:
-            pdata = PreparedCorpus(data, metric, stats.centre, device, resident=plan.corpus_resident,
+            pdata = PreparedCorpus(data, metric, centre, device, resident=plan.corpus_resident,
                                    block_rows=read_rows, symmetric=True, dtype=plan.screen_torch_dtype)
             frames = GlobalFrames(pdata, parts)
         if plan.lists != LISTS_ON_DEVICE:
             assert isinstance(frames, GlobalFrames)
             out_idx, out_dist, store, counts, done = _graph_in_bands(
-                frames, plan, metric, stats.centre, include_self, select, device, progress, checkpoint,
+                frames, plan, metric, precision, centre, include_self, select, device, progress, checkpoint,
                 keep_checkpoint, lists_folder)
-            return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done)
+            return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done, precision)
         # One centre for every block: the store's norms give every pair's radius. Blocks centred
         # on their row part: every survivor brings the norms of its block (PairNorms).
         shared = frames.shared_norms()
         norms, terms = shared if shared is not None else (None, None)
         errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=norms, row_terms=terms,
                             row_offsets=offsets, col_norms=norms, col_terms=terms,
-                            centre_norm=0.0 if stats.centre is None else float(torch.linalg.vector_norm(stats.centre)))
+                            centre_norm=0.0 if centre is None else float(torch.linalg.vector_norm(centre)))
 
         def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
             return frames.evaluate(metric, rows, cols, device, plan.work_bytes)
@@ -238,7 +243,7 @@ def exact_graph(
         for r0 in range(0, n, chunk):
             r1 = min(n, r0 + chunk)
             out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
-    return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done)
+    return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done, precision)
 
 
 def _graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
@@ -298,18 +303,19 @@ def _finish_rows(plan: EnginePlan, device: torch.device) -> int:
 
 
 def _graph_report(plan: EnginePlan, store: CandidateStore, counts: "_Counts", checkpoint: Checkpoint | None,
-                  done: int) -> GraphReport:
+                  done: int, precision: ScreenPrecision) -> GraphReport:
     """The report of a finished graph run (store counters are of the whole run, every band's)."""
     exact = ExactStats(rows=plan.n_corpus, exact_evaluations=store.stats.exact_evaluations)
     return GraphReport(plan=plan, oom_retries=counts.retries, exact=exact, store=store.stats,
                        evaluations_per_row=summarize_per_row([counts.evaluations_per_row(store)]),
                        screened_per_row=summarize_per_row([counts.screened_per_row(store)]),
                        blocks_skipped=plan.parts * (plan.parts - 1) // 2 - counts.computed,
-                       pairs_screened=counts.screened,
+                       pairs_screened=counts.screened, exact_products=precision.exact_products,
                        checkpoints={} if checkpoint is None else checkpoint.summary(done))
 
 
-def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, centre: torch.Tensor | None,
+def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, precision: ScreenPrecision,
+                    centre: torch.Tensor | None,
                     include_self: bool, select: str, device: torch.device, progress: bool,
                     checkpoint: Checkpoint | None, keep_checkpoint: bool, lists_folder: str | None
                     ) -> tuple[torch.Tensor, torch.Tensor, CandidateStore, "_Counts", int]:
@@ -335,7 +341,7 @@ def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, cent
     slot_ids = torch.zeros(2 * width, dtype=torch.int64, device=device)
     slot_norms = torch.zeros(2 * width, dtype=torch.float64, device=device)
     slot_terms = None if terms is None else torch.zeros_like(slot_norms)
-    errors = PairErrors(metric=metric, d=d, precision=plan.precision, row_norms=slot_norms, row_terms=slot_terms,
+    errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=slot_norms, row_terms=slot_terms,
                         row_offsets=torch.full_like(slot_norms, 1.0 if metric.normalize else 0.0),
                         col_norms=norms, col_terms=terms,
                         centre_norm=0.0 if centre is None else float(torch.linalg.vector_norm(centre)))
@@ -398,14 +404,14 @@ def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, cent
                     ids = frames.ids(pi)
                     counts.retries += retry_on_oom(
                         lambda: screen_own_part(frames.own(pi), d, metric, store, slots(pi), ids, k, include_self,
-                                                select, device, precision=plan.precision, buffer=buffer), device)
+                                                select, device, precision=precision, buffer=buffer), device)
                     counts.screened += ids.numel() ** 2
                     bar.update()
                 order = [(i, j) for i in bands[a] for j in bands[a] if j > i]
             else:
                 place(c, width)
                 order = [(i, j) for i in bands[a] for j in bands[c]]
-            _off_diagonal_blocks(frames, store, metric, plan.precision, thresholds, device, carry_norms=False,
+            _off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=False,
                                  buffer=buffer, bar=bar, counts=counts, first_step=0, order=order, slots=slots)
             store.flush()
             if a != c:

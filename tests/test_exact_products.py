@@ -1,0 +1,162 @@
+"""Exact products for integer data (``knng.metrics.with_exact_products``): when every value is an
+integer and the columns' extents are small enough, scaled float16 rows hold the centred values
+exactly and their float32 sums never round, so the screen's bound keeps only the terms'
+roundings. Checked here: the rule at its limits, the keys of the torch reference and of the
+interpreted kernel against exact integer arithmetic at those limits, and graphs of integer data
+(pixels, negative int8 values, huge offsets, the limit itself and just past it) against the
+float64 oracle, with fewer pairs screened than the same data shifted off the integers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+import knng.engine.plan as plan
+from knng.api import last_report
+from knng.engine import fused, screen
+from knng.engine.common import CorpusStats
+from knng.metrics import EXACT_SUM_LIMIT, PRECISIONS, SAFETY, UNIT_ROUNDOFF_FP32, get_metric, with_exact_products
+from oracle import assert_exact, oracle_graph, smooth_image_patches
+
+F16 = PRECISIONS["float16"]
+
+
+def _spread(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def test_exact_products_only_where_the_data_allow():
+    assert with_exact_products(F16, None) is F16
+    assert with_exact_products(PRECISIONS["tf32"], _spread(1.0)) is PRECISIONS["tf32"]
+    patches16 = with_exact_products(F16, torch.full((256,), 255.0))  # 16×16 uint8 patches: 16,646,400 < 2²⁴
+    assert patches16.exact_products and patches16.name == "float16" and patches16.scaled
+    assert patches16.input_roundoff == 0.0 and patches16.accumulate_roundoff == 0.0
+    assert with_exact_products(F16, _spread(2048.0)).exact_products  # float16 holds 2¹¹ exactly
+    assert not with_exact_products(F16, _spread(2049.0)).exact_products
+    assert with_exact_products(F16, torch.full((4,), 2047.0)).exact_products  # Σ = 16,760,836
+    assert not with_exact_products(F16, torch.full((4,), 2048.0)).exact_products  # Σ = 2²⁴ exactly
+    assert with_exact_products(F16, torch.zeros(3)).exact_products  # constant columns
+    assert with_exact_products(patches16, None) is patches16
+
+
+def test_corpus_stats_round_the_centre_only_for_exact_products():
+    centre = torch.tensor([0.5, 2.4, -3.6], dtype=torch.float64)
+    precision, used = CorpusStats(centre, _spread(3.0, 1.0, 0.0)).screen(F16)
+    assert precision.exact_products and torch.equal(used, torch.tensor([0.0, 2.0, -4.0], dtype=torch.float64))
+    precision, used = CorpusStats(centre, None).screen(F16)
+    assert precision is F16 and used is centre
+    precision, used = CorpusStats(centre, _spread(3000.0, 1.0, 0.0)).screen(F16)
+    assert precision is F16 and used is centre
+
+
+def test_exact_bound_keeps_only_the_terms_roundings():
+    metric = get_metric("sqeuclidean")
+    exact = with_exact_products(F16, _spread(255.0))
+    c_dot, c_term, c_flush = metric.bound_coefficients(64, precision=exact)
+    assert c_dot == SAFETY * 2.0 * 2.0 * UNIT_ROUNDOFF_FP32
+    c_dot16, c_term16, c_flush16 = metric.bound_coefficients(64, precision=F16)
+    assert c_dot16 > 1000 * c_dot and (c_term, c_flush) == (c_term16, c_flush16)
+
+
+def _limit_rows(rng: np.random.Generator, m: int, d: int) -> torch.Tensor:
+    """Integer rows at the limit: ±255 everywhere (every product the largest, |sums| up to
+    d·255² < 2²⁴ for d ≤ 256), some rows with odd entries of 1 and 0 among them, so that a sum
+    near 2²⁴ must keep its last bit."""
+    x = rng.choice([-255.0, 255.0], size=(m, d))
+    x[::3, ::5] = 1.0
+    x[1::4, ::7] = 0.0
+    x[2::5] = 255.0
+    return torch.from_numpy(x)
+
+
+def _exact_keys(a64: torch.Tensor, b64: torch.Tensor) -> torch.Tensor:
+    return -2.0 * (a64 @ b64.T)  # integers below 2⁵³: exact in float64
+
+
+@pytest.mark.parametrize("d", [64, 200, 256])
+def test_reference_keys_of_integer_rows_are_exact(rng, d):
+    assert d * 255.0**2 < EXACT_SUM_LIMIT
+    metric = get_metric("sqeuclidean")
+    a64, b64 = _limit_rows(rng, 70, d), _limit_rows(rng, 90, d)
+    a = metric.prepare(a64, None, side="corpus", symmetric=True, dtype=torch.float16).vectors
+    b = metric.prepare(b64, None, side="corpus", symmetric=True, dtype=torch.float16).vectors
+    keys = screen.block_scores(a, b, d, F16, None, None)
+    assert torch.equal(keys.double(), _exact_keys(a64, b64))
+
+
+@pytest.fixture
+def interpret():
+    from knng.engine import fused as fused_mod
+
+    if not fused_mod.interpreting():
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_interpreted_kernel_keys_of_integer_rows_are_exact(interpret, rng, d):
+    metric = get_metric("sqeuclidean")
+    a64, b64 = _limit_rows(rng, 37, d), _limit_rows(rng, 45, d)
+    a = metric.prepare(a64, None, side="corpus", symmetric=True, dtype=torch.float16).vectors
+    b = metric.prepare(b64, None, side="corpus", symmetric=True, dtype=torch.float16).vectors
+    inf = torch.full((37,), torch.inf)
+    out, _ = fused.screen_block(a, b, d, inf, None, None, None, "float16", capacity_hint=37 * 45)
+    dense = torch.full((37, 45), torch.nan, dtype=torch.float64)
+    dense[out.owner.long(), out.other.long()] = out.keys.double()
+    assert torch.equal(dense, _exact_keys(a64, b64))
+
+
+@pytest.fixture
+def float16_screen(monkeypatch):
+    """Graphs screened in scaled float16 on the CPU (the torch reference of the kernel)."""
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
+    monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks too
+
+
+def _graph(x, k: int, include_self: bool = False):
+    g = knng.graph(x, k, include_self=include_self)
+    report = last_report()
+    assert report.screen_dtype == "float16"
+    assert_exact(g, oracle_graph(x, k, include_self=include_self))
+    return report
+
+
+@pytest.mark.parametrize("k,include_self", [(1, False), (5, False), (5, True)])
+def test_pixel_graphs_screen_with_exact_products(float16_screen, rng, k, include_self):
+    x = smooth_image_patches(rng, 300, side=4)  # uint8, flat regions, near-duplicates
+    assert _graph(x, k, include_self).exact_products
+    assert _graph(x.astype(np.float32), k, include_self).exact_products
+
+
+def test_exact_products_let_fewer_pairs_through(float16_screen, rng):
+    """The same patches moved by half a grey level have the same distances and the same
+    answer, but are not integers: the float16 bound then lets more pairs through."""
+    x = smooth_image_patches(rng, 400, side=4).astype(np.float64)
+    exact = _graph(x, 5)
+    shifted = _graph(x + 0.5, 5)
+    assert exact.exact_products and not shifted.exact_products
+    assert exact.store.survivors < shifted.store.survivors
+
+
+@pytest.mark.parametrize("name", ["int8", "offset", "limit", "past_limit", "fraction", "ties"])
+def test_integer_graphs_at_and_past_the_limits(float16_screen, rng, name):
+    n = 250
+    if name == "int8":  # negative values, full int8 range
+        x, expect = rng.integers(-128, 128, (n, 6)).astype(np.int8), True
+    elif name == "offset":  # integers far from the origin: the rounded centre removes the offset
+        x, expect = (1e6 + rng.integers(0, 3, (n, 5))).astype(np.float32), True
+    elif name == "limit":  # 256 columns of 0 / 255: ‖spread‖² = 16,646,400, just under 2²⁴
+        x, expect = (255 * rng.integers(0, 2, (n, 256))).astype(np.uint8), True
+    elif name == "past_limit":  # a column's extent of 2,049: float16 would round it
+        x = rng.integers(0, 3, (n, 4)).astype(np.float32)
+        x[::2, 0] = 2049.0
+        expect = False
+    elif name == "fraction":  # one value off the integers
+        x = rng.integers(0, 9, (n, 4)).astype(np.float32)
+        x[17, 2] = 0.25
+        expect = False
+    else:  # ties everywhere: few distinct integer points, many at equal distances
+        x, expect = rng.integers(0, 3, (n, 3)).astype(np.float32), True
+    assert _graph(x, 7).exact_products == expect
