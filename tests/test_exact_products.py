@@ -1,13 +1,16 @@
 """Exact products for integer data (``knng.metrics.with_exact_products``): when every value is an
 integer and the columns' extents are small enough, scaled float16 rows hold the centred values
 exactly and their float32 sums never round, so the screen's bound keeps only the terms'
-roundings. Checked here: the rule at its limits, the keys of the torch reference and of the
+roundings; grey levels divided by 255 lie on a lattice of unit fl(1/255), stored as integer
+numbers of units. Checked here: the rule at its limits, the keys of the torch reference and of the
 interpreted kernel against exact integer arithmetic at those limits, and graphs of integer data
 (pixels, negative int8 values, huge offsets, the limit itself and just past it) against the
 float64 oracle, with fewer pairs screened than the same data shifted off the integers.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +20,8 @@ import knng
 import knng.engine.plan as plan
 from knng.api import last_report
 from knng.engine import fused, screen
-from knng.engine.common import CorpusStats
+from knng._inputs import as_input
+from knng.engine.common import LATTICE_UNITS, CorpusStats, corpus_stats
 from knng.metrics import EXACT_SUM_LIMIT, PRECISIONS, SAFETY, UNIT_ROUNDOFF_FP32, get_metric, with_exact_products
 from oracle import assert_exact, oracle_graph, smooth_image_patches
 
@@ -44,19 +48,47 @@ def test_exact_products_only_where_the_data_allow():
 
 def test_corpus_stats_round_the_centre_only_for_exact_products():
     centre = torch.tensor([0.5, 2.4, -3.6], dtype=torch.float64)
-    precision, used = CorpusStats(centre, _spread(3.0, 1.0, 0.0)).screen(F16)
-    assert precision.exact_products and torch.equal(used, torch.tensor([0.0, 2.0, -4.0], dtype=torch.float64))
-    precision, used = CorpusStats(centre, None).screen(F16)
+    precision, used, unit = CorpusStats(centre, _spread(3.0, 1.0, 0.0)).screen(F16)
+    assert precision.exact_products and unit == 1.0
+    assert torch.equal(used, torch.tensor([0.0, 2.0, -4.0], dtype=torch.float64))
+    precision, used, unit = CorpusStats(centre, None).screen(F16)
+    assert precision is F16 and used is centre and unit == 1.0
+    precision, used, unit = CorpusStats(centre, _spread(3000.0, 1.0, 0.0)).screen(F16)
     assert precision is F16 and used is centre
-    precision, used = CorpusStats(centre, _spread(3000.0, 1.0, 0.0)).screen(F16)
-    assert precision is F16 and used is centre
+    grey = LATTICE_UNITS[1]
+    precision, used, unit = CorpusStats(centre, _spread(255.0, 9.0, 1.0), grey, 2.0**-30).screen(F16)
+    assert precision.exact_products and precision.lattice_error == 2.0**-30 and unit == grey
+    assert torch.equal(used, torch.round(centre / grey) * grey)
+    # A lattice error that a nonzero lattice vector could not outgrow: no exact products.
+    assert CorpusStats(centre, _spread(1.0, 1.0, 1.0), grey, grey).screen(F16)[0] is F16
+
+
+def _stats(x: np.ndarray) -> CorpusStats:
+    return corpus_stats(as_input(x, "data"), get_metric("euclidean"), torch.device("cpu"), symmetric=True,
+                        block_rows=64, integers=True)
+
+
+def test_corpus_pass_finds_the_lattice(rng):
+    pixels = rng.integers(0, 256, (300, 7)).astype(np.uint8)
+    stats = _stats(pixels)
+    assert stats.lattice == 1.0 and stats.lattice_error == 0.0
+    assert torch.equal(stats.integer_spread, torch.from_numpy(pixels.max(0).astype(np.float64) - pixels.min(0)))
+    grey = (pixels / 255.0).astype(np.float32)  # skimage.img_as_float32, torchvision's ToTensor
+    stats = _stats(grey)
+    assert stats.lattice == LATTICE_UNITS[1] and 0 < stats.lattice_error < 2.0**-23
+    assert torch.equal(stats.integer_spread, torch.from_numpy(pixels.max(0).astype(np.float64) - pixels.min(0)))
+    noisy = pixels + rng.uniform(-1e-5, 1e-5, pixels.shape)  # integers give or take 10⁻⁵
+    stats = _stats(noisy)
+    assert stats.lattice == 1.0 and 0 < stats.lattice_error <= 1e-5
+    assert _stats(rng.standard_normal((300, 7))).integer_spread is None
+    assert _stats(pixels + 0.5).integer_spread is None
 
 
 def test_exact_bound_keeps_only_the_terms_roundings():
     metric = get_metric("sqeuclidean")
     exact = with_exact_products(F16, _spread(255.0))
     c_dot, c_term, c_flush = metric.bound_coefficients(64, precision=exact)
-    assert c_dot == SAFETY * 2.0 * 2.0 * UNIT_ROUNDOFF_FP32
+    assert c_dot == SAFETY * 2.0 * 4.0 * UNIT_ROUNDOFF_FP32
     c_dot16, c_term16, c_flush16 = metric.bound_coefficients(64, precision=F16)
     assert c_dot16 > 1000 * c_dot and (c_term, c_flush) == (c_term16, c_flush16)
 
@@ -74,6 +106,14 @@ def _limit_rows(rng: np.random.Generator, m: int, d: int) -> torch.Tensor:
 
 def _exact_keys(a64: torch.Tensor, b64: torch.Tensor) -> torch.Tensor:
     return -2.0 * (a64 @ b64.T)  # integers below 2⁵³: exact in float64
+
+
+def test_lattice_error_widens_the_flush_term():
+    metric = get_metric("sqeuclidean")
+    exact = with_exact_products(F16, _spread(255.0), 2.0**-24, LATTICE_UNITS[1])
+    c_dot, _, c_flush = metric.bound_coefficients(64, precision=exact)
+    c_dot0, _, c_flush0 = metric.bound_coefficients(64, precision=with_exact_products(F16, _spread(255.0)))
+    assert c_dot == c_dot0 and c_flush == pytest.approx(c_flush0 + SAFETY * 2.0 * 8.0 * 2.0 * 2.0**-24)
 
 
 @pytest.mark.parametrize("d", [64, 200, 256])
@@ -108,6 +148,45 @@ def test_interpreted_kernel_keys_of_integer_rows_are_exact(interpret, rng, d):
     assert torch.equal(dense, _exact_keys(a64, b64))
 
 
+def _grey_rows(rng: np.random.Generator, m: int, d: int):
+    """The limit rows divided by 255 in float32 (grey levels as ``img_as_float32`` gives them), as
+    float64, prepared on the lattice of unit fl(1/255); with the precision that certifies them
+    (|h| ≤ 255 per value: Σ|h_a h_b| ≤ d·255² < 2²⁴) and their lattice error."""
+    grey = LATTICE_UNITS[1]
+    x = torch.from_numpy((_limit_rows(rng, m, d).numpy() / 255.0).astype(np.float32).astype(np.float64))
+    error = float((x - torch.round(x / grey) * grey).abs().max())
+    metric = replace(get_metric("sqeuclidean"), lattice=grey)
+    prep = metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float16)
+    precision = with_exact_products(F16, torch.full((d,), 255.0), error, grey)
+    assert precision.exact_products and error > 0
+    return x, prep, precision, metric
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_grey_level_keys_are_within_the_exact_bound(rng, d, interpret_if_available):
+    """Keys of rows on the 1/255 lattice (scales not powers of two: the products' scalings round,
+    each value sits a little off its lattice point) against the true scores, within the bound of
+    exact products; the interpreted kernel's keys where Triton runs here."""
+    a64, pa, precision, metric = _grey_rows(rng, 40, d)
+    b64, pb, _, _ = _grey_rows(rng, 50, d)
+    true = -2.0 * (a64 @ b64.T)
+    bound = metric.pair_bound(d, pa.norms[:, None], pb.norms[None, :], None, None, precision=precision)
+    keys = screen.block_scores(pa.vectors, pb.vectors, d, precision, None, None).double()
+    assert ((keys - true).abs() <= bound).all()
+    assert ((keys - true).abs() > 0).any()  # the scalings did round: the test has teeth
+    if interpret_if_available:
+        inf = torch.full((40,), torch.inf)
+        out, _ = fused.screen_block(pa.vectors, pb.vectors, d, inf, None, None, None, "float16", capacity_hint=2000)
+        dense = torch.full((40, 50), torch.nan, dtype=torch.float64)
+        dense[out.owner.long(), out.other.long()] = out.keys.double()
+        assert ((dense - true).abs() <= bound).all()
+
+
+@pytest.fixture
+def interpret_if_available():
+    return fused.interpreting()
+
+
 @pytest.fixture
 def float16_screen(monkeypatch):
     """Graphs screened in scaled float16 on the CPU (the torch reference of the kernel)."""
@@ -128,6 +207,8 @@ def test_pixel_graphs_screen_with_exact_products(float16_screen, rng, k, include
     x = smooth_image_patches(rng, 300, side=4)  # uint8, flat regions, near-duplicates
     assert _graph(x, k, include_self).exact_products
     assert _graph(x.astype(np.float32), k, include_self).exact_products
+    assert _graph((x / 255.0).astype(np.float32), k, include_self).exact_products  # img_as_float32
+    assert _graph(x / 255.0, k, include_self).exact_products  # float64 grey levels
 
 
 def test_exact_products_let_fewer_pairs_through(float16_screen, rng):

@@ -592,3 +592,60 @@ def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, monkeypatch
         keys = _kernel_keys(a, b, d, "float16")
     wrong = (keys != exact).sum().item()
     assert wrong == 0, f"{wrong} of {exact.numel()} integer products not exact ({kernel}, d = {d})"
+
+
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("kernel", ["wgmma", "mma.sync", "triton"])
+def test_grey_level_keys_are_within_the_exact_bound_on_the_hardware(d, kernel, seed, monkeypatch):
+    """Rows on the lattice of unit fl(1/255) (grey levels divided by 255): the stored values are
+    integer numbers of units, their products exact, the scalings by scales that are not powers of
+    two round, and each input sits a little off its lattice point; every key of each kernel within
+    the bound of exact products (``Metric._exact_coefficients``) of the true score."""
+    from dataclasses import replace
+
+    from knng.engine import cuda_screen
+    from knng.engine.common import LATTICE_UNITS
+    from knng.metrics import with_exact_products
+
+    if kernel in ("wgmma", "mma.sync") and not cuda_screen.available(torch.device("cuda")):
+        pytest.skip("needs CuPy for the CUDA C screen")
+    if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
+                              or cuda_screen.choose_config(d, False, torch.cuda.current_device()) != "wg128x128"):
+        pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 128")
+    monkeypatch.setattr(cuda_screen, "WGMMA", kernel == "wgmma")
+    monkeypatch.setattr(fused, "CUDA_SCREEN", kernel != "triton")
+    g = _gen(seed)
+    grey = LATTICE_UNITS[1]
+    metric = replace(get_metric("sqeuclidean"), lattice=grey)
+
+    def rows(m: int):
+        h = torch.randint(-255, 256, (m, d), generator=g, device="cuda").double()
+        h[::4] = torch.where(h[::4] >= 0, 255.0, -255.0)
+        x = (h / 255.0).float().double()
+        return x, metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float16)
+
+    (a64, pa), (b64, pb) = rows(1100), rows(3000)
+    error = max(float((x - torch.round(x / grey) * grey).abs().max()) for x in (a64, b64))
+    precision = with_exact_products(PRECISIONS["float16"], torch.full((d,), 255.0), error, grey)
+    assert precision.exact_products
+    true = -2.0 * (a64 @ b64.T)
+    bound = metric.pair_bound(d, pa.norms[:, None], pb.norms[None, :], None, None, precision=precision)
+    keys = _kernel_keys(pa.vectors, pb.vectors, d, "float16")
+    ratio = float(((keys - true).abs() / bound).max())
+    assert ratio <= 1.0, f"|key − score| / E = {ratio} ({kernel}, d = {d})"
+
+
+def test_graph_of_grey_levels_divided_by_255(seed, monkeypatch):
+    """Image patches as float32 grey levels / 255 (``img_as_float32``): screened with exact products
+    on the lattice of unit fl(1/255), exact, and with no near-ties left to evaluate at the median row."""
+    import knng.engine.plan as plan
+
+    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
+    rng = np.random.default_rng(seed)
+    pixels = smooth_image_patches(rng, 80_000)
+    grey = torch.from_numpy((pixels / 255.0).astype(np.float32)).cuda()
+    res = [knng.graph(grey, k) for k in (10, 100)]
+    rep = last_report()
+    assert rep.exact_products
+    _check(grey, grey, res, exclude_self=True, rows=torch.arange(0, 80_000, 97, device="cuda"))
+    assert rep.evaluations_per_row["median"] == 100, rep.evaluations_per_row

@@ -103,6 +103,10 @@ class ScreenPrecision:
         vectors, centred on an integer point, whose float16 values and float32 sums never
         round. Then ``input_roundoff`` and ``accumulate_roundoff`` are 0 and only the float32
         additions of the terms round.
+    lattice_error : float
+        With ``exact_products``: the largest distance of an input value from its lattice point
+        (``Metric.lattice``), absolutely (0 for integers). It enters the bound like a flushed
+        input: at most 2·√d·η·(‖a‖ + ‖b‖) on a dot product.
     fused : bool
         True for the split form of the fused kernel (``knng.engine.fused``): the product runs
         over the d input columns only and the per-vector terms are added afterwards in float32.
@@ -129,6 +133,7 @@ class ScreenPrecision:
     digits: bool = False
     scaled: bool = False
     exact_products: bool = False
+    lattice_error: float = 0.0
 
 
 #: Every screen precision the engine knows. float32 and float64 run as torch products of the
@@ -146,11 +151,13 @@ PRECISIONS: dict[str, ScreenPrecision] = {
 }
 
 
-def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor | None) -> ScreenPrecision:
+def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor | None,
+                        lattice_error: float = 0.0, unit: float = 1.0) -> ScreenPrecision:
     """``precision`` with exact products where the data allow, else ``precision`` itself.
 
-    ``integer_spread``: for data whose every value is an integer, each column's largest minus
-    smallest value (float64; None for other data). Centred on any integer point of the data's
+    ``integer_spread``: for data whose every value is an integer (or, in units of
+    ``Metric.lattice``, within ``lattice_error`` of a multiple of the unit), each column's
+    largest minus smallest value in units (float64; None for other data). Centred on any integer point of the data's
     bounding box (a rounded mean is one), every prepared value v is an integer with |v_t| ≤
     spread_t. Scaled float16 rows hold such values exactly while spread ≤ 2,048 (a power-of-two
     scale only moves the exponent), their products are exact in float32, and a dot product's
@@ -158,16 +165,22 @@ def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor
     :data:`EXACT_SUM_LIMIT` the float32 sum is exact too, in whatever order the tensor cores add.
     Only the terms' float32 additions are left to round, so the bound shrinks from about 2⁻⁸ of
     ‖a‖‖b‖ to about 2⁻²¹ (image patches of uint8 pixels: 8×8 and 16×16 both qualify). The caller
-    centres on integer points (``torch.round`` of a mean).
+    centres on integer points (``torch.round`` of a mean). On a lattice of another unit
+    (grey levels divided by 255) the scales are no longer powers of two: the products' two
+    scalings round (2u₃₂ more) and each value's distance from its lattice point, at most
+    ``lattice_error``, enters as an absolute input error (:meth:`Metric.bound_coefficients`).
     """
     if integer_spread is None or not precision.scaled or precision.exact_products:
         return precision
     spread = integer_spread.to(torch.float64)
+    if math.sqrt(max(1, spread.numel())) * lattice_error > unit / 4:
+        return precision  # the bound's argument needs every nonzero lattice vector longer than its error
     # Integers below 2⁵³: the sum of squares is exact in float64, so the test is exact.
     if spread.numel() and (float(spread.max()) > FLOAT16_EXACT_INTEGER
                            or float((spread * spread).sum()) >= EXACT_SUM_LIMIT):
         return precision
-    return replace(precision, input_roundoff=0.0, accumulate_roundoff=0.0, exact_products=True)
+    return replace(precision, input_roundoff=0.0, accumulate_roundoff=0.0, exact_products=True,
+                   lattice_error=float(lattice_error))
 
 
 def get_precision(name: "str | ScreenPrecision | torch.dtype") -> ScreenPrecision:
@@ -382,6 +395,11 @@ class Metric:
         Whether vectors are scaled to unit length (cosine, Pearson).
     centre_rows : bool
         Whether each vector is centred on its own mean first (Pearson).
+    lattice : float
+        The unit of the data's values where they lie on a lattice (1.0: integers; a float32
+        such as fl(1/255) for grey levels divided by 255): scaled float16 rows then store each
+        centred value as its nearest multiple of the unit, an integer number of units, and the
+        unit rides in the row's scale (:func:`with_exact_products`). 1.0 otherwise.
     """
 
     name: str
@@ -391,6 +409,7 @@ class Metric:
     centre_corpus: bool
     normalize: bool = False
     centre_rows: bool = False
+    lattice: float = 1.0
 
     # ----------------------------------------------------------------------------- preparation
     def needs_centre(self, symmetric: bool) -> bool:
@@ -468,8 +487,14 @@ class Metric:
             return Prepared(vectors=out, norms=_bound_norms(x64, norms, scale, hi, lo), terms=terms, offsets=offsets)
         if dtype == torch.float16:
             # Scaled rows, the same on both sides (α rides in the tail): x/s is exact in float64,
-            # and its float16 rounding (through float32 in torch) is what the bound counts.
-            scale, values = _scaled_rows(x64)
+            # and its float16 rounding (through float32 in torch) is what the bound counts. On a
+            # lattice of another unit the rows hold the values' nearest multiples of the unit, as
+            # integer numbers of units, and the unit joins the (then not power-of-two) scale.
+            if self.lattice != 1.0:
+                scale, values = _scaled_rows(torch.round(x64 / self.lattice))
+                scale = scale * self.lattice  # exact: a power of two times a float32
+            else:
+                scale, values = _scaled_rows(x64)
             out[:, :d] = values
             del values
             scaled_scales(out).copy_(scale)
@@ -544,9 +569,11 @@ class Metric:
         alpha = abs(self.alpha)
         if precision is not None and precision.digits:
             return self._digit_coefficients(d)
+        if precision is not None and precision.exact_products:
+            return self._exact_coefficients(d, precision.lattice_error)
         if precision is not None and precision.fused:
             u_in, u_acc, u32 = precision.input_roundoff, precision.accumulate_roundoff, UNIT_ROUNDOFF_FP32
-            if precision.scaled and not precision.exact_products:
+            if precision.scaled:
                 # Values in float16's subnormal range err absolutely (SCALED_SUBNORMAL); the
                 # scalings by α·s_a and s_b are exact.
                 u_in += math.sqrt(d) * SCALED_SUBNORMAL
@@ -560,6 +587,23 @@ class Metric:
             c_dot = SAFETY * alpha * (2.0 * u + gamma)
             c_term = SAFETY * (u + gamma) if self.uses_terms else 0.0
         c_flush = SAFETY * alpha * math.sqrt(d) * FLUSH
+        return c_dot, c_term, c_flush
+
+    def _exact_coefficients(self, d: int, lattice_error: float) -> tuple[float, float, float]:
+        """``(c_dot, c_term, c_flush)`` of a float16 screen with exact products
+        (:func:`with_exact_products`, ``docs/EXACTNESS.md``, "Integer data: exact products").
+
+        The sum of the stored values' products is exact; its two scalings (by α·s_a, then s_b)
+        round once each where the scales are not powers of two, and the terms' two additions
+        round as in the split form: 4u₃₂ on |α|‖a‖‖b‖, 3u₃₂ on each term. Each stored value is
+        its input's lattice point, at most η = ``lattice_error`` away: with a = â + r_a,
+        |aᵀb − âᵀb̂| ≤ √d·η(‖a‖ + ‖b‖) + ‖r_a‖‖r_b‖ ≤ 2√d·η(‖a‖ + ‖b‖) (‖r_a‖ ≤ ‖a‖ when â = 0,
+        else ‖a‖ is at least half a unit), beside the flush term of every precision.
+        """
+        alpha, u32 = abs(self.alpha), UNIT_ROUNDOFF_FP32
+        c_dot = SAFETY * alpha * 4.0 * u32
+        c_term = SAFETY * 3.0 * u32 if self.uses_terms else 0.0
+        c_flush = SAFETY * alpha * math.sqrt(d) * (FLUSH + 2.0 * lattice_error)
         return c_dot, c_term, c_flush
 
     def _digit_coefficients(self, d: int) -> tuple[float, float, float]:

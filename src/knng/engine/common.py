@@ -19,6 +19,7 @@ from knng.metrics import Metric, Prepared, ScreenPrecision, with_exact_products
 __all__ = [
     "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
     "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
+    "LATTICE_UNITS", "LATTICE_TOLERANCE", "lattice_point",
 ]
 
 
@@ -145,40 +146,57 @@ def tf32_products() -> Iterator[None]:
         torch.backends.cuda.matmul.fp32_precision = saved
 
 
+#: The lattices a corpus's values are tried on, finest last: integers, and grey levels divided by
+#: 255 (``skimage.img_as_float``, torchvision's ``ToTensor``), whose unit is float32's 1/255.
+LATTICE_UNITS = (1.0, float(torch.tensor(1 / 255, dtype=torch.float32)))
+#: A corpus lies on a lattice when every value is within this many units of a lattice point (its
+#: actual distance, measured, is what the bound counts: ``ScreenPrecision.lattice_error``).
+LATTICE_TOLERANCE = 2.0**-10
+
+
 @dataclass(frozen=True)
 class CorpusStats:
     """What one pass over the corpus learns: the common centre (or None) and, where asked for,
-    each column's extent (largest minus smallest value, float64) if every value is an integer
-    (else None)."""
+    whether its values lie on a lattice (:data:`LATTICE_UNITS`): the unit, each column's extent
+    in units (largest minus smallest lattice point, float64) and the largest distance of a value
+    from its lattice point (None and 0.0 off every lattice)."""
 
     centre: torch.Tensor | None
     integer_spread: torch.Tensor | None = None
+    lattice: float = 1.0
+    lattice_error: float = 0.0
 
-    def screen(self, precision: ScreenPrecision) -> tuple[ScreenPrecision, torch.Tensor | None]:
-        """The precision and centre a screen of this corpus runs with: ``precision`` with exact
-        products (:func:`knng.metrics.with_exact_products`) around the rounded centre when the
-        corpus is integer-valued and small enough, else ``precision`` around :attr:`centre`."""
+    def screen(self, precision: ScreenPrecision) -> tuple[ScreenPrecision, torch.Tensor | None, float]:
+        """The precision, centre and lattice unit a screen of this corpus runs with: ``precision``
+        with exact products (:func:`knng.metrics.with_exact_products`) around the centre rounded
+        to a lattice point when the corpus lies on a lattice small enough, else ``precision``
+        around :attr:`centre` (unit 1.0: the rows as they are)."""
         if self.centre is None:
-            return precision, self.centre
-        exact = with_exact_products(precision, self.integer_spread)
+            return precision, self.centre, 1.0
+        exact = with_exact_products(precision, self.integer_spread, self.lattice_error, self.lattice)
         if not exact.exact_products:
-            return precision, self.centre
-        # The rounded mean is an integer point inside the data's bounding box: every centred
-        # value stays within its column's extent.
-        return exact, torch.round(self.centre)
+            return precision, self.centre, 1.0
+        # The rounded mean is a lattice point inside the data's bounding box: every centred
+        # value stays within its column's extent (c·m is exact in float64: 24 + 11 bits).
+        return exact, lattice_point(self.centre, self.lattice), self.lattice
+
+
+def lattice_point(x: torch.Tensor, unit: float) -> torch.Tensor:
+    """The nearest multiple of ``unit`` to each value of float64 ``x``."""
+    return torch.round(x / unit) * unit if unit != 1.0 else torch.round(x)
 
 
 def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, symmetric: bool,
                  block_rows: int, integers: bool = False) -> CorpusStats:
     """Check the corpus is finite and, where the metric centres, compute its float64 mean.
 
-    ``integers``: also find whether every value is an integer and each column's extent
-    (:attr:`CorpusStats.integer_spread`), for a screen that may run with exact products (a
-    translation-invariant metric whose both sides are centred: the caller's to say).
+    ``integers``: also find whether the values lie on a lattice (:class:`CorpusStats`), for a
+    screen that may run with exact products (a translation-invariant metric whose both sides
+    are centred: the caller's to say).
     """
     need_mean = metric.needs_centre(symmetric)
     total = torch.zeros(corpus.d, dtype=torch.float64, device=device)
-    extent = _IntegerExtent(corpus.d, device) if integers and need_mean else None
+    lattices = [_LatticeExtent(unit, corpus.d, device) for unit in LATTICE_UNITS] if integers and need_mean else []
     for start, block in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
         block = block.to(device, non_blocking=True)
         sums, bad = preparation.finite_column_sums(block, sums=need_mean)
@@ -186,34 +204,55 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
             check_finite(block, corpus.name, start)  # raises, naming the first bad row
         if sums is not None:
             total += sums
-        if extent is not None:
-            extent.add(block)
-    return CorpusStats(centre=total / corpus.n if need_mean else None,
-                       integer_spread=None if extent is None else extent.spread())
+        for lattice in lattices if block.is_floating_point() else lattices[:1]:
+            lattice.add(block)
+    centre = total / corpus.n if need_mean else None
+    for lattice in lattices:
+        found = lattice.found()
+        if found is not None:
+            spread, error = found
+            return CorpusStats(centre=centre, integer_spread=spread, lattice=lattice.unit, lattice_error=error)
+    return CorpusStats(centre=centre)
 
 
-class _IntegerExtent:
-    """Whether blocks of values are all integers, and their columns' smallest and largest values
+class _LatticeExtent:
+    """Blocks of values on the lattice of one unit: each column's smallest and largest lattice
+    point (in units), the largest distance of a value from its point in units and absolutely
     (on the device, read once at the end)."""
 
-    def __init__(self, d: int, device: torch.device) -> None:
+    def __init__(self, unit: float, d: int, device: torch.device) -> None:
+        self.unit = unit
         self.low = torch.full((d,), torch.inf, dtype=torch.float64, device=device)
         self.high = torch.full((d,), -torch.inf, dtype=torch.float64, device=device)
-        self.fractional = torch.zeros((), dtype=torch.bool, device=device)
+        self.off = torch.zeros((), dtype=torch.float64, device=device)  # in units
+        self.error = torch.zeros((), dtype=torch.float64, device=device)  # absolute
+        self.seen = False
 
     def add(self, block: torch.Tensor) -> None:
         if not block.numel():
             return
-        if block.is_floating_point():
-            self.fractional |= (block != torch.round(block)).any()
-        low, high = torch.aminmax(block, dim=0)
+        self.seen = True
+        if not block.is_floating_point():  # integers: on the unit lattice exactly
+            low, high = torch.aminmax(block, dim=0)
+        else:
+            x = block.to(torch.float64)
+            units = x / self.unit if self.unit != 1.0 else x
+            points = torch.round(units)
+            torch.maximum(self.off, (units - points).abs().max(), out=self.off)
+            if self.unit != 1.0:
+                torch.maximum(self.error, (x - points * self.unit).abs().max(), out=self.error)
+            else:
+                torch.maximum(self.error, (x - points).abs().max(), out=self.error)
+            low, high = torch.aminmax(points, dim=0)
         torch.minimum(self.low, low.to(torch.float64), out=self.low)
         torch.maximum(self.high, high.to(torch.float64), out=self.high)
 
-    def spread(self) -> torch.Tensor | None:
-        if bool(self.fractional):
+    def found(self) -> tuple[torch.Tensor, float] | None:
+        """(extents in units, largest distance from a lattice point) if the values lie on the
+        lattice (within :data:`LATTICE_TOLERANCE` units), else None."""
+        if not self.seen or float(self.off) > LATTICE_TOLERANCE:
             return None
-        return torch.where(self.high >= self.low, self.high - self.low, torch.zeros_like(self.low))
+        return self.high - self.low, float(self.error)
 
 
 #: Largest prepared-vector norm whose squares and products stay far from float32 overflow.

@@ -276,14 +276,14 @@ class PrincipalFrames:
         The screen's storage type.
     read_rows : int
         Rows per read of ``data`` (read ahead by a background thread).
-    integer_centres : bool
-        Round each part's mean to the nearest integer point (integer data screened with exact
-        products: :meth:`knng.engine.common.CorpusStats.screen`), so that every prepared value
-        stays an integer within its column's extent.
+    lattice : float or None
+        Round each part's mean to the nearest point of the lattice of this unit (data on a
+        lattice screened with exact products: :meth:`knng.engine.common.CorpusStats.screen`), so
+        that every prepared value stays a lattice point within its column's extent.
     """
 
     def __init__(self, data: InputArray, metric: Metric, centre: torch.Tensor, device: torch.device,
-                 part_size: int, dtype: torch.dtype, read_rows: int = 4096, integer_centres: bool = False) -> None:
+                 part_size: int, dtype: torch.dtype, read_rows: int = 4096, lattice: float | None = None) -> None:
         self.metric, self.device, self.dtype = metric, device, dtype
         self.n, self.d = data.n, data.d
         self._live = False  # some block of the current distance J − I had a window
@@ -315,8 +315,8 @@ class PrincipalFrames:
         self._sorted_input = as_input(self.sorted, data.name)
         self.parts = [(s, min(self.n, s + part_size)) for s in range(0, self.n, part_size)]
         self.centres = [self.sorted[i0:i1].to(torch.float64).mean(dim=0) for i0, i1 in self.parts]
-        if integer_centres:
-            self.centres = [torch.round(c) for c in self.centres]
+        if lattice is not None:
+            self.centres = [torch.round(c / lattice) * lattice for c in self.centres]
         within = float(torch.stack([((self.sorted[i0:i1].to(torch.float64) - c) ** 2).sum()
                                     for (i0, i1), c in zip(self.parts, self.centres)]).sum())
         #: Whether blocks are centred on their row part. Only where that shrinks the squared

@@ -156,13 +156,16 @@ def exact_graph(
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows,
                              integers=plan.precision.scaled and translation_invariant(metric))
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
-        # Integer data: exact products around integer centres (CorpusStats.screen).
-        precision, centre = stats.screen(plan.precision)
+        # Data on a lattice (integers, grey levels / 255): exact products around lattice points
+        # (CorpusStats.screen), the rows holding the values in the lattice's units.
+        precision, centre, unit = stats.screen(plan.precision)
+        if unit != 1.0:
+            metric = replace(metric, lattice=unit)
         frames: GlobalFrames | PrincipalFrames
         if plan.frames == PRINCIPAL_FRAMES:
             assert centre is not None
-            frames = PrincipalFrames(data, metric, centre, device, b, plan.screen_torch_dtype,
-                                     read_rows=read_rows, integer_centres=precision.exact_products)
+            frames = PrincipalFrames(data, metric, centre, device, b, plan.screen_torch_dtype, read_rows=read_rows,
+                                     lattice=unit if precision.exact_products else None)
         else:
             pdata = PreparedCorpus(data, metric, centre, device, resident=plan.corpus_resident,
                                    block_rows=read_rows, symmetric=True, dtype=plan.screen_torch_dtype)

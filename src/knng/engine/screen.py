@@ -201,7 +201,14 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     if precision.digits:
         scores = digit_scores(a, b, buffer)
     else:
-        if precision.scaled:
+        after = precision.scaled and precision.exact_products
+        if after:
+            # Exact products (knng.metrics.with_exact_products): the scales may not be powers of
+            # two (a lattice of unit 1/255), so the product of the stored values comes first,
+            # exactly, then its two scalings in the kernel's order, each rounded as there.
+            k = scaled_width(d)
+            a32, b32 = a[:, :k].to(torch.float32), b[:, :k].to(torch.float32)
+        elif precision.scaled:
             # The factors α·s_a and s_b go into the operands, not onto the block (two passes over
             # a 10k × 65k sample block cost 7 ms on an H100): scaling by powers of two commutes
             # with every rounding of the product, so the keys are the kernel's (its scaling after
@@ -212,7 +219,10 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
         else:
             a32, b32 = a[:, :d].to(torch.float32), b[:, :d].to(torch.float32)
         out = None if buffer is None else buffer.take(a.shape[0], b.shape[0], torch.float32, a.device)
-        if col_terms is not None and a.device.type == "cuda" and GEMM_COLUMN_TERMS:
+        if after:
+            scores = torch.mm(a32, b32.T, out=out)
+            scores.mul_(scaled_row_factors(a)[:, None]).mul_(scaled_scales(b)[None, :])
+        elif col_terms is not None and a.device.type == "cuda" and GEMM_COLUMN_TERMS:
             # The column terms in the product's epilogue (see GEMM_COLUMN_TERMS).
             scores = torch.addmm(col_terms, a32, b32.T, out=out)
             col_terms = None
