@@ -547,6 +547,20 @@ def test_blocks_sized_later_keep_the_pairs_of_blocks_sized_at_once(seed):
         assert pairs(got[0]) == pairs(want[0]) and pairs(got[1]) == pairs(want[1])
 
 
+def _use_float16_kernel(kernel: str, d: int, monkeypatch) -> None:
+    """Screens of K = ``d`` run on ``kernel`` ("wgmma", "mma.sync", "triton"; "tf32" leaves them
+    as they are), or the test skips where it cannot run."""
+    from knng.engine import cuda_screen
+
+    if kernel in ("wgmma", "mma.sync") and not cuda_screen.available(torch.device("cuda")):
+        pytest.skip("needs CuPy for the CUDA C screen")
+    if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
+                              or cuda_screen.choose_config(d, False, torch.cuda.current_device()) != "wg128x128"):
+        pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 128")
+    monkeypatch.setattr(cuda_screen, "WGMMA", kernel == "wgmma")
+    monkeypatch.setattr(fused, "CUDA_SCREEN", kernel != "triton")
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("kernel", ["wgmma", "mma.sync", "triton", "tf32"])
 def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, monkeypatch):
@@ -557,17 +571,10 @@ def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, monkeypatch
     must keep its last bit, and random integers of [−255, 255]; every key (no terms, no
     threshold) equals −2·aᵀb computed exactly. ``tf32``: the TF32 products of the float16
     values that seed a float16 screen's thresholds (``common.TF32_EXACT_SAMPLES``)."""
-    from knng.engine import cuda_screen
     from knng.engine.common import full_precision, tf32_products
     from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
 
-    if kernel in ("wgmma", "mma.sync") and not cuda_screen.available(torch.device("cuda")):
-        pytest.skip("needs CuPy for the CUDA C screen")
-    if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
-                              or cuda_screen.choose_config(d, False, torch.cuda.current_device()) != "wg128x128"):
-        pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 128")
-    monkeypatch.setattr(cuda_screen, "WGMMA", kernel == "wgmma")
-    monkeypatch.setattr(fused, "CUDA_SCREEN", kernel != "triton")
+    _use_float16_kernel(kernel, d, monkeypatch)
     g = _gen(seed)
 
     def rows(m: int) -> torch.Tensor:
@@ -603,17 +610,10 @@ def test_grey_level_keys_are_within_the_exact_bound_on_the_hardware(d, kernel, s
     the bound of exact products (``Metric._exact_coefficients``) of the true score."""
     from dataclasses import replace
 
-    from knng.engine import cuda_screen
     from knng.engine.common import LATTICE_UNITS
     from knng.metrics import with_exact_products
 
-    if kernel in ("wgmma", "mma.sync") and not cuda_screen.available(torch.device("cuda")):
-        pytest.skip("needs CuPy for the CUDA C screen")
-    if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
-                              or cuda_screen.choose_config(d, False, torch.cuda.current_device()) != "wg128x128"):
-        pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 128")
-    monkeypatch.setattr(cuda_screen, "WGMMA", kernel == "wgmma")
-    monkeypatch.setattr(fused, "CUDA_SCREEN", kernel != "triton")
+    _use_float16_kernel(kernel, d, monkeypatch)
     g = _gen(seed)
     grey = LATTICE_UNITS[1]
     metric = replace(get_metric("sqeuclidean"), lattice=grey)
