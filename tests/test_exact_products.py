@@ -63,9 +63,9 @@ def test_corpus_stats_round_the_centre_only_for_exact_products():
     assert CorpusStats(centre, _spread(1.0, 1.0, 1.0), grey, grey).screen(F16)[0] is F16
 
 
-def _stats(x: np.ndarray) -> CorpusStats:
+def _stats(x: np.ndarray, block_rows: int = 64) -> CorpusStats:
     return corpus_stats(as_input(x, "data"), get_metric("euclidean"), torch.device("cpu"), symmetric=True,
-                        block_rows=64, integers=True)
+                        block_rows=block_rows, integers=True)
 
 
 def test_corpus_pass_finds_the_lattice(rng):
@@ -82,6 +82,17 @@ def test_corpus_pass_finds_the_lattice(rng):
     assert stats.lattice == 1.0 and 0 < stats.lattice_error <= 1e-5
     assert _stats(rng.standard_normal((300, 7))).integer_spread is None
     assert _stats(pixels + 0.5).integer_spread is None
+
+
+@pytest.mark.parametrize("block_rows", [64, 3000])
+def test_a_value_off_the_lattice_past_the_probe_is_found(rng, block_rows):
+    """Each block's first rows are probed (LATTICE_PROBE_ROWS) before the whole block is checked:
+    a value off the lattice further on still takes the lattice away."""
+    late = rng.integers(0, 256, (3000, 5)).astype(np.float32)
+    assert _stats(late, block_rows).lattice == 1.0
+    late[2500, 3] = 0.25
+    assert _stats(late, block_rows).integer_spread is None
+    assert _stats(late / 255, block_rows).integer_spread is None
 
 
 def test_exact_bound_keeps_only_the_terms_roundings():

@@ -152,6 +152,9 @@ LATTICE_UNITS = (1.0, float(torch.tensor(1 / 255, dtype=torch.float32)))
 #: A corpus lies on a lattice when every value is within this many units of a lattice point (its
 #: actual distance, measured, is what the bound counts: ``ScreenPrecision.lattice_error``).
 LATTICE_TOLERANCE = 2.0**-10
+#: Rows of each block checked first: data off every lattice (most float data) cost a look at
+#: these, not float64 passes over the whole corpus.
+LATTICE_PROBE_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -227,13 +230,17 @@ class _LatticeExtent:
         self.off = torch.zeros((), dtype=torch.float64, device=device)  # in units
         self.error = torch.zeros((), dtype=torch.float64, device=device)  # absolute
         self.seen = False
+        self.off_lattice = False
 
     def add(self, block: torch.Tensor) -> None:
-        if not block.numel():
+        if not block.numel() or self.off_lattice:
             return
         self.seen = True
         if not block.is_floating_point():  # integers: on the unit lattice exactly
             low, high = torch.aminmax(block, dim=0)
+        elif self._off(block[:LATTICE_PROBE_ROWS]) > LATTICE_TOLERANCE:
+            self.off_lattice = True  # one synchronisation, as the finite check's
+            return
         else:
             x = block.to(torch.float64)
             units = x / self.unit if self.unit != 1.0 else x
@@ -247,10 +254,14 @@ class _LatticeExtent:
         torch.minimum(self.low, low.to(torch.float64), out=self.low)
         torch.maximum(self.high, high.to(torch.float64), out=self.high)
 
+    def _off(self, rows: torch.Tensor) -> float:
+        units = rows.to(torch.float64) / self.unit
+        return float((units - torch.round(units)).abs().max())
+
     def found(self) -> tuple[torch.Tensor, float] | None:
         """(extents in units, largest distance from a lattice point) if the values lie on the
         lattice (within :data:`LATTICE_TOLERANCE` units), else None."""
-        if not self.seen or float(self.off) > LATTICE_TOLERANCE:
+        if not self.seen or self.off_lattice or float(self.off) > LATTICE_TOLERANCE:
             return None
         return self.high - self.low, float(self.error)
 
