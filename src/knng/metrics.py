@@ -163,8 +163,8 @@ def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor
     scale only moves the exponent), their products are exact in float32, and a dot product's
     terms add up to Σ|a_t b_t| ≤ ‖a‖‖b‖ ≤ ‖spread‖² in absolute value: below
     :data:`EXACT_SUM_LIMIT` the float32 sum is exact too, in whatever order the tensor cores add.
-    Only the terms' float32 additions are left to round, so the bound shrinks from about 2⁻⁸ of
-    ‖a‖‖b‖ to about 2⁻²¹ (image patches of uint8 pixels: 8×8 and 16×16 both qualify). The caller
+    Only the float32 steps after the sum are left to round, so the bound shrinks from about 2⁻⁸
+    of ‖a‖‖b‖ to about 2⁻²⁰ (image patches of uint8 pixels: 8×8 and 16×16 both qualify). The caller
     centres on integer points (``torch.round`` of a mean). On a lattice of another unit
     (grey levels divided by 255) the scales are no longer powers of two: the products' two
     scalings round (2u₃₂ more) and each value's distance from its lattice point, at most
