@@ -28,7 +28,7 @@ __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPreci
            "DIGIT_BASE", "DIGIT_MAX", "DIGIT_REFERENCE_ERROR", "digit_width", "digit_blocks", "digit_scales",
            "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
            "scaled_alphas", "scaled_row_factors", "scaled_row_scales", "TINY", "ORACLE_RELATIVE", "ORACLE_CONSTANT",
-           "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products"]
+           "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products", "lattice_point"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -181,6 +181,12 @@ def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor
         return precision
     return replace(precision, input_roundoff=0.0, accumulate_roundoff=0.0, exact_products=True,
                    lattice_error=float(lattice_error))
+
+
+def lattice_point(x: torch.Tensor, unit: float) -> torch.Tensor:
+    """The nearest multiple of ``unit`` to each value of float64 ``x`` (a centre rounded onto the
+    data's lattice: for a float32 unit and integers of up to 29 bits, exact in float64)."""
+    return torch.round(x / unit) * unit
 
 
 def get_precision(name: "str | ScreenPrecision | torch.dtype") -> ScreenPrecision:

@@ -14,12 +14,12 @@ from knng.engine import preparation
 from knng.engine.exact import ExactStats
 from knng.engine.plan import EnginePlan
 from knng.engine.store import StoreStats
-from knng.metrics import Metric, Prepared, ScreenPrecision, with_exact_products
+from knng.metrics import Metric, Prepared, ScreenPrecision, lattice_point, with_exact_products
 
 __all__ = [
     "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
     "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
-    "LATTICE_UNITS", "LATTICE_TOLERANCE", "lattice_point",
+    "LATTICE_UNITS", "LATTICE_TOLERANCE",
 ]
 
 
@@ -184,11 +184,6 @@ class CorpusStats:
         return exact, lattice_point(self.centre, self.lattice), self.lattice
 
 
-def lattice_point(x: torch.Tensor, unit: float) -> torch.Tensor:
-    """The nearest multiple of ``unit`` to each value of float64 ``x``."""
-    return torch.round(x / unit) * unit if unit != 1.0 else torch.round(x)
-
-
 def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, symmetric: bool,
                  block_rows: int, integers: bool = False) -> CorpusStats:
     """Check the corpus is finite and, where the metric centres, compute its float64 mean.
@@ -243,13 +238,10 @@ class _LatticeExtent:
             return
         else:
             x = block.to(torch.float64)
-            units = x / self.unit if self.unit != 1.0 else x
+            units = x / self.unit  # exact for unit 1.0, as is points·unit below
             points = torch.round(units)
             torch.maximum(self.off, (units - points).abs().max(), out=self.off)
-            if self.unit != 1.0:
-                torch.maximum(self.error, (x - points * self.unit).abs().max(), out=self.error)
-            else:
-                torch.maximum(self.error, (x - points).abs().max(), out=self.error)
+            torch.maximum(self.error, (x - points * self.unit).abs().max(), out=self.error)
             low, high = torch.aminmax(points, dim=0)
         torch.minimum(self.low, low.to(torch.float64), out=self.low)
         torch.maximum(self.high, high.to(torch.float64), out=self.high)

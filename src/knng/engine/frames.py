@@ -33,7 +33,7 @@ import torch
 from knng._inputs import READ_AHEAD, InputArray, as_input
 from knng.engine.exact import exact_pairs_of
 from knng.engine.thresholds import sample_columns
-from knng.metrics import Metric
+from knng.metrics import Metric, lattice_point
 
 if TYPE_CHECKING:
     from knng.engine.common import PreparedCorpus
@@ -316,7 +316,7 @@ class PrincipalFrames:
         self.parts = [(s, min(self.n, s + part_size)) for s in range(0, self.n, part_size)]
         self.centres = [self.sorted[i0:i1].to(torch.float64).mean(dim=0) for i0, i1 in self.parts]
         if lattice is not None:
-            self.centres = [torch.round(c / lattice) * lattice for c in self.centres]
+            self.centres = [lattice_point(c, lattice) for c in self.centres]
         within = float(torch.stack([((self.sorted[i0:i1].to(torch.float64) - c) ** 2).sum()
                                     for (i0, i1), c in zip(self.parts, self.centres)]).sum())
         #: Whether blocks are centred on their row part. Only where that shrinks the squared
