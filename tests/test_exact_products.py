@@ -52,7 +52,7 @@ def test_corpus_stats_round_the_centre_only_for_exact_products():
     assert precision.exact_products and unit == 1.0
     assert torch.equal(used, torch.tensor([0.0, 2.0, -4.0], dtype=torch.float64))
     precision, used, unit = CorpusStats(centre, None).screen(F16)
-    assert precision is F16 and used is centre and unit == 1.0
+    assert precision is F16 and used is centre and unit is None
     precision, used, unit = CorpusStats(centre, _spread(3000.0, 1.0, 0.0)).screen(F16)
     assert precision is F16 and used is centre
     grey = LATTICE_UNITS[1]
@@ -230,6 +230,21 @@ def test_exact_products_let_fewer_pairs_through(float16_screen, rng):
     shifted = _graph(x + 0.5, 5)
     assert exact.exact_products and not shifted.exact_products
     assert exact.store.survivors < shifted.store.survivors
+
+
+def test_integers_give_or_take_a_little_are_stored_as_integers(float16_screen, rng):
+    """Integers off by up to 10⁻⁴ are on the unit lattice within its tolerance: the rows must hold
+    the integers themselves (float16 would round 1 + 10⁻⁴ scaled to a value off the lattice, whose
+    sums are no longer exact), the offsets counted by the lattice error."""
+    pixels = smooth_image_patches(rng, 300, side=4).astype(np.float64)
+    noisy = pixels + rng.uniform(-1e-4, 1e-4, pixels.shape)
+    metric = replace(get_metric("euclidean"), lattice=1.0)
+    rows = metric.prepare(torch.from_numpy(noisy), torch.zeros(16, dtype=torch.float64), side="corpus",
+                          symmetric=True, dtype=torch.float16).vectors
+    scale = rows[:, -16:-14].contiguous().view(torch.float32)[:, 0].double()
+    assert torch.equal(rows[:, :16].double() * scale[:, None], torch.from_numpy(pixels))
+    report = _graph(noisy, 5)
+    assert report.exact_products
 
 
 @pytest.mark.parametrize("name", ["int8", "offset", "limit", "past_limit", "fraction", "ties"])

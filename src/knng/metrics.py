@@ -401,11 +401,13 @@ class Metric:
         Whether vectors are scaled to unit length (cosine, Pearson).
     centre_rows : bool
         Whether each vector is centred on its own mean first (Pearson).
-    lattice : float
-        The unit of the data's values where they lie on a lattice (1.0: integers; a float32
-        such as fl(1/255) for grey levels divided by 255): scaled float16 rows then store each
-        centred value as its nearest multiple of the unit, an integer number of units, and the
-        unit rides in the row's scale (:func:`with_exact_products`). 1.0 otherwise.
+    lattice : float or None
+        The unit of the data's values where they lie near a lattice (1.0: integers, give or
+        take a little; a float32 such as fl(1/255) for grey levels divided by 255): scaled
+        float16 rows then store each centred value as its nearest multiple of the unit, an
+        integer number of units, and the unit rides in the row's scale
+        (:func:`with_exact_products`). None: the rows hold the values as they are (exact
+        integers need no rounding either).
     """
 
     name: str
@@ -415,7 +417,7 @@ class Metric:
     centre_corpus: bool
     normalize: bool = False
     centre_rows: bool = False
-    lattice: float = 1.0
+    lattice: float | None = None
 
     # ----------------------------------------------------------------------------- preparation
     def needs_centre(self, symmetric: bool) -> bool:
@@ -494,9 +496,9 @@ class Metric:
         if dtype == torch.float16:
             # Scaled rows, the same on both sides (α rides in the tail): x/s is exact in float64,
             # and its float16 rounding (through float32 in torch) is what the bound counts. On a
-            # lattice of another unit the rows hold the values' nearest multiples of the unit, as
-            # integer numbers of units, and the unit joins the (then not power-of-two) scale.
-            if self.lattice != 1.0:
+            # lattice the rows hold the values' nearest multiples of the unit, as integer numbers
+            # of units, and the unit joins the (then maybe not power-of-two) scale.
+            if self.lattice is not None:
                 scale, values = _scaled_rows(torch.round(x64 / self.lattice))
                 scale = scale * self.lattice  # exact: a power of two times a float32
             else:

@@ -169,16 +169,16 @@ class CorpusStats:
     lattice: float = 1.0
     lattice_error: float = 0.0
 
-    def screen(self, precision: ScreenPrecision) -> tuple[ScreenPrecision, torch.Tensor | None, float]:
+    def screen(self, precision: ScreenPrecision) -> tuple[ScreenPrecision, torch.Tensor | None, float | None]:
         """The precision, centre and lattice unit a screen of this corpus runs with: ``precision``
         with exact products (:func:`knng.metrics.with_exact_products`) around the centre rounded
-        to a lattice point when the corpus lies on a lattice small enough, else ``precision``
-        around :attr:`centre` (unit 1.0: the rows as they are)."""
+        to a lattice point, and the lattice's unit, when the corpus lies on a lattice small
+        enough; else ``precision`` around :attr:`centre`, and None."""
         if self.centre is None:
-            return precision, self.centre, 1.0
+            return precision, self.centre, None
         exact = with_exact_products(precision, self.integer_spread, self.lattice_error, self.lattice)
         if not exact.exact_products:
-            return precision, self.centre, 1.0
+            return precision, self.centre, None
         # The rounded mean is a lattice point inside the data's bounding box: every centred
         # value stays within its column's extent (c·m is exact in float64: 24 + 11 bits).
         return exact, lattice_point(self.centre, self.lattice), self.lattice

@@ -159,13 +159,14 @@ def exact_graph(
         # Data on a lattice (integers, grey levels / 255): exact products around lattice points
         # (CorpusStats.screen), the rows holding the values in the lattice's units.
         precision, centre, unit = stats.screen(plan.precision)
-        if unit != 1.0:
+        if unit is not None and (unit != 1.0 or precision.lattice_error > 0):
+            # Rows rounded onto the lattice (exact integers, centred on integers, already are).
             metric = replace(metric, lattice=unit)
         frames: GlobalFrames | PrincipalFrames
         if plan.frames == PRINCIPAL_FRAMES:
             assert centre is not None
             frames = PrincipalFrames(data, metric, centre, device, b, plan.screen_torch_dtype, read_rows=read_rows,
-                                     lattice=unit if precision.exact_products else None)
+                                     lattice=unit)
         else:
             pdata = PreparedCorpus(data, metric, centre, device, resident=plan.corpus_resident,
                                    block_rows=read_rows, symmetric=True, dtype=plan.screen_torch_dtype)

@@ -83,9 +83,9 @@ def finite_column_sums(block: torch.Tensor, *, sums: bool) -> tuple[torch.Tensor
 
 
 def _scaled_kernel_applies(metric: Metric, x: torch.Tensor, dtype: torch.dtype) -> bool:
-    # Normalised and row-centred metrics rescale rows before the shift, and a lattice of another
-    # unit than 1 stores multiples of it: their reference only.
-    return (dtype == torch.float16 and not metric.normalize and not metric.centre_rows and metric.lattice == 1.0
+    # Normalised and row-centred metrics rescale rows before the shift, and rows on a lattice
+    # store multiples of its unit: their reference only.
+    return (dtype == torch.float16 and not metric.normalize and not metric.centre_rows and metric.lattice is None
             and x.dim() == 2
             and not x.is_complex() and kernels_apply(x.device))
 
