@@ -136,6 +136,8 @@ def main() -> None:
     ap.add_argument("--graph", type=int, default=0, help="trace a graph of this many points instead")
     ap.add_argument("--precision", default="tf32", help="a screen precision, or auto (the planner's)")
     ap.add_argument("--d", type=int, default=128, help="dimension of the points")
+    ap.add_argument("--stacks", type=int, default=0,
+                    help="also print the GPU time of the torch operations grouped by this many Python frames")
     ap.add_argument("--patches", type=int, choices=(8, 16), default=0,
                     help="trace a graph of image patches of this side (.carry/pictures.npz, bench/bench_patches.py)")
     args = ap.parse_args()
@@ -171,7 +173,7 @@ def main() -> None:
     for _ in range(2):
         call()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=args.stacks > 0) as prof:
         with record_function("STAGE_call"):
             call()
             torch.cuda.synchronize()
@@ -179,6 +181,9 @@ def main() -> None:
     prof.export_chrome_trace(str(trace))
     summary(trace)
     idle_gaps(trace)
+    if args.stacks:
+        print(prof.key_averages(group_by_stack_n=args.stacks).table(sort_by="self_cuda_time_total", row_limit=30,
+                                                                    max_name_column_width=60))
 
 
 if __name__ == "__main__":
