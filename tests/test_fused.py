@@ -362,6 +362,36 @@ def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, 
     assert len(calls) == 2, "the parts' own blocks were not screened together"
 
 
+@pytest.mark.parametrize("include_self,k", [(False, 7), (True, 1)])
+def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, monkeypatch):
+    """Image patches, whose principal slabs centre each part on itself, screen every part's own
+    block in one pass too: seeds with their tiles' radii, survivors held with their tiles' norms
+    (Holding.pairs). Exact with near-identical flat patches, duplicates across parts, k = 1."""
+    import knng.engine.graph as graph
+    import knng.engine.plan as plan
+
+    from knng.engine.store import CandidateStore
+
+    _strip_minima_by_reference(monkeypatch)
+    monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(plan, "CPU_MAX_PART", 100)
+    monkeypatch.setattr(graph, "OWN_PART_SEED", 96)
+    calls, paired = [], []
+    real = graph.screen_own_parts_together
+    monkeypatch.setattr(graph, "screen_own_parts_together", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    hold = CandidateStore._hold
+    monkeypatch.setattr(CandidateStore, "_hold",
+                        lambda store, rows, cols, keys, norms: paired.append(norms is not None)
+                        or hold(store, rows, cols, keys, norms))
+    x = smooth_image_patches(rng, 230, side=3)
+    x[40:70] = x[40] + 1e-3 * rng.standard_normal((30, x.shape[1]))  # near-ties, not folded
+    x[200:210] = x[:10]
+    g = knng.graph(x, k, include_self=include_self)
+    assert_exact(g, oracle_graph(x, k, include_self=include_self))
+    assert last_report().parts > 1 and last_report().plan.frames == "principal"
+    assert calls == [1] and paired and all(paired), "the slabs' own blocks were not screened together with their norms"
+
+
 def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
     """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART."""
     import knng.engine.plan as plan
@@ -521,3 +551,55 @@ def test_select_block_in_the_interpreter(interpret, rng, dtype, shape, hint, sym
     both = {(r, c) for r, c, s in got if s == 1} & {(r, c) for r, c, s in got if s == 2}
     got = {(r, c, 3 if (r, c) in both else s) for r, c, s in got}
     assert got == _select_reference(scores, row_thr, col_thr)
+
+
+def _epilogue_case(gen: torch.Generator, m: int, n: int, device: str):
+    """A float32 score block with integer products (as exact products give) or arbitrary ones,
+    row factors and column scales off powers of two (a lattice of unit 1/255), float32 terms,
+    and values whose sums round: every step of the epilogue rounds somewhere."""
+    scores = torch.randn((m, n + 3), generator=gen, dtype=torch.float64).mul_(2.0**20).round_().float()[:, :n]
+    scores[: m // 2] = torch.randn((m // 2, n), generator=gen).mul_(1e4)  # arbitrary products too
+    unit = torch.tensor(1 / 255, dtype=torch.float32)
+    factors = (torch.rand(m, generator=gen) * 3 + 0.5).float() * unit
+    scales = torch.exp2(torch.randint(-8, 8, (n,), generator=gen).float()) * unit
+    col_terms = (torch.randn(n, generator=gen) * 1e5).float()
+    row_terms = (torch.randn(m, generator=gen) * 1e5).float()
+    return (t.to(device) for t in (scores, factors, scales, col_terms, row_terms))
+
+
+def assert_block_epilogue_is_its_reference(device: str, kernel: bool) -> int:
+    """``screen.block_epilogue`` by the kernel against torch's in-place operations, bit for bit,
+    for every combination of scales and terms; a block that is a column slice (rows further
+    apart than its width), tiles cut short on both sides, one row, one column."""
+    gen = torch.Generator().manual_seed(7)
+    cases = 0
+    for m, n in [(70, 300), (1, 129), (33, 1), (64, 128)]:
+        scores, factors, scales, col_terms, row_terms = _epilogue_case(gen, m, n, device)
+        for use_scales in (False, True):
+            for ct in (None, col_terms):
+                for rt in (None, row_terms):
+                    s = (factors, scales) if use_scales else None
+                    want = screen.block_epilogue(scores.clone(), s, ct, rt, kernel=False)
+                    got = screen.block_epilogue(scores.clone(), s, ct, rt, kernel=kernel)
+                    assert torch.equal(got, want), (m, n, use_scales, ct is None, rt is None)
+                    cases += 1
+        wide = torch.zeros((m, n + 50), dtype=torch.float32, device=device)
+        view = wide[:, 10:10 + n]
+        view.copy_(scores)
+        got = screen.block_epilogue(view, (factors, scales), col_terms, row_terms, kernel=kernel)
+        want = screen.block_epilogue(scores.clone(), (factors, scales), col_terms, row_terms, kernel=False)
+        assert torch.equal(got, want) and not wide[:, :10].any() and not wide[:, 10 + n:].any()
+    return cases
+
+
+def test_block_epilogue_kernel_in_the_interpreter(interpret):
+    assert assert_block_epilogue_is_its_reference("cpu", kernel=True) == 32
+
+
+def test_block_epilogue_reference_rounds_each_step():
+    """The reference is four float32 operations in order (the kernel's), not one float64
+    expression rounded once: 1 + 2²⁴ rounds to 2²⁴ (ties to even), then + 1 again, where the
+    sum rounded once is 2²⁴ + 2."""
+    one = torch.ones(1, dtype=torch.float32)
+    got = screen.block_epilogue(one[:, None].clone(), (one, one), one * 2.0**24, one, kernel=False)
+    assert float(got) == 2.0**24 and float(torch.tensor(1.0 + 2.0**24 + 1.0, dtype=torch.float32)) == 2.0**24 + 2

@@ -430,6 +430,14 @@ def test_radius_kernel_is_its_reference_on_the_hardware():
     assert assert_pair_radius_is_reference(torch.device("cuda")) > 20
 
 
+def test_block_epilogue_kernel_is_its_reference_on_the_hardware():
+    """The score block's scalings and terms in one launch without fused multiply-adds: torch's
+    four in-place float32 operations bit for bit (``test_fused.py``'s cases)."""
+    from test_fused import assert_block_epilogue_is_its_reference
+
+    assert assert_block_epilogue_is_its_reference("cuda", kernel=True) == 32
+
+
 def test_row_selection_is_its_reference_on_the_hardware():
     """Each row's first and k-th key code by the selection kernels (``row_kth``) equals the
     sort's, on the adversarial cases of ``test_row_kth.py``, on a search's scale (10k rows, 25M

@@ -296,23 +296,27 @@ def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, monkeypatch
 
 @pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint"])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 6), ("offset", 5),
-                                    ("integers", 12), ("all", 299)])
+                                    ("integers", 12), ("all", 299), ("patches", 7), ("flat patches", 10)])
 def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, seed, tmp_path):
-    # A GPU graph of one centre in a low precision holds its survivors back (graph.HOLD_ON,
-    # store.Holding): tightened by selection every `pending` pairs, finished from what is left;
-    # over the holding's limit (or for a checkpoint) the store takes them in. Here on the CPU
-    # with the reference screen of a fused precision, across parts of sizes that are not
-    # multiples of anything: ties, duplicates, huge offsets, integer data, k = 1 and k = n - 1.
+    # A GPU graph in a low precision holds its survivors back (graph.HOLD_ON, store.Holding):
+    # tightened by selection every `pending` pairs, finished from what is left; over the
+    # holding's limit (or for a checkpoint) the store takes them in. Blocks of one centre
+    # tighten against the corpus's maxima; image patches, whose principal slabs centre each
+    # block on its own part, hold every survivor with its block's norms (Holding.pairs) and
+    # tighten with their own radii. Here on the CPU with the reference screen of a fused
+    # precision, across parts of sizes that are not multiples of anything: ties, duplicates,
+    # huge offsets, integer data, flat image regions, k = 1 and k = n - 1.
     import knng.engine.plan as plan
     from knng.engine.store import CandidateStore, Holding
+    from oracle import smooth_image_patches
 
     monkeypatch.setattr(graph_engine, "HOLD_ON", frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **kw: "tf32")
     monkeypatch.setattr(plan, "CPU_MAX_PART", 70)
     monkeypatch.setattr(plan, "PENDING_CPU", 300)  # several tightenings
     if how == "taken":
-        monkeypatch.setattr(graph_engine, "Holding", lambda maxima, limit: Holding(maxima=maxima, limit=0))
-    calls = {name: 0 for name in ("_hold", "_finish_held", "_take_held")}
+        monkeypatch.setattr(graph_engine, "Holding", lambda limit, **kw: Holding(limit=0, **kw))
+    calls = {name: 0 for name in ("_hold", "_finish_held", "_take_held", "_tighten_held_pairs")}
     for name in calls:
         def counted(store, *args, _real=getattr(CandidateStore, name), _name=name):
             calls[_name] += 1
@@ -329,12 +333,19 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
         x = x + 1e5
     elif data == "integers":
         x = np.round(2 * x)
+    elif data.endswith("patches"):
+        x = smooth_image_patches(rng, 333, side=3)
+        if data == "flat patches":
+            x[40:70] = x[40] + 1e-3 * rng.standard_normal((30, x.shape[1]))  # near-ties, not folded
     options = dict(checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True) if how == "checkpoint" else {}
     g = knng.graph(x, k, device="cpu", **options)
     assert (last_report().parts > 1 or data == "all") and last_report().screen_dtype == "tf32"
     assert calls["_hold"] > 0, calls
     held = how in ("held", "flat")
     assert (calls["_finish_held"] > 0) == held and (calls["_take_held"] > 0) != held, calls
+    if data.endswith("patches"):  # blocks centred on their own parts: pairs with their norms
+        assert graph_engine.HOLD_PAIRS and last_report().plan.frames == "principal"
+        assert calls["_tighten_held_pairs"] > 0 or how in ("taken", "checkpoint"), calls
     assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {how}")
     if how == "checkpoint":
         again = knng.graph(x, k, device="cpu", checkpoint=tmp_path / "ck", resume=True)

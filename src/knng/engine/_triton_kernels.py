@@ -291,6 +291,30 @@ def scaled_rows_kernel(x, centre, scale, out, m, d, width, stride, out_stride, H
                  mask=row_ok[:, None] & (cols < width)[None, :])
 
 
+@triton.jit
+def block_epilogue_kernel(scores, row_factors, col_scales, col_terms, row_terms, m, n, stride,
+                          SCALE: tl.constexpr, COL_TERMS: tl.constexpr, ROW_TERMS: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """In place on a float32 score block (rows ``stride`` apart): s ← ((s·f_r)·c_c + t_c) + u_r,
+    the factor and scale where ``SCALE``, each term where given, every step one IEEE float32
+    operation in that order (``screen.block_epilogue``'s torch operations, read and written
+    once)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok, col_ok = rm < m, rn < n
+    ok = row_ok[:, None] & col_ok[None, :]
+    at = scores + rm[:, None].to(tl.int64) * stride + rn[None, :]
+    v = tl.load(at, mask=ok, other=0.0)
+    if SCALE:
+        v = v * tl.load(row_factors + rm, mask=row_ok, other=0.0)[:, None]
+        v = v * tl.load(col_scales + rn, mask=col_ok, other=0.0)[None, :]
+    if COL_TERMS:
+        v = v + tl.load(col_terms + rn, mask=col_ok, other=0.0)[None, :]
+    if ROW_TERMS:
+        v = v + tl.load(row_terms + rm, mask=row_ok, other=0.0)[:, None]
+    tl.store(at, v, mask=ok)
+
+
 # --------------------------------------------------------------------------- exact evaluation
 @triton.jit
 def pair_squares_kernel(x, rows, y, cols, out, P, d, stride_x, stride_y, BLOCK_P: tl.constexpr,

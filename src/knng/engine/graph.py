@@ -62,6 +62,10 @@ FINISH_BYTES_GPU = 512 << 20
 #: launches and dozens of synchronisations each (1M × 128, k = 10, H100: 23 flushes, host
 #: 371 / GPU 132 ms under the profiler). On a CPU the store's capacity keeps its updates small.
 HOLD_ON = frozenset({"cuda"})
+#: Whether graphs whose blocks are centred on their own parts hold their survivors too (each with
+#: its block's norms, :class:`~knng.engine.store.Holding` ``pairs``); else their stores take the
+#: survivors in as they go (:data:`~knng.engine.plan.PENDING_GPU_UPDATES` at a time).
+HOLD_PAIRS = True
 
 
 @dataclass
@@ -288,15 +292,20 @@ def _without_self(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[torch.
 
 def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor | None,
              device: torch.device) -> Holding | None:
-    """How the graph's store holds its survivors back (:data:`HOLD_ON`), or None: blocks of one
-    centre (``norms``: every point's prepared norm in it) screened in a low precision. The
-    held pairs tighten against the corpus's largest norm and term, and beyond the store's own
-    size (or four flushes' worth) they are taken in, whose capacity bounds near-ties."""
+    """How the graph's store holds its survivors back (:data:`HOLD_ON`), or None: blocks screened
+    in a low precision. With one centre (``norms``: every point's prepared norm in it) the held
+    pairs tighten against the corpus's largest norm and term; with blocks centred on their own
+    parts (``norms`` None: principal slabs of image-like data) every survivor brings its
+    block's norms and the held pairs tighten with their own radii. Beyond the store's own size
+    (or four flushes' worth) they are taken in, whose capacity bounds near-ties."""
     precision = plan.precision
-    if norms is None or device.type not in HOLD_ON or not (precision.fused or precision.digits):
+    if device.type not in HOLD_ON or not (precision.fused or precision.digits):
         return None
+    limit = max(4 * plan.pending_pairs, plan.n_corpus * plan.capacity)
+    if norms is None:
+        return Holding(limit=limit, pairs=True) if HOLD_PAIRS else None
     maxima = (float(norms.max()), 0.0 if terms is None else float(terms.abs().max()))
-    return Holding(maxima=maxima, limit=max(4 * plan.pending_pairs, plan.n_corpus * plan.capacity))
+    return Holding(maxima=maxima, limit=limit)
 
 
 def _finish_rows(plan: EnginePlan, device: torch.device) -> int:
@@ -531,10 +540,10 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
 
 def _own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, precision: ScreenPrecision,
                         device: torch.device, k: int, include_self: bool) -> bool:
-    """Whether every part's own block runs at once (:func:`screen_own_parts_together`): blocks of
-    one centre (a holding store needs it) whose survivors the store holds back, screened by a
-    kernel, each part seeded by the kernel's strip minima of its own sample (2k strips or more
-    in the largest part)."""
+    """Whether every part's own block runs at once (:func:`screen_own_parts_together`): a store
+    that holds its survivors back (of one centre, or pairs with their blocks' norms), blocks
+    screened by a kernel, each part seeded by the kernel's strip minima of its own sample (2k
+    strips or more in the largest part)."""
     if store.holding is None or not use_kernel(precision, device):
         return False
     m = max(i1 - i0 for i0, i1 in frames.parts)
@@ -556,44 +565,59 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     part-by-part pass; the store changes only by seeds (which only lower τ, with valid bounds)
     and the final hand-over, so the whole step may be retried after an out-of-memory error.
     Positions are the frames' (principal slabs sort the points), the store's rows and columns
-    the points' ids.
+    the points' ids. Parts prepared around centres of their own (principal frames of image-like
+    data) seed with their tiles' radii and hand their survivors in with their tiles' norms.
     """
     n = frames.n
     device = frames.device
-    whole, ids = frames.column(0, 0, 0, n), frames.ids(0, 0, n)
-    queries = whole.queries(metric, d)
-    for i0, i1 in frames.parts:
+    shared = not (isinstance(frames, PrincipalFrames) and frames.local)
+    ids = frames.ids(0, 0, n)
+    if shared:
+        whole = frames.column(0, 0, 0, n)
+        tiles = [whole.slice(i0, i1) for i0, i1 in frames.parts]  # each part around the one centre
+    else:
+        tiles = [frames.own(p) for p in range(len(frames.parts))]
+    for tile, (i0, i1) in zip(tiles, frames.parts):
         m = i1 - i0
         ks = min(k, m if include_self else m - 1)
         if ks < 1:
             continue
-        at = i0 + _evenly_spaced(m, OWN_PART_SEED, device)
-        keys, strip_cols = strip_minima(queries[i0:i1], whole.vectors[at], d, precision,
-                                        row_terms=_part(whole.terms32, i0, i1),
-                                        col_terms=None if whole.terms32 is None else whole.terms32[at])
+        at = _evenly_spaced(m, OWN_PART_SEED, device)
+        keys, strip_cols = strip_minima(tile.queries(metric, d), tile.vectors[at], d, precision,
+                                        row_terms=tile.terms32,
+                                        col_terms=None if tile.terms32 is None else tile.terms32[at])
+        local = torch.arange(m, device=device)
         if not include_self:  # by index, not by distance: a duplicate of the point still seeds
-            keys = torch.where(at[strip_cols] == torch.arange(i0, i1, device=device)[:, None], torch.inf, keys)
+            keys = torch.where(at[strip_cols] == local[:, None], torch.inf, keys)
         if 2 * ks <= keys.shape[1]:
             values, positions = strip_candidates(keys, strip_cols, ks)
-            store.seed(ids[i0:i1], ids[at[positions]], values)
+            cols, rows = at[positions], ids[i0:i1]
+            rad = None if shared else store.errors.radius(
+                *_pair_norms(tile, tile, local[:, None].expand_as(cols), cols), values, rows[:, None].expand_as(cols))
+            store.seed(rows, ids[i0 + cols], values, rad)
     # Every row's threshold in one computation (each part's own maxima, per row), every part's
     # launch queued before any list is sized: the store changes only when all are in.
-    tiles = [whole.slice(i0, i1) for i0, i1 in frames.parts]  # each part around the one centre
     sizes = torch.tensor([i1 - i0 for i0, i1 in frames.parts], device=device)
     max_norms, max_terms = (torch.repeat_interleave(torch.stack(m), sizes, output_size=n)
                             for m in zip(*(tile.maxima() for tile in tiles)))
-    thresholds = store.screen_thresholds(ids, max_norms, max_terms, row_norms=whole.norms, row_terms=whole.terms)
+    row_norms = torch.cat([tile.norms for tile in tiles])
+    row_terms = None if tiles[0].terms is None else torch.cat([tile.terms for tile in tiles])
+    thresholds = store.screen_thresholds(ids, max_norms, max_terms, row_norms=row_norms, row_terms=row_terms)
     pending = [screen_rows_later(tile.queries(metric, d), tile.vectors, d, thresholds[i0:i1], precision,
                                  row_terms=tile.terms32, col_terms=tile.terms32,
                                  exclude_diagonal=None if include_self else 0)
                for tile, (i0, i1) in zip(tiles, frames.parts)]
-    owners, others, found_keys = [], [], []
-    for sized, (i0, i1) in zip(pending, frames.parts):
+    owners, others, found_keys, norms = [], [], [], []
+    for sized, tile, (i0, i1) in zip(pending, tiles, frames.parts):
         found = sized()
         owners.append(ids[i0:i1][found.owner])
         others.append(ids[i0:i1][found.other])
         found_keys.append(found.keys)
-    store.add(torch.cat(owners), torch.cat(others), torch.cat(found_keys))
+        if not shared:
+            norms.append(_pair_norms(tile, tile, found.owner, found.other))
+    store.add(torch.cat(owners), torch.cat(others), torch.cat(found_keys),
+              None if shared else PairNorms(*(None if norms[0][f] is None else torch.cat([p[f] for p in norms])
+                                              for f in range(4))))
 
 
 def _evenly_spaced(m: int, count: int, device: torch.device) -> torch.Tensor:

@@ -712,7 +712,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     # A kernel screen materialises no block but the float32 sample block that seeds a part's own
     # block (its whole own block when the part is no wider than the sample).
     blocks_bytes = b * min(b, OWN_PART_SEED) * BLOCK_BYTES_PER_ELEMENT if kernel else b * b * element * 3
-    # Principal frames whose blocks are centred on their own parts take survivors in as they go.
+    # Principal frames whose blocks are centred on their own parts take survivors in as they go
+    # where their stores do not hold them (knng.engine.graph.HOLD_PAIRS).
     waiting = pending_pairs(device, budget, updates=True) if principal else pending
     expected = (slots + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
                 + max(pending, waiting) * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))

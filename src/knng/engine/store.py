@@ -233,11 +233,21 @@ class Holding:
     them the caller does, :meth:`CandidateStore.tighten_held`, with the maxima of the columns
     screened so far). ``limit``: held survivors beyond which they are taken into the store,
     whose capacity and exact evaluation of near-ties bound its memory (thousands of duplicates
-    per row); None for no limit.
+    per row); None for no limit. ``pairs``: every survivor comes with the norms its block was
+    prepared with (:class:`~knng.engine.frames.PrincipalFrames`, blocks centred on their own
+    parts; :meth:`CandidateStore.add`'s ``norms``); each is held with its error radius,
+    computed from them as it comes, and the held pairs tighten with their own radii, not
+    against maxima.
     """
 
     maxima: tuple[float, float] | None = None
     limit: int | None = None
+    pairs: bool = False
+
+    @property
+    def tightens(self) -> bool:
+        """Whether the store tightens its held survivors by itself (maxima, or pairs' own radii)."""
+        return self.maxima is not None or self.pairs
 
 
 @dataclass
@@ -341,7 +351,9 @@ class CandidateStore:
         self._screened = torch.zeros(n, dtype=torch.int64, device=device)
         # Survivors handed in but not yet taken into the store (see add).
         self.flush_size = max(1, pending)
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, PairNorms | None]] = []
+        # Each batch: (rows, cols, float64 keys, the norms the pairs bring, or their radii already
+        # computed (held pairs taken in), or None for the store's own norms).
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, PairNorms | torch.Tensor | None]] = []
         self._pending_size = 0
         #: Flushes so far: thresholds change only at a flush or a seed.
         self.updates = 0
@@ -353,11 +365,14 @@ class CandidateStore:
         self._may_hold = False
         # Held survivors (see Holding): (store rows, global columns, screen keys) lists, how many
         # in all and how many came since the last tightening; a holding store's finished rows.
-        if holding is not None and (errors.row_norms is None or errors.col_norms is None):
-            raise ValueError("a holding store needs the rows' and columns' norms (pairs of one centre)")
+        if holding is not None and not holding.pairs and (errors.row_norms is None or errors.col_norms is None):
+            raise ValueError("a holding store needs the rows' and columns' norms (pairs of one centre), "
+                             "or survivors that bring theirs (Holding(pairs=True))")
         self.holding = holding
-        self._held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._held_size = self._held_fresh = 0
+        # Held survivors: (rows, cols, screen keys, their float64 error radii where Holding.pairs,
+        # else None), how many, how many since the last tightening, how many that tightening kept.
+        self._held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._held_size = self._held_fresh = self._held_kept = 0
         self._finished: tuple[torch.Tensor, torch.Tensor] | None = None
         self._every: torch.Tensor | None = None  # arange(n), for thresholds of every row
 
@@ -556,8 +571,8 @@ class CandidateStore:
         """
         if rows.numel() == 0:
             return
-        if self.holding is not None and norms is None:
-            self._hold(rows, cols, keys)
+        if self.holding is not None and (norms is not None) == self.holding.pairs:
+            self._hold(rows, cols, keys, norms)
             return
         self._may_hold = True
         self._pending.append((rows, cols, keys.to(torch.float64), norms))
@@ -569,7 +584,7 @@ class CandidateStore:
         """Whether :meth:`add` of ``pairs`` survivors would take the pending ones in, or tighten
         the held ones (either changes τ)."""
         if self.holding is not None:
-            return pairs > 0 and self.holding.maxima is not None and self._held_fresh + pairs >= self.flush_size
+            return pairs > 0 and self._tighten_due(pairs)
         return pairs > 0 and self._pending_size + pairs >= self.flush_size
 
     def flush(self) -> None:
@@ -590,15 +605,25 @@ class CandidateStore:
         self.updates += 1
 
     # ------------------------------------------------------------------------------- holding
-    def _hold(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> None:
-        """Hold survivors back (a holding store's :meth:`add`)."""
-        self._held.append((rows, cols, keys))
+    def _hold(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, norms: "PairNorms | None") -> None:
+        """Hold survivors back (a holding store's :meth:`add`); pairs that bring their norms are
+        held with their radii (one float64 each instead of four)."""
+        rad = None if norms is None else self.errors.radius(*norms, keys.to(torch.float64), rows)
+        self._held.append((rows, cols, keys, rad))
         self._held_size += rows.numel()
         self._held_fresh += rows.numel()
         self._screened.index_add_(0, rows, torch.ones_like(rows))
-        assert self.holding is not None
-        if self.holding.maxima is not None and self._held_fresh >= self.flush_size:
+        if self._tighten_due(0):
             self.tighten_held()
+
+    def _tighten_due(self, pairs: int) -> bool:
+        """Whether the held survivors tighten once ``pairs`` more come: every ``pending`` fresh
+        pairs, and no sooner than as many fresh ones as the last tightening kept. Each
+        tightening reads every held pair, so waiting that long keeps their work within twice
+        the pairs held (an 8×8 patch graph at k = 100 holds ~10⁸ pairs; 23 tightenings every
+        2²² fresh ones took 376 ms of an H100's time)."""
+        assert self.holding is not None
+        return self.holding.tightens and self._held_fresh + pairs >= max(self.flush_size, self._held_kept)
 
     def tighten_held(self, maxima: tuple[float, float] | None = None) -> None:
         """Tighten every row's τ from all its held survivors, then drop those that can no longer
@@ -616,6 +641,9 @@ class CandidateStore:
         if not self._held:
             return
         assert self.holding is not None
+        if self.holding.pairs:
+            self._tighten_held_pairs()
+            return
         maxima = maxima if maxima is not None else self.holding.maxima
         if maxima is None:
             raise ValueError("tighten_held needs the columns' maxima (the holding has none)")
@@ -625,8 +653,36 @@ class CandidateStore:
         if self._every is None or self._every.device != rows.device:
             self._every = torch.arange(self.n, device=rows.device)
         keep = torch.nonzero(keys <= self.screen_thresholds(self._every, *maxima)[rows]).flatten()
-        self._held = [(rows[keep], cols[keep], keys[keep])]
-        self._held_size, self._held_fresh = keep.numel(), 0
+        self._held = [(rows[keep], cols[keep], keys[keep], None)]
+        self._held_size = self._held_kept = keep.numel()
+        self._held_fresh = 0
+        self._over_limit()
+
+    def _tighten_held_pairs(self) -> None:
+        """:meth:`tighten_held` for survivors held with their own error radii E
+        (``Holding.pairs``; computed from the norms they brought, as :meth:`add`'s pending
+        pairs get theirs). A row's held pairs have distinct columns, so the k-th smallest
+        certified upper bound s̃ + E among them (rounded up to float32) bounds its k-th true
+        key: τ becomes at most that. Then the pairs that fail the store's own test s̃ − E ≤ τ
+        are dropped: τ only falls, so they never pass it later."""
+        held = self._held
+        rows, cols, keys, rad = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(4))
+        keys64 = keys.to(torch.float64)
+        if rows.numel() >= self.k:
+            _, kth, counts = row_kth.row_ends(rows, keys64 + rad, self.n, self.k)
+            upper = row_kth.decoded(kth).to(torch.float64)
+            upper = torch.where((counts >= self.k) & ~upper.isnan(), upper, torch.inf)
+            torch.minimum(self.tau, upper, out=self.tau)
+            self.updates += 1
+        keep = torch.nonzero(keys64 - rad <= self.tau[rows]).flatten()
+        self._held = [(rows[keep], cols[keep], keys[keep], rad[keep])]
+        self._held_size = self._held_kept = keep.numel()
+        self._held_fresh = 0
+        self._over_limit()
+
+    def _over_limit(self) -> None:
+        """Take the held survivors in where they exceed the holding's limit."""
+        assert self.holding is not None
         limit = self.holding.limit
         if limit is not None and self._held_size > limit:
             self._take_held()
@@ -634,11 +690,11 @@ class CandidateStore:
     def _take_held(self) -> None:
         """Take every held survivor into the store (as :meth:`add` does without holding)."""
         held, self._held = self._held, []
-        self._held_size = self._held_fresh = 0
+        self._held_size = self._held_fresh = self._held_kept = 0
         self._may_hold = True
         # Their rows were counted as screened when they were held.
-        for rows, cols, keys in held:
-            self._pending.append((rows, cols, keys.to(torch.float64), None))
+        for rows, cols, keys, rad in held:
+            self._pending.append((rows, cols, keys.to(torch.float64), rad))
             self._pending_size += rows.numel()
             self._screened.index_add_(0, rows, torch.full_like(rows, -1))
         self.flush()
@@ -654,7 +710,7 @@ class CandidateStore:
         graph's million rows of 15–25 pairs, or a few rows of thousands of near-ties).
         """
         held, self._held = self._held, []
-        self._held_size = self._held_fresh = 0
+        self._held_size = self._held_fresh = self._held_kept = 0
         k, n, device = self.k, self.n, self.device
         if held:
             rows, cols = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(2))
@@ -666,9 +722,11 @@ class CandidateStore:
         self.stats.exact_evaluations += p
         self._evaluations += per_row
         self.updates += 1
-        # Radix sorts take as many passes as their keys have bytes: rows and columns as int32.
-        assert self.errors.col_norms is not None  # a holding store's columns: one norm each
-        narrow = max(n, self.errors.col_norms.numel()) < 2**31
+        # Radix sorts take as many passes as their keys have bytes: rows and columns as int32
+        # where the columns are known to fit (one norm each; survivors that brought their own
+        # norms come from a graph, whose columns are its n rows).
+        columns = n if self.errors.col_norms is None else self.errors.col_norms.numel()
+        narrow = max(n, columns) < 2**31
         width = max(k, int(per_row.max()) if p else 0)  # the one synchronisation
         if width * n <= max(self.rebuild_entries, FINISH_PADDING * p):
             # Grouped by row before the evaluation, which then reads each row's vector for
@@ -699,10 +757,12 @@ class CandidateStore:
             rows, cols, keys = (parts[0][f] if len(parts) == 1 else torch.cat([p[f] for p in parts])
                                 for f in range(3))
             rad = self.errors.err(rows, cols, keys)
-        elif radius.pair_kernel_applies(self.errors.row_offsets):
-            # Each part's radii from its own norms in one launch (no concatenated copies of them).
+        elif radius.pair_kernel_applies(self.errors.row_offsets) or any(isinstance(p[3], torch.Tensor) for p in parts):
+            # Each part's radii from its own norms in one launch (no concatenated copies of them),
+            # or as they were held.
             rows, cols, keys, rad = (torch.cat(f) for f in zip(*(
-                (r, c, k, self.errors.err(r, c, k) if n is None else self.errors.radius(*n, k, r))
+                (r, c, k, self.errors.err(r, c, k) if n is None else n if isinstance(n, torch.Tensor)
+                 else self.errors.radius(*n, k, r))
                 for r, c, k, n in parts)))
         else:
             # torch's radii for the whole batch at once: one part at a time would be ~25
@@ -963,7 +1023,7 @@ class CandidateStore:
         (:meth:`_finish_held`) and answers later calls from those results.
         """
         holding = self.holding
-        if holding is not None and self._finished is None and self._held_fresh and holding.maxima is not None:
+        if holding is not None and self._finished is None and self._held_fresh and holding.tightens:
             self.tighten_held()  # (which may take them in, over the holding's limit)
         if holding is not None and (self._finished is not None or not self._may_hold):
             if self._finished is None:
