@@ -25,6 +25,7 @@ __all__ = [
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
     "available_ram",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
+    "SEED_STRIPS_PER_K",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k",
 ]
@@ -224,6 +225,13 @@ GPU_KERNEL_GROUP_COLUMNS = 262144
 #: 832, 829 / 1,001, 848 (survivors of the 1M graph 153M / 107M / 85M: each doubling halves the
 #: own blocks' survivors and doubles the seeds' product and selection).
 OWN_PART_SEED = 8192
+#: Strips per neighbour in the scattered sample whose strip minima seed a part's own block
+#: (``knng.engine.graph``; at least OWN_PART_SEED columns, at most the part): with 4k strips
+#: about k/8 of a row's k nearest share a strip with a nearer one, so the k-th strip minimum is
+#: near the sample's k-th key. At k = 100 a part's sample grows from 8,192 columns (too few
+#: strips: a materialised block, its four float32 passes and a selection of 100 among 8,192
+#: per row) to 25,600.
+SEED_STRIPS_PER_K = 4
 
 
 #: Columns of a search's random sample for the first thresholds. A sample of m columns lets
