@@ -24,6 +24,10 @@ import knng.engine.plan as plan
 import knng.engine.store as store
 
 
+#: The GPU kernels listed per stage, those that took the most time first.
+KERNELS_SHOWN = 4
+
+
 def marked(name: str, owner: object = store.CandidateStore) -> None:
     fn = getattr(owner, name)
 
@@ -103,7 +107,7 @@ def summary(trace: Path) -> None:
                     launches += 1
                     by_kernel[e["name"][:60]] += e["dur"]
         top = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in ops.most_common(5))
-        heavy = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in by_kernel.most_common(4))
+        heavy = ", ".join(f"{n} {d / 1e3:.1f}" for n, d in by_kernel.most_common(KERNELS_SHOWN))
         print(f"{name} ×{len(spans)}: host {host / 1e3:.1f} ms, GPU {gpu_ms / 1e3:.1f} ms in {launches} launches; "
               f"host ops: {top}; kernels: {heavy}")
 
@@ -136,12 +140,15 @@ def main() -> None:
     ap.add_argument("--graph", type=int, default=0, help="trace a graph of this many points instead")
     ap.add_argument("--precision", default="tf32", help="a screen precision, or auto (the planner's)")
     ap.add_argument("--d", type=int, default=128, help="dimension of the points")
+    ap.add_argument("--kernels", type=int, default=4, help="GPU kernels listed per stage")
     ap.add_argument("--stacks", type=int, default=0,
                     help="also print the GPU time of the torch operations grouped by this many Python frames")
     ap.add_argument("--patches", type=int, choices=(8, 16), default=0,
                     help="trace a graph of image patches of this side (.carry/pictures.npz, bench/bench_patches.py)")
     args = ap.parse_args()
     k, out = args.k, args.out
+    global KERNELS_SHOWN
+    KERNELS_SHOWN = args.kernels
     for name in ("flush", "finish", "_take_last", "_evaluate_rows"):
         marked(name)
     if args.graph or args.patches:

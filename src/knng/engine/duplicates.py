@@ -144,6 +144,18 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
     out_dist = torch.empty((m, k), dtype=torch.float64, device=device)
     for r0 in range(0, m, rows_per_chunk):
         rows = torch.arange(r0, min(m, r0 + rows_per_chunk), device=device)
+        if own_group is not None and drop_self and idx.shape[1] >= k:
+            # A row alone in its group whose k nearest groups are single rows too: its answer is
+            # its representative's row as it is (each group's one member is its representative,
+            # ordered by (distance, index) already). Most rows of image patches (88 % have no
+            # twin): the merge below sorts every candidate, (k + 1)² a row at most.
+            g = own_group[rows]
+            near = idx[g, :k]
+            alone = (sizes[g] == 1) & ((near >= 0) & (sizes[near.clamp_min(0)] == 1)).all(dim=1)
+            out_idx[rows], out_dist[rows] = groups.reps[near.clamp_min(0)], dist[g, :k]
+            rows = rows[~alone]
+            if rows.numel() == 0:
+                continue
         if own_group is None:
             cand_group, cand_dist = idx[rows], dist[rows]
         else:
