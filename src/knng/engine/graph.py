@@ -65,8 +65,12 @@ FINISH_BYTES_GPU = 512 << 20
 #: 371 / GPU 132 ms under the profiler). On a CPU the store's capacity keeps its updates small.
 HOLD_ON = frozenset({"cuda"})
 #: Whether graphs whose blocks are centred on their own parts hold their survivors too (each with
-#: its block's norms, :class:`~knng.engine.store.Holding` ``pairs``); else their stores take the
-#: survivors in as they go (:data:`~knng.engine.plan.PENDING_GPU_UPDATES` at a time).
+#: its radius from its block's norms, :class:`~knng.engine.store.Holding` ``pairs``); else their
+#: stores take the survivors in as they go (:data:`~knng.engine.plan.PENDING_GPU_UPDATES` at a
+#: time). Measured once exact products had removed the image patches' near-ties (H100,
+#: 2026-11-26, fresh processes alternating, min of 3, taken in / held, ms): 8×8 patches k = 10
+#: 249, 299 / 240, 241; k = 100 733, 769 / 599, 623; 16×16 k = 10 144, 162 / 120, 128; k = 100
+#: 314, 312 / 269, 275 (before that, held pairs lost at k = 100: ``docs/BENCHMARKS.md``).
 HOLD_PAIRS = True
 #: The stride of a scattered seed sample is the part's size over this (the golden ratio: any
 #: run of consecutive sample columns lands all over the part).
