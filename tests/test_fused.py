@@ -339,16 +339,18 @@ def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, 
     """The GPU's held graph seeds every part from its own sample and screens every part's own block
     in one pass (graph.screen_own_parts_together): exact, with duplicates across parts, ties from
     integer data, k = 1, a sample that holds the whole part (OWN_PART_SEED ≥ its size) and a last
-    part too small for 2k strips (its rows are not seeded)."""
+    part too small for 2k strips (seeded from a materialised sample instead)."""
     import knng.engine.graph as graph
     import knng.engine.plan as plan
 
     _strip_minima_by_reference(monkeypatch)
     monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(plan, "CPU_MAX_PART", 100)
-    calls = []
+    calls, materialised = [], []
     real = graph.screen_own_parts_together
     monkeypatch.setattr(graph, "screen_own_parts_together", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    seeds = graph.seed_candidates
+    monkeypatch.setattr(graph, "seed_candidates", lambda *a, **kw: materialised.append(1) or seeds(*a, **kw))
     # parts of 100, 100, 50 (24 strips of 4 in the first two) and 100, 30 (25 strips)
     for n, seed_cols, integers in ((250, 96, False), (130, 200, True)):
         monkeypatch.setattr(graph, "OWN_PART_SEED", seed_cols)
@@ -360,6 +362,7 @@ def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, 
         assert_exact(g, oracle_graph(x, k, include_self=include_self))
         assert last_report().parts > 1
     assert len(calls) == 2, "the parts' own blocks were not screened together"
+    assert materialised or k == 1, "no part was too small for its strips"
 
 
 @pytest.mark.parametrize("include_self,k", [(False, 7), (True, 1)])

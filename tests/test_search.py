@@ -418,6 +418,44 @@ def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
     assert torch.equal(part[0], idx[2:5]) and torch.equal(part[1], dist[2:5])
 
 
+@pytest.mark.parametrize("pairs", [False, True])
+def test_held_survivors_tighten_no_sooner_than_the_last_tightening_kept(pairs, rng, monkeypatch):
+    # A holding store tightens every `pending` fresh pairs, and waits for as many fresh ones as
+    # its last tightening kept (each tightening reads them all): here pending = 10, and the
+    # pairs a tightening keeps soon outnumber it. Held with maxima (one centre) or with each
+    # pair's own norms (Holding.pairs); the answer is exact either way.
+    from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms
+    from knng.metrics import PRECISIONS, get_metric
+
+    x = torch.from_numpy(rng.standard_normal((5, 3)))
+    y = torch.from_numpy(rng.standard_normal((300, 3)))
+    norms = (x.norm(dim=1), y.norm(dim=1))
+    errors = PairErrors(metric=get_metric("sqeuclidean"), d=3, precision=PRECISIONS["tf32"],
+                        row_norms=None if pairs else norms[0], row_terms=None,
+                        row_offsets=torch.zeros(5, dtype=torch.float64),
+                        col_norms=None if pairs else norms[1], col_terms=None, centre_norm=0.0)
+    exact = ((x[:, None] - y[None]) ** 2).sum(-1)
+    keys = (exact - (norms[0] ** 2)[:, None]).to(torch.float32)
+    holding = Holding(pairs=True) if pairs else Holding(maxima=(float(norms[1].max()), 0.0))
+    store = CandidateStore(5, 4, 8, errors, lambda r, c: ((x[r] if c.dim() == 1 else x[r][:, None]) - y[c]).pow(2).sum(-1),
+                           torch.device("cpu"), pending=10, holding=holding)
+    seen = []
+    real = CandidateStore.tighten_held
+    monkeypatch.setattr(CandidateStore, "tighten_held",
+                        lambda self, *a: seen.append((self._held_fresh, self._held_kept)) or real(self, *a))
+    rows, cols = torch.arange(5).repeat_interleave(300), torch.arange(300).repeat(5)
+    order = torch.randperm(rows.numel(), generator=torch.Generator().manual_seed(3))
+    rows, cols = rows[order], cols[order]
+    for p0 in range(0, rows.numel(), 7):
+        r, c = rows[p0:p0 + 7], cols[p0:p0 + 7]
+        store.add(r, c, keys[r, c], PairNorms(norms[0][r], norms[1][c], None, None) if pairs else None)
+    assert len(seen) >= 3 and all(fresh >= max(10, kept) for fresh, kept in seen), seen
+    assert any(kept > 10 for _, kept in seen), seen  # the rule waited longer than pending at least once
+    idx, dist = store.finish()
+    want = torch.sort(exact, dim=1, stable=True)
+    assert torch.equal(idx, want.indices[:, :4]) and torch.equal(dist, want.values[:, :4])
+
+
 @pytest.mark.parametrize("n", [1, 2, 99, 100, 101, 1000])
 def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, monkeypatch):
     # Median (the lower of an even count), 99th percentile and maximum by the device's sort, as

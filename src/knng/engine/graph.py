@@ -231,7 +231,7 @@ def exact_graph(
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         if checkpoint is None and _own_parts_together(frames, store, precision, device, k, include_self):
             counts.retries += retry_on_oom(lambda: screen_own_parts_together(frames, d, metric, store, k, include_self,
-                                                                             precision), device)
+                                                                             precision, select), device)
             counts.screened += sum((i1 - i0) ** 2 for i0, i1 in parts)
             step = len(parts)
             bar.update(len(parts))
@@ -564,13 +564,14 @@ def _own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: Candida
 
 
 def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, metric: Metric, store: CandidateStore,
-                              k: int, include_self: bool, precision: ScreenPrecision) -> None:
+                              k: int, include_self: bool, precision: ScreenPrecision, select: str = "auto") -> None:
     """Every part's own block S(J, J) in a few launches, instead of :func:`screen_own_part` part by
     part (about 115 launches and two dozen synchronisations each on a GPU: 804 launches and
     34 ms of host time for the seven parts of a 200k-point graph, for 16 ms of GPU work).
 
     Each part's seeds come from a scattered sample of the part, as in :func:`screen_own_part`
-    (the kernel's strip minima, :func:`strip_minima`; a point's own column
+    (the kernel's strip minima, :func:`strip_minima`, or, in a part too small for 2k strips, a
+    materialised sample selected by ``select``; a point's own column
     seeds nothing; in principal slabs a part's own points are its rows' nearest, and seeds from
     a sample of the whole data let 18 % more pairs through a 200k × 128 graph at k = 10). Then
     each part's own block is screened against them (one kernel launch each) and the survivors of
@@ -595,19 +596,30 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
         ks = min(k, m if include_self else m - 1)
         if ks < 1:
             continue
-        at = _strip_seed_columns(m, ks, device)
-        keys, strip_cols = strip_minima(tile.queries(metric, d), tile.vectors[at], d, precision,
-                                        row_terms=tile.terms32,
-                                        col_terms=None if tile.terms32 is None else tile.terms32[at])
         local = torch.arange(m, device=device)
-        if not include_self:  # by index, not by distance: a duplicate of the point still seeds
-            keys = torch.where(at[strip_cols] == local[:, None], torch.inf, keys)
-        if 2 * ks <= keys.shape[1]:
+        queries, terms = tile.queries(metric, d), tile.terms32
+        if strip_seeds_run(precision, device, _strip_seed_count(m, ks), ks):
+            at = _strip_seed_columns(m, ks, device)
+            keys, strip_cols = strip_minima(queries, tile.vectors[at], d, precision, row_terms=terms,
+                                            col_terms=None if terms is None else terms[at])
+            if not include_self:  # by index, not by distance: a duplicate of the point still seeds
+                keys = torch.where(at[strip_cols] == local[:, None], torch.inf, keys)
             values, positions = strip_candidates(keys, strip_cols, ks)
-            cols, rows = at[positions], ids[i0:i1]
-            rad = None if shared else store.errors.radius(
-                *_pair_norms(tile, tile, local[:, None].expand_as(cols), cols), values, rows[:, None].expand_as(cols))
-            store.seed(rows, ids[i0 + cols], values, rad)
+        else:
+            # A part too small for 2k strips (often the last one: 5,025 rows of the folded 16×16
+            # patches, which screened ~5,000 pairs a row unseeded at k = 100): seeds from a
+            # materialised sample of its columns, as screen_own_part takes them.
+            at = _evenly_spaced(m, OWN_PART_SEED, device)
+            scores = block_scores(queries, tile.vectors[at], d, precision, terms,
+                                  None if terms is None else terms[at])
+            if not include_self:  # each row's own column, where the (sorted) sample has it
+                own = (local, torch.searchsorted(at, local).clamp_max(at.numel() - 1))
+                scores[own] = torch.where(at[own[1]] == local, torch.inf, scores[own])
+            values, positions = seed_candidates(scores, min(ks, at.numel()), select, device)
+        cols, rows = at[positions], ids[i0:i1]
+        rad = None if shared else store.errors.radius(
+            *_pair_norms(tile, tile, local[:, None].expand_as(cols), cols), values, rows[:, None].expand_as(cols))
+        store.seed(rows, ids[i0 + cols], values, rad)
     # Every row's threshold in one computation (each part's own maxima, per row), every part's
     # launch queued before any list is sized: the store changes only when all are in.
     sizes = torch.tensor([i1 - i0 for i0, i1 in frames.parts], device=device)

@@ -363,14 +363,13 @@ class CandidateStore:
         # host, so that a holding store's finish knows without reading counts back whether its
         # held survivors are all there is.
         self._may_hold = False
-        # Held survivors (see Holding): (store rows, global columns, screen keys) lists, how many
-        # in all and how many came since the last tightening; a holding store's finished rows.
         if holding is not None and not holding.pairs and (errors.row_norms is None or errors.col_norms is None):
             raise ValueError("a holding store needs the rows' and columns' norms (pairs of one centre), "
                              "or survivors that bring theirs (Holding(pairs=True))")
         self.holding = holding
-        # Held survivors: (rows, cols, screen keys, their float64 error radii where Holding.pairs,
-        # else None), how many, how many since the last tightening, how many that tightening kept.
+        # Held survivors (see Holding): (store rows, global columns, screen keys, their float64
+        # error radii where Holding.pairs, else None) lists, how many in all, how many came since
+        # the last tightening, how many that tightening kept; a holding store's finished rows.
         self._held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self._held_size = self._held_fresh = self._held_kept = 0
         self._finished: tuple[torch.Tensor, torch.Tensor] | None = None
