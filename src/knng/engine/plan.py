@@ -780,6 +780,9 @@ def graph_search_k(k: int, include_self: bool) -> int:
 #: 256) 298 / 514 against 1,033 / 1,240 (702 / 980 in slabs). At k = 32, where rows won on every
 #: shape measured: 200k × 128 259 / 193 (k = 20: 212 / 151, k = 50: 299 / 193); 582k × 64 940 / 805;
 #: 1M × 128 2,094 / 1,931. At k = 10 the two are within ±10 % (rows ahead below 1M points).
+#: Again after the held pairs' geometric tightening and scattered own-part seeds (H100,
+#: 2026-11-26, symmetric / rows, min of 3, one process): 200k × 128 k = 32 89.5 / 87.0, k = 100
+#: 130.0 / 112.9; 582k × 64 k = 100 539 / 502: closer, still rows.
 GRAPH_ROWS_MIN_K = 32
 
 
