@@ -32,8 +32,8 @@ from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window, translation_invariant
 from knng.engine.lists import ListHome
 from knng.engine.plan import (
-    GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, SEED_STRIPS_PER_K, EnginePlan, graph_search_k, make_graph_plan,
-    pending_pairs,
+    GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, SEED_STRIPS_PER_K, EnginePlan, graph_search_k,
+    held_pairs_limit, make_graph_plan, pending_pairs,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
@@ -306,11 +306,12 @@ def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor |
     pairs tighten against the corpus's largest norm and term; with blocks centred on their own
     parts (``norms`` None: principal slabs of image-like data) every survivor brings its
     block's norms and the held pairs tighten with their own radii. Beyond the store's own size
-    (or four flushes' worth) they are taken in, whose capacity bounds near-ties."""
+    (or four flushes' worth; within a share of the budget: :func:`held_pairs_limit`) they are
+    taken in, whose capacity bounds near-ties."""
     precision = plan.precision
     if device.type not in HOLD_ON or not (precision.fused or precision.digits):
         return None
-    limit = max(4 * plan.pending_pairs, plan.n_corpus * plan.capacity)
+    limit = held_pairs_limit(plan.n_corpus, plan.capacity, plan.pending_pairs, plan.budget)
     if norms is None:
         return Holding(limit=limit, pairs=True) if HOLD_PAIRS else None
     maxima = (float(norms.max()), 0.0 if terms is None else float(terms.abs().max()))

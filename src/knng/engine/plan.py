@@ -25,7 +25,7 @@ __all__ = [
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
     "available_ram",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
-    "SEED_STRIPS_PER_K",
+    "SEED_STRIPS_PER_K", "held_pairs_limit",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k",
 ]
@@ -574,6 +574,19 @@ def pending_pairs(device: torch.device, budget: int, search: bool = False, updat
     return int(max(1024, min(best, budget // 8 // PENDING_PAIR_BYTES)))
 
 
+#: Survivors a GPU graph's store holds back (``knng.engine.graph``) take at most this share of
+#: the budget (:data:`PENDING_PAIR_BYTES` each: the pair, its radius, and their copies while
+#: they tighten); beyond it they are taken into the store, whose capacity bounds them.
+HELD_SHARE = 4
+
+
+def held_pairs_limit(n: int, capacity: int, pending: int, budget: int) -> int:
+    """Held survivors beyond which a graph's holding store takes them in: as many as its own
+    entries (``n`` rows of ``capacity``), within 1/:data:`HELD_SHARE` of the budget, and never
+    fewer than four flushes' worth (``pending`` each)."""
+    return int(max(4 * pending, min(n * capacity, budget // HELD_SHARE // PENDING_PAIR_BYTES)))
+
+
 def _store_bytes(rows: int, capacity: int) -> int:
     return rows * (capacity * 25 + 40)  # key, index, distance (8 B each), flags
 
@@ -723,8 +736,10 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     # Principal frames whose blocks are centred on their own parts take survivors in as they go
     # where their stores do not hold them (knng.engine.graph.HOLD_PAIRS).
     waiting = pending_pairs(device, budget, updates=True) if principal else pending
+    # A GPU graph screened by a kernel holds its survivors back, up to held_pairs_limit.
+    held = held_pairs_limit(n, capacity, pending, budget) if kernel and lists == LISTS_ON_DEVICE else 0
     expected = (slots + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
-                + max(pending, waiting) * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
+                + max(pending, waiting, held) * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
     read_rows = _read_rows(host_budget, d, max(b, READ_ROWS))
     reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * read_rows
     off_device = store if lists == LISTS_IN_HOST else 0
