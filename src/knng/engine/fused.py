@@ -110,6 +110,12 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def ieee_options() -> dict:
+    """Launch options of the Triton kernels whose values must be their torch reference's bit for
+    bit: no fused multiply-adds (none to give in Triton's interpreter)."""
+    return {} if interpreting() else dict(num_warps=4, enable_fp_fusion=False)
+
+
 def kernels():
     """The module of jitted Triton kernels (``knng.engine._triton_kernels``), imported on first
     use (Triton must be installed)."""

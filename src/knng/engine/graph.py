@@ -519,10 +519,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
                 if whole:
                     scores[local - r0, local] = torch.inf
                 else:
-                    # Each row's own column, where the (sorted, distinct) seed columns have it: a
-                    # scatter, not a mask over the whole block (two passes of 1 GB for 32,768 rows).
-                    at = (local - r0, torch.searchsorted(seed_cols, local).clamp_max(seed_cols.numel() - 1))
-                    scores[at] = torch.where(seed_cols[at[1]] == local, torch.inf, scores[at])
+                    _without_own_columns(scores, seed_cols, local, r0)
         if ks >= 1:
             if minima is not None:
                 keys, strip_cols = minima
@@ -613,9 +610,8 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
             at = _evenly_spaced(m, OWN_PART_SEED, device)
             scores = block_scores(queries, tile.vectors[at], d, precision, terms,
                                   None if terms is None else terms[at])
-            if not include_self:  # each row's own column, where the (sorted) sample has it
-                own = (local, torch.searchsorted(at, local).clamp_max(at.numel() - 1))
-                scores[own] = torch.where(at[own[1]] == local, torch.inf, scores[own])
+            if not include_self:
+                _without_own_columns(scores, at, local, 0)
             values, positions = seed_candidates(scores, min(ks, at.numel()), select, device)
         cols, rows = at[positions], ids[i0:i1]
         rad = None if shared else store.errors.radius(
@@ -641,9 +637,16 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
         found_keys.append(found.keys)
         if not shared:
             norms.append(_pair_norms(tile, tile, found.owner, found.other))
-    store.add(torch.cat(owners), torch.cat(others), torch.cat(found_keys),
-              None if shared else PairNorms(*(None if norms[0][f] is None else torch.cat([p[f] for p in norms])
-                                              for f in range(4))))
+    store.add(torch.cat(owners), torch.cat(others), torch.cat(found_keys), None if shared else PairNorms.cat(norms))
+
+
+def _without_own_columns(scores: torch.Tensor, sample: torch.Tensor, rows: torch.Tensor, first: int) -> None:
+    """In place: +inf at each row's own column of a seed block, where the block's (sorted,
+    distinct) ``sample`` columns of the part have it (``rows``: the rows' positions in the part,
+    the block's first row at ``first``). By index, not by distance: duplicates stay. A scatter,
+    not a mask over the whole block (two passes of 1 GB for 32,768 rows)."""
+    at = (rows - first, torch.searchsorted(sample, rows).clamp_max(sample.numel() - 1))
+    scores[at] = torch.where(sample[at[1]] == rows, torch.inf, scores[at])
 
 
 def _strip_seed_count(m: int, k: int) -> int:

@@ -88,7 +88,7 @@ def block_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
         out, m, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, col_norm, col_term,
         norm_stride, term_stride, INDEXED=indexed, TAU_INDEXED=tau_indexed, COL_NORM_TENSOR=col_norms is not None,
         COL_TERM_TENSOR=col_term_values is not None, COL_TERMS=col_terms, ROW_TERMS=has_row_terms, ORACLE=form,
-        ADD_TAU=add_tau, BLOCK=BLOCK, **_options())
+        ADD_TAU=add_tau, BLOCK=BLOCK, **fused.ieee_options())
     return out
 
 
@@ -134,7 +134,7 @@ def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm:
         col_norms if col_terms is None else col_terms.contiguous(),
         offsets.contiguous(), out.view(-1), p, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
         GATHER=cols is not None, COL_TERMS=col_terms is not None, ROW_TERMS=row_terms is not None, ORACLE=form,
-        BLOCK=BLOCK, **_options())
+        BLOCK=BLOCK, **fused.ieee_options())
     return out
 
 
@@ -143,10 +143,6 @@ def _coefficients(metric: Metric, d: int, precision: ScreenPrecision) -> tuple[f
     c_dot, c_term, c_flush = metric.bound_coefficients(d, precision=precision)
     form, gamma = metric.oracle_form(d)
     return c_dot, c_term, c_flush, gamma, form, bool(c_term) and metric.uses_terms
-
-
-def _options() -> dict:
-    return {} if fused.interpreting() else dict(num_warps=4, enable_fp_fusion=False)
 
 
 def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
@@ -169,7 +165,7 @@ def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
         firsts, kths, counts, k, tau, tightened, row_norms,
         row_terms if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
         float(max_col_norm), float(max_col_term) if col_terms else 0.0, COL_TERMS=col_terms, ROW_TERMS=has_row_terms,
-        ORACLE=form, BLOCK=BLOCK, **_options())
+        ORACLE=form, BLOCK=BLOCK, **fused.ieee_options())
 
 
 def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
@@ -190,4 +186,4 @@ def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: f
         rows.contiguous(), cols.contiguous(), keys.contiguous(), m, width, tau, row_norms,
         row_terms if has_row_terms else row_norms, offsets, col_norms, col_terms if has_col_terms else col_norms,
         c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, COL_TERMS=has_col_terms, ROW_TERMS=has_row_terms,
-        ORACLE=form, ROWS=rows_per_program, WIDTH=seeds_per_step, **_options())
+        ORACLE=form, ROWS=rows_per_program, WIDTH=seeds_per_step, **fused.ieee_options())

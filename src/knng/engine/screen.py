@@ -261,7 +261,7 @@ def block_epilogue(scores: torch.Tensor, scales: tuple[torch.Tensor, torch.Tenso
                 scores if col_terms is None else col_terms.contiguous(),
                 scores if row_terms is None else row_terms.contiguous(), m, n, scores.stride(0),
                 SCALE=scales is not None, COL_TERMS=col_terms is not None, ROW_TERMS=row_terms is not None,
-                BLOCK_M=bm, BLOCK_N=bn, **({} if fused.interpreting() else dict(num_warps=4, enable_fp_fusion=False)))
+                BLOCK_M=bm, BLOCK_N=bn, **fused.ieee_options())
         return scores
     if scales is not None:
         scores.mul_(scales[0][:, None]).mul_(scales[1][None, :])

@@ -223,6 +223,11 @@ class PairNorms(NamedTuple):
     row_terms: torch.Tensor | None
     col_terms: torch.Tensor | None
 
+    @staticmethod
+    def cat(parts: "list[PairNorms]") -> "PairNorms":
+        """The norms of several batches of pairs as one (each field concatenated)."""
+        return PairNorms(*(None if parts[0][f] is None else torch.cat([p[f] for p in parts]) for f in range(4)))
+
 
 @dataclass(frozen=True)
 class Holding:
@@ -768,8 +773,7 @@ class CandidateStore:
             # operations each, and a CPU update takes many small parts in.
             parts = [(r, c, k, self.errors.norms_of(r, c) if n is None else n) for r, c, k, n in parts]
             rows, cols, keys = (torch.cat([p[f] for p in parts]) for f in range(3))
-            norms = PairNorms(*(None if parts[0][3][f] is None else torch.cat([p[3][f] for p in parts])
-                                for f in range(4)))
+            norms = PairNorms.cat([p[3] for p in parts])
             rad = self.errors.radius(*norms, keys, rows)
         if self._interrupted:
             rows, cols, keys, rad = self._without_repeats(rows, cols, keys, rad)
