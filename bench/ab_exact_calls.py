@@ -14,8 +14,16 @@ machine, from the repository root (``.carry/pictures.npz``: ``bench_patches.py -
 
 Variant ``seedN`` (e.g. ``seed16384``) sets ``graph.OWN_PART_SEED`` first. The A/Bs of
 ``docs/BENCHMARKS.md``'s "Pair radii in one launch, …" section ran this script.
+
+Fresh H100 processes of the same code have run at one of two speeds (e.g. ~108 and ~127 ms on
+16×16 patches at k = 10), steady within a process. Variants that are settings of this tree (the
+names of :data:`SETTINGS`, "new" for none) are therefore better compared in one process: a tag
+of several names joined by "/" times them alternating, call by call, after a warm-up of each::
+
+    PYTHONPATH=src:tests python bench/ab_exact_calls.py new/wg128 p16
 """
 
+import contextlib
 import sys
 import time
 
@@ -27,12 +35,14 @@ sys.path.insert(0, "tests")
 
 import knng  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
+from knng.engine import cuda_screen  # noqa: E402
 from bench_patches import patches  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 
 
-def timed(call, repeats: int):
-    call()
+def timed(call, repeats: int, warm: bool = True):
+    if warm:
+        call()
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -43,8 +53,46 @@ def timed(call, repeats: int):
     return result, times
 
 
+#: Settings of this tree an in-process A/B alternates: name -> (module, attribute, value) each.
+SETTINGS = {
+    "new": (),
+    # the wgmma screen only to K = 128 (as before its two-tile ring): d = 256 on mma.sync
+    "wg128": ((cuda_screen, "WGMMA_MAX_K", 128),),
+    "mmasync": ((cuda_screen, "WGMMA", False),),
+}
+
+
+@contextlib.contextmanager
+def setting(name: str):
+    """The settings of ``name`` applied, and undone after."""
+    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in SETTINGS[name]]
+    for module, attr, value in SETTINGS[name]:
+        setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
+
+
+def alternated(names: list[str], call, repeats: int) -> dict:
+    """``call`` under each setting of ``names`` once (a warm-up), then ``repeats`` rounds of all
+    of them in turn: each name's last result and its times."""
+    out = {}
+    for name in names:
+        with setting(name):
+            call()
+    for _ in range(repeats):
+        for name in names:
+            with setting(name):
+                result, times = timed(call, 1, warm=False)
+            out[name] = (result, out.get(name, (None, []))[1] + times)
+    return out
+
+
 def main() -> None:
     tag = sys.argv[1]
+    names = tag.split("/") if "/" in tag else None
     which = sys.argv[2].split(",") if len(sys.argv) > 2 else ["p8", "p16", "g200k", "s128"]
     if tag.startswith("seed"):
         graph.OWN_PART_SEED = int(tag[4:])
@@ -64,19 +112,24 @@ def main() -> None:
             cases = [(10, x, q), (100, x, q)]
         for k, x, q in cases:
             if q is None:
-                result, times = timed(lambda: knng.graph(x, k), 3)
+                call, repeats = (lambda: knng.graph(x, k)), 3
                 flat = torch.nonzero((x.max(1).values - x.min(1).values) < 1e-3).flatten().cpu()[:64]
                 rows = torch.cat([torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(k))[:128], flat])
-                assert_exact_chunked(x, x, [result], "euclidean", exclude_self=True, rows=rows.cuda())
             else:
-                result, times = timed(lambda: knng.search(q, x, k), 5)
+                call, repeats = (lambda: knng.search(q, x, k)), 5
                 rows = torch.randperm(q.shape[0], generator=torch.Generator().manual_seed(k))[:128]
-                assert_exact_chunked(q, x, [result], "euclidean", rows=rows.cuda())
-            report = result.report
-            screened, evaluated = report.screened_per_row, report.evaluations_per_row
-            print(f"AB {tag} {name} k={k}: min {min(times) * 1e3:.1f} ms all {[round(t * 1e3, 1) for t in times]} "
-                  f"exact on {rows.numel()} rows; screened/row {screened.get('median')}/{screened.get('p99')}/"
-                  f"{screened.get('max')}, evaluated p99 {evaluated.get('p99')}", flush=True)
+            runs = alternated(names, call, repeats) if names else {tag: timed(call, repeats)}
+            for variant, (result, times) in runs.items():
+                if q is None:
+                    assert_exact_chunked(x, x, [result], "euclidean", exclude_self=True, rows=rows.cuda())
+                else:
+                    assert_exact_chunked(q, x, [result], "euclidean", rows=rows.cuda())
+                report = result.report
+                screened, evaluated = report.screened_per_row, report.evaluations_per_row
+                print(f"AB {variant} {name} k={k}: min {min(times) * 1e3:.1f} ms all "
+                      f"{[round(t * 1e3, 1) for t in times]} exact on {rows.numel()} rows; screened/row "
+                      f"{screened.get('median')}/{screened.get('p99')}/{screened.get('max')}, evaluated p99 "
+                      f"{evaluated.get('p99')}", flush=True)
 
 
 if __name__ == "__main__":

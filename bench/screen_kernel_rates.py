@@ -2,12 +2,15 @@
 (``cuda/screen_wg.cu``), non-symmetric and symmetric, at thresholds that keep about 0, 15 and 100
 pairs per row.
 
-One block of n × n rows (default 28,672: a part of a 200k-point graph), K = 128, float16 rows
+One block of n × n rows (default 28,672: a part of a 200k-point graph), K = 128 (``--dims K``), float16 rows
 drawn from N(0, 1), factors −2 and 1 and the squared norms as terms, so that the keys are the
 squared distances; the thresholds are the distance quantiles that keep the asked number per row.
 CUDA-event median of 15 launches after one. TFLOP/s count 2·n²·K. Usage (GPU machine)::
 
-    PYTHONPATH=src python bench/screen_kernel_rates.py [N] [--once VARIANT]
+    PYTHONPATH=src python bench/screen_kernel_rates.py [N] [--dims K] [--once VARIANT]
+
+Variants whose shared memory does not fit a block at K (four B tiles of the wgmma ring past
+K = 128) are left out; the two-tile ring ("b2") is the one K = 256 runs.
 
 ``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``), at thresholds that keep
 nothing or, with ``--keep K``, about K pairs per row. ``--against FILE[,FILE]``
@@ -34,11 +37,15 @@ VARIANTS = {
     "mma.sync symmetric 256": (True, "r256x128"),
     "mma.sync symmetric 128": (True, "r128x128"),
     "wgmma symmetric": (True, "wg128x128"),
+    "wgmma b2": (False, "wg128x128b2"),
+    "wgmma b2 symmetric": (True, "wg128x128b2"),
 }
 
 
 def main() -> None:
+    global K
     n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 28672
+    K = int(sys.argv[sys.argv.index("--dims") + 1]) if "--dims" in sys.argv else K
     once = sys.argv[sys.argv.index("--once") + 1] if "--once" in sys.argv else None
     once_keep = int(sys.argv[sys.argv.index("--keep") + 1]) if "--keep" in sys.argv else 0
     against = sys.argv[sys.argv.index("--against") + 1].split(",") if "--against" in sys.argv else []
@@ -61,6 +68,9 @@ def main() -> None:
         thr = torch.full((n,), q, device=DEV)
         for name, (symmetric, config) in VARIANTS.items():
             if once and name != once:
+                continue
+            cfg = cuda_screen.CONFIGS[config]
+            if cfg.wgmma and cuda_screen.shared_bytes(K, cfg, True, True, True) > cuda_screen._ONE_BLOCK:
                 continue
 
             def launch(source: str = ours) -> None:

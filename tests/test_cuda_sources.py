@@ -43,6 +43,19 @@ def test_wgmma_shared_memory_fits_one_block(k_dims, symmetric):
     assert cfg.threads == 256
 
 
+@pytest.mark.parametrize("k_dims", [144, 200, 256])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_wgmma_two_tile_ring_fits_one_block_to_k_256(k_dims, symmetric):
+    """Past K = 128 four B tiles do not fit with A's panels; the two-tile ring does, and its
+    column vectors keep three slots (a tile multiplied, one screened, one loading)."""
+    four, two = cuda_screen.CONFIGS["wg128x128"], cuda_screen.CONFIGS["wg128x128b2"]
+    chunks = -(-k_dims // 64)
+    assert cuda_screen.shared_bytes(k_dims, four, True, True, symmetric) > 227 * 1024
+    size = cuda_screen.shared_bytes(k_dims, two, True, True, symmetric)
+    assert chunks * 128 * 128 + 2 * chunks * 128 * 128 + 1024 <= size <= 227 * 1024
+    assert two.stages == 3 and two.b_stages == 2
+
+
 def test_without_a_device_the_mma_sync_kernel_is_chosen():
     for k_dims in (16, 128, 256, 960):
         for symmetric in (False, True):

@@ -269,12 +269,13 @@ def test_graph_high_dimension_large_k(fused_precision, seed):
 # ------------------------------------------------------------- the float16 kernels, side by side
 @pytest.mark.skipif(not torch.cuda.is_available() or not __import__("knng.engine.cuda_screen").engine.cuda_screen
                     .available(torch.device("cuda")), reason="needs CuPy for the CUDA C screen")
-@pytest.mark.parametrize("shape", [(1, 1, 5), (7, 127, 16), (129, 129, 100), (1000, 5000, 128), (300, 777, 960)])
+@pytest.mark.parametrize("shape", [(1, 1, 5), (7, 127, 16), (129, 129, 100), (1000, 5000, 128), (250, 1100, 200),
+                                   (700, 2000, 256), (300, 777, 960)])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("diag", [None, 0, -40])
 @pytest.mark.parametrize("wgmma", [True, False])
 def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, diag, wgmma, seed, monkeypatch):
-    """The CUDA C kernels (warp votes; with ``wgmma``, on a Hopper GPU and K ≤ 128,
+    """The CUDA C kernels (warp votes; with ``wgmma``, on a Hopper GPU and K ≤ 256,
     ``cuda/screen_wg.cu``'s asynchronous warpgroup products, else ``cuda/screen.cu``'s
     mma.sync) and the Triton kernel on the same scaled float16 rows: the contract against the
     float64 scores of the stored values (ties at the thresholds, duplicate columns, rows of
@@ -331,8 +332,9 @@ def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, d
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hopper_screens_run_the_wgmma_kernel():
-    """On compute capability 9.0 a screen of K ≤ 128 runs the wgmma kernel (it compiles there), a
-    wider one or one with WGMMA off the mma.sync kernel; elsewhere always the latter."""
+    """On compute capability 9.0 a screen of K ≤ 256 runs the wgmma kernel (it compiles there:
+    four B tiles in its ring up to K = 128, two past it), a wider one or one with WGMMA off the
+    mma.sync kernel; elsewhere always the latter."""
     from knng.engine import cuda_screen
 
     if not cuda_screen.available(torch.device("cuda")):
@@ -342,7 +344,9 @@ def test_hopper_screens_run_the_wgmma_kernel():
     for symmetric in (False, True):
         assert (cuda_screen.choose_config(128, symmetric, index) == "wg128x128") == hopper
         assert cuda_screen.choose_config(64, symmetric, index).startswith("wg") == hopper
-        assert not cuda_screen.choose_config(256, symmetric, index).startswith("wg")
+        assert (cuda_screen.choose_config(256, symmetric, index) == "wg128x128b2") == hopper
+        assert (cuda_screen.choose_config(144, symmetric, index) == "wg128x128b2") == hopper
+        assert not cuda_screen.choose_config(272, symmetric, index).startswith("wg")
     cuda_screen.WGMMA = False
     try:
         assert not cuda_screen.choose_config(128, False, index).startswith("wg")
@@ -384,7 +388,7 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypat
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m,n,d", [(1, 1, 16), (129, 63, 64), (300, 65, 128), (1000, 8229, 128), (77, 700, 200),
-                                   (50, 300, 960)])
+                                   (400, 3000, 256), (50, 300, 960)])
 @pytest.mark.parametrize("wgmma", [True, False])
 def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, monkeypatch):
     """The CUDA kernel's strip minima equal the reference reduction (``strip_minima_of``) of
@@ -392,7 +396,8 @@ def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, mon
     and roundings), columns too: duplicate rows (ties go to the smaller column), NaN column
     terms (never the smallest; a strip of them reports +inf), sizes that are not tile or strip
     multiples, K of one chunk and several (A resident, and streamed at K = 960); on a Hopper GPU
-    from the wgmma kernel (K <= 128) and from the mma.sync one."""
+    from the wgmma kernel (K <= 256: four B tiles in its ring to K = 128, two past it) and from
+    the mma.sync one."""
     from knng.engine import cuda_screen, screen
 
     if not cuda_screen.available(torch.device("cuda")):
@@ -563,8 +568,8 @@ def _use_float16_kernel(kernel: str, d: int, monkeypatch) -> None:
     if kernel in ("wgmma", "mma.sync") and not cuda_screen.available(torch.device("cuda")):
         pytest.skip("needs CuPy for the CUDA C screen")
     if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
-                              or cuda_screen.choose_config(d, False, torch.cuda.current_device()) != "wg128x128"):
-        pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 128")
+                              or not cuda_screen.choose_config(d, False, torch.cuda.current_device()).startswith("wg")):
+        pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 256")
     monkeypatch.setattr(cuda_screen, "WGMMA", kernel == "wgmma")
     monkeypatch.setattr(fused, "CUDA_SCREEN", kernel != "triton")
 

@@ -16,11 +16,12 @@ keeps nothing costs one vote per 16 rows and one that keeps a few costs no globa
 H100, 10,000 × 2^20, K = 128, ~0 / ~15 / ~200 pairs kept per row: 7.6 / 8.3 / 10.1 ms
 (Triton, bfloat16: 19.8 / 22.4 / 41.0); the header of ``cuda/screen.cu`` has the other shapes.
 
-On a Hopper GPU (compute capability 9.0) a block of K ≤ 128 runs ``cuda/screen_wg.cu`` instead:
+On a Hopper GPU (compute capability 9.0) a block of K ≤ 256 runs ``cuda/screen_wg.cu`` instead:
 the same epilogue (``cuda/screen_common.cuh``) after asynchronous warpgroup products
 (``wgmma``, sm_90a), so that a tile's keys and tests run while the next tile's products do.
 H200, 28,672² block, K = 128, nothing kept: 348–379 against 286–310 TFLOP/s non-symmetric,
-284–289 against 216–248 symmetric (``docs/BENCHMARKS.md``, "A wgmma screen kernel").
+284–289 against 216–248 symmetric (``docs/BENCHMARKS.md``, "A wgmma screen kernel"); H100,
+K = 256 (two B tiles in its ring): 437 against 256 non-symmetric, 379 against 301 symmetric.
 
 The kernel is compiled once per device and variant (tile configuration, which terms are
 present, symmetric or not: each a ``-D`` define, so the common path has no run-time tests),
@@ -62,7 +63,8 @@ class Config(NamedTuple):
     whether a non-symmetric block tests a one-rounding bound first (``SCREEN_PRE``: two float
     operations an entry instead of three or four, exact keys only for its candidates),
     ``wgmma`` whether it is ``cuda/screen_wg.cu``'s Hopper kernel (two warpgroups of 64 rows,
-    ``stages`` B tiles in its ring; compute capability 9.0 only, K ≤ 128).
+    ``stages`` tiles of column vectors in its ring and ``b_stages`` B tiles, ``stages`` if 0;
+    compute capability 9.0 only, K ≤ 256).
     """
 
     bm: int
@@ -74,6 +76,7 @@ class Config(NamedTuple):
     min_blocks: int
     pretest: bool = True
     wgmma: bool = False
+    b_stages: int = 0
 
     @property
     def threads(self) -> int:
@@ -98,9 +101,16 @@ CONFIGS: dict[str, Config] = {
     "s128x256": Config(128, 256, 2, 4, 3, False, 1),
     "wg128x128": Config(128, 128, 8, 1, 4, True, 1, wgmma=True),
     "wg128x128np": Config(128, 128, 8, 1, 4, True, 1, pretest=False, wgmma=True),
+    # K ≤ 256: A's 64 KB and two B tiles of 64 KB, one tile loading while one is multiplied.
+    # H100, 28,672² at K = 256, ~0 / ~4 / ~52 kept per row (2026-11-26): 0.96 / 1.14 / 1.47 ms
+    # (mma.sync r128x128 1.65 / 1.84 / 2.56), symmetric 1.11 / 1.46 / 1.88 (r256x128 1.40 /
+    # 1.72 / 2.23); at K = 128 level with wg128x128 (0.59 / 0.73 / 1.11 against 0.60 / 0.73 / 1.23).
+    "wg128x128b2": Config(128, 128, 8, 1, 3, True, 1, wgmma=True, b_stages=2),
 }
-#: Largest K of the wgmma kernel (A's block and four B tiles in shared memory).
-WGMMA_MAX_K = 128
+#: Largest K of the wgmma kernel (A's block and two B tiles of K = 256 in shared memory).
+WGMMA_MAX_K = 256
+#: Largest K of the wgmma configuration with four B tiles in its ring (two loading).
+_WGMMA_FOUR_TILES_K = 128
 #: Whether screens use the wgmma kernel where it runs (benchmarks turn it off to compare).
 WGMMA = True
 #: Whether strip minima use it too (benchmarks turn it off to compare).
@@ -117,18 +127,24 @@ _ONE_BLOCK = 227 * 1024
 
 def choose_config(k_dims: int, symmetric: bool = False, device_index: int | None = None) -> str:
     """The configuration for K = ``k_dims`` (measurements at :data:`CONFIGS`): on a Hopper GPU
-    (``device_index`` of compute capability 9.0) the wgmma kernel up to K = 128; else 128-row
+    (``device_index`` of compute capability 9.0) the wgmma kernel up to K = 256; else 128-row
     blocks with A resident while two blocks fit in a multiprocessor (K <= 128) for a
     non-symmetric block, 256-row blocks with A resident while one fits (K <= 256: half the reads
     of B per product; in a symmetric block, whose two tests have no pre-test, 8 warps a block
     also hide the survivors' path better), else A streamed with B."""
     if WGMMA and device_index is not None and k_dims <= WGMMA_MAX_K and _wgmma_runs(device_index):
-        return "wg128x128"
+        return _wgmma_config(k_dims)
     if not symmetric and shared_bytes(k_dims, CONFIGS["r128x128"], True, True, True) <= _TWO_BLOCKS:
         return "r128x128"
     if shared_bytes(k_dims, CONFIGS["r256x128"], True, True, True) <= _ONE_BLOCK:
         return "r256x128"
     return "s128x128"
+
+
+def _wgmma_config(k_dims: int) -> str:
+    """The wgmma configuration for K = ``k_dims`` (≤ :data:`WGMMA_MAX_K`): four B tiles in the
+    ring where they fit, else two."""
+    return "wg128x128" if k_dims <= _WGMMA_FOUR_TILES_K else "wg128x128b2"
 
 
 @functools.cache
@@ -156,7 +172,7 @@ def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, 
     nrowv = 4
     sides = 2 if symmetric else 1
     warps = config.wm * config.wn
-    ring = config.stages * config.bn * 128 * (chunks if config.wgmma else 1)
+    ring = config.bn * 128 * ((config.b_stages or config.stages) * chunks if config.wgmma else config.stages)
     return (panels * config.bm * 128 + ring + config.stages * ncolv * config.bn * 4
             + nrowv * config.bm * 4 + sides * warps * 64 * 12 + (1024 if config.wgmma else 0))
 
@@ -172,7 +188,8 @@ def available(device: torch.device) -> bool:
 def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,
              minima: bool = False, k_dims: int = 128) -> tuple[str, ...]:
     if config.wgmma:
-        return (f"SCREEN_STAGES={config.stages}", f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
+        return (f"SCREEN_STAGES={config.stages}", f"SCREEN_BSTAGES={config.b_stages or config.stages}",
+                f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
                 f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}",
                 f"SCREEN_PRE={int(config.pretest and not minima)}", f"SCREEN_WITH_BF16={int(bf16)}"
                 ) + (("SCREEN_MIN=1",) if minima else ())
@@ -317,7 +334,7 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
 
 
 #: Configurations of the strip minima (:func:`launch_strip_minima`) where the wgmma kernel does
-#: not run them (on a Hopper GPU it does up to K = 128: its warps' 64-column halves are the
+#: not run them (on a Hopper GPU it does up to K = 256: its warps' 64-column halves are the
 #: strips), the first whose shared memory fits one block: 128 × 128 tiles with A resident, else
 #: streamed (K = 960); warps of 64 × 64 in both, so strips of :data:`STRIP` columns.
 MINIMA_CONFIGS = ("r128x128", "s128x128")
@@ -356,7 +373,7 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
     index = device.index if device.index is not None else torch.cuda.current_device()
     has_rt, has_ct = row_terms is not None, col_terms is not None
     if WGMMA and WGMMA_MINIMA and k_dims <= WGMMA_MAX_K and _wgmma_runs(index):
-        cfg = CONFIGS["wg128x128"]  # its halves of 64 columns are the strips
+        cfg = CONFIGS[_wgmma_config(k_dims)]  # its halves of 64 columns are the strips
     else:
         fits = [CONFIGS[name] for name in MINIMA_CONFIGS
                 if shared_bytes(k_dims, CONFIGS[name], has_rt, has_ct, False) <= _ONE_BLOCK]

@@ -14,11 +14,13 @@
 //  * Row-stationary persistent blocks as in screen.cu (block (x, y): rows x·128 … x·128 + 127,
 //    the contiguous range y of 128-column tiles). Two consumer warpgroups, 64 rows each
 //    (wgmma m64n128k16, A and B from shared memory), one block a multiprocessor.
-//  * A's block is resident in shared memory (K ≤ 128: its panels of 64 columns); B's tiles
-//    stream through a ring of SCREEN_STAGES tiles by cp.async (16-byte copies by every thread,
-//    rows past n zero-filled): the tile being multiplied, the tile in its epilogue, and
-//    STAGES − 2 tiles loading. Rows are stored 128 bytes a chunk with 16-byte units XOR-swizzled
-//    by (row & 7): exactly the 128-byte-swizzle layout wgmma's descriptors read, on 1024-byte
+//  * A's block is resident in shared memory (K ≤ 256: its panels of 64 columns); B's tiles
+//    stream through a ring of SCREEN_BSTAGES tiles by cp.async (16-byte copies by every thread,
+//    rows past n zero-filled), their column vectors through one of SCREEN_STAGES: the tile
+//    being multiplied, the tile in its epilogue (its vectors only), and STAGES − 2 tiles loading
+//    (K ≤ 128: four of each, two tiles loading; K = 256: three vector slots and two B tiles,
+//    one loading, since A and two B tiles are 192 KB). Rows are stored 128 bytes a chunk with
+//    16-byte units XOR-swizzled by (row & 7): exactly the 128-byte-swizzle layout wgmma's descriptors read, on 1024-byte
 //    aligned panels (the kernel aligns its shared memory itself).
 //  * Each thread holds two accumulator sets of 64 floats (its warp's 16 rows × 128 columns in the
 //    mma.m16n8 fragment order); the tile loop is unrolled by two so that the sets are named at
@@ -28,12 +30,15 @@
 //    16 × 128 strip (a lane's entries of a half fit a 32-bit mask).
 //  * Strip minima (SCREEN_MIN): the same products and keys; per row and 64-column half, the
 //    smallest key and its column, as screen.cu's minima (cuda_screen.launch_strip_minima).
-// Only float16 (and bfloat16 for comparison) rows with K ≤ 128; larger K stays in screen.cu.
+// Only float16 (and bfloat16 for comparison) rows with K ≤ 256; larger K stays in screen.cu.
 
 #include "screen_common.cuh"
 
 #ifndef SCREEN_STAGES
 #define SCREEN_STAGES 4
+#endif
+#ifndef SCREEN_BSTAGES
+#define SCREEN_BSTAGES SCREEN_STAGES
 #endif
 #ifndef SCREEN_KC
 #define SCREEN_KC 2  // chunks of 64 columns: K ≤ 64·SCREEN_KC, the rest of the last chunk zeros
@@ -63,8 +68,12 @@ using namespace screen_common;
 
 constexpr int BM = 128, BN = 128;  // two warpgroups of 64 rows; wgmma's n
 constexpr int NWARPS = 8, THREADS = 32 * NWARPS;
-constexpr int STAGES = SCREEN_STAGES;  // B tiles in the ring
+constexpr int STAGES = SCREEN_STAGES;  // tiles of column vectors in their ring
 constexpr int LOOKAHEAD = STAGES - 2;  // tiles loading while one is multiplied and one screened
+// B's tiles in theirs: a tile's epilogue reads its column vectors but not its B, so B's ring
+// needs a slot fewer than the vectors' (LOOKAHEAD + 1: the tile multiplied and those loading).
+// At K = 256 that is what fits: A (64 KB) and two B tiles of 64 KB, with one tile loading.
+constexpr int BSTAGES = SCREEN_BSTAGES;
 constexpr bool HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
 constexpr bool MINIMA = SCREEN_MIN != 0 && !SYM;
 constexpr bool PRE = SCREEN_PRE != 0 && !SYM && !MINIMA;
@@ -78,17 +87,19 @@ constexpr int SIDES = SYM ? 2 : 1;
 constexpr int ALIGN = 1024;  // the 128-byte swizzle's atom: 8 rows of 128 bytes
 constexpr int KC = SCREEN_KC;
 
-static_assert(KC >= 1 && KC <= 2, "A resident and STAGES B tiles in shared memory: K ≤ 128");
+static_assert(KC >= 1 && KC <= 4, "A resident in shared memory: K ≤ 256");
 static_assert(STAGES >= 3, "a tile multiplied, one screened, one loading");
+static_assert(BSTAGES >= LOOKAHEAD + 1 && BSTAGES <= STAGES, "B's slot is free once its tile's products are");
 static_assert(BN % RSTEP == 0 && BM % RSTEP == 0, "rows per copy pass");
 
 // Shared memory of one block, in bytes, from a 1024-byte aligned base (cuda_screen.shared_bytes
 // mirrors it, with the ALIGN the kernel may skip to reach that base).
 __host__ __device__ constexpr int off_b(int K) { return KC * BM * ROWB; }
-__host__ __device__ constexpr int off_col(int K) { return off_b(K) + STAGES * KC * BN * ROWB; }
+__host__ __device__ constexpr int off_col(int K) { return off_b(K) + BSTAGES * KC * BN * ROWB; }
 __host__ __device__ constexpr int off_row(int K) { return off_col(K) + STAGES * NCOLV * BN * 4; }
 __host__ __device__ constexpr int off_buf(int K) { return off_row(K) + NROWV * BM * 4; }
 __host__ __device__ constexpr int smem_bytes(int K) { return off_buf(K) + SIDES * NWARPS * WBUF * 12 + ALIGN; }
+static_assert(smem_bytes(0) <= 227 * 1024, "one block's shared memory (H100, H200: 227 KB)");
 
 // A shared-memory matrix descriptor: K-major rows of 128 bytes, 128-byte swizzle, 8-row groups
 // 1024 bytes apart (the leading offset is unused by this layout).
@@ -186,17 +197,19 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
     }
   }
 
-  // Tile `tile`'s chunks and column vectors into ring slot `slot` (nothing past t_end), then
-  // one commit group, empty or not: wait_group counts them.
+  // Tile `tile` (step i of the sweep): its chunks into B's slot i % BSTAGES and its column
+  // vectors into theirs, i % STAGES (nothing past t_end), then one commit group, empty or not:
+  // wait_group counts them.
   const long long bstep = (long long)RSTEP * ldb;
-  auto issue = [&](int tile, int slot) {
+  auto issue = [&](int tile, int i) {
     if (tile < t_end) {
+      const int bslot = i % BSTAGES, slot = i % STAGES;
       const int col0 = tile * BN;
 #pragma unroll
       for (int kc = 0; kc < KC; ++kc) {
         const int kk = kc * BK + lc * 8;
         const half_t* src = B + (long long)(col0 + lr) * ldb + kk;
-        const unsigned dst = sB + (slot * KC + kc) * BN * ROWB + dst0;
+        const unsigned dst = sB + (bslot * KC + kc) * BN * ROWB + dst0;
         if (kk >= K) {  // zeros past K
 #pragma unroll
           for (int t = 0; t < BN / RSTEP; ++t) cp_async16(dst + t * RSTEP * ROWB, B, false);
@@ -238,12 +251,12 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   // Tile `tile`'s products into accumulator set P: KC·4 wgmma of 64 × 128 × 16 each (units past K
   // are zeros, so the last chunk runs whole; the steps are known at compile time, so that no
   // other instruction touches the accumulators while they are in flight).
-  auto multiply = [&](auto set, int slot) {
+  auto multiply = [&](auto set, int bslot) {
     constexpr int P = decltype(set)::value ? 1 : 0;
     wg_fence();
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
-      const unsigned a0 = sA + kc * BM * ROWB + wg * 64 * ROWB, b0 = sB + (slot * KC + kc) * BN * ROWB;
+      const unsigned a0 = sA + kc * BM * ROWB + wg * 64 * ROWB, b0 = sB + (bslot * KC + kc) * BN * ROWB;
 #pragma unroll
       for (int ks = 0; ks < BK / 16; ++ks)
         mma_k16<BF16>(acc[P], sw128_desc(a0 + ks * 32), sw128_desc(b0 + ks * 32), kc + ks);
@@ -410,8 +423,9 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   };
 
   // Step i of the sweep (tile t_begin + i, accumulator set i & 1): wait for its tile, issue its
-  // products, start loading tile i + LOOKAHEAD into the slot of tile i − 2 (free: its epilogue
-  // ended before this barrier, and tile i's products do not read it), screen tile i − 1 while
+  // products, start loading tile i + LOOKAHEAD into the vectors' slot of tile i − 2 (free: its
+  // epilogue ended before this barrier, and tile i's products do not read it) and B's slot of
+  // tile i − BSTAGES + LOOKAHEAD (at most i − 1: its products ended before it), screen tile i − 1 while
   // the products run, then wait for them. (Waiting for every group but the newest instead, so
   // that the tensor cores never drain between tiles, made ptxas serialise every wgmma: C7514.)
   auto step = [&](auto set, int i) {
@@ -420,8 +434,8 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
     cp_wait<LOOKAHEAD - 1>();
     fence_async_shared();
     __syncthreads();
-    multiply(set, i % STAGES);
-    issue(tile + LOOKAHEAD, (i + LOOKAHEAD) % STAGES);
+    multiply(set, i % BSTAGES);
+    issue(tile + LOOKAHEAD, i + LOOKAHEAD);
     if (i > 0) {
       // Tile i − 1's products completed at the end of the last step; this wait (of every group
       // but the newest, so it costs nothing) tells the assembler so, which would otherwise wait
