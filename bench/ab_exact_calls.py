@@ -35,7 +35,7 @@ sys.path.insert(0, "tests")
 
 import knng  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
-from knng.engine import cuda_screen  # noqa: E402
+from knng.engine import cuda_screen, row_kth  # noqa: E402
 from bench_patches import patches  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 
@@ -59,6 +59,10 @@ SETTINGS = {
     # the wgmma screen only to K = 128 (as before its two-tile ring): d = 256 on mma.sync
     "wg128": ((cuda_screen, "WGMMA_MAX_K", 128),),
     "mmasync": ((cuda_screen, "WGMMA", False),),
+    # the radix select's chunks of 1,024 codes at every k (as before chunk_for)
+    "chunk1024": ((row_kth, "MIN_CHUNK", 1024),),
+    # the finish's slots in each row by a stable sort (as the reference), not by atomics
+    "sortslots": ((row_kth, "row_slots", getattr(row_kth, "row_slots_reference", None)),),
 }
 
 

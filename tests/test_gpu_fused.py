@@ -448,9 +448,10 @@ def test_row_selection_is_its_reference_on_the_hardware():
     sort's, on the adversarial cases of ``test_row_kth.py``, on a search's scale (10k rows, 25M
     pairs, k = 2,048) and a graph's (1M rows of about 20 pairs, k = 10), keys with many ties."""
     from knng.engine import row_kth
-    from test_row_kth import assert_kernels_are_reference
+    from test_row_kth import assert_kernels_are_reference, assert_row_slots_are_permutations
 
     assert assert_kernels_are_reference(torch.device("cuda")) == 6
+    assert assert_row_slots_are_permutations(torch.device("cuda")) == 6
     g = torch.Generator(device="cuda").manual_seed(3)
     rows = torch.randint(0, 10_000, (25_000_000,), device="cuda", generator=g)
     keys = torch.randn(25_000_000, device="cuda", generator=g) * 100.0 + 5e3

@@ -95,3 +95,31 @@ def test_kernels_are_the_reference(monkeypatch, programs):
 def test_no_pairs():
     first, kth, counts = row_kth.row_ends(torch.zeros(0, dtype=torch.int64), torch.zeros(0), 3, 2)
     assert first.tolist() == kth.tolist() == [row_kth.NO_CODE] * 3 and counts.tolist() == [0, 0, 0]
+
+
+def assert_row_slots_are_permutations(device: torch.device) -> int:
+    """Each row's slots from :func:`row_kth.row_slots` are 0 … its count − 1, each once, as the
+    reference's are (the key cases' rows: empty rows, long rows, shuffled order)."""
+    cases = 0
+    for label, rows, _, n, _ in key_cases(2):
+        rows = rows.to(device)
+        for slots in (row_kth.row_slots(rows, n), row_kth.row_slots_reference(rows, n)):
+            assert slots.dtype == torch.int64 and slots.shape == rows.shape, label
+            counts = torch.bincount(rows, minlength=n)
+            # (row, slot) pairs are distinct and each slot is below its row's count
+            assert torch.unique(rows * (rows.numel() + 1) + slots).numel() == rows.numel(), label
+            assert bool((slots >= 0).all()) and bool((slots < counts[rows]).all()), label
+        cases += 1
+    return cases
+
+
+def test_row_slots_reference_keeps_the_order_within_a_row():
+    rows = torch.tensor([2, 0, 2, 2, 0, 5])
+    assert row_kth.row_slots_reference(rows, 6).tolist() == [0, 0, 1, 2, 1, 0]
+
+
+def test_row_slots_kernel_gives_each_row_its_slots(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert assert_row_slots_are_permutations(torch.device("cpu")) == 6

@@ -537,6 +537,17 @@ def row_count_kernel(rows, p, counts, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def row_slots_kernel(rows, p, cursor, slots, BLOCK: tl.constexpr):
+    """Each pair's slot within its row: ``cursor`` counts what each row has received (int32
+    counters), so a row's slots are 0 … its count − 1 in whatever order the atomics gave."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < p
+    r = tl.load(rows + i, mask=ok, other=0)
+    slot = tl.atomic_add(cursor + r, tl.full((BLOCK,), 1, tl.int32), mask=ok)
+    tl.store(slots + i, slot.to(tl.int64), mask=ok)
+
+
+@triton.jit
 def group_rows_kernel(rows, keys, p, starts, cursor, out, BLOCK: tl.constexpr):
     """Each pair's key code into its row's segment of ``out`` (row r's segment starts at
     ``starts[r]``; ``cursor`` counts what each row has received, so the order within a row is

@@ -28,16 +28,23 @@ import torch
 
 from knng.engine import fused
 
-__all__ = ["float32_up", "ordered_code", "decoded", "row_ends", "row_ends_reference", "kernel_applies",
-           "NO_CODE"]
+__all__ = ["float32_up", "ordered_code", "decoded", "row_ends", "row_ends_reference", "row_slots",
+           "row_slots_reference", "kernel_applies", "NO_CODE"]
 
 #: The code given where a row has fewer than k pairs (that of +0.0): such rows are not tightened.
 NO_CODE = 2**31
 
 #: Pairs per program of the counting and grouping kernels.
 BLOCK = 1024
-#: Codes of one row read per step of the selection kernel.
+#: Codes of one row read per step of the selection kernel at most: each step's histogram costs
+#: the whole chunk, so rows short of it pay for codes they do not have. The chunk is the power
+#: of two from 4k up, between MIN_CHUNK and CHUNK (:func:`chunk_for`): the rows the radix
+#: select takes hold more than k codes, mostly a few k. H200, 2026-11-26, rows of ~200 / ~400 /
+#: ~300 pairs at k = 100: 21.3 / 31.1 / 10.5 ms with chunks of 1,024, 17.3 / 27.1 / 8.7 with
+#: 512; 200k rows of ~20 at k = 10 0.86 → 0.68 ms (256); 10k rows of 8,000 at k = 1,024 8.5 ms
+#: with 1,024, 8.8 with 512.
 CHUNK = 1024
+MIN_CHUNK = 256
 #: Rows of at most SMALL_WIDTH pairs are selected by a sort in registers, SMALL_ROWS rows a
 #: program; the radix select, one row at a time, takes only the longer ones. A GPU graph holds
 #: about 15–25 survivors for each of its 1M rows, and one radix program per row (four passes
@@ -114,8 +121,55 @@ def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
     kernels.row_kth_small_kernel[(-(-n // SMALL_ROWS),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
                                                         ROWS=SMALL_ROWS, WIDTH=SMALL_WIDTH, **options)
     kernels.row_kth_kernel[(min(n, MAX_PROGRAMS),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
-                                                  SKIP=SMALL_WIDTH, CHUNK=CHUNK, **options)
+                                                  SKIP=SMALL_WIDTH, CHUNK=chunk_for(k), **options)
     return first, kth, counts64
+
+
+def row_slots(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """Each pair's slot within its row: row r's pairs get 0 … (its count − 1), each once.
+
+    On a GPU by atomics (one pass, no sort; the order within a row is whatever they gave), else
+    by :func:`row_slots_reference`. Callers that order each row's entries afterwards (the
+    store's finish, by distance and index) get the same result from either.
+
+    Parameters
+    ----------
+    rows : torch.Tensor
+        int64 row of each pair, in [0, n).
+    n : int
+        Rows.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 slot of each pair.
+    """
+    if rows.numel() == 0 or not kernel_applies(rows):
+        return row_slots_reference(rows, n)
+    rows = rows.contiguous()
+    p = rows.numel()
+    cursor = torch.zeros(n, dtype=torch.int32, device=rows.device)
+    slots = torch.empty(p, dtype=torch.int64, device=rows.device)
+    options = {} if fused.interpreting() else dict(num_warps=4)
+    fused.kernels().row_slots_kernel[(-(-p // BLOCK),)](rows, p, cursor, slots, BLOCK=BLOCK, **options)
+    return slots
+
+
+def row_slots_reference(rows: torch.Tensor, n: int) -> torch.Tensor:
+    """:func:`row_slots` by one stable sort: a row's pairs get their slots in the order they come."""
+    p = rows.numel()
+    by_row = torch.sort(rows.to(torch.int32) if n < 2**31 else rows, stable=True).indices
+    counts = torch.zeros(n, dtype=torch.int64, device=rows.device).index_add_(0, rows, torch.ones_like(rows))
+    starts = torch.cumsum(counts, 0) - counts
+    slots = torch.empty(p, dtype=torch.int64, device=rows.device)
+    slots[by_row] = torch.arange(p, device=rows.device) - starts[rows[by_row]]
+    return slots
+
+
+def chunk_for(k: int) -> int:
+    """Codes a step of the radix select reads for rank ``k``: the power of two from 4k up, within
+    [:data:`MIN_CHUNK`, :data:`CHUNK`]."""
+    return max(MIN_CHUNK, min(CHUNK, 1 << max(0, 4 * k - 1).bit_length()))
 
 
 def row_ends_reference(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
