@@ -17,6 +17,9 @@ that share the bytes chosen so far, four passes over the segment), or, in a segm
 statistics of the same codes, so the results are the reference's exactly, whatever order the
 atomics gave.
 
+:func:`row_slots` gives each pair its slot in its row by the same atomics (a stable sort is its
+reference): the store's finish places its pairs in padded rows with it and orders them after.
+
 Codes: :func:`ordered_code` maps a float32 key to an int64 in [0, 2³²) that orders as the keys
 do (−0 just below +0); float64 keys are first rounded up to float32 (:func:`float32_up`), which
 only raises the k-th.

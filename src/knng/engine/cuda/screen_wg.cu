@@ -20,8 +20,8 @@
 //    being multiplied, the tile in its epilogue (its vectors only), and STAGES − 2 tiles loading
 //    (K ≤ 128: four of each, two tiles loading; K = 256: three vector slots and two B tiles,
 //    one loading, since A and two B tiles are 192 KB). Rows are stored 128 bytes a chunk with
-//    16-byte units XOR-swizzled by (row & 7): exactly the 128-byte-swizzle layout wgmma's descriptors read, on 1024-byte
-//    aligned panels (the kernel aligns its shared memory itself).
+//    16-byte units XOR-swizzled by (row & 7): exactly the 128-byte-swizzle layout wgmma's
+//    descriptors read, on 1024-byte aligned panels (the kernel aligns its shared memory itself).
 //  * Each thread holds two accumulator sets of 64 floats (its warp's 16 rows × 128 columns in the
 //    mma.m16n8 fragment order); the tile loop is unrolled by two so that the sets are named at
 //    compile time.
@@ -425,8 +425,8 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   // Step i of the sweep (tile t_begin + i, accumulator set i & 1): wait for its tile, issue its
   // products, start loading tile i + LOOKAHEAD into the vectors' slot of tile i − 2 (free: its
   // epilogue ended before this barrier, and tile i's products do not read it) and B's slot of
-  // tile i − BSTAGES + LOOKAHEAD (at most i − 1: its products ended before it), screen tile i − 1 while
-  // the products run, then wait for them. (Waiting for every group but the newest instead, so
+  // tile i − BSTAGES + LOOKAHEAD (at most i − 1: its products ended before it), screen tile
+  // i − 1 while the products run, then wait for them. (Waiting for every group but the newest instead, so
   // that the tensor cores never drain between tiles, made ptxas serialise every wgmma: C7514.)
   auto step = [&](auto set, int i) {
     constexpr bool ODD = decltype(set)::value;
