@@ -708,8 +708,9 @@ class CandidateStore:
         evaluated exactly, then ordered by (distance, index) within its row.
 
         Rows padded to the widest one where that takes at most :data:`FINISH_PADDING` times the
-        pairs (or ``rebuild_entries`` entries): one sort groups the rows and two short sorts per
-        row order them (a search: 10k rows of about 1,250 pairs at k = 1,024). Else three stable
+        pairs (or ``rebuild_entries`` entries): each pair goes to its row's slot
+        (:func:`~knng.engine.row_kth.row_slots`) and the rows are ordered (a search: 10k rows of
+        about 1,250 pairs at k = 1,024). Else three stable
         sorts of the flat lists order everything by (row, distance, index), no row padded (a
         graph's million rows of 15–25 pairs, or a few rows of thousands of near-ties).
         """
@@ -726,20 +727,15 @@ class CandidateStore:
         self.stats.exact_evaluations += p
         self._evaluations += per_row
         self.updates += 1
-        # Radix sorts take as many passes as their keys have bytes: rows and columns as int32
-        # where the columns are known to fit (one norm each; survivors that brought their own
-        # norms come from a graph, whose columns are its n rows).
-        columns = n if self.errors.col_norms is None else self.errors.col_norms.numel()
-        narrow = max(n, columns) < 2**31
         width = max(k, int(per_row.max()) if p else 0)  # the one synchronisation
+        # The pairs are evaluated in the order the screen found them (a tile's pairs share their
+        # vectors). Before, a stable sort by row and two gathers grouped them first (68M pairs in
+        # an 8×8 patch graph at k = 100).
+        dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
         if width * n <= max(self.rebuild_entries, FINISH_PADDING * p):
             # Each pair's slot in its row, by atomics on a GPU (the order within a row does not
-            # matter: the rows are ordered by distance and index next), and the pairs evaluated
-            # in the order the screen found them (a tile's pairs share their vectors). Before,
-            # a stable sort by row and two gathers grouped them first (68M pairs in an 8×8
-            # patch graph at k = 100).
+            # matter: the rows are ordered by distance and index next).
             slot = row_kth.row_slots(rows, n)
-            dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
             idx = torch.full((n, width), -1, dtype=torch.int64, device=device)
             out = torch.full((n, width), torch.inf, dtype=torch.float64, device=device)
             idx[rows, slot] = cols
@@ -747,7 +743,11 @@ class CandidateStore:
             idx, out = top_by_distance(idx, out, k)
             self._count_tile_tightenings()  # read once the finish's launches are queued
             return idx, out
-        dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
+        # Radix sorts take as many passes as their keys have bytes: rows and columns as int32
+        # where the columns are known to fit (one norm each; survivors that brought their own
+        # norms come from a graph, whose columns are its n rows).
+        columns = n if self.errors.col_norms is None else self.errors.col_norms.numel()
+        narrow = max(n, columns) < 2**31
         idx, out = flat_top_by_distance(rows, cols, dist, n, k, per_row=per_row, narrow=narrow)
         self._count_tile_tightenings()
         return idx, out
