@@ -105,6 +105,126 @@ def test_duplicate_groups_are_the_identical_rows(rng):
     assert duplicates.find_duplicates(torch.from_numpy(rng.standard_normal((100, 3))), 5) is None
 
 
+def _random_groups(rng, n: int, big: tuple[int, ...]) -> duplicates.DuplicateGroups:
+    """Groups of n rows: ``big`` groups of those sizes, the rest single rows, members scattered."""
+    label = np.arange(n)
+    order = rng.permutation(n)
+    at = 0
+    for size in big:
+        label[order[at:at + size]] = order[at]
+        at += size
+    reps, group = np.unique(label, return_inverse=True)
+    reps = np.array([np.flatnonzero(group == g).min() for g in range(reps.size)])
+    order = np.argsort(reps)  # groups numbered by their smallest row, as find_duplicates does
+    group = np.argsort(order)[group]
+    members = np.argsort(group, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(group))])
+    return duplicates.DuplicateGroups(*(torch.from_numpy(np.asarray(a, dtype=np.int64))
+                                        for a in (reps[order], group, members, starts)))
+
+
+def _ranked_groups(rng, rows: int, u: int, width: int, levels: int, exclude: np.ndarray | None,
+                   short: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, width) other groups of each row by (distance, group) at ``levels`` integer distances
+    (ties everywhere), the last ``short`` columns −1 / +inf in a few rows (fewer candidates)."""
+    idx = np.full((rows, width), -1, dtype=np.int64)
+    dist = np.full((rows, width), np.inf)
+    for r in range(rows):
+        pool = np.setdiff1d(np.arange(u), [] if exclude is None else [exclude[r]])
+        chosen = rng.choice(pool, size=width, replace=False)
+        d = rng.integers(1, levels + 1, size=width).astype(np.float64)
+        order = np.lexsort((chosen, d))
+        idx[r], dist[r] = chosen[order], d[order]
+        if short and r % 5 == 0:
+            idx[r, width - short:], dist[r, width - short:] = -1, np.inf
+    return torch.from_numpy(idx), torch.from_numpy(dist)
+
+
+def _unfolded(groups: duplicates.DuplicateGroups, own_group, idx, dist, k: int, own, drop_self: bool):
+    """The unfolding's reference, row by row: every member of the row's own group and of each
+    group in its row of ``idx``, sorted by (distance, index), cut at k."""
+    members = [groups.members[groups.starts[g]:groups.starts[g + 1]].tolist() for g in range(groups.reps.numel())]
+    m = idx.shape[0] if own_group is None else own_group.numel()
+    out_idx = np.full((m, k), -1, dtype=np.int64)
+    out_dist = np.full((m, k), np.inf)
+    for r in range(m):
+        if own_group is None:
+            ranked, cand = idx[r].tolist(), []
+            cand_dist = dist[r].tolist()
+        else:
+            g = int(own_group[r])
+            ranked = idx[g].tolist()
+            cand = [(float(own[g]), j) for j in members[g] if not (drop_self and j == r)]
+            cand_dist = dist[g].tolist()
+        cand += [(dd, j) for grp, dd in zip(ranked, cand_dist) if grp >= 0 for j in members[grp]]
+        cand.sort()
+        for s, (dd, j) in enumerate(cand[:k]):
+            out_idx[r, s], out_dist[r, s] = j, dd
+    return torch.from_numpy(out_idx), torch.from_numpy(out_dist)
+
+
+def _check_unfolding(rng, levels: int, n: int, big: tuple[int, ...], widths, ks, device: str = "cpu") -> list:
+    """Unfold random groups and ranked lists (:func:`_random_groups`, :func:`_ranked_groups`) of
+    ``n`` rows for a graph and a search, each k, on ``device``, against :func:`_unfolded`; the
+    sizes of the batches of rows sorted instead of laid end to end."""
+    groups = _random_groups(rng, n, big)
+    u = groups.reps.numel()
+    on = duplicates.DuplicateGroups(*(t.to(device) for t in (groups.reps, groups.group, groups.members, groups.starts)))
+    sorted_rows = []
+    sort = duplicates._unfold_by_sort
+
+    def counted(groups, lists, k):
+        sorted_rows.append(lists.group.shape[0])
+        return sort(groups, lists, k)
+
+    for width in widths:  # 0: one group only, every row's neighbours its twins
+        idx, dist = _ranked_groups(rng, u, u, width, levels, np.arange(u), short=max(0, min(width - 1, 3)))
+        for own_value in (0.0, 1.0):
+            own = torch.full((u,), own_value, dtype=torch.float64)
+            for k in ks:
+                for drop_self in (True, False):
+                    with pytest.MonkeyPatch.context() as mp:
+                        mp.setattr(duplicates, "_unfold_by_sort", counted)
+                        got = duplicates._unfold(on, on.group, idx.to(device), dist.to(device), k, own=own.to(device),
+                                                 drop_self=drop_self, rows_per_chunk=97)
+                    want = _unfolded(groups, groups.group, idx, dist, k, own, drop_self)
+                    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), (
+                        width, own_value, k, drop_self)
+        if width == 0:
+            continue
+        # A search: each query's row of groups (no own group).
+        qidx, qdist = _ranked_groups(rng, n // 3, u, width, levels, None, short=max(0, min(width - 1, 2)))
+        for k in ks + (4 * max(ks),):
+            got = duplicates._unfold(on, None, qidx.to(device), qdist.to(device), k, rows_per_chunk=64)
+            want = _unfolded(groups, None, qidx, qdist, k, None, False)
+            assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), (width, k)
+    return sorted_rows
+
+
+@pytest.mark.parametrize("levels", [1, 3, 50])
+def test_unfolding_by_slots_matches_the_sort(levels, rng):
+    # Unfolding lays each row's candidate groups end to end and sorts only the rows whose order
+    # that gets wrong: the answer equals sorting every member of every candidate group, row by
+    # row, on groups of 1 to 40 rows whose members interleave by index, distances with ties
+    # everywhere (one level: every candidate tied), own groups at the first neighbour's distance
+    # (as a cosine distance of 0 to another direction), rows with fewer candidates than k, k = 1
+    # to more than the candidates, several chunks.
+    sorted_rows = _check_unfolding(rng, levels, 400, (40, 25, 9, 3, 2, 2), (0, 1, 6, 30), (1, 2, 5, 31, 90))
+    assert sorted_rows and sum(sorted_rows) < 0.9 * 400 * 4 * 2 * 5 * 2  # both ways taken
+
+
+def test_unfolding_kernel_matches_the_sort(kernel_device, rng):
+    # The same on the unfolding kernel (a program a row), in Triton's interpreter (few rows: it
+    # runs each program in Python) or on a GPU; k = 100 with 101 lists a row is the 8×8 image
+    # patches' shape, k = 128 with 128 the largest the kernel takes.
+    if kernel_device.type == "cpu":
+        n, widths, ks = 80, (0, 6, 30), (1, 31)
+    else:
+        n, widths, ks = 600, (0, 6, 100, 127), (1, 31, 100, 128)
+    sorted_rows = _check_unfolding(rng, 2, n, (16, 9, 5, 3, 2, 2), widths, ks, kernel_device.type)
+    assert sorted_rows
+
+
 def test_a_fingerprint_collision_only_forgoes_a_fold(rng, monkeypatch):
     # Rows whose fingerprints collide are checked against their key group's first row: rows
     # that differ from it stay groups of their own. Here every fingerprint collides: only the
