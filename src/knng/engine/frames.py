@@ -214,9 +214,17 @@ def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
     rows = _direction_sample(data, device)
     rows = rows - rows.mean(dim=0)
     u = _leading_direction(rows)
-    total = float((rows * rows).sum())
-    slabs = torch.tensor_split(rows[torch.argsort(rows @ u, stable=True)], min(parts, rows.shape[0]))
-    within = sum(float(((s - s.mean(dim=0)) ** 2).sum()) for s in slabs)
+    rows = rows[torch.argsort(rows @ u, stable=True)]
+    # The slabs of torch.tensor_split, each row's found by its position (no split, and one
+    # synchronisation for both sums instead of one a slab: 8 of them, 2–3 ms on a GPU).
+    m = rows.shape[0]
+    slabs = min(parts, m)
+    sizes = [m // slabs + (1 if i < m % slabs else 0) for i in range(slabs)]
+    slab = torch.repeat_interleave(torch.arange(slabs, device=rows.device),
+                                   torch.tensor(sizes, device=rows.device), output_size=m)
+    means = torch.zeros((slabs, rows.shape[1]), dtype=rows.dtype, device=rows.device).index_add_(0, slab, rows)
+    means /= torch.tensor(sizes, dtype=rows.dtype, device=rows.device)[:, None]
+    total, within = torch.stack([(rows * rows).sum(), ((rows - means[slab]) ** 2).sum()]).tolist()
     return total / within if within > 0 else (1.0 if total == 0 else float("inf"))
 
 
