@@ -173,9 +173,9 @@ def _check_unfolding(rng, levels: int, n: int, big: tuple[int, ...], widths, ks,
     sorted_rows = []
     sort = duplicates._unfold_by_sort
 
-    def counted(groups, lists, k):
+    def counted(groups, lists, k, total=None):
         sorted_rows.append(lists.group.shape[0])
-        return sort(groups, lists, k)
+        return sort(groups, lists, k, total)
 
     for width in widths:  # 0: one group only, every row's neighbours its twins
         idx, dist = _ranked_groups(rng, u, u, width, levels, np.arange(u), short=max(0, min(width - 1, 3)))
@@ -202,13 +202,17 @@ def _check_unfolding(rng, levels: int, n: int, big: tuple[int, ...], widths, ks,
 
 
 @pytest.mark.parametrize("levels", [1, 3, 50])
-def test_unfolding_by_slots_matches_the_sort(levels, rng):
+def test_unfolding_by_slots_matches_the_sort(levels, rng, monkeypatch):
     # Unfolding lays each row's candidate groups end to end and sorts only the rows whose order
     # that gets wrong: the answer equals sorting every member of every candidate group, row by
     # row, on groups of 1 to 40 rows whose members interleave by index, distances with ties
     # everywhere (one level: every candidate tied), own groups at the first neighbour's distance
     # (as a cosine distance of 0 to another direction), rows with fewer candidates than k, k = 1
-    # to more than the candidates, several chunks.
+    # to more than the candidates, several chunks (with every distance tied, chunks of a few
+    # rows and sorts of a few dozen candidates: a row's own count whatever it is).
+    if levels == 1:
+        monkeypatch.setattr(duplicates, "LIST_ENTRIES", 300)
+        monkeypatch.setattr(duplicates, "SORT_ENTRIES", 50)
     sorted_rows = _check_unfolding(rng, levels, 400, (40, 25, 9, 3, 2, 2), (0, 1, 6, 30), (1, 2, 5, 31, 90))
     assert sorted_rows and sum(sorted_rows) < 0.9 * 400 * 4 * 2 * 5 * 2  # both ways taken
 

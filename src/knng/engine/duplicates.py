@@ -22,6 +22,7 @@ This needs d(x, x) ≤ d(x, y) for all y (:func:`applies`: not the inner product
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -153,13 +154,16 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
     if own_group is not None and drop_self:  # each row's place among its group's members
         position = torch.empty_like(groups.members)
         position[groups.members] = torch.arange(groups.members.numel(), device=device)
-    if _kernel_applies(device, idx.shape[1] + (own_group is not None), k):
+    width = idx.shape[1] + (own_group is not None)
+    # Rows a chunk: (rows × lists) arrays of at most LIST_ENTRIES entries.
+    rows_per_chunk = max(1, min(rows_per_chunk, LIST_ENTRIES // max(1, width)))
+    if _kernel_applies(device, width, k):
         out_idx, out_dist, unordered = _unfold_by_kernel(groups, own_group, idx, dist, k, own, position)
         sort = torch.nonzero(unordered).flatten()
         for r0 in range(0, sort.numel(), rows_per_chunk):
             rows = sort[r0:r0 + rows_per_chunk]
             lists = _CandidateLists.of(groups, own_group, idx, dist, k, own, position, rows)
-            out_idx[rows], out_dist[rows] = _unfold_by_sort(groups, lists, k)
+            _sort_into(out_idx, out_dist, rows, groups, lists, k)
         return out_idx, out_dist
     out_idx = torch.empty((m, k), dtype=torch.int64, device=device)
     out_dist = torch.empty((m, k), dtype=torch.float64, device=device)
@@ -169,8 +173,30 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
         out_idx[rows], out_dist[rows], unordered = _unfold_by_slots(groups, lists, k)
         sort = torch.nonzero(unordered).flatten()
         if sort.numel():
-            out_idx[rows[sort]], out_dist[rows[sort]] = _unfold_by_sort(groups, lists.rows(sort), k)
+            _sort_into(out_idx, out_dist, rows[sort], groups, lists.rows(sort), k)
     return out_idx, out_dist
+
+
+#: Entries of one chunk's (rows × lists) arrays, and candidates one sort of :func:`_unfold`
+#: expands, at most: rows whose lists all tie (one-hot data: every distance √2) expand up to k
+#: members of each list.
+LIST_ENTRIES = 1 << 22
+SORT_ENTRIES = 1 << 25
+
+
+def _sort_into(out_idx: torch.Tensor, out_dist: torch.Tensor, rows: torch.Tensor, groups: DuplicateGroups,
+               lists: "_CandidateLists", k: int) -> None:
+    """:func:`_unfold_by_sort` of ``lists`` (of answer ``rows``) into the outputs, in batches of
+    rows that expand at most :data:`SORT_ENTRIES` candidates (a row's own count whatever it is)."""
+    ends = torch.cumsum(lists.length.sum(dim=1), 0).tolist()  # the one synchronisation
+    start = 0
+    while start < len(ends):
+        before = ends[start - 1] if start else 0
+        stop = max(start + 1, bisect.bisect_right(ends, before + SORT_ENTRIES, lo=start))
+        part = slice(start, stop)
+        out_idx[rows[part]], out_dist[rows[part]] = _unfold_by_sort(groups, lists.rows(part), k,
+                                                                    total=ends[stop - 1] - before)
+        start = stop
 
 
 #: The unfolding kernel holds a row's lists and its k slots in one program each: up to
@@ -261,7 +287,7 @@ class _CandidateLists(NamedTuple):
         length = torch.minimum(length, (k - before).clamp_min(0))
         return _CandidateLists(group, lists_dist, length, torch.cumsum(length, dim=1) - length, place)
 
-    def rows(self, which: torch.Tensor) -> "_CandidateLists":
+    def rows(self, which: "torch.Tensor | slice") -> "_CandidateLists":
         """The lists of rows ``which`` only."""
         return _CandidateLists(*(t[which] for t in self))
 
@@ -308,14 +334,17 @@ def _unfold_by_slots(groups: DuplicateGroups, lists: _CandidateLists, k: int
     return out_idx, out_dist, unordered
 
 
-def _unfold_by_sort(groups: DuplicateGroups, lists: _CandidateLists, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _unfold_by_sort(groups: DuplicateGroups, lists: _CandidateLists, k: int, total: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_unfold` of the rows of ``lists`` by sorting their candidates: every list's members
-    expanded, ordered by (row, distance, index), cut at k (the reference of
-    :func:`_unfold_by_slots`, and what the rows it cannot order take)."""
+    expanded, ordered by (row, distance, index), cut at k (the rows :func:`_unfold_by_slots`
+    cannot order). ``total``: the candidates, where the caller knows them (else one
+    synchronisation counts them)."""
     m, width = lists.group.shape
     device = lists.group.device
     flat_length = lists.length.reshape(-1)
-    total = int(flat_length.sum())
+    if total is None:
+        total = int(flat_length.sum())
     flat = torch.repeat_interleave(torch.arange(flat_length.numel(), device=device), flat_length, output_size=total)
     owner, list_index = flat // width, flat % width
     offset = torch.arange(total, device=device) - lists.start.reshape(-1)[flat] - (
