@@ -200,8 +200,9 @@ def _sort_into(out_idx: torch.Tensor, out_dist: torch.Tensor, rows: torch.Tensor
 
 
 #: The unfolding kernel holds a row's lists and its k slots in one program each: up to
-#: KERNEL_MAX_WIDTH of either; larger k unfold by :func:`_unfold_by_slots`.
-KERNEL_MAX_WIDTH = 2048
+#: KERNEL_MAX_WIDTH of either (tested on the GPU up to k = 1,024 with 1,001 lists a row); larger
+#: k unfold by :func:`_unfold_by_slots`.
+KERNEL_MAX_WIDTH = 1024
 
 
 def _kernel_applies(device: torch.device, lists: int, k: int) -> bool:
