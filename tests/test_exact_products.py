@@ -95,6 +95,38 @@ def test_a_value_off_the_lattice_past_the_probe_is_found(rng, block_rows):
     assert _stats(late / 255, block_rows).integer_spread is None
 
 
+def test_lattice_kernel_matches_the_torch_pass(kernel_device, rng, spy):
+    # The corpus pass's lattice check in one kernel read per block (on a GPU) against the torch
+    # passes (probe, then float64 passes): each column's extent and the largest distance from a
+    # lattice point, in units and absolutely, on integers as floats, grey levels / 255 (float32
+    # and float64), integers give or take 10⁻⁵, ±0, a value far from the others, sizes that are
+    # not tile multiples; data off the lattice (Gaussian, exact halves) found off it by both.
+    from knng.engine import common, preparation
+
+    pixels = rng.integers(0, 256, (301, 19)).astype(np.float64)
+    pixels[5, 3], pixels[6, 3] = -0.0, 0.0
+    pixels[7, 4] = 2.0**20
+    cases = {"integers": pixels.astype(np.float32), "grey": (pixels / 255.0).astype(np.float32),
+             "grey64": pixels / 255.0, "noisy": pixels + rng.uniform(-1e-5, 1e-5, pixels.shape),
+             "gaussian": rng.standard_normal((77, 9)), "halves": pixels + 0.5}
+    launches = spy(preparation, "lattice_extent")
+    for name, values in cases.items():
+        for unit in LATTICE_UNITS:
+            block = torch.from_numpy(values)
+            on = common._LatticeExtent(unit, block.shape[1], kernel_device)
+            on.add(block.to(kernel_device))
+            with pytest.MonkeyPatch.context() as torch_only:
+                torch_only.setattr(preparation, "kernels_apply", lambda device: False)
+                ref = common._LatticeExtent(unit, block.shape[1], torch.device("cpu"))
+                ref.add(block)
+            found, want = on.found(), ref.found()
+            assert (found is None) == (want is None), (name, unit)
+            if want is not None:
+                assert torch.equal(found[0].cpu(), want[0]) and found[1] == want[1], (name, unit)
+                assert torch.equal(on.low.cpu(), ref.low) and torch.equal(on.high.cpu(), ref.high)
+    assert len(launches) == len(cases) * len(LATTICE_UNITS)
+
+
 def test_exact_bound_keeps_only_the_terms_roundings():
     metric = get_metric("sqeuclidean")
     exact = with_exact_products(F16, _spread(255.0))

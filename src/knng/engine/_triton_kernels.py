@@ -254,6 +254,38 @@ def column_sums_kernel(x, partial, nonfinite, m, d, stride, ROWS: tl.constexpr, 
 
 
 @triton.jit
+def lattice_extent_kernel(x, low, high, off, err, m, d, stride, unit, ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
+                          BLOCK_D: tl.constexpr):
+    """Each column's smallest and largest lattice point (in units of ``unit``) over ROWS rows per
+    program, and the largest distance of a value from its point, in units and absolutely (one
+    partial row or value per program, reduced by the caller), in float64 as
+    ``common._LatticeExtent``'s torch reference: a value's point is ⌊x/unit + ½⌋, its nearest
+    but at an exact half, where both are half a unit away (and the data off the lattice)."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    cols = pid_c * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_ok = cols < d
+    lo = tl.full((BLOCK_D,), float("inf"), tl.float64)
+    hi = tl.full((BLOCK_D,), float("-inf"), tl.float64)
+    worst = tl.zeros((BLOCK_D,), dtype=tl.float64)
+    worst_abs = tl.zeros((BLOCK_D,), dtype=tl.float64)
+    for r0 in range(0, ROWS, BLOCK_R):
+        rows = pid_r * ROWS + r0 + tl.arange(0, BLOCK_R)
+        ok = (rows < m)[:, None] & col_ok[None, :]
+        v = tl.load(x + rows[:, None].to(tl.int64) * stride + cols[None, :], mask=ok, other=0).to(tl.float64)
+        units = v / unit
+        points = tl.floor(units + 0.5)
+        worst = tl.maximum(worst, tl.max(tl.where(ok, tl.abs(units - points), 0.0), axis=0))
+        worst_abs = tl.maximum(worst_abs, tl.max(tl.where(ok, tl.abs(v - points * unit), 0.0), axis=0))
+        lo = tl.minimum(lo, tl.min(tl.where(ok, points, float("inf")), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(ok, points, float("-inf")), axis=0))
+    tl.store(low + pid_r * d + cols, lo, mask=col_ok)
+    tl.store(high + pid_r * d + cols, hi, mask=col_ok)
+    tl.store(off + pid_r * tl.num_programs(1) + pid_c, tl.max(worst, axis=0))
+    tl.store(err + pid_r * tl.num_programs(1) + pid_c, tl.max(worst_abs, axis=0))
+
+
+@triton.jit
 def row_extent_kernel(x, centre, sumsq, maxabs, m, d, stride, HAS_CENTRE: tl.constexpr, BLOCK_R: tl.constexpr,
                       BLOCK_D: tl.constexpr):
     """Per row of x − μ (float64): the sum of squares and the largest |value|."""

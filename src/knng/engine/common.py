@@ -233,6 +233,12 @@ class _LatticeExtent:
         self.seen = True
         if not block.is_floating_point():  # integers: on the unit lattice exactly
             low, high = torch.aminmax(block, dim=0)
+        elif preparation.kernels_apply(block.device) and block.dim() == 2:
+            # One read of the block, no probe and no synchronisation (the float64 passes below
+            # were 2.8 ms of GPU time for the 16×16 image patches, with one probe per block).
+            low, high, off, error = preparation.lattice_extent(block, self.unit)
+            torch.maximum(self.off, off, out=self.off)
+            torch.maximum(self.error, error, out=self.error)
         elif self._off(block[:LATTICE_PROBE_ROWS]) > LATTICE_TOLERANCE:
             self.off_lattice = True  # one synchronisation, as the finite check's
             return

@@ -68,6 +68,27 @@ def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return partial.sum(dim=0), nonfinite[0]
 
 
+def lattice_extent(block: torch.Tensor, unit: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One read of a 2-D float ``block`` for the lattice of ``unit``: each column's smallest and
+    largest lattice point in units (float64, (d,)), and the largest distance of a value from its
+    point in units and absolutely (float64 scalars on the device; reading them is the caller's
+    synchronisation). ``common._LatticeExtent`` holds the torch reference."""
+    kernels = fused.kernels()
+    sizes = _sizes()
+    m, d = block.shape
+    block = block if block.stride(1) == 1 else block.contiguous()
+    programs, column_blocks = max(1, -(-m // sizes["SUM_ROWS"])), max(1, -(-d // sizes["COLUMN_BLOCK"]))
+    low = torch.full((programs, d), torch.inf, dtype=torch.float64, device=block.device)
+    high = torch.full((programs, d), -torch.inf, dtype=torch.float64, device=block.device)
+    off = torch.zeros((programs, column_blocks), dtype=torch.float64, device=block.device)
+    err = torch.zeros((programs, column_blocks), dtype=torch.float64, device=block.device)
+    if m and d:
+        kernels.lattice_extent_kernel[(programs, column_blocks)](
+            block, low, high, off, err, m, d, block.stride(0), unit, ROWS=sizes["SUM_ROWS"],
+            BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=sizes["COLUMN_BLOCK"], **fused.ieee_options())
+    return low.amin(dim=0), high.amax(dim=0), off.max(), err.max()
+
+
 def finite_column_sums(block: torch.Tensor, *, sums: bool) -> tuple[torch.Tensor | None, int | None]:
     """The corpus pass over one block: its float64 column sums (None unless ``sums``) and its
     first row with a NaN or Inf (None if there is none).
