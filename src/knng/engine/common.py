@@ -152,8 +152,9 @@ LATTICE_UNITS = (1.0, float(torch.tensor(1 / 255, dtype=torch.float32)))
 #: A corpus lies on a lattice when every value is within this many units of a lattice point (its
 #: actual distance, measured, is what the bound counts: ``ScreenPrecision.lattice_error``).
 LATTICE_TOLERANCE = 2.0**-10
-#: Rows of each block checked first: data off every lattice (most float data) cost a look at
-#: these, not float64 passes over the whole corpus.
+#: Rows of each block checked first where the passes are torch's (a CPU): data off every
+#: lattice (most float data) cost a look at these, not float64 passes over the whole corpus. A
+#: GPU reads each block once in a kernel (``preparation.lattice_extent``) and probes nothing.
 LATTICE_PROBE_ROWS = 1024
 
 
