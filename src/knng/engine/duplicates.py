@@ -279,14 +279,14 @@ class _CandidateLists(NamedTuple):
         if position is not None:
             length[:, 0] -= 1
             place = position[rows] - groups.starts[group[:, 0]]
-        # Members before each list's distance: the cumulative length at the first list of its run.
-        columns = torch.arange(group.shape[1], device=rows.device)
+        # Members before each list's distance: the members before the first list of its run, the
+        # running maximum of those counts at the runs' first lists (they only grow).
         run = torch.ones_like(present)
         run[:, 1:] = lists_dist[:, 1:] != lists_dist[:, :-1]
-        first_of_run = torch.cummax(torch.where(run, columns, 0), dim=1).values
-        before = (torch.cumsum(length, dim=1) - length).gather(1, first_of_run)
-        length = torch.minimum(length, (k - before).clamp_min(0))
-        return _CandidateLists(group, lists_dist, length, torch.cumsum(length, dim=1) - length, place)
+        before = torch.cumsum(length, dim=1).sub_(length).mul_(run)
+        before = torch.cummax(before, dim=1).values
+        length = torch.minimum(length, before.neg_().add_(k)).clamp_min_(0)
+        return _CandidateLists(group, lists_dist, length, torch.cumsum(length, dim=1).sub_(length), place)
 
     def rows(self, which: "torch.Tensor | slice") -> "_CandidateLists":
         """The lists of rows ``which`` only."""
