@@ -306,7 +306,7 @@ def _unfold_by_slots(groups: DuplicateGroups, lists: _CandidateLists, k: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_unfold` of the rows of ``lists`` by laying their lists end to end: slot s of a row
     is member s − start of the list whose starts enclose s (a batched binary search, (m, k)
-    entries, no sort and no synchronisation).
+    entries, no sort; two synchronisations find the few rows that need more).
 
     The lists come in ascending distance, each in ascending index, so this is the order by
     (distance, index) unless two consecutive lists are at one distance and the first's last
@@ -322,16 +322,23 @@ def _unfold_by_slots(groups: DuplicateGroups, lists: _CandidateLists, k: int
     which = torch.searchsorted(ends, slots, right=True)
     empty = which >= width
     which = which.clamp_max(max(0, width - 1))
-    place = lists.place[:, None]
-    member = _member(groups, lists.group.gather(1, which), which, slots - lists.start.gather(1, which), place)
-    out_idx = torch.where(empty, -1, member)
+    offset = slots.sub_(lists.start.gather(1, which))
+    # The row itself leaves its own list (list 0): only rows whose own group has other members
+    # step past it (most rows' own list is empty), so only theirs are adjusted.
+    own = torch.nonzero((lists.place >= 0) & (lists.length[:, 0] > 0)).flatten()
+    if own.numel():
+        offset[own] += ((which[own] == 0) & (offset[own] >= lists.place[own, None])).to(offset.dtype)
+    at = groups.starts[lists.group.gather(1, which)].add_(offset).clamp_max_(groups.members.numel() - 1)
+    out_idx = torch.where(empty, -1, groups.members[at])
     out_dist = torch.where(empty, torch.inf, lists.dist.gather(1, which))
     # Consecutive lists out of order: both with members, the first starting before k, at one
-    # distance, the first's last member after the second's first.
-    head = torch.arange(width - 1, device=ends.device).expand(m, width - 1)
-    last = _member(groups, lists.group[:, :-1], head, (lists.length[:, :-1] - 1).clamp_min(0), place)
-    unordered = ((lists.length[:, :-1] > 0) & (lists.length[:, 1:] > 0) & (lists.start[:, :-1] < k)
-                 & (lists.dist[:, :-1] == lists.dist[:, 1:]) & (last > groups.reps[lists.group[:, 1:]])).any(dim=1)
+    # distance (rare: these are the only pairs whose members are read), the first's last member
+    # after the second's first.
+    rows, first = torch.nonzero((lists.length[:, :-1] > 0) & (lists.length[:, 1:] > 0) & (lists.start[:, :-1] < k)
+                                & (lists.dist[:, :-1] == lists.dist[:, 1:]), as_tuple=True)
+    last = _member(groups, lists.group[rows, first], first, lists.length[rows, first] - 1, lists.place[rows])
+    unordered = torch.zeros(m, dtype=torch.bool, device=ends.device)
+    unordered[rows[last > groups.reps[lists.group[rows, first + 1]]]] = True
     return out_idx, out_dist, unordered
 
 
