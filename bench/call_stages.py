@@ -13,7 +13,9 @@ points in 128 dimensions)::
     PYTHONPATH=src:tests python bench/call_stages.py p16:100 p8:10 g200k:10
 
 It found the unfolding of folded duplicates at 42.8 ms of an 8×8 patch graph at k = 100
-(``docs/BENCHMARKS.md``, "Unfolding folded duplicates without sorting").
+(``docs/BENCHMARKS.md``, "Unfolding folded duplicates without sorting"). It replaces
+``bench/count_syncs.py`` (the census alone, Gaussian points: its ``200000 10`` is ``g200k:10``
+here); ``bench/stage_times.py`` synchronises around each stage instead, and covers searches.
 """
 
 import collections
