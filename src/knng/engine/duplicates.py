@@ -293,7 +293,6 @@ class _CandidateLists(NamedTuple):
         return _CandidateLists(*(t[which] for t in self))
 
 
-
 def _member(groups: DuplicateGroups, group: torch.Tensor, list_index: torch.Tensor, offset: torch.Tensor,
             place: torch.Tensor) -> torch.Tensor:
     """The member at ``offset`` of a row's list ``list_index`` of ``group`` (same shapes),
@@ -355,8 +354,9 @@ def _unfold_by_sort(groups: DuplicateGroups, lists: _CandidateLists, k: int, tot
         total = int(flat_length.sum())
     flat = torch.repeat_interleave(torch.arange(flat_length.numel(), device=device), flat_length, output_size=total)
     owner, list_index = flat // width, flat % width
-    offset = torch.arange(total, device=device) - lists.start.reshape(-1)[flat] - (
-        torch.cumsum(lists.length.sum(dim=1), 0) - lists.length.sum(dim=1))[owner]
+    # Each candidate's place in its list: its position less its list's first, the lists laid
+    # out row after row.
+    offset = torch.arange(total, device=device) - (torch.cumsum(flat_length, 0) - flat_length)[flat]
     member = _member(groups, lists.group.reshape(-1)[flat], list_index, offset, lists.place[owner])
     return flat_top_by_distance(owner, member, lists.dist.reshape(-1)[flat], m, k,
                                 narrow=groups.members.numel() < 2**31)
