@@ -63,6 +63,8 @@ SETTINGS = {
     "chunk1024": ((row_kth, "MIN_CHUNK", 1024),),
     # the finish's slots in each row by a stable sort (as the reference), not by atomics
     "sortslots": ((row_kth, "row_slots", getattr(row_kth, "row_slots_reference", None)),),
+    # a graph part's own block screened whole by rows, not as its upper triangle
+    "notri": ((cuda_screen, "TRIANGLE", False),),
 }
 
 

@@ -12,7 +12,8 @@ CUDA-event median of 15 launches after one. TFLOP/s count 2·n²·K. Usage (GPU 
 Variants whose shared memory does not fit a block at K (four B tiles of the wgmma ring past
 K = 128) are left out; the two-tile ring ("b2") is the one K = 256 runs.
 
-``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``), at thresholds that keep
+``--only TEXT`` times the variants whose names contain TEXT (e.g. "own block": the triangles
+against the rows screens they replace). ``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``), at thresholds that keep
 nothing or, with ``--keep K``, about K pairs per row. ``--against FILE[,FILE]``
 also times each wgmma variant compiled from each FILE (other versions of ``cuda/screen_wg.cu``,
 their headers beside them), launches of the versions alternating, so that a kernel change is
@@ -28,7 +29,11 @@ from knng.engine import cuda_screen
 
 DEV = torch.device("cuda")
 K = 128
-#: name: (symmetric, configuration)
+#: name: (symmetric, configuration); the triangles screen the upper triangle of A·Aᵀ (a graph
+#: part's own block; TFLOP/s still count the whole block's 2·n²·K), against "wgmma" on A·Aᵀ, the
+#: rows screen of the whole block they replace.
+TRIANGLES = {"wgmma own block, rows": "wg128x128", "wgmma own block, triangle": "wg128x128",
+             "wgmma b2 own block, rows": "wg128x128b2", "wgmma b2 own block, triangle": "wg128x128b2"}
 VARIANTS = {
     "mma.sync": (False, "r128x128"),
     "mma.sync, no pre-test": (False, "r128x128np"),
@@ -39,6 +44,7 @@ VARIANTS = {
     "wgmma symmetric": (True, "wg128x128"),
     "wgmma b2": (False, "wg128x128b2"),
     "wgmma b2 symmetric": (True, "wg128x128b2"),
+    **{name: ("triangle" in name, config) for name, config in TRIANGLES.items()},
 }
 
 
@@ -49,6 +55,7 @@ def main() -> None:
     once = sys.argv[sys.argv.index("--once") + 1] if "--once" in sys.argv else None
     once_keep = int(sys.argv[sys.argv.index("--keep") + 1]) if "--keep" in sys.argv else 0
     against = sys.argv[sys.argv.index("--against") + 1].split(",") if "--against" in sys.argv else []
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     ours = cuda_screen._SOURCE_WG
     g = torch.Generator(device=DEV).manual_seed(0)
     a = torch.randn((n, K), device=DEV, generator=g).half()
@@ -67,17 +74,21 @@ def main() -> None:
         q = -1e30 if keep == 0 else 2 * K + float(normal.icdf(torch.tensor(keep / n))) * (8 * K) ** 0.5
         thr = torch.full((n,), q, device=DEV)
         for name, (symmetric, config) in VARIANTS.items():
-            if once and name != once:
+            if (once and name != once) or only not in name:
                 continue
             cfg = cuda_screen.CONFIGS[config]
             if cfg.wgmma and cuda_screen.shared_bytes(K, cfg, True, True, True) > cuda_screen._ONE_BLOCK:
                 continue
 
+            own = name in TRIANGLES
+
             def launch(source: str = ours) -> None:
                 counters.zero_()
                 cuda_screen._SOURCE_WG = source
-                cuda_screen.launch_screen(a, b, K, row_factor, col_scale, row_terms, col_terms, thr,
-                                          thr if symmetric else None, None, lists, counters, capacity, config=config)
+                cols, col_t = (a, row_terms) if own else (b, col_terms)
+                cuda_screen.launch_screen(a, cols, K, row_factor, col_scale, row_terms, col_t, thr,
+                                          thr if symmetric else None, 0 if own else None, lists, counters,
+                                          capacity, config=config, triangle=own and symmetric)
 
             sources = [ours] + (against if cuda_screen.CONFIGS[config].wgmma else [])
             for source in sources:

@@ -60,3 +60,21 @@ def test_without_a_device_the_mma_sync_kernel_is_chosen():
     for k_dims in (16, 128, 256, 960):
         for symmetric in (False, True):
             assert not cuda_screen.choose_config(k_dims, symmetric).startswith("wg")
+
+
+@pytest.mark.parametrize("row_blocks", [1, 2, 7, 40, 245, 487, 1953])
+@pytest.mark.parametrize("resident", [114, 132])
+def test_triangle_blocks_cover_the_upper_tiles_once(row_blocks, resident):
+    """``cuda/screen_wg.cu``'s triangle sweep, mirrored: block (x, y) takes tiles x + y·c … up to
+    x + (y + 1)·c, c = ⌈tiles / splits⌉, so every row block's tiles x … tiles − 1 are swept once;
+    a small triangle is split so that its blocks fill the multiprocessors, a large one less."""
+    splits = cuda_screen._triangle_splits(row_blocks, resident)
+    chunk = -(-row_blocks // splits)
+    for x in range(row_blocks):
+        swept = [t for y in range(splits) for t in range(x + y * chunk, min(x + (y + 1) * chunk, row_blocks))]
+        assert swept == list(range(x, row_blocks))
+    tiles = row_blocks * (row_blocks + 1) // 2
+    blocks = sum(-(-(row_blocks - x) // chunk) for x in range(row_blocks))
+    if tiles >= 4 * resident:
+        assert blocks >= resident
+    assert chunk <= tiles / resident + 2  # no block outlasts the work per multiprocessor

@@ -606,3 +606,20 @@ def test_block_epilogue_reference_rounds_each_step():
     one = torch.ones(1, dtype=torch.float32)
     got = screen.block_epilogue(one[:, None].clone(), (one, one), one * 2.0**24, one, kernel=False)
     assert float(got) == 2.0**24 and float(torch.tensor(1.0 + 2.0**24 + 1.0, dtype=torch.float32)) == 2.0**24 + 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 70])
+@pytest.mark.parametrize("exclude", [False, True])
+def test_own_block_reference_reads_the_upper_triangle(n, exclude, rng):
+    """``own_block_survivors``, the triangle's reference: pair (i, j) carries entry (min, max)'s
+    key (the block need not be symmetric) and is kept where that is at or under row i's
+    threshold (ties at it kept), never with itself where excluded."""
+    scores = torch.from_numpy(rng.integers(0, 30, size=(n, n)).astype(np.float32))
+    thr = torch.from_numpy(rng.integers(0, 30, size=n).astype(np.float64))
+    found = screen.own_block_survivors(scores, thr, exclude_diagonal=exclude)
+    expect = {(i, j) for i in range(n) for j in range(n)
+              if scores[min(i, j), max(i, j)] <= thr[i] and not (exclude and i == j)}
+    assert {tuple(p) for p in torch.stack([found.owner, found.other], 1).tolist()} == expect
+    assert found.owner.numel() == len(expect)
+    lo, hi = torch.minimum(found.owner, found.other), torch.maximum(found.owner, found.other)
+    assert torch.equal(found.keys, scores[lo, hi])

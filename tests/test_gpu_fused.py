@@ -355,6 +355,68 @@ def test_hopper_screens_run_the_wgmma_kernel():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n,d", [(1, 16), (2, 16), (127, 64), (128, 128), (129, 100), (700, 128), (2500, 64),
+                                 (1300, 256), (4200, 128)])
+@pytest.mark.parametrize("exclude", [False, True])
+@pytest.mark.parametrize("keep", [3, 40, "all"])
+def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, seed):
+    """A part's own block screened as its upper triangle (``screen_own_later`` on a Hopper GPU)
+    against its reference (``own_block_survivors``: entry (i, j), i ≤ j, for both pairs) and the
+    float64 scores: every pair certainly under its point's threshold kept, none certainly over,
+    none twice, none with itself where excluded, and the keys within float32 rounding of the
+    pair's score. Ties (duplicate points, thresholds on the k-th key), rows of several
+    magnitudes, sizes that are not tile multiples (the diagonal tile cut by n), one tile and
+    many. The rows screen of the whole block keeps the same pairs but for those within rounding
+    of a threshold."""
+    from knng.engine import cuda_screen
+    from knng.engine.screen import block_scores, own_block_survivors, screen_own_later
+    from knng.metrics import get_precision
+
+    if not cuda_screen.triangle_runs(torch.device("cuda"), d):
+        pytest.skip("needs the wgmma kernel (compute capability 9.0, CuPy)")
+    g = _gen(seed)
+    metric = get_metric("sqeuclidean")
+    x = torch.randn((n, d), generator=g, device="cuda", dtype=torch.float64)
+    x *= 10.0 ** torch.randint(-1, 2, (n, 1), generator=g, device="cuda")
+    x[n // 2:n // 2 + min(7, n // 4)] = x[:min(7, n // 4)]  # duplicates across tiles
+    p = metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float16)
+    queries = metric.prepare(x, None, side="query", symmetric=True, dtype=torch.float16).vectors
+    t = p.terms.float()
+    precision = get_precision("float16")
+    keys = block_scores(queries, p.vectors, d, precision, t, t).double()
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device="cuda"))
+    exact = torch.where(upper, keys, keys.T)  # one score a pair, whichever side screens it
+    if exclude:
+        exact.fill_diagonal_(torch.inf)
+    top = float(exact[torch.isfinite(exact)].abs().max()) if n > 1 or not exclude else 1.0
+    radius = 2e-5 * (1 + top)
+    if keep == "all":  # over every score, under the excluded diagonal's stand-in below
+        thr = torch.full((n,), 2 * top + 1, device="cuda", dtype=torch.float64)
+    else:
+        thr = exact.kthvalue(min(n, keep), dim=1).values.clamp(max=top)  # on ties
+    found = screen_own_later(queries, p.vectors, d, thr, precision, terms=t, exclude_diagonal=exclude)()
+    reference = own_block_survivors(keys.float(), thr, exclude_diagonal=exclude)
+    assert_screen_contract(found, None, torch.where(torch.isfinite(exact), exact, 1e30), radius, thr)
+    assert torch.allclose(found.keys.double(), exact[found.owner, found.other], rtol=1e-5, atol=radius)
+    if exclude:
+        assert not bool((found.owner == found.other).any())
+    if keep == "all":
+        assert found.owner.numel() == n * (n - int(exclude))
+    kept = {tuple(q) for q in torch.stack([found.owner, found.other], 1).tolist()}
+    expected = {tuple(q) for q in torch.stack([reference.owner, reference.other], 1).tolist()}
+    for r, c in kept ^ expected:
+        assert abs(float(exact[r, c]) - float(thr[r])) <= radius, "the triangle differs away from a tie"
+    cuda_screen.TRIANGLE = False
+    try:
+        rows = screen_own_later(queries, p.vectors, d, thr, precision, terms=t, exclude_diagonal=exclude)()
+    finally:
+        cuda_screen.TRIANGLE = True
+    by_rows = {tuple(q) for q in torch.stack([rows.owner, rows.other], 1).tolist()}
+    for r, c in kept ^ by_rows:
+        assert abs(float(exact[r, c]) - float(thr[r])) <= radius, "rows and triangle differ away from a tie"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("wgmma", [True, False])
 def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypatch):
     """+inf thresholds keep all m·n pairs (lists sized to hold them all after one relaunch),

@@ -43,7 +43,7 @@ import torch
 from knng.select import cuda
 
 __all__ = ["available", "launch_screen", "launch_strip_minima", "STRIP", "Config", "CONFIGS", "choose_config",
-           "shared_bytes", "BLOCK_K"]
+           "shared_bytes", "BLOCK_K", "triangle_runs"]
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
 _SOURCE_WG = str(Path(__file__).parent / "cuda" / "screen_wg.cu")
@@ -115,6 +115,9 @@ _WGMMA_FOUR_TILES_K = 128
 WGMMA = True
 #: Whether strip minima use it too (benchmarks turn it off to compare).
 WGMMA_MINIMA = True
+#: Whether a graph part's own block is screened as its upper triangle where the wgmma kernel
+#: runs (:func:`triangle_runs`; benchmarks turn it off to compare).
+TRIANGLE = True
 
 #: Shared memory a multiprocessor has for two blocks of ~113 KB each (H100: 228 KB, of which
 #: 1 KB per block is reserved): a resident A block is used while two blocks still fit.
@@ -161,6 +164,14 @@ def _wgmma_runs(device_index: int) -> bool:
     return True
 
 
+def triangle_runs(device: torch.device, k_dims: int) -> bool:
+    """Whether :func:`launch_screen` screens a triangle of K = ``k_dims`` on ``device``: the
+    wgmma kernel runs there (its symmetric variant has the triangle's tile sweep)."""
+    if not (TRIANGLE and WGMMA and k_dims <= WGMMA_MAX_K and available(device)):
+        return False
+    return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool) -> int:
     """Dynamic shared memory of one block (mirrors ``screen::smem_bytes`` of ``cuda/screen.cu``, or
     ``screen_wg::smem_bytes`` of ``cuda/screen_wg.cu``, which check it): A's panels, B's ring, the
@@ -186,13 +197,13 @@ def available(device: torch.device) -> bool:
 
 
 def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,
-             minima: bool = False, k_dims: int = 128) -> tuple[str, ...]:
+             minima: bool = False, k_dims: int = 128, triangle: bool = False) -> tuple[str, ...]:
     if config.wgmma:
         return (f"SCREEN_STAGES={config.stages}", f"SCREEN_BSTAGES={config.b_stages or config.stages}",
                 f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
                 f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}",
                 f"SCREEN_PRE={int(config.pretest and not minima)}", f"SCREEN_WITH_BF16={int(bf16)}"
-                ) + (("SCREEN_MIN=1",) if minima else ())
+                ) + (("SCREEN_MIN=1",) if minima else ()) + (("SCREEN_TRI=1",) if triangle else ())
     return (f"SCREEN_BM={config.bm}", f"SCREEN_BN={config.bn}", f"SCREEN_WM={config.wm}", f"SCREEN_WN={config.wn}",
             f"SCREEN_STAGES={config.stages}", f"SCREEN_ARES={int(config.resident)}",
             f"SCREEN_MINB={config.min_blocks}", f"SCREEN_RT={int(row_terms)}", f"SCREEN_CT={int(col_terms)}",
@@ -201,16 +212,19 @@ def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, 
 
 
 def kernel(device_index: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool,
-           bf16: bool = False, minima: bool = False, k_dims: int = 128) -> Any:
+           bf16: bool = False, minima: bool = False, k_dims: int = 128, triangle: bool = False) -> Any:
     """The compiled kernel of one variant (``screen_f16``, or ``screen_bf16`` with ``bf16``; with
     ``minima`` the strip minima of :func:`launch_strip_minima`; ``screen_wg_f16`` /
     ``screen_wg_bf16`` for a wgmma configuration, whose variants also differ by K's 64-column
-    chunks), compiled on first use for this device and cached (in memory here, on disk by CuPy
-    or :func:`knng.select.cuda.source_kernel`)."""
+    chunks and, symmetric, may screen a square block's upper ``triangle``), compiled on first
+    use for this device and cached (in memory here, on disk by CuPy or
+    :func:`knng.select.cuda.source_kernel`)."""
+    if triangle and not (config.wgmma and symmetric):
+        raise ValueError("only the wgmma kernel's symmetric screen takes a triangle")
     if config.wgmma:
         if k_dims > WGMMA_MAX_K or (minima and symmetric):
             raise ValueError(f"the wgmma screen takes K <= {WGMMA_MAX_K}, and strip minima of non-symmetric blocks")
-        defines = _defines(config, row_terms, col_terms, symmetric, bf16, minima, k_dims=k_dims)
+        defines = _defines(config, row_terms, col_terms, symmetric, bf16, minima, k_dims=k_dims, triangle=triangle)
         return cuda.source_kernel(_SOURCE_WG, "screen_wg_bf16" if bf16 else "screen_wg_f16", device_index, defines,
                                   arch="sm_90a")
     defines = _defines(config, row_terms, col_terms, symmetric, bf16, minima)
@@ -250,6 +264,24 @@ def _splits(row_blocks: int, col_tiles: int, resident: int) -> int:
     return best
 
 
+@functools.lru_cache(maxsize=4096)
+def _triangle_splits(row_blocks: int, resident: int) -> int:
+    """Chunks a row's tiles go in for a triangle (:func:`launch_screen`'s ``triangle``): row block
+    x sweeps its row_blocks − x tiles ⌈row_blocks / splits⌉ at a time, one block a chunk. Blocks
+    start in order of x (the largest first), so a multiprocessor that finishes early takes the
+    next, and the time is about the larger of the work per multiprocessor (tiles plus ~2 tiles'
+    worth of start a block) and one block's; the fewest splits of the least estimate."""
+    tiles = row_blocks * (row_blocks + 1) // 2
+    best, best_cost = 1, float("inf")
+    for s in range(1, min(row_blocks, max(1, 16 * resident // max(row_blocks, 1))) + 1):
+        chunk = -(-row_blocks // s)
+        blocks = sum(-(-(row_blocks - x) // chunk) for x in range(row_blocks))
+        cost = max((tiles + 2 * blocks) / resident, chunk + 2)
+        if cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
 def _check_rows(a: torch.Tensor, b: torch.Tensor, k_dims: int, want: torch.dtype) -> None:
     """The rows' layout the kernel reads: ``want`` values, 16-byte aligned rows, K a multiple of 16."""
     if k_dims % 16 or k_dims <= 0 or a.stride(1) != 1 or b.stride(1) != 1 or a.stride(0) % 8 or b.stride(0) % 8:
@@ -266,7 +298,8 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
                   row_terms: torch.Tensor | None, col_terms: torch.Tensor | None, row_thr: torch.Tensor,
                   col_thr: torch.Tensor | None, exclude_diagonal: int | None,
                   lists: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], counters: torch.Tensor,
-                  capacity: int, *, config: str | Config | None = None, bf16: bool = False) -> None:
+                  capacity: int, *, config: str | Config | None = None, bf16: bool = False,
+                  triangle: bool = False) -> None:
     """Launch the screen of the block ``a · bᵀ`` on the current stream.
 
     Parameters
@@ -295,6 +328,10 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
         benchmarks and tests.
     bf16 : bool
         Take ``a`` and ``b`` as bfloat16 (the comparison variant ``screen_bf16``).
+    triangle : bool
+        A symmetric square block whose rows and columns are the same points in the same order
+        (``exclude_diagonal`` None or 0): screen only its upper triangle, each pair i ≤ j once
+        as entry (i, j) against both thresholds (the wgmma kernel; see ``cuda/screen_wg.cu``).
     """
     m, n = a.shape[0], b.shape[0]
     _check_rows(a, b, k_dims, torch.bfloat16 if bf16 else torch.float16)
@@ -309,12 +346,14 @@ def launch_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: tor
     index = device.index if device.index is not None else torch.cuda.current_device()
     symmetric = col_thr is not None
     cfg = config if isinstance(config, Config) else CONFIGS[config or choose_config(k_dims, symmetric, index)]
+    if triangle and (m != n or not symmetric or exclude_diagonal not in (None, 0)):
+        raise ValueError("a triangle is a symmetric square block, its diagonal excluded or not")
     has_rt, has_ct = row_terms is not None, col_terms is not None
-    fn = kernel(index, cfg, has_rt, has_ct, symmetric, bf16, k_dims=k_dims)
+    fn = kernel(index, cfg, has_rt, has_ct, symmetric, bf16, k_dims=k_dims, triangle=triangle)
     smem = shared_bytes(k_dims, cfg, has_rt, has_ct, symmetric)
     row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
     resident = _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0]
-    splits = _splits(row_blocks, col_tiles, resident)
+    splits = _triangle_splits(row_blocks, resident) if triangle else _splits(row_blocks, col_tiles, resident)
     # Contiguous float32 vectors (no-ops for the engine's own): the kernel indexes them by row.
     row_factor, col_scale, row_thr = (v.contiguous() for v in (row_factor, col_scale, row_thr))
     row_terms, col_terms, col_thr = (None if v is None else v.contiguous() for v in (row_terms, col_terms, col_thr))

@@ -45,7 +45,7 @@ from knng.metrics import (
 )
 
 __all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
-           "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels"]
+           "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels", "triangle_runs"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -170,7 +170,7 @@ FEW_PER_TILE = 4
 def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.Tensor,
                  col_thr: torch.Tensor | None, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None,
                  precision: str, exclude_diagonal: int | None = None,
-                 capacity_hint: int | None = None, later: bool = False):
+                 capacity_hint: int | None = None, later: bool = False, triangle: bool = False):
     """Survivors of the block ``A[:, :k_dims] · B[:, :k_dims]ᵀ (+ terms)`` against the thresholds.
 
     Parameters
@@ -193,6 +193,10 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
     later : bool
         Return a function that gives the result when called (its lists sized then, see
         ``_collect``); nothing the block reads may change until then.
+    triangle : bool
+        A symmetric square block of one set of points (rows and columns the same, in the same
+        order): only its upper triangle, each pair i ≤ j scored once as entry (i, j) and tested
+        against both thresholds; where :func:`triangle_runs` only.
 
     Returns
     -------
@@ -201,6 +205,8 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         ``col_thr``) those kept by their column, as (column, row, key); a pair kept by both
         is in both lists.
     """
+    if triangle and not triangle_runs(precision, a.device, k_dims):
+        raise ValueError("screen_block: a triangle needs the wgmma kernel (see triangle_runs)")
     if precision in DIGIT_PRECISIONS:
         result = _screen_digits(a, b, row_thr, col_thr, row_terms, col_terms, exclude_diagonal, capacity_hint)
         return (lambda: result) if later else result
@@ -218,7 +224,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         if CUDA_SCREEN and not interpret and cuda_screen.available(a.device):
             def launch_cuda(lists, counters, capacity):
                 cuda_screen.launch_screen(a, b, k_dims, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,
-                                          exclude_diagonal, lists, counters, capacity)
+                                          exclude_diagonal, lists, counters, capacity, triangle=triangle)
 
             return _collect(launch_cuda, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device, later)
     else:
@@ -242,6 +248,14 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
 
 #: Columns of one strip of :func:`strip_minima`.
 STRIP = cuda_screen.STRIP
+
+
+def triangle_runs(precision: str, device: torch.device, k_dims: int) -> bool:
+    """Whether :func:`screen_block` screens a square block's upper triangle (``triangle``) for
+    ``precision`` and input dimension ``k_dims`` on ``device``: scaled float16 rows and the
+    CUDA C kernel's wgmma variant."""
+    return (CUDA_SCREEN and get_precision(precision).scaled and not interpreting()
+            and cuda_screen.triangle_runs(device, scaled_width(k_dims)))
 
 
 def strip_minima_runs(precision: str, device: torch.device) -> bool:

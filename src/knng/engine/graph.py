@@ -37,7 +37,7 @@ from knng.engine.plan import (
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
-    screen_rows_later, strip_minima, strip_seeds_run, use_kernel,
+    screen_own_later, strip_minima, strip_seeds_run, use_kernel,
 )
 from knng.engine.search import exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row
@@ -625,9 +625,8 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     row_norms = torch.cat([tile.norms for tile in tiles])
     row_terms = None if tiles[0].terms is None else torch.cat([tile.terms for tile in tiles])
     thresholds = store.screen_thresholds(ids, max_norms, max_terms, row_norms=row_norms, row_terms=row_terms)
-    pending = [screen_rows_later(tile.queries(metric, d), tile.vectors, d, thresholds[i0:i1], precision,
-                                 row_terms=tile.terms32, col_terms=tile.terms32,
-                                 exclude_diagonal=None if include_self else 0)
+    pending = [screen_own_later(tile.queries(metric, d), tile.vectors, d, thresholds[i0:i1], precision,
+                                terms=tile.terms32, exclude_diagonal=not include_self)
                for tile, (i0, i1) in zip(tiles, frames.parts)]
     owners, others, found_keys, norms = [], [], [], []
     for sized, tile, (i0, i1) in zip(pending, tiles, frames.parts):

@@ -31,7 +31,8 @@ from knng.metrics import (
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
            "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later", "pair_scores", "use_kernel",
-           "strip_minima", "strip_minima_of", "strip_seeds_run", "block_epilogue"]
+           "strip_minima", "strip_minima_of", "strip_seeds_run", "block_epilogue", "screen_own_later",
+           "own_block_survivors"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest
@@ -395,6 +396,51 @@ def screen_rows_later(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torc
     found = screen_rows(a, b, d, thresholds, precision, row_terms=row_terms, col_terms=col_terms,
                         exclude_diagonal=exclude_diagonal)
     return lambda: found
+
+
+def screen_own_later(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tensor,
+                     precision: ScreenPrecision, *, terms: torch.Tensor | None = None,
+                     exclude_diagonal: bool = False) -> Callable[[], Survivors]:
+    """The pairs of a square block ``a · bᵀ`` of one set of points (``a`` its rows as queries,
+    ``b`` the same points as columns, in the same order; ``terms`` both sides' float32 terms)
+    kept by their row's threshold, read when the returned function is called (as
+    :func:`screen_rows_later`). ``exclude_diagonal``: not a point with itself.
+
+    Where the wgmma kernel runs (:func:`knng.engine.fused.triangle_runs`) only the upper triangle
+    is screened, each pair i ≤ j once as entry (i, j) against both points' thresholds: half the
+    products of a rows screen of the whole block, which scores each pair twice. Pair (j, i) then
+    carries entry (i, j)'s key, which is as valid a screened key of it (the same bound covers
+    both); :func:`own_block_survivors` is this contract's reference. Elsewhere the whole block
+    is screened by rows.
+    """
+    if use_kernel(precision, a.device) and fused.triangle_runs(precision.name, a.device, d):
+        thr = _round_up(thresholds.to(torch.float32), thresholds)
+        found = fused.screen_block(a, b, d, thr, thr, terms, terms, precision.name,
+                                   exclude_diagonal=0 if exclude_diagonal else None, later=True, triangle=True)
+
+        def union() -> Survivors:
+            by_row, by_col = found()
+            assert by_col is not None
+            return Survivors(torch.cat([by_row.owner, by_col.owner]), torch.cat([by_row.other, by_col.other]),
+                             torch.cat([by_row.keys, by_col.keys]))
+
+        return union
+    return screen_rows_later(a, b, d, thresholds, precision, row_terms=terms, col_terms=terms,
+                             exclude_diagonal=0 if exclude_diagonal else None)
+
+
+def own_block_survivors(scores: torch.Tensor, thresholds: torch.Tensor, exclude_diagonal: bool = False
+                        ) -> Survivors:
+    """The reference of :func:`screen_own_later`'s triangle: the square block ``scores`` read
+    from its upper triangle only (entry (j, i) below the diagonal replaced by (i, j)), each row
+    then kept against its threshold (not the diagonal, with ``exclude_diagonal``)."""
+    n = scores.shape[0]
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device=scores.device))
+    found = row_survivors(torch.where(upper, scores, scores.T), thresholds)
+    if not exclude_diagonal:
+        return found
+    keep = found.owner != found.other
+    return Survivors(found.owner[keep], found.other[keep], found.keys[keep])
 
 
 def screen_pairs_later(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds: torch.Tensor,

@@ -61,6 +61,9 @@
 #ifndef SCREEN_MIN
 #define SCREEN_MIN 0  // strip minima instead of survivors (non-symmetric, no pre-test; see screen.cu)
 #endif
+#ifndef SCREEN_TRI
+#define SCREEN_TRI 0  // symmetric: the upper triangle of a square block of one set of points
+#endif
 
 namespace screen_wg {
 
@@ -76,6 +79,14 @@ constexpr int LOOKAHEAD = STAGES - 2;  // tiles loading while one is multiplied 
 constexpr int BSTAGES = SCREEN_BSTAGES;
 constexpr bool HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
 constexpr bool MINIMA = SCREEN_MIN != 0 && !SYM;
+// The upper triangle (SCREEN_TRI) of a square block whose rows and columns are the same points
+// in the same order (a graph part's own block S(J, J)): every pair i ≤ j is scored once, as
+// entry (i, j), and tested against both points' thresholds, so the block costs half its tiles
+// (a rows screen of the whole block scores each pair twice). Row block x sweeps tiles x … in
+// chunks of ⌈tiles / gridDim.y⌉; in the diagonal tile x itself the row side keeps entries on or
+// right of the diagonal (the diagonal unless excluded) and the column side those right of it,
+// so that no pair is listed twice on one side.
+constexpr bool TRI = SCREEN_TRI != 0 && SYM;
 constexpr bool PRE = SCREEN_PRE != 0 && !SYM && !MINIMA;
 constexpr int BK = 64;       // halves of a chunk row
 constexpr int ROWB = 128;    // bytes of a chunk row
@@ -91,6 +102,7 @@ static_assert(KC >= 1 && KC <= 4, "A resident in shared memory: K ≤ 256");
 static_assert(STAGES >= 3, "a tile multiplied, one screened, one loading");
 static_assert(BSTAGES >= LOOKAHEAD + 1 && BSTAGES <= STAGES, "B's slot is free once its tile's products are");
 static_assert(BN % RSTEP == 0 && BM % RSTEP == 0, "rows per copy pass");
+static_assert(!TRI || BM == BN, "the triangle's row block x is column tile x");
 
 // Shared memory of one block, in bytes, from a 1024-byte aligned base (cuda_screen.shared_bytes
 // mirrors it, with the ALIGN the kernel may skip to reach that base).
@@ -164,8 +176,15 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   const int wg = warp >> 2;  // warpgroup: rows 64·wg … of the block
   const int row0 = blockIdx.x * BM;
   const int tiles = (n + BN - 1) / BN;
-  const int t_begin = (int)((long long)blockIdx.y * tiles / gridDim.y);
-  const int t_end = (int)((long long)(blockIdx.y + 1) * tiles / gridDim.y);
+  int t_begin, t_end;
+  if (TRI) {
+    const int chunk = (tiles + gridDim.y - 1) / gridDim.y;
+    t_begin = blockIdx.x + blockIdx.y * chunk;
+    t_end = min(t_begin + chunk, tiles);
+  } else {
+    t_begin = (int)((long long)blockIdx.y * tiles / gridDim.y);
+    t_end = (int)((long long)(blockIdx.y + 1) * tiles / gridDim.y);
+  }
   if (t_begin >= t_end) return;
 
   {
@@ -275,6 +294,9 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
       const long long dd = (long long)col0 + diag - row0;
       if (dd > -BN && dd < BM) dl = (int)dd - (lrow - 2 * tig);
     }
+    // TRI: entry (j, v) of half hf sits 64·hf + 8j + (v & 1) − 8·(v >> 1) − tri columns right of
+    // the diagonal in the diagonal tile; every entry of another tile passes both tests below.
+    const int tri = (TRI && tile == (int)blockIdx.x) ? lrow - 2 * tig : -(1 << 30);
     float rf[2], rthr[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -397,7 +419,8 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
           for (int j = 0; j < HALF; ++j)
 #pragma unroll
             for (int v = 0; v < 4; ++v)
-              if (x[j][v] <= rthr[v >> 1] && 8 * (v >> 1) - (8 * HALF * hf + j * 8) - (v & 1) != dl)
+              if (x[j][v] <= rthr[v >> 1] && 8 * (v >> 1) - (8 * HALF * hf + j * 8) - (v & 1) != dl &&
+                  (!TRI || 8 * HALF * hf + 8 * j + (v & 1) - 8 * (v >> 1) >= tri))
                 bits |= 1u << (j * 4 + v);
         }
         const Dest d = reserve<0>(__popc(bits), out, s_buf, count0, lane);
@@ -413,7 +436,8 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
           const float2 cth = *reinterpret_cast<const float2*>(cv + (NCOLV - 1) * BN + 64 * hf + j * 8 + 2 * tig);
 #pragma unroll
           for (int v = 0; v < 4; ++v)
-            if (x[j][v] <= ((v & 1) ? cth.y : cth.x) && 8 * (v >> 1) - (8 * HALF * hf + j * 8) - (v & 1) != dl)
+            if (x[j][v] <= ((v & 1) ? cth.y : cth.x) && 8 * (v >> 1) - (8 * HALF * hf + j * 8) - (v & 1) != dl &&
+                (!TRI || 8 * HALF * hf + 8 * j + (v & 1) - 8 * (v >> 1) > tri))
               bits |= 1u << (j * 4 + v);
         }
         const Dest d = reserve<1>(__popc(bits), out, s_buf + NWARPS * 3 * WBUF, count1, lane);
