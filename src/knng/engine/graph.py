@@ -479,7 +479,8 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     from a sample of the part: the kernel's strip minima of a scattered sample that grows with
     k (:func:`_strip_seed_columns`) where it finds them, else a product of the reference form
     of at most :data:`OWN_PART_SEED` evenly spaced columns; the kernel screens the whole block
-    against them.
+    against them (only its upper triangle where the wgmma kernel runs and the rows go at once:
+    :func:`~knng.engine.screen.screen_own_later`).
     """
     prep, terms = tile.vectors, tile.terms32
     m = prep.shape[0]
@@ -542,8 +543,12 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
                 owner, other, keys = owner[keep], other[keep], keys[keep]
         else:
             scores = None
-            found = screen_rows(queries[r0:r1], prep, d, thresholds, precision, row_terms=row_terms, col_terms=terms,
-                                exclude_diagonal=None if include_self else -r0)
+            if r1 - r0 == m:  # the whole part at once: its upper triangle where the kernel screens one
+                found = screen_own_later(queries, prep, d, thresholds, precision, terms=terms,
+                                         exclude_diagonal=not include_self)()
+            else:
+                found = screen_rows(queries[r0:r1], prep, d, thresholds, precision, row_terms=row_terms,
+                                    col_terms=terms, exclude_diagonal=None if include_self else -r0)
             owner, other, keys = found.owner + r0, found.other, found.keys
         store.add(row_ids[owner], col_ids[other], keys, _pair_norms(tile, tile, owner, other) if carry_norms else None)
 
@@ -572,8 +577,9 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     materialised sample selected by ``select``; a point's own column
     seeds nothing; in principal slabs a part's own points are its rows' nearest, and seeds from
     a sample of the whole data let 18 % more pairs through a 200k × 128 graph at k = 10). Then
-    each part's own block is screened against them (one kernel launch each) and the survivors of
-    every part go to the store together. Exact for the same reasons as the
+    each part's own block is screened against them (one kernel launch each; its upper triangle
+    where the wgmma kernel runs, :func:`~knng.engine.screen.screen_own_later`) and the survivors
+    of every part go to the store together. Exact for the same reasons as the
     part-by-part pass; the store changes only by seeds (which only lower τ, with valid bounds)
     and the final hand-over, so the whole step may be retried after an out-of-memory error.
     Positions are the frames' (principal slabs sort the points), the store's rows and columns
