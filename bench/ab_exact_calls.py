@@ -1,7 +1,8 @@
 """A/B of whole calls in fresh processes, each answer checked against the float64 oracle.
 
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
-200k × 128 Gaussian graph (k = 10) and the 1M × 128 search (10k queries, k = 10 and 100): min
+200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10) and the 1M × 128 search (10k queries,
+k = 10 and 100): min
 and all of 3 calls after a warm-up (5 for searches), then the oracle on 192 rows of a graph
 (128 random, 64 flat patches) or 128 of a search, and the report's pairs screened and
 evaluated per row. Whichever knng is on PYTHONPATH; run the versions alternating, twice, on one
@@ -35,7 +36,7 @@ sys.path.insert(0, "tests")
 
 import knng  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
-from knng.engine import cuda_screen, row_kth  # noqa: E402
+from knng.engine import cuda_screen, plan, row_kth  # noqa: E402
 from bench_patches import patches  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 
@@ -65,6 +66,10 @@ SETTINGS = {
     "sortslots": ((row_kth, "row_slots", getattr(row_kth, "row_slots_reference", None)),),
     # a graph part's own block screened whole by rows, not as its upper triangle
     "notri": ((cuda_screen, "TRIANGLE", False),),
+    # kernel-screened graphs in parts of up to 49,152 / 65,536 / 98,304 rows (32,768 now)
+    "part48k": ((plan, "GPU_KERNEL_MAX_PART", 49152),),
+    "part64k": ((plan, "GPU_KERNEL_MAX_PART", 65536),),
+    "part96k": ((plan, "GPU_KERNEL_MAX_PART", 98304),),
 }
 
 
@@ -111,6 +116,9 @@ def main() -> None:
             cases = [(k, x, None) for k in (10, 100)]
         elif name == "g200k":
             x = torch.randn((200_000, 128), device="cuda", generator=gen)
+            cases = [(10, x, None)]
+        elif name == "g1m":
+            x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
             cases = [(10, x, None)]
         else:
             x = torch.randn((1_000_000, 128), device="cuda", generator=gen)

@@ -202,8 +202,14 @@ GPU_MAX_PART = 16384
 #: 2,001, 2,042 / 1,627, 1,453 (median pairs screened per row 113 / 146 / 218); 200k × 128 206,
 #: 223 / 162, 188 / 200, 166; 16×16 image patches (249,551 × 256, ``bench/bench_patches.py``'s)
 #: 483, 393, 397, 452 / 346, 347 / 537, 511 — their flat regions' near-ties (p99 pairs screened
-#: per row 1,658 / 3,001 / 5,100) make the largest parts lose there.
-GPU_KERNEL_MAX_PART = 32768
+#: per row 1,658 / 3,001 / 5,100) make the largest parts lose there. Since own blocks are screened
+#: as their upper triangles (half the products) and stores hold survivors back, 65,536 wins
+#: everywhere measured (H200, 2026-11-26, ``bench/ab_exact_calls.py new/part64k/part96k``, one
+#: process alternating, min of 3, ms, 32,768 / 65,536 / 98,304): 1M × 128 767 / 732 / 732;
+#: 200k × 128 59.8 / 54.9 / 54.0; 16×16 patches k = 10 81.1 / 72.8 / 69.0, k = 100 128.9 /
+#: 125.5 / 516 (p99 pairs screened per row 548 / 503 / 8,267: the flat regions again); 8×8
+#: patches k = 10 179.5 / 173.1 / 172.4, k = 100 305.3 / 295.7 / 295.8.
+GPU_KERNEL_MAX_PART = 65536
 #: Columns one launch of a kernel-screened graph screens against a row part: the blocks S(I, J)
 #: of up to GPU_KERNEL_GROUP_COLUMNS / part consecutive column parts J go in one launch (one set
 #: of thresholds, one synchronisation for the lists' sizes, one hand-over to the stores), while
