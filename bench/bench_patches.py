@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import statistics
 import time
@@ -141,6 +142,10 @@ def main() -> None:
             shape = datasets[0][1].shape
             datasets.append(("gaussian", np.random.default_rng(0).standard_normal(shape).astype(np.float32)))
         for label, x_np in datasets:
+            if device.type == "cuda":
+                # Each dataset from an empty allocator cache, as in a fresh process (see main's note).
+                gc.collect()
+                torch.cuda.empty_cache()
             x = torch.from_numpy(x_np).to(device)
             xf = x if x.is_floating_point() else x.float()  # FAISS takes float32: the same values
             for k in (int(v) for v in args.ks.split(",")):
