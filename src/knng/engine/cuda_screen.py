@@ -22,6 +22,10 @@ the same epilogue (``cuda/screen_common.cuh``) after asynchronous warpgroup prod
 H200, 28,672² block, K = 128, nothing kept: 348–379 against 286–310 TFLOP/s non-symmetric,
 284–289 against 216–248 symmetric (``docs/BENCHMARKS.md``, "A wgmma screen kernel"); H100,
 K = 256 (two B tiles in its ring): 437 against 256 non-symmetric, 379 against 301 symmetric.
+Its symmetric variant also screens a graph part's own block as its upper triangle
+(``triangle``: each pair once, against both points' thresholds): H200, 28,672², nothing kept,
+0.50 against 0.69 ms for the rows screen of the whole block at K = 128, 0.73 against 1.16 at
+K = 256 ("A part's own block as its upper triangle").
 
 The kernel is compiled once per device and variant (tile configuration, which terms are
 present, symmetric or not: each a ``-D`` define, so the common path has no run-time tests),

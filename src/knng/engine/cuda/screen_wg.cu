@@ -30,6 +30,8 @@
 //    16 × 128 strip (a lane's entries of a half fit a 32-bit mask).
 //  * Strip minima (SCREEN_MIN): the same products and keys; per row and 64-column half, the
 //    smallest key and its column, as screen.cu's minima (cuda_screen.launch_strip_minima).
+//  * A triangle (SCREEN_TRI, symmetric): a graph part's own block, only its tiles on or right
+//    of the diagonal (see TRI below).
 // Only float16 (and bfloat16 for comparison) rows with K ≤ 256; larger K stays in screen.cu.
 
 #include "screen_common.cuh"
