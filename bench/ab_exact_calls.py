@@ -66,10 +66,10 @@ SETTINGS = {
     "sortslots": ((row_kth, "row_slots", getattr(row_kth, "row_slots_reference", None)),),
     # a graph part's own block screened whole by rows, not as its upper triangle
     "notri": ((cuda_screen, "TRIANGLE", False),),
-    # kernel-screened graphs in parts of up to 49,152 / 65,536 / 98,304 rows (32,768 now)
-    "part48k": ((plan, "GPU_KERNEL_MAX_PART", 49152),),
-    "part64k": ((plan, "GPU_KERNEL_MAX_PART", 65536),),
-    "part96k": ((plan, "GPU_KERNEL_MAX_PART", 98304),),
+    # graphs whose own blocks are triangles in parts of up to 32,768 / 49,152 / 98,304 rows (65,536 now)
+    "part32k": ((plan, "GPU_TRIANGLE_MAX_PART", 32768),),
+    "part48k": ((plan, "GPU_TRIANGLE_MAX_PART", 49152),),
+    "part96k": ((plan, "GPU_TRIANGLE_MAX_PART", 98304),),
 }
 
 

@@ -10,7 +10,7 @@ on one machine, from the repository root (``.carry/pictures.npz``: the pictures 
 Arguments: COLUMNS [SHAPES [KS [REPEATS [PRECISION [OWN_SEED [PART [PENDING [REBUILD]]]]]]]]; SHAPES also takes ``gaussNxD``
 (N Gaussian points of dimension D); PRECISION (e.g. float16; ``auto``: the planner's) overrides
 the planner's choice, to compare precisions the same way; OWN_SEED sets ``graph.OWN_PART_SEED``
-(0: as it is), PART ``plan.GPU_KERNEL_MAX_PART``, PENDING ``plan.PENDING_GPU`` and REBUILD
+(0: as it is), PART ``plan.GPU_KERNEL_MAX_PART`` and ``plan.GPU_TRIANGLE_MAX_PART``, PENDING ``plan.PENDING_GPU`` and REBUILD
 ``store.REBUILD_ENTRIES_GPU``.
 
 Prints, per shape and k, the minimum of ``repeats`` runs, all runs, launches per graph, the
@@ -44,7 +44,7 @@ if rebuild:
 if pending:
     plan.PENDING_GPU = pending
 if part:
-    plan.GPU_KERNEL_MAX_PART = part
+    plan.GPU_KERNEL_MAX_PART = plan.GPU_TRIANGLE_MAX_PART = part
 if own_seed:
     import knng.engine.graph as graph
     graph.OWN_PART_SEED = own_seed

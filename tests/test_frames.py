@@ -164,6 +164,7 @@ def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed):
 
     monkeypatch.setattr(plan_mod, "GPU_MAX_PART", 500)
     monkeypatch.setattr(plan_mod, "GPU_KERNEL_MAX_PART", 500)  # the fused precisions' parts too
+    monkeypatch.setattr(plan_mod, "GPU_TRIANGLE_MAX_PART", 500)  # and theirs where own blocks are triangles
     monkeypatch.setattr(plan_mod, "GPU_KERNEL_GROUP_COLUMNS", 1500)  # their launches: 3 column parts
     monkeypatch.setattr(graph_mod, "OWN_PART_SEED", 128)
     monkeypatch.setattr(plan_mod, "choose_screen_precision", lambda *a, **k: precision)

@@ -396,7 +396,8 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
 
 
 def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
-    """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART."""
+    """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART,
+    or GPU_TRIANGLE_MAX_PART where its own blocks are triangles."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -411,6 +412,13 @@ def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
     assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == plan.GPU_MAX_PART
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
     assert plan.make_graph_plan(**kw, screen_dtype="float16").part_size == plan.GPU_MAX_PART
+    # Where own blocks are triangles (the wgmma kernel) parts grow: no pair is scored twice.
+    monkeypatch.setattr(plan, "fused_available", lambda device: True)
+    seen = []
+    monkeypatch.setattr(plan, "triangle_runs", lambda precision, device, d: seen.append((precision, d)) or True)
+    assert plan.make_graph_plan(**kw).part_size == plan.GPU_TRIANGLE_MAX_PART > plan.GPU_KERNEL_MAX_PART
+    assert seen[-1] == ("float16", 128)
+    assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == plan.GPU_MAX_PART
 
 
 @pytest.mark.parametrize("precision", [n for n, p in PRECISIONS.items() if p.fused])

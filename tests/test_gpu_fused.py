@@ -223,6 +223,7 @@ def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch):
 
     monkeypatch.setattr(plan, "GPU_MAX_PART", 8192)  # several parts, the last one short
     monkeypatch.setattr(plan, "GPU_KERNEL_MAX_PART", 8192)
+    monkeypatch.setattr(plan, "GPU_TRIANGLE_MAX_PART", 8192)  # own blocks as triangles (Hopper) too
     monkeypatch.setattr(plan, "GPU_KERNEL_GROUP_COLUMNS", 3 * 8192)  # launches of 3 column parts, one short
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
     monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 8192)  # several chunks of rows, the last one short

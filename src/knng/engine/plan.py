@@ -16,7 +16,7 @@ import torch
 from knng._inputs import READ_AHEAD, InputArray
 from knng._units import parse_bytes
 from knng.engine.frames import LOCAL_CENTRE_GAIN, slab_gain, translation_invariant
-from knng.engine.fused import STRIP, fused_available
+from knng.engine.fused import STRIP, fused_available, triangle_runs
 from knng.engine.screen import strip_seeds_run
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 
@@ -202,14 +202,19 @@ GPU_MAX_PART = 16384
 #: 2,001, 2,042 / 1,627, 1,453 (median pairs screened per row 113 / 146 / 218); 200k × 128 206,
 #: 223 / 162, 188 / 200, 166; 16×16 image patches (249,551 × 256, ``bench/bench_patches.py``'s)
 #: 483, 393, 397, 452 / 346, 347 / 537, 511 — their flat regions' near-ties (p99 pairs screened
-#: per row 1,658 / 3,001 / 5,100) make the largest parts lose there. Since own blocks are screened
-#: as their upper triangles (half the products) and stores hold survivors back, 65,536 wins
-#: everywhere measured (H200, 2026-11-26, ``bench/ab_exact_calls.py new/part64k/part96k``, one
-#: process alternating, min of 3, ms, 32,768 / 65,536 / 98,304): 1M × 128 767 / 732 / 732;
-#: 200k × 128 59.8 / 54.9 / 54.0; 16×16 patches k = 10 81.1 / 72.8 / 69.0, k = 100 128.9 /
-#: 125.5 / 516 (p99 pairs screened per row 548 / 503 / 8,267: the flat regions again); 8×8
-#: patches k = 10 179.5 / 173.1 / 172.4, k = 100 305.3 / 295.7 / 295.8.
-GPU_KERNEL_MAX_PART = 65536
+#: per row 1,658 / 3,001 / 5,100) make the largest parts lose there.
+GPU_KERNEL_MAX_PART = 32768
+#: GPU_KERNEL_MAX_PART where a part's own block is screened as its upper triangle
+#: (``fused.triangle_runs``: the wgmma kernel). A part's own block, screened whole, scores each
+#: of its pairs twice, so larger parts add n·m/2 products to a graph's n²/2 (16 % more for a
+#: 200k graph in parts of 65,536); as triangles they add none, and with stores that hold
+#: survivors back, fewer and larger parts (fewer launches, seeds and hand-overs) won everywhere
+#: measured (H200, 2026-11-26, ``bench/ab_exact_calls.py new/part64k/part96k``, one process
+#: alternating, min of 3, ms, 32,768 / 65,536 / 98,304): 1M × 128 767 / 732 / 732; 200k × 128
+#: 59.8 / 54.9 / 54.0; 16×16 patches k = 10 81.1 / 72.8 / 69.0, k = 100 128.9 / 125.5 / 516 (p99
+#: pairs screened per row 548 / 503 / 8,267: the flat regions again); 8×8 patches k = 10 179.5
+#: / 173.1 / 172.4, k = 100 305.3 / 295.7 / 295.8.
+GPU_TRIANGLE_MAX_PART = 65536
 #: Columns one launch of a kernel-screened graph screens against a row part: the blocks S(I, J)
 #: of up to GPU_KERNEL_GROUP_COLUMNS / part consecutive column parts J go in one launch (one set
 #: of thresholds, one synchronisation for the lists' sizes, one hand-over to the stores), while
@@ -718,7 +723,12 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         side = min(side, max(MIN_TILE, host_budget // 4 // (2 * d * READ_VALUE_BYTES)))
     kernel = PRECISIONS[precision].fused or PRECISIONS[precision].digits
     kernel = kernel and device.type == "cuda" and fused_available(device)
-    cap = (GPU_KERNEL_MAX_PART if kernel else GPU_MAX_PART) if device.type == "cuda" else CPU_MAX_PART
+    if device.type != "cuda":
+        cap = CPU_MAX_PART
+    elif not kernel:
+        cap = GPU_MAX_PART
+    else:
+        cap = GPU_TRIANGLE_MAX_PART if triangle_runs(precision, device, d) else GPU_KERNEL_MAX_PART
     b = part_size or int(min(n, cap, max(side, MIN_TILE)))
     b = max(1, min(n, max(b, k + 1 if not include_self else k)))  # the diagonal block seeds τ
     parts = -(-n // b)
