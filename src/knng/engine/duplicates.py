@@ -341,17 +341,14 @@ def _unfold_by_slots(groups: DuplicateGroups, lists: _CandidateLists, k: int
     return out_idx, out_dist, unordered
 
 
-def _unfold_by_sort(groups: DuplicateGroups, lists: _CandidateLists, k: int, total: int | None = None
+def _unfold_by_sort(groups: DuplicateGroups, lists: _CandidateLists, k: int, total: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_unfold` of the rows of ``lists`` by sorting their candidates: every list's members
     expanded, ordered by (row, distance, index), cut at k (the rows :func:`_unfold_by_slots`
-    cannot order). ``total``: the candidates, where the caller knows them (else one
-    synchronisation counts them)."""
+    cannot order). ``total``: the candidates, which the caller (:func:`_sort_into`) has counted."""
     m, width = lists.group.shape
     device = lists.group.device
     flat_length = lists.length.reshape(-1)
-    if total is None:
-        total = int(flat_length.sum())
     flat = torch.repeat_interleave(torch.arange(flat_length.numel(), device=device), flat_length, output_size=total)
     owner, list_index = flat // width, flat % width
     # Each candidate's place in its list: its position less its list's first, the lists laid
