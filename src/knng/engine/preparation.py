@@ -31,10 +31,14 @@ __all__ = ["kernels_apply", "column_sums", "finite_column_sums", "prepare"]
 
 #: Rows per program of the corpus pass, and the tile each program walks them in.
 SUM_ROWS, SUM_TILE_ROWS = 2048, 32
+#: Rows per program of the lattice pass: its float64 divisions and roundings are latency-bound,
+#: so it wants many programs (a program of SUM_ROWS rows a multiprocessor, 98 of them for 200k
+#: rows, took 1.0 ms of an H200 for a 200k × 128 block).
+LATTICE_ROWS = 256
 #: Rows per program of the row passes, and the columns each step of a program loads.
 ROW_BLOCK, COLUMN_BLOCK = 32, 128
 #: The same in Triton's interpreter (CPU tests), whose cost is per step, not per value.
-_INTERPRETED = dict(SUM_ROWS=64, SUM_TILE_ROWS=16, ROW_BLOCK=16, COLUMN_BLOCK=16)
+_INTERPRETED = dict(SUM_ROWS=64, LATTICE_ROWS=64, SUM_TILE_ROWS=16, ROW_BLOCK=16, COLUMN_BLOCK=16)
 
 
 def kernels_apply(device: torch.device) -> bool:
@@ -46,7 +50,8 @@ def kernels_apply(device: torch.device) -> bool:
 def _sizes() -> dict[str, int]:
     if fused.interpreting():
         return _INTERPRETED
-    return dict(SUM_ROWS=SUM_ROWS, SUM_TILE_ROWS=SUM_TILE_ROWS, ROW_BLOCK=ROW_BLOCK, COLUMN_BLOCK=COLUMN_BLOCK)
+    return dict(SUM_ROWS=SUM_ROWS, LATTICE_ROWS=LATTICE_ROWS, SUM_TILE_ROWS=SUM_TILE_ROWS, ROW_BLOCK=ROW_BLOCK,
+                COLUMN_BLOCK=COLUMN_BLOCK)
 
 
 def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,14 +82,14 @@ def lattice_extent(block: torch.Tensor, unit: float) -> tuple[torch.Tensor, torc
     sizes = _sizes()
     m, d = block.shape
     block = block if block.stride(1) == 1 else block.contiguous()
-    programs, column_blocks = max(1, -(-m // sizes["SUM_ROWS"])), max(1, -(-d // sizes["COLUMN_BLOCK"]))
+    programs, column_blocks = max(1, -(-m // sizes["LATTICE_ROWS"])), max(1, -(-d // sizes["COLUMN_BLOCK"]))
     low = torch.full((programs, d), torch.inf, dtype=torch.float64, device=block.device)
     high = torch.full((programs, d), -torch.inf, dtype=torch.float64, device=block.device)
     off = torch.zeros((programs, column_blocks), dtype=torch.float64, device=block.device)
     err = torch.zeros((programs, column_blocks), dtype=torch.float64, device=block.device)
     if m and d:
         kernels.lattice_extent_kernel[(programs, column_blocks)](
-            block, low, high, off, err, m, d, block.stride(0), unit, ROWS=sizes["SUM_ROWS"],
+            block, low, high, off, err, m, d, block.stride(0), unit, ROWS=sizes["LATTICE_ROWS"],
             BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=sizes["COLUMN_BLOCK"], **fused.ieee_options())
     return low.amin(dim=0), high.amax(dim=0), off.max(), err.max()
 
