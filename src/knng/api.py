@@ -307,7 +307,7 @@ def graph(
     Each point's own row excludes the point itself by index (duplicates of it stay
     neighbours at distance 0) unless ``include_self`` is true. Only the blocks S(I, J) with
     I ≤ J of the distance matrix are computed; each serves the rows of part I and the columns
-    of part J. On a GPU, from k = 32, data without principal slabs (not image-like) are
+    of part J. On a GPU, from k = 64, data without principal slabs (not image-like) are
     instead searched against themselves in chunks of rows, which costs less there than the
     symmetric blocks' candidate stores (``report.plan.graph_method``, ``docs/EXACTNESS.md``).
 

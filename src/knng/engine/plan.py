@@ -814,7 +814,14 @@ def graph_search_k(k: int, include_self: bool) -> int:
 #: Again after the held pairs' geometric tightening and scattered own-part seeds (H100,
 #: 2026-11-26, symmetric / rows, min of 3, one process): 200k × 128 k = 32 89.5 / 87.0, k = 100
 #: 130.0 / 112.9; 582k × 64 k = 100 539 / 502: closer, still rows.
-GRAPH_ROWS_MIN_K = 32
+#: After the own blocks' triangles and parts of 65,536 (H200, 2026-11-27,
+#: ``bench/ab_exact_calls.py new/sym``, one process, min of 3, rows / symmetric ms): 200k × 128
+#: k = 32 83.6 / 76.3, k = 64 96.7 / 91.2, k = 100 110.9 / 109.0, k = 128 114.1 / 115.0, k = 200
+#: 128.2 / 139.3, k = 400 182 / 969; 1M × 128 k = 32 1,162 / 1,082, k = 64 1,297 / 1,342,
+#: k = 100 1,430 / 1,708; 582k × 64 k = 32 427 / 389, k = 48 443 / 425; 200k × 256 k = 32 107 /
+#: 90, k = 48 122 / 103. The symmetric method now wins below k = 64 on every shape measured;
+#: the rows method from there (the 1M graph, large k: the symmetric stores' share grows with k).
+GRAPH_ROWS_MIN_K = 64
 
 
 def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device,
