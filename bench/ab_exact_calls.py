@@ -1,7 +1,7 @@
 """A/B of whole calls in fresh processes, each answer checked against the float64 oracle.
 
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
-200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10) and the 1M × 128 search (10k queries,
+200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K) and the 1M × 128 search (10k queries,
 k = 10 and 100): min
 and all of 3 calls after a warm-up (5 for searches), then the oracle on 192 rows of a graph
 (128 random, 64 flat patches) or 128 of a search, and the report's pairs screened and
@@ -75,6 +75,9 @@ SETTINGS = {
     # a row against 84), which a larger sample would tighten at its own cost
     "seed4k": ((graph, "OWN_PART_SEED", 4096),),
     "seed16k": ((graph, "OWN_PART_SEED", 16384),),
+    "seed32k": ((graph, "OWN_PART_SEED", 32768),),
+    # the symmetric method at every k (the planner takes the rows method from k = 32)
+    "sym": ((plan, "GRAPH_ROWS_MIN_K", 1 << 30),),
 }
 
 
@@ -119,12 +122,12 @@ def main() -> None:
             side, stride = (8, 2) if name == "p8" else (16, 3)
             x = torch.from_numpy(patches(pictures, side, stride, 12)).cuda()
             cases = [(k, x, None) for k in (10, 100)]
-        elif name == "g200k":
+        elif name.startswith("g200k"):
             x = torch.randn((200_000, 128), device="cuda", generator=gen)
-            cases = [(10, x, None)]
-        elif name == "g1m":
+            cases = [(int(name[5:] or 10), x, None)]
+        elif name.startswith("g1m"):
             x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
-            cases = [(10, x, None)]
+            cases = [(int(name[3:] or 10), x, None)]
         else:
             x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
             q = torch.randn((10_000, 128), device="cuda", generator=gen)
