@@ -21,8 +21,11 @@ from oracle import assert_exact, oracle_graph, smooth_image_patches
 
 @pytest.fixture
 def small_parts(monkeypatch):
-    """Parts of 37 rows on a CPU (not a tile multiple): a few hundred points make many parts."""
+    """Parts of 37 rows on a CPU (not a tile multiple): a few hundred points make many parts.
+    Principal frames whatever the data's slab gain (the planner gives Gaussian-like data one
+    centre: ``plan.PRINCIPAL_MIN_GAIN``), so that every data set here runs in them."""
     monkeypatch.setattr(plan_mod, "CPU_MAX_PART", 37)
+    monkeypatch.setattr(plan_mod, "PRINCIPAL_MIN_GAIN", 0.0)
 
 
 def _line(rng, n, d=6, spread=1000.0):
@@ -86,6 +89,24 @@ def test_plan_chooses_frames(monkeypatch):
         assert plan(metric).frames == "global"
     assert plan(n=400).frames == "global"  # one part: nothing to order
     assert plan(budget=200_000).frames == "global"  # streamed corpus: no sorted copy
+
+
+def test_plan_reads_the_slab_gain_of_the_data(rng):
+    """Given the data, the planner keeps principal frames for data whose slabs shrink the squared
+    norms (points along a line, image patches) and gives Gaussian points one centre, without
+    reading any sample where principal frames cannot run."""
+    cpu = torch.device("cpu")
+
+    def frames(x, metric="euclidean"):
+        data = as_input(x, "data")
+        return plan_mod.make_graph_plan(n=data.n, d=data.d, k=5, metric=metric, device=cpu, budget=2**30,
+                                        include_self=False, part_size=100, data=data).frames
+
+    assert frames(_line(rng, 2000)) == "principal"
+    assert frames(smooth_image_patches(rng, 2000, side=4)) == "principal"
+    assert frames(rng.standard_normal((2000, 32)).astype(np.float32)) == "global"
+    assert frames((1e4 + rng.standard_normal((2000, 8))).astype(np.float32)) == "global"
+    assert frames(_line(rng, 2000), "cosine") == "global"
 
 
 @pytest.mark.parametrize("gain, local", [(1e-12, True), (1e12, False)])

@@ -117,6 +117,7 @@ def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
     assert rows.query_rows == plan_mod.KERNEL_SEARCH_ROWS and rows.parts == -(-200_000 // rows.query_rows)
     assert rows.operation == "graph" and rows.sample_size > 0
     assert _gpu_plan(plan_mod.GRAPH_ROWS_MIN_K - 1).graph_method == "symmetric"
+    assert _gpu_plan(10).frames == "global"  # Gaussian-like data: one centre, no slabs
     # Image-like data (slabs that shrink the squared norms) keep principal frames.
     gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN
     sym = _gpu_plan(100)
@@ -196,6 +197,7 @@ def test_stores_that_take_survivors_in_wait_for_more(gpu_planner):
     assert plan_mod.pending_pairs(cuda, 60 * 2**30) == plan_mod.PENDING_GPU
     assert plan_mod.pending_pairs(torch.device("cpu"), 60 * 2**30, updates=True) == plan_mod.PENDING_CPU
     assert plan_mod.pending_pairs(cuda, 2**30, updates=True) == 2**30 // 8 // plan_mod.PENDING_PAIR_BYTES
+    gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN  # image-like data: principal frames
     sym = _gpu_plan(10)
     assert sym.frames == "principal"
     assert sym.bytes_expected >= plan_mod.PENDING_GPU_UPDATES * plan_mod.PENDING_PAIR_BYTES

@@ -685,8 +685,9 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
 
     ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
-    default the planner's choice (:func:`rows_method_wins`), which reads a sample of ``data``
-    where given (:func:`~knng.engine.frames.slab_gain`; without it, as if the data had no slabs).
+    default the planner's choice (:func:`rows_method_wins`). Where principal frames could run,
+    a sample of ``data`` (if given; :func:`~knng.engine.frames.slab_gain`) decides whether they
+    do (:data:`PRINCIPAL_MIN_GAIN`) and whether the rows method may replace them.
 
     The candidate stores of all rows stay on the device when they take at most half its budget
     (on a CPU: half the host budget, results included). Otherwise they live in pinned host
@@ -744,6 +745,10 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     # row's threshold, so the stores must stay on the device.
     principal = (parts > 1 and translation_invariant(get_metric(metric)) and lists == LISTS_ON_DEVICE
                  and 3 * corpus_bytes + store <= budget // 2)
+    # Where a sample of the data says their slabs gain little (Gaussian-like data), one centre
+    # and the parts in their own order (:data:`PRINCIPAL_MIN_GAIN`).
+    gain = slab_gain(data, parts, device) if principal and data is not None else None
+    principal = principal and (gain is None or gain >= PRINCIPAL_MIN_GAIN)
     frames = PRINCIPAL_FRAMES if principal else GLOBAL_FRAMES
     slots = store if lists == LISTS_ON_DEVICE else 2 * band_parts * b * (capacity * 25 + 40 + SLOT_BYTES)
     # A kernel screen materialises no block but the float32 sample block that seeds a part's own
@@ -778,7 +783,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     by_rows = make_search_plan(n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric,
                                device=device, budget=budget, source=source, screen_dtype=screen_dtype,
                                host_budget=given_host, host_source=host_source)
-    if method is None and not rows_method_wins(by_rows, symmetric, device, data):
+    if method is None and not rows_method_wins(by_rows, symmetric, device, gain):
         return symmetric
     chunks = -(-n // by_rows.query_rows)
     return replace(by_rows, operation="graph", k=k, graph_method=GRAPH_ROWS, parts=chunks,
@@ -792,6 +797,16 @@ def graph_search_k(k: int, include_self: bool) -> int:
     return k if include_self else k + 1
 
 
+#: Principal frames (slabs along the principal direction, far blocks skipped, blocks centred on
+#: their row parts where that pays) run where a sample of the data shows slabs that shrink the
+#: squared norms about the mean by at least this factor (:func:`~knng.engine.frames.slab_gain`:
+#: image patches several times, Gaussian points about 1). Below it the slabs skip nothing and
+#: centre nothing, and sorting the data into them, their float64 projections and the windows'
+#: bookkeeping cost more than they give: H200, 2026-11-27, k = 10, one process alternating
+#: (``bench/ab_exact_calls.py``, min of 3, principal / one centre, ms): Gaussian 200k × 128 57.7 /
+#: 54.5, 1M × 128 754.8 / 743.0; 16×16 image patches 71.8 / 75.7 at k = 10 and 125.6 / 513.6 at
+#: k = 100 (slab gain ~5: principal frames kept).
+PRINCIPAL_MIN_GAIN = 1.5
 #: The planner takes the rows method (:data:`GRAPH_ROWS`) for a GPU graph from this k on, when the
 #: search it becomes screens with the fused kernel over a resident corpus and the data gain nothing
 #: from principal frames (:func:`~knng.engine.frames.slab_gain` below ``LOCAL_CENTRE_GAIN``). Two
@@ -824,14 +839,13 @@ def graph_search_k(k: int, include_self: bool) -> int:
 GRAPH_ROWS_MIN_K = 64
 
 
-def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device,
-                     data: InputArray | None) -> bool:
+def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device, gain: float | None) -> bool:
     """Whether the planner takes the rows method (:data:`GRAPH_ROWS_MIN_K`): ``by_rows`` is the
     search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
-    principal frames, a sample of ``data`` (if given) says whether their slabs pay: image-like
-    data keep the blocks centred on their row parts."""
+    principal frames, the data's slab gain (:func:`~knng.engine.frames.slab_gain`, None where
+    no sample was read) says whether their slabs pay: image-like data keep the blocks centred
+    on their row parts."""
     kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
     if not (kernel and by_rows.corpus_resident and symmetric.k >= GRAPH_ROWS_MIN_K):
         return False
-    return (data is None or symmetric.frames != PRINCIPAL_FRAMES
-            or slab_gain(data, symmetric.parts, device) < LOCAL_CENTRE_GAIN)
+    return symmetric.frames != PRINCIPAL_FRAMES or gain is None or gain < LOCAL_CENTRE_GAIN
