@@ -76,8 +76,10 @@ SETTINGS = {
     "seed4k": ((graph, "OWN_PART_SEED", 4096),),
     "seed16k": ((graph, "OWN_PART_SEED", 16384),),
     "seed32k": ((graph, "OWN_PART_SEED", 32768),),
-    # the symmetric method at every k (the planner takes the rows method from k = 32)
+    # the symmetric method at every k (the planner takes the rows method from k = 64)
     "sym": ((plan, "GRAPH_ROWS_MIN_K", 1 << 30),),
+    # principal frames whatever the data's slab gain (Gaussian points keep one centre now)
+    "slabs": ((plan, "PRINCIPAL_MIN_GAIN", 0.0),),
 }
 
 

@@ -9,8 +9,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from knng._inputs import as_input
 from knng.cli.console import device_text, fmt_bytes, say, shape_text
-from knng.cli.inputs import ANN_METRICS, NATIVE_DTYPES, explicit_dataset
+from knng.cli.inputs import ANN_METRICS, NATIVE_DTYPES, explicit_dataset, open_input
 from knng.cli.runs import device_and_budget
 from knng.io.readers import HDF5_SUFFIXES
 
@@ -18,8 +19,9 @@ __all__ = ["run", "plan_lines"]
 
 
 def _make_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, dev: Any, budget: int,
-               memory_budget: str | None, host_memory: str | None, symmetric: bool) -> Any:
-    """The engine's plan for this shape: the very planner ``knng.search`` / ``knng.graph`` call."""
+               memory_budget: str | None, host_memory: str | None, symmetric: bool, data: Any = None) -> Any:
+    """The engine's plan for this shape: the very planner ``knng.search`` / ``knng.graph`` call
+    (a graph's with a look at a sample of ``data``, as ``knng.graph`` plans it)."""
     from knng.engine.plan import (
         budget_source, host_budget_source, make_graph_plan, make_search_plan, resolve_host_budget,
     )
@@ -28,7 +30,7 @@ def _make_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, de
                  host_source=host_budget_source(host_memory))
     if symmetric:
         return make_graph_plan(n=n_corpus, d=d, k=k, metric=metric, device=dev, budget=budget, include_self=False,
-                               **hosts)
+                               data=data, **hosts)
     return make_search_plan(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=dev,
                             budget=budget, **hosts)
 
@@ -135,7 +137,9 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                   host_memory=args.host_memory)
     plans = {}
     if n >= 2:
-        plans["plan"] = _make_plan(n_queries=n, n_corpus=n, k=min(args.k, n - 1), symmetric=True, **common)
+        # The graph's plan reads a sample of the rows (whether principal frames pay), as knng graph's does.
+        rows = as_input(open_input(args.file).array, "data")
+        plans["plan"] = _make_plan(n_queries=n, n_corpus=n, k=min(args.k, n - 1), symmetric=True, data=rows, **common)
     if (info["format"] in HDF5_SUFFIXES and not explicit_dataset(args.file)
             and {"train", "test"} <= set(info["datasets"])):
         test = tuple(info["datasets"]["test"]["shape"])

@@ -215,15 +215,14 @@ def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
     rows = rows - rows.mean(dim=0)
     u = _leading_direction(rows)
     rows = rows[torch.argsort(rows @ u, stable=True)]
-    # The slabs of torch.tensor_split, each row's found by its position (no split, and one
-    # synchronisation for both sums instead of one a slab: 8 of them, 2–3 ms on a GPU).
+    # Equal slabs (sizes within one), each row's found from its position on the device (no
+    # split, no sizes copied from the host, and one synchronisation for both sums instead of one
+    # a slab: 8 of them, 2–3 ms on a GPU).
     m = rows.shape[0]
     slabs = min(parts, m)
-    sizes = [m // slabs + (1 if i < m % slabs else 0) for i in range(slabs)]
-    slab = torch.repeat_interleave(torch.arange(slabs, device=rows.device),
-                                   torch.tensor(sizes, device=rows.device), output_size=m)
+    slab = torch.arange(m, device=rows.device) * slabs // m
     means = torch.zeros((slabs, rows.shape[1]), dtype=rows.dtype, device=rows.device).index_add_(0, slab, rows)
-    means /= torch.tensor(sizes, dtype=rows.dtype, device=rows.device)[:, None]
+    means /= torch.bincount(slab, minlength=slabs).to(rows.dtype)[:, None]
     total, within = torch.stack([(rows * rows).sum(), ((rows - means[slab]) ** 2).sum()]).tolist()
     return total / within if within > 0 else (1.0 if total == 0 else float("inf"))
 
@@ -231,6 +230,8 @@ def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
 def _direction_sample(data: InputArray, device: torch.device) -> torch.Tensor:
     """The float64 rows (:data:`DIRECTION_SAMPLE` of them, a fixed stratified draw) the principal
     direction is estimated from."""
+    # Drawn on the host wherever the rows live, so that a plan made from a file (`knng info`)
+    # and one made from its copy on a GPU read the same rows.
     sample = sample_columns(data.n, min(data.n, DIRECTION_SAMPLE), torch.device("cpu"), seed=1)
     return data.take(sample).to(device).to(torch.float64)
 
@@ -244,8 +245,9 @@ def _leading_direction(rows: torch.Tensor) -> torch.Tensor:
     time: 2–5 ms of a 62 ms 200k-point graph, and as much again where the planner estimates the
     slabs' gain). Elsewhere the iteration, which never forms the d × d matrix.
     """
-    gen = torch.Generator().manual_seed(2)
-    v = torch.randn(rows.shape[1], generator=gen, dtype=torch.float64).to(rows.device)
+    # The start drawn on the rows' device (drawn on the host and copied: a synchronisation).
+    gen = torch.Generator(device=rows.device).manual_seed(2)
+    v = torch.randn(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
     if rows.device.type == "cuda" and rows.shape[1] <= SQUARING_MAX_D:
         g = rows.T @ rows
         for _ in range(SQUARINGS):
