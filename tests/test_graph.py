@@ -158,6 +158,42 @@ def test_graph_odd_shapes(n, d, metric, rng, seed, screen):
     assert_exact(g, oracle_graph(x, 5, metric), context=f"seed={seed}")
 
 
+@pytest.mark.parametrize("bands", [2, 3, 8])
+@pytest.mark.parametrize("metric", METRICS)
+def test_own_blocks_in_row_bands(bands, metric, monkeypatch, rng, seed):
+    """A part's own block materialised in row bands, the lower part mirrored (``screen``'s
+    ``SYMMETRIC_BANDS``, forced on small blocks): the same block but for rounding, every entry
+    left of its band's diagonal block the transposed entry bit for bit; and graphs in float32 and
+    float64 screens exact on ties, duplicates, far-off data, k = 1 and k = n − 1."""
+    from knng.engine import screen
+    from knng.metrics import PRECISIONS, get_metric
+
+    monkeypatch.setattr(screen, "SYMMETRIC_BANDS", bands)
+    monkeypatch.setattr(screen, "SYMMETRIC_MIN_ROWS", 1)
+    x = (1e4 + rng.standard_normal((301, 6))).astype(np.float32)
+    x[150:170] = x[:20]  # duplicates in other bands
+    m = get_metric(metric)
+    banded_product = screen._banded_product
+    for dtype, name in ((torch.float64, "float64"), (torch.float32, "float32")):
+        xt = torch.from_numpy(x).to(dtype)
+        a = m.prepare(xt, None, side="query", symmetric=True, dtype=dtype).vectors
+        b = m.prepare(xt, None, side="corpus", symmetric=True, dtype=dtype).vectors
+        banded = screen.block_scores(a, b, 6, PRECISIONS[name], symmetric=True)
+        whole = screen.block_scores(a, b, 6, PRECISIONS[name])
+        assert torch.allclose(banded, whole, rtol=0, atol=64 * torch.finfo(dtype).eps * float(whole.abs().max()))
+        edges = [301 * i // bands for i in range(bands + 1)]
+        band = torch.bucketize(torch.arange(301), torch.tensor(edges[1:]), right=True)
+        below = band[:, None] > band[None, :]
+        assert torch.equal(banded[below], banded.T[below])
+        calls = []
+        monkeypatch.setattr(screen, "_banded_product", lambda *a: calls.append(1) or banded_product(*a))
+        for k in (1, 7, 300):
+            monkeypatch.setattr(knng.engine.plan, "choose_screen_precision", lambda *a, name=name, **kw: name)
+            g = knng.graph(x, k, metric=metric, device="cpu")
+            assert last_report().screen_dtype == name and last_report().parts == 1 and calls
+            assert_exact(g, oracle_graph(x, k, metric), context=f"seed={seed} {name} k={k} bands={bands}")
+
+
 def test_graph_integer_ties_broken_by_index(rng, seed, screen):
     x = rng.integers(0, 3, size=(300, 3)).astype(np.int8)
     for metric in ("euclidean", "sqeuclidean", "inner_product"):

@@ -514,7 +514,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
         else:
             with tf32_products() if tf32 else contextlib.nullcontext():
                 scores = block_scores(queries[r0:r1], seed_prep, d, precision, row_terms, seed_terms,
-                                      buffer if whole else None)
+                                      buffer if whole else None, symmetric=whole and r1 - r0 == m)
             if not include_self:
                 # By index, not by distance: duplicates stay.
                 if whole:

@@ -48,6 +48,14 @@ DENSE_HITS = 4
 #: 2.2 ms of 4.7 (H100). A CPU's BLAS may start its sums from the bias, which the bound's single
 #: rounding of each term does not cover, so CPUs add them after the product.
 GEMM_COLUMN_TERMS = True
+#: A graph part's own block, materialised by one product of the augmented layouts, in row bands:
+#: band I multiplies its columns from band I on, (B + 1) / 2B of the products, and the rest is
+#: mirrored (:func:`block_scores`'s ``symmetric``), from SYMMETRIC_MIN_ROWS rows. H100,
+#: 2026-11-27, a 16,384² float64 block of 4,098 columns (cuBLAS's FP64 tensor-core GEMM): whole
+#: 44.0 ms, in 2 / 4 / 8 / 16 bands 33.1 / 28.7 / 26.8 / 30.6; the 16,384 × 4,096 graph at
+#: k = 1,024 (float64 screen, one part) 81.7 ms whole, 68.4 / 66.2 / 65.6 in 4 / 8 / 16 bands.
+SYMMETRIC_BANDS = 8
+SYMMETRIC_MIN_ROWS = 4096
 
 
 class ScoreBuffer:
@@ -69,6 +77,24 @@ class ScoreBuffer:
         if flat is None or flat.numel() < need or flat.dtype != dtype or flat.device != device:
             flat = self._flat = torch.empty(need, dtype=dtype, device=device)
         return flat[:need].view(rows, cols)
+
+
+def _banded_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``a · bᵀ`` for the layouts of one set of points (m × m, symmetric but for rounding), in
+    :data:`SYMMETRIC_BANDS` row bands: band I's product with the columns from band I on, and
+    its entries left of the band mirrored from the bands above. A mirrored entry (i, j) is
+    the sum of the same products as entry (j, i) in another order (the augmented layouts give
+    a_iᵀb_j and a_jᵀb_i the same terms), so the rounding bound that covers one covers it: a
+    valid score of the pair, as the whole product's is."""
+    m = a.shape[0]
+    if out is None:
+        out = torch.empty((m, m), dtype=torch.result_type(a, b), device=a.device)
+    edges = [m * i // SYMMETRIC_BANDS for i in range(SYMMETRIC_BANDS + 1)]
+    for i0, i1 in zip(edges, edges[1:]):
+        if i1 > i0:
+            torch.mm(a[i0:i1], b[i0:].T, out=out[i0:i1, i0:])
+            out[i1:, i0:i1] = out[i0:i1, i1:].T
+    return out
 
 
 def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
@@ -181,7 +207,7 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
 
 def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision,
                  row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None,
-                 buffer: ScoreBuffer | None = None) -> torch.Tensor:
+                 buffer: ScoreBuffer | None = None, symmetric: bool = False) -> torch.Tensor:
     """The score block ``a · bᵀ`` as the screen of ``precision`` sees it, materialised.
 
     Digit precisions (``int8x4``): the exact integer products of the digit layouts, combined
@@ -193,12 +219,16 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     split form of the kernel — the d input columns of the stored (rounded) vectors multiplied in
     IEEE float32, then the float32 terms added, columns' first; its rounding stays within the
     kernel's bound, so it is the kernel's reference and its stand-in off the GPU. ``buffer``:
-    where to write the block (else a new tensor).
+    where to write the block (else a new tensor). ``symmetric``: ``a`` and ``b`` are the query
+    and corpus layouts of the same points (a graph part's own block), so that a non-fused
+    block is symmetric but for rounding; it is then computed in row bands from
+    :data:`SYMMETRIC_MIN_ROWS` rows (:func:`_banded_product`).
     """
     if not precision.fused and not precision.digits:
-        if buffer is None:
-            return a @ b.T
-        return torch.mm(a, b.T, out=buffer.take(a.shape[0], b.shape[0], a.dtype, a.device))
+        out = None if buffer is None else buffer.take(a.shape[0], b.shape[0], a.dtype, a.device)
+        if symmetric and a.shape[0] >= SYMMETRIC_MIN_ROWS and SYMMETRIC_BANDS > 1:
+            return _banded_product(a, b, out)
+        return a @ b.T if out is None else torch.mm(a, b.T, out=out)
     if precision.digits:
         scores = digit_scores(a, b, buffer)
     else:
