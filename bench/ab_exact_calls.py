@@ -2,9 +2,10 @@
 
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
 200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K) and
-the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for searches), then the oracle on 192 rows of a graph
-(128 random, 64 flat patches) or 128 of a search, and the report's pairs screened and
-evaluated per row. Whichever knng is on PYTHONPATH; run the versions alternating, twice, on one
+the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for
+searches), then the oracle on 192 rows of a graph (128 random, 64 flat patches) or 128 of a
+search, and the report's pairs screened and evaluated per row. Whichever knng is on PYTHONPATH;
+run the versions alternating, twice, on one
 machine, from the repository root (``.carry/pictures.npz``: ``bench_patches.py --save-images``)::
 
     for i in 1 2; do
