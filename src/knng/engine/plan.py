@@ -114,10 +114,18 @@ def default_budget(device: torch.device) -> int:
         free, _total = torch.cuda.mem_get_info(device)
         # Memory torch's caching allocator holds but no tensor uses is free to us too: without
         # it a second call in one process (results of the first freed, blocks still cached)
-        # planned with a fraction of the card (seen: 1.6 GB of an 80 GB H100).
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        # planned with a fraction of the card (seen: 1.6 GB of an 80 GB H100). Read from the
+        # allocator's nested statistics: memory_reserved and memory_allocated flatten all of
+        # them each, in Python (0.6 ms of every GPU call's host time, H200).
+        stats = torch.cuda.memory_stats_as_nested_dict(device)
+        cached = _current(stats, "reserved_bytes") - _current(stats, "allocated_bytes")
         return int((free + max(0, cached)) * GPU_FREE_SHARE)
     return int(min(CPU_BUDGET_CAP, available_ram() * CPU_AVAILABLE_SHARE))
+
+
+def _current(stats: dict, name: str) -> int:
+    """The current bytes of one of the caching allocator's nested statistics (0 before any use)."""
+    return int(stats.get(name, {}).get("all", {}).get("current", 0))
 
 
 def resolve_budget(memory_budget: int | float | str | None, device: torch.device) -> int:
