@@ -197,7 +197,7 @@ def available(device: torch.device) -> bool:
     (``mma.sync`` with float16, ``cp.async``) and CuPy to compile it."""
     if device.type != "cuda" or not cuda.available():
         return False
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    return cuda.device_capability(device) >= (8, 0)
 
 
 def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,

@@ -43,6 +43,7 @@ from knng.engine import cuda_screen
 from knng.metrics import (
     digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
 )
+from knng.select import cuda
 
 __all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
            "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels", "triangle_runs"]
@@ -77,19 +78,18 @@ LIST_FLOOR = 2**24
 SELECT_TILE = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4)
 
 
+@functools.cache
 def triton_installed() -> bool:
-    """Whether Triton can be imported here (without importing it)."""
+    """Whether Triton can be imported here (without importing it; looked up once)."""
     return importlib.util.find_spec("triton") is not None
 
 
 def fused_available(device: torch.device) -> bool:
     """Whether the fused kernel can run on ``device`` (a CUDA GPU with Triton installed)."""
-    return device.type == "cuda" and triton_installed() and _cuda_capability_ok(device)
-
-
-def _cuda_capability_ok(device: torch.device) -> bool:
     # tl.dot on tensor cores with bfloat16 inputs needs Ampere (sm_80) or newer.
-    return torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cuda" and triton_installed() and cuda.device_capability(device) >= (8, 0)
+
+
 
 
 class Survivors(NamedTuple):

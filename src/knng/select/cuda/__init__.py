@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["available", "require", "kernel", "launch", "ptr", "source_kernel", "launch_kernel"]
+__all__ = ["available", "device_capability", "require", "kernel", "launch", "ptr", "source_kernel", "launch_kernel"]
 
 _HERE = Path(__file__).parent
 _SOURCES = ("qms.cu", "baselines.cu")
@@ -33,6 +33,25 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+#: Compute capabilities already asked for, by (device index, the function that answered):
+#: every GPU call asks a few dozen times, and torch's answer costs ~30 µs of host time.
+_CAPABILITIES: dict[tuple[int, object], tuple[int, int]] = {}
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability of CUDA ``device``, asked of torch once per device index (keyed by
+    the asking function too, so that a test's stand-in for it is asked in its turn). A device
+    without an index (the current one, which may change) is asked every time."""
+    query = torch.cuda.get_device_capability
+    if device.index is None:
+        return tuple(query(device))
+    key = (device.index, query)
+    found = _CAPABILITIES.get(key)
+    if found is None:
+        found = _CAPABILITIES[key] = tuple(query(device))
+    return found
 
 
 def require(algorithm: str) -> None:
