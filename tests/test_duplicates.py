@@ -105,6 +105,33 @@ def test_duplicate_groups_are_the_identical_rows(rng):
     assert duplicates.find_duplicates(torch.from_numpy(rng.standard_normal((100, 3))), 5) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fingerprint_order_sorts_keys_of_every_sign(dtype, rng):
+    # Keys of both signs, signed zeros, subnormals and infinities, many repeated: the order
+    # sorts by (first, second) key (float32 keys go through one sort of their bit patterns).
+    values = torch.tensor([-np.inf, -7.0, -3.5, -1.0, -1e-40, -0.0, 0.0, 1e-40, 1.0, 2.0, 7.0, np.inf])
+    for trial in range(40):
+        n = int(rng.integers(2, 400))
+        if trial % 2:
+            keys = values[torch.from_numpy(rng.integers(0, values.numel(), (n, 2)))]
+        else:
+            keys = torch.from_numpy(rng.standard_normal((n, 2)) * 10.0 ** rng.integers(-30, 30))
+        keys = keys.to(dtype)
+        order = duplicates._lexicographic_order(keys)
+        assert sorted(order.tolist()) == list(range(n))
+        a, b = keys[order][:-1], keys[order][1:]
+        assert bool(((a[:, 0] < b[:, 0]) | ((a[:, 0] == b[:, 0]) & (a[:, 1] <= b[:, 1]))).all())
+
+
+def test_groups_fold_from_one_row_past_the_limit(rng):
+    # A group of max(GROUP_MIN, k + 1) rows is not folded; one row more is.
+    k = 5
+    limit = max(duplicates.GROUP_MIN, k + 1)
+    for size, folds in ((limit, False), (limit + 1, True)):
+        x = _with_groups(rng, 200, 4, (size,))
+        assert (duplicates.find_duplicates(torch.from_numpy(x), k) is not None) == folds
+
+
 def _random_groups(rng, n: int, big: tuple[int, ...]) -> duplicates.DuplicateGroups:
     """Groups of n rows: ``big`` groups of those sizes, the rest single rows, members scattered."""
     label = np.arange(n)

@@ -23,6 +23,7 @@ This needs d(x, x) ≤ d(x, y) for all y (:func:`applies`: not the inner product
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -80,16 +81,19 @@ def find_duplicates(x: torch.Tensor, k: int) -> DuplicateGroups | None:
     if n < 2:
         return None
     keys = _fingerprints(x)
-    order = torch.argsort(keys[:, 1], stable=True)
-    order = order[torch.argsort(keys[order, 0], stable=True)]
+    order = _lexicographic_order(keys)
     sorted_keys = keys[order]
     starts_key = torch.ones(n, dtype=torch.bool, device=x.device)
     starts_key[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(dim=1)
+    # The longest run of equal keys, from each position's distance to its run's start (no
+    # bincount: on a GPU it synchronises to size its output, and most data fold nothing).
+    position = torch.arange(n, device=x.device)
+    run_start = torch.cummax(torch.where(starts_key, position, 0), dim=0).values
+    if int((position - run_start).max()) + 1 <= max(GROUP_MIN, k + 1):
+        return None
     key_group = torch.empty(n, dtype=torch.int64, device=x.device)
     key_group[order] = torch.cumsum(starts_key, 0) - 1
     key_counts = torch.bincount(key_group)
-    if int(key_counts.max()) <= max(GROUP_MIN, k + 1):
-        return None
     # Each key group's first row; rows not equal to it are groups of their own.
     first = torch.full((key_counts.numel(),), n, dtype=torch.int64, device=x.device)
     first.scatter_reduce_(0, key_group, torch.arange(n, device=x.device), reduce="amin")
@@ -109,9 +113,32 @@ def _fingerprints(x: torch.Tensor) -> torch.Tensor:
     """(n, 2) keys of the rows, equal for rows of equal values wherever the product rounds
     alike: the rows times two fixed random vectors (float64 rows in float64, others float32)."""
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.to(dtype) @ _fingerprint_vectors(x.shape[1], x.device, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint_vectors(d: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The two fixed random vectors of :func:`_fingerprints`, drawn on the host and copied once
+    per device (a copy from the host is a synchronisation on a GPU)."""
     gen = torch.Generator(device="cpu").manual_seed(17)
-    r = torch.randn((x.shape[1], 2), generator=gen, dtype=torch.float64).to(x.device, dtype)
-    return x.to(dtype) @ r
+    return torch.randn((d, 2), generator=gen, dtype=torch.float64).to(device, dtype)
+
+
+def _lexicographic_order(keys: torch.Tensor) -> torch.Tensor:
+    """An order of the rows of (n, 2) ``keys`` that sorts them by (first, second) key (rows of
+    equal keys in any order). float32 keys go in one sort of an int64 built from both keys'
+    order-preserving bit patterns (two equal keys have equal patterns; a NaN key sorts by its
+    bits, and its row's values never equal another's); float64 keys in two stable sorts."""
+    if keys.dtype == torch.float32:
+        # + 0.0 makes -0.0 the +0.0 it equals (equal keys, equal patterns).
+        bits = (keys + 0.0).contiguous().view(torch.int32).to(torch.int64)
+        # Negative floats order in reverse of their bits: flip all but the sign bit. Then the
+        # signed 32-bit patterns order as the floats: the first key's, signed, in the high
+        # half; the second's, made unsigned, in the low one.
+        ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+        return torch.argsort((ordered[:, 0] << 32) | (ordered[:, 1] + 2**31))
+    order = torch.argsort(keys[:, 1], stable=True)
+    return order[torch.argsort(keys[order, 0], stable=True)]
 
 
 def unfold_graph(groups: DuplicateGroups, idx: torch.Tensor, dist: torch.Tensor, self_dist: torch.Tensor, k: int,
