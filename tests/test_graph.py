@@ -330,7 +330,7 @@ def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, monkeypatch
         np.testing.assert_array_equal(g.indices, oracle.indices, err_msg=f"seed={seed} {data}")
 
 
-@pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint"])
+@pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint", "finish tightens"])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 6), ("offset", 5),
                                     ("integers", 12), ("all", 299), ("patches", 7), ("flat patches", 10)])
 def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, seed, tmp_path):
@@ -352,6 +352,8 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
     monkeypatch.setattr(plan, "PENDING_CPU", 300)  # several tightenings
     if how == "taken":
         monkeypatch.setattr(graph_engine, "Holding", lambda limit, **kw: Holding(limit=0, **kw))
+    if how == "finish tightens":  # as a large run's finish does (a small one evaluates its pairs whole)
+        monkeypatch.setattr("knng.engine.store.FINISH_UNTIGHTENED_PAIRS", 0)
     calls = {name: 0 for name in ("_hold", "_finish_held", "_take_held", "_tighten_held_pairs")}
     for name in calls:
         def counted(store, *args, _real=getattr(CandidateStore, name), _name=name):
@@ -377,7 +379,7 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
     g = knng.graph(x, k, device="cpu", **options)
     assert (last_report().parts > 1 or data == "all") and last_report().screen_dtype == "tf32"
     assert calls["_hold"] > 0, calls
-    held = how in ("held", "flat")
+    held = how in ("held", "flat", "finish tightens")
     assert (calls["_finish_held"] > 0) == held and (calls["_take_held"] > 0) != held, calls
     if data.endswith("patches"):  # blocks centred on their own parts: pairs with their norms
         assert graph_engine.HOLD_PAIRS and last_report().plan.frames == "principal"

@@ -374,7 +374,7 @@ def test_seed_candidates_are_chunk_minima(rng, cols, k):
         assert int((pool[r] < keys[r, positions[r]].max()).sum()) < k
 
 
-@pytest.mark.parametrize("how", ["held", "flat", "tightened", "taken", "state"])
+@pytest.mark.parametrize("how", ["held", "flat", "tightened", "finish tightens", "taken", "state"])
 def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
     # A holding store finishes from its held survivors alone (every one evaluated, ordered by
     # distance then index: ties here); one that took pairs in (over its limit, or a checkpoint's
@@ -409,6 +409,8 @@ def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
     if how == "flat":  # the finish orders the flat lists, no row padded
         store.rebuild_entries = 0
         monkeypatch.setattr("knng.engine.store.FINISH_PADDING", 0)
+    if how == "finish tightens":  # as a large run's finish does (a small one evaluates its pairs whole)
+        monkeypatch.setattr("knng.engine.store.FINISH_UNTIGHTENED_PAIRS", 0)
     assert store._may_hold == (how in ("taken", "state"))
     idx, dist = store.finish()
     want = torch.sort(exact, dim=1, stable=True)
@@ -470,3 +472,18 @@ def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, monkeypatch):
     every = np.sort(np.concatenate([c.numpy() for c in counts]))
     assert host == {"median": float(every[(n + 1) // 2 - 1]), "p99": float(every[max(1, int(np.ceil(0.99 * n))) - 1]),
                     "max": float(every[-1])}
+
+
+def test_summaries_in_one_copy_equal_each_alone(rng, monkeypatch):
+    # Several summaries read in one copy (some sorted on the device, some on the host, some
+    # empty) are each the summary of its own counts.
+    import knng.engine.store as store
+
+    groups = [[torch.from_numpy(rng.integers(0, 9, size=m)) for m in sizes]
+              for sizes in ((5, 0, 17), (), (0,), (1,), (150,), (40, 61))]
+    alone = [store.summarize_per_row(counts) for counts in groups]
+    assert store.summarize_per_row_each(groups) == alone
+    assert alone[1] == {} and alone[2] == {} and alone[3]["max"] == alone[3]["median"]
+    monkeypatch.setattr(store, "DEVICE_SUMMARY_ON", frozenset({"cpu"}))
+    monkeypatch.setattr(store, "DEVICE_SUMMARY_ROWS", 100)  # the larger groups sorted "on the device"
+    assert store.summarize_per_row_each(groups) == alone

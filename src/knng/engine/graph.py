@@ -40,7 +40,7 @@ from knng.engine.screen import (
     screen_own_later, strip_minima, strip_seeds_run, use_kernel,
 )
 from knng.engine.search import exact_search
-from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row
+from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row_each
 from knng.engine.thresholds import seed_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
 
@@ -329,9 +329,10 @@ def _graph_report(plan: EnginePlan, store: CandidateStore, counts: "_Counts", ch
                   done: int, precision: ScreenPrecision) -> GraphReport:
     """The report of a finished graph run (store counters are of the whole run, every band's)."""
     exact = ExactStats(rows=plan.n_corpus, exact_evaluations=store.stats.exact_evaluations)
+    evaluated, screened = summarize_per_row_each([[counts.evaluations_per_row(store)],
+                                                  [counts.screened_per_row(store)]])
     return GraphReport(plan=plan, oom_retries=counts.retries, exact=exact, store=store.stats,
-                       evaluations_per_row=summarize_per_row([counts.evaluations_per_row(store)]),
-                       screened_per_row=summarize_per_row([counts.screened_per_row(store)]),
+                       evaluations_per_row=evaluated, screened_per_row=screened,
                        blocks_skipped=plan.parts * (plan.parts - 1) // 2 - counts.computed,
                        pairs_screened=counts.screened, exact_products=precision.exact_products,
                        checkpoints={} if checkpoint is None else checkpoint.summary(done))

@@ -24,7 +24,7 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
 from knng.engine.screen import block_scores, screen_rows, strip_minima, strip_seeds_run, use_kernel
-from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row
+from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row_each
 from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 
@@ -145,8 +145,8 @@ def exact_search(
             bar.update(q1 - q0)
             q0 = q1
         bar.close()
-    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, summarize_per_row(per_row),
-                                         summarize_per_row(screened),
+    evaluated, screened_summary = summarize_per_row_each([per_row, screened])
+    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, evaluated, screened_summary,
                                          {} if finished is None else finished.checkpoint.summary(resumed_from))
 
 

@@ -40,7 +40,7 @@ from knng.engine.exact import flat_top_by_distance
 from knng.engine.row_order import top_by_distance
 from knng.metrics import Metric, ScreenPrecision
 
-__all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row"]
+__all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row", "summarize_per_row_each"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
 #: Pending survivors that trigger a store update unless the plan says (see CandidateStore.add).
@@ -55,6 +55,10 @@ REBUILD_ENTRIES_GPU = 1 << 24
 #: A holding store's finish pads every row to the widest one's pairs where that takes at most
 #: this many times the pairs (see CandidateStore._finish_held).
 FINISH_PADDING = 2
+#: A holding store's finish evaluates up to this many held pairs whole, without tightening
+#: them first: the exact evaluation of every held pair decides as well, and a tightening is a
+#: dozen launches and a synchronisation (most of a small call's finish on a GPU).
+FINISH_UNTIGHTENED_PAIRS = 1 << 16
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
 
@@ -280,29 +284,59 @@ DEVICE_SUMMARY_ON = frozenset({"cuda"})
 def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
     """Median, 99th percentile and maximum of per-row counts (e.g. exact evaluations).
 
-    The median is the lower one of an even count. Few rows are summarised on the host, from
-    one copy of the counts: on a GPU, ``kthvalue`` and ``max`` were about ten launches and a
-    synchronisation per summary (two summaries 1.1 ms of a 10k-query search's host time,
-    H100), where NumPy partitions 10k rows in microseconds. From :data:`DEVICE_SUMMARY_ROWS`
-    rows on, counts on a GPU are sorted there and the three ranks read in one copy: NumPy's
-    partition of 200k rows took 3.5 ms of host time per summary (cProfile of a 200k-point
-    graph, H100 host, 2026-11-25), a GPU sort a few launches.
+    The median is the lower one of an even count. :func:`summarize_per_row_each` has the details;
+    this is one summary of it."""
+    return summarize_per_row_each([counts])[0]
+
+
+def summarize_per_row_each(summaries: list[list[torch.Tensor]]) -> list[dict[str, float]]:
+    """:func:`summarize_per_row` of each list of per-row counts in ``summaries``, with one copy
+    from the device for them all (a report's two summaries were two synchronisations).
+
+    Few rows are summarised on the host: on a GPU, ``kthvalue`` and ``max`` were about ten
+    launches and a synchronisation per summary (two summaries 1.1 ms of a 10k-query search's
+    host time, H100), where NumPy partitions 10k rows in microseconds. From
+    :data:`DEVICE_SUMMARY_ROWS` rows on, counts on a GPU are sorted there and the three ranks
+    read in the one copy: NumPy's partition of 200k rows took 3.5 ms of host time per summary
+    (cProfile of a 200k-point graph, H100 host, 2026-11-25), a GPU sort a few launches.
     """
-    if not counts:
-        return {}
-    allc = torch.cat([c.reshape(-1).to(torch.int64) for c in counts])
-    n = allc.numel()
-    if n == 0:
-        return {}
-    median, p99 = (n + 1) // 2 - 1, max(1, min(n, math.ceil(0.99 * n))) - 1  # 0-based ranks
-    if allc.device.type in DEVICE_SUMMARY_ON and n >= DEVICE_SUMMARY_ROWS:
-        ranks = torch.tensor([median, p99, n - 1], device=allc.device)
-        values = [float(v) for v in torch.sort(allc).values[ranks].tolist()]
-    else:
-        host = allc.cpu().numpy()
-        part = np.partition(host, sorted({median, p99}))
-        values = [float(part[median]), float(part[p99]), float(host.max())]
-    return {"median": values[0], "p99": values[1], "max": values[2]}
+    flat = [torch.cat([c.reshape(-1).to(torch.int64) for c in counts]) if counts else None for counts in summaries]
+    # What each summary contributes to the one copy: its three ranks, sorted on the device, or
+    # all its counts, for the host.
+    pieces: list[torch.Tensor] = []
+    for allc in flat:
+        if allc is None or allc.numel() == 0:
+            continue
+        n = allc.numel()
+        if allc.device.type in DEVICE_SUMMARY_ON and n >= DEVICE_SUMMARY_ROWS:
+            median, p99 = _summary_ranks(n)
+            pieces.append(torch.sort(allc).values[torch.tensor([median, p99, n - 1], device=allc.device)])
+        else:
+            pieces.append(allc)
+    if len({p.device for p in pieces}) == 1:
+        copied = iter(np.split(torch.cat(pieces).cpu().numpy(), np.cumsum([p.numel() for p in pieces])[:-1]))
+    else:  # counts on several devices: a copy each
+        copied = iter([p.cpu().numpy() for p in pieces])
+    out: list[dict[str, float]] = []
+    for allc in flat:
+        if allc is None or allc.numel() == 0:
+            out.append({})
+            continue
+        n = allc.numel()
+        host = next(copied)
+        median, p99 = _summary_ranks(n)
+        if allc.device.type in DEVICE_SUMMARY_ON and n >= DEVICE_SUMMARY_ROWS:
+            values = [float(v) for v in host]
+        else:
+            part = np.partition(host, sorted({median, p99}))
+            values = [float(part[median]), float(part[p99]), float(host.max())]
+        out.append({"median": values[0], "p99": values[1], "max": values[2]})
+    return out
+
+
+def _summary_ranks(n: int) -> tuple[int, int]:
+    """0-based ranks of the (lower) median and the 99th percentile of n counts."""
+    return (n + 1) // 2 - 1, max(1, min(n, math.ceil(0.99 * n))) - 1
 
 
 class CandidateStore:
@@ -1026,7 +1060,8 @@ class CandidateStore:
         (:meth:`_finish_held`) and answers later calls from those results.
         """
         holding = self.holding
-        if holding is not None and self._finished is None and self._held_fresh and holding.tightens:
+        if (holding is not None and self._finished is None and self._held_fresh and holding.tightens
+                and self._held_size > FINISH_UNTIGHTENED_PAIRS):
             self.tighten_held()  # (which may take them in, over the holding's limit)
         if holding is not None and (self._finished is not None or not self._may_hold):
             if self._finished is None:
