@@ -71,7 +71,7 @@ def mark_search_stages(api_too: bool = True) -> None:
     import knng.api as api
 
     for name in ("prepare_corpus", "seed_sample", "_seed_from_sample", "screen_rows", "_screen_chunk",
-                 "exact_pairs", "summarize_per_row"):
+                 "exact_pairs", "summarize_per_row_each"):
         marked(name, search)
     for name in ("tighten", "tighten_held", "_finish_held"):
         marked(name)
