@@ -52,10 +52,12 @@ UNIFORM_NORMS = 1.5
 #: The candidate-store tensors a checkpoint saves (see CandidateStore.state).
 _STORE_ARRAYS = tuple(name.lstrip("_") for name in CandidateStore.STATE_TENSORS)
 #: Store entries × 64 bytes the finish takes at a time: on a CPU rows that stay in cache; on a
-#: GPU 8× more, since each chunk is ~150 launches and ~10 synchronisations whatever its size
-#: (70 chunks of a 582k-point graph at k = 100 with 64 MiB).
+#: GPU 32× more (at most an eighth of the budget), since each chunk is ~150 launches and ~10
+#: synchronisations whatever its size (70 chunks of a 582k-point graph at k = 100 with 64 MiB;
+#: the 16,384 × 4,096 graph at k = 1,024 in three chunks of 512 MiB took 62.0–65.4 ms, in one
+#: 60.5–60.8, H200, one process alternating, 2026-11-27).
 FINISH_BYTES = 64 << 20
-FINISH_BYTES_GPU = 512 << 20
+FINISH_BYTES_GPU = 2 << 30
 #: Device types on which a graph whose blocks share one centre holds its survivors back
 #: (:class:`~knng.engine.store.Holding`) where a low-precision screen's keys need an exact
 #: evaluation anyway: every ``pending`` new survivors, each row's τ becomes its k-th held key
