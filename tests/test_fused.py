@@ -465,6 +465,20 @@ def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d
     assert plan.choose_screen_precision(torch.device("cpu"), 1_000_000, 128, 10) == "float32"
 
 
+@pytest.mark.parametrize("operation", ["search", "graph"])
+def test_cpu_screens_in_float64_from_k_of_one_row_in_a_hundred(operation):
+    """On a CPU k/n decides, whatever d (measured: ``plan.CPU_FLOAT64_ROWS_PER_K``)."""
+    import knng.engine.plan as plan
+
+    cpu = torch.device("cpu")
+    for d in (8, 128, 960):
+        assert plan.choose_screen_precision(cpu, 10_000, d, 10, operation=operation) == "float32"
+        assert plan.choose_screen_precision(cpu, 10_000, d, 99, operation=operation) == "float32"
+        assert plan.choose_screen_precision(cpu, 10_000, d, 100, operation=operation) == "float64"
+        assert plan.choose_screen_precision(cpu, 2_048, d, 100, operation=operation) == "float64"
+        assert plan.choose_screen_precision(cpu, 500, d, 5, operation=operation) == "float64"
+
+
 def test_strip_minima_reference_and_candidates(rng):
     # Strip minima of a block: each strip's smallest value and its column, ties to the smaller
     # column, NaN never the smallest (a strip of NaN reports +inf and its first column), a last

@@ -455,6 +455,18 @@ FLOAT16_GRAPH_MAX_K = 300
 FLOAT16_GRAPH_MIN_D = 32
 
 
+#: On a CPU the screen is float64 where k ≥ n / this: a float64 product costs twice a float32 one
+#: per row (n·d operations), a float32 screen leaves about k candidates per row to evaluate from
+#: the input vectors (k·d values gathered), so the dimension cancels and k/n decides. 2 cores,
+#: 2026-11-27, min of 3, graph / search of 500 queries, ms (every answer checked exact): d = 128,
+#: n = 2,000 k = 100 float64 55 / 17 against float32 79 / 20; n = 10,000 k = 100 876 / 49 against
+#: 909 / 48; k = 10 at n = 5,000 / 10,000 / 20,000 float32 103 / 275 / 742 against 115 / 334 /
+#: 962; d = 512, n = 2,048 k = 100 float64 91 / 33 against 139 / 50; n = 10,000 k = 10 float32
+#: 709 / 71 against 947 / 110; d = 960, n = 4,000 k = 10 float32 311 / 51 against 377 / 63. (The
+#: rule before, float64 from k·d ≥ n/8, screened all of these k = 10 rows in float64.)
+CPU_FLOAT64_ROWS_PER_K = 100
+
+
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search") -> str:
     """The screen precision that makes the exact answer cheapest.
 
@@ -465,7 +477,8 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     search from d ≥ :data:`FLOAT16_SEARCH_MIN_D` (any k), and below it TF32 for a search with
     k ≤ :data:`FUSED_SEARCH_MAX_K`; float16 for a graph with k ≤
     :data:`FLOAT16_GRAPH_MAX_K` at d ≥ :data:`FLOAT16_GRAPH_MIN_D`; float32 otherwise. On a CPU float64
-    from k·d ≥ n/8 (its products cost twice float32 ones), else float32.
+    from k ≥ n / :data:`CPU_FLOAT64_ROWS_PER_K` (its products cost twice float32 ones; see there),
+    else float32.
 
     Why not more of the fused precisions (``knng.engine.fused``, ``docs/BENCHMARKS.md``, "Fused
     screen"): their kernel screens a 1M × 128 search in 20–35 ms of TF32 where the float32
@@ -487,7 +500,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
         if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_GRAPH_MIN_D and fused_available(device):
             return "float16"
         return "float32"
-    return "float64" if 8 * k * d >= n_corpus else "float32"
+    return "float64" if CPU_FLOAT64_ROWS_PER_K * k >= n_corpus else "float32"
 
 
 def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.device, n_corpus: int, d: int,
