@@ -275,3 +275,24 @@ def test_a_span_window_holds_its_members_windows(trial, rng):
                 assert window.r0 <= w.r0 and window.r1 >= w.r1
                 assert window.c0 <= offset + w.c0 and window.c1 >= offset + w.c1
             assert window.c1 <= f.parts[cols[-1]][1] - base
+
+
+@pytest.mark.parametrize("squaring", [True, False])
+def test_leading_direction_by_squarings_or_iteration(squaring, rng, monkeypatch):
+    # Both ways find the leading principal direction of a sample with one dominant direction
+    # (the squarings of the Gram matrix, or the iteration where d is above their limit), and
+    # a sample of equal rows gives some unit vector, not NaN.
+    from knng.engine import frames
+
+    monkeypatch.setattr(frames, "SQUARING_MAX_D_CPU", 512 if squaring else 0)
+    d = 24
+    axis = rng.standard_normal(d)
+    axis /= np.linalg.norm(axis)
+    rows = rng.standard_normal((3000, d)) + 6.0 * rng.standard_normal((3000, 1)) * axis
+    rows = torch.from_numpy(rows - rows.mean(axis=0))
+    u = frames._leading_direction(rows)
+    want = torch.linalg.eigh(rows.T @ rows).eigenvectors[:, -1]
+    assert abs(float(torch.linalg.vector_norm(u)) - 1.0) < 1e-12
+    assert abs(float(u @ want)) > 1 - 1e-9
+    flat = frames._leading_direction(torch.zeros((50, d), dtype=torch.float64))
+    assert bool(torch.isfinite(flat).all()) and abs(float(torch.linalg.vector_norm(flat)) - 1.0) < 1e-12
