@@ -45,9 +45,15 @@ def median_ms(call, repeats: int, device: torch.device):
     return result, times[len(times) // 2]
 
 
-def mm_topk(queries: torch.Tensor, corpus: torch.Tensor, k: int):
-    scores = (queries * queries).sum(1)[:, None] + (corpus * corpus).sum(1)[None] - 2 * queries @ corpus.T
-    return torch.topk(scores, k, dim=1, largest=False)
+def mm_topk(queries: torch.Tensor, corpus: torch.Tensor, k: int, rows: int = 16384):
+    """k smallest of ‖q‖² + ‖x‖² − 2qᵀx per query, ``rows`` queries at a time."""
+    norms = (corpus * corpus).sum(1)[None]
+    values, indices = [], []
+    for q in queries.split(rows):
+        found = torch.topk((q * q).sum(1)[:, None] + norms - 2 * q @ corpus.T, k, dim=1, largest=False)
+        values.append(found.values)
+        indices.append(found.indices)
+    return torch.cat(values), torch.cat(indices)
 
 
 def peers(device: torch.device):
