@@ -1,8 +1,8 @@
 """A/B of whole calls in fresh processes, each answer checked against the float64 oracle.
 
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
-200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K) and
-the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for
+200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K), the
+16,384 × 4,096 graph at k = 1,024 (``wide``) and the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for
 searches), then the oracle on 192 rows of a graph (128 random, 64 flat patches) or 128 of a
 search, and the report's pairs screened and evaluated per row. Whichever knng is on PYTHONPATH;
 run the versions alternating, twice, on one
@@ -80,6 +80,8 @@ SETTINGS = {
     "sym": ((plan, "GRAPH_ROWS_MIN_K", 1 << 30),),
     # principal frames whatever the data's slab gain (Gaussian points keep one centre now)
     "slabs": ((plan, "PRINCIPAL_MIN_GAIN", 0.0),),
+    # the graph's finish in chunks of 512 MiB on a GPU (2 GiB now)
+    "finish512m": ((graph, "FINISH_BYTES_GPU", 512 << 20),),
 }
 
 
@@ -130,6 +132,9 @@ def main() -> None:
         elif name.startswith("g1m"):
             x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
             cases = [(int(name[3:] or 10), x, None)]
+        elif name == "wide":  # the issue's 16,384 × 4,096 graph at k = 1,024
+            x = torch.randn((16_384, 4_096), device="cuda", generator=gen)
+            cases = [(1024, x, None)]
         else:
             x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
             q = torch.randn((10_000, 128), device="cuda", generator=gen)

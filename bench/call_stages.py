@@ -33,6 +33,7 @@ import knng  # noqa: E402
 import knng.api as api  # noqa: E402
 import knng.engine.duplicates as duplicates  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
+import knng.engine.plan as plan  # noqa: E402
 import knng.engine.store as store  # noqa: E402
 from bench_patches import patches  # noqa: E402
 
@@ -64,14 +65,19 @@ def marked(owner: object, name: str) -> None:
 
 
 def mark_stages() -> None:
-    for name in ("_duplicate_groups", "make_graph_plan", "exact_graph", "exact_pairs_of", "as_output"):
+    for name in ("_duplicate_groups", "make_graph_plan", "exact_graph", "exact_pairs_of", "as_output",
+                 "resolve_budget"):
         marked(api, name)
     marked(duplicates, "unfold_graph")
-    for name in ("screen_own_parts_together", "corpus_stats", "_graph_report"):
+    marked(plan, "slab_gain")
+    # The own parts' steps (seeds from strip minima, the triangles' launches) and the frames.
+    for name in ("screen_own_parts_together", "corpus_stats", "_graph_report", "strip_minima", "strip_candidates",
+                 "screen_own_later", "PreparedCorpus", "_holding"):
         marked(graph, name)
+    marked(graph._SharedThresholds, "when_uniform")
     for name in ("start", "screen", "add"):
         marked(graph._OffDiagonalBlock, name)
-    for name in ("seed", "tighten_held", "_finish_held", "finish", "_hold"):
+    for name in ("seed", "tighten_held", "_finish_held", "finish", "_hold", "screen_thresholds", "tighten"):
         marked(store.CandidateStore, name)
 
 
