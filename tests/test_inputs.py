@@ -269,3 +269,22 @@ def test_read_ahead_yields_every_range_in_order_and_stops_cleanly(tmp_path, rng)
     failing = as_input(Failing(), "data")
     with pytest.raises(OSError, match="disk gone"):
         list(failing.iter_blocks(25, read_ahead=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_first_nonfinite_row_whatever_the_sum(dtype):
+    # The first row holding a NaN or an Inf, found whether the block's sum is NaN, infinite or
+    # (+inf and -inf together) NaN; finite values whose sum overflows are not refused.
+    from knng._inputs import first_nonfinite_row
+
+    big = torch.finfo(dtype).max
+    x = torch.full((64, 5), big / 2, dtype=dtype)  # finite, but their sum overflows
+    assert first_nonfinite_row(x) is None
+    assert first_nonfinite_row(torch.zeros((0, 5), dtype=dtype)) is None
+    for bad in ((float("nan"),), (float("inf"),), (-float("inf"),), (float("inf"), -float("inf"))):
+        y = torch.zeros((64, 5), dtype=dtype)
+        for offset, value in enumerate(bad):
+            y[17 + 20 * offset, offset] = value
+        assert first_nonfinite_row(y) == 17
+        y[40:] = big / 2
+        assert first_nonfinite_row(y) == 17

@@ -287,8 +287,18 @@ def _wrap_rows(x: Any, name: str) -> InputArray:
 
 
 def first_nonfinite_row(block: torch.Tensor) -> int | None:
-    """The first row of ``block`` with a NaN or Inf, or None (integer blocks have none)."""
+    """The first row of ``block`` with a NaN or Inf, or None (integer blocks have none).
+
+    A finite sum of the block proves every value finite (a NaN makes the sum NaN, an Inf makes
+    it infinite or NaN), in one float reduction: ``isfinite`` writes a mask of the whole block
+    first (10,000 × 128 float32 on 2 CPU cores: 1.0 ms against 0.1 ms, three times a search).
+    Only a sum that is not finite (a bad value, or finite values whose sum overflows) looks
+    for the row.
+    """
     if block.dtype in (torch.uint8, torch.int8):
+        return None
+    total = torch.sum(block, dtype=torch.float64 if block.dtype == torch.float64 else torch.float32)
+    if bool(torch.isfinite(total)):
         return None
     finite = torch.isfinite(block).all(dim=1)
     if bool(finite.all()):
