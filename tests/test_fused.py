@@ -452,15 +452,18 @@ def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d
     assert plan.choose_screen_precision(gpu, 1_000_000, 63, 17) == "float32"  # below the dimensions measured
     assert plan.choose_screen_precision(gpu, 1_000_000, 8, 16) == "tf32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 960, 129) == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 4096) == "float16"  # any k short of float64's rule
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 16384) == "float64"
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 4096) == "float16"  # any k
+    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 16384) == "float16"  # where float64's rule holds
+    assert plan.choose_screen_precision(gpu, 1_000_000, 63, 32768) == "float64"  # below float16's dimensions
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float16"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 300, operation="graph") == "float16"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 301, operation="graph") == "float32"
     assert plan.choose_screen_precision(gpu, 1_000_000, 64, 100, operation="graph") == "float16"  # 8x8 patches
     assert plan.choose_screen_precision(gpu, 1_000_000, 31, 10, operation="graph") == "float32"  # not measured
-    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
+    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float16"  # a search
+    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024, operation="graph") == "float64"
     monkeypatch.setattr(plan, "fused_available", lambda device: False)
+    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"
     assert plan.choose_screen_precision(torch.device("cpu"), 1_000_000, 128, 10) == "float32"
 

@@ -134,6 +134,18 @@ def test_the_planner_keeps_symmetric_where_rows_cannot_run(gpu_planner):
     assert _gpu_plan(100, n=4_000_000, budget=2 * 2**30).graph_method == "symmetric"
 
 
+def test_a_graph_screened_in_float64_keeps_its_symmetric_blocks(gpu_planner):
+    # The 16,384 × 4,096 graph at k = 1,024: the graph's rule screens it in float64 and
+    # keeps the symmetric blocks, although a search of the same shape now screens in float16.
+    kw = dict(d=4096, k=1024, metric="euclidean", device=torch.device("cuda", 0), budget=60 * 2**30,
+              host_budget=64 * 2**30)
+    wide = plan_mod.make_graph_plan(n=16_384, include_self=False, data=object(), **kw)
+    assert wide.screen_precision == "float64" and wide.graph_method == "symmetric"
+    assert plan_mod.make_search_plan(n_queries=16_384, n_corpus=16_384, **kw).screen_precision == "float16"
+    assert plan_mod.make_graph_plan(n=16_384, include_self=False, data=object(), method="rows", **kw
+                                    ).graph_method == "rows"  # asked for, it runs
+
+
 def test_kernel_searches_take_larger_query_chunks(gpu_planner):
     def search(k: int, **kw):
         return plan_mod.make_search_plan(n_queries=200_000, n_corpus=1_000_000, d=128, k=k, metric="euclidean",

@@ -431,11 +431,17 @@ FUSED_SEARCH_MAX_K = 16
 #: cost a vote each. H100, 2026-11-24, 1M points, 10k queries (``bench/bench_fused.py --part
 #: engine``; float16 / TF32 ms): d = 128, k = 100 86.3 / 110.2; d = 960, k = 10 151.8 / 177.8,
 #: k = 100 203.9 / 258.7. Below d = 64 nothing was measured. From this dimension a search
-#: screens in float16 at every k short of the float64 rule: once the finish took the last
-#: survivors in without the store's capacity, it beat float32 at large k too (1M × 128, 10k
-#: queries, H100, 2026-11-24, alternating fresh processes, ``bench/ab_precision.py``; float16 /
-#: float32 ms): k = 1,024 150, 149 / 270, 272; k = 2,048 258, 256 / 400, 396; k = 4,096 500, 504 /
-#: 653, 652 (k = 16,384, where the float64 rule holds: float64 1,578, 1,544 / float16 1,887, 1,896).
+#: screens in float16 at every k: once the finish took the last survivors in without the
+#: store's capacity, it beat float32 at large k too (1M × 128, 10k queries, H100, 2026-11-24,
+#: alternating fresh processes, ``bench/ab_precision.py``; float16 / float32 ms): k = 1,024 150,
+#: 149 / 270, 272; k = 2,048 258, 256 / 400, 396; k = 4,096 500, 504 / 653, 652. It lost to float64
+#: at k = 16,384 then (1,887 against 1,578 ms), and the float64 rule (k·d ≥ 2n) came first; with
+#: today's holding stores it wins there and wherever that rule held (10k queries, H200,
+#: 2026-11-27, one process, min of 3, every answer exact on 16 rows; float16 / float64 ms):
+#: 1M × 128 k = 16,384 252 / 709; 1M × 960 k = 4,096 200 / 711; 200k × 128 k = 4,096 54 / 131;
+#: 200k × 512 k = 1,024 30 / 93, k = 2,048 42 / 121; 100k × 128 k = 8,192 70 / 119; 50k × 128
+#: k = 8,192 67 / 100; 20k × 256 k = 4,096 39 / 52; 20k × 128 k = 2,000 19 / 25; 16,384 × 4,096
+#: k = 1,024 68 / 94.
 FLOAT16_SEARCH_MIN_D = 64
 #: Graphs screen in float16 up to this k and from this d, float32 otherwise. Their stores take in
 #: every survivor of both sides (at k = 100 float16's 801 per row against float32's 409; on 8×8
@@ -470,13 +476,15 @@ CPU_FLOAT64_ROWS_PER_K = 100
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search") -> str:
     """The screen precision that makes the exact answer cheapest.
 
-    float64 on GPUs whose float64 products run at the float32 rate (A100, H100/H200, B200) once
-    k·d outweighs the row length n — after a float32 screen every candidate a row keeps is
-    evaluated from the input vectors (k·d values read per row), while a float64 screen pins most
-    distances down by itself. Else, on a GPU where the fused kernel runs, scaled float16 for a
-    search from d ≥ :data:`FLOAT16_SEARCH_MIN_D` (any k), and below it TF32 for a search with
-    k ≤ :data:`FUSED_SEARCH_MAX_K`; float16 for a graph with k ≤
-    :data:`FLOAT16_GRAPH_MAX_K` at d ≥ :data:`FLOAT16_GRAPH_MIN_D`; float32 otherwise. On a CPU float64
+    On a GPU where the fused kernel runs, scaled float16 for a search from d ≥
+    :data:`FLOAT16_SEARCH_MIN_D`, at any k. Otherwise float64 on GPUs whose float64 products run
+    at the float32 rate (A100, H100/H200, B200) once k·d outweighs the row length n — after a
+    float32 screen every candidate a row keeps is evaluated from the input vectors (k·d values
+    read per row), while a float64 screen pins most distances down by itself (the 16,384 × 4,096
+    graph at k = 1,024: 58 ms against 110 in float16 and 139 in float32, H200, 2026-11-27). Else,
+    where the fused kernel runs, TF32 for a search below d = 64 with k ≤
+    :data:`FUSED_SEARCH_MAX_K`; float16 for a graph with k ≤ :data:`FLOAT16_GRAPH_MAX_K` at
+    d ≥ :data:`FLOAT16_GRAPH_MIN_D`; float32 otherwise. On a CPU float64
     from k ≥ n / :data:`CPU_FLOAT64_ROWS_PER_K` (its products cost twice float32 ones; see there),
     else float32.
 
@@ -490,11 +498,13 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     124 against 90 and 116), so the planner does not choose it.
     """
     if device.type == "cuda":
+        # A search from d = 64 screens in float16 at any k (FLOAT16_SEARCH_MIN_D: measured
+        # against float64 where the float64 rule held); the float64 rule is for the rest.
+        if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and fused_available(device):
+            return "float16"
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
             return "float64"
-        if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and fused_available(device):
-            return "float16"
         if operation == "search" and k <= FUSED_SEARCH_MAX_K and fused_available(device):
             return "tf32"
         if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_GRAPH_MIN_D and fused_available(device):
@@ -797,7 +807,11 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         host_budget_source=host_source or "given", read_rows=read_rows, lists=lists, band_parts=band_parts,
         host_bytes_expected=int(host),
         group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b))
-    if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE)):
+    # A graph screened in float64 keeps its symmetric blocks: the rows method's search would
+    # screen in float16 (searches take it at every k from d = 64) where the graph's rule found
+    # float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110 in float16).
+    if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE
+                                                          or precision == "float64")):
         return symmetric
     if method not in (None, GRAPH_ROWS):
         raise ValueError(f"method must be {GRAPH_SYMMETRIC!r} or {GRAPH_ROWS!r}, got {method!r}")
