@@ -481,7 +481,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     at the float32 rate (A100, H100/H200, B200) once k·d outweighs the row length n — after a
     float32 screen every candidate a row keeps is evaluated from the input vectors (k·d values
     read per row), while a float64 screen pins most distances down by itself (the 16,384 × 4,096
-    graph at k = 1,024: 58 ms against 110 in float16 and 139 in float32, H200, 2026-11-27). Else,
+    graph at k = 1,024: 58 ms against 110 by rows in float16 and 139 in float32, H200, 2026-11-27). Else,
     where the fused kernel runs, TF32 for a search below d = 64 with k ≤
     :data:`FUSED_SEARCH_MAX_K`; float16 for a graph with k ≤ :data:`FLOAT16_GRAPH_MAX_K` at
     d ≥ :data:`FLOAT16_GRAPH_MIN_D`; float32 otherwise. On a CPU float64
@@ -809,7 +809,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b))
     # A graph screened in float64 keeps its symmetric blocks: the rows method's search would
     # screen in float16 (searches take it at every k from d = 64) where the graph's rule found
-    # float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110 in float16).
+    # float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110 by rows in float16).
     if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE
                                                           or precision == "float64")):
         return symmetric

@@ -40,7 +40,8 @@ from knng.engine.exact import flat_top_by_distance
 from knng.engine.row_order import top_by_distance
 from knng.metrics import Metric, ScreenPrecision
 
-__all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row", "summarize_per_row_each"]
+__all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row",
+           "summarize_per_row_each"]
 
 UNIT_ROUNDOFF_FP64 = 2.0**-53
 #: Pending survivors that trigger a store update unless the plan says (see CandidateStore.add).
