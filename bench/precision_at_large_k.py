@@ -14,7 +14,6 @@ in float16).
 
 import argparse
 import sys
-import time
 
 import torch
 
@@ -22,6 +21,8 @@ import knng
 import knng.engine.plan as plan
 
 sys.path.insert(0, "tests")
+sys.path.insert(0, "bench")
+from ab_exact_calls import timed  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 
 #: (d, corpus points, k) of the searches.
@@ -31,15 +32,9 @@ SEARCHES = ((128, 1_000_000, 16384), (960, 1_000_000, 4096), (960, 1_000_000, 20
 
 
 def min_ms(call, repeats: int = 3):
-    result = call()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        result = call()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return result, min(times)
+    """The call's result and its fastest time in ms, of ``repeats`` after one."""
+    result, times = timed(call, repeats)
+    return result, min(times) * 1e3
 
 
 def main() -> None:

@@ -90,8 +90,6 @@ def fused_available(device: torch.device) -> bool:
     return device.type == "cuda" and triton_installed() and cuda.device_capability(device) >= (8, 0)
 
 
-
-
 class Survivors(NamedTuple):
     """Pairs kept by one side of a block: positions in the block and their screened keys.
 

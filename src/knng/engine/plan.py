@@ -19,6 +19,7 @@ from knng.engine.frames import LOCAL_CENTRE_GAIN, slab_gain, translation_invaria
 from knng.engine.fused import STRIP, fused_available, triangle_runs
 from knng.engine.screen import strip_seeds_run
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
+from knng.select import cuda
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
@@ -502,8 +503,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
         # against float64 where the float64 rule held); the float64 rule is for the rest.
         if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and fused_available(device):
             return "float16"
-        major, minor = torch.cuda.get_device_capability(device)
-        if (major, minor) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
+        if cuda.device_capability(device) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
             return "float64"
         if operation == "search" and k <= FUSED_SEARCH_MAX_K and fused_available(device):
             return "tf32"
@@ -807,11 +807,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         host_budget_source=host_source or "given", read_rows=read_rows, lists=lists, band_parts=band_parts,
         host_bytes_expected=int(host),
         group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b))
-    # A graph screened in float64 keeps its symmetric blocks: the rows method's search would
-    # screen in float16 (searches take it at every k from d = 64) where the graph's rule found
-    # float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110 by rows in float16).
-    if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE
-                                                          or precision == "float64")):
+    if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE)):
         return symmetric
     if method not in (None, GRAPH_ROWS):
         raise ValueError(f"method must be {GRAPH_SYMMETRIC!r} or {GRAPH_ROWS!r}, got {method!r}")
@@ -879,8 +875,13 @@ def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.d
     search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
     principal frames, the data's slab gain (:func:`~knng.engine.frames.slab_gain`, None where
     no sample was read) says whether their slabs pay: image-like data keep the blocks centred
-    on their row parts."""
+    on their row parts. A graph the graph's rule screens in float64 keeps its blocks: the rows
+    method's search would screen in float16 (searches take it at every k from d = 64) where the
+    graph's rule found float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110
+    by rows in float16)."""
     kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
     if not (kernel and by_rows.corpus_resident and symmetric.k >= GRAPH_ROWS_MIN_K):
+        return False
+    if symmetric.screen_precision == "float64":
         return False
     return symmetric.frames != PRINCIPAL_FRAMES or gain is None or gain < LOCAL_CENTRE_GAIN
