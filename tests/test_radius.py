@@ -201,6 +201,12 @@ def assert_pair_radius_is_reference(device: torch.device) -> int:
             grid_cols, grid_keys = cols[:7000].view(500, 14), k[:7000].view(500, 14)
             want = errors.radius_reference(*errors.norms_of(grid_rows, grid_cols), grid_keys, grid_rows)
             assert torch.equal(errors.err(grid_rows, grid_cols, grid_keys), want), label
+            # One row's seeds: its row broadcast along them flattens to a view of stride 0 (a
+            # store of one row; the kernel must not read past that row's one value).
+            one_row = pair_rows[:1, None].expand(1, 60)
+            one_cols, one_keys = cols[:60].view(1, 60), k[:60].view(1, 60)
+            want = errors.radius_reference(*errors.norms_of(one_row, one_cols), one_keys, one_row)
+            assert torch.equal(errors.err(one_row, one_cols, one_keys), want), label
             cases += 1
     return cases
 

@@ -121,7 +121,9 @@ def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm:
     col_terms = col_terms if c_term else None
 
     def flat(t: torch.Tensor) -> torch.Tensor:  # one value per key, contiguous
-        return t.expand(shape).reshape(-1)
+        # contiguous(): a row broadcast along one row's keys ((1, w), strides (1, 0)) flattens
+        # to a view of stride 0, which the kernel would read past its one value.
+        return t.expand(shape).reshape(-1).contiguous()
 
     rows = flat(rows)
     if cols is None:  # the pairs' own norms and terms
@@ -129,7 +131,7 @@ def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm:
         row_terms, col_terms = (None if t is None else flat(t) for t in (row_terms, col_terms))
     row_norms, col_norms = row_norms.contiguous(), col_norms.contiguous()
     fused.kernels().pair_radius_kernel[(-(-p // BLOCK),)](
-        rows, rows if cols is None else flat(cols), keys.reshape(-1), row_norms, col_norms,
+        rows, rows if cols is None else flat(cols), flat(keys), row_norms, col_norms,
         row_norms if row_terms is None else row_terms.contiguous(),
         col_norms if col_terms is None else col_terms.contiguous(),
         offsets.contiguous(), out.view(-1), p, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
@@ -161,9 +163,13 @@ def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
         return
     c_dot, c_term, c_flush, gamma, form, col_terms = _coefficients(metric, d, precision)
     has_row_terms = bool(c_term) and row_terms is not None
+    # The kernel reads every tensor as one value per row, contiguous (a stride-0 view reads past
+    # its value); τ and the counter are written in place, so they must be so already.
+    assert tau.is_contiguous() and tightened.is_contiguous(), "tau and tightened are updated in place"
+    row_norms, offsets = row_norms.contiguous(), offsets.contiguous()
     fused.kernels().tighten_kernel[(-(-n // BLOCK),)](
-        firsts, kths, counts, k, tau, tightened, row_norms,
-        row_terms if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
+        firsts.contiguous(), kths.contiguous(), counts.contiguous(), k, tau, tightened, row_norms,
+        row_terms.contiguous() if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
         float(max_col_norm), float(max_col_term) if col_terms else 0.0, COL_TERMS=col_terms, ROW_TERMS=has_row_terms,
         ORACLE=form, BLOCK=BLOCK, **fused.ieee_options())
 
@@ -182,8 +188,11 @@ def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: f
     c_dot, c_term, c_flush, gamma, form, _ = _coefficients(metric, d, precision)
     has_col_terms, has_row_terms = bool(c_term) and col_terms is not None, bool(c_term) and row_terms is not None
     rows_per_program, seeds_per_step = (BLOCK, 64) if fused.interpreting() else SEED_TILE
+    assert tau.is_contiguous(), "tau is updated in place"
+    row_norms, col_norms = row_norms.contiguous(), col_norms.contiguous()
     fused.kernels().seed_kernel[(-(-m // rows_per_program),)](
         rows.contiguous(), cols.contiguous(), keys.contiguous(), m, width, tau, row_norms,
-        row_terms if has_row_terms else row_norms, offsets, col_norms, col_terms if has_col_terms else col_norms,
+        row_terms.contiguous() if has_row_terms else row_norms, offsets.contiguous(), col_norms,
+        col_terms.contiguous() if has_col_terms else col_norms,
         c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, COL_TERMS=has_col_terms, ROW_TERMS=has_row_terms,
         ORACLE=form, ROWS=rows_per_program, WIDTH=seeds_per_step, **fused.ieee_options())
