@@ -76,7 +76,8 @@ def mark_search_stages(api_too: bool = True) -> None:
     for name in ("tighten", "tighten_held", "_finish_held"):
         marked(name)
     if api_too:
-        for name in ("make_search_plan", "as_output", "resolve_device", "resolve_budget", "exact_search"):
+        for name in ("make_search_plan", "as_output", "resolve_device", "resolve_budget", "exact_search",
+                     "_duplicate_groups"):
             marked(name, api)
 
 

@@ -141,3 +141,32 @@ def test_search_prepared_by_the_kernels(device, rng, monkeypatch, spy):
     got = knng.search(*data, 9, device=device, memory_budget="4MB")
     assert calls and last_report().screen_dtype == "float16"
     assert_exact(got, oracle_search(q, c, 9))
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float16, torch.int16), (torch.float32, torch.int32)])
+@pytest.mark.parametrize("metric_name", ["euclidean", "cosine", "inner_product"])
+def test_resident_corpus_prepared_in_blocks_is_one_blocks(device, rng, dtype, bits, metric_name):
+    """A resident corpus prepared block by block into its one buffer (the kernels writing their
+    slice, or the metric's own preparation copied in) holds the rows, norms and terms of one
+    block's preparation, bit for bit; its rows are not a multiple of the block."""
+    x = torch.from_numpy(_inputs(rng, "offset", 203, 21).astype(np.float32)).to(device)
+    x[100:140] = x[0]  # flat rows across a block boundary
+    metric = get_metric(metric_name)
+    centre = x.double().mean(dim=0)
+    kw = dict(resident=True, symmetric=False, dtype=dtype)
+    one = common.PreparedCorpus(as_input(x, "corpus"), metric, centre, device, block_rows=1024, **kw)
+    blocks = common.PreparedCorpus(as_input(x, "corpus"), metric, centre, device, block_rows=64, **kw)
+    assert blocks.resident.shape == one.resident.shape and blocks.resident.dtype == dtype
+    assert torch.equal(blocks.resident.view(bits), one.resident.view(bits))
+    assert torch.equal(blocks.norms, one.norms)
+    assert (blocks.terms is None) == (one.terms is None)
+    if one.terms is not None:
+        assert torch.equal(blocks.terms, one.terms)
+
+
+def test_prepare_refuses_an_output_of_another_shape(device, rng):
+    x = torch.from_numpy(rng.standard_normal((9, 5)).astype(np.float32)).to(device)
+    metric = get_metric("euclidean")
+    wrong = torch.empty((9, 3), dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="out must be"):
+        preparation.prepare(metric, x, None, side="corpus", symmetric=False, dtype=torch.float16, out=wrong)

@@ -285,17 +285,22 @@ class PreparedCorpus:
         self.resident: torch.Tensor | None = None
         norms = torch.empty(corpus.n, dtype=torch.float64, device=device)
         terms = torch.empty(corpus.n, dtype=torch.float64, device=device) if metric.uses_terms else None
-        blocks = []
+        # A resident corpus of several blocks is prepared into its one buffer, block by block (a
+        # concatenation of the blocks held the prepared corpus twice, and copied it: 1.0 ms of
+        # a 1M × 960 search on an H200).
+        whole = None
+        if resident and corpus.n > block_rows:
+            whole = torch.empty((corpus.n, metric.width(corpus.d, device, dtype)), dtype=dtype, device=device)
         for start, raw in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
-            prep = self._prepare(raw)
             stop = start + raw.shape[0]
+            prep = self._prepare(raw, None if whole is None else whole[start:stop])
             norms[start:stop] = prep.norms
             if terms is not None:
                 terms[start:stop] = prep.terms
-            if resident:
-                blocks.append(prep.vectors)
+            if resident and whole is None:
+                whole = prep.vectors
         if resident:
-            self.resident = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+            self.resident = whole
         self._set_norms(norms, terms)
 
     @classmethod
@@ -327,9 +332,9 @@ class PreparedCorpus:
                 f"{self.corpus.name} has vectors of norm up to {self.max_norm:.3g} (after centring): too large "
                 f"to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
 
-    def _prepare(self, raw: torch.Tensor) -> Prepared:
+    def _prepare(self, raw: torch.Tensor, out: torch.Tensor | None = None) -> Prepared:
         return preparation.prepare(self.metric, raw.to(self.device, non_blocking=True), self.centre,
-                                   side="corpus", symmetric=self.symmetric, dtype=self.dtype)
+                                   side="corpus", symmetric=self.symmetric, dtype=self.dtype, out=out)
 
     def maxima(self, start: int, stop: int) -> tuple[float, float]:
         """Largest norm and largest |term| of rows ``start:stop`` (a block's error radius).

@@ -83,14 +83,15 @@ def find_duplicates(x: torch.Tensor, k: int) -> DuplicateGroups | None:
     keys = _fingerprints(x)
     order = _lexicographic_order(keys)
     sorted_keys = keys[order]
+    # The sorted keys hold a run of more than `most` equal keys iff some key equals the one
+    # `most` places on: one comparison and one synchronisation, where most data fold nothing
+    # (a cummax of the runs' starts took 2.7 ms of a 1M-row search on an H200; a bincount
+    # synchronises to size its output).
+    most = max(GROUP_MIN, k + 1)
+    if n <= most or not bool((sorted_keys[most:] == sorted_keys[:-most]).all(dim=1).any()):
+        return None
     starts_key = torch.ones(n, dtype=torch.bool, device=x.device)
     starts_key[1:] = (sorted_keys[1:] != sorted_keys[:-1]).any(dim=1)
-    # The longest run of equal keys, from each position's distance to its run's start (no
-    # bincount: on a GPU it synchronises to size its output, and most data fold nothing).
-    position = torch.arange(n, device=x.device)
-    run_start = torch.cummax(torch.where(starts_key, position, 0), dim=0).values
-    if int((position - run_start).max()) + 1 <= max(GROUP_MIN, k + 1):
-        return None
     key_group = torch.empty(n, dtype=torch.int64, device=x.device)
     key_group[order] = torch.cumsum(starts_key, 0) - 1
     key_counts = torch.bincount(key_group)

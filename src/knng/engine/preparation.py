@@ -117,12 +117,22 @@ def _scaled_kernel_applies(metric: Metric, x: torch.Tensor, dtype: torch.dtype) 
 
 
 def prepare(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, *, side: str, symmetric: bool,
-            dtype: torch.dtype = torch.float32) -> Prepared:
+            dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> Prepared:
     """:meth:`Metric.prepare`, through the kernels where they apply (scaled float16 rows of a
     metric that neither normalises nor centres rows, on a device where :func:`kernels_apply`),
-    else the metric's own; the arguments are that method's."""
+    else the metric's own; the arguments are that method's. ``out``: where the prepared rows go
+    ((m, ``metric.width(d, device, dtype)``) of ``dtype``, rows of unit column stride: a slice of
+    a whole prepared corpus), which the kernels write directly."""
+    if out is not None and (out.shape != (x.shape[0], metric.width(x.shape[1], x.device, dtype))
+                            or out.dtype != dtype or out.stride(1) != 1):
+        raise ValueError(f"out must be ({x.shape[0]}, {metric.width(x.shape[1], x.device, dtype)}) {dtype} rows, "
+                         f"got {tuple(out.shape)} {out.dtype}")
     if not _scaled_kernel_applies(metric, x, dtype):
-        return metric.prepare(x, centre, side=side, symmetric=symmetric, dtype=dtype)
+        prep = metric.prepare(x, centre, side=side, symmetric=symmetric, dtype=dtype)
+        if out is None:
+            return prep
+        out.copy_(prep.vectors)
+        return Prepared(vectors=out, norms=prep.norms, terms=prep.terms, offsets=prep.offsets)
     kernels = fused.kernels()
     sizes = _sizes()
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -132,7 +142,8 @@ def prepare(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, *, sid
     sumsq = torch.empty(m, dtype=torch.float64, device=x.device)
     top = torch.empty(m, dtype=torch.float64, device=x.device)
     width = scaled_width(d)
-    out = torch.empty((m, width + SCALED_TAIL), dtype=torch.float16, device=x.device)
+    if out is None:
+        out = torch.empty((m, width + SCALED_TAIL), dtype=torch.float16, device=x.device)
     grid = (max(1, -(-m // sizes["ROW_BLOCK"])),)
     if m:
         kernels.row_extent_kernel[grid](x, mu, sumsq, top, m, d, x.stride(0), HAS_CENTRE=shift,
