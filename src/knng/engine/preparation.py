@@ -29,16 +29,21 @@ from knng.metrics import (
 
 __all__ = ["kernels_apply", "column_sums", "finite_column_sums", "prepare"]
 
-#: Rows per program of the corpus pass, and the tile each program walks them in.
-SUM_ROWS, SUM_TILE_ROWS = 2048, 32
+#: Rows per program of the corpus pass, the tile each program walks them in, and its widest
+#: column block (a power of two ≥ d where d is narrower). 1M × 960 float32 on an H200: tiles of
+#: 32 × 128 read it at 1.8 TB/s (2.12 ms), tiles of 64 × 256 at 3.1 TB/s (1.25 ms); 1M × 128
+#: 0.39 → 0.33 ms (``.exp`` sweep of 27 shapes, 2026-11-27, docs/BENCHMARKS.md).
+SUM_ROWS, SUM_TILE_ROWS, SUM_COLUMN_BLOCK = 2048, 64, 256
 #: Rows per program of the lattice pass: its float64 divisions and roundings are latency-bound,
 #: so it wants many programs (a program of SUM_ROWS rows a multiprocessor, 98 of them for 200k
-#: rows, took 1.0 ms of an H200 for a 200k × 128 block).
-LATTICE_ROWS = 256
-#: Rows per program of the row passes, and the columns each step of a program loads.
-ROW_BLOCK, COLUMN_BLOCK = 32, 128
+#: rows, took 1.0 ms of an H200 for a 200k × 128 block), and the tile each program walks.
+LATTICE_ROWS, LATTICE_TILE_ROWS, LATTICE_COLUMN_BLOCK = 256, 32, 128
+#: Rows per program of the row passes, and the columns each step of a program loads: steps of
+#: 64 columns (was 128) prepared 1M × 960 in 2.96 ms (was 3.83) and 1M × 128 in 0.80 (0.89).
+ROW_BLOCK, COLUMN_BLOCK = 32, 64
 #: The same in Triton's interpreter (CPU tests), whose cost is per step, not per value.
-_INTERPRETED = dict(SUM_ROWS=64, LATTICE_ROWS=64, SUM_TILE_ROWS=16, ROW_BLOCK=16, COLUMN_BLOCK=16)
+_INTERPRETED = dict(SUM_ROWS=64, SUM_TILE_ROWS=16, SUM_COLUMN_BLOCK=16, LATTICE_ROWS=64, LATTICE_TILE_ROWS=16,
+                    LATTICE_COLUMN_BLOCK=16, ROW_BLOCK=16, COLUMN_BLOCK=16)
 
 
 def kernels_apply(device: torch.device) -> bool:
@@ -50,8 +55,9 @@ def kernels_apply(device: torch.device) -> bool:
 def _sizes() -> dict[str, int]:
     if fused.interpreting():
         return _INTERPRETED
-    return dict(SUM_ROWS=SUM_ROWS, LATTICE_ROWS=LATTICE_ROWS, SUM_TILE_ROWS=SUM_TILE_ROWS, ROW_BLOCK=ROW_BLOCK,
-                COLUMN_BLOCK=COLUMN_BLOCK)
+    return dict(SUM_ROWS=SUM_ROWS, SUM_TILE_ROWS=SUM_TILE_ROWS, SUM_COLUMN_BLOCK=SUM_COLUMN_BLOCK,
+                LATTICE_ROWS=LATTICE_ROWS, LATTICE_TILE_ROWS=LATTICE_TILE_ROWS,
+                LATTICE_COLUMN_BLOCK=LATTICE_COLUMN_BLOCK, ROW_BLOCK=ROW_BLOCK, COLUMN_BLOCK=COLUMN_BLOCK)
 
 
 def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,9 +71,10 @@ def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     partial = torch.empty((programs, d), dtype=torch.float64, device=block.device)
     nonfinite = torch.zeros(1, dtype=torch.int32, device=block.device)
     if m and d:
-        grid = (programs, -(-d // sizes["COLUMN_BLOCK"]))
+        block_d = min(sizes["SUM_COLUMN_BLOCK"], max(16, 1 << (d - 1).bit_length()))
+        grid = (programs, -(-d // block_d))
         kernels.column_sums_kernel[grid](block, partial, nonfinite, m, d, block.stride(0), ROWS=sizes["SUM_ROWS"],
-                                         BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=sizes["COLUMN_BLOCK"])
+                                         BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=block_d)
     else:
         partial.zero_()
     return partial.sum(dim=0), nonfinite[0]
@@ -82,7 +89,7 @@ def lattice_extent(block: torch.Tensor, unit: float) -> tuple[torch.Tensor, torc
     sizes = _sizes()
     m, d = block.shape
     block = block if block.stride(1) == 1 else block.contiguous()
-    programs, column_blocks = max(1, -(-m // sizes["LATTICE_ROWS"])), max(1, -(-d // sizes["COLUMN_BLOCK"]))
+    programs, column_blocks = max(1, -(-m // sizes["LATTICE_ROWS"])), max(1, -(-d // sizes["LATTICE_COLUMN_BLOCK"]))
     low = torch.full((programs, d), torch.inf, dtype=torch.float64, device=block.device)
     high = torch.full((programs, d), -torch.inf, dtype=torch.float64, device=block.device)
     off = torch.zeros((programs, column_blocks), dtype=torch.float64, device=block.device)
@@ -90,7 +97,7 @@ def lattice_extent(block: torch.Tensor, unit: float) -> tuple[torch.Tensor, torc
     if m and d:
         kernels.lattice_extent_kernel[(programs, column_blocks)](
             block, low, high, off, err, m, d, block.stride(0), unit, ROWS=sizes["LATTICE_ROWS"],
-            BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=sizes["COLUMN_BLOCK"], **fused.ieee_options())
+            BLOCK_R=sizes["LATTICE_TILE_ROWS"], BLOCK_D=sizes["LATTICE_COLUMN_BLOCK"], **fused.ieee_options())
     return low.amin(dim=0), high.amax(dim=0), off.max(), err.max()
 
 
