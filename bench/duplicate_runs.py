@@ -1,16 +1,15 @@
 """``find_duplicates`` on data with nothing to fold (1M × 128, 1M × 960, 200k × 128 Gaussian
 rows on a GPU), against the test it replaced: the longest run of equal fingerprints from a
-cummax of the runs' starts (2.7 ms of a 1M-row search). Median of 15 after 3, ms. Usage (GPU
+cummax of the runs' starts (2.7 ms of a 1M-row search). Median of 15 CUDA-event timings, ms
+(the figures of 2026-11-27 were timed by the host's clock around synchronisations). Usage (GPU
 machine, repository root)::
 
     PYTHONPATH=src python bench/duplicate_runs.py
 """
 
-import statistics
-import time
-
 import torch
 
+from bench_fused import cuda_ms  # median of CUDA-event timings after two warm-ups
 from knng.engine import duplicates
 
 
@@ -26,27 +25,14 @@ def folds_nothing_by_cummax(x: torch.Tensor, k: int) -> bool:
     return int((position - run_start).max()) + 1 <= max(duplicates.GROUP_MIN, k + 1)
 
 
-def median_ms(call) -> float:
-    for _ in range(3):
-        call()
-    times = []
-    for _ in range(15):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        times.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(times)
-
-
 def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     for n, d in ((1_000_000, 128), (1_000_000, 960), (200_000, 128)):
         x = torch.randn((n, d), device="cuda", generator=gen)
         assert duplicates.find_duplicates(x, 10) is None and folds_nothing_by_cummax(x, 10)
-        print(f"{n}x{d}: find_duplicates {median_ms(lambda: duplicates.find_duplicates(x, 10)):.2f} ms, "
-              f"with the cummax test {median_ms(lambda: folds_nothing_by_cummax(x, 10)):.2f} ms, "
-              f"fingerprints alone {median_ms(lambda: duplicates._fingerprints(x)):.2f} ms")
+        print(f"{n}x{d}: find_duplicates {cuda_ms(lambda: duplicates.find_duplicates(x, 10), 15):.2f} ms, "
+              f"with the cummax test {cuda_ms(lambda: folds_nothing_by_cummax(x, 10), 15):.2f} ms, "
+              f"fingerprints alone {cuda_ms(lambda: duplicates._fingerprints(x), 15):.2f} ms")
 
 
 if __name__ == "__main__":

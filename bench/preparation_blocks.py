@@ -15,25 +15,11 @@ import statistics
 
 import torch
 
+from bench_fused import cuda_ms as median_ms  # the same CUDA-event timing
 from knng.engine import preparation
 from knng.metrics import get_metric
 
 SIZES = ("SUM_ROWS", "SUM_TILE_ROWS", "SUM_COLUMN_BLOCK", "ROW_BLOCK", "COLUMN_BLOCK")
-
-
-def median_ms(call, repeats: int = 10) -> float:
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def main() -> None:
