@@ -145,7 +145,7 @@ def test_search_prepared_by_the_kernels(device, rng, monkeypatch, spy):
 
 @pytest.mark.parametrize("dtype,bits", [(torch.float16, torch.int16), (torch.float32, torch.int32)])
 @pytest.mark.parametrize("metric_name", ["euclidean", "cosine", "inner_product"])
-def test_resident_corpus_prepared_in_blocks_is_one_blocks(device, rng, dtype, bits, metric_name):
+def test_resident_corpus_prepared_in_blocks_equals_one_block(device, rng, dtype, bits, metric_name):
     """A resident corpus prepared block by block into its one buffer (the kernels writing their
     slice, or the metric's own preparation copied in) holds the rows, norms and terms of one
     block's preparation, bit for bit; its rows are not a multiple of the block."""

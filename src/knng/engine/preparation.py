@@ -32,7 +32,7 @@ __all__ = ["kernels_apply", "column_sums", "finite_column_sums", "prepare"]
 #: Rows per program of the corpus pass, the tile each program walks them in, and its widest
 #: column block (a power of two ≥ d where d is narrower). 1M × 960 float32 on an H200: tiles of
 #: 32 × 128 read it at 1.8 TB/s (2.12 ms), tiles of 64 × 256 at 3.1 TB/s (1.25 ms); 1M × 128
-#: 0.39 → 0.33 ms (``.exp`` sweep of 27 shapes, 2026-11-27, docs/BENCHMARKS.md).
+#: 0.39 → 0.33 ms (``bench/preparation_blocks.py``, 2026-11-27, docs/BENCHMARKS.md).
 SUM_ROWS, SUM_TILE_ROWS, SUM_COLUMN_BLOCK = 2048, 64, 256
 #: Rows per program of the lattice pass: its float64 divisions and roundings are latency-bound,
 #: so it wants many programs (a program of SUM_ROWS rows a multiprocessor, 98 of them for 200k

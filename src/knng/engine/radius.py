@@ -169,7 +169,8 @@ def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
     row_norms, offsets = row_norms.contiguous(), offsets.contiguous()
     fused.kernels().tighten_kernel[(-(-n // BLOCK),)](
         firsts.contiguous(), kths.contiguous(), counts.contiguous(), k, tau, tightened, row_norms,
-        row_terms.contiguous() if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
+        row_terms.contiguous() if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma,
+        centre_norm, TINY,
         float(max_col_norm), float(max_col_term) if col_terms else 0.0, COL_TERMS=col_terms, ROW_TERMS=has_row_terms,
         ORACLE=form, BLOCK=BLOCK, **fused.ieee_options())
 
