@@ -260,3 +260,44 @@ def test_one_maximum_per_row_must_match_the_rows(monkeypatch):
     label, errors, rows, tau, *_ = next(radius_cases(torch.device("cpu")))
     with pytest.raises(ValueError, match="one value per row|per row"):
         errors.block_err(rows, tau[: rows.numel()], torch.ones(rows.numel() + 1, dtype=torch.float64), 0.0)
+
+
+@pytest.mark.parametrize("metric_name", ["euclidean", "cosine", "inner_product"])
+def test_a_store_merged_from_one_row_packs_has_the_reference_radii(monkeypatch, metric_name):
+    """The distributed graph's merge (``CandidateStore.from_packs``) of a rank's one-row slice:
+    its radii through the pair radius kernel equal the torch reference's. The row broadcast
+    along its entries once reached the kernel as a view of stride 0, read past its one value
+    (an illegal address on two GPUs)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    gen = torch.Generator().manual_seed(5)
+    metric, n_cols, width = get_metric(metric_name), 50, 12
+
+    def vec(size, scale):
+        return torch.rand(size, generator=gen, dtype=torch.float64) * scale
+
+    errors = PairErrors(metric=metric, d=16, precision=PRECISIONS["float16"], row_norms=vec(1, 3.0),
+                        row_terms=vec(1, 9.0) if metric.uses_terms else None, row_offsets=vec(1, 1e3),
+                        col_norms=vec(n_cols, 3.0), col_terms=vec(n_cols, 9.0) if metric.uses_terms else None,
+                        centre_norm=2.0)
+    packs = []
+    for _ in range(2):  # two ranks' packs of the same row
+        keys = torch.randn((1, width), generator=gen, dtype=torch.float64) * 5.0
+        idx = torch.randint(0, n_cols, (1, width), generator=gen).to(torch.float64)
+        idx[0, -2:] = -1  # empty entries
+        dist = torch.full((1, width), torch.nan, dtype=torch.float64)
+        dist[0, 0] = 0.75  # an entry already evaluated exactly
+        packs.append(torch.cat([keys, idx, dist, torch.full((1, 1), 4.0, dtype=torch.float64)], dim=1))
+
+    def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("a merge evaluates nothing")
+
+    calls = []
+    kernel = radius.pair_radius
+    monkeypatch.setattr(radius, "pair_radius", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    got = CandidateStore.from_packs(packs, 3, errors, evaluate, torch.device("cpu")).rad
+    assert calls, "the kernel did not run"
+    monkeypatch.setattr(fused, "fused_available", lambda device: False)
+    want = CandidateStore.from_packs(packs, 3, errors, evaluate, torch.device("cpu")).rad
+    assert got.shape == (1, 2 * width) and torch.equal(got, want)
