@@ -238,11 +238,6 @@ def _kernel_applies(device: torch.device, lists: int, k: int) -> bool:
     return fused.fused_available(device) and 1 <= lists and max(lists, k) <= KERNEL_MAX_WIDTH
 
 
-def _triton_width(n: int) -> int:
-    """The power of two from ``n`` up (a Triton block's width)."""
-    return 1 << max(0, n - 1).bit_length()
-
-
 def _unfold_by_kernel(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.Tensor,
                       dist: torch.Tensor, k: int, own: torch.Tensor | None, position: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -264,7 +259,7 @@ def _unfold_by_kernel(groups: DuplicateGroups, own_group: torch.Tensor | None, i
         dummy if own_group is None else own_group, idx, dist, dummy if own is None else own, groups.sizes,
         groups.starts, groups.members, groups.reps, dummy if position is None else position, out_idx, out_dist,
         unordered, k, idx.shape[1], idx.stride(0), dist.stride(0), HAS_OWN=own_group is not None,
-        DROP_SELF=position is not None, BL=_triton_width(lists), BK=_triton_width(k), **options)
+        DROP_SELF=position is not None, BL=fused.block_width(lists), BK=fused.block_width(k), **options)
     return out_idx, out_dist, unordered
 
 

@@ -46,7 +46,8 @@ from knng.metrics import (
 from knng.select import cuda
 
 __all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
-           "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels", "triangle_runs"]
+           "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels", "triangle_runs",
+           "block_width"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -106,6 +107,12 @@ class Survivors(NamedTuple):
 def interpreting() -> bool:
     """Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``: CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def block_width(n: int, at_least: int = 1) -> int:
+    """The power of two from ``n`` up, and at least ``at_least``: a Triton block's width
+    (``tl.arange`` spans powers of two)."""
+    return max(at_least, 1 << max(0, n - 1).bit_length())
 
 
 def ieee_options() -> dict:

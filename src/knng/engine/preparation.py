@@ -71,7 +71,7 @@ def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     partial = torch.empty((programs, d), dtype=torch.float64, device=block.device)
     nonfinite = torch.zeros(1, dtype=torch.int32, device=block.device)
     if m and d:
-        block_d = min(sizes["SUM_COLUMN_BLOCK"], max(16, 1 << (d - 1).bit_length()))
+        block_d = min(sizes["SUM_COLUMN_BLOCK"], fused.block_width(d, 16))
         grid = (programs, -(-d // block_d))
         kernels.column_sums_kernel[grid](block, partial, nonfinite, m, d, block.stride(0), ROWS=sizes["SUM_ROWS"],
                                          BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=block_d)

@@ -91,7 +91,7 @@ def _ranked_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor
     order = torch.empty((rows, kk), dtype=torch.int64, device=idx.device)
     options = {} if fused.interpreting() else dict(num_warps=4)
     fused.kernels().row_order_kernel[(rows,)](idx.contiguous(), dist.contiguous(), width, kk, order,
-                                              W=max(16, 1 << (width - 1).bit_length()), J=CHUNK, **options)
+                                              W=fused.block_width(width, 16), J=CHUNK, **options)
     return order
 
 
