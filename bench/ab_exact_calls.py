@@ -60,6 +60,8 @@ SETTINGS = {
     # the wgmma screen only to K = 128 (as before its two-tile ring): d = 256 on mma.sync
     "wg128": ((cuda_screen, "WGMMA_MAX_K", 128),),
     "mmasync": ((cuda_screen, "WGMMA", False),),
+    # the wgmma screen with two accumulator sets and one block a multiprocessor at K <= 128
+    "twosets": ((cuda_screen, "WGMMA_ONE_SET", False),),
     # the radix select's chunks of 1,024 codes at every k (as before chunk_for)
     "chunk1024": ((row_kth, "MIN_CHUNK", 1024),),
     # the finish's slots in each row by a stable sort (as the reference), not by atomics
@@ -82,6 +84,14 @@ SETTINGS = {
     "slabs": ((plan, "PRINCIPAL_MIN_GAIN", 0.0),),
     # the graph's finish in chunks of 512 MiB on a GPU (2 GiB now)
     "finish512m": ((graph, "FINISH_BYTES_GPU", 512 << 20),),
+    # a search's (and a graph by rows') corpus tiles of at most 65,536 / 131,072 columns (262,144 now)
+    "cols64k": ((plan, "GPU_SEARCH_COLS", 1 << 16),),
+    "cols128k": ((plan, "GPU_SEARCH_COLS", 1 << 17),),
+    # seed samples of at most 16,384 / 32,768 columns (65,536 now)
+    "sample16k": ((plan, "GPU_SAMPLE", 1 << 14),),
+    "sample32k": ((plan, "GPU_SAMPLE", 1 << 15),),
+    "s32c128": ((plan, "GPU_SAMPLE", 1 << 15), (plan, "GPU_SEARCH_COLS", 1 << 17)),
+    "s16c64": ((plan, "GPU_SAMPLE", 1 << 14), (plan, "GPU_SEARCH_COLS", 1 << 16)),
 }
 
 

@@ -45,7 +45,7 @@ from knng.engine import cuda_screen, fused
 
 DEV = torch.device("cuda")
 #: The configurations ``cuda_screen.choose_config`` picks: every variant is checked on them.
-SHIPPED = ("r128x128", "r256x128", "s128x128", "wg128x128", "wg128x128b2")
+SHIPPED = ("r128x128", "r256x128", "s128x128", "wg128x128", "wg128x128s1", "wg128x128b2")
 
 
 # ------------------------------------------------------------------------------ inputs

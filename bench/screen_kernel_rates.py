@@ -33,6 +33,7 @@ K = 128
 #: part's own block; TFLOP/s still count the whole block's 2·n²·K), against "wgmma" on A·Aᵀ, the
 #: rows screen of the whole block they replace.
 TRIANGLES = {"wgmma own block, rows": "wg128x128", "wgmma own block, triangle": "wg128x128",
+             "wgmma one set own block, triangle": "wg128x128s1",
              "wgmma b2 own block, rows": "wg128x128b2", "wgmma b2 own block, triangle": "wg128x128b2"}
 VARIANTS = {
     "mma.sync": (False, "r128x128"),
@@ -42,6 +43,9 @@ VARIANTS = {
     "mma.sync symmetric 256": (True, "r256x128"),
     "mma.sync symmetric 128": (True, "r128x128"),
     "wgmma symmetric": (True, "wg128x128"),
+    # one accumulator set, two blocks a multiprocessor (the configuration K <= 128 runs)
+    "wgmma one set": (False, "wg128x128s1"),
+    "wgmma one set symmetric": (True, "wg128x128s1"),
     "wgmma b2": (False, "wg128x128b2"),
     "wgmma b2 symmetric": (True, "wg128x128b2"),
     **{name: ("triangle" in name, config) for name, config in TRIANGLES.items()},

@@ -56,6 +56,24 @@ def test_wgmma_two_tile_ring_fits_one_block_to_k_256(k_dims, symmetric):
     assert two.stages == 3 and two.b_stages == 2
 
 
+@pytest.mark.parametrize("k_dims", [16, 64, 80, 128])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_wgmma_one_set_fits_two_blocks_a_multiprocessor(k_dims, symmetric):
+    """The one-set configuration (K ≤ 128): A's panels, two B tiles, two slots of column vectors
+    and warps' buffers of 32 survivors a side, so that two blocks (each with the 1 KB the system
+    keeps) share a Hopper multiprocessor's 228 KB, as its ``__launch_bounds__`` asks of the
+    registers; its defines say one set and buffers of 32."""
+    cfg = cuda_screen.CONFIGS["wg128x128s1"]
+    chunks = -(-k_dims // 64)
+    size = cuda_screen.shared_bytes(k_dims, cfg, True, True, symmetric)
+    assert 2 * (size + 1024) <= 228 * 1024
+    assert size >= chunks * 128 * 128 * 3 + 2 * 8 * 32 * 12 * (2 if symmetric else 1) // 2
+    assert cfg.sets == 1 and cfg.stages == cfg.b_stages == 2 and cfg.min_blocks == 2 and cfg.warp_buffer == 32
+    defines = cuda_screen._defines(cfg, True, True, symmetric, False, k_dims=k_dims)
+    assert "SCREEN_SETS=1" in defines and "SCREEN_WBUF=32" in defines
+    assert cuda_screen.CONFIGS["wg128x128"].warp_buffer == 64
+
+
 def test_without_a_device_the_mma_sync_kernel_is_chosen():
     for k_dims in (16, 128, 256, 960):
         for symmetric in (False, True):

@@ -175,6 +175,19 @@ def test_kernel_excludes_the_diagonal(seed):
 
 
 # ------------------------------------------------------------------------- the engine, exact
+#: How the float16 kernel tests run the CUDA screen on a Hopper GPU: the wgmma kernel with one
+#: accumulator set (two blocks a multiprocessor, the default to K = 128) or two, or mma.sync.
+WGMMA_MODES = ["one set", "two sets", False]
+
+
+def _wgmma_mode(mode: "str | bool", monkeypatch) -> None:
+    """Screens on the wgmma kernel in ``mode`` (see :data:`WGMMA_MODES`), or on mma.sync."""
+    from knng.engine import cuda_screen
+
+    monkeypatch.setattr(cuda_screen, "WGMMA", bool(mode))
+    monkeypatch.setattr(cuda_screen, "WGMMA_ONE_SET", mode == "one set")
+
+
 @pytest.fixture(params=FUSED)
 def fused_precision(request, monkeypatch):
     import knng.engine.plan as plan
@@ -275,18 +288,18 @@ def test_graph_high_dimension_large_k(fused_precision, seed):
                                    (700, 2000, 256), (300, 777, 960)])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("diag", [None, 0, -40])
-@pytest.mark.parametrize("wgmma", [True, False])
+@pytest.mark.parametrize("wgmma", WGMMA_MODES)
 def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, diag, wgmma, seed, monkeypatch):
     """The CUDA C kernels (warp votes; with ``wgmma``, on a Hopper GPU and K ≤ 256,
-    ``cuda/screen_wg.cu``'s asynchronous warpgroup products, else ``cuda/screen.cu``'s
-    mma.sync) and the Triton kernel on the same scaled float16 rows: the contract against the
+    ``cuda/screen_wg.cu``'s asynchronous warpgroup products, one accumulator set or two at
+    K ≤ 128, else ``cuda/screen.cu``'s mma.sync) and the Triton kernel on the same scaled
+    float16 rows: the contract against the
     float64 scores of the stored values (ties at the thresholds, duplicate columns, rows of
     several magnitudes, sizes that are not tile multiples, the diagonal), and every pair kept by
     one and not the other within float32 rounding of its threshold."""
-    from knng.engine import cuda_screen
     from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
 
-    monkeypatch.setattr(cuda_screen, "WGMMA", wgmma)
+    _wgmma_mode(wgmma, monkeypatch)
     g = _gen(seed)
     m, n, d = shape
     metric = get_metric("sqeuclidean")
@@ -335,8 +348,9 @@ def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, d
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hopper_screens_run_the_wgmma_kernel():
     """On compute capability 9.0 a screen of K ≤ 256 runs the wgmma kernel (it compiles there:
-    four B tiles in its ring up to K = 128, two past it), a wider one or one with WGMMA off the
-    mma.sync kernel; elsewhere always the latter."""
+    one accumulator set and two blocks a multiprocessor up to K = 128, or four B tiles in its
+    ring with two sets where the one set is off; two tiles past it), a wider one or one with
+    WGMMA off the mma.sync kernel; elsewhere always the latter."""
     from knng.engine import cuda_screen
 
     if not cuda_screen.available(torch.device("cuda")):
@@ -344,11 +358,16 @@ def test_hopper_screens_run_the_wgmma_kernel():
     hopper = torch.cuda.get_device_capability() == (9, 0)
     index = torch.cuda.current_device()
     for symmetric in (False, True):
-        assert (cuda_screen.choose_config(128, symmetric, index) == "wg128x128") == hopper
+        assert (cuda_screen.choose_config(128, symmetric, index) == "wg128x128s1") == hopper
         assert cuda_screen.choose_config(64, symmetric, index).startswith("wg") == hopper
         assert (cuda_screen.choose_config(256, symmetric, index) == "wg128x128b2") == hopper
         assert (cuda_screen.choose_config(144, symmetric, index) == "wg128x128b2") == hopper
         assert not cuda_screen.choose_config(272, symmetric, index).startswith("wg")
+    cuda_screen.WGMMA_ONE_SET = False
+    try:
+        assert (cuda_screen.choose_config(128, False, index) == "wg128x128") == hopper
+    finally:
+        cuda_screen.WGMMA_ONE_SET = True
     cuda_screen.WGMMA = False
     try:
         assert not cuda_screen.choose_config(128, False, index).startswith("wg")
@@ -391,7 +410,9 @@ def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, 
     if exclude:
         exact.fill_diagonal_(torch.inf)
     top = float(exact[torch.isfinite(exact)].abs().max()) if n > 1 or not exclude else 1.0
-    radius = 2e-5 * (1 + top)
+    # float32 rounding of sums as large as the terms (a point's key with itself cancels them to
+    # about 0: the largest key alone can be far smaller than what was rounded)
+    radius = 2e-5 * (1 + max(top, float(t.abs().max())))
     if keep == "all":  # over every score, under the excluded diagonal's stand-in below
         thr = torch.full((n,), 2 * top + 1, device="cuda", dtype=torch.float64)
     else:
@@ -419,7 +440,7 @@ def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, 
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("wgmma", [True, False])
+@pytest.mark.parametrize("wgmma", WGMMA_MODES)
 def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypatch):
     """+inf thresholds keep all m·n pairs (lists sized to hold them all after one relaunch),
     −inf none; the keys equal the Triton kernel's within float32 rounding (both CUDA kernels)."""
@@ -427,7 +448,7 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypat
 
     if not cuda_screen.available(torch.device("cuda")):
         pytest.skip("needs CuPy")
-    monkeypatch.setattr(cuda_screen, "WGMMA", wgmma)
+    _wgmma_mode(wgmma, monkeypatch)
     g = _gen(seed)
     x = torch.randn((300, 64), generator=g, device="cuda", dtype=torch.float64)
     metric = get_metric("sqeuclidean")
@@ -453,20 +474,21 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypat
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("m,n,d", [(1, 1, 16), (129, 63, 64), (300, 65, 128), (1000, 8229, 128), (77, 700, 200),
                                    (400, 3000, 256), (50, 300, 960)])
-@pytest.mark.parametrize("wgmma", [True, False])
+@pytest.mark.parametrize("wgmma", WGMMA_MODES)
 def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, monkeypatch):
     """The CUDA kernel's strip minima equal the reference reduction (``strip_minima_of``) of
     every key the screen kernel computes for the same block, bit for bit (the same products
     and roundings), columns too: duplicate rows (ties go to the smaller column), NaN column
     terms (never the smallest; a strip of them reports +inf), sizes that are not tile or strip
     multiples, K of one chunk and several (A resident, and streamed at K = 960); on a Hopper GPU
-    from the wgmma kernel (K <= 256: four B tiles in its ring to K = 128, two past it) and from
-    the mma.sync one."""
+    from the wgmma kernel (K <= 256: one accumulator set or two to K = 128, two past it) and
+    from the mma.sync one."""
     from knng.engine import cuda_screen, screen
 
     if not cuda_screen.available(torch.device("cuda")):
         pytest.skip("needs CuPy")
-    monkeypatch.setattr(cuda_screen, "WGMMA_MINIMA", wgmma)
+    monkeypatch.setattr(cuda_screen, "WGMMA_MINIMA", bool(wgmma))
+    monkeypatch.setattr(cuda_screen, "WGMMA_ONE_SET", wgmma == "one set")
     g = _gen(seed + m + n)
     x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
     x[10:20] = x[:10]

@@ -68,7 +68,9 @@ class Config(NamedTuple):
     operations an entry instead of three or four, exact keys only for its candidates),
     ``wgmma`` whether it is ``cuda/screen_wg.cu``'s Hopper kernel (two warpgroups of 64 rows,
     ``stages`` tiles of column vectors in its ring and ``b_stages`` B tiles, ``stages`` if 0;
-    compute capability 9.0 only, K ≤ 256).
+    compute capability 9.0 only, K ≤ 256), ``sets`` its accumulator sets (1: a tile multiplied
+    then screened, two blocks a multiprocessor; 2: one tile screened while the next is
+    multiplied, one block).
     """
 
     bm: int
@@ -81,10 +83,17 @@ class Config(NamedTuple):
     pretest: bool = True
     wgmma: bool = False
     b_stages: int = 0
+    sets: int = 2
 
     @property
     def threads(self) -> int:
         return 32 * self.wm * self.wn
+
+    @property
+    def warp_buffer(self) -> int:
+        """Survivors a warp buffers per side (``screen_common``'s ``WBUF``): 32 where two blocks
+        must share a multiprocessor's shared memory, else 64."""
+        return 32 if self.wgmma and self.sets == 1 else 64
 
 
 #: Configurations the benchmark compares (``bench/cuda_screen_kernel.py``); "r": A resident,
@@ -110,11 +119,21 @@ CONFIGS: dict[str, Config] = {
     # (mma.sync r128x128 1.65 / 1.84 / 2.56), symmetric 1.11 / 1.46 / 1.88 (r256x128 1.40 /
     # 1.72 / 2.23); at K = 128 level with wg128x128 (0.59 / 0.73 / 1.11 against 0.60 / 0.73 / 1.23).
     "wg128x128b2": Config(128, 128, 8, 1, 3, True, 1, wgmma=True, b_stages=2),
+    # K ≤ 128: one accumulator set, rings of two tiles, two blocks a multiprocessor (≤ 128
+    # registers a thread, 104–108 KB of shared memory a block). H200, 28,672² at K = 128, ~0 /
+    # ~2 / ~36 kept per row (2026-11-27, against wg128x128 in the same process): non-symmetric
+    # 0.569 / 0.632 / 0.919 ms (0.663 / 0.798 / 1.217), symmetric 0.745 / 0.886 / 1.348 (0.888 /
+    # 1.257 / 1.887), triangle 0.484 / 0.547 / 0.833 (0.498 / 0.707 / 1.057).
+    "wg128x128s1": Config(128, 128, 8, 1, 2, True, 2, wgmma=True, b_stages=2, sets=1),
 }
 #: Largest K of the wgmma kernel (A's block and two B tiles of K = 256 in shared memory).
 WGMMA_MAX_K = 256
-#: Largest K of the wgmma configuration with four B tiles in its ring (two loading).
+#: Largest K of the wgmma configuration with four B tiles in its ring (two loading), and of the
+#: one-set configuration (A's block and two B tiles in half a multiprocessor's shared memory).
 _WGMMA_FOUR_TILES_K = 128
+#: Whether screens of K ≤ 128 take the wgmma kernel's one-set configuration (two blocks a
+#: multiprocessor; benchmarks turn it off to compare with two sets).
+WGMMA_ONE_SET = True
 #: Whether screens use the wgmma kernel where it runs (benchmarks turn it off to compare).
 WGMMA = True
 #: Whether strip minima use it too (benchmarks turn it off to compare).
@@ -149,9 +168,12 @@ def choose_config(k_dims: int, symmetric: bool = False, device_index: int | None
 
 
 def _wgmma_config(k_dims: int) -> str:
-    """The wgmma configuration for K = ``k_dims`` (≤ :data:`WGMMA_MAX_K`): four B tiles in the
-    ring where they fit, else two."""
-    return "wg128x128" if k_dims <= _WGMMA_FOUR_TILES_K else "wg128x128b2"
+    """The wgmma configuration for K = ``k_dims`` (≤ :data:`WGMMA_MAX_K`): one accumulator set and
+    two blocks a multiprocessor where they fit (K ≤ 128), else two sets and B tiles in a ring of
+    two."""
+    if k_dims <= _WGMMA_FOUR_TILES_K:
+        return "wg128x128s1" if WGMMA_ONE_SET else "wg128x128"
+    return "wg128x128b2"
 
 
 @functools.cache
@@ -189,7 +211,7 @@ def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, 
     warps = config.wm * config.wn
     ring = config.bn * 128 * ((config.b_stages or config.stages) * chunks if config.wgmma else config.stages)
     return (panels * config.bm * 128 + ring + config.stages * ncolv * config.bn * 4
-            + nrowv * config.bm * 4 + sides * warps * 64 * 12 + (1024 if config.wgmma else 0))
+            + nrowv * config.bm * 4 + sides * warps * config.warp_buffer * 12 + (1024 if config.wgmma else 0))
 
 
 def available(device: torch.device) -> bool:
@@ -203,7 +225,8 @@ def available(device: torch.device) -> bool:
 def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,
              minima: bool = False, k_dims: int = 128, triangle: bool = False) -> tuple[str, ...]:
     if config.wgmma:
-        return (f"SCREEN_STAGES={config.stages}", f"SCREEN_BSTAGES={config.b_stages or config.stages}",
+        return (f"SCREEN_SETS={config.sets}", f"SCREEN_WBUF={config.warp_buffer}",
+                f"SCREEN_STAGES={config.stages}", f"SCREEN_BSTAGES={config.b_stages or config.stages}",
                 f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
                 f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}",
                 f"SCREEN_PRE={int(config.pretest and not minima)}", f"SCREEN_WITH_BF16={int(bf16)}"

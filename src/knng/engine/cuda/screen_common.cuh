@@ -7,7 +7,12 @@ typedef unsigned short half_t;  // raw 16-bit storage: the tensor cores read the
 
 namespace screen_common {
 
-constexpr int WBUF = 64;  // survivors a warp buffers per side before one global atomic
+#ifndef SCREEN_WBUF
+#define SCREEN_WBUF 64
+#endif
+// Survivors a warp buffers per side before one global atomic (32 in the wgmma kernel's
+// one-set variant, whose two blocks a multiprocessor must fit in its shared memory).
+constexpr int WBUF = SCREEN_WBUF;
 constexpr unsigned FULL = 0xffffffffu;
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }

@@ -13,18 +13,29 @@
 // Design.
 //  * Row-stationary persistent blocks as in screen.cu (block (x, y): rows x·128 … x·128 + 127,
 //    the contiguous range y of 128-column tiles). Two consumer warpgroups, 64 rows each
-//    (wgmma m64n128k16, A and B from shared memory), one block a multiprocessor.
+//    (wgmma m64n128k16, A and B from shared memory).
+//  * Two ways to keep the tensor cores busy during the epilogues (SCREEN_SETS):
+//     - one accumulator set (K ≤ 128, the default there): a warpgroup multiplies a tile, waits,
+//       then screens it; two blocks share a multiprocessor (≤ 128 registers a thread, ≤ 113 KB
+//       of shared memory a block), so that one block's products run while the other's warps
+//       screen, and each scheduler has four warps to pick from instead of two. H200, 28,672²
+//       block at K = 128: 14–16 % faster than two sets with nothing kept (a triangle 3 %), 21–30 %
+//       with ~2 and ~36 survivors a row (docs/BENCHMARKS.md, thirteenth session);
+//     - two sets (K ≤ 256; at K > 128 A and two B tiles are 192 KB, so one block a
+//       multiprocessor): a warpgroup issues tile t's wgmma into one set of accumulators and,
+//       while the tensor cores run them, computes tile t − 1's keys and tests from the other.
 //  * A's block is resident in shared memory (K ≤ 256: its panels of 64 columns); B's tiles
 //    stream through a ring of SCREEN_BSTAGES tiles by cp.async (16-byte copies by every thread,
 //    rows past n zero-filled), their column vectors through one of SCREEN_STAGES: the tile
-//    being multiplied, the tile in its epilogue (its vectors only), and STAGES − 2 tiles loading
-//    (K ≤ 128: four of each, two tiles loading; K = 256: three vector slots and two B tiles,
-//    one loading, since A and two B tiles are 192 KB). Rows are stored 128 bytes a chunk with
-//    16-byte units XOR-swizzled by (row & 7): exactly the 128-byte-swizzle layout wgmma's
-//    descriptors read, on 1024-byte aligned panels (the kernel aligns its shared memory itself).
-//  * Each thread holds two accumulator sets of 64 floats (its warp's 16 rows × 128 columns in the
-//    mma.m16n8 fragment order); the tile loop is unrolled by two so that the sets are named at
-//    compile time.
+//    being multiplied (and, with two sets, the tile in its epilogue: its vectors only), and
+//    STAGES − SETS tiles loading (one set: two of each, one tile loading; two sets at K ≤ 128:
+//    four of each, two loading; at K = 256 three vector slots and two B tiles, one loading).
+//    Rows are stored 128 bytes a chunk with 16-byte units XOR-swizzled by (row & 7): exactly the
+//    128-byte-swizzle layout wgmma's descriptors read, on 1024-byte aligned panels (the kernel
+//    aligns its shared memory itself).
+//  * Each accumulator set is 64 floats a thread (its warp's 16 rows × 128 columns in the
+//    mma.m16n8 fragment order); with two, the tile loop is unrolled by two so that the sets are
+//    named at compile time.
 //  * The epilogue is screen.cu's (the same key roundings, pre-test and tests, the same warp
 //    votes and survivor buffers, from screen_common.cuh), on two 64-column halves of a warp's
 //    16 × 128 strip (a lane's entries of a half fit a 32-bit mask).
@@ -36,6 +47,9 @@
 
 #include "screen_common.cuh"
 
+#ifndef SCREEN_SETS
+#define SCREEN_SETS 2  // accumulator sets a warpgroup alternates between (see the design above)
+#endif
 #ifndef SCREEN_STAGES
 #define SCREEN_STAGES 4
 #endif
@@ -73,10 +87,12 @@ using namespace screen_common;
 
 constexpr int BM = 128, BN = 128;  // two warpgroups of 64 rows; wgmma's n
 constexpr int NWARPS = 8, THREADS = 32 * NWARPS;
+constexpr int SETS = SCREEN_SETS;
 constexpr int STAGES = SCREEN_STAGES;  // tiles of column vectors in their ring
-constexpr int LOOKAHEAD = STAGES - 2;  // tiles loading while one is multiplied and one screened
+// Tiles loading while one is multiplied and (two sets) another screened.
+constexpr int LOOKAHEAD = STAGES - SETS;
 // B's tiles in theirs: a tile's epilogue reads its column vectors but not its B, so B's ring
-// needs a slot fewer than the vectors' (LOOKAHEAD + 1: the tile multiplied and those loading).
+// needs no slot for the tile screened (LOOKAHEAD + 1: the tile multiplied and those loading).
 // At K = 256 that is what fits: A (64 KB) and two B tiles of 64 KB, with one tile loading.
 constexpr int BSTAGES = SCREEN_BSTAGES;
 constexpr bool HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
@@ -101,7 +117,8 @@ constexpr int ALIGN = 1024;  // the 128-byte swizzle's atom: 8 rows of 128 bytes
 constexpr int KC = SCREEN_KC;
 
 static_assert(KC >= 1 && KC <= 4, "A resident in shared memory: K ≤ 256");
-static_assert(STAGES >= 3, "a tile multiplied, one screened, one loading");
+static_assert(SETS == 1 || SETS == 2, "one accumulator set or two");
+static_assert(STAGES >= SETS + 1, "a tile multiplied (and, two sets, one screened), one loading");
 static_assert(BSTAGES >= LOOKAHEAD + 1 && BSTAGES <= STAGES, "B's slot is free once its tile's products are");
 static_assert(BN % RSTEP == 0 && BM % RSTEP == 0, "rows per copy pass");
 static_assert(!TRI || BM == BN, "the triangle's row block x is column tile x");
@@ -264,7 +281,7 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
 #pragma unroll 1
   for (int s = 0; s < LOOKAHEAD; ++s) issue(t_begin + s, s);
 
-  float acc[2][64];
+  float acc[SETS][64];
   const int g = lane >> 2, tig = lane & 3;
   const int lrow = wg * 64 + (warp & 3) * 16 + g;  // the block row of this lane's entries 0 and 1
   int count0 = 0, count1 = 0;
@@ -448,7 +465,22 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
     }
   };
 
-  // Step i of the sweep (tile t_begin + i, accumulator set i & 1): wait for its tile, issue its
+  // One set: step i waits for tile i, multiplies it, starts loading tile i + LOOKAHEAD into the
+  // slots of tile i − 1 (its products and epilogue ended before this barrier), waits for the
+  // products and screens them.
+  auto step_one_set = [&](int i) {
+    const int tile = t_begin + i;
+    cp_wait<LOOKAHEAD - 1>();
+    fence_async_shared();
+    __syncthreads();
+    multiply(Bool<false>{}, i % BSTAGES);
+    issue(tile + LOOKAHEAD, i + LOOKAHEAD);
+    wg_wait<0>();
+    settle(acc[0]);
+    screen_tile(Bool<false>{}, tile, i % STAGES);
+  };
+
+  // Two sets: step i of the sweep (tile t_begin + i, accumulator set i & 1): wait for its tile, issue its
   // products, start loading tile i + LOOKAHEAD into the vectors' slot of tile i − 2 (free: its
   // epilogue ended before this barrier, and tile i's products do not read it) and B's slot of
   // tile i − BSTAGES + LOOKAHEAD (at most i − 1: its products ended before it), screen tile
@@ -474,15 +506,20 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
     settle(acc[ODD ? 1 : 0]);
   };
   const int count = t_end - t_begin;
+  if constexpr (SETS == 1) {
 #pragma unroll 1
-  for (int i = 0; i < count; i += 2) {
-    step(Bool<false>{}, i);
-    if (i + 1 < count) step(Bool<true>{}, i + 1);
+    for (int i = 0; i < count; ++i) step_one_set(i);
+  } else {
+#pragma unroll 1
+    for (int i = 0; i < count; i += 2) {
+      step(Bool<false>{}, i);
+      if (i + 1 < count) step(Bool<true>{}, i + 1);
+    }
+    if ((count - 1) & 1)
+      screen_tile(Bool<true>{}, t_end - 1, (count - 1) % STAGES);
+    else
+      screen_tile(Bool<false>{}, t_end - 1, (count - 1) % STAGES);
   }
-  if ((count - 1) & 1)
-    screen_tile(Bool<true>{}, t_end - 1, (count - 1) % STAGES);
-  else
-    screen_tile(Bool<false>{}, t_end - 1, (count - 1) % STAGES);
   cp_wait<0>();
   if (count0) flush<0>(out, s_buf, count0, lane);
   if (SYM && count1) flush<1>(out, s_buf + NWARPS * 3 * WBUF, count1, lane);
@@ -495,13 +532,16 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   screen_wg::body<BF16>(A, B, m, n, K, lda, ldb, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,   \
                         term_bound, out, diag, exclude_diag, strip_keys, strip_cols, strips)
 
+// One accumulator set: two blocks a multiprocessor (≤ 128 registers a thread).
+#define SCREEN_WG_BLOCKS (SCREEN_SETS == 1 ? 2 : 1)
+
 // The parameters are screen.cu's (same launcher).
-extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, 1) screen_wg_f16(SCREEN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, SCREEN_WG_BLOCKS) screen_wg_f16(SCREEN_PARAMS) {
   SCREEN_WG_CALL(false);
 }
 
 #if SCREEN_WITH_BF16
-extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, 1) screen_wg_bf16(SCREEN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, SCREEN_WG_BLOCKS) screen_wg_bf16(SCREEN_PARAMS) {
   SCREEN_WG_CALL(true);
 }
 #endif
