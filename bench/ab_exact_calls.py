@@ -72,12 +72,17 @@ SETTINGS = {
     "part32k": ((plan, "GPU_TRIANGLE_MAX_PART", 32768),),
     "part48k": ((plan, "GPU_TRIANGLE_MAX_PART", 49152),),
     "part96k": ((plan, "GPU_TRIANGLE_MAX_PART", 98304),),
+    "part128k": ((plan, "GPU_TRIANGLE_MAX_PART", 131072),),
+    "part256k": ((plan, "GPU_TRIANGLE_MAX_PART", 262144),),
     # own parts seeded from 4,096 / 16,384 sample columns (8,192 now): with parts of 65,536 the
     # own blocks' first thresholds are looser than with 32,768 (200k graph: 113 pairs screened
     # a row against 84), which a larger sample would tighten at its own cost
     "seed4k": ((graph, "OWN_PART_SEED", 4096),),
     "seed16k": ((graph, "OWN_PART_SEED", 16384),),
     "seed32k": ((graph, "OWN_PART_SEED", 32768),),
+    "s16p96": ((graph, "OWN_PART_SEED", 16384), (plan, "GPU_TRIANGLE_MAX_PART", 98304)),
+    "s16p128": ((graph, "OWN_PART_SEED", 16384), (plan, "GPU_TRIANGLE_MAX_PART", 131072)),
+    "s32p256": ((graph, "OWN_PART_SEED", 32768), (plan, "GPU_TRIANGLE_MAX_PART", 262144)),
     # the symmetric method at every k (the planner takes the rows method from k = 64)
     "sym": ((plan, "GRAPH_ROWS_MIN_K", 1 << 30),),
     # principal frames whatever the data's slab gain (Gaussian points keep one centre now)

@@ -397,7 +397,8 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
 
 def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
     """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART,
-    or GPU_TRIANGLE_MAX_PART where its own blocks are triangles."""
+    or GPU_TRIANGLE_MAX_PART where its own blocks are triangles (GPU_TRIANGLE_MAX_PART_SMALL_K
+    for k ≤ TRIANGLE_SMALL_K)."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
@@ -416,8 +417,12 @@ def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
     monkeypatch.setattr(plan, "fused_available", lambda device: True)
     seen = []
     monkeypatch.setattr(plan, "triangle_runs", lambda precision, device, d: seen.append((precision, d)) or True)
-    assert plan.make_graph_plan(**kw).part_size == plan.GPU_TRIANGLE_MAX_PART > plan.GPU_KERNEL_MAX_PART
+    assert plan.make_graph_plan(**kw).part_size > plan.GPU_TRIANGLE_MAX_PART
     assert seen[-1] == ("float16", 128)
+    large = {**kw, "budget": 200 * 2**30}  # (a budget whose blocks do not bound the parts first)
+    for k in (plan.TRIANGLE_SMALL_K, plan.TRIANGLE_SMALL_K + 1, 32):
+        want = plan.GPU_TRIANGLE_MAX_PART_SMALL_K if k <= plan.TRIANGLE_SMALL_K else plan.GPU_TRIANGLE_MAX_PART
+        assert plan.make_graph_plan(**{**large, "k": k}).part_size == want > plan.GPU_KERNEL_MAX_PART, k
     assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == plan.GPU_MAX_PART
 
 

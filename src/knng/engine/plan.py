@@ -224,6 +224,15 @@ GPU_KERNEL_MAX_PART = 32768
 #: pairs screened per row 548 / 503 / 8,267: the flat regions again); 8×8 patches k = 10 179.5
 #: / 173.1 / 172.4, k = 100 305.3 / 295.7 / 295.8.
 GPU_TRIANGLE_MAX_PART = 65536
+#: GPU_TRIANGLE_MAX_PART for graphs of k ≤ TRIANGLE_SMALL_K. With the one-set wgmma kernel
+#: (two blocks a multiprocessor) larger own blocks cost less than their extra seeds and
+#: hand-overs save: H200, 2026-11-27, one process alternating, min of 3, ms, 65,536 / 98,304:
+#: 200k × 128 at k = 10 43.4 / 41.4 (and 47.6 / 45.1 on another machine), 1M × 128 571 / 550,
+#: 8×8 patches 148.8 / 142.7, 16×16 patches 73.3 / 71.7; at k = 100 16×16 patches lose 4×
+#: (132 / 524: the flat regions' near-ties under the looser seeds of a larger block), so larger
+#: k keep GPU_TRIANGLE_MAX_PART.
+GPU_TRIANGLE_MAX_PART_SMALL_K = 98304
+TRIANGLE_SMALL_K = 16
 #: Columns one launch of a kernel-screened graph screens against a row part: the blocks S(I, J)
 #: of up to GPU_KERNEL_GROUP_COLUMNS / part consecutive column parts J go in one launch (one set
 #: of thresholds, one synchronisation for the lists' sizes, one hand-over to the stores), while
@@ -760,7 +769,9 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     elif not kernel:
         cap = GPU_MAX_PART
     else:
-        cap = GPU_TRIANGLE_MAX_PART if triangle_runs(precision, device, d) else GPU_KERNEL_MAX_PART
+        cap = GPU_KERNEL_MAX_PART
+        if triangle_runs(precision, device, d):
+            cap = GPU_TRIANGLE_MAX_PART_SMALL_K if k <= TRIANGLE_SMALL_K else GPU_TRIANGLE_MAX_PART
     b = part_size or int(min(n, cap, max(side, MIN_TILE)))
     b = max(1, min(n, max(b, k + 1 if not include_self else k)))  # the diagonal block seeds τ
     parts = -(-n // b)
