@@ -18,10 +18,14 @@ H100, 10,000 × 2^20, K = 128, ~0 / ~15 / ~200 pairs kept per row: 7.6 / 8.3 / 1
 
 On a Hopper GPU (compute capability 9.0) a block of K ≤ 256 runs ``cuda/screen_wg.cu`` instead:
 the same epilogue (``cuda/screen_common.cuh``) after asynchronous warpgroup products
-(``wgmma``, sm_90a), so that a tile's keys and tests run while the next tile's products do.
-H200, 28,672² block, K = 128, nothing kept: 348–379 against 286–310 TFLOP/s non-symmetric,
-284–289 against 216–248 symmetric (``docs/BENCHMARKS.md``, "A wgmma screen kernel"); H100,
-K = 256 (two B tiles in its ring): 437 against 256 non-symmetric, 379 against 301 symmetric.
+(``wgmma``, sm_90a). To K = 128 each warpgroup multiplies a tile into its one set of
+accumulators and then screens it, two blocks sharing a multiprocessor so that one block's
+products run while the other's warps screen (``wg128x128s1``); past it, where one block is all
+that fits, a warpgroup screens one tile while the tensor cores multiply the next into a second
+set. H200, 28,672² block, K = 128, nothing kept: 426 TFLOP/s non-symmetric and 306 symmetric
+(two sets: 350 and 251; mma.sync 286–310 and 216–248), and 21–30 % faster than two sets with
+survivors (``docs/BENCHMARKS.md``, "Session 13" and "A wgmma screen kernel"); H100, K = 256 (two
+sets, two B tiles in its ring): 437 against 256 non-symmetric, 379 against 301 symmetric.
 Its symmetric variant also screens a graph part's own block as its upper triangle
 (``triangle``: each pair once, against both points' thresholds): H200, 28,672², nothing kept,
 0.50 against 0.69 ms for the rows screen of the whole block at K = 128, 0.73 against 1.16 at
