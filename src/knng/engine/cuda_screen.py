@@ -183,11 +183,12 @@ def _wgmma_config(k_dims: int) -> str:
 @functools.cache
 def _wgmma_runs(device_index: int) -> bool:
     """Whether the wgmma kernel runs on this device: compute capability 9.0 (its sm_90a code runs
-    on no other) and an NVRTC that compiles it (checked once, on one variant)."""
+    on no other) and an NVRTC that compiles it (checked once, on the variant a search of K = 128
+    runs)."""
     if torch.cuda.get_device_capability(device_index) != (9, 0):
         return False
     try:
-        kernel(device_index, CONFIGS["wg128x128"], False, True, False)
+        kernel(device_index, CONFIGS[_wgmma_config(128)], False, True, False)
     except Exception as exc:  # noqa: BLE001 - an NVRTC too old for sm_90a: the mma.sync kernel runs
         warnings.warn(f"knng: the wgmma screen does not compile here ({str(exc)[:200]}); using mma.sync")
         return False
