@@ -62,6 +62,10 @@ SETTINGS = {
     "mmasync": ((cuda_screen, "WGMMA", False),),
     # the wgmma screen with two accumulator sets and one block a multiprocessor at K <= 128
     "twosets": ((cuda_screen, "WGMMA_ONE_SET", False),),
+    # a holding store that tightens every 2^21 / 2^23 / 2^24 fresh survivors (2^22 now)
+    "pending2m": ((plan, "PENDING_GPU", 1 << 21),),
+    "pending8m": ((plan, "PENDING_GPU", 1 << 23),),
+    "pending16m": ((plan, "PENDING_GPU", 1 << 24),),
     # the radix select's chunks of 1,024 codes at every k (as before chunk_for)
     "chunk1024": ((row_kth, "MIN_CHUNK", 1024),),
     # the finish's slots in each row by a stable sort (as the reference), not by atomics
@@ -73,6 +77,8 @@ SETTINGS = {
     "part48k": ((plan, "GPU_TRIANGLE_MAX_PART", 49152),),
     "part96k": ((plan, "GPU_TRIANGLE_MAX_PART", 98304),),
     "part128k": ((plan, "GPU_TRIANGLE_MAX_PART", 131072),),
+    # parts for k <= 16 of up to 65,536 rows (98,304 now; the budget's block side may bound them first)
+    "small64k": ((plan, "GPU_TRIANGLE_MAX_PART_SMALL_K", 65536),),
     "part256k": ((plan, "GPU_TRIANGLE_MAX_PART", 262144),),
     # own parts seeded from 4,096 / 16,384 sample columns (8,192 now): with parts of 65,536 the
     # own blocks' first thresholds are looser than with 32,768 (200k graph: 113 pairs screened

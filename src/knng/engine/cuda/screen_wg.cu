@@ -19,8 +19,8 @@
 //       then screens it; two blocks share a multiprocessor (≤ 128 registers a thread, ≤ 113 KB
 //       of shared memory a block), so that one block's products run while the other's warps
 //       screen, and each scheduler has four warps to pick from instead of two. H200, 28,672²
-//       block at K = 128: 14–16 % faster than two sets with nothing kept (a triangle 3 %), 21–30 %
-//       with ~2 and ~36 survivors a row (docs/BENCHMARKS.md, thirteenth session);
+//       block at K = 128: 14–18 % faster than two sets with nothing kept (a triangle 3–4 %),
+//       21–31 % with ~2 and ~36 survivors a row (docs/BENCHMARKS.md, "Session 13");
 //     - two sets (K ≤ 256; at K > 128 A and two B tiles are 192 KB, so one block a
 //       multiprocessor): a warpgroup issues tile t's wgmma into one set of accumulators and,
 //       while the tensor cores run them, computes tile t − 1's keys and tests from the other.
