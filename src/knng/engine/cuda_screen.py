@@ -132,9 +132,11 @@ CONFIGS: dict[str, Config] = {
 }
 #: Largest K of the wgmma kernel (A's block and two B tiles of K = 256 in shared memory).
 WGMMA_MAX_K = 256
-#: Largest K of the wgmma configuration with four B tiles in its ring (two loading), and of the
-#: one-set configuration (A's block and two B tiles in half a multiprocessor's shared memory).
+#: Largest K of the wgmma configuration with four B tiles in its ring (two loading).
 _WGMMA_FOUR_TILES_K = 128
+#: Largest K of the one-set configuration (A's block and two B tiles in half a multiprocessor's
+#: shared memory).
+_WGMMA_ONE_SET_K = 128
 #: Whether screens of K ≤ 128 take the wgmma kernel's one-set configuration (two blocks a
 #: multiprocessor; benchmarks turn it off to compare with two sets).
 WGMMA_ONE_SET = True
@@ -175,9 +177,9 @@ def _wgmma_config(k_dims: int) -> str:
     """The wgmma configuration for K = ``k_dims`` (≤ :data:`WGMMA_MAX_K`): one accumulator set and
     two blocks a multiprocessor where they fit (K ≤ 128), else two sets and B tiles in a ring of
     two."""
-    if k_dims <= _WGMMA_FOUR_TILES_K:
-        return "wg128x128s1" if WGMMA_ONE_SET else "wg128x128"
-    return "wg128x128b2"
+    if WGMMA_ONE_SET and k_dims <= _WGMMA_ONE_SET_K:
+        return "wg128x128s1"
+    return "wg128x128" if k_dims <= _WGMMA_FOUR_TILES_K else "wg128x128b2"
 
 
 @functools.cache
