@@ -410,3 +410,41 @@ def test_real_out_of_memory_shrinks_tiles(seed, monkeypatch):
     report = last_report()
     _check(queries, corpus, [res], rows=np.arange(0, 20_000, 50), seed=seed)
     assert report.oom_retries >= 1, report
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_held_survivors_tighten_without_reading_back(pairs, seed):
+    # A holding store's tightening marks the held pairs it keeps and compacts them at their next
+    # use: it reads nothing back from the GPU, so the next block's launch, which needs only the
+    # new τ, queues behind it (store._settle_held). The answer stays exact.
+    from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms
+    from knng.metrics import PRECISIONS, get_metric
+
+    x = _randn((50, 8), seed, dtype=torch.float64)
+    y = _randn((3000, 8), seed + 1, dtype=torch.float64)
+    norms = (x.norm(dim=1), y.norm(dim=1))
+    errors = PairErrors(metric=get_metric("sqeuclidean"), d=8, precision=PRECISIONS["float16"],
+                        row_norms=None if pairs else norms[0], row_terms=None,
+                        row_offsets=torch.zeros(50, dtype=torch.float64, device="cuda"),
+                        col_norms=None if pairs else norms[1], col_terms=None, centre_norm=0.0)
+    exact = ((x[:, None] - y[None]) ** 2).sum(-1)
+    keys = (exact - (norms[0] ** 2)[:, None]).to(torch.float32)
+    holding = Holding(pairs=True) if pairs else Holding(maxima=(float(norms[1].max()), 0.0))
+    store = CandidateStore(50, 5, 8, errors, lambda r, c: ((x[r] if c.dim() == 1 else x[r][:, None]) - y[c]).pow(2).sum(-1),
+                           torch.device("cuda"), pending=10**9, holding=holding)
+    rows = torch.arange(50, device="cuda").repeat_interleave(3000)
+    cols = torch.arange(3000, device="cuda").repeat(50)
+    for p0 in range(0, rows.numel(), 40_000):
+        r, c = rows[p0:p0 + 40_000], cols[p0:p0 + 40_000]
+        store.add(r, c, keys[r, c], PairNorms(norms[0][r], norms[1][c], None, None) if pairs else None)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        store.tighten_held()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    store._settle_held()
+    assert store._held_size < rows.numel() // 10  # the tightening dropped most of them
+    idx, dist = store.finish()
+    want = torch.sort(exact, dim=1, stable=True)
+    assert torch.equal(idx, want.indices[:, :5]) and torch.equal(dist, want.values[:, :5])

@@ -374,11 +374,12 @@ def test_seed_candidates_are_chunk_minima(rng, cols, k):
         assert int((pool[r] < keys[r, positions[r]].max()).sum()) < k
 
 
-@pytest.mark.parametrize("how", ["held", "flat", "tightened", "finish tightens", "taken", "state"])
+@pytest.mark.parametrize("how", ["held", "flat", "tightened", "finish tightens", "finish takes in", "taken", "state"])
 def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
     # A holding store finishes from its held survivors alone (every one evaluated, ordered by
     # distance then index: ties here); one that took pairs in (over its limit, or a checkpoint's
-    # state) finishes through the store, and answers the same.
+    # state, or the finish's own tightening over the limit) finishes through the store, and
+    # answers the same.
     from knng.engine.store import CandidateStore, Holding, PairErrors
     from knng.metrics import PRECISIONS, get_metric
 
@@ -398,8 +399,9 @@ def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
     order = torch.randperm(6 * 40, generator=torch.Generator().manual_seed(1))
     rows, cols = torch.arange(6).repeat_interleave(40)[order], torch.arange(40).repeat(6)[order]
     maxima = (float(y.norm(dim=1).max()), 0.0)
-    store = CandidateStore(6, 3, 8, errors, evaluate, torch.device("cpu"), pending=50,
-                           holding=Holding(maxima=maxima, limit=0 if how == "taken" else None))
+    limit = {"taken": 0, "finish takes in": 1}.get(how)
+    store = CandidateStore(6, 3, 8, errors, evaluate, torch.device("cpu"),
+                           pending=10**6 if how == "finish takes in" else 50, holding=Holding(maxima=maxima, limit=limit))
     for p0 in range(0, rows.numel(), 37):
         store.add(rows[p0:p0 + 37], cols[p0:p0 + 37], keys[rows[p0:p0 + 37], cols[p0:p0 + 37]])
         if how == "tightened":
@@ -409,7 +411,7 @@ def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
     if how == "flat":  # the finish orders the flat lists, no row padded
         store.rebuild_entries = 0
         monkeypatch.setattr("knng.engine.store.FINISH_PADDING", 0)
-    if how == "finish tightens":  # as a large run's finish does (a small one evaluates its pairs whole)
+    if how in ("finish tightens", "finish takes in"):  # as a large run's finish does (a small one evaluates its pairs whole)
         monkeypatch.setattr("knng.engine.store.FINISH_UNTIGHTENED_PAIRS", 0)
     assert store._may_hold == (how in ("taken", "state"))
     idx, dist = store.finish()

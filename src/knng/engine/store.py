@@ -412,6 +412,9 @@ class CandidateStore:
         # the last tightening, how many that tightening kept; a holding store's finished rows.
         self._held: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         self._held_size = self._held_fresh = self._held_kept = 0
+        # Which of the first held list's pairs the last tightening kept, where they are not yet
+        # compacted (:meth:`_settle_held`): the held sizes are known once they are.
+        self._held_keep: torch.Tensor | None = None
         self._finished: tuple[torch.Tensor, torch.Tensor] | None = None
         self._every: torch.Tensor | None = None  # arange(n), for thresholds of every row
 
@@ -628,6 +631,7 @@ class CandidateStore:
 
     def flush(self) -> None:
         """Take every pending (and held) survivor into the store (tightening rows that overflow)."""
+        self._settle_held()
         if self._held:
             self._take_held()
         if not self._pending:
@@ -648,6 +652,7 @@ class CandidateStore:
         """Hold survivors back (a holding store's :meth:`add`); pairs that bring their norms are
         held with their radii (one float64 each instead of four)."""
         rad = None if norms is None else self.errors.radius(*norms, keys.to(torch.float64), rows)
+        self._settle_held()
         self._held.append((rows, cols, keys, rad))
         self._held_size += rows.numel()
         self._held_fresh += rows.numel()
@@ -662,7 +667,10 @@ class CandidateStore:
         the pairs held (an 8×8 patch graph at k = 100 holds ~10⁸ pairs; 23 tightenings every
         2²² fresh ones took 376 ms of an H100's time)."""
         assert self.holding is not None
-        return self.holding.tightens and self._held_fresh + pairs >= max(self.flush_size, self._held_kept)
+        if not self.holding.tightens:
+            return False
+        self._settle_held()
+        return self._held_fresh + pairs >= max(self.flush_size, self._held_kept)
 
     def tighten_held(self, maxima: tuple[float, float] | None = None) -> None:
         """Tighten every row's τ from all its held survivors, then drop those that can no longer
@@ -677,6 +685,7 @@ class CandidateStore:
         after τ tightens further. What is left is a little more than k per row (1M × 128, 10k
         queries: about 8,000 pairs per row after the first tile at k = 1,024, 1,248 after this).
         """
+        self._settle_held()
         if not self._held:
             return
         assert self.holding is not None
@@ -691,11 +700,9 @@ class CandidateStore:
         self.tighten(rows, keys, *maxima)
         if self._every is None or self._every.device != rows.device:
             self._every = torch.arange(self.n, device=rows.device)
-        keep = torch.nonzero(keys <= self.screen_thresholds(self._every, *maxima)[rows]).flatten()
-        self._held = [(rows[keep], cols[keep], keys[keep], None)]
-        self._held_size = self._held_kept = keep.numel()
+        self._held = [(rows, cols, keys, None)]
+        self._held_keep = keys <= self.screen_thresholds(self._every, *maxima)[rows]
         self._held_fresh = 0
-        self._over_limit()
 
     def _tighten_held_pairs(self) -> None:
         """:meth:`tighten_held` for survivors held with their own error radii E
@@ -713,10 +720,29 @@ class CandidateStore:
             upper = torch.where((counts >= self.k) & ~upper.isnan(), upper, torch.inf)
             torch.minimum(self.tau, upper, out=self.tau)
             self.updates += 1
-        keep = torch.nonzero(keys64 - rad <= self.tau[rows]).flatten()
-        self._held = [(rows[keep], cols[keep], keys[keep], rad[keep])]
-        self._held_size = self._held_kept = keep.numel()
+        self._held = [(rows, cols, keys, rad)]
+        self._held_keep = keys64 - rad <= self.tau[rows]
         self._held_fresh = 0
+
+    def _settle_held(self) -> None:
+        """Compact the held pairs the last tightening kept, if not yet done (then take them in
+        where they exceed the holding's limit).
+
+        A tightening only marks what it keeps: compacting needs their count on the host (a
+        synchronisation), and done there it left the GPU idle while the host prepared the next
+        block's launch, which needs only the new τ, already on the device. Done at the next use
+        of the held pairs instead (the next block's hand-over, the finish), after the
+        synchronisation that reads that block's survivors.
+        """
+        keep, self._held_keep = self._held_keep, None
+        if keep is None:
+            return
+        # Every hand-over settles first, so the tightened list is still the only one.
+        assert len(self._held) == 1
+        rows, cols, keys, rad = self._held[0]
+        at = torch.nonzero(keep).flatten()
+        self._held = [(rows[at], cols[at], keys[at], None if rad is None else rad[at])]
+        self._held_size = self._held_kept = at.numel()
         self._over_limit()
 
     def _over_limit(self) -> None:
@@ -728,6 +754,7 @@ class CandidateStore:
 
     def _take_held(self) -> None:
         """Take every held survivor into the store (as :meth:`add` does without holding)."""
+        self._settle_held()
         held, self._held = self._held, []
         self._held_size = self._held_fresh = self._held_kept = 0
         self._may_hold = True
@@ -749,6 +776,8 @@ class CandidateStore:
         sorts of the flat lists order everything by (row, distance, index), no row padded (a
         graph's million rows of 15–25 pairs, or a few rows of thousands of near-ties).
         """
+        # Settled by finish, before it chose this path: compacting may take them all in.
+        assert self._held_keep is None
         held, self._held = self._held, []
         self._held_size = self._held_fresh = self._held_kept = 0
         k, n, device = self.k, self.n, self.device
@@ -1061,9 +1090,11 @@ class CandidateStore:
         (:meth:`_finish_held`) and answers later calls from those results.
         """
         holding = self.holding
+        self._settle_held()
         if (holding is not None and self._finished is None and self._held_fresh and holding.tightens
                 and self._held_size > FINISH_UNTIGHTENED_PAIRS):
-            self.tighten_held()  # (which may take them in, over the holding's limit)
+            self.tighten_held()
+            self._settle_held()  # (which may take them in, over the holding's limit: decided here)
         if holding is not None and (self._finished is not None or not self._may_hold):
             if self._finished is None:
                 self._finished = self._finish_held()
