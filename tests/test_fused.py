@@ -517,6 +517,36 @@ def test_strip_minima_reference_and_candidates(rng):
         strip_candidates(keys, cols, keys.shape[1] + 1)
 
 
+def assert_smallest_of_rows_is_a_stable_sort(device: torch.device, rng) -> None:
+    """The kernel behind strip_candidates on a GPU: each row's k smallest keys ascending (−0
+    below +0, as row_kth's order codes), equal keys (+inf included) by position, and the
+    columns at those positions; as a stable sort of the row's codes. Widths that are not
+    powers of two, k = 1 and k = the whole row."""
+    from knng.engine import row_kth, thresholds
+
+    for m, width, k in ((1, 1, 1), (5, 3, 3), (40, 128, 10), (17, 200, 16), (3, 1024, 32), (9, 37, 1)):
+        keys = torch.from_numpy(rng.integers(-3, 4, size=(m, width)).astype(np.float32))  # ties
+        keys[0] = torch.inf  # a row of +inf only: still k distinct positions
+        keys[-1, 1::5] = -torch.inf
+        keys[m // 2, ::2] = 3.4e38
+        if m > 2:
+            keys[1] = 0.0
+            keys[1, 1::3] = -0.0  # a row of zeros: −0 first
+        cols = torch.from_numpy(rng.permutation(10 * width)[:width]).repeat(m, 1)
+        keys, cols = keys.to(device), cols.to(device)
+        values, picked = thresholds.strip_candidates(keys, cols, k)
+        order = torch.sort(row_kth.ordered_code(keys), dim=1, stable=True).indices[:, :k]
+        assert torch.equal(values.view(torch.int32), keys.gather(1, order).view(torch.int32))  # −0 is not +0
+        assert torch.equal(picked, cols.gather(1, order))
+
+
+def test_smallest_of_rows_kernel_is_a_stable_sort(rng, monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert_smallest_of_rows_is_a_stable_sort(torch.device("cpu"), rng)
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (31, 33), (64, 64), (130, 97), (257, 1025)])
 @pytest.mark.parametrize("density", ["none", "sparse", "dense", "all"])
 def test_cpu_chunked_screen_equals_the_whole_compare(shape, density, rng):

@@ -529,6 +529,22 @@ def test_block_epilogue_kernel_is_its_reference_on_the_hardware():
     assert assert_block_epilogue_is_its_reference("cuda", kernel=True) == 32
 
 
+def test_strip_candidates_kernel_is_a_stable_sort_on_the_hardware(rng):
+    """The k smallest strip minima of each row by the kernel (``thresholds.smallest_of_rows``)
+    are a stable sort's, on the adversarial rows of ``test_fused.py`` and on a graph part's
+    scale (66,667 rows of 128 strips, k = 10; 66,667 of 256 at k = 16)."""
+    from knng.engine import row_kth, thresholds
+    from test_fused import assert_smallest_of_rows_is_a_stable_sort
+
+    assert_smallest_of_rows_is_a_stable_sort(torch.device("cuda"), rng)
+    for width, k in ((128, 10), (256, 16)):
+        keys = torch.randn((66_667, width), device="cuda").round(decimals=1)  # ties
+        cols = torch.randperm(10 * width, device="cuda")[:width].repeat(66_667, 1)
+        values, picked = thresholds.strip_candidates(keys, cols, k)
+        order = torch.sort(row_kth.ordered_code(keys), dim=1, stable=True).indices[:, :k]
+        assert torch.equal(values, keys.gather(1, order)) and torch.equal(picked, cols.gather(1, order))
+
+
 def test_row_selection_is_its_reference_on_the_hardware():
     """Each row's first and k-th key code by the selection kernels (``row_kth``) equals the
     sort's, on the adversarial cases of ``test_row_kth.py``, on a search's scale (10k rows, 25M
@@ -536,8 +552,8 @@ def test_row_selection_is_its_reference_on_the_hardware():
     from knng.engine import row_kth
     from test_row_kth import assert_kernels_are_reference, assert_row_slots_are_permutations
 
-    assert assert_kernels_are_reference(torch.device("cuda")) == 6
-    assert assert_row_slots_are_permutations(torch.device("cuda")) == 6
+    assert assert_kernels_are_reference(torch.device("cuda")) == 7
+    assert assert_row_slots_are_permutations(torch.device("cuda")) == 7
     g = torch.Generator(device="cuda").manual_seed(3)
     rows = torch.randint(0, 10_000, (25_000_000,), device="cuda", generator=g)
     keys = torch.randn(25_000_000, device="cuda", generator=g) * 100.0 + 5e3

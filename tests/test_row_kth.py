@@ -22,14 +22,17 @@ def key_cases(seed: int = 0):
     """(label, rows, keys, n, k): random keys, ties, duplicates, ±0, ±inf, huge and tiny keys,
     rows with fewer than k pairs and rows with none, k = 1, k = a row's whole count, rows short
     enough to be sorted in registers (k = their width: full rows of exactly that width) and
-    rows longer than the kernel's chunk, float64 keys."""
+    rows longer than the kernel's chunk, float64 keys; at a rank the rounds kernel takes, rows
+    up to and just past its width, and NaN keys whose codes reach the int32 maximum it marks
+    taken codes with."""
     gen = np.random.default_rng(seed)
     n = 40
-    for k in (1, 3, row_kth.SMALL_WIDTH, 1500):
-        counts = gen.integers(0, 2 * k + 5, n)
+    for k in (1, 3, row_kth.ROUNDS_MAX_K, row_kth.SMALL_WIDTH, 1500):
+        counts = gen.integers(0, 2 * k + 5 if k != row_kth.ROUNDS_MAX_K else row_kth.ROUNDS_WIDTH + 40, n)
         counts[::7] = 0
         counts[1::9] = k  # exactly k: the k-th is the row's largest
         counts[2] = 2500  # more than one chunk
+        counts[3], counts[4] = row_kth.ROUNDS_WIDTH, row_kth.ROUNDS_WIDTH + 1
         rows = np.repeat(np.arange(n), counts)
         gen.shuffle(rows)
         keys = (gen.standard_normal(rows.size) * 10.0 ** gen.integers(-30, 30, rows.size)).astype(np.float32)
@@ -39,6 +42,8 @@ def key_cases(seed: int = 0):
         keys[3::31] = np.inf
         keys[4::37] = -np.inf
         keys[5::41] = -3.4e38
+        keys.view(np.int32)[6::43] = 0x7FFFFFFF  # NaN, the largest code
+        keys.view(np.int32)[7::47] = 0x7FC00000  # NaN
         yield f"k={k}", torch.from_numpy(rows), torch.from_numpy(keys), n, k
     rows = torch.from_numpy(gen.integers(0, 10, 3000))
     wide = torch.from_numpy(gen.standard_normal(3000) * 1e3)  # float64 keys: rounded up to float32
@@ -89,7 +94,7 @@ def test_kernels_are_the_reference(monkeypatch, programs):
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
     monkeypatch.setattr(row_kth, "MAX_PROGRAMS", programs)
     assert row_kth.kernel_applies(torch.zeros(1, dtype=torch.int64))
-    assert assert_kernels_are_reference(torch.device("cpu")) == 6
+    assert assert_kernels_are_reference(torch.device("cpu")) == 7
 
 
 def test_no_pairs():
@@ -122,4 +127,4 @@ def test_row_slots_kernel_gives_each_row_its_slots(monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    assert assert_row_slots_are_permutations(torch.device("cpu")) == 6
+    assert assert_row_slots_are_permutations(torch.device("cpu")) == 7

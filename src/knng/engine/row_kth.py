@@ -13,9 +13,10 @@ instead of sorting them (a count per row and one slot per pair, both by atomics,
 row left arbitrary) and selects in each row's segment: the smallest code, and the k-th by a
 radix select over the code's four bytes (a 256-bin histogram of the current byte among the codes
 that share the bytes chosen so far, four passes over the segment), or, in a segment of at most
-:data:`SMALL_WIDTH` codes, by sorting it in registers. Both are integer order
-statistics of the same codes, so the results are the reference's exactly, whatever order the
-atomics gave.
+:data:`SMALL_WIDTH` codes, by sorting it in registers (at k ≤ :data:`ROUNDS_MAX_K` a segment
+of up to :data:`ROUNDS_WIDTH` by k − 1 rounds that take the smallest out). All are
+integer order statistics of the same codes, so the results are the reference's exactly,
+whatever order the atomics gave.
 
 :func:`row_slots` gives each pair its slot in its row by the same atomics (a stable sort is its
 reference): the store's finish places its pairs in padded rows with it and orders them after.
@@ -56,6 +57,16 @@ SMALL_WIDTH = 64
 SMALL_ROWS = 16
 #: Programs of the radix select at most (each strides over the rows).
 MAX_PROGRAMS = 1 << 16
+#: Up to rank ROUNDS_MAX_K, rows of more than SMALL_WIDTH and at most ROUNDS_WIDTH pairs
+#: (ROUNDS_ROWS a program) are selected by k − 1 rounds that take the smallest out, in registers
+#: (no radix passes): a 200k-point graph at k = 10 holds ~80 pairs a row after its own parts,
+#: which went to the radix select. H200, 2026-11-27, ``bench/row_kth_rates.py default,norounds``:
+#: 200k rows of ~80 pairs at k = 10 2.01 ms against 3.30; rows of ~20 (all in the sort kernel)
+#: were 1.07 against 0.75 while the rounds took every row up to ROUNDS_WIDTH, hence SMALL_WIDTH
+#: below them.
+ROUNDS_MAX_K = 16
+ROUNDS_WIDTH = 256
+ROUNDS_ROWS = 16
 
 
 def float32_up(keys: torch.Tensor) -> torch.Tensor:
@@ -123,8 +134,14 @@ def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
     kth = torch.empty(n, dtype=torch.int64, device=device)
     kernels.row_kth_small_kernel[(-(-n // SMALL_ROWS),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
                                                         ROWS=SMALL_ROWS, WIDTH=SMALL_WIDTH, **options)
+    skip = SMALL_WIDTH
+    if k <= ROUNDS_MAX_K:
+        kernels.row_kth_rounds_kernel[(-(-n // ROUNDS_ROWS),)](grouped, starts, counts64, n, first, kth, NO_CODE, K=k,
+                                                              ROWS=ROUNDS_ROWS, SKIP=skip, WIDTH=ROUNDS_WIDTH,
+                                                              **options)
+        skip = ROUNDS_WIDTH
     kernels.row_kth_kernel[(min(n, MAX_PROGRAMS),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
-                                                  SKIP=SMALL_WIDTH, CHUNK=chunk_for(k), **options)
+                                                  SKIP=skip, CHUNK=chunk_for(k), **options)
     return first, kth, counts64
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from knng.engine import fused
 from knng.select import resolve
 
-__all__ = ["sample_columns", "seed_candidates", "strip_candidates"]
+__all__ = ["sample_columns", "seed_candidates", "smallest_of_rows", "strip_candidates"]
 
 
 def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -78,12 +79,48 @@ def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.dev
     return scores.gather(1, positions), positions
 
 
+#: Largest k and number of strips a row whose k smallest strip minima :func:`strip_candidates`
+#: takes with a kernel (``_triton_kernels.smallest_of_rows_kernel``: the row in registers, k
+#: rounds of a minimum) instead of ``torch.topk``. H200, 2026-11-27 (first timed as a scratch
+#: kernel; now ``bench/strip_candidates_rates.py``): 66,667 rows of 128 strips at k = 10 0.083 ms
+#: against 0.415 for ``torch.topk`` (0.45 for a sort), 200,000 rows 0.22 against 1.15, 66,667
+#: rows of 256 at k = 16 0.32 against 0.82: about 1 ms of the 200k × 128 graph's seeds at k = 10.
+SMALL_ROW_MAX_K = 32
+SMALL_ROW_MAX_WIDTH = 1024
+
+
 def strip_candidates(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct candidates per row from its strip minima (``knng.engine.screen.strip_minima``):
     the k smallest minima and their columns. Strips are disjoint, so the columns are distinct;
     with at least 2k strips the k-th is near the row's k-th smallest key of the block (the
-    chunk minima of :func:`seed_candidates`, with the kernel's contiguous strips)."""
-    if k > keys.shape[1]:
-        raise ValueError(f"{k} candidates from {keys.shape[1]} strips")
+    chunk minima of :func:`seed_candidates`, with the kernel's contiguous strips).
+
+    On a GPU with Triton (and in its interpreter) rows of at most :data:`SMALL_ROW_MAX_WIDTH`
+    strips and k ≤ :data:`SMALL_ROW_MAX_K` go through a kernel that takes the k smallest by
+    (key, strip), ascending; elsewhere ``torch.topk`` (the same values; among equal keys it may
+    pick other strips, which bound τ as well)."""
+    m, width = keys.shape
+    if k > width:
+        raise ValueError(f"{k} candidates from {width} strips")
+    if (k <= SMALL_ROW_MAX_K and width <= SMALL_ROW_MAX_WIDTH and keys.dtype == torch.float32 and m
+            and fused.fused_available(keys.device)):
+        return smallest_of_rows(keys, cols, k)
     values, pick = torch.topk(keys, k, dim=1, largest=False, sorted=False)
     return values, cols.gather(1, pick)
+
+
+def smallest_of_rows(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k smallest float32 ``keys`` (no NaN) ascending by (key, position), and the
+    ``cols`` at their positions, by ``_triton_kernels.smallest_of_rows_kernel``; rows of at most
+    :data:`SMALL_ROW_MAX_WIDTH` keys. Its reference is a stable sort of each row."""
+    m, width = keys.shape
+    keys, cols = keys.contiguous(), cols.contiguous()
+    assert cols.shape == keys.shape and width <= SMALL_ROW_MAX_WIDTH
+    wide = fused.block_width(width, 16)
+    rows = max(1, min(16, 4096 // wide))  # 16 rows of 128 or 256 measured fastest (32 and 64 slower)
+    values = torch.empty((m, k), dtype=keys.dtype, device=keys.device)
+    picked = torch.empty((m, k), dtype=cols.dtype, device=keys.device)
+    options = {} if fused.interpreting() else dict(num_warps=4)
+    fused.kernels().smallest_of_rows_kernel[(-(-m // rows),)](keys, cols, values, picked, m, width, keys.stride(0),
+                                                              K=k, ROWS=rows, WIDTH=wide, **options)
+    return values, picked
