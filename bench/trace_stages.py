@@ -53,6 +53,10 @@ def mark_graph_stages() -> None:
     marked("_graph_report", graph)
     marked("_holding", graph)
     marked("when_uniform", graph._SharedThresholds)
+    for name in ("strip_minima", "strip_candidates", "screen_own_later"):
+        marked(name, graph)
+    marked("slab_gain", plan)
+    marked("_hold")
     marked("_duplicate_groups", api)
     marked("find_duplicates", duplicates)
     for name in ("make_graph_plan", "as_output", "resolve_device", "resolve_budget", "exact_graph"):
@@ -134,6 +138,27 @@ def idle_gaps(trace: Path, count: int = 12) -> None:
         print(f"  {dur / 1e3:6.2f} ms in {name}: " + ", ".join(f"{n} ×{c}" for n, c in ops.most_common(6)))
 
 
+def idle_by_stage(trace: Path, count: int = 25) -> None:
+    """GPU idle time summed by the innermost marked stage open when each gap began (where the
+    host, not the GPU, set the pace), with the gaps' count."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    stages = [e for e in events if e["name"].startswith("STAGE_") and e.get("cat") != "gpu_user_annotation"]
+    by_stage: collections.Counter = collections.Counter()
+    gaps: collections.Counter = collections.Counter()
+    end = gpu[0]["ts"] + gpu[0]["dur"]
+    for e in gpu[1:]:
+        if e["ts"] > end:
+            inner = [st for st in stages if st["ts"] <= end <= st["ts"] + st["dur"]]
+            name = min(inner, key=lambda st: st["dur"])["name"] if inner else "-"
+            by_stage[name] += e["ts"] - end
+            gaps[name] += 1
+        end = max(end, e["ts"] + e["dur"])
+    print("GPU idle by innermost stage:")
+    for name, idle in by_stage.most_common(count):
+        print(f"  {idle / 1e3:6.2f} ms in {gaps[name]:4d} gaps: {name}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("k", type=int)
@@ -189,6 +214,7 @@ def main() -> None:
     prof.export_chrome_trace(str(trace))
     summary(trace)
     idle_gaps(trace)
+    idle_by_stage(trace)
     if args.stacks:
         print(prof.key_averages(group_by_stack_n=args.stacks).table(sort_by="self_cuda_time_total", row_limit=30,
                                                                     max_name_column_width=60))

@@ -166,6 +166,34 @@ def test_slab_gain_tells_image_patches_from_gaussian_points(rng):
     assert slab_gain(patches, 1, cpu) == 1.0
 
 
+@pytest.mark.parametrize("parts", [2, 3, 7, 8192, 20_000])
+def test_slab_gain_is_its_definition(parts, rng):
+    # The gain is the sample's sum of squares about its mean over that about each slab's own
+    # mean (slabs of equal size along the direction, in its order), here computed directly in
+    # NumPy from the same sample and direction: more slabs than rows, slabs of one row (no
+    # spread within: an infinite gain), a direction with clusters along it.
+    from knng.engine import frames
+
+    x = rng.standard_normal((5_000, 12)).astype(np.float32)
+    x[:, 0] += 6.0 * rng.integers(0, 4, 5_000)  # four clusters along the first axis
+    data = as_input(x, "data")
+    cpu = torch.device("cpu")
+    rows = frames._direction_sample(data, cpu)
+    rows = (rows - rows.mean(dim=0)).numpy()
+    u = frames._leading_direction(torch.from_numpy(rows)).numpy()
+    ordered = rows[np.argsort(rows @ u, kind="stable")]
+    m = ordered.shape[0]
+    slab = np.arange(m) * min(parts, m) // m
+    within = sum(((ordered[slab == s] - ordered[slab == s].mean(axis=0)) ** 2).sum() for s in np.unique(slab))
+    total = (rows * rows).sum()
+    got = slab_gain(data, parts, cpu)
+    if within <= total * 1e-12:
+        assert got == float("inf")
+    else:
+        assert got == pytest.approx(total / within, rel=1e-9)
+        assert got > 2.0  # the clusters are the slabs
+
+
 def test_knng_info_describes_a_rows_plan(gpu_planner):
     from knng.cli.info import plan_lines
 

@@ -628,8 +628,9 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
         store.seed(rows, ids[i0 + cols], values, rad)
     # Every row's threshold in one computation (each part's own maxima, per row), every part's
     # launch queued before any list is sized: the store changes only when all are in.
-    sizes = torch.tensor([i1 - i0 for i0, i1 in frames.parts], device=device)
-    max_norms, max_terms = (torch.repeat_interleave(torch.stack(m), sizes, output_size=n)
+    # (Each part's maxima repeated over its rows by views: sizes copied to the device from the
+    # host would wait for every seed's launch to finish first.)
+    max_norms, max_terms = (torch.cat([value.reshape(1).expand(i1 - i0) for value, (i0, i1) in zip(m, frames.parts)])
                             for m in zip(*(tile.maxima() for tile in tiles)))
     row_norms = torch.cat([tile.norms for tile in tiles])
     row_terms = None if tiles[0].terms is None else torch.cat([tile.terms for tile in tiles])

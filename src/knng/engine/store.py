@@ -311,7 +311,8 @@ def summarize_per_row_each(summaries: list[list[torch.Tensor]]) -> list[dict[str
         n = allc.numel()
         if allc.device.type in DEVICE_SUMMARY_ON and n >= DEVICE_SUMMARY_ROWS:
             median, p99 = _summary_ranks(n)
-            pieces.append(torch.sort(allc).values[torch.tensor([median, p99, n - 1], device=allc.device)])
+            ranked = torch.sort(allc).values  # (its ranks by views: an index copied from the host would wait)
+            pieces.append(torch.stack([ranked[median], ranked[p99], ranked[n - 1]]))
         else:
             pieces.append(allc)
     if len({p.device for p in pieces}) == 1:
