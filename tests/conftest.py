@@ -28,6 +28,30 @@ if "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _strict_interpreted_launches() -> None:
+    """Make Triton's interpreter refuse a launch keyword that is not one of the kernel's
+    parameters, as a GPU's compiler does: the interpreter drops it silently, so a kernel called
+    with a constant it does not declare passed here and failed on the first GPU."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return
+    run = InterpretedFunction.run
+    options = {"num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg"}
+
+    def strict_run(self, *args, grid, warmup, **kwargs):
+        unknown = set(kwargs) - set(self.arg_names) - options
+        if unknown:
+            raise KeyError(f"{self.__name__}: keyword arguments {sorted(unknown)} are not parameters of the kernel")
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = strict_run
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _strict_interpreted_launches()
+
+
 @pytest.fixture(autouse=True)
 def _rows_not_folded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests of the engine see every row: graphs do not fold exact duplicates into one

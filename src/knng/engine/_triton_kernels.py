@@ -657,16 +657,17 @@ def row_kth_small_kernel(codes, starts, counts, n, k, firsts, kths, none, ROWS: 
 
 @triton.jit
 def row_kth_rounds_kernel(codes, starts, counts, n, firsts, kths, none, K: tl.constexpr, ROWS: tl.constexpr,
-                          WIDTH: tl.constexpr):
-    """``row_kth_small_kernel`` for a small rank K (a constant): each row's segment of at most
-    WIDTH int32 signed codes in registers, ``ROWS`` rows a program, and K − 1 rounds that take
-    one occurrence of the smallest out (its first position gets the int32 maximum, at least
-    every code); the smallest left is then the k-th. No sort: at K = 10 a graph's rows of ~80 held pairs went through the radix
-    select, 1.8 ms of a 200k-point graph's first tightening. Rows with more codes are left to
+                          SKIP: tl.constexpr, WIDTH: tl.constexpr):
+    """``row_kth_small_kernel`` for a small rank K (a constant) and the rows of more than SKIP
+    (which that kernel takes) and at most WIDTH codes: each row's segment in registers,
+    ``ROWS`` rows a program, and K − 1 rounds that take one occurrence of the smallest out (its
+    first position gets the int32 maximum, at least every code); the smallest left is then the
+    k-th. No sort: at K = 10 a graph's rows of ~80 held pairs went through the radix select,
+    1.8 ms of a 200k-point graph's first tightening. Rows with more codes are left to
     ``row_kth_kernel``."""
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     count = tl.load(counts + r, mask=r < n, other=WIDTH + 1)
-    small = (r < n) & (count <= WIDTH)
+    small = (r < n) & (count > SKIP) & (count <= WIDTH)
     start = tl.load(starts + r, mask=small, other=0)
     j = tl.arange(0, WIDTH)
     ok = small[:, None] & (j[None, :] < count[:, None])
