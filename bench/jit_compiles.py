@@ -5,7 +5,9 @@ compiles each variant of the CUDA C screens once).
 Empty Triton and CuPy caches (temporary folders) for the process; each call is timed and the
 caches' new entries counted (Triton's ``.cubin`` files, CuPy's cache files). A workload is
 ``NAME:K:CALLS`` with ``gN`` N thousand Gaussian points in 128 dimensions or ``p8``/``p16``
-image patches (``.carry/pictures.npz``, ``bench/bench_patches.py``). Usage (GPU machine,
+image patches (``.carry/pictures.npz``, ``bench/bench_patches.py``); ``NAME:K:CALLS:fresh``
+draws new Gaussian points for every call (the sizes that follow the data change, as between a
+user's calls on different data). Usage (GPU machine,
 repository root)::
 
     PYTHONPATH=src:tests python bench/jit_compiles.py g200k:10:4 g150k:10:3 g200k:100:3 p16:10:3
@@ -39,21 +41,23 @@ def cached() -> tuple[int, int]:
     return triton, cupy
 
 
-def data(name: str) -> torch.Tensor:
+def data(name: str, seed: int = 0) -> torch.Tensor:
     if name in ("p8", "p16"):
         side, stride = (8, 2) if name == "p8" else (16, 3)
         return torch.from_numpy(patches(dict(np.load(".carry/pictures.npz")), side, stride, 12)).cuda()
     thousands = int(name[1:].rstrip("k"))
-    gen = torch.Generator(device="cuda").manual_seed(thousands)
+    gen = torch.Generator(device="cuda").manual_seed(thousands + 1000 * seed)
     return torch.randn((thousands * 1000, 128), device="cuda", generator=gen)
 
 
 def main() -> None:
     for spec in sys.argv[1:]:
-        name, k, calls = spec.split(":")
+        name, k, calls, *fresh = spec.split(":")
         x = data(name)
         line = []
-        for _ in range(int(calls)):
+        for call in range(int(calls)):
+            if fresh and call:
+                x = data(name, call)
             before = cached()
             torch.cuda.synchronize()
             t0 = time.perf_counter()

@@ -10,6 +10,15 @@ that side's compact list (owner, other, key) in global memory.
 import triton
 import triton.language as tl
 
+# DATA_SIZES. Triton compiles a kernel again for each new combination of its integer arguments'
+# divisibility by 16 (and equality to 1). Sizes that follow the data (pairs held or evaluated, a
+# finish's widest row) take new values in every call, so a process could pay a compile, or a
+# load from the disk cache, in a call long after its first. Those arguments are not specialised
+# (``do_not_specialize``); sizes the plan fixes (parts, blocks, dimensions) still are. H200,
+# 2026-11-27, `bench/jit_compiles.py g200k:10:10:fresh` (new points every call, empty caches):
+# the seventh call compiled 4 kernels and took 445.5 ms (the others 39.1-40.3); now no call
+# after the first compiles (38.9-40.3 ms).
+
 
 @triton.jit
 def _thresholds(row_thr, col_thr, rm, rn, row_ok, col_ok, SYMMETRIC: tl.constexpr):
@@ -348,7 +357,7 @@ def block_epilogue_kernel(scores, row_factors, col_scales, col_terms, row_terms,
 
 
 # --------------------------------------------------------------------------- exact evaluation
-@triton.jit
+@triton.jit(do_not_specialize=["P"])  # sizes of the data: see DATA_SIZES
 def pair_squares_kernel(x, rows, y, cols, out, P, d, stride_x, stride_y, BLOCK_P: tl.constexpr,
                         BLOCK_D: tl.constexpr):
     """out[p] = Σ (x[rows[p]] − y[cols[p]])² in float64, by differences (both rows converted to
@@ -435,7 +444,7 @@ def block_radius_kernel(tau, rows, row_norms, row_terms, offsets, col_norms, col
     tl.store(out + i, rad, mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["p"])  # sizes of the data: see DATA_SIZES
 def pair_radius_kernel(rows, cols, keys, row_norms, col_norms, row_terms, col_terms, offsets, out, p,
                        c_dot: "fp64", c_flush: "fp64", c_term: "fp64", slack: "fp64", gamma: "fp64",
                        centre_norm: "fp64", tiny: "fp64", GATHER: tl.constexpr, COL_TERMS: tl.constexpr,
@@ -559,7 +568,7 @@ def _signed_code(keys):
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["p"])  # sizes of the data: see DATA_SIZES
 def row_count_kernel(rows, p, counts, BLOCK: tl.constexpr):
     """counts[r] += the pairs of row r among ``rows[:p]`` (int32 counters)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -568,7 +577,7 @@ def row_count_kernel(rows, p, counts, BLOCK: tl.constexpr):
     tl.atomic_add(counts + r, tl.full((BLOCK,), 1, tl.int32), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["p"])  # sizes of the data: see DATA_SIZES
 def row_slots_kernel(rows, p, cursor, slots, BLOCK: tl.constexpr):
     """Each pair's slot within its row: ``cursor`` counts what each row has received (int32
     counters), so a row's slots are 0 … its count − 1 in whatever order the atomics gave."""
@@ -579,7 +588,7 @@ def row_slots_kernel(rows, p, cursor, slots, BLOCK: tl.constexpr):
     tl.store(slots + i, slot.to(tl.int64), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["p"])  # sizes of the data: see DATA_SIZES
 def group_rows_kernel(rows, keys, p, starts, cursor, out, BLOCK: tl.constexpr):
     """Each pair's key code into its row's segment of ``out`` (row r's segment starts at
     ``starts[r]``; ``cursor`` counts what each row has received, so the order within a row is
@@ -683,7 +692,7 @@ def row_kth_rounds_kernel(codes, starts, counts, n, firsts, kths, none, K: tl.co
     tl.store(kths + r, tl.where(full, kth.to(tl.int64) + 2147483648, none), mask=small)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width", "k"])  # sizes of the data: see DATA_SIZES
 def row_order_kernel(idx, dist, width, k, order, W: tl.constexpr, J: tl.constexpr):
     """Row ``program_id``'s first k positions by (distance, index, position) among its ``width``
     entries (row-major (rows, width) ``idx``/``dist``; index −1 marks an empty entry, ordered
