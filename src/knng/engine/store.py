@@ -675,7 +675,8 @@ class CandidateStore:
 
     def tighten_held(self, maxima: tuple[float, float] | None = None) -> None:
         """Tighten every row's τ from all its held survivors, then drop those that can no longer
-        pass the store's test.
+        pass the store's test (marked now, compacted at their next use: :meth:`_settle_held`;
+        nothing is read back from the device here).
 
         ``maxima``: the largest norm and |term| of the columns held so far (default the
         holding's). A row's held pairs have distinct columns (each pair is screened once per
