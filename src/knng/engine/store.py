@@ -13,8 +13,10 @@ against the corpus.
 
 A store may instead **hold** its survivors back (``holding``, a GPU's search and graph): they
 wait as flat lists, a tightening selects each row's k-th key among them (no sort, no capacity)
-and drops what can no longer pass, and the finish evaluates every one left exactly. Where the
-held lists outgrow their limit, or a checkpoint needs the state, they are taken in as above.
+and marks what can no longer pass (dropped at the lists' next use, so that nothing is read back
+from the device while the next block's launch queues), and the finish evaluates every one left
+exactly. Where the held lists outgrow their limit, or a checkpoint needs the state, they are
+taken in as above.
 
 The finish takes, for every row, the candidates whose lower bound is ≤ the final τᵢ (a
 superset of the true top k: every pair left out had a lower bound above some earlier, larger
