@@ -821,19 +821,17 @@ def smallest_of_rows_kernel(keys, cols, out_values, out_cols, m, width, stride, 
                             ROWS: tl.constexpr, WIDTH: tl.constexpr):
     """Each row's K smallest of its ``width`` float32 keys (ROWS rows a program, a row whole in
     registers: WIDTH ≥ width, a power of two), ascending by (key, position), and the ``cols``
-    entries at their positions: K rounds of an argmin over the keys' int32 order codes (the bits,
-    the negative ones' magnitude bits flipped: −0 just below +0), whose ties go to the smaller
-    position; a taken position's code becomes the int32 maximum, above every key's (+inf and
-    NaN included), so that no position is taken twice. NaN keys are not expected (the strip
-    minima report none)."""
+    entries at their positions: K rounds of an argmin over the keys' signed codes
+    (:func:`_signed_code`: −0 just below +0), whose ties go to the smaller position; a taken
+    position's code becomes the int32 maximum, at least every key's, so that no position is
+    taken twice. NaN keys are not expected (the strip minima report none)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     at = tl.arange(0, WIDTH)
     row_ok = rows < m
     ok = row_ok[:, None] & (at < width)[None, :]
     base = rows.to(tl.int64) * stride
-    bits = tl.load(keys + base[:, None] + at[None, :], mask=ok, other=0.0).to(tl.int32, bitcast=True)
     taken = 2147483647
-    code = tl.where(ok, tl.where(bits < 0, bits ^ taken, bits), taken)
+    code = tl.where(ok, _signed_code(tl.load(keys + base[:, None] + at[None, :], mask=ok, other=0.0)), taken)
     for j in tl.static_range(K):
         pos = tl.argmin(code, axis=1, tie_break_left=True)
         tl.store(out_values + rows * K + j, tl.load(keys + base + pos, mask=row_ok), mask=row_ok)

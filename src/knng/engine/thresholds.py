@@ -81,10 +81,10 @@ def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.dev
 
 #: Largest k and number of strips a row whose k smallest strip minima :func:`strip_candidates`
 #: takes with a kernel (``_triton_kernels.smallest_of_rows_kernel``: the row in registers, k
-#: rounds of a minimum) instead of ``torch.topk``. H200, 2026-11-27 (first timed as a scratch
-#: kernel; now ``bench/strip_candidates_rates.py``): 66,667 rows of 128 strips at k = 10 0.083 ms
-#: against 0.415 for ``torch.topk`` (0.45 for a sort), 200,000 rows 0.22 against 1.15, 66,667
-#: rows of 256 at k = 16 0.32 against 0.82: about 1 ms of the 200k × 128 graph's seeds at k = 10.
+#: rounds of a minimum) instead of ``torch.topk``. H200, 2026-11-27,
+#: ``bench/strip_candidates_rates.py``: 66,667 rows of 128 strips at k = 10 0.092 ms against
+#: 0.415 for ``torch.topk`` (0.447 for a sort), 200,000 rows 0.246 against 1.155, 66,667 rows of
+#: 256 at k = 16 0.338 against 0.815: about 1 ms of the 200k × 128 graph's seeds at k = 10.
 SMALL_ROW_MAX_K = 32
 SMALL_ROW_MAX_WIDTH = 1024
 
@@ -95,7 +95,7 @@ def strip_candidates(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[to
     with at least 2k strips the k-th is near the row's k-th smallest key of the block (the
     chunk minima of :func:`seed_candidates`, with the kernel's contiguous strips).
 
-    On a GPU with Triton (and in its interpreter) rows of at most :data:`SMALL_ROW_MAX_WIDTH`
+    On a GPU with Triton, rows of at most :data:`SMALL_ROW_MAX_WIDTH`
     strips and k ≤ :data:`SMALL_ROW_MAX_K` go through a kernel that takes the k smallest by
     (key, strip), ascending; elsewhere ``torch.topk`` (the same values; among equal keys it may
     pick other strips, which bound τ as well)."""
