@@ -96,6 +96,9 @@ def gpu_planner(monkeypatch):
     """Plans for an H100 on this machine; returns a function setting the data's slab gain."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(plan_mod, "fused_available", lambda device: True)
+    import knng.engine.fused as fused
+
+    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: precision == "float16")
     gain = {"value": 1.0, "calls": 0}
 
     def fake_gain(data, parts, device):
@@ -114,7 +117,8 @@ def _gpu_plan(k: int, *, n: int = 200_000, metric: str = "euclidean", budget: in
 def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
     rows = _gpu_plan(100)
     assert rows.graph_method == "rows" and rows.screen_precision == "float16" and rows.k == 100
-    assert rows.query_rows == plan_mod.KERNEL_SEARCH_ROWS and rows.parts == -(-200_000 // rows.query_rows)
+    chunks = -(-200_000 // plan_mod.KERNEL_SEARCH_ROWS)  # chunks of equal size, none over the limit
+    assert rows.query_rows == -(-200_000 // chunks) and rows.parts == chunks
     assert rows.operation == "graph" and rows.sample_size > 0
     assert _gpu_plan(plan_mod.GRAPH_ROWS_MIN_K - 1).graph_method == "symmetric"
     assert _gpu_plan(10).frames == "global"  # Gaussian-like data: one centre, no slabs
@@ -147,13 +151,20 @@ def test_a_graph_screened_in_float64_keeps_its_symmetric_blocks(gpu_planner):
 
 
 def test_kernel_searches_take_larger_query_chunks(gpu_planner):
-    def search(k: int, **kw):
+    def search(k: int, budget: int = 60 * 2**30, **kw):
         return plan_mod.make_search_plan(n_queries=200_000, n_corpus=1_000_000, d=128, k=k, metric="euclidean",
-                                         device=torch.device("cuda", 0), budget=60 * 2**30, host_budget=64 * 2**30,
+                                         device=torch.device("cuda", 0), budget=budget, host_budget=64 * 2**30,
                                          **kw)
 
-    assert search(10).query_rows == plan_mod.KERNEL_SEARCH_ROWS
-    assert search(1024).query_rows == 16384  # survivors grow with k: a score block's rows
+    def balanced(limit: int) -> int:  # chunks of equal size, none over the limit
+        return -(-200_000 // -(-200_000 // limit))
+
+    assert search(10).query_rows == balanced(plan_mod.KERNEL_SEARCH_ROWS)
+    # Survivors grow with k: fewer rows, but never fewer than a score block's.
+    assert 16384 <= search(1024).query_rows == balanced(plan_mod.KERNEL_SEARCH_PAIRS // 1024) < search(10).query_rows
+    # A small budget: no more rows than let the whole sample's strip minima fit an eighth of it.
+    small = search(100, budget=2**30)
+    assert small.sample_size == plan_mod.GPU_SAMPLE and small.query_rows < search(100).query_rows
     assert search(10, screen_dtype="float32").query_rows <= 16384
 
 
@@ -197,8 +208,9 @@ def test_slab_gain_is_its_definition(parts, rng):
 def test_knng_info_describes_a_rows_plan(gpu_planner):
     from knng.cli.info import plan_lines
 
-    text = "\n".join(plan_lines("graph", _gpu_plan(100)))
-    assert "4 chunks of ≤65,536 points, each searched against all the data" in text
+    text = "\n".join(plan_lines("graph", _gpu_plan(100, n=600_000)))
+    assert "3 chunks of ≤200,000 points, each searched against all the data" in text
+    assert "1 chunk of ≤200,000 points" in "\n".join(plan_lines("graph", _gpu_plan(100)))
     assert "symmetry" not in text
     assert "symmetry" in "\n".join(plan_lines("graph", _gpu_plan(10)))
 
@@ -215,17 +227,18 @@ def test_a_resumed_rows_graph_reports_rows(monkeypatch, rng, tmp_path):
 
 
 def test_strip_seeds_take_their_whole_sample(gpu_planner, monkeypatch):
-    # The kernel's strip minima write no score block, so a rows chunk of 65,536 points takes the
-    # planner's whole sample; a screen whose seeds materialise the block takes what fits an eighth
-    # of the budget beside it.
+    # The kernel's strip minima write no score block, so a rows chunk of all 200,000 points takes
+    # the planner's whole sample; a screen whose seeds materialise the block keeps the whole
+    # sample too, in chunks of fewer rows, its block within an eighth of the budget.
     from knng.engine import fused
 
     monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: True)
     whole = min(plan_mod.GPU_SAMPLE, plan_mod.GPU_SAMPLE_PER_K * 101)
-    assert _gpu_plan(100).sample_size == whole
+    strips = _gpu_plan(100)
+    assert strips.sample_size == whole and strips.query_rows == 200_000
     monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: False)
     block = _gpu_plan(100)
-    assert block.sample_size < whole
+    assert block.sample_size == whole and block.query_rows < strips.query_rows
     assert block.sample_size * block.query_rows * 4 <= 60 * 2**30 // 8
 
 

@@ -281,18 +281,20 @@ GPU_SAMPLE_PER_K = 1024
 #: tiles per pass keep later tiles' survivors near k (one 1M-wide tile let ~k·n/m through).
 GPU_SEARCH_COLS = 1 << 18
 #: Query rows per chunk of a GPU search whose screen is the fused kernel over a resident corpus:
-#: no score block is materialised, so a chunk is bounded by its sample block (an eighth of the
-#: budget, see make_search_plan) and by its survivors (a few k per row, held until the finish:
-#: at most about KERNEL_SEARCH_PAIRS / k rows), not by a score block's 16,384 rows
-#: (plan_tiles). Every chunk pays a fixed price (its sample's product and seeds, two
-#: tightenings, the finish: about 12 ms and 500 launches at 10k × 1M × 128), which fewer, larger
-#: chunks amortise. H100, 2026-11-25, the data searched against themselves (``k + 1``,
-#: ``bench/ab_search_rows.py``), chunks of 16,384 / 65,536 / 131,072 rows (ms): 200k × 128,
-#: k = 10 213 / 141 / 153, k = 100 305 / 272 / 326; 1M × 128, k = 10 1,870 / 1,419 / 1,662
-#: (the widest chunks lose: their sample shrinks to fit the budget, their thresholds start
-#: looser).
-KERNEL_SEARCH_ROWS = 1 << 16
-KERNEL_SEARCH_PAIRS = 1 << 23
+#: no score block is materialised, so a chunk is bounded by its survivors (a few k per row,
+#: held until the finish: at most about KERNEL_SEARCH_PAIRS / k rows) and by its sample's seeds
+#: (their strip minima, or the sample's score block, in an eighth of the budget at the sample's
+#: full width; see make_search_plan), not by a score block's 16,384 rows (plan_tiles). Every
+#: chunk pays a fixed price (its seeds' selection, its tightenings, the finish: about 12 ms and
+#: 500 launches at 10k × 1M × 128), which fewer, larger chunks amortise. H200, 2026-11-27, the
+#: data searched against themselves at k = 100 (``bench/ab_exact_calls.py new/rows128k/rows256k
+#: g200k100,g1m100``, one process), chunks of at most 65,536 / 131,072 / 262,144 rows (ms):
+#: 200k × 128 103.0 / 87.3 / 84.7, 1M × 128 1,143 / 1,105 / 1,030. (On an H100 on 2026-11-25,
+#: before the strip seeds, chunks of 131,072 had lost: their sample's score block no longer fit
+#: at 65,536 columns, so their thresholds started looser; the budget's rule above now keeps
+#: the sample whole.)
+KERNEL_SEARCH_ROWS = 1 << 18
+KERNEL_SEARCH_PAIRS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -665,10 +667,6 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=max_cols)
     kernel = device.type == "cuda" and PRECISIONS[precision].fused and fused_available(device)
-    if kernel and tiles.corpus_resident:  # no score block: chunks of more rows (KERNEL_SEARCH_ROWS)
-        rows = max(tiles.query_rows, min(n_queries, KERNEL_SEARCH_ROWS, KERNEL_SEARCH_PAIRS // max(1, k)))
-        tiles = TilePlan(query_rows=rows, corpus_cols=tiles.corpus_cols, corpus_resident=True, budget=budget)
-    read_rows = _read_rows(host_budget, d, max(READ_ROWS, tiles.corpus_cols))
     base = min(GPU_SAMPLE, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else CPU_SAMPLE
     vector = d * element + 24
     # The sample's prepared vectors and its score block take at most an eighth of the budget. The
@@ -678,6 +676,18 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     # (Decided on the fewest columns the sample can then have, as the search decides on its own.)
     strips = (kernel and tiles.corpus_resident
               and strip_seeds_run(PRECISIONS[precision], device, min(n_corpus, base), k))
+    if kernel and tiles.corpus_resident:  # no score block: chunks of more rows (KERNEL_SEARCH_ROWS)
+        rows = min(n_queries, KERNEL_SEARCH_ROWS, KERNEL_SEARCH_PAIRS // max(1, k))
+        # No more rows than let the whole sample's seeds fit their eighth of the budget: a
+        # smaller sample would start every row's threshold looser.
+        row_bytes = 8 / STRIP if strips else element
+        rows = min(rows, max(1, int((budget // 8 // min(n_corpus, base) - vector) / row_bytes)))
+        rows = max(tiles.query_rows, rows)
+        # Chunks of equal size: each pays the same fixed price, and a tail of a few rows would
+        # pay it for nothing (200k rows in chunks of 65,536 left a last chunk of 3,392).
+        rows = -(-n_queries // -(-n_queries // rows))
+        tiles = TilePlan(query_rows=rows, corpus_cols=tiles.corpus_cols, corpus_resident=True, budget=budget)
+    read_rows = _read_rows(host_budget, d, max(READ_ROWS, tiles.corpus_cols))
     column_bytes = -(-tiles.query_rows * 8 // STRIP) if strips else tiles.query_rows * element
     fit = budget // 8 // (vector + column_bytes)
     sample = int(min(n_corpus, max(min(base, fit), SAMPLE_PER_K * k)))
