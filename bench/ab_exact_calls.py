@@ -36,7 +36,7 @@ sys.path.insert(0, "tests")
 
 import knng  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
-from knng.engine import cuda_screen, plan, row_kth  # noqa: E402
+from knng.engine import cuda_screen, plan, row_kth, thresholds  # noqa: E402
 from bench_patches import patches  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 
@@ -100,6 +100,14 @@ SETTINGS = {
     # a search's (and a graph by rows') corpus tiles of at most 65,536 / 131,072 columns (262,144 now)
     "cols64k": ((plan, "GPU_SEARCH_COLS", 1 << 16),),
     "cols128k": ((plan, "GPU_SEARCH_COLS", 1 << 17),),
+    # a search's (and a graph by rows') query chunks of up to 65,536 / 131,072 rows (262,144 now)
+    "rows64k": ((plan, "KERNEL_SEARCH_ROWS", 1 << 16), (plan, "KERNEL_SEARCH_PAIRS", 1 << 23)),
+    "rows128k": ((plan, "KERNEL_SEARCH_ROWS", 1 << 17), (plan, "KERNEL_SEARCH_PAIRS", 1 << 24)),
+    # a search's seeds above k = 32 by torch.topk of the strip minima and their columns (not each row's k-th alone)
+    "topkseeds": ((thresholds, "KTH_ROW_MAX_WIDTH", 0),),
+    # seed samples of up to 98,304 / 131,072 columns (65,536 now)
+    "sample96k": ((plan, "GPU_SAMPLE", 98304),),
+    "sample128k": ((plan, "GPU_SAMPLE", 1 << 17),),
     # seed samples of at most 16,384 / 32,768 columns (65,536 now)
     "sample16k": ((plan, "GPU_SAMPLE", 1 << 14),),
     "sample32k": ((plan, "GPU_SAMPLE", 1 << 15),),

@@ -540,6 +540,43 @@ def assert_smallest_of_rows_is_a_stable_sort(device: torch.device, rng) -> None:
         assert torch.equal(picked, cols.gather(1, order))
 
 
+def assert_kth_of_rows_is_its_reference(device: torch.device, rng) -> None:
+    """Each row's smallest and k-th key code by ``thresholds.kth_of_rows`` (the kernel where
+    Triton runs) equals a sort's: ties, a row of +inf, ±inf and the largest float32, −0 below +0
+    (as row_kth's order codes), widths that are not powers of two, k = 1, k = the whole row and
+    k above it (no code)."""
+    from knng.engine import row_kth, thresholds
+
+    for m, width, k in ((1, 1, 1), (5, 3, 3), (40, 128, 33), (17, 200, 101), (3, 1024, 1024), (9, 37, 1),
+                        (6, 1000, 999), (4, 5, 6), (33, 4096, 2000)):
+        keys = torch.from_numpy(rng.integers(-3, 4, size=(m, width)).astype(np.float32))  # ties
+        keys[0] = torch.inf
+        keys[-1, 1::5] = -torch.inf
+        keys[m // 2, ::2] = 3.4e38
+        if m > 2:
+            keys[1] = 0.0
+            keys[1, 1::3] = -0.0
+        if m > 3:
+            keys[2] = torch.from_numpy(rng.standard_normal(width).astype(np.float32))  # distinct keys
+        keys = keys.to(device)
+        got = thresholds.kth_of_rows(keys, k)
+        want = thresholds.kth_of_rows_reference(keys, k)
+        for g, w, name in zip(got, want, ("first", "kth", "counts")):
+            assert torch.equal(g, w), (m, width, k, name)
+        if width >= k:
+            codes = torch.sort(row_kth.ordered_code(keys), dim=1).values
+            assert torch.equal(row_kth.decoded(want[1]).view(torch.int32), row_kth.decoded(codes[:, k - 1]).view(torch.int32))
+        else:
+            assert bool((want[1] == row_kth.NO_CODE).all())
+
+
+def test_kth_of_rows_kernel_is_its_reference(rng, monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert_kth_of_rows_is_its_reference(torch.device("cpu"), rng)
+
+
 def test_smallest_of_rows_kernel_is_a_stable_sort(rng, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")

@@ -239,7 +239,7 @@ def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch):
     monkeypatch.setattr(plan, "GPU_TRIANGLE_MAX_PART", 8192)  # own blocks as triangles (Hopper) too
     monkeypatch.setattr(plan, "GPU_KERNEL_GROUP_COLUMNS", 3 * 8192)  # launches of 3 column parts, one short
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
-    monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 8192)  # several chunks of rows, the last one short
+    monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 8192)  # several chunks of rows (7 of 7,143 and 7,142)
     g = _gen(seed)
     x = torch.randn((50_001, 64), generator=g, device="cuda") * 3 + 7
     x[40_000:40_500] = x[:500]
@@ -543,6 +543,19 @@ def test_strip_candidates_kernel_is_a_stable_sort_on_the_hardware(rng):
         values, picked = thresholds.strip_candidates(keys, cols, k)
         order = torch.sort(row_kth.ordered_code(keys), dim=1, stable=True).indices[:, :k]
         assert torch.equal(values, keys.gather(1, order)) and torch.equal(picked, cols.gather(1, order))
+
+
+def test_kth_of_rows_kernel_is_its_reference_on_the_hardware(rng):
+    """Each row's smallest and k-th strip minimum by ``thresholds.kth_of_rows``'s kernel equals a
+    sort's, on the adversarial rows of ``test_fused.py`` and on the 200k × 128 graph's seeds by
+    rows (200,000 rows of 1,024 strips at k = 101)."""
+    from knng.engine import thresholds
+    from test_fused import assert_kth_of_rows_is_its_reference
+
+    assert_kth_of_rows_is_its_reference(torch.device("cuda"), rng)
+    keys = torch.randn((200_000, 1024), device="cuda").round(decimals=2)  # ties
+    for got, want in zip(thresholds.kth_of_rows(keys, 101), thresholds.kth_of_rows_reference(keys, 101)):
+        assert torch.equal(got, want)
 
 
 def test_row_selection_is_its_reference_on_the_hardware():

@@ -837,3 +837,32 @@ def smallest_of_rows_kernel(keys, cols, out_values, out_cols, m, width, stride, 
         tl.store(out_values + rows * K + j, tl.load(keys + base + pos, mask=row_ok), mask=row_ok)
         tl.store(out_cols + rows * K + j, tl.load(cols + base + pos, mask=row_ok), mask=row_ok)
         code = tl.where(at[None, :] == pos[:, None], taken, code)
+
+
+@triton.jit(do_not_specialize=["m", "width", "stride", "k"])  # sizes of the data: see DATA_SIZES
+def kth_of_rows_kernel(keys, m, width, stride, k, firsts, kths, counts, no_code, ROWS: tl.constexpr,
+                       WIDTH: tl.constexpr):
+    """Each row's smallest and k-th smallest of its ``width`` float32 keys (no NaN) as
+    ``row_kth.ordered_code`` values, and ``width`` as its count (ROWS rows a program, a row
+    whole in registers: WIDTH ≥ width, a power of two). The k-th by bisection over the keys'
+    signed codes (:func:`_signed_code`): the smallest code c with at least k codes ≤ c, 32
+    halvings of [smallest − 1, largest]. Rows of fewer than k keys get ``no_code`` for both."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    at = tl.arange(0, WIDTH)
+    row_ok = rows < m
+    ok = row_ok[:, None] & (at < width)[None, :]
+    base = rows.to(tl.int64) * stride
+    code = _signed_code(tl.load(keys + base[:, None] + at[None, :], mask=ok, other=0.0)).to(tl.int64)
+    lo = tl.min(tl.where(ok, code, 2147483647), axis=1).to(tl.int64)
+    first = lo
+    lo = lo - 1  # fewer than k codes ≤ lo (none); at least k ≤ hi (all of them, where width ≥ k)
+    hi = tl.max(tl.where(ok, code, -2147483648), axis=1).to(tl.int64)
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2
+        enough = tl.sum((ok & (code <= mid[:, None])).to(tl.int32), axis=1) >= k
+        hi = tl.where(enough, mid, hi)
+        lo = tl.where(enough, lo, mid)
+    full = width >= k
+    tl.store(firsts + rows, tl.where(full, first + 2147483648, no_code), mask=row_ok)
+    tl.store(kths + rows, tl.where(full, hi + 2147483648, no_code), mask=row_ok)
+    tl.store(counts + rows, tl.zeros((ROWS,), tl.int64) + width, mask=row_ok)

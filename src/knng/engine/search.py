@@ -25,7 +25,7 @@ from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
 from knng.engine.screen import block_scores, screen_rows, strip_minima, strip_seeds_run, use_kernel
 from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row_each
-from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
+from knng.engine.thresholds import kth_of_rows, kth_seeds_run, sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 
 __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
@@ -208,7 +208,15 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     if norms is None and strip_seeds_run(precision, device, sample.columns.numel(), k):
         # The kernel's strip minima of the sample: no block is written (10k queries × 65,536
         # columns at k = 100: 2.6 GB of keys, their terms and a selection over them).
+        # The corpus's largest norm and term, read before the sample's product is queued (a
+        # read after it waits for it; a one-tile screen asks for the same range next).
+        maxima = pcorpus.maxima(0, pcorpus.corpus.n)
         keys, cols = strip_minima(queries, sample.vectors, d, precision, col_terms=sample.terms32)
+        if kth_seeds_run(keys, k):
+            # Each row's k-th strip minimum alone, with a radius for the corpus's largest norm
+            # (the sample's columns are the corpus's): no k columns gathered.
+            store.tighten_ends(*kth_of_rows(keys, k), *maxima, counted=False)
+            return
         values, positions = strip_candidates(keys, cols, k)
     else:
         # The sample's product of a TF32 screen runs on TF32 tensor cores (see TF32_SAMPLE).

@@ -569,22 +569,32 @@ class CandidateStore:
         # only raises the k-th): one int64 sort of the pairs, or on a GPU a selection in each
         # row's segment without one (knng.engine.row_kth): the same codes.
         first, kth, counts = row_kth.row_ends(rows, keys, self.n, self.k)
+        self.tighten_ends(first, kth, counts, max_col_norm, max_col_term)
+
+    def tighten_ends(self, first: torch.Tensor, kth: torch.Tensor, counts: torch.Tensor,
+                     max_col_norm: "float | torch.Tensor", max_col_term: "float | torch.Tensor",
+                     counted: bool = True) -> None:
+        """:meth:`tighten` after its selection: every store row's smallest and k-th key order
+        code among k or more distinct columns' keys, and how many it has (``row_kth.row_ends``;
+        fewer than k: not tightened). The columns' norms and terms are at most the maxima.
+        ``counted``: count the rows tightened in ``stats.tightenings`` (seeds are not)."""
         errors = self.errors
+        tightened = self._tile_tightenings if counted else torch.zeros((), dtype=torch.int64, device=self.device)
         if (errors.row_norms is not None and not isinstance(max_col_norm, torch.Tensor)
                 and not isinstance(max_col_term, torch.Tensor)
                 and radius.kernel_applies(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets)):
             # What follows, in one launch (knng.engine.radius): the same values.
             radius.tighten_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK,
-                                first, kth, counts, self.k, self.tau, self._tile_tightenings, errors.row_norms,
+                                first, kth, counts, self.k, self.tau, tightened, errors.row_norms,
                                 errors.row_terms, errors.row_offsets, max_col_norm, max_col_term)
         else:
-            self._tighten_ends(first, kth, counts, max_col_norm, max_col_term)
+            self._tighten_ends(first, kth, counts, max_col_norm, max_col_term, tightened)
         self.updates += 1
 
     def _tighten_ends(self, first: torch.Tensor, kth: torch.Tensor, counts: torch.Tensor,
-                      max_col_norm: "float | torch.Tensor", max_col_term: "float | torch.Tensor") -> None:
-        """:meth:`tighten` after its selection (the reference of ``radius.tighten_rows``): each
-        row's smallest and k-th key order code and its count of pairs (``row_kth.row_ends``)."""
+                      max_col_norm: "float | torch.Tensor", max_col_term: "float | torch.Tensor",
+                      tightened: torch.Tensor) -> None:
+        """:meth:`tighten_ends` by torch (the reference of ``radius.tighten_rows``)."""
         first = row_kth.decoded(first).to(torch.float64)
         kth = row_kth.decoded(kth).to(torch.float64)
         # The radius grows with |key + offset|, which is largest at an end of [first, kth]; the
@@ -597,7 +607,7 @@ class CandidateStore:
         torch.minimum(self.tau, torch.where(counts >= self.k, kth + rad, torch.inf), out=self.tau)
         # Rows tightened, counted on the device (a count read here would be a synchronisation
         # between a search's tiles): the finish adds them to stats.tightenings.
-        self._tile_tightenings += (counts >= self.k).sum()
+        tightened += (counts >= self.k).sum()
 
     # ------------------------------------------------------------------------------------ add
     def add(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, norms: "PairNorms | None" = None

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from knng.engine import fused
+from knng.engine import fused, row_kth
 from knng.select import resolve
 
-__all__ = ["sample_columns", "seed_candidates", "smallest_of_rows", "strip_candidates"]
+__all__ = ["kth_of_rows", "kth_of_rows_reference", "kth_seeds_run", "sample_columns", "seed_candidates",
+           "smallest_of_rows", "strip_candidates"]
 
 
 def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -124,3 +125,64 @@ def smallest_of_rows(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[to
     fused.kernels().smallest_of_rows_kernel[(-(-m // rows),)](keys, cols, values, picked, m, width, keys.stride(0),
                                                               K=k, ROWS=rows, WIDTH=wide, **options)
     return values, picked
+
+
+#: Widest row whose k-th smallest strip minimum :func:`kth_of_rows` takes with its kernel (the
+#: row whole in registers); wider rows go to ``torch.topk``.
+KTH_ROW_MAX_WIDTH = 4096
+
+
+def kth_seeds_run(keys: torch.Tensor, k: int) -> bool:
+    """Whether a search's seeds take each row's k-th strip minimum alone (:func:`kth_of_rows`)
+    rather than its k smallest and their columns (:func:`strip_candidates`): above the
+    register kernel's k, on a GPU with Triton.
+
+    The k-th smallest of k distinct columns' keys plus an error radius valid for every key up
+    to it bounds a row's k-th true key, as a store's tightening does, so no column is needed.
+    ``torch.topk`` of 101 of 1,024 strip minima took 5.85 ms for 200,000 rows, the kernel 2.58
+    (H200, 2026-11-27, ``bench/strip_candidates_rates.py``; the 200k × 128 graph by rows at
+    k = 100 went 80.5 → 77.6 ms)."""
+    m, width = keys.shape
+    return (SMALL_ROW_MAX_K < k <= width <= KTH_ROW_MAX_WIDTH and keys.dtype == torch.float32 and m > 0
+            and fused.fused_available(keys.device))
+
+
+#: Rows a program of :func:`kth_of_rows`'s kernel takes (of width up to 1,024; fewer for wider
+#: rows), and its warps: one row to one warp, whose counts need no barrier. H200, 2026-11-27,
+#: ``bench/strip_candidates_rates.py --layouts``, 200,000 rows of 1,024 at k = 101: 2.58 ms
+#: against 2.79 (one row, two warps), 3.03 (one, four), 3.56 (four rows, four warps) and 5.85
+#: for ``torch.topk``.
+KTH_ROWS = 1
+KTH_WARPS = 1
+
+
+def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's smallest and k-th smallest of its float32 ``keys`` (no NaN), as
+    ``row_kth.ordered_code`` values, and its count of keys: what ``row_kth.row_ends`` gives for
+    the pairs of a dense block, for :meth:`~knng.engine.store.CandidateStore.tighten_ends`.
+
+    By ``_triton_kernels.kth_of_rows_kernel`` (rows of at most :data:`KTH_ROW_MAX_WIDTH` keys)
+    where Triton runs; else (and as its reference) :func:`kth_of_rows_reference`.
+    """
+    m, width = keys.shape
+    if not (fused.fused_available(keys.device) and width <= KTH_ROW_MAX_WIDTH and m):
+        return kth_of_rows_reference(keys, k)
+    keys = keys.contiguous()
+    wide = fused.block_width(width, 16)
+    rows = max(1, KTH_ROWS * 1024 // max(1024, wide))
+    firsts, kths, counts = (torch.empty(m, dtype=torch.int64, device=keys.device) for _ in range(3))
+    options = {} if fused.interpreting() else dict(num_warps=KTH_WARPS)
+    fused.kernels().kth_of_rows_kernel[(-(-m // rows),)](keys, m, width, keys.stride(0), k, firsts, kths, counts,
+                                                        row_kth.NO_CODE, ROWS=rows, WIDTH=wide, **options)
+    return firsts, kths, counts
+
+
+def kth_of_rows_reference(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`kth_of_rows` by a sort of each row's order codes."""
+    m, width = keys.shape
+    counts = torch.full((m,), width, dtype=torch.int64, device=keys.device)
+    if width < k or m == 0:
+        none = torch.full((m,), row_kth.NO_CODE, dtype=torch.int64, device=keys.device)
+        return none, none.clone(), counts
+    codes = torch.sort(row_kth.ordered_code(keys), dim=1).values
+    return codes[:, 0].contiguous(), codes[:, k - 1].contiguous(), counts
