@@ -143,9 +143,63 @@ def _slicewise_interpreted_reductions() -> None:
     ScanOps.generic_scan = slicewise_scan
 
 
+def _helpers_patched_once_per_launch() -> None:
+    """Call a kernel's jitted helpers directly once the launch has patched their language modules.
+
+    A launch patches ``triton.language`` (``_patch_lang``) for the kernel; the interpreter then
+    patches it again on every call of a jitted helper inside the kernel, scanning the modules'
+    members (``inspect.getmembers``) each time: ~20% of the unfolding kernel's test, whose
+    programs call ``_unfold_list`` four times each. Patching a module twice changes nothing (a
+    patched builtin is no longer a builtin, the rest is set to the same functions), so a helper
+    whose modules (``tl`` / ``tl.core`` among its globals) this launch has patched already is
+    called as the interpreter would call it after patching; a helper that sees another one
+    (the standard library's ``core``) is patched the first time as before.
+    """
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if getattr(interpreter.InterpretedFunction, "patching_call", None) is not None:
+        return
+    grid_call = interpreter.GridExecutor.__call__
+    helper_call = interpreter.InterpretedFunction.__call__
+    patched: list[set] = []  # the modules patched by each launch in progress, innermost last
+    seen: dict = {}
+
+    def langs(fn) -> frozenset:
+        if fn not in seen:
+            seen[fn] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        return seen[fn]
+
+    def launch(self, *args, **kwargs):
+        patched.append(set(langs(self.fn)))
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def call(self, *args, **kwargs):
+        mine = langs(self.fn)
+        if patched and mine and mine <= patched[-1]:
+            fn = self.rewrite()
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # as the interpreter's own helper call reports it
+                raise interpreter.InterpreterError(repr(e)) from e
+        if patched:
+            patched[-1] |= mine
+        return helper_call(self, *args, **kwargs)
+
+    interpreter.InterpretedFunction.patching_call = helper_call
+    interpreter.GridExecutor.__call__ = launch
+    interpreter.InterpretedFunction.__call__ = call
+
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     _strict_interpreted_launches()
     _slicewise_interpreted_reductions()
+    _helpers_patched_once_per_launch()
 
 
 @pytest.fixture(autouse=True)
