@@ -261,6 +261,53 @@ def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, s
     assert_exact(res, oracle, context=f"seed={seed} {data}")
 
 
+@pytest.mark.parametrize("data", ["gaussian", "duplicates", "offset", "integers"])
+def test_kth_strip_seeds_never_cut_a_true_neighbour(data, monkeypatch, rng, seed, screen):
+    # Above k = 32 a GPU search seeds each row's τ from its k-th strip minimum alone
+    # (thresholds.kth_of_rows, CandidateStore.tighten_ends with the corpus's largest norm). Forced
+    # here on the CPU (strip minima and k-th by their references): every seeded τ must stay at or
+    # above the row's true k-th key, and the search must stay exact, on ties, duplicates, huge
+    # offsets and integer data.
+    import knng.engine.plan as plan
+    from knng.engine import thresholds
+    from knng.engine.store import CandidateStore
+    from knng.metrics import PRECISIONS
+
+    k = 40
+    x = rng.standard_normal((5000, 6))
+    q = rng.standard_normal((9, 6))
+    if data == "duplicates":
+        x[2000:4000] = x[:2000]
+        q[:4] = x[:4]
+    elif data == "offset":
+        x, q = x + 1e4, q + 1e4
+    elif data == "integers":
+        x, q = np.round(3 * x), np.round(3 * q)
+    oracle = oracle_search(q, x, k)
+    kth = torch.from_numpy(oracle.distances[:, -1].copy())
+    seeded = []
+    real = CandidateStore.tighten_ends
+
+    def checked(store, first, kth_code, counts, *maxima, counted=True):
+        real(store, first, kth_code, counts, *maxima, counted=counted)
+        if not counted:
+            seeded.append(store.n)
+            key, slack = store.errors.exact_key(torch.arange(store.n), kth[:store.n].to(store.tau))
+            assert bool((store.tau >= key - slack).all()), (store.tau - key)[store.tau < key - slack]
+            assert bool(store.tau.isfinite().all())
+
+    monkeypatch.setattr(CandidateStore, "tighten_ends", checked)
+    monkeypatch.setattr(plan, "CPU_SAMPLE", 4096)  # 64 strips of 64 sample columns: 2k and more
+    monkeypatch.setattr("knng.engine.search.strip_seeds_run", lambda *args: True)
+    monkeypatch.setattr("knng.engine.search.kth_seeds_run",
+                        lambda rows, strips, k, device: thresholds.SMALL_ROW_MAX_K < k <= strips)
+    res = knng.search(q, x, k)
+    # The digit screens seed from a float32 sample with its own norms (search.SeedSample), not here.
+    digits = PRECISIONS[last_report().plan.screen_precision].digits
+    assert seeded == ([] if digits else [q.shape[0]]), seeded
+    assert_exact(res, oracle, context=f"seed={seed} {data}")
+
+
 @pytest.mark.parametrize("spill", [False, True])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("duplicates", 9), ("flat", 7), ("offset", 4),
                                     ("integers", 30), ("all", 300)])

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, check_finite
-from knng.engine import preparation
+from knng.engine import fused, preparation
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
@@ -208,13 +208,14 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     if norms is None and strip_seeds_run(precision, device, sample.columns.numel(), k):
         # The kernel's strip minima of the sample: no block is written (10k queries × 65,536
         # columns at k = 100: 2.6 GB of keys, their terms and a selection over them).
-        # The corpus's largest norm and term, read before the sample's product is queued (a
-        # read after it waits for it; a one-tile screen asks for the same range next).
-        maxima = pcorpus.maxima(0, pcorpus.corpus.n)
+        kth = kth_seeds_run(raw.shape[0], -(-sample.columns.numel() // fused.STRIP), k, device)
+        # Where each row's k-th strip minimum alone seeds it, its radius takes the corpus's
+        # largest norm and term (the sample's columns are the corpus's), read before the
+        # sample's product is queued: a read after it would wait for it (a one-tile screen asks
+        # for the same range next).
+        maxima = pcorpus.maxima(0, pcorpus.corpus.n) if kth else None
         keys, cols = strip_minima(queries, sample.vectors, d, precision, col_terms=sample.terms32)
-        if kth_seeds_run(keys, k):
-            # Each row's k-th strip minimum alone, with a radius for the corpus's largest norm
-            # (the sample's columns are the corpus's): no k columns gathered.
+        if maxima is not None:  # no k columns gathered
             store.tighten_ends(*kth_of_rows(keys, k), *maxima, counted=False)
             return
         values, positions = strip_candidates(keys, cols, k)

@@ -132,19 +132,18 @@ def smallest_of_rows(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[to
 KTH_ROW_MAX_WIDTH = 4096
 
 
-def kth_seeds_run(keys: torch.Tensor, k: int) -> bool:
+def kth_seeds_run(rows: int, strips: int, k: int, device: torch.device) -> bool:
     """Whether a search's seeds take each row's k-th strip minimum alone (:func:`kth_of_rows`)
-    rather than its k smallest and their columns (:func:`strip_candidates`): above the
-    register kernel's k, on a GPU with Triton.
+    rather than its k smallest and their columns (:func:`strip_candidates`): for ``rows`` rows
+    of ``strips`` strip minima, above the register kernel's k, on a GPU with Triton. Decided
+    from the shape, before the strip minima are computed.
 
     The k-th smallest of k distinct columns' keys plus an error radius valid for every key up
     to it bounds a row's k-th true key, as a store's tightening does, so no column is needed.
     ``torch.topk`` of 101 of 1,024 strip minima took 5.85 ms for 200,000 rows, the kernel 2.58
     (H200, 2026-11-27, ``bench/strip_candidates_rates.py``; the 200k × 128 graph by rows at
     k = 100 went 80.5 → 77.6 ms)."""
-    m, width = keys.shape
-    return (SMALL_ROW_MAX_K < k <= width <= KTH_ROW_MAX_WIDTH and keys.dtype == torch.float32 and m > 0
-            and fused.fused_available(keys.device))
+    return SMALL_ROW_MAX_K < k <= strips <= KTH_ROW_MAX_WIDTH and rows > 0 and fused.fused_available(device)
 
 
 #: Rows a program of :func:`kth_of_rows`'s kernel takes (of width up to 1,024; fewer for wider
@@ -157,7 +156,8 @@ KTH_WARPS = 1
 
 
 def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's smallest and k-th smallest of its float32 ``keys`` (no NaN), as
+    """Each row's smallest and k-th smallest of its ``keys`` (no NaN; float64 rounded up to
+    float32), as
     ``row_kth.ordered_code`` values, and its count of keys: what ``row_kth.row_ends`` gives for
     the pairs of a dense block, for :meth:`~knng.engine.store.CandidateStore.tighten_ends`.
 
@@ -165,7 +165,7 @@ def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor,
     where Triton runs; else (and as its reference) :func:`kth_of_rows_reference`.
     """
     m, width = keys.shape
-    if not (fused.fused_available(keys.device) and width <= KTH_ROW_MAX_WIDTH and m):
+    if not (fused.fused_available(keys.device) and width <= KTH_ROW_MAX_WIDTH and m and keys.dtype == torch.float32):
         return kth_of_rows_reference(keys, k)
     keys = keys.contiguous()
     wide = fused.block_width(width, 16)
@@ -178,11 +178,12 @@ def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def kth_of_rows_reference(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`kth_of_rows` by a sort of each row's order codes."""
+    """:func:`kth_of_rows` by a sort of each row's order codes (float64 keys rounded up to
+    float32 first, as ``row_kth.row_ends`` does)."""
     m, width = keys.shape
     counts = torch.full((m,), width, dtype=torch.int64, device=keys.device)
     if width < k or m == 0:
         none = torch.full((m,), row_kth.NO_CODE, dtype=torch.int64, device=keys.device)
         return none, none.clone(), counts
-    codes = torch.sort(row_kth.ordered_code(keys), dim=1).values
+    codes = torch.sort(row_kth.ordered_code(row_kth.float32_up(keys)), dim=1).values
     return codes[:, 0].contiguous(), codes[:, k - 1].contiguous(), counts
