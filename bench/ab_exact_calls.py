@@ -36,7 +36,7 @@ sys.path.insert(0, "tests")
 
 import knng  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
-from knng.engine import cuda_screen, plan, row_kth, thresholds  # noqa: E402
+from knng.engine import cuda_screen, plan, row_kth, row_order, thresholds  # noqa: E402
 from bench_patches import patches  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 
@@ -108,6 +108,8 @@ SETTINGS = {
     # seed samples of up to 98,304 / 131,072 columns (65,536 now)
     "sample96k": ((plan, "GPU_SAMPLE", 98304),),
     "sample128k": ((plan, "GPU_SAMPLE", 1 << 17),),
+    # a finish's rows wider than 64 ordered by torch's segmented sort, not the sort kernel
+    "torchsort": ((row_order, "SORT_MAX_WIDTH", 0),),
     # seed samples of at most 16,384 / 32,768 columns (65,536 now)
     "sample16k": ((plan, "GPU_SAMPLE", 1 << 14),),
     "sample32k": ((plan, "GPU_SAMPLE", 1 << 15),),

@@ -596,28 +596,40 @@ def test_row_selection_is_its_reference_on_the_hardware():
 
 def test_row_order_is_its_reference_on_the_hardware():
     """Each row's first k by (distance, index) (``row_order``: ranked by the kernel in narrow rows,
-    one sort and the ties again in wider ones) equals the two stable sorts, on the adversarial
-    cases of ``test_row_order.py``, on a graph's finish (200,000 rows of up to 40 candidates,
-    k = 10, distances with ties) and on a rows-method graph's (65,536 rows of 153, k = 101)."""
+    one sort and the ties again in wider ones, by the sort kernel up to its widest rows) equals
+    the two stable sorts, on the adversarial cases of ``test_row_order.py``, on a graph's finish
+    (200,000 rows of up to 32 and 40 candidates, k = 10, distances with ties), on a rows-method
+    graph's (65,536 rows of 153, k = 101) and on rows of 33 to 512 with and without ties."""
     from knng.engine import row_order
     from test_row_order import assert_kernel_is_reference
 
     assert assert_kernel_is_reference(torch.device("cuda"), wide=True) == 43
     g = torch.Generator(device="cuda").manual_seed(4)
-    idx = torch.randint(0, 200_000, (200_000, 40), device="cuda", generator=g)
-    dist = (torch.rand((200_000, 40), device="cuda", generator=g, dtype=torch.float64) * 50).round(decimals=1)
-    idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
-    assert row_order.kernel_applies(idx)
-    got = row_order.top_by_distance(idx, dist, 10)
-    want = row_order.top_by_distance_reference(idx, dist, 10)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for width in (row_order.MAX_WIDTH, 40):  # ranked, then sorted by the sort kernel
+        idx = torch.randint(0, 200_000, (200_000, width), device="cuda", generator=g)
+        dist = (torch.rand((200_000, width), device="cuda", generator=g, dtype=torch.float64) * 50).round(decimals=1)
+        idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
+        assert row_order.kernel_applies(idx) == (width <= row_order.MAX_WIDTH)
+        got = row_order.top_by_distance(idx, dist, 10)
+        want = row_order.top_by_distance_reference(idx, dist, 10)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
     idx = torch.randint(0, 200_000, (65_536, 153), device="cuda", generator=g)
     dist = (torch.rand((65_536, 153), device="cuda", generator=g, dtype=torch.float64) * 1e3).round(decimals=1)
     idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
-    assert not row_order.kernel_applies(idx)
+    assert not row_order.kernel_applies(idx) and row_order.sort_kernel_applies(idx, 101)
     got = row_order.top_by_distance(idx, dist, 101)
     want = row_order.top_by_distance_reference(idx, dist, 101)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # the sort kernel at every width it takes, rows without ties and with many
+    for width, k, decimals in ((33, 10, 6), (256, 101, 6), (300, 101, 1), (512, 256, 9)):
+        idx = torch.randint(0, 200_000, (4_096, width), device="cuda", generator=g)
+        dist = (torch.rand((4_096, width), device="cuda", generator=g, dtype=torch.float64) * 1e3).round(
+            decimals=decimals)
+        idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
+        assert row_order.sort_kernel_applies(idx, k)
+        got = row_order.top_by_distance(idx, dist, k)
+        want = row_order.top_by_distance_reference(idx, dist, k)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (width, k)
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1000, 4099, 128), (3, 70000, 20)])

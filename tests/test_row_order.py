@@ -73,13 +73,14 @@ def same(got: torch.Tensor, want: list) -> bool:
     return np.array_equal(got.numpy(), np.array(want, dtype=got.numpy().dtype).reshape(got.shape), equal_nan=True)
 
 
-def assert_kernel_is_reference(device: torch.device, wide: bool = False) -> int:
-    """``top_by_distance`` (the kernel where it applies, else the one sort) against the reference."""
+def assert_kernel_is_reference(device: torch.device, wide: bool = False, ranked: bool = True) -> int:
+    """``top_by_distance`` (the rank kernel where it applies, else the one sort; with ``ranked``
+    false the one sort at every width) against the reference."""
     cases = 0
     for label, idx, dist, k in order_cases(wide=wide):
         idx, dist = idx.to(device), dist.to(device)
         carry = torch.arange(idx.numel(), device=device).view(idx.shape)
-        assert row_order.kernel_applies(idx) == (idx.shape[1] <= row_order.MAX_WIDTH
+        assert row_order.kernel_applies(idx) == (ranked and idx.shape[1] <= row_order.MAX_WIDTH
                                                  and fused.fused_available(device)), label
         got = row_order.top_by_distance(idx, dist, k, carry)
         want = row_order.top_by_distance_reference(idx, dist, k, carry)
@@ -102,6 +103,44 @@ def test_kernel_is_the_reference(monkeypatch):
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
     assert assert_kernel_is_reference(torch.device("cpu")) == 28
+
+
+@pytest.mark.parametrize("ranked", [True, False])
+def test_sort_kernel_is_the_reference(monkeypatch, ranked):
+    # Rows wider than the rank kernel takes (not ranked: every row) are sorted once by the sort
+    # kernel, the rows with a tie or a NaN in their first k + 1 again by the reference.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    if not ranked:
+        monkeypatch.setattr(row_order, "kernel_applies", lambda idx: False)
+    sorted_rows = []
+    kernel_head = row_order._sorted_head
+    monkeypatch.setattr(row_order, "_sorted_head",
+                        lambda idx, dist, head: sorted_rows.append(idx.shape[1]) or kernel_head(idx, dist, head))
+    assert assert_kernel_is_reference(torch.device("cpu"), wide=True, ranked=ranked) == 43
+    # every case the rank kernel leaves, but those whose k passes ROUNDED_KEY_MAX_K (torch's sort)
+    want = [idx.shape[1] for _, idx, _, k in order_cases(wide=True)
+            if not (ranked and idx.shape[1] <= row_order.MAX_WIDTH)
+            and min(k, idx.shape[1]) <= row_order.ROUNDED_KEY_MAX_K]
+    assert sorted_rows == want and len(want) == (18 if ranked else 41)
+
+
+def test_sort_kernel_codes_order_as_the_keys(monkeypatch):
+    # The kernel's codes: equal exactly where the float32 keys are (−0 and +0 equal), ordered as
+    # they are; its positions a stable sort's.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    dist = torch.tensor([[0.5, -0.0, 0.0, 1e-300, -1e-300, 3.0, 1.0 + 1e-12, 1.0, float("inf"), 2.0]],
+                        dtype=torch.float64)
+    idx = torch.tensor([[4, 2, 7, 1, 3, 0, 9, 8, -1, 5]])
+    codes, order = row_order._sorted_head(idx, dist, 10)
+    key = torch.where(idx >= 0, dist, torch.inf).to(torch.float32)
+    want = torch.sort(key + 0.0, stable=True)
+    assert torch.equal(order, want.indices)
+    c = codes[0].tolist()
+    assert c == sorted(c) and c[0] == c[1] == c[2] == c[3]  # -1e-300, -0, +0, 1e-300 all round to ±0
+    assert c[4] < c[5] == c[6] < c[7] < c[8] < c[9]
 
 
 def test_one_sort_is_the_reference():

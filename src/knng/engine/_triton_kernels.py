@@ -725,6 +725,28 @@ def row_order_kernel(idx, dist, width, k, order, W: tl.constexpr, J: tl.constexp
     tl.store(order + row * k + rank, i.to(tl.int64), mask=ok_i & (rank < k))
 
 
+
+@triton.jit(do_not_specialize=["width", "head"])  # sizes of the data: see DATA_SIZES
+def row_head_kernel(idx, dist, width, head, codes, order, W: tl.constexpr):
+    """Row ``program_id``'s first ``head`` positions in a stable sort of its float32 keys, and
+    their keys' :func:`_signed_code` (row-major (rows, width) ``idx``/``dist``; index −1 marks
+    an empty entry, keyed +inf): ``torch.sort(key32, stable=True)``'s first ``head`` of
+    ``row_order._sorted_order``. Each key is rounded to float32 (to nearest), −0 taken as +0 so
+    that equal codes are equal keys, and packed above its position into one int64 whose order
+    is (key, position): one sort in registers, no ties left for it to break."""
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, W)
+    ok = i < width
+    x = tl.load(idx + row * width + i, mask=ok, other=-1)
+    d = tl.load(dist + row * width + i, mask=ok, other=0.0)
+    key = tl.where(x >= 0, d, float("inf")).to(tl.float32)
+    key = tl.where(key == 0.0, 0.0, key)
+    packed = (_signed_code(key).to(tl.int64) << 32) | i.to(tl.int64)
+    packed = tl.sort(tl.where(ok, packed, 9223372036854775807))
+    keep = i < head
+    tl.store(order + row * head + i, packed & 0xFFFFFFFF, mask=keep)
+    tl.store(codes + row * head + i, (packed >> 32).to(tl.int32), mask=keep)
+
 # ------------------------------------------------------------------ unfolding duplicate groups
 @triton.jit
 def _larger(a, b):

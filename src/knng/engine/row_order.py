@@ -11,15 +11,21 @@ Rows of at most :data:`MAX_WIDTH` entries, where the fused kernels run, are rank
 (distance, index, position), counted by comparing it with every entry of the row (W²
 comparisons, W the width rounded up to a power of two). The key is a strict total order, so the
 ranks are a permutation and the result is the reference's exactly, ties, empty entries (index
-−1) and NaN included. Wider rows (and every row on a CPU) are sorted once, stably, by distance
-alone (rounded to float32 up to k = 256, a monotone rounding), and the rows where that can
-differ from the reference (a tie of the sort's keys or a NaN among their first k + 1) are
-sorted again by the reference. ``bench/row_order_rates.py`` (H200, 2026-11-26,
-CUDA events, median of 7): 200,000 rows of 26 (a 200k-point graph at k = 10) 0.60 ms ranked
-against 2.58 for the two sorts; rows of 64 1.90 against 5.63; 65,536 rows of 153 (a rows-method
-graph at k = 100) 7.09 ranked against 5.87; 10,000 rows of 500 16.4 ranked against 1.2. On 2
-CPU cores the one sort takes about half the reference's time (64,009 rows of 26: 58 against
-122 ms).
+−1) and NaN included. Wider rows are sorted once, stably, by distance alone (rounded to float32
+up to k = 256, a monotone rounding), and the rows where that can differ from the reference (a
+tie of the sort's keys or a NaN among their first k + 1) are sorted again by the reference. The
+one sort is a kernel up to :data:`SORT_MAX_WIDTH` entries (``row_head_kernel``: each key's
+order code packed above its position into an int64, the row sorted in registers by one warp),
+else (and on a CPU, or at larger k) torch's segmented sort.
+
+``bench/row_order_rates.py`` (H200, CUDA events, median of 7; 2026-11-26 and 2026-11-27):
+rows of 26 (a 200k-point graph at k = 10) ranked 0.60 ms, the sort kernel 0.72, torch's sort
+1.23, the two sorts 2.74; rows of 64 ranked 1.96, the sort kernel 0.63, torch's sort 1.82;
+200,000 rows of 153 at k = 101 (a graph by rows at k = 100) the sort kernel 2.20, torch's sort
+6.35 (the whole graph 77.2 → 74.2 ms); of 400 3.99 against 8.23; 10,000 rows of 500 at
+k = 100 0.83 against 1.17, but of 1,300 at k = 256 4.07 against 1.57 (too few rows for one
+program a row). On 2 CPU cores the one sort takes about half the reference's time (64,009 rows
+of 26: 58 against 122 ms).
 """
 
 from __future__ import annotations
@@ -28,12 +34,12 @@ import torch
 
 from knng.engine import fused
 
-__all__ = ["top_by_distance", "top_by_distance_reference", "kernel_applies", "MAX_WIDTH"]
+__all__ = ["top_by_distance", "top_by_distance_reference", "kernel_applies", "sort_kernel_applies", "MAX_WIDTH"]
 
 _INT64_MAX = torch.iinfo(torch.int64).max
-#: The kernel ranks rows of at most this many entries; wider rows take the sorts, which are
-#: faster from about a hundred entries on (see above).
-MAX_WIDTH = 64
+#: The kernel ranks rows of at most this many entries; wider rows take the one sort, whose
+#: kernel is faster from about 32 entries on (see above).
+MAX_WIDTH = 32
 #: Entries of the row compared with all of it at a time.
 CHUNK = 32
 #: The one sort's key up to k = :data:`ROUNDED_KEY_MAX_K`: float32 keys sort in about two
@@ -48,6 +54,12 @@ SORT_KEY = torch.float32
 #: was sorted again (39.5 / 59.3 ms against 38.1 / 54.9 with float64 keys, 1M × 128, 10k
 #: queries, ``bench/ab_search.py``); at k = 100 the two are level (20.0 / 19.8 ms).
 ROUNDED_KEY_MAX_K = 256
+#: Rows up to this wide are sorted by a kernel (one program a row, the row in registers) in
+#: place of torch's segmented sort (see :func:`sort_kernel_applies`).
+SORT_MAX_WIDTH = 512
+#: Warps of the sort kernel's program: one was fastest at every width from 26 to 400 on 200,000
+#: rows (two to sixteen took 1.0–1.8× as long; H200, ``bench/row_order_rates.py --warps``).
+SORT_WARPS = 1
 
 
 def kernel_applies(idx: torch.Tensor) -> bool:
@@ -95,6 +107,27 @@ def _ranked_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor
     return order
 
 
+def sort_kernel_applies(idx: torch.Tensor, k: int) -> bool:
+    """Whether :func:`_sorted_order` sorts with the kernel (``row_head_kernel``): where the fused
+    kernels run, rows of at most :data:`SORT_MAX_WIDTH` entries and float32 keys (k up to
+    :data:`ROUNDED_KEY_MAX_K`)."""
+    return (0 < idx.shape[1] <= SORT_MAX_WIDTH and idx.shape[0] > 0 and SORT_KEY == torch.float32
+            and min(k, idx.shape[1]) <= ROUNDED_KEY_MAX_K and fused.fused_available(idx.device))
+
+
+def _sorted_head(idx: torch.Tensor, dist: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's first ``head`` (codes of the float32 keys, positions) of the one stable sort,
+    by ``row_head_kernel``: one program a row, the row sorted in registers."""
+    rows, width = idx.shape
+    codes = torch.empty((rows, head), dtype=torch.int32, device=idx.device)
+    order = torch.empty((rows, head), dtype=torch.int64, device=idx.device)
+    w = fused.block_width(width, 16)
+    options = {} if fused.interpreting() else dict(num_warps=SORT_WARPS)
+    fused.kernels().row_head_kernel[(rows,)](idx.contiguous(), dist.contiguous(), width, head, codes, order, W=w,
+                                             **options)
+    return codes, order
+
+
 def _sorted_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor:
     """Each row's first min(k, width) positions by one stable sort of the distances (rounded to
     :data:`SORT_KEY`, float32, up to k = :data:`ROUNDED_KEY_MAX_K`), rows with a tie among them
@@ -111,13 +144,17 @@ def _sorted_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor
     width = idx.shape[1]
     kk = min(k, width)
     real = idx >= 0
-    key = torch.where(real, dist, torch.inf)
-    ordered, order = torch.sort(key.to(SORT_KEY if kk <= ROUNDED_KEY_MAX_K else key.dtype), dim=1, stable=True)
     head = min(kk + 1, width)
+    if sort_kernel_applies(idx, k):
+        # The kernel's codes are equal where the float32 keys are (−0 taken as +0).
+        ordered, order = _sorted_head(idx, dist, head)
+    else:
+        key = torch.where(real, dist, torch.inf)
+        ordered, order = torch.sort(key.to(SORT_KEY if kk <= ROUNDED_KEY_MAX_K else key.dtype), dim=1, stable=True)
     real_head = real.gather(1, order[:, :head])
     tie = (ordered[:, 1:head] == ordered[:, :head - 1]) & (real_head[:, 1:] | real_head[:, :-1])
     order = order[:, :kk].contiguous()
-    again = torch.nonzero(tie.any(dim=1) | (real & key.isnan()).any(dim=1)).flatten()
+    again = torch.nonzero(tie.any(dim=1) | (real & dist.isnan()).any(dim=1)).flatten()
     if again.numel():
         order[again] = _reference_order(idx[again], dist[again], kk)
     return order
