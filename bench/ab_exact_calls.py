@@ -66,6 +66,8 @@ SETTINGS = {
     "pending2m": ((plan, "PENDING_GPU", 1 << 21),),
     "pending8m": ((plan, "PENDING_GPU", 1 << 23),),
     "pending16m": ((plan, "PENDING_GPU", 1 << 24),),
+    # no bisection kernel: held rows of more than the rounds kernel's width to the radix select
+    "nobisect": ((row_kth, "BISECT_WIDTH", 0),),
     # no rounds kernel: rows of more than row_kth.SMALL_WIDTH pairs to the radix select at every k
     "norounds": ((row_kth, "ROUNDS_MAX_K", 0),),
     # the radix select's chunks of 1,024 codes at every k (as before chunk_for)

@@ -24,15 +24,17 @@ def key_cases(seed: int = 0):
     enough to be sorted in registers (k = their width: full rows of exactly that width) and
     rows longer than the kernel's chunk, float64 keys; at a rank the rounds kernel takes, rows
     up to and just past its width, and NaN keys whose codes reach the int32 maximum it marks
-    taken codes with."""
+    taken codes with; rows up to and just past the bisection's width (k = 101)."""
     gen = np.random.default_rng(seed)
     n = 40
-    for k in (1, 3, row_kth.ROUNDS_MAX_K, row_kth.SMALL_WIDTH, 1500):
-        counts = gen.integers(0, 2 * k + 5 if k != row_kth.ROUNDS_MAX_K else row_kth.ROUNDS_WIDTH + 40, n)
+    for k in (1, 3, row_kth.ROUNDS_MAX_K, row_kth.SMALL_WIDTH, 101, 1500):
+        wide = {row_kth.ROUNDS_MAX_K: row_kth.ROUNDS_WIDTH + 40, 101: row_kth.BISECT_WIDTH + 40}
+        counts = gen.integers(0, wide.get(k, 2 * k + 5), n)
         counts[::7] = 0
         counts[1::9] = k  # exactly k: the k-th is the row's largest
         counts[2] = 2500  # more than one chunk
         counts[3], counts[4] = row_kth.ROUNDS_WIDTH, row_kth.ROUNDS_WIDTH + 1
+        counts[5], counts[6] = row_kth.BISECT_WIDTH, row_kth.BISECT_WIDTH + 1
         rows = np.repeat(np.arange(n), counts)
         gen.shuffle(rows)
         keys = (gen.standard_normal(rows.size) * 10.0 ** gen.integers(-30, 30, rows.size)).astype(np.float32)
@@ -87,14 +89,15 @@ def test_reference_is_numpy_order():
 
 @pytest.mark.parametrize("programs", [row_kth.MAX_PROGRAMS, 3])
 def test_kernels_are_the_reference(monkeypatch, programs):
-    # Rows of at most SMALL_WIDTH pairs are sorted in registers, the longer ones radix-selected
-    # by programs that stride over the rows (here also 3 programs for 40 rows).
+    # Rows of at most SMALL_WIDTH pairs are sorted in registers, those up to BISECT_WIDTH (past
+    # the rounds kernel's) bisected, the longer ones radix-selected by programs that stride over
+    # the rows (here also 3 programs for 40 rows).
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
     monkeypatch.setattr(row_kth, "MAX_PROGRAMS", programs)
     assert row_kth.kernel_applies(torch.zeros(1, dtype=torch.int64))
-    assert assert_kernels_are_reference(torch.device("cpu")) == 7
+    assert assert_kernels_are_reference(torch.device("cpu")) == 8
 
 
 def test_no_pairs():
@@ -127,4 +130,4 @@ def test_row_slots_kernel_gives_each_row_its_slots(monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    assert assert_row_slots_are_permutations(torch.device("cpu")) == 7
+    assert assert_row_slots_are_permutations(torch.device("cpu")) == 8

@@ -644,6 +644,35 @@ def row_kth_kernel(codes, starts, counts, n, k, firsts, kths, none, SKIP: tl.con
 
 
 @triton.jit
+def row_kth_bisect_kernel(codes, starts, counts, n, k, firsts, kths, none, SKIP: tl.constexpr,
+                          WIDTH: tl.constexpr):
+    """``row_kth_kernel`` for the rows of more than ``SKIP`` and at most ``WIDTH`` codes, one row a
+    program: its segment whole in registers, the k-th by bisection over the codes (the smallest
+    code c with at least k codes ≤ c: 32 halvings of [smallest − 1, largest], as
+    ``kth_of_rows_kernel``). One pass over the segment instead of the radix select's four.
+    Rows with fewer than k codes get ``none``; other rows are left to the other kernels."""
+    row = tl.program_id(0)
+    count = tl.load(counts + row)
+    if (count > SKIP) & (count <= WIDTH):
+        start = tl.load(starts + row)
+        j = tl.arange(0, WIDTH)
+        ok = j < count
+        code = tl.load(codes + start + j, mask=ok, other=0).to(tl.int64)
+        lo = tl.min(tl.where(ok, code, 2147483647), axis=0)
+        first = lo
+        lo = lo - 1  # fewer than k codes ≤ lo (none); at least k ≤ hi (all, where count ≥ k)
+        hi = tl.max(tl.where(ok, code, -2147483648), axis=0)
+        for _ in range(32):
+            mid = lo + (hi - lo) // 2
+            enough = tl.sum((ok & (code <= mid)).to(tl.int32), axis=0) >= k
+            hi = tl.where(enough, mid, hi)
+            lo = tl.where(enough, lo, mid)
+        full = count >= k
+        tl.store(firsts + row, tl.where(full, first + 2147483648, none))
+        tl.store(kths + row, tl.where(full, hi + 2147483648, none))
+
+
+@triton.jit
 def row_kth_small_kernel(codes, starts, counts, n, k, firsts, kths, none, ROWS: tl.constexpr,
                          WIDTH: tl.constexpr):
     """``row_kth_kernel`` for the rows of at most ``WIDTH`` codes, ``ROWS`` rows a program: each

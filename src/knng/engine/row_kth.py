@@ -14,7 +14,8 @@ row left arbitrary) and selects in each row's segment: the smallest code, and th
 radix select over the code's four bytes (a 256-bin histogram of the current byte among the codes
 that share the bytes chosen so far, four passes over the segment), or, in a segment of at most
 :data:`SMALL_WIDTH` codes, by sorting it in registers (at k ≤ :data:`ROUNDS_MAX_K` a segment
-of up to :data:`ROUNDS_WIDTH` by k − 1 rounds that take the smallest out). All are
+of up to :data:`ROUNDS_WIDTH` by k − 1 rounds that take the smallest out), and in one of at
+most :data:`BISECT_WIDTH` by bisection over its codes in registers. All are
 integer order statistics of the same codes, so the results are the reference's exactly,
 whatever order the atomics gave.
 
@@ -67,6 +68,13 @@ MAX_PROGRAMS = 1 << 16
 ROUNDS_MAX_K = 16
 ROUNDS_WIDTH = 256
 ROUNDS_ROWS = 16
+#: Above rank ROUNDS_MAX_K, rows of more than SMALL_WIDTH and at most BISECT_WIDTH codes are
+#: selected by bisection over their codes (one row a warp, the row in registers: one pass over
+#: the segment instead of the radix select's four). H200, 2026-11-27, ``bench/row_kth_rates.py
+#: default,nobisect``: 200k rows of ~391 pairs at k = 101 (a graph by rows at k = 100) 7.61 ms
+#: against 8.79, rows of ~200 / ~300 at k = 100 14.2 / 7.4 against 17.5 / 8.7; at k = 10,
+#: where the rounds take the rows up to 256, its one program a row cost 0.1–0.2 ms for nothing.
+BISECT_WIDTH = 512
 
 
 def float32_up(keys: torch.Tensor) -> torch.Tensor:
@@ -140,6 +148,10 @@ def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
                                                               ROWS=ROUNDS_ROWS, SKIP=skip, WIDTH=ROUNDS_WIDTH,
                                                               **options)
         skip = ROUNDS_WIDTH
+    if skip < BISECT_WIDTH and k > ROUNDS_MAX_K:  # (at smaller k the rows past the rounds' are rare)
+        kernels.row_kth_bisect_kernel[(n,)](grouped, starts, counts64, n, k, first, kth, NO_CODE, SKIP=skip,
+                                            WIDTH=BISECT_WIDTH, **({} if fused.interpreting() else dict(num_warps=1)))
+        skip = BISECT_WIDTH
     kernels.row_kth_kernel[(min(n, MAX_PROGRAMS),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
                                                   SKIP=skip, CHUNK=chunk_for(k), **options)
     return first, kth, counts64
