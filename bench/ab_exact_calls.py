@@ -60,6 +60,8 @@ SETTINGS = {
     # the wgmma screen only to K = 128 (as before its two-tile ring): d = 256 on mma.sync
     "wg128": ((cuda_screen, "WGMMA_MAX_K", 128),),
     "mmasync": ((cuda_screen, "WGMMA", False),),
+    # the wgmma kernel's pre-test not marking its candidates: a half-tile with one tests again
+    "nomark": ((cuda_screen, "MARK_CANDIDATES", False),),
     # the wgmma screen with two accumulator sets and one block a multiprocessor at K <= 128
     "twosets": ((cuda_screen, "WGMMA_ONE_SET", False),),
     # a holding store that tightens every 2^21 / 2^23 / 2^24 fresh survivors (2^22 now)

@@ -142,6 +142,9 @@ _WGMMA_ONE_SET_K = 128
 WGMMA_ONE_SET = True
 #: Whether screens use the wgmma kernel where it runs (benchmarks turn it off to compare).
 WGMMA = True
+#: Whether the wgmma kernel's pre-test marks its candidates as it tests them (``SCREEN_MARK``),
+#: instead of testing a half-tile's entries again where one passed (benchmarks turn it off).
+MARK_CANDIDATES = True
 #: Whether strip minima use it too (benchmarks turn it off to compare).
 WGMMA_MINIMA = True
 #: Whether a graph part's own block is screened as its upper triangle where the wgmma kernel
@@ -236,7 +239,8 @@ def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, 
                 f"SCREEN_STAGES={config.stages}", f"SCREEN_BSTAGES={config.b_stages or config.stages}",
                 f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
                 f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}",
-                f"SCREEN_PRE={int(config.pretest and not minima)}", f"SCREEN_WITH_BF16={int(bf16)}"
+                f"SCREEN_PRE={int(config.pretest and not minima)}", f"SCREEN_WITH_BF16={int(bf16)}",
+                f"SCREEN_MARK={int(MARK_CANDIDATES)}"
                 ) + (("SCREEN_MIN=1",) if minima else ()) + (("SCREEN_TRI=1",) if triangle else ())
     return (f"SCREEN_BM={config.bm}", f"SCREEN_BN={config.bn}", f"SCREEN_WM={config.wm}", f"SCREEN_WN={config.wn}",
             f"SCREEN_STAGES={config.stages}", f"SCREEN_ARES={int(config.resident)}",
