@@ -12,6 +12,7 @@ CUDA-event median of 15 launches after one. TFLOP/s count 2·n²·K. Usage (GPU 
 Variants whose shared memory does not fit a block at K (four B tiles of the wgmma ring past
 K = 128) are left out; the two-tile ring ("b2") is the one K = 256 runs.
 
+``--nomark``: the wgmma kernel's pre-test without its candidate marks (``cuda_screen.MARK_CANDIDATES``).
 ``--only TEXT`` times the variants whose names contain TEXT (e.g. "own block": the triangles
 against the rows screens they replace). ``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``), at thresholds that keep
 nothing or, with ``--keep K``, about K pairs per row. ``--against FILE[,FILE]``
@@ -60,6 +61,8 @@ def main() -> None:
     once_keep = int(sys.argv[sys.argv.index("--keep") + 1]) if "--keep" in sys.argv else 0
     against = sys.argv[sys.argv.index("--against") + 1].split(",") if "--against" in sys.argv else []
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
+    if "--nomark" in sys.argv:  # the pre-test's slow path tests a half-tile's entries again
+        cuda_screen.MARK_CANDIDATES = False
     ours = cuda_screen._SOURCE_WG
     g = torch.Generator(device=DEV).manual_seed(0)
     a = torch.randn((n, K), device=DEV, generator=g).half()
