@@ -105,28 +105,26 @@ def test_kernel_is_the_reference(monkeypatch):
     assert assert_kernel_is_reference(torch.device("cpu")) == 28
 
 
-@pytest.mark.parametrize("ranked", [True, False])
-def test_sort_kernel_is_the_reference(monkeypatch, ranked):
-    # Rows wider than the rank kernel takes (not ranked: every row) are sorted once by the sort
-    # kernel, the rows with a tie or a NaN in their first k + 1 again by the reference.
+def test_sort_kernel_is_the_reference(monkeypatch):
+    # Every row (the rank kernel's narrow ones too, here) sorted once by the sort kernel, the
+    # rows with a tie or a NaN in their first k + 1 again by the reference.
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    if not ranked:
-        monkeypatch.setattr(row_order, "kernel_applies", lambda idx: False)
+    monkeypatch.setattr(row_order, "SORT_INTERPRETED", True)
+    monkeypatch.setattr(row_order, "kernel_applies", lambda idx: False)
     sorted_rows = []
     kernel_head = row_order._sorted_head
     monkeypatch.setattr(row_order, "_sorted_head",
                         lambda idx, dist, head: sorted_rows.append(idx.shape[1]) or kernel_head(idx, dist, head))
-    assert assert_kernel_is_reference(torch.device("cpu"), wide=True, ranked=ranked) == 43
-    # every case the rank kernel leaves, but those whose k passes ROUNDED_KEY_MAX_K (torch's sort)
+    assert assert_kernel_is_reference(torch.device("cpu"), wide=True, ranked=False) == 43
+    # every case but those whose k passes ROUNDED_KEY_MAX_K (torch's sort)
     want = [idx.shape[1] for _, idx, _, k in order_cases(wide=True)
-            if not (ranked and idx.shape[1] <= row_order.MAX_WIDTH)
-            and min(k, idx.shape[1]) <= row_order.ROUNDED_KEY_MAX_K]
-    assert sorted_rows == want and len(want) == (18 if ranked else 41)
+            if min(k, idx.shape[1]) <= row_order.ROUNDED_KEY_MAX_K]
+    assert sorted_rows == want and len(want) == 41
 
 
-def test_sort_kernel_codes_order_as_the_keys(monkeypatch):
+def test_sort_kernel_codes_order_as_the_keys():
     # The kernel's codes: equal exactly where the float32 keys are (−0 and +0 equal), ordered as
     # they are; its positions a stable sort's.
     if os.environ.get("TRITON_INTERPRET") != "1":
@@ -151,5 +149,12 @@ def test_one_sort_is_the_reference():
 
 def test_wide_rows_take_the_sorts(monkeypatch):
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    assert not row_order.kernel_applies(torch.zeros((3, row_order.MAX_WIDTH + 1), dtype=torch.int64))
+    monkeypatch.setattr(fused, "interpreting", lambda: False)  # as on a GPU
+    wide = torch.zeros((3, row_order.MAX_WIDTH + 1), dtype=torch.int64)
+    assert not row_order.kernel_applies(wide) and row_order.sort_kernel_applies(wide, 10)
     assert not row_order.kernel_applies(torch.zeros((0, 8), dtype=torch.int64))
+    widest = torch.zeros((3, row_order.SORT_MAX_WIDTH), dtype=torch.int64)
+    assert row_order.sort_kernel_applies(widest, 10) and not row_order.sort_kernel_applies(widest, 257)
+    assert not row_order.sort_kernel_applies(torch.zeros((3, row_order.SORT_MAX_WIDTH + 1), dtype=torch.int64), 10)
+    monkeypatch.setattr(fused, "interpreting", lambda: True)  # the interpreter: torch's sort unless asked
+    assert not row_order.sort_kernel_applies(wide, 10)
