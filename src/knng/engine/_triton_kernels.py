@@ -754,7 +754,6 @@ def row_order_kernel(idx, dist, width, k, order, W: tl.constexpr, J: tl.constexp
     tl.store(order + row * k + rank, i.to(tl.int64), mask=ok_i & (rank < k))
 
 
-
 @triton.jit(do_not_specialize=["width", "head"])  # sizes of the data: see DATA_SIZES
 def row_head_kernel(idx, dist, width, head, codes, order, W: tl.constexpr):
     """Row ``program_id``'s first ``head`` positions in a stable sort of its float32 keys, and
@@ -775,6 +774,7 @@ def row_head_kernel(idx, dist, width, head, codes, order, W: tl.constexpr):
     keep = i < head
     tl.store(order + row * head + i, packed & 0xFFFFFFFF, mask=keep)
     tl.store(codes + row * head + i, (packed >> 32).to(tl.int32), mask=keep)
+
 
 # ------------------------------------------------------------------ unfolding duplicate groups
 @triton.jit
