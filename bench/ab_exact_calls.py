@@ -112,7 +112,7 @@ SETTINGS = {
     # seed samples of up to 98,304 / 131,072 columns (65,536 now)
     "sample96k": ((plan, "GPU_SAMPLE", 98304),),
     "sample128k": ((plan, "GPU_SAMPLE", 1 << 17),),
-    # a finish's rows wider than 64 ordered by torch's segmented sort, not the sort kernel
+    # a finish's rows wider than 32 (row_order.MAX_WIDTH) ordered by torch's segmented sort, not the sort kernel
     "torchsort": ((row_order, "SORT_MAX_WIDTH", 0),),
     # seed samples of at most 16,384 / 32,768 columns (65,536 now)
     "sample16k": ((plan, "GPU_SAMPLE", 1 << 14),),

@@ -85,7 +85,8 @@ def main() -> None:
                 times.append(e0.elapsed_time(e1))
             line.append(f"{name} {statistics.median(times):7.3f} ms")
         want = row_order.top_by_distance_reference(idx, dist, k)
-        same = all(all(torch.equal(a, b) for a, b in zip(fn(idx, dist, k), want)) for fn in (ranked, sorted_once, sorted_by_kernel, sorted_once_f64))
+        same = all(all(torch.equal(a, b) for a, b in zip(fn(idx, dist, k), want))
+                   for fn in (ranked, sorted_once, sorted_by_kernel, sorted_once_f64))
         print(f"{rows:>7} rows × {width:>3}, k = {k:>3}: " + ", ".join(line) + f"; same: {same}", flush=True)
 
 
