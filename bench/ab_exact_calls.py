@@ -1,7 +1,8 @@
 """A/B of whole calls in fresh processes, each answer checked against the float64 oracle.
 
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
-200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K), the
+200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K), 10k
+queries against 200k × 128 points (``s200kK``, k = K, 100 by default), the
 16,384 × 4,096 graph at k = 1,024 (``wide``) and the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for
 searches), then the oracle on 192 rows of a graph (128 random, 64 flat patches) or 128 of a
 search, and the report's pairs screened and evaluated per row. Whichever knng is on PYTHONPATH;
@@ -36,7 +37,7 @@ sys.path.insert(0, "tests")
 
 import knng  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
-from knng.engine import cuda_screen, plan, row_kth, row_order, thresholds  # noqa: E402
+from knng.engine import cuda_screen, plan, row_kth, row_order, search, thresholds  # noqa: E402
 from bench_patches import patches  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 
@@ -119,6 +120,11 @@ SETTINGS = {
     "sample32k": ((plan, "GPU_SAMPLE", 1 << 15),),
     "s32c128": ((plan, "GPU_SAMPLE", 1 << 15), (plan, "GPU_SEARCH_COLS", 1 << 17)),
     "s16c64": ((plan, "GPU_SAMPLE", 1 << 14), (plan, "GPU_SEARCH_COLS", 1 << 16)),
+    # a search (and a graph by rows) from a seed sample and a full screen, not tiles first
+    "notiles": ((search, "TILES_FIRST", False),),
+    # tiles first from k = 32 / 16 (64 now)
+    "tiles32": ((search, "TILES_FIRST_MIN_K", 32),),
+    "tiles16": ((search, "TILES_FIRST_MIN_K", 16),),
 }
 
 
@@ -169,6 +175,10 @@ def main() -> None:
         elif name.startswith("g1m"):
             x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
             cases = [(int(name[3:] or 10), x, None)]
+        elif name.startswith("s200k"):  # 10k queries against 200k points (tiles first from k = 64)
+            x = torch.randn((200_000, 128), device="cuda", generator=gen)
+            q = torch.randn((10_000, 128), device="cuda", generator=gen)
+            cases = [(int(name[5:] or 100), x, q)]
         elif name == "wide":  # the issue's 16,384 × 4,096 graph at k = 1,024
             x = torch.randn((16_384, 4_096), device="cuda", generator=gen)
             cases = [(1024, x, None)]

@@ -570,6 +570,38 @@ def assert_kth_of_rows_is_its_reference(device: torch.device, rng) -> None:
             assert bool((want[1] == row_kth.NO_CODE).all())
 
 
+def assert_tile_pairs_are_grouped(device: torch.device, rng) -> None:
+    """``fused.group_tile_pairs`` (the grouping kernel's two passes) lists each tile's passing
+    rows, and only those, in the tile's segment: keys equal to the threshold (kept), ±inf keys,
+    NaN and ±inf thresholds, rows and tiles that are not multiples of the kernel's blocks, a
+    tile of every row and one of none, an empty block."""
+    for m, width in ((1, 1), (5, 3), (70, 40), (129, 131), (300, 17), (0, 4)):
+        keys = torch.from_numpy(rng.integers(-3, 4, size=(m, width)).astype(np.float32))
+        thr = torch.from_numpy(rng.integers(-3, 4, size=m).astype(np.float32))
+        if m > 4:
+            keys[1, ::3] = torch.inf
+            keys[2, ::2] = -torch.inf
+            thr[3], thr[4] = torch.nan, torch.inf
+            thr[0] = -torch.inf
+        if width > 2:
+            keys[:, 0] = -5.0  # every row but the NaN and −inf ones
+            keys[:, 1] = 7.0  # only the +inf row
+        keys, thr = keys.to(device), thr.to(device)
+        rows, counts, first = fused.group_tile_pairs(keys, thr)
+        passed = keys <= thr[:, None]
+        assert torch.equal(counts.long(), passed.sum(0)) and torch.equal(first.long(), torch.cumsum(counts, 0) - counts)
+        for t in range(width):
+            got = torch.sort(rows[first[t]:first[t] + counts[t]].long()).values
+            assert torch.equal(got, torch.nonzero(passed[:, t]).flatten()), (m, width, t)
+
+
+def test_tile_pairs_kernel_groups_the_pairs(rng, monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    assert_tile_pairs_are_grouped(torch.device("cpu"), rng)
+
+
 def test_kth_of_rows_kernel_is_its_reference(rng, monkeypatch):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")

@@ -505,6 +505,85 @@ def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, mon
     assert torch.equal(keys, want_keys) and torch.equal(cols.long(), want_cols)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m,n,d", [(1, 1, 16), (129, 63, 64), (300, 1000, 128), (1000, 8229, 128), (77, 700, 200),
+                                   (400, 3000, 256)])
+def test_cuda_tile_minima_are_the_screen_keys_reduced(m, n, d, seed):
+    """The wgmma kernel's tile minima (keys only, 128-column tiles) equal the reference reduction
+    of every key the screen kernel computes for the same block, bit for bit: duplicate rows,
+    NaN column terms (never the smallest; a tile of them reports +inf), sizes that are not
+    tile multiples, K of one chunk to four."""
+    from knng.engine import screen
+
+    if not fused.gathered_runs("float16", torch.device("cuda"), d):
+        pytest.skip("needs the wgmma kernel (a Hopper GPU and CuPy)")
+    g = _gen(seed + m + n)
+    x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
+    x[10:20] = x[:10]
+    metric = get_metric("sqeuclidean")
+    p = metric.prepare(x - x.mean(0), None, side="corpus", symmetric=True, dtype=torch.float16)
+    a, b = p.vectors[:m], p.vectors[:n]
+    rt, ct = p.terms.float()[:m].contiguous(), p.terms.float()[:n].clone()
+    ct[0:fused.TILE] = torch.nan  # the first tile (where n allows: all of it) of NaN keys
+    ct[300:310] = torch.nan
+    keys = fused.tile_minima(a, b, d, rt, ct, "float16")
+    dense = _kernel_keys(a, b, d, "float16", rt, ct.nan_to_num(nan=torch.inf))
+    dense[:, ct.isnan()] = torch.nan
+    want = screen.strip_minima_of(dense.float(), fused.TILE)[0]
+    assert keys.shape == (m, -(-n // fused.TILE)) and keys.dtype == torch.float32
+    assert torch.equal(keys, want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m,n,d", [(1, 1, 16), (300, 1000, 64), (1000, 8229, 128), (77, 700, 200), (700, 3000, 256)])
+@pytest.mark.parametrize("thresholds", ["quantiles", "at keys", "everything", "nothing"])
+def test_cuda_gathered_screen_is_the_screen_of_its_tiles(m, n, d, thresholds, seed):
+    """``fused.screen_tiles`` (the grouping kernel, then the wgmma kernel's screen of gathered
+    rows) keeps, for every (row, tile) whose tile key is within the row's threshold, exactly the
+    pairs whose screen key is within it (the keys of the whole block's screen, bit for bit), and
+    nothing of the other tiles: random choices (some tiles with more than 128 rows: several work
+    items; some with none), thresholds between two keys of each row, thresholds equal to keys
+    (ties kept), +inf (every tile whole), −inf and NaN (nothing); duplicate rows, sizes that are
+    not tile multiples, K of one chunk to four; the survivors' list too small at first."""
+    if not fused.gathered_runs("float16", torch.device("cuda"), d):
+        pytest.skip("needs the wgmma kernel (a Hopper GPU and CuPy)")
+    g = _gen(seed + m + n + d)
+    x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
+    x[10:20] = x[:10]
+    metric = get_metric("sqeuclidean")
+    p = metric.prepare(x - x.mean(0), None, side="corpus", symmetric=True, dtype=torch.float16)
+    a, b = p.vectors[:m], p.vectors[:n]
+    rt, ct = p.terms.float()[:m].contiguous(), p.terms.float()[:n].contiguous()
+    dense = _kernel_keys(a, b, d, "float16", rt, ct)
+    ordered = torch.sort(dense, dim=1).values
+    at = torch.randint(0, max(1, n // 3), (m,), generator=g, device="cuda")
+    every = torch.arange(m, device="cuda")
+    if thresholds == "quantiles":  # between two keys of the row
+        thr = (ordered[every, at] + ordered[every, torch.clamp(at + 1, max=n - 1)]) / 2
+    elif thresholds == "at keys":
+        thr = ordered[every, at]
+    elif thresholds == "everything":
+        thr = torch.full((m,), torch.inf, dtype=torch.float64, device="cuda")
+    else:
+        thr = torch.full((m,), -torch.inf, dtype=torch.float64, device="cuda")
+        thr[::2] = torch.nan
+    thr32 = thr.float()
+    tiles = -(-n // fused.TILE)
+    chosen = torch.rand((m, tiles), generator=g, device="cuda") < 0.4
+    chosen[:, 0] = True  # the first tile: every row (m > 128: several work items)
+    if tiles > 2:
+        chosen[:, 1] = False  # a tile of no row
+    # Tile keys that choose: −inf passes any threshold but NaN, +inf only +inf (everything).
+    tile_keys = torch.where(chosen, -torch.inf, torch.inf)
+    found = fused.screen_tiles(a, b, d, tile_keys, thr32, rt, ct, "float16", capacity_hint=10)  # one relaunch
+    passing = tile_keys <= thr32[:, None]
+    keep = (dense <= thr32.double()[:, None]) & passing.repeat_interleave(fused.TILE, dim=1)[:, :n]
+    want_r, want_c = torch.nonzero(keep, as_tuple=True)
+    got = torch.sort(found.owner * n + found.other).indices
+    assert torch.equal((found.owner * n + found.other)[got], want_r * n + want_c)
+    assert torch.equal(found.keys[got].double(), dense[want_r, want_c])
+
+
 # ------------------------------------------------------------------------ threshold radii
 def test_radius_kernel_is_its_reference_on_the_hardware():
     """The threshold radius kernel, launched without fused multiply-adds, gives the torch
@@ -543,6 +622,14 @@ def test_strip_candidates_kernel_is_a_stable_sort_on_the_hardware(rng):
         values, picked = thresholds.strip_candidates(keys, cols, k)
         order = torch.sort(row_kth.ordered_code(keys), dim=1, stable=True).indices[:, :k]
         assert torch.equal(values, keys.gather(1, order)) and torch.equal(picked, cols.gather(1, order))
+
+
+def test_tile_pairs_kernel_groups_the_pairs_on_the_hardware(rng):
+    """The grouping kernel of the gathered screen (``fused.group_tile_pairs``) on the GPU, on
+    ``test_fused.py``'s cases."""
+    from test_fused import assert_tile_pairs_are_grouped
+
+    assert_tile_pairs_are_grouped(torch.device("cuda"), rng)
 
 
 def test_kth_of_rows_kernel_is_its_reference_on_the_hardware(rng):

@@ -536,3 +536,69 @@ def test_summaries_in_one_copy_equal_each_alone(rng, monkeypatch):
     monkeypatch.setattr(store, "DEVICE_SUMMARY_ON", frozenset({"cpu"}))
     monkeypatch.setattr(store, "DEVICE_SUMMARY_ROWS", 100)  # the larger groups sorted "on the device"
     assert store.summarize_per_row_each(groups) == alone
+
+
+@pytest.mark.parametrize("data", ["gaussian", "duplicates", "offset", "integers", "flat"])
+def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, screen):
+    # On a Hopper GPU a search of a few thousand corpus tiles at k ≥ 64 (a 200k graph by rows)
+    # takes τ from the k-th smallest of each row's 128-column tile minima and screens only the
+    # tiles whose minimum is within the row's threshold (search._screen_tiles_first). Forced here
+    # on the CPU with the references (screen.tile_minima, screen.screen_tiles, kth_of_rows):
+    # every seeded τ must stay at or above the row's true k-th key, every dropped tile must hold
+    # no pair within its row's threshold, and the answer must be exact, on ties, duplicates,
+    # huge offsets, integer data and a flat region (many equal keys across tiles). k = n
+    # (every tile passes) and a corpus that is not a multiple of the tile run too.
+    from knng.engine import screen as screen_mod
+    from knng.engine import search
+    from knng.engine.store import CandidateStore
+
+    k = 17
+    x = rng.standard_normal((5003, 6))  # 40 tiles, the last of 11 columns
+    q = rng.standard_normal((9, 6))
+    if data == "duplicates":
+        x[2000:4000] = x[:2000]
+        q[:4] = x[:4]
+    elif data == "offset":
+        x, q = x + 1e4, q + 1e4
+    elif data == "integers":
+        x, q = np.round(3 * x), np.round(3 * q)
+    elif data == "flat":
+        x[:3000] = 0.25
+        q[:5] = 0.25
+    oracle = oracle_search(q, x, k)
+    kth = torch.from_numpy(oracle.distances[:, -1].copy())
+    seeded, dropped = [], []
+    real_ends, real_tiles = CandidateStore.tighten_ends, screen_mod.screen_tiles
+
+    def checked_ends(store, first, kth_code, counts, *maxima, counted=True):
+        real_ends(store, first, kth_code, counts, *maxima, counted=counted)
+        if not counted:
+            seeded.append(store.n)
+            key, slack = store.errors.exact_key(torch.arange(store.n), kth[:store.n].to(store.tau))
+            assert bool((store.tau >= key - slack).all()), (store.tau - key)[store.tau < key - slack]
+
+    def checked_tiles(a, b, d, tile_keys, thresholds, precision, capacity_hint=None, **terms):
+        found = real_tiles(a, b, d, tile_keys, thresholds, precision, capacity_hint=capacity_hint, **terms)
+        whole = screen_mod.screen_rows(a, b, d, thresholds, precision, **terms)
+        # The full screen keeps nothing the tiles' screen does not.
+        assert found.owner.numel() == whole.owner.numel()
+        dropped.append(int((tile_keys > thresholds[:, None]).sum()))
+        return found
+
+    monkeypatch.setattr(CandidateStore, "tighten_ends", checked_ends)
+    monkeypatch.setattr(search, "screen_tiles", checked_tiles)
+    monkeypatch.setattr(search, "TIGHTEN_ON", frozenset({"cpu", "cuda"}))  # by default on GPUs only
+    monkeypatch.setattr(search, "tiles_first_runs", lambda *args: True)
+    monkeypatch.setattr(search, "TILES_FIRST_MIN_K", 1)
+    res = knng.search(q, x, k)
+    plan = last_report().plan  # every screen precision runs the path by its references here
+    assert plan.thresholds == search.TILES_FIRST_THRESHOLDS and plan.sample_size == 0
+    assert seeded == [q.shape[0]], seeded
+    assert dropped and dropped[0] > 0, dropped  # most tiles are above a row's threshold
+    assert_exact(res, oracle, context=f"seed={seed} {data}")
+    # k past the tiles' count (3 tiles; forced past tiles_first_run's own rule): no k-th
+    # minimum, so no seed and every tile screened; still exact.
+    monkeypatch.setattr(search, "tiles_first_run", lambda *args: True)
+    res = knng.search(q[:3], x[:300], 7)
+    assert_exact(res, oracle_search(q[:3], x[:300], 7), context=f"seed={seed} {data} small")
+    assert last_report().plan.thresholds == search.TILES_FIRST_THRESHOLDS

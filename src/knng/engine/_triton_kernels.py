@@ -903,17 +903,45 @@ def kth_of_rows_kernel(keys, m, width, stride, k, firsts, kths, counts, no_code,
     row_ok = rows < m
     ok = row_ok[:, None] & (at < width)[None, :]
     base = rows.to(tl.int64) * stride
-    code = _signed_code(tl.load(keys + base[:, None] + at[None, :], mask=ok, other=0.0)).to(tl.int64)
-    lo = tl.min(tl.where(ok, code, 2147483647), axis=1).to(tl.int64)
+    # int32 codes, the padding at the largest (above every key's: +inf's is 0x7F800000), so that
+    # each halving compares and counts 32-bit words only; the range's ends and middle are int64
+    # per row (their difference may pass 2³¹) and the middle fits int32 (first − 1 ≥ −inf's code − 1).
+    code = tl.where(ok, _signed_code(tl.load(keys + base[:, None] + at[None, :], mask=ok, other=0.0)), 2147483647)
+    lo = tl.min(code, axis=1).to(tl.int64)
     first = lo
     lo = lo - 1  # fewer than k codes ≤ lo (none); at least k ≤ hi (all of them, where width ≥ k)
     hi = tl.max(tl.where(ok, code, -2147483648), axis=1).to(tl.int64)
     for _ in range(32):
         mid = lo + (hi - lo) // 2
-        enough = tl.sum((ok & (code <= mid[:, None])).to(tl.int32), axis=1) >= k
+        enough = tl.sum((code <= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1) >= k
         hi = tl.where(enough, mid, hi)
         lo = tl.where(enough, lo, mid)
     full = width >= k
     tl.store(firsts + rows, tl.where(full, first + 2147483648, no_code), mask=row_ok)
     tl.store(kths + rows, tl.where(full, hi + 2147483648, no_code), mask=row_ok)
     tl.store(counts + rows, tl.zeros((ROWS,), tl.int64) + width, mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["m", "width", "stride"])  # sizes of the data: see DATA_SIZES
+def tile_pairs_kernel(keys, thr, m, width, stride, counts, cursor, rows_out, SCATTER: tl.constexpr,
+                      ROWS: tl.constexpr, TILES: tl.constexpr):
+    """The (row, tile) pairs with ``keys[row, tile] <= thr[row]`` (NaN passes nothing), grouped by
+    tile, over a block of ROWS × TILES: without SCATTER each tile's pairs are added to ``counts``;
+    with it each pair's row goes to ``rows_out`` at its tile's ``cursor`` (which starts at the
+    tile's first slot and is advanced by one atomic a tile and program; rows of one tile are in
+    no particular order)."""
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    t = tl.program_id(1) * TILES + tl.arange(0, TILES)
+    r_ok = r < m
+    t_ok = t < width
+    ok = r_ok[:, None] & t_ok[None, :]
+    key = tl.load(keys + r.to(tl.int64)[:, None] * stride + t[None, :], mask=ok, other=float("inf"))
+    th = tl.load(thr + r, mask=r_ok, other=float("-inf"))
+    passed = (ok & (key <= th[:, None])).to(tl.int32)
+    per_tile = tl.sum(passed, axis=0)
+    if SCATTER:
+        base = tl.atomic_add(cursor + t, per_tile, mask=t_ok & (per_tile > 0))
+        slot = base[None, :] + tl.cumsum(passed, axis=0) - passed
+        tl.store(rows_out + slot, tl.broadcast_to(r[:, None], (ROWS, TILES)), mask=passed != 0)
+    else:
+        tl.atomic_add(counts + t, per_tile, mask=t_ok & (per_tile > 0))

@@ -50,8 +50,9 @@ import torch
 
 from knng.select import cuda
 
-__all__ = ["available", "launch_screen", "launch_strip_minima", "STRIP", "Config", "CONFIGS", "choose_config",
-           "shared_bytes", "BLOCK_K", "triangle_runs"]
+__all__ = ["available", "launch_screen", "launch_strip_minima", "launch_tile_minima", "launch_gathered_screen",
+           "gathered_runs", "STRIP", "TILE", "Config", "CONFIGS", "choose_config", "shared_bytes", "BLOCK_K",
+           "triangle_runs"]
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
 _SOURCE_WG = str(Path(__file__).parent / "cuda" / "screen_wg.cu")
@@ -208,15 +209,17 @@ def triangle_runs(device: torch.device, k_dims: int) -> bool:
     return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool) -> int:
+def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool,
+                 gather: bool = False) -> int:
     """Dynamic shared memory of one block (mirrors ``screen::smem_bytes`` of ``cuda/screen.cu``, or
     ``screen_wg::smem_bytes`` of ``cuda/screen_wg.cu``, which check it): A's panels, B's ring, the
-    ring's column vectors, the row vectors, and the warps' survivor buffers (the wgmma kernel's
-    ring holds whole tiles, and 1 KB more lets it align its panels to 1,024 bytes)."""
+    ring's column vectors, the row vectors (``gather``: and the gathered rows' numbers), and the
+    warps' survivor buffers (the wgmma kernel's ring holds whole tiles, and 1 KB more lets it
+    align its panels to 1,024 bytes)."""
     chunks = -(-k_dims // BLOCK_K)
     panels = chunks if config.resident else config.stages
     ncolv = 1 + int(col_terms) + int(symmetric)
-    nrowv = 4
+    nrowv = 5 if gather else 4
     sides = 2 if symmetric else 1
     warps = config.wm * config.wn
     ring = config.bn * 128 * ((config.b_stages or config.stages) * chunks if config.wgmma else config.stages)
@@ -233,8 +236,15 @@ def available(device: torch.device) -> bool:
 
 
 def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,
-             minima: bool = False, k_dims: int = 128, triangle: bool = False) -> tuple[str, ...]:
+             minima: bool = False, k_dims: int = 128, triangle: bool = False, tiles: bool = False,
+             gather: bool = False) -> tuple[str, ...]:
     if config.wgmma:
+        if tiles:  # tile minima: keys only (screen_wg.cu's TILEMIN)
+            plain = _defines(config, row_terms, col_terms, symmetric, bf16, False, k_dims)
+            return tuple(d for d in plain if not d.startswith(("SCREEN_PRE=", "SCREEN_MARK="))) + (
+                "SCREEN_PRE=0", "SCREEN_MARK=0", "SCREEN_MIN=2")
+        if gather:
+            return _defines(config, row_terms, col_terms, symmetric, bf16, False, k_dims) + ("SCREEN_GATHER=1",)
         return (f"SCREEN_SETS={config.sets}", f"SCREEN_WBUF={config.warp_buffer}",
                 f"SCREEN_STAGES={config.stages}", f"SCREEN_BSTAGES={config.b_stages or config.stages}",
                 f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
@@ -250,15 +260,24 @@ def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, 
 
 
 def kernel(device_index: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool,
-           bf16: bool = False, minima: bool = False, k_dims: int = 128, triangle: bool = False) -> Any:
+           bf16: bool = False, minima: bool = False, k_dims: int = 128, triangle: bool = False,
+           tiles: bool = False, gather: bool = False) -> Any:
     """The compiled kernel of one variant (``screen_f16``, or ``screen_bf16`` with ``bf16``; with
     ``minima`` the strip minima of :func:`launch_strip_minima`; ``screen_wg_f16`` /
     ``screen_wg_bf16`` for a wgmma configuration, whose variants also differ by K's 64-column
     chunks and, symmetric, may screen a square block's upper ``triangle``), compiled on first
     use for this device and cached (in memory here, on disk by CuPy or
-    :func:`knng.select.cuda.source_kernel`)."""
+    :func:`knng.select.cuda.source_kernel`). ``tiles``: the wgmma kernel's tile minima
+    (:func:`launch_tile_minima`); ``gather``: its screen of gathered rows
+    (``screen_wg_gather_f16``, :func:`launch_gathered_screen`)."""
     if triangle and not (config.wgmma and symmetric):
         raise ValueError("only the wgmma kernel's symmetric screen takes a triangle")
+    if (tiles or gather) and not (config.wgmma and not symmetric and not bf16 and config.pretest):
+        raise ValueError("tile minima and gathered rows are the wgmma kernel's, float16, non-symmetric")
+    if tiles or gather:
+        defines = _defines(config, row_terms, col_terms, False, False, k_dims=k_dims, tiles=tiles, gather=gather)
+        name = "screen_wg_gather_f16" if gather else "screen_wg_f16"
+        return cuda.source_kernel(_SOURCE_WG, name, device_index, defines, arch="sm_90a")
     if config.wgmma:
         if k_dims > WGMMA_MAX_K or (minima and symmetric):
             raise ValueError(f"the wgmma screen takes K <= {WGMMA_MAX_K}, and strip minima of non-symmetric blocks")
@@ -471,3 +490,101 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
             cuda.ptr(keys), cuda.ptr(cols), i32(strips))
     cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)
     return keys, cols
+
+
+#: Columns of one tile of :func:`launch_tile_minima` and of a work item of
+#: :func:`launch_gathered_screen` (the wgmma kernel's column tile).
+TILE = 128
+
+
+def gathered_runs(device: torch.device, k_dims: int) -> bool:
+    """Whether :func:`launch_tile_minima` and :func:`launch_gathered_screen` run on ``device`` for
+    K = ``k_dims``: where the wgmma kernel does (a Hopper GPU, K ≤ :data:`WGMMA_MAX_K`)."""
+    if not (WGMMA and k_dims <= WGMMA_MAX_K and available(device)):
+        return False
+    return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_tile_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: torch.Tensor,
+                       col_scale: torch.Tensor, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None
+                       ) -> torch.Tensor:
+    """Each row's smallest key in every tile of :data:`TILE` consecutive columns of the block:
+    :func:`launch_strip_minima` without the columns, over tiles twice as wide (the wgmma
+    kernel's ``SCREEN_MIN=2``; :func:`gathered_runs` says where it runs). NaN keys are never
+    the smallest; a tile of NaN and +inf keys reports +inf. Returns float32 (m, ⌈n / TILE⌉)."""
+    m, n = a.shape[0], b.shape[0]
+    tiles = -(-n // TILE)
+    keys = torch.empty((m, tiles), dtype=torch.float32, device=a.device)
+    if m == 0 or n == 0:
+        return keys
+    _check_rows(a, b, k_dims, torch.float16)
+    if m >= 2**31 - 256 or n >= 2**31 - 256 or m * tiles >= 2**62:
+        raise ValueError("int32 positions: blocks of fewer than 2³¹ rows")
+    device = a.device
+    if not gathered_runs(device, k_dims):
+        raise RuntimeError("tile minima need the wgmma kernel (a Hopper GPU, K <= 256)")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    has_rt, has_ct = row_terms is not None, col_terms is not None
+    cfg = CONFIGS[_wgmma_config(k_dims)]
+    fn = kernel(index, cfg, has_rt, has_ct, False, k_dims=k_dims, tiles=True)
+    smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False)
+    row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
+    splits = _splits(row_blocks, col_tiles, _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0])
+    row_factor, col_scale = row_factor.contiguous(), col_scale.contiguous()
+    row_terms, col_terms = (None if v is None else v.contiguous() for v in (row_terms, col_terms))
+    i32 = np.int32
+    # As launch_strip_minima's: no lists; the thresholds' pointer is read, never used.
+    args = (cuda.ptr(a), cuda.ptr(b), i32(m), i32(n), i32(k_dims), i32(a.stride(0)), i32(b.stride(0)),
+            cuda.ptr(row_factor), cuda.ptr(col_scale), cuda.ptr(row_terms), cuda.ptr(col_terms),
+            cuda.ptr(row_factor), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None),
+            cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), i32(0), i32(0), i32(0),
+            cuda.ptr(keys), cuda.ptr(None), i32(tiles))
+    cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)
+    return keys
+
+
+def launch_gathered_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: torch.Tensor,
+                           col_scale: torch.Tensor, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None,
+                           row_thr: torch.Tensor, rows: torch.Tensor, item_tile: torch.Tensor,
+                           tile_index: torch.Tensor, lists: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                           counters: torch.Tensor, capacity: int) -> None:
+    """:func:`launch_screen` (non-symmetric, no excluded diagonal) of chosen (row, tile) pairs,
+    grouped by tile: for the T tiles of :data:`TILE` columns of ``b``, ``tile_index`` (int32,
+    3T) holds each tile's pairs, the first of them in ``rows`` (int32 rows of ``a``) and the
+    running sum of its work items of up to 128 rows (inclusive); ``item_tile`` (int32) names each
+    work item's tile, for at least the items there are (more are ignored). Survivors are listed
+    under their rows' numbers. Persistent blocks of the wgmma kernel's ``SCREEN_GATHER`` take
+    the items in turn, so nothing is read back here (:func:`gathered_runs` says where it runs)."""
+    m, n = a.shape[0], b.shape[0]
+    _check_rows(a, b, k_dims, torch.float16)
+    vectors = (row_factor, col_scale, row_terms, col_terms, row_thr)
+    if any(v is not None and v.dtype != torch.float32 for v in vectors):
+        raise TypeError("the CUDA screen's factors, terms and thresholds are float32")
+    tiles = -(-n // TILE)
+    if any(v.dtype != torch.int32 for v in (rows, item_tile, tile_index)) or tile_index.numel() != 3 * tiles:
+        raise TypeError(f"gathered rows, item tiles and the tiles' index are int32, the index of 3 × {tiles}")
+    if m == 0 or n == 0 or item_tile.numel() == 0:
+        return
+    if m >= 2**31 - 256 or n >= 2**31 - 256:
+        raise ValueError("int32 positions: blocks of fewer than 2³¹ rows")
+    device = a.device
+    if not gathered_runs(device, k_dims):
+        raise RuntimeError("the gathered screen needs the wgmma kernel (a Hopper GPU, K <= 256)")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    has_rt, has_ct = row_terms is not None, col_terms is not None
+    cfg = CONFIGS[_wgmma_config(k_dims)]
+    fn = kernel(index, cfg, has_rt, has_ct, False, k_dims=k_dims, gather=True)
+    smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False, gather=True)
+    resident = _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0]
+    row_factor, col_scale, row_thr = (v.contiguous() for v in (row_factor, col_scale, row_thr))
+    row_terms, col_terms = (None if v is None else v.contiguous() for v in (row_terms, col_terms))
+    rows, item_tile, tile_index = rows.contiguous(), item_tile.contiguous(), tile_index.contiguous()
+    bound = torch.linalg.vector_norm(col_terms, ord=float("inf")).reshape(1) if has_ct else None
+    owner, other, keys = lists[0]
+    i32 = np.int32
+    args = (cuda.ptr(a), cuda.ptr(b), i32(m), i32(n), i32(k_dims), i32(a.stride(0)), i32(b.stride(0)),
+            cuda.ptr(row_factor), cuda.ptr(col_scale), cuda.ptr(row_terms), cuda.ptr(col_terms),
+            cuda.ptr(row_thr), cuda.ptr(None), cuda.ptr(bound), cuda.ptr(owner), cuda.ptr(other), cuda.ptr(keys),
+            cuda.ptr(owner), cuda.ptr(other), cuda.ptr(keys), cuda.ptr(counters), i32(capacity), i32(0), i32(0),
+            cuda.ptr(None), cuda.ptr(None), i32(tiles), cuda.ptr(rows), cuda.ptr(item_tile), cuda.ptr(tile_index))
+    cuda.launch_kernel(fn, device, (min(resident, item_tile.numel()), 1), cfg.threads, args, smem)

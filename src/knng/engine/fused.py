@@ -47,7 +47,7 @@ from knng.select import cuda
 
 __all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
            "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels", "triangle_runs",
-           "block_width"]
+           "block_width", "TILE", "gathered_runs", "tile_minima", "screen_tiles", "group_tile_pairs"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -280,6 +280,92 @@ def strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_terms: torch
         raise ValueError(f"strip minima run on the CUDA kernel only (precision {precision!r}, {a.device})")
     return cuda_screen.launch_strip_minima(a, b, scaled_width(k_dims), scaled_row_factors(a),
                                            scaled_scales(b).contiguous(), row_terms, col_terms)
+
+
+#: Columns of one tile of :func:`tile_minima` and :func:`screen_tiles`.
+TILE = cuda_screen.TILE
+#: Rows of A a work item of :func:`screen_tiles` gathers for its tile (the kernel's block).
+GATHER_ROWS = 128
+
+
+def gathered_runs(precision: str, device: torch.device, k_dims: int) -> bool:
+    """Whether :func:`tile_minima` and :func:`screen_tiles` run for ``precision`` and input
+    dimension ``k_dims`` on ``device``: scaled float16 rows and the CUDA C kernel's wgmma
+    variant."""
+    return (CUDA_SCREEN and get_precision(precision).scaled and not interpreting()
+            and cuda_screen.gathered_runs(device, scaled_width(k_dims)))
+
+
+def tile_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_terms: torch.Tensor | None,
+                col_terms: torch.Tensor | None, precision: str) -> torch.Tensor:
+    """Each row's smallest key in every tile of :data:`TILE` consecutive columns of the block
+    ``A[:, :k_dims] · B[:, :k_dims]ᵀ (+ terms)``, the keys :func:`screen_block` compares (NaN
+    never the smallest), float32 (m, ⌈n / TILE⌉). Where :func:`gathered_runs` says;
+    ``knng.engine.screen.tile_minima`` is the reference."""
+    if not gathered_runs(precision, a.device, k_dims):
+        raise ValueError(f"tile minima run on the wgmma kernel only (precision {precision!r}, {a.device})")
+    return cuda_screen.launch_tile_minima(a, b, scaled_width(k_dims), scaled_row_factors(a),
+                                          scaled_scales(b).contiguous(), row_terms, col_terms)
+
+
+#: Rows a program of the grouping kernel (``_triton_kernels.tile_pairs_kernel``) takes, and tiles.
+GROUP_BLOCK = dict(ROWS=64, TILES=64)
+
+
+def group_tile_pairs(tile_keys: torch.Tensor, row_thr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (row, tile) pairs with ``tile_keys[row, tile] <= row_thr[row]`` (float32; NaN: none),
+    grouped by tile: ``rows`` (int32; its first ``counts.sum()`` entries hold, for each tile in
+    turn, its pairs' rows in no particular order), ``counts`` and ``first`` (int32 per tile: its
+    pairs, and where they start in ``rows``). Two passes of ``_triton_kernels.tile_pairs_kernel``
+    (counts, then each row at its tile's cursor); nothing is read back."""
+    device, (m, width) = tile_keys.device, tile_keys.shape
+    tile_keys, row_thr = tile_keys.contiguous(), row_thr.contiguous()
+    counts = torch.zeros(width, dtype=torch.int32, device=device)
+    rows = torch.empty(max(1, m * width), dtype=torch.int32, device=device)  # at most every pair
+    if m == 0 or width == 0:
+        return rows, counts, counts.clone()
+    block = dict(ROWS=16, TILES=16) if interpreting() else GROUP_BLOCK
+    grid = (-(-m // block["ROWS"]), -(-width // block["TILES"]))
+    group = kernels().tile_pairs_kernel
+    group[grid](tile_keys, row_thr, m, width, tile_keys.stride(0), counts, counts, rows, SCATTER=False, **block)
+    first = torch.cumsum(counts, 0, dtype=torch.int32) - counts
+    group[grid](tile_keys, row_thr, m, width, tile_keys.stride(0), counts, first.clone(), rows, SCATTER=True, **block)
+    return rows, counts, first
+
+
+def screen_tiles(a: torch.Tensor, b: torch.Tensor, k_dims: int, tile_keys: torch.Tensor, row_thr: torch.Tensor,
+                 row_terms: torch.Tensor | None, col_terms: torch.Tensor | None, precision: str,
+                 capacity_hint: int | None = None) -> Survivors:
+    """Survivors of :func:`screen_block`'s keys and row test in the tiles of :data:`TILE`
+    consecutive columns of B whose ``tile_keys`` (m × ⌈n / TILE⌉, float32) are within the row's
+    threshold ``row_thr`` (float32; NaN: none); the other tiles are not computed. Returns (row,
+    column, key) as :func:`screen_block`'s by_row list. Where :func:`gathered_runs` says.
+
+    The pairs (row, tile) are grouped by tile in two passes of a Triton kernel (counts, then
+    each row at its tile's cursor), then persistent blocks of the wgmma kernel take work items
+    of one tile and up to :data:`GATHER_ROWS` of its rows, gathered
+    (``cuda_screen.launch_gathered_screen``): nothing is read back before the one
+    synchronisation that sizes the list."""
+    if not gathered_runs(precision, a.device, k_dims):
+        raise ValueError(f"the gathered screen runs on the wgmma kernel only (precision {precision!r}, {a.device})")
+    device, (m, width) = a.device, tile_keys.shape
+    if width != -(-b.shape[0] // TILE) or m != a.shape[0]:
+        raise ValueError(f"tile keys of shape {tuple(tile_keys.shape)} for a block of {a.shape[0]} × {b.shape[0]}")
+    rows, counts, first = group_tile_pairs(tile_keys, row_thr)
+    ends = torch.cumsum(-(-counts // GATHER_ROWS), 0, dtype=torch.int32)
+    tile_index = torch.cat([counts, first, ends])
+    # Each possible work item's tile (items past the last are ignored by the kernel).
+    most = -(-m * width // GATHER_ROWS) + width
+    item_tile = torch.searchsorted(ends, torch.arange(most, device=device, dtype=torch.int32), right=True)
+    item_tile = item_tile.clamp_(max=width - 1).to(torch.int32)
+    k_dims = scaled_width(k_dims)
+    row_factor, col_scale = scaled_row_factors(a), scaled_scales(b).contiguous()
+
+    def launch(lists, counters, capacity):
+        cuda_screen.launch_gathered_screen(a, b, k_dims, row_factor, col_scale, row_terms, col_terms, row_thr,
+                                           rows, item_tile, tile_index, lists, counters, capacity)
+
+    return _collect(launch, "gathered", m, b.shape[0], capacity_hint, False, torch.float32, device)[0]
 
 
 #: Screen precisions whose rows are int8 digits (``knng.metrics``, the digit layout): the digit kernel.

@@ -4,6 +4,11 @@ Flow (one way): corpus pass (finite check, centre) → prepared corpus (resident
 → for each query chunk: prepare queries → thresholds τ from a random sample of columns →
 for each corpus tile: one matrix product → threshold screen → the rows' candidate stores
 (tightening as they fill) → exact finish of each row's store → results.
+
+Tiles first (:func:`tiles_first_run`: a resident corpus of at most a few thousand 128-column
+tiles on the wgmma kernel, k ≥ :data:`TILES_FIRST_MIN_K`): no sample; each row's minimum key in
+every corpus tile, τ from the k-th smallest of them, then only the tiles whose minimum is within
+the row's threshold are screened (:func:`_screen_tiles_first`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from knng.engine.common import (
 )
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, make_search_plan
-from knng.engine.screen import block_scores, screen_rows, strip_minima, strip_seeds_run, use_kernel
+from knng.engine.screen import (
+    block_scores, screen_rows, screen_tiles, strip_minima, strip_seeds_run, tile_minima, tiles_first_runs, use_kernel,
+)
 from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row_each
-from knng.engine.thresholds import kth_of_rows, kth_seeds_run, sample_columns, seed_candidates, strip_candidates
+from knng.engine.thresholds import (
+    KTH_ROW_MAX_WIDTH, kth_of_rows, kth_seeds_run, sample_columns, seed_candidates, strip_candidates,
+)
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 
 __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
@@ -60,6 +69,11 @@ TIGHTEN_ON = frozenset({"cuda"})
 #: a synchronisation (1M × 128, 10k queries, float16, H100: four tiles of 2¹⁸ took 10–12 ms of
 #: screen where the kernel alone takes 7.6).
 REST_AT_ONCE = True
+
+#: Whether a search screens its tiles first where :func:`tiles_first_run` allows (benchmarks
+#: turn it off to compare), and the smallest k it does so at.
+TILES_FIRST = True
+TILES_FIRST_MIN_K = 64
 
 
 @dataclass
@@ -102,7 +116,11 @@ def exact_search(
                 check_finite(block, queries.name, start)
         pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
                                              block_rows=plan.read_rows)
-        sample = seed_sample(corpus, pcorpus, metric, plan.precision, plan.sample_size, device)
+        if tiles_first_run(pcorpus, plan, k, device):
+            sample = None
+            plan = replace(plan, sample_size=0, thresholds=TILES_FIRST_THRESHOLDS)
+        else:
+            sample = seed_sample(corpus, pcorpus, metric, plan.precision, plan.sample_size, device)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         exact_stats, store_stats = ExactStats(), StoreStats()
@@ -148,6 +166,29 @@ def exact_search(
     evaluated, screened_summary = summarize_per_row_each([per_row, screened])
     return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, evaluated, screened_summary,
                                          {} if finished is None else finished.checkpoint.summary(resumed_from))
+
+
+#: The plan's account of a search's thresholds when its tiles go first.
+TILES_FIRST_THRESHOLDS = ("k-th smallest of the rows' minima over every 128-column corpus tile; then only the tiles "
+                          "within each row's threshold screened, and tightened as rows fill")
+
+
+def tiles_first_run(pcorpus: PreparedCorpus, plan: EnginePlan, k: int, device: torch.device) -> bool:
+    """Whether a search's chunks take their thresholds from every corpus tile's minimum and
+    screen only the tiles within them (:func:`_screen_tiles_first`) instead of a sample and a
+    full screen: on a device whose screen tightens (:data:`TIGHTEN_ON`), a resident corpus, the
+    wgmma kernel's tile minima and gathered screen (``screen.tiles_first_runs``), k of at least
+    :data:`TILES_FIRST_MIN_K`, 2k to :data:`~knng.engine.thresholds.KTH_ROW_MAX_WIDTH` tiles (the
+    k-th of a row's minima by one kernel), and a chunk's minima and their grouped pairs (4 bytes
+    each a row and tile) within an eighth of the budget.
+
+    A graph of 200k × 128 points by rows at k = 100 (H200): the sample's strip minima and the full
+    screen took 14.8 and 33.2 ms and left 391 pairs a row; every tile's minimum leaves 126
+    (docs/BENCHMARKS.md, "Session 17")."""
+    tiles = -(-pcorpus.corpus.n // fused.TILE)
+    return (TILES_FIRST and device.type in TIGHTEN_ON and pcorpus.resident is not None and k >= TILES_FIRST_MIN_K
+            and 2 * k <= tiles <= KTH_ROW_MAX_WIDTH and plan.query_rows * tiles * 8 <= plan.budget // 8
+            and tiles_first_runs(plan.precision, device, pcorpus.corpus.d))
 
 
 def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
@@ -235,10 +276,11 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     store.seed(rows, sample.columns[positions], values, rad)
 
 
-def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample, metric: Metric, k: int,
+def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample | None, metric: Metric, k: int,
                   plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
     """Screen one chunk of queries against every corpus tile into a store of candidates (where
-    the tiles tighten the thresholds, :data:`TIGHTEN_ON`, one that holds them back)."""
+    the tiles tighten the thresholds, :data:`TIGHTEN_ON`, one that holds them back). Without a
+    ``sample``, tiles first (:func:`tiles_first_run`)."""
     prep = preparation.prepare(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
         raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
@@ -259,6 +301,9 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
                            work_bytes=plan.work_bytes, holding=Holding() if tightening else None)
     rows = torch.arange(m, device=device)
+    if sample is None:
+        _screen_tiles_first(store, prep, pcorpus, precision)
+        return store
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
     _seed_from_sample(store, raw, prep, pcorpus, sample, metric, k, select, device)
     terms = pcorpus.terms32
@@ -275,6 +320,29 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
             seen = (max(seen[0], maxima[0]), max(seen[1], maxima[1]))
             store.tighten_held(seen)
     return store
+
+
+def _screen_tiles_first(store: CandidateStore, prep: Prepared, pcorpus: PreparedCorpus,
+                        precision: ScreenPrecision) -> None:
+    """A chunk's screen of a resident corpus, tiles first (:func:`tiles_first_run`): each row's
+    smallest key in every corpus tile (``screen.tile_minima``); τ from the k-th smallest of them
+    (k distinct columns; the radius takes the corpus's largest norm and term:
+    :meth:`~knng.engine.store.CandidateStore.tighten_ends`); then only the tiles whose minimum is
+    within the row's screen threshold (``screen.screen_tiles``, which keeps every pair the full
+    screen would); the held survivors tighten."""
+    corpus, vectors = pcorpus.corpus, pcorpus.resident
+    assert vectors is not None
+    rows = torch.arange(prep.vectors.shape[0], device=store.device)
+    maxima = pcorpus.maxima(0, corpus.n)
+    terms = pcorpus.terms32
+    keys = tile_minima(prep.vectors, vectors, corpus.d, precision, col_terms=terms)
+    store.tighten_ends(*kth_of_rows(keys, store.k), *maxima, counted=False)
+    # About 1.3 k survivors a row (a 200k graph by rows at k = 100: 128 for 101).
+    found = screen_tiles(prep.vectors, vectors, corpus.d, keys, store.screen_thresholds(rows, *maxima), precision,
+                         col_terms=terms, capacity_hint=2 * store.k * store.n)
+    del keys
+    store.add(found.owner, found.other, found.keys)
+    store.tighten_held(maxima)
 
 
 class _FinishedRows:

@@ -153,6 +153,9 @@ def kth_seeds_run(rows: int, strips: int, k: int, device: torch.device) -> bool:
 #: for ``torch.topk``.
 KTH_ROWS = 1
 KTH_WARPS = 1
+#: Warps of a program whose row is wider than 1,024 keys (a search's tile minima, up to
+#: :data:`KTH_ROW_MAX_WIDTH`): one warp would hold 64–128 codes a lane.
+KTH_WIDE_WARPS = 2
 
 
 def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -171,7 +174,7 @@ def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor,
     wide = fused.block_width(width, 16)
     rows = max(1, KTH_ROWS * 1024 // max(1024, wide))
     firsts, kths, counts = (torch.empty(m, dtype=torch.int64, device=keys.device) for _ in range(3))
-    options = {} if fused.interpreting() else dict(num_warps=KTH_WARPS)
+    options = {} if fused.interpreting() else dict(num_warps=KTH_WARPS if wide <= 1024 else KTH_WIDE_WARPS)
     fused.kernels().kth_of_rows_kernel[(-(-m // rows),)](keys, m, width, keys.stride(0), k, firsts, kths, counts,
                                                         row_kth.NO_CODE, ROWS=rows, WIDTH=wide, **options)
     return firsts, kths, counts

@@ -121,16 +121,22 @@ __device__ __forceinline__ float pick(const float (&x)[NI][4], int e) {
   return t[0];
 }
 
+// A row's number in the lists: itself (contiguous rows).
+struct SameRow {
+  __device__ __forceinline__ int operator()(int r) const { return r; }
+};
+
 // Write the entries whose bits are set (bit 4j + v: row rbase + 8·(v >> 1), column cbase + 8j + (v & 1)
-// of the 16-row group x) to d, one loop trip per entry: the rarely run code stays small.
-template <int SIDE, int NI, typename KeyOf>
+// of the 16-row group x) to d, one loop trip per entry: the rarely run code stays small. `row_of`
+// maps the row to its number in the lists (a gathered block's rows: their indices).
+template <int SIDE, int NI, typename KeyOf, typename RowOf = SameRow>
 __device__ __forceinline__ void emit(unsigned bits, const float (&x)[NI][4], Dest d, int rbase, int cbase,
-                                     KeyOf key_of) {
+                                     KeyOf key_of, RowOf row_of = RowOf()) {
   while (bits) {
     const int e = __ffs(bits) - 1;
     bits &= bits - 1;
     const float key = key_of(pick(x, e), e);
-    const int r = rbase + 8 * ((e >> 1) & 1), c = cbase + 8 * (e >> 2) + (e & 1);
+    const int r = row_of(rbase + 8 * ((e >> 1) & 1)), c = cbase + 8 * (e >> 2) + (e & 1);
     if (d.start >= 0 && d.start < d.limit) {
       d.owner[d.start] = SIDE ? c : r;
       d.other[d.start] = SIDE ? r : c;
@@ -156,17 +162,19 @@ __device__ __forceinline__ float pretest_bound(float thr, float rt, float C) {
 
 // The block's row vectors in shared memory, BM each: factor, threshold, term (0 without) and,
 // with the pre-test, its bound; rows past m get a NaN factor and threshold, so that their keys
-// fail every test with no extra compare.
+// fail every test with no extra compare. `gathered`: the block's rows are gathered[0 … count − 1]
+// (the others past m), not row0 … row0 + BM − 1.
 template <int BM, int THREADS, bool HAS_RT, bool HAS_CT, bool PRE>
 __device__ __forceinline__ void load_row_vectors(float* s_row, int row0, int m, const float* __restrict__ row_factor,
                                                  const float* __restrict__ row_thr,
                                                  const float* __restrict__ row_terms,
-                                                 const float* __restrict__ term_bound) {
+                                                 const float* __restrict__ term_bound,
+                                                 const int* __restrict__ gathered = nullptr, int count = 0) {
   const float nan = __int_as_float(0x7fc00000);
   const int tid = threadIdx.x;
   for (int r = tid; r < BM; r += THREADS) {
-    const int gr = row0 + r;
-    const bool ok = gr < m;
+    const int gr = gathered ? (r < count ? gathered[r] : m) : row0 + r;
+    const bool ok = gr >= 0 && gr < m;
     const float thr = ok ? row_thr[gr] : nan, rt = (ok && HAS_RT) ? row_terms[gr] : 0.f;
     s_row[r] = ok ? row_factor[gr] : nan;
     s_row[BM + r] = thr;

@@ -83,6 +83,9 @@
 #ifndef SCREEN_MARK
 #define SCREEN_MARK 1  // the pre-test marks its candidates as it goes (see MARK below)
 #endif
+#ifndef SCREEN_GATHER
+#define SCREEN_GATHER 0  // work items of one column tile and gathered rows (see GATHER below)
+#endif
 
 namespace screen_wg {
 
@@ -100,6 +103,9 @@ constexpr int LOOKAHEAD = STAGES - SETS;
 constexpr int BSTAGES = SCREEN_BSTAGES;
 constexpr bool HAS_RT = SCREEN_RT != 0, HAS_CT = SCREEN_CT != 0, SYM = SCREEN_SYM != 0;
 constexpr bool MINIMA = SCREEN_MIN != 0 && !SYM;
+// Tile minima (SCREEN_MIN=2): per row and 128-column tile only the smallest key, no column
+// (a graph by rows takes its thresholds and the tiles it screens from them: search.py).
+constexpr bool TILEMIN = SCREEN_MIN == 2 && MINIMA;
 // The upper triangle (SCREEN_TRI) of a square block whose rows and columns are the same points
 // in the same order (a graph part's own block S(J, J)): every pair i ≤ j is scored once, as
 // entry (i, j), and tested against both points' thresholds, so the block costs half its tiles
@@ -114,12 +120,21 @@ constexpr bool PRE = SCREEN_PRE != 0 && !SYM && !MINIMA;
 // does not run the pre-test again for its 32 entries to find them. At k = 100 by rows (~391
 // survivors a row of 200,000) ~86 % of the half-tiles hold one.
 constexpr bool MARK = SCREEN_MARK != 0 && PRE;
+// Gathered rows (SCREEN_GATHER, non-symmetric with the pre-test): the screen of only the
+// (row, tile) pairs a search needs (each row's tiles whose minimum is within its threshold:
+// search.py), grouped by tile. Work item i is column tile t = item_tile[i] against up to BM of
+// its rows, gathered from gather_rows, and lists its survivors under those rows' numbers. For
+// the T = `strips` tiles, tile_index holds each tile's pairs (counts), the first of them in
+// gather_rows (first) and the inclusive running sum of its work items of BM rows (ends): items
+// past ends[T − 1] are none. Blocks are persistent (block b takes items b, b + gridDim.x, …), so
+// that the host launches without reading how many items there are.
+constexpr bool GATHER = SCREEN_GATHER != 0 && PRE;
 constexpr int BK = 64;       // halves of a chunk row
 constexpr int ROWB = 128;    // bytes of a chunk row
 constexpr int RSTEP = THREADS / 8;
 constexpr int HALF = 8;      // n8 blocks of a 64-column half
 constexpr int NCOLV = 1 + (HAS_CT ? 1 : 0) + (SYM ? 1 : 0);
-constexpr int NROWV = 4;
+constexpr int NROWV = GATHER ? 5 : 4;  // factor, threshold, term, bound (and the gathered row numbers)
 constexpr int SIDES = SYM ? 2 : 1;
 constexpr int ALIGN = 1024;  // the 128-byte swizzle's atom: 8 rows of 128 bytes
 constexpr int KC = SCREEN_KC;
@@ -196,15 +211,19 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
                                      const float* __restrict__ col_terms, const float* __restrict__ row_thr,
                                      const float* __restrict__ col_thr, const float* __restrict__ term_bound,
                                      const Lists& out, int diag, int exclude_diag, float* __restrict__ strip_keys,
-                                     int* __restrict__ strip_cols, int strips) {
+                                     int* __restrict__ strip_cols, int strips, const int* __restrict__ gather_rows,
+                                     const int* __restrict__ item_tile, const int* __restrict__ tile_index) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const float nan = __int_as_float(0x7fc00000);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2;  // warpgroup: rows 64·wg … of the block
-  const int row0 = blockIdx.x * BM;
+  const int row0 = GATHER ? 0 : blockIdx.x * BM;
   const int tiles = (n + BN - 1) / BN;
-  int t_begin, t_end;
-  if (TRI) {
+  int t_begin = 0, t_end = 0, g_start = 0, g_count = 0;
+  const int items = GATHER ? tile_index[3 * strips - 1] : 1;  // GATHER: every tile's work items
+  if (GATHER) {
+    if ((int)blockIdx.x >= items) return;
+  } else if (TRI) {
     const int chunk = (tiles + gridDim.y - 1) / gridDim.y;
     t_begin = blockIdx.x + blockIdx.y * chunk;
     t_end = min(t_begin + chunk, tiles);
@@ -212,7 +231,7 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
     t_begin = (int)((long long)blockIdx.y * tiles / gridDim.y);
     t_end = (int)((long long)(blockIdx.y + 1) * tiles / gridDim.y);
   }
-  if (t_begin >= t_end) return;
+  if (!GATHER && t_begin >= t_end) return;
 
   {
     unsigned dyn;
@@ -225,8 +244,20 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
   float* s_col = reinterpret_cast<float*>(smem + off_col(K));
   float* s_row = reinterpret_cast<float*>(smem + off_row(K));
   int* s_buf = reinterpret_cast<int*>(smem + off_buf(K)) + warp * 3 * WBUF;
+  // GATHER: each block row's number in the lists (read by the survivors' writes, after barriers).
+  int* s_rowid = reinterpret_cast<int*>(s_row + 4 * BM);
+  float acc[SETS][64];
+  const int g = lane >> 2, tig = lane & 3;
+  const int lrow = wg * 64 + (warp & 3) * 16 + g;  // the block row of this lane's entries 0 and 1
+  int count0 = 0, count1 = 0;
 
-  load_row_vectors<BM, THREADS, HAS_RT, HAS_CT, PRE>(s_row, row0, m, row_factor, row_thr, row_terms, term_bound);
+  // One sweep (GATHER: one for each of this block's work items; their survivors stay in the
+  // warps' buffers across items, under their rows' numbers).
+  auto sweep = [&]() {
+  load_row_vectors<BM, THREADS, HAS_RT, HAS_CT, PRE>(s_row, row0, m, row_factor, row_thr, row_terms, term_bound,
+                                                     GATHER ? gather_rows + g_start : nullptr, g_count);
+  if (GATHER)
+    for (int r = tid; r < BM; r += THREADS) s_rowid[r] = r < g_count ? gather_rows[g_start + r] : -1;
 
   const int lc = tid & 7, lr = tid >> 3;
   const unsigned dst0 = lr * ROWB + ((lc ^ (lr & 7)) << 4);
@@ -237,8 +268,9 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
     const int kk = p * BK + lc * 8;
 #pragma unroll
     for (int t = 0; t < BM / RSTEP; ++t) {
-      const int gr = row0 + lr + t * RSTEP;
-      const bool ok = gr < m && kk < K;
+      const int lr_t = lr + t * RSTEP;
+      const int gr = GATHER ? (lr_t < g_count ? gather_rows[g_start + lr_t] : m) : row0 + lr_t;
+      const bool ok = gr >= 0 && gr < m && kk < K;
       cp_async16(sA + p * BM * ROWB + dst0 + t * RSTEP * ROWB, ok ? A + (long long)gr * lda + kk : A, ok);
     }
   }
@@ -289,11 +321,6 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
 #pragma unroll 1
   for (int s = 0; s < LOOKAHEAD; ++s) issue(t_begin + s, s);
 
-  float acc[SETS][64];
-  const int g = lane >> 2, tig = lane & 3;
-  const int lrow = wg * 64 + (warp & 3) * 16 + g;  // the block row of this lane's entries 0 and 1
-  int count0 = 0, count1 = 0;
-
   // Tile `tile`'s products into accumulator set P: KC·4 wgmma of 64 × 128 × 16 each (units past K
   // are zeros, so the last chunk runs whole; the steps are known at compile time, so that no
   // other instruction touches the accumulators while they are in flight).
@@ -332,6 +359,9 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
     }
     const float rt0 = HAS_RT ? s_row[2 * BM + lrow] : 0.f, rt1 = HAS_RT ? s_row[2 * BM + lrow + 8] : 0.f;
     const int rbase = row0 + lrow;
+    // TILEMIN: this lane's smallest key of each of its two rows in the tile (NaN never smaller:
+    // fminf returns the other operand; a row of NaN and +inf keys reports +inf).
+    float tmin[2] = {__int_as_float(0x7f800000), __int_as_float(0x7f800000)};
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       float(&x)[HALF][4] = half_of(acc[P], hf);
@@ -366,6 +396,13 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
             if (SYM) hit_c |= key <= ((v & 1) ? cth.y : cth.x);
           }
         }
+      }
+      if (TILEMIN) {
+#pragma unroll
+        for (int j = 0; j < HALF; ++j)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) tmin[v >> 1] = fminf(tmin[v >> 1], x[j][v]);
+        continue;
       }
       if (MINIMA) {
         // Each row's smallest key in this half (strip col0 / 64 + hf: 64 columns; ties to the
@@ -471,7 +508,10 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
                 bits |= 1u << (j * 4 + v);
         }
         const Dest d = reserve<0>(__popc(bits), out, s_buf, count0, lane);
-        if (PRE)
+        if (GATHER)
+          emit<0>(bits, x, d, lrow, cbase, [&](float z, int e) { return exact_key(z, e); },
+                  [&](int r) { return s_rowid[r]; });
+        else if (PRE)
           emit<0>(bits, x, d, rbase, cbase, [&](float z, int e) { return exact_key(z, e); });
         else
           emit<0>(bits, x, d, rbase, cbase, [](float key, int) { return key; });
@@ -489,6 +529,18 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
         }
         const Dest d = reserve<1>(__popc(bits), out, s_buf + NWARPS * 3 * WBUF, count1, lane);
         emit<1>(bits, x, d, rbase, cbase, [](float key, int) { return key; });
+      }
+    }
+    if (TILEMIN) {
+      // The row's smallest over the four lanes (tig) that hold its 128 columns; lane tig == 0
+      // writes it as the row's key of this tile.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v = tmin[h];
+        v = fminf(v, __shfl_xor_sync(FULL, v, 1));
+        v = fminf(v, __shfl_xor_sync(FULL, v, 2));
+        const int r = rbase + 8 * h;
+        if (tig == 0 && r < m && tile < strips) strip_keys[(long long)r * strips + tile] = v;
       }
     }
   };
@@ -549,27 +601,54 @@ __device__ __forceinline__ void body(const half_t* __restrict__ A, const half_t*
       screen_tile(Bool<false>{}, t_end - 1, (count - 1) % STAGES);
   }
   cp_wait<0>();
+  };  // sweep
+  if constexpr (GATHER) {
+#pragma unroll 1
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      const int t = item_tile[item], pairs = tile_index[t], ends = tile_index[2 * strips + t];
+      const int j = item - (ends - (pairs + BM - 1) / BM);  // this item's place among its tile's
+      t_begin = t;
+      t_end = t + 1;
+      g_start = tile_index[strips + t] + j * BM;
+      g_count = min(BM, pairs - j * BM);
+      __syncthreads();  // the last item's epilogue has read every shared vector and tile
+      sweep();
+    }
+  } else {
+    sweep();
+  }
   if (count0) flush<0>(out, s_buf, count0, lane);
   if (SYM && count1) flush<1>(out, s_buf + NWARPS * 3 * WBUF, count1, lane);
 }
 
 }  // namespace screen_wg
 
-#define SCREEN_WG_CALL(BF16)                                                                                       \
+#define SCREEN_WG_CALL(BF16, GATHER_ROWS, ITEM_TILE, TILE_INDEX)                                                    \
   SCREEN_LISTS;                                                                                                    \
   screen_wg::body<BF16>(A, B, m, n, K, lda, ldb, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,   \
-                        term_bound, out, diag, exclude_diag, strip_keys, strip_cols, strips)
+                        term_bound, out, diag, exclude_diag, strip_keys, strip_cols, strips, GATHER_ROWS, ITEM_TILE, \
+                        TILE_INDEX)
 
 // One accumulator set: two blocks a multiprocessor (≤ 128 registers a thread).
 #define SCREEN_WG_BLOCKS (SCREEN_SETS == 1 ? 2 : 1)
 
 // The parameters are screen.cu's (same launcher).
+#if SCREEN_GATHER
+// Gathered rows: the parameters are screen.cu's (`strips`: the tiles), then the rows' numbers,
+// each work item's tile and the tiles' index of GATHER above.
+extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, SCREEN_WG_BLOCKS)
+    screen_wg_gather_f16(SCREEN_PARAMS, const int* __restrict__ gather_rows, const int* __restrict__ item_tile,
+                         const int* __restrict__ tile_index) {
+  SCREEN_WG_CALL(false, gather_rows, item_tile, tile_index);
+}
+#else
 extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, SCREEN_WG_BLOCKS) screen_wg_f16(SCREEN_PARAMS) {
-  SCREEN_WG_CALL(false);
+  SCREEN_WG_CALL(false, nullptr, nullptr, nullptr);
 }
 
 #if SCREEN_WITH_BF16
 extern "C" __global__ void __launch_bounds__(screen_wg::THREADS, SCREEN_WG_BLOCKS) screen_wg_bf16(SCREEN_PARAMS) {
-  SCREEN_WG_CALL(true);
+  SCREEN_WG_CALL(true, nullptr, nullptr, nullptr);
 }
+#endif
 #endif
