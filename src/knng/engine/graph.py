@@ -39,7 +39,7 @@ from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
     screen_own_later, strip_minima, strip_seeds_run, use_kernel,
 )
-from knng.engine.search import exact_search
+from knng.engine.search import TILES_FIRST_THRESHOLDS, exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row_each
 from knng.engine.thresholds import seed_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
@@ -286,6 +286,8 @@ def _graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.devic
     n = data.n
     # All n² entries computed, each pair once from each side: no symmetric saving (pairs_screened
     # counts a symmetric block's entries once per side, so n² entries here count 2n²).
+    if report.plan.thresholds == TILES_FIRST_THRESHOLDS:  # no sample (search.tiles_first_run)
+        plan = replace(plan, sample_size=0, thresholds=report.plan.thresholds)
     return idx, dist, GraphReport(plan=plan, oom_retries=report.oom_retries, exact=report.exact, store=report.store,
                                   evaluations_per_row=report.evaluations_per_row,
                                   screened_per_row=report.screened_per_row, pairs_screened=2 * n * n,
