@@ -2,7 +2,8 @@
 
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
 200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K), 10k
-queries against 200k × 128 points (``s200kK``, k = K, 100 by default), the
+queries against 200k × 128 points (``s200kK``, k = K, 100 by default), N × D points at k = K
+(``gN_D_K``), the
 16,384 × 4,096 graph at k = 1,024 (``wide``) and the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for
 searches), then the oracle on 192 rows of a graph (128 random, 64 flat patches) or 128 of a
 search, and the report's pairs screened and evaluated per row. Whichever knng is on PYTHONPATH;
@@ -120,11 +121,11 @@ SETTINGS = {
     "sample32k": ((plan, "GPU_SAMPLE", 1 << 15),),
     "s32c128": ((plan, "GPU_SAMPLE", 1 << 15), (plan, "GPU_SEARCH_COLS", 1 << 17)),
     "s16c64": ((plan, "GPU_SAMPLE", 1 << 14), (plan, "GPU_SEARCH_COLS", 1 << 16)),
-    # a search (and a graph by rows) from a seed sample and a full screen, not tiles first
-    "notiles": ((search, "TILES_FIRST", False),),
-    # tiles first from k = 32 / 16 (64 now)
-    "tiles32": ((search, "TILES_FIRST_MIN_K", 32),),
-    "tiles16": ((search, "TILES_FIRST_MIN_K", 16),),
+    # a search (and a graph by rows) from a seed sample and a full screen, not tiles first (graphs
+    # below k = 64 symmetric again)
+    "notiles": ((plan, "TILES_FIRST", False),),
+    # tiles first, but graphs below k = 64 symmetric (not by rows)
+    "symk": ((plan, "GRAPH_ROWS_TILES_FIRST", False),),
 }
 
 
@@ -169,6 +170,10 @@ def main() -> None:
             side, stride = (8, 2) if name == "p8" else (16, 3)
             x = torch.from_numpy(patches(pictures, side, stride, 12)).cuda()
             cases = [(k, x, None) for k in (10, 100)]
+        elif name.startswith("g") and name.count("_") == 2:  # gN_D_K: N × D Gaussian points at k = K
+            n, d, k = (int(v) for v in name[1:].split("_"))
+            x = torch.randn((n, d), device="cuda", generator=gen)
+            cases = [(k, x, None)]
         elif name.startswith("g200k"):
             x = torch.randn((200_000, 128), device="cuda", generator=gen)
             cases = [(int(name[5:] or 10), x, None)]

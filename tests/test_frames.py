@@ -184,6 +184,7 @@ def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed):
     import knng.engine.graph as graph_mod
 
     monkeypatch.setattr(plan_mod, "PRINCIPAL_MIN_GAIN", 0.0)  # Gaussian points in slabs too
+    monkeypatch.setattr(plan_mod, "GRAPH_ROWS_TILES_FIRST", False)  # not by rows (their search's tiles first)
     monkeypatch.setattr(plan_mod, "GPU_MAX_PART", 500)
     monkeypatch.setattr(plan_mod, "GPU_KERNEL_MAX_PART", 500)  # the fused precisions' parts too
     monkeypatch.setattr(plan_mod, "GPU_TRIANGLE_MAX_PART", 500)  # and theirs where own blocks are triangles

@@ -239,6 +239,7 @@ def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch):
     monkeypatch.setattr(plan, "GPU_TRIANGLE_MAX_PART", 8192)  # own blocks as triangles (Hopper) too
     monkeypatch.setattr(plan, "GPU_KERNEL_GROUP_COLUMNS", 3 * 8192)  # launches of 3 column parts, one short
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
+    monkeypatch.setattr(plan, "GRAPH_ROWS_TILES_FIRST", method == "rows")
     monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 8192)  # several chunks of rows (7 of 7,143 and 7,142)
     g = _gen(seed)
     x = torch.randn((50_001, 64), generator=g, device="cuda") * 3 + 7
@@ -261,6 +262,7 @@ def test_graph_image_patches(fused_precision, method, seed, monkeypatch):
     import knng.engine.plan as plan
 
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
+    monkeypatch.setattr(plan, "GRAPH_ROWS_TILES_FIRST", method == "rows")
     if method == "rows":
         monkeypatch.setattr(plan, "slab_gain", lambda *a: 1.0)
     monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 16384)

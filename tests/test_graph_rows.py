@@ -8,6 +8,8 @@ a GPU, where ``tests/test_gpu_fused.py`` runs it on the kernels).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -129,6 +131,44 @@ def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
     # Metrics whose blocks have one centre anyway need no sample of the data.
     calls = gpu_planner["calls"]
     assert _gpu_plan(100, metric="cosine").graph_method == "rows" and gpu_planner["calls"] == calls
+
+
+def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planner, monkeypatch):
+    # Where the search takes its tiles first (plan.tiles_first: the wgmma kernel, 2k to 4,096
+    # tiles of 128 columns, the budget) a graph of at most GRAPH_ROWS_TILES_FIRST_MAX_ND values
+    # runs by rows at any k; larger data, image-like data and k past the tiles keep the blocks.
+    monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda precision, device, d: precision.name == "float16")
+    small = _gpu_plan(10)  # 200k × 128: 25.6M values, 1,563 tiles
+    assert small.graph_method == "rows" and plan_mod.tiles_first(replace(small, operation="search", k=11),
+                                                                 torch.device("cuda", 0))
+    assert _gpu_plan(10, n=500_000).graph_method == "symmetric"  # 64M values: the halved product wins
+    assert _gpu_plan(100, n=500_000).graph_method == "rows"  # from GRAPH_ROWS_MIN_K, as before
+    assert _gpu_plan(10, n=2_000).graph_method == "symmetric"  # 16 tiles < 2 (k + 1)
+    monkeypatch.setattr(plan_mod, "GRAPH_ROWS_TILES_FIRST", False)
+    assert _gpu_plan(10).graph_method == "symmetric"
+    monkeypatch.setattr(plan_mod, "GRAPH_ROWS_TILES_FIRST", True)
+    gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN  # principal slabs: blocks centred on their parts
+    assert _gpu_plan(10).graph_method == "symmetric"
+
+
+def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch):
+    monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda precision, device, d: precision.name == "float16")
+    cuda = torch.device("cuda", 0)
+
+    def search(n_corpus: int, k: int, budget: int = 60 * 2**30, **kw):
+        return plan_mod.make_search_plan(n_queries=10_000, n_corpus=n_corpus, d=128, k=k, metric="euclidean",
+                                         device=cuda, budget=budget, host_budget=64 * 2**30, **kw)
+
+    assert plan_mod.tiles_first(search(200_000, 100), cuda)
+    assert plan_mod.tiles_first(search(4096 * 128, 10), cuda)  # 4,096 tiles: the k-th kernel's widest row
+    assert not plan_mod.tiles_first(search(4096 * 128 + 1, 10), cuda)
+    assert not plan_mod.tiles_first(search(200_000, 782), cuda)  # 1,563 tiles < 2k
+    assert plan_mod.tiles_first(search(200_000, 781), cuda)
+    assert not plan_mod.tiles_first(search(200_000, 100, screen_dtype="float32"), cuda)  # no wgmma kernel
+    tight = search(200_000, 100, budget=2**26)
+    assert tight.query_rows * 1_563 * 8 > tight.budget // 8 and not plan_mod.tiles_first(tight, cuda)
+    monkeypatch.setattr(plan_mod, "TILES_FIRST", False)
+    assert not plan_mod.tiles_first(search(200_000, 100), cuda)
 
 
 def test_the_planner_keeps_symmetric_where_rows_cannot_run(gpu_planner):

@@ -540,7 +540,7 @@ def test_summaries_in_one_copy_equal_each_alone(rng, monkeypatch):
 
 @pytest.mark.parametrize("data", ["gaussian", "duplicates", "offset", "integers", "flat"])
 def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, screen):
-    # On a Hopper GPU a search of a few thousand corpus tiles at k ≥ 64 (a 200k graph by rows)
+    # On a Hopper GPU a search of at most 4,096 corpus tiles (a 200k graph by rows)
     # takes τ from the k-th smallest of each row's 128-column tile minima and screens only the
     # tiles whose minimum is within the row's threshold (search._screen_tiles_first). Forced here
     # on the CPU with the references (screen.tile_minima, screen.screen_tiles, kth_of_rows):
@@ -548,6 +548,7 @@ def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, s
     # no pair within its row's threshold, and the answer must be exact, on ties, duplicates,
     # huge offsets, integer data and a flat region (many equal keys across tiles). k = n
     # (every tile passes) and a corpus that is not a multiple of the tile run too.
+    from knng.engine import plan as plan_mod
     from knng.engine import screen as screen_mod
     from knng.engine import search
     from knng.engine.store import CandidateStore
@@ -588,8 +589,7 @@ def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, s
     monkeypatch.setattr(CandidateStore, "tighten_ends", checked_ends)
     monkeypatch.setattr(search, "screen_tiles", checked_tiles)
     monkeypatch.setattr(search, "TIGHTEN_ON", frozenset({"cpu", "cuda"}))  # by default on GPUs only
-    monkeypatch.setattr(search, "tiles_first_runs", lambda *args: True)
-    monkeypatch.setattr(search, "TILES_FIRST_MIN_K", 1)
+    monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda *args: True)  # the wgmma kernel's: GPUs only
     res = knng.search(q, x, k)
     plan = last_report().plan  # every screen precision runs the path by its references here
     assert plan.thresholds == search.TILES_FIRST_THRESHOLDS and plan.sample_size == 0

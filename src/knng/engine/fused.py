@@ -351,6 +351,9 @@ def screen_tiles(a: torch.Tensor, b: torch.Tensor, k_dims: int, tile_keys: torch
     device, (m, width) = a.device, tile_keys.shape
     if width != -(-b.shape[0] // TILE) or m != a.shape[0]:
         raise ValueError(f"tile keys of shape {tuple(tile_keys.shape)} for a block of {a.shape[0]} × {b.shape[0]}")
+    if m == 0 or width == 0:
+        none = torch.empty(0, dtype=torch.int64, device=device)
+        return Survivors(none, none.clone(), torch.empty(0, dtype=torch.float32, device=device))
     rows, counts, first = group_tile_pairs(tile_keys, row_thr)
     ends = torch.cumsum(-(-counts // GATHER_ROWS), 0, dtype=torch.int32)
     tile_index = torch.cat([counts, first, ends])

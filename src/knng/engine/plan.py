@@ -16,8 +16,9 @@ import torch
 from knng._inputs import READ_AHEAD, InputArray
 from knng._units import parse_bytes
 from knng.engine.frames import LOCAL_CENTRE_GAIN, slab_gain, translation_invariant
-from knng.engine.fused import STRIP, fused_available, triangle_runs
-from knng.engine.screen import strip_seeds_run
+from knng.engine.fused import STRIP, TILE, fused_available, triangle_runs
+from knng.engine.screen import strip_seeds_run, tiles_first_runs
+from knng.engine.thresholds import KTH_ROW_MAX_WIDTH
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 from knng.select import cuda
 
@@ -890,9 +891,48 @@ PRINCIPAL_MIN_GAIN = 1.5
 #: the rows method from there (the 1M graph, large k: the symmetric stores' share grows with k).
 GRAPH_ROWS_MIN_K = 64
 
+#: Whether a search's thresholds come from every corpus tile's minimum, only the tiles within
+#: them then screened (:func:`tiles_first`; ``knng.engine.search``), where it applies, and the
+#: smallest k it applies at. Benchmarks turn it off to compare.
+TILES_FIRST = True
+TILES_FIRST_MIN_K = 1
+
+
+def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
+    """Whether the search of ``plan`` (a graph's rows method included) takes its tiles first: a
+    resident corpus of 2k to :data:`~knng.engine.thresholds.KTH_ROW_MAX_WIDTH` tiles of
+    ``fused.TILE`` columns (each row's k-th tile minimum by one kernel), the wgmma kernel's tile
+    minima and gathered screen for its precision and d (``screen.tiles_first_runs``), k of at
+    least :data:`TILES_FIRST_MIN_K`, and a chunk's minima and grouped pairs (4 bytes each a row
+    and tile) within an eighth of the budget. Decided from the plan alone, so that the graph's
+    planner knows it too (:func:`rows_method_wins`).
+
+    H200, 2026-11-27 (``bench/ab_exact_calls.py new/notiles``, docs/BENCHMARKS.md, "Session 17"):
+    a graph of 200k × 128 points by rows at k = 64 / 100 / 300 44.4 / 50.2 / 87.6 ms against
+    63.1 / 70.1 / 121.0 from a seed sample and a full screen; 10k queries against 200k points at
+    k = 100 8.1 against 10.2 ms."""
+    tiles = -(-plan.n_corpus // TILE)
+    return (TILES_FIRST and plan.corpus_resident and plan.k >= TILES_FIRST_MIN_K
+            and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH and plan.query_rows * tiles * 8 <= plan.budget // 8
+            and tiles_first_runs(plan.precision, device, plan.d))
+
+
+#: Whether a graph of at most :data:`GRAPH_ROWS_TILES_FIRST_MAX_ND` values (n · d) runs by rows
+#: at any k where its search takes its tiles first (:func:`tiles_first`; from
+#: :data:`GRAPH_ROWS_MIN_K` otherwise). Benchmarks turn it off to compare. The rows method
+#: screens every pair twice where the symmetric blocks screen it once, but its tiles-first
+#: thresholds leave ~1.3 k pairs a row where the symmetric blocks' own-part seeds leave 10–30 k at
+#: small k, and it has no stores to update: H200, 2026-11-27, one process (``bench/ab_exact_calls.py
+#: new/symk``, min of 3, rows / symmetric ms, k = 10 unless named): 20k × 64 6.0 / 7.2, 50k × 128
+#: 8.1 / 10.2, 100k × 128 at k = 32 14.9 / 22.5, 200k × 128 34.0 / 42.8; but 249,551 × 256 92.4 /
+#: 85.2 and 500k × 128 184.6 / 173.0, where the doubled product outweighs them.
+GRAPH_ROWS_TILES_FIRST = True
+GRAPH_ROWS_TILES_FIRST_MAX_ND = 1 << 25
+
 
 def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device, gain: float | None) -> bool:
-    """Whether the planner takes the rows method (:data:`GRAPH_ROWS_MIN_K`): ``by_rows`` is the
+    """Whether the planner takes the rows method (from :data:`GRAPH_ROWS_MIN_K`, or at any k where
+    its search takes its tiles first and the data are small: :data:`GRAPH_ROWS_TILES_FIRST`): ``by_rows`` is the
     search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
     principal frames, the data's slab gain (:func:`~knng.engine.frames.slab_gain`, None where
     no sample was read) says whether their slabs pay: image-like data keep the blocks centred
@@ -901,7 +941,10 @@ def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.d
     graph's rule found float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110
     by rows in float16)."""
     kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
-    if not (kernel and by_rows.corpus_resident and symmetric.k >= GRAPH_ROWS_MIN_K):
+    tiles = (GRAPH_ROWS_TILES_FIRST and by_rows.n_corpus * by_rows.d <= GRAPH_ROWS_TILES_FIRST_MAX_ND
+             and tiles_first(by_rows, device))
+    from_k = symmetric.k >= GRAPH_ROWS_MIN_K or tiles
+    if not (kernel and by_rows.corpus_resident and from_k):
         return False
     if symmetric.screen_precision == "float64":
         return False

@@ -6,7 +6,7 @@ for each corpus tile: one matrix product → threshold screen → the rows' cand
 (tightening as they fill) → exact finish of each row's store → results.
 
 Tiles first (:func:`tiles_first_run`: a resident corpus of at most a few thousand 128-column
-tiles on the wgmma kernel, k ≥ :data:`TILES_FIRST_MIN_K`): no sample; each row's minimum key in
+tiles on the wgmma kernel, ``plan.tiles_first``): no sample; each row's minimum key in
 every corpus tile, τ from the k-th smallest of them, then only the tiles whose minimum is within
 the row's threshold are screened (:func:`_screen_tiles_first`).
 """
@@ -27,14 +27,12 @@ from knng.engine.common import (
     on_device, recover_from_oom, TF32_EXACT_SAMPLES, tf32_products,
 )
 from knng.engine.exact import ExactStats, exact_pairs
-from knng.engine.plan import EnginePlan, make_search_plan
+from knng.engine.plan import EnginePlan, make_search_plan, tiles_first
 from knng.engine.screen import (
-    block_scores, screen_rows, screen_tiles, strip_minima, strip_seeds_run, tile_minima, tiles_first_runs, use_kernel,
+    block_scores, screen_rows, screen_tiles, strip_minima, strip_seeds_run, tile_minima, use_kernel,
 )
 from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row_each
-from knng.engine.thresholds import (
-    KTH_ROW_MAX_WIDTH, kth_of_rows, kth_seeds_run, sample_columns, seed_candidates, strip_candidates,
-)
+from knng.engine.thresholds import kth_of_rows, kth_seeds_run, sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 
 __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
@@ -69,11 +67,6 @@ TIGHTEN_ON = frozenset({"cuda"})
 #: a synchronisation (1M × 128, 10k queries, float16, H100: four tiles of 2¹⁸ took 10–12 ms of
 #: screen where the kernel alone takes 7.6).
 REST_AT_ONCE = True
-
-#: Whether a search screens its tiles first where :func:`tiles_first_run` allows (benchmarks
-#: turn it off to compare), and the smallest k it does so at.
-TILES_FIRST = True
-TILES_FIRST_MIN_K = 64
 
 
 @dataclass
@@ -116,7 +109,7 @@ def exact_search(
                 check_finite(block, queries.name, start)
         pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
                                              block_rows=plan.read_rows)
-        if tiles_first_run(pcorpus, plan, k, device):
+        if tiles_first_run(pcorpus, plan, device):
             sample = None
             plan = replace(plan, sample_size=0, thresholds=TILES_FIRST_THRESHOLDS)
         else:
@@ -170,25 +163,15 @@ def exact_search(
 
 #: The plan's account of a search's thresholds when its tiles go first.
 TILES_FIRST_THRESHOLDS = ("k-th smallest of the rows' minima over every 128-column corpus tile; then only the tiles "
-                          "within each row's threshold screened, and tightened as rows fill")
+                          "within each row's threshold screened, and every survivor evaluated exactly")
 
 
-def tiles_first_run(pcorpus: PreparedCorpus, plan: EnginePlan, k: int, device: torch.device) -> bool:
+def tiles_first_run(pcorpus: PreparedCorpus, plan: EnginePlan, device: torch.device) -> bool:
     """Whether a search's chunks take their thresholds from every corpus tile's minimum and
     screen only the tiles within them (:func:`_screen_tiles_first`) instead of a sample and a
-    full screen: on a device whose screen tightens (:data:`TIGHTEN_ON`), a resident corpus, the
-    wgmma kernel's tile minima and gathered screen (``screen.tiles_first_runs``), k of at least
-    :data:`TILES_FIRST_MIN_K`, 2k to :data:`~knng.engine.thresholds.KTH_ROW_MAX_WIDTH` tiles (the
-    k-th of a row's minima by one kernel), and a chunk's minima and their grouped pairs (4 bytes
-    each a row and tile) within an eighth of the budget.
-
-    A graph of 200k × 128 points by rows at k = 100 (H200): the sample's strip minima and the full
-    screen took 14.8 and 33.2 ms and left 391 pairs a row; every tile's minimum leaves 126
-    (docs/BENCHMARKS.md, "Session 17")."""
-    tiles = -(-pcorpus.corpus.n // fused.TILE)
-    return (TILES_FIRST and device.type in TIGHTEN_ON and pcorpus.resident is not None and k >= TILES_FIRST_MIN_K
-            and 2 * k <= tiles <= KTH_ROW_MAX_WIDTH and plan.query_rows * tiles * 8 <= plan.budget // 8
-            and tiles_first_runs(plan.precision, device, pcorpus.corpus.d))
+    full screen: where the plan says so (``plan.tiles_first``), the corpus is resident and the
+    device's screen tightens (:data:`TIGHTEN_ON`)."""
+    return device.type in TIGHTEN_ON and pcorpus.resident is not None and tiles_first(plan, device)
 
 
 def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
