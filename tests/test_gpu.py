@@ -368,22 +368,28 @@ def test_select_algorithms_agree(k, seed):
     _check(queries, corpus, [base], seed=seed)
 
 
-def test_oom_retry_on_gpu(monkeypatch, seed):
-    import knng.engine.search as search  # the seeds of τ (strip minima, chunk minima or a selection)
+@pytest.mark.parametrize("thresholds", ["sample", "tiles first"])
+def test_oom_retry_on_gpu(thresholds, monkeypatch, seed):
+    import knng.engine.plan as plan
+    import knng.engine.search as search  # the seeds of τ, or the tiles' minima where they go first
 
-    real = search._seed_from_sample
+    monkeypatch.setattr(plan, "TILES_FIRST", thresholds == "tiles first")  # where the wgmma kernel runs
+    name = "_seed_from_sample" if thresholds == "sample" else "_screen_tiles_first"
+    real = getattr(search, name)
     calls = {"n": 0}
 
-    def seed_from_sample(*args, **kwargs):
+    def failing_once(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(search, "_seed_from_sample", seed_from_sample)
+    monkeypatch.setattr(search, name, failing_once)
     corpus = _randn((100_000, 64), seed)
     queries = _randn((4_000, 64), seed + 1)
     res = knng.search(queries, corpus, 10)
+    if calls["n"] == 0:  # no wgmma kernel here: no tiles first
+        pytest.skip("the search did not take its tiles first on this GPU")
     assert last_report().oom_retries == 1
     _check(queries, corpus, [res], seed=seed)
 
@@ -391,8 +397,11 @@ def test_oom_retry_on_gpu(monkeypatch, seed):
 def test_real_out_of_memory_shrinks_tiles(seed, monkeypatch):
     """An over-generous budget: the first blocks do not fit; knng must shrink and finish."""
     # The seeds from the materialised sample block (the kernel's strip minima write none, and
-    # then nothing of this search outgrows 1 GB).
+    # then nothing of this search outgrows 1 GB; nor do the tiles' minima where they go first).
+    import knng.engine.plan as plan
+
     monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: False)
+    monkeypatch.setattr(plan, "TILES_FIRST", False)
     free, _ = torch.cuda.mem_get_info()
     corpus = _randn((300_000, 64), seed)
     queries = _randn((20_000, 64), seed + 1)
