@@ -38,7 +38,7 @@ sys.path.insert(0, "tests")
 
 import knng  # noqa: E402
 import knng.engine.graph as graph  # noqa: E402
-from knng.engine import cuda_screen, plan, row_kth, row_order, search, thresholds  # noqa: E402
+from knng.engine import cuda_screen, plan, row_kth, row_order, thresholds  # noqa: E402
 from bench_patches import patches  # noqa: E402
 from oracle import assert_exact_chunked  # noqa: E402
 

@@ -475,6 +475,17 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
                 if shared_bytes(k_dims, CONFIGS[name], has_rt, has_ct, False) <= _ONE_BLOCK]
         cfg = fits[0] if fits else CONFIGS[MINIMA_CONFIGS[-1]]
     fn = kernel(index, cfg, has_rt, has_ct, False, minima=True, k_dims=k_dims)
+    _launch_minima(fn, cfg, index, a, b, k_dims, row_factor, col_scale, row_terms, col_terms, keys, cols, strips)
+    return keys, cols
+
+
+def _launch_minima(fn: Any, cfg: Config, index: int, a: torch.Tensor, b: torch.Tensor, k_dims: int,
+                   row_factor: torch.Tensor, col_scale: torch.Tensor, row_terms: torch.Tensor | None,
+                   col_terms: torch.Tensor | None, keys: torch.Tensor, cols: torch.Tensor | None, strips: int) -> None:
+    """Launch a minima variant ``fn`` of configuration ``cfg`` over the block (strip or tile
+    minima into ``keys`` and, where given, ``cols``, ``strips`` of them a row)."""
+    m, n = a.shape[0], b.shape[0]
+    has_rt, has_ct = row_terms is not None, col_terms is not None
     smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False)
     row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
     splits = _splits(row_blocks, col_tiles, _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0])
@@ -488,8 +499,7 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
             cuda.ptr(row_factor), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None),
             cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), i32(0), i32(0), i32(0),
             cuda.ptr(keys), cuda.ptr(cols), i32(strips))
-    cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)
-    return keys, cols
+    cuda.launch_kernel(fn, a.device, (row_blocks, splits), cfg.threads, args, smem)
 
 
 #: Columns of one tile of :func:`launch_tile_minima` and of a work item of
@@ -520,27 +530,21 @@ def launch_tile_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor
     _check_rows(a, b, k_dims, torch.float16)
     if m >= 2**31 - 256 or n >= 2**31 - 256 or m * tiles >= 2**62:
         raise ValueError("int32 positions: blocks of fewer than 2³¹ rows")
-    device = a.device
-    if not gathered_runs(device, k_dims):
-        raise RuntimeError("tile minima need the wgmma kernel (a Hopper GPU, K <= 256)")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    has_rt, has_ct = row_terms is not None, col_terms is not None
-    cfg = CONFIGS[_wgmma_config(k_dims)]
-    fn = kernel(index, cfg, has_rt, has_ct, False, k_dims=k_dims, tiles=True)
-    smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False)
-    row_blocks, col_tiles = -(-m // cfg.bm), -(-n // cfg.bn)
-    splits = _splits(row_blocks, col_tiles, _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0])
-    row_factor, col_scale = row_factor.contiguous(), col_scale.contiguous()
-    row_terms, col_terms = (None if v is None else v.contiguous() for v in (row_terms, col_terms))
-    i32 = np.int32
-    # As launch_strip_minima's: no lists; the thresholds' pointer is read, never used.
-    args = (cuda.ptr(a), cuda.ptr(b), i32(m), i32(n), i32(k_dims), i32(a.stride(0)), i32(b.stride(0)),
-            cuda.ptr(row_factor), cuda.ptr(col_scale), cuda.ptr(row_terms), cuda.ptr(col_terms),
-            cuda.ptr(row_factor), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None),
-            cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), cuda.ptr(None), i32(0), i32(0), i32(0),
-            cuda.ptr(keys), cuda.ptr(None), i32(tiles))
-    cuda.launch_kernel(fn, device, (row_blocks, splits), cfg.threads, args, smem)
+    index, cfg, fn = _wgmma_variant(a.device, k_dims, row_terms, col_terms, "tile minima", tiles=True)
+    _launch_minima(fn, cfg, index, a, b, k_dims, row_factor, col_scale, row_terms, col_terms, keys, None, tiles)
     return keys
+
+
+def _wgmma_variant(device: torch.device, k_dims: int, row_terms: torch.Tensor | None, col_terms: torch.Tensor | None,
+                   what: str, **variant: bool) -> tuple[int, Config, Any]:
+    """The device's index, the wgmma configuration for K = ``k_dims`` and its compiled kernel of
+    ``variant`` (``tiles`` or ``gather``), or an error naming ``what`` where it cannot run."""
+    if not gathered_runs(device, k_dims):
+        raise RuntimeError(f"{what}: needs the wgmma kernel (a Hopper GPU, K <= {WGMMA_MAX_K})")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    cfg = CONFIGS[_wgmma_config(k_dims)]
+    return index, cfg, kernel(index, cfg, row_terms is not None, col_terms is not None, False, k_dims=k_dims,
+                              **variant)
 
 
 def launch_gathered_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: torch.Tensor,
@@ -567,13 +571,8 @@ def launch_gathered_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_fa
         return
     if m >= 2**31 - 256 or n >= 2**31 - 256:
         raise ValueError("int32 positions: blocks of fewer than 2³¹ rows")
-    device = a.device
-    if not gathered_runs(device, k_dims):
-        raise RuntimeError("the gathered screen needs the wgmma kernel (a Hopper GPU, K <= 256)")
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index, cfg, fn = _wgmma_variant(a.device, k_dims, row_terms, col_terms, "the gathered screen", gather=True)
     has_rt, has_ct = row_terms is not None, col_terms is not None
-    cfg = CONFIGS[_wgmma_config(k_dims)]
-    fn = kernel(index, cfg, has_rt, has_ct, False, k_dims=k_dims, gather=True)
     smem = shared_bytes(k_dims, cfg, has_rt, has_ct, False, gather=True)
     resident = _blocks_per_sm(fn, cfg, smem, index) * _device_limits(index)[0]
     row_factor, col_scale, row_thr = (v.contiguous() for v in (row_factor, col_scale, row_thr))
@@ -587,4 +586,4 @@ def launch_gathered_screen(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_fa
             cuda.ptr(row_thr), cuda.ptr(None), cuda.ptr(bound), cuda.ptr(owner), cuda.ptr(other), cuda.ptr(keys),
             cuda.ptr(owner), cuda.ptr(other), cuda.ptr(keys), cuda.ptr(counters), i32(capacity), i32(0), i32(0),
             cuda.ptr(None), cuda.ptr(None), i32(tiles), cuda.ptr(rows), cuda.ptr(item_tile), cuda.ptr(tile_index))
-    cuda.launch_kernel(fn, device, (min(resident, item_tile.numel()), 1), cfg.threads, args, smem)
+    cuda.launch_kernel(fn, a.device, (min(resident, item_tile.numel()), 1), cfg.threads, args, smem)
