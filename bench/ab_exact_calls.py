@@ -2,7 +2,7 @@
 
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
 200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K), 10k
-queries against 200k × 128 points (``s200kK``, k = K, 100 by default), N × D points at k = K
+queries against 200k × 128 points (``s200kK``, k = K, 100 by default) and 1M (``s1mK``), N × D points at k = K
 (``gN_D_K``), the
 16,384 × 4,096 graph at k = 1,024 (``wide``) and the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for
 searches), then the oracle on 192 rows of a graph (128 random, 64 flat patches) or 128 of a
@@ -180,7 +180,11 @@ def main() -> None:
         elif name.startswith("g1m"):
             x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
             cases = [(int(name[3:] or 10), x, None)]
-        elif name.startswith("s200k"):  # 10k queries against 200k points (tiles first from k = 64)
+        elif name.startswith("s1m"):  # 10k queries against 1M points at k = K
+            x = torch.randn((1_000_000, 128), device="cuda", generator=gen)
+            q = torch.randn((10_000, 128), device="cuda", generator=gen)
+            cases = [(int(name[3:]), x, q)]
+        elif name.startswith("s200k"):  # 10k queries against 200k points
             x = torch.randn((200_000, 128), device="cuda", generator=gen)
             q = torch.randn((10_000, 128), device="cuda", generator=gen)
             cases = [(int(name[5:] or 100), x, q)]

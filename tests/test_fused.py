@@ -548,7 +548,7 @@ def assert_kth_of_rows_is_its_reference(device: torch.device, rng) -> None:
     from knng.engine import row_kth, thresholds
 
     for m, width, k in ((1, 1, 1), (5, 3, 3), (40, 128, 33), (17, 200, 101), (3, 1024, 1024), (9, 37, 1),
-                        (6, 1000, 999), (4, 5, 6), (33, 4096, 2000)):
+                        (6, 1000, 999), (4, 5, 6), (33, 4096, 2000), (5, 7813, 2048), (4, 16384, 16384)):
         keys = torch.from_numpy(rng.integers(-3, 4, size=(m, width)).astype(np.float32))  # ties
         keys[0] = torch.inf
         keys[-1, 1::5] = -torch.inf

@@ -160,8 +160,9 @@ def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch):
                                          device=cuda, budget=budget, host_budget=64 * 2**30, **kw)
 
     assert plan_mod.tiles_first(search(200_000, 100), cuda)
-    assert plan_mod.tiles_first(search(4096 * 128, 10), cuda)  # 4,096 tiles: the k-th kernel's widest row
-    assert not plan_mod.tiles_first(search(4096 * 128 + 1, 10), cuda)
+    widest = plan_mod.KTH_ROW_MAX_WIDTH  # the k-th kernel's widest row
+    assert plan_mod.tiles_first(search(widest * 128, 10), cuda)
+    assert not plan_mod.tiles_first(search(widest * 128 + 1, 10), cuda)
     assert not plan_mod.tiles_first(search(200_000, 782), cuda)  # 1,563 tiles < 2k
     assert plan_mod.tiles_first(search(200_000, 781), cuda)
     assert not plan_mod.tiles_first(search(200_000, 100, screen_dtype="float32"), cuda)  # no wgmma kernel

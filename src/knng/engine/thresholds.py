@@ -128,8 +128,9 @@ def smallest_of_rows(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[to
 
 
 #: Widest row whose k-th smallest strip minimum :func:`kth_of_rows` takes with its kernel (the
-#: row whole in registers); wider rows go to ``torch.topk``.
-KTH_ROW_MAX_WIDTH = 4096
+#: row whole in registers, spread over more warps the wider it is: :data:`KTH_WIDE_WARPS`);
+#: wider rows go to ``torch.topk``. 16,384 tile minima are a search's of 2M corpus points.
+KTH_ROW_MAX_WIDTH = 16384
 
 
 def kth_seeds_run(rows: int, strips: int, k: int, device: torch.device) -> bool:
@@ -154,7 +155,10 @@ def kth_seeds_run(rows: int, strips: int, k: int, device: torch.device) -> bool:
 KTH_ROWS = 1
 KTH_WARPS = 1
 #: Warps of a program whose row is wider than 1,024 keys (a search's tile minima, up to
-#: :data:`KTH_ROW_MAX_WIDTH`): one warp would hold 64–128 codes a lane.
+#: :data:`KTH_ROW_MAX_WIDTH`): at least this many, and one for each 1,024 keys past 2,048 (32 codes
+#: a lane), where one warp would hold 64 or more a lane. H200, 2026-11-27, 200,000 rows of 1,563
+#: at k = 101 (``bench/tiles_first_rates.py --warps``): 1 / 2 / 4 / 8 warps 3.89 / 2.89 / 3.14 ms on
+#: int32 codes (5.86 / 5.27 / 5.66 / 6.31 on int64).
 KTH_WIDE_WARPS = 2
 
 
@@ -174,7 +178,8 @@ def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor,
     wide = fused.block_width(width, 16)
     rows = max(1, KTH_ROWS * 1024 // max(1024, wide))
     firsts, kths, counts = (torch.empty(m, dtype=torch.int64, device=keys.device) for _ in range(3))
-    options = {} if fused.interpreting() else dict(num_warps=KTH_WARPS if wide <= 1024 else KTH_WIDE_WARPS)
+    warps = KTH_WARPS if wide <= 1024 else min(16, max(KTH_WIDE_WARPS, wide // 1024))
+    options = {} if fused.interpreting() else dict(num_warps=warps)
     fused.kernels().kth_of_rows_kernel[(-(-m // rows),)](keys, m, width, keys.stride(0), k, firsts, kths, counts,
                                                         row_kth.NO_CODE, ROWS=rows, WIDTH=wide, **options)
     return firsts, kths, counts
