@@ -168,6 +168,10 @@ def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch):
     assert not plan_mod.tiles_first(search(200_000, 100, screen_dtype="float32"), cuda)  # no wgmma kernel
     tight = search(200_000, 100, budget=2**26)
     assert tight.query_rows * 1_563 * 8 > tight.budget // 8 and not plan_mod.tiles_first(tight, cuda)
+    # 2¹⁷ rows × 16,384 tiles: 2³¹ grouped pairs, past their int32 positions, in a budget they fit.
+    huge = replace(search(1 << 21, 10, budget=300 * 2**30), query_rows=1 << 17)
+    assert huge.query_rows * 16_384 * 8 <= huge.budget // 8 and not plan_mod.tiles_first(huge, cuda)
+    assert plan_mod.tiles_first(replace(huge, query_rows=(1 << 17) - 1), cuda)
     monkeypatch.setattr(plan_mod, "TILES_FIRST", False)
     assert not plan_mod.tiles_first(search(200_000, 100), cuda)
 

@@ -319,6 +319,8 @@ def group_tile_pairs(tile_keys: torch.Tensor, row_thr: torch.Tensor) -> tuple[to
     pairs, and where they start in ``rows``). Two passes of ``_triton_kernels.tile_pairs_kernel``
     (counts, then each row at its tile's cursor); nothing is read back."""
     device, (m, width) = tile_keys.device, tile_keys.shape
+    if m * width >= 2**31:
+        raise ValueError(f"group_tile_pairs: {m} rows of {width} tiles; int32 positions take fewer than 2³¹ pairs")
     tile_keys, row_thr = tile_keys.contiguous(), row_thr.contiguous()
     counts = torch.zeros(width, dtype=torch.int32, device=device)
     rows = torch.empty(max(1, m * width), dtype=torch.int32, device=device)  # at most every pair

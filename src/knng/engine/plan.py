@@ -904,7 +904,7 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     ``fused.TILE`` columns (each row's k-th tile minimum by one kernel), the wgmma kernel's tile
     minima and gathered screen for its precision and d (``screen.tiles_first_runs``), k of at
     least :data:`TILES_FIRST_MIN_K`, and a chunk's minima and grouped pairs (4 bytes each a row
-    and tile) within an eighth of the budget. Decided from the plan alone, so that the graph's
+    and tile) within an eighth of the budget and fewer than 2³¹ of them. Decided from the plan alone, so that the graph's
     planner knows it too (:func:`rows_method_wins`).
 
     H200, 2026-11-27 (``bench/ab_exact_calls.py new/notiles``, docs/BENCHMARKS.md, "Session 17"):
@@ -914,6 +914,7 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     tiles = -(-plan.n_corpus // TILE)
     return (TILES_FIRST and plan.corpus_resident and plan.k >= TILES_FIRST_MIN_K
             and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH and plan.query_rows * tiles * 8 <= plan.budget // 8
+            and plan.query_rows * tiles < 2**31  # the grouped pairs' int32 positions
             and tiles_first_runs(plan.precision, device, plan.d))
 
 
