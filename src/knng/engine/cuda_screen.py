@@ -31,6 +31,12 @@ Its symmetric variant also screens a graph part's own block as its upper triangl
 0.50 against 0.69 ms for the rows screen of the whole block at K = 128, 0.73 against 1.16 at
 K = 256 ("A part's own block as its upper triangle").
 
+Two more wgmma variants serve a search whose tiles go first (``knng.engine.search``): the tile
+minima (:func:`launch_tile_minima`: each row's smallest key in every 128-column tile, 200k ×
+200k at K = 128 in ~22 ms on an H200) and the screen of gathered rows
+(:func:`launch_gathered_screen`: only the (row, tile) pairs whose minimum is within the row's
+threshold, ~123 of 1,563 tiles a row at k = 100 in ~4.8 ms).
+
 The kernel is compiled once per device and variant (tile configuration, which terms are
 present, symmetric or not: each a ``-D`` define, so the common path has no run-time tests),
 by NVRTC through CuPy (``knng.select.cuda.source_kernel``; CuPy caches the binaries on disk).

@@ -43,6 +43,11 @@
 //    smallest key and its column, as screen.cu's minima (cuda_screen.launch_strip_minima).
 //  * A triangle (SCREEN_TRI, symmetric): a graph part's own block, only its tiles on or right
 //    of the diagonal (see TRI below).
+//  * Tile minima (SCREEN_MIN=2): per row and 128-column tile the smallest key only, no column
+//    (a search's thresholds when its tiles go first: knng/engine/search.py).
+//  * Gathered rows (SCREEN_GATHER): persistent blocks screen work items of one column tile and
+//    up to 128 rows gathered from a list, the (row, tile) pairs a search's tiles first left (see
+//    GATHER below).
 // Only float16 (and bfloat16 for comparison) rows with K ≤ 256; larger K stays in screen.cu.
 
 #include "screen_common.cuh"
