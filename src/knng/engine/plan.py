@@ -892,28 +892,26 @@ PRINCIPAL_MIN_GAIN = 1.5
 GRAPH_ROWS_MIN_K = 64
 
 #: Whether a search's thresholds come from every corpus tile's minimum, only the tiles within
-#: them then screened (:func:`tiles_first`; ``knng.engine.search``), where it applies, and the
-#: smallest k it applies at. Benchmarks turn it off to compare.
+#: them then screened (:func:`tiles_first`; ``knng.engine.search``), where it applies, at any k.
+#: Benchmarks turn it off to compare.
 TILES_FIRST = True
-TILES_FIRST_MIN_K = 1
 
 
 def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     """Whether the search of ``plan`` (a graph's rows method included) takes its tiles first: a
     resident corpus of 2k to :data:`~knng.engine.thresholds.KTH_ROW_MAX_WIDTH` tiles of
     ``fused.TILE`` columns (each row's k-th tile minimum by one kernel), the wgmma kernel's tile
-    minima and gathered screen for its precision and d (``screen.tiles_first_runs``), k of at
-    least :data:`TILES_FIRST_MIN_K`, and a chunk's minima and grouped pairs (4 bytes each a row
-    and tile) within an eighth of the budget and fewer than 2³¹ of them. Decided from the plan alone, so that the graph's
-    planner knows it too (:func:`rows_method_wins`).
+    minima and gathered screen for its precision and d (``screen.tiles_first_runs``), and a
+    chunk's minima and grouped pairs (4 bytes each a row and tile) within an eighth of the budget
+    and fewer than 2³¹ of them. Decided from the plan alone, so that the graph's planner knows it
+    too (:func:`rows_method_wins`).
 
     H200, 2026-11-27 (``bench/ab_exact_calls.py new/notiles``, docs/BENCHMARKS.md, "Session 17"):
     a graph of 200k × 128 points by rows at k = 64 / 100 / 300 44.4 / 50.2 / 87.6 ms against
     63.1 / 70.1 / 121.0 from a seed sample and a full screen; 10k queries against 200k points at
     k = 100 8.1 against 10.2 ms."""
     tiles = -(-plan.n_corpus // TILE)
-    return (TILES_FIRST and plan.corpus_resident and plan.k >= TILES_FIRST_MIN_K
-            and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH and plan.query_rows * tiles * 8 <= plan.budget // 8
+    return (TILES_FIRST and plan.corpus_resident and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH and plan.query_rows * tiles * 8 <= plan.budget // 8
             and plan.query_rows * tiles < 2**31  # the grouped pairs' int32 positions
             and tiles_first_runs(plan.precision, device, plan.d))
 

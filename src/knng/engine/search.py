@@ -5,8 +5,8 @@ Flow (one way): corpus pass (finite check, centre) → prepared corpus (resident
 for each corpus tile: one matrix product → threshold screen → the rows' candidate stores
 (tightening as they fill) → exact finish of each row's store → results.
 
-Tiles first (:func:`tiles_first_run`: a resident corpus of at most a few thousand 128-column
-tiles on the wgmma kernel, ``plan.tiles_first``): no sample; each row's minimum key in
+Tiles first (:func:`tiles_first_run`: a resident corpus of at most 16,384 tiles of 128 columns
+on the wgmma kernel, ``plan.tiles_first``): no sample; each row's minimum key in
 every corpus tile, τ from the k-th smallest of them, then only the tiles whose minimum is within
 the row's threshold are screened (:func:`_screen_tiles_first`).
 """
@@ -285,7 +285,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
                            work_bytes=plan.work_bytes, holding=Holding() if tightening else None)
     rows = torch.arange(m, device=device)
     if sample is None:
-        _screen_tiles_first(store, prep, pcorpus, precision)
+        _screen_tiles_first(store, rows, prep, pcorpus, precision)
         return store
     # Thresholds: the k best-screened columns of a random sample bound each row's k-th.
     _seed_from_sample(store, raw, prep, pcorpus, sample, metric, k, select, device)
@@ -305,7 +305,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     return store
 
 
-def _screen_tiles_first(store: CandidateStore, prep: Prepared, pcorpus: PreparedCorpus,
+def _screen_tiles_first(store: CandidateStore, rows: torch.Tensor, prep: Prepared, pcorpus: PreparedCorpus,
                         precision: ScreenPrecision) -> None:
     """A chunk's screen of a resident corpus, tiles first (:func:`tiles_first_run`): each row's
     smallest key in every corpus tile (``screen.tile_minima``); τ from the k-th smallest of them
@@ -315,10 +315,9 @@ def _screen_tiles_first(store: CandidateStore, prep: Prepared, pcorpus: Prepared
     screen would). The held survivors are not tightened: about 1.3 k a row are left, and the
     finish evaluating them all is cheaper than selecting the k-th of each row and compacting
     (H200, 200k × 128 graph by rows, k = 64 / 100 / 300: 44.4 / 50.2 / 87.6 ms against 47.1 /
-    53.6 / 93.0 with the tightening)."""
+    53.6 / 93.0 with the tightening). ``rows``: the store's rows, 0 … m − 1."""
     corpus, vectors = pcorpus.corpus, pcorpus.resident
     assert vectors is not None
-    rows = torch.arange(prep.vectors.shape[0], device=store.device)
     maxima = pcorpus.maxima(0, corpus.n)
     terms = pcorpus.terms32
     keys = tile_minima(prep.vectors, vectors, corpus.d, precision, col_terms=terms)

@@ -155,8 +155,8 @@ def kth_seeds_run(rows: int, strips: int, k: int, device: torch.device) -> bool:
 KTH_ROWS = 1
 KTH_WARPS = 1
 #: Warps of a program whose row is wider than 1,024 keys (a search's tile minima, up to
-#: :data:`KTH_ROW_MAX_WIDTH`): at least this many, and one for each 1,024 keys past 2,048 (32 codes
-#: a lane), where one warp would hold 64 or more a lane. H200, 2026-11-27, 200,000 rows of 1,563
+#: :data:`KTH_ROW_MAX_WIDTH`): at least this many, else one for each 1,024 keys (32 codes a
+#: lane; 16 for 16,384), where one warp would hold 64 or more a lane. H200, 2026-11-27, 200,000 rows of 1,563
 #: at k = 101 (``bench/tiles_first_rates.py --warps``): 1 / 2 / 4 / 8 warps 3.89 / 2.89 / 3.14 ms on
 #: int32 codes (5.86 / 5.27 / 5.66 / 6.31 on int64).
 KTH_WIDE_WARPS = 2
