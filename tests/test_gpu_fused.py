@@ -872,6 +872,7 @@ def test_graph_of_grey_levels_divided_by_255(seed, monkeypatch):
 
     monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 10**9)  # symmetric: the rows method is a search (float16 bound)
+    monkeypatch.setattr(plan, "GRAPH_ROWS_TILES_FIRST", False)  # (nor by rows where its tiles go first)
     rng = np.random.default_rng(seed)
     pixels = smooth_image_patches(rng, 80_000)
     grey = torch.from_numpy((pixels / 255.0).astype(np.float32)).cuda()

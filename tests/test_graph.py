@@ -415,3 +415,86 @@ def test_held_pairs_stay_within_a_share_of_the_budget():
     small = plan.held_pairs_limit(10**8, 125, pending, 8 << 30)
     assert small == (8 << 30) // plan.HELD_SHARE // plan.PENDING_PAIR_BYTES < 125 * 10**8
     assert plan.held_pairs_limit(10**8, 125, pending, 1 << 20) == 4 * pending
+
+
+@pytest.mark.parametrize("select", ["topk", "qms", "batch_sort"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("width", [1, 5, 40, 64])
+def test_survivors_of_smallest_equal_the_whole_compare(select, dtype, width, rng, seed):
+    """Survivors taken from each row's smallest entries (``screen.survivors_of_smallest``) are
+    the whole block's compare (``row_survivors``), as sets: on rows with ties across the
+    selection's edge, keys that differ below float32 rounding, thresholds exactly on a key,
+    between floats, above every key and infinite, and a selection of every column."""
+    from knng.engine import screen, thresholds
+
+    m, cols = 12, 64
+    scores = torch.from_numpy(rng.standard_normal((m, cols))).to(dtype)
+    scores[1] = 0.5  # one value across the row: every entry tied
+    scores[2, ::2] = 1.0 + 2.0**-40  # equal in float32, not in float64
+    scores[2, 1::2] = 1.0
+    scores[3, :20] = -3.0  # a block of ties at the bottom
+    kth = torch.sort(scores, dim=1).values[:, min(width, cols) - 1].to(torch.float64)
+    thr = kth.clone()
+    thr[4] = torch.inf
+    thr[5] = kth[5] + 1e-12  # between floats of either dtype
+    thr[6] = -torch.inf
+    thr[7] = float(scores[7].max())
+    thr[8] = torch.nextafter(kth[8], torch.tensor(-torch.inf, dtype=torch.float64))
+    values, positions = thresholds.smallest_candidates(scores, width, select, torch.device("cpu"))
+    kept, rest = screen.survivors_of_smallest(scores, values, positions, thr)
+    whole = screen.row_survivors(scores, thr)
+    r, c = torch.nonzero(kept, as_tuple=True)
+    assert not set(r.tolist()) & set(rest.owner.tolist())  # a row is taken from its selection or compared whole
+    found = sorted(zip(r.tolist(), positions[r, c].tolist(), values[r, c].tolist()))
+    found += zip(rest.owner.tolist(), rest.other.tolist(), rest.keys.tolist())
+    assert sorted(found) == sorted(zip(whole.owner.tolist(), whole.other.tolist(), whole.keys.tolist())), \
+        f"seed={seed} width={width} dtype={dtype} select={select}"
+
+
+@pytest.mark.parametrize("data", ["gaussian", "duplicates", "shell", "offset", "integers", "flat"])
+@pytest.mark.parametrize("name", ["float64", "float32"])
+def test_graph_survivors_from_each_rows_smallest_is_exact(data, name, monkeypatch, rng, seed):
+    """A whole own block whose rows' survivors come from their smallest entries
+    (``graph.WHOLE_BY_SMALLEST_DEVICES``, a GPU's, forced on the CPU from k = 1) and go into the
+    store in place (``CandidateStore.take_whole_rows``): exact on ties, duplicates past the
+    selection's margin, a row whose tied survivors fit its selection but not the store's
+    capacity, huge offsets, integer data and a flat region, at k = 1, a k whose margin takes
+    every column, and k = n − 1, in one part and in several."""
+    from knng.engine.store import CandidateStore
+
+    monkeypatch.setattr(graph_engine, "WHOLE_BY_SMALLEST_DEVICES", ("cpu",))
+    monkeypatch.setattr(graph_engine, "WHOLE_BY_SMALLEST_MIN_K", 1)
+    monkeypatch.setattr(knng.engine.plan, "choose_screen_precision", lambda *a, **kw: name)
+    calls, widest = [], []
+    real = graph_engine.survivors_of_smallest
+    monkeypatch.setattr(graph_engine, "survivors_of_smallest", lambda *a: calls.append(1) or real(*a))
+    real_take = CandidateStore.take_whole_rows
+
+    def take(store, rows, cols, keys, rad, kept):
+        widest.append(int(kept.sum(dim=1).max()) - store.capacity)
+        return real_take(store, rows, cols, keys, rad, kept)
+
+    monkeypatch.setattr(CandidateStore, "take_whole_rows", take)
+    n = 263
+    x = rng.standard_normal((n, 5))
+    if data == "duplicates":
+        x[100:200] = x[0]  # 101 copies of one point: more than any margin
+    elif data == "shell":
+        # 53 distinct points at one distance from the origin (three coordinates ±1): at k = 40
+        # the origin's selection of 56 holds them all and a farther point, its store only 50.
+        shell = np.array([v for v in np.ndindex(3, 3, 3, 3, 3) if sum(c != 1 for c in v) == 3], dtype=float) - 1
+        x = 10 * x
+        x[0] = 0.0
+        x[1:54] = shell[:53]
+        x = x + 1e5
+    elif data == "integers":
+        x = np.round(2 * x)
+    elif data == "flat":
+        x[:150] = 0.25
+    for k, budget in ((1, None), (9, None), (40, None), (40, "40KB"), (250, None), (n - 1, None)):
+        widest.clear()
+        g = knng.graph(x, k, memory_budget=budget, device="cpu")
+        assert last_report().screen_dtype == name and calls
+        assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {name} k={k} budget={budget}")
+        if data == "shell" and k == 40 and budget is None:
+            assert max(widest) > 0  # the origin's row went through the store's merge

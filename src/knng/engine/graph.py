@@ -37,11 +37,11 @@ from knng.engine.plan import (
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
-    screen_own_later, strip_minima, strip_seeds_run, use_kernel,
+    screen_own_later, strip_minima, strip_seeds_run, survivors_of_smallest, use_kernel,
 )
 from knng.engine.search import TILES_FIRST_THRESHOLDS, exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row_each
-from knng.engine.thresholds import seed_candidates, strip_candidates
+from knng.engine.thresholds import GPU_CHUNK_SEED_MAX_K, seed_candidates, smallest_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "screen_own_parts_together", "OWN_PART_SEED"]
@@ -467,6 +467,23 @@ def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, prec
         return out_idx, out_dist, store, counts, done
 
 
+#: Devices on which a part's own block, materialised whole, takes each row's survivors from its
+#: smallest entries (:func:`_smallest_width` of them, by float32 key) instead of a compare of
+#: the whole block against the thresholds those entries seed: one selection does both. From
+#: k = WHOLE_BY_SMALLEST_MIN_K (below, a GPU's seeds are chunk minima, not a selection). H200,
+#: 2026-11-27, the 16,384 × 4,096 graph at k = 1,024 (float64 screen, one part; ``bench/trace_stages.py
+#: 1024 OUT --graph 16384 --d 4096 --precision auto``): the block's compare appended 16.8M
+#: survivors in 6.0 ms, and the seeds' selection of the k smallest was already 1.75 ms of it.
+WHOLE_BY_SMALLEST_DEVICES = ("cuda",)
+WHOLE_BY_SMALLEST_MIN_K = GPU_CHUNK_SEED_MAX_K + 1
+
+
+def _smallest_width(columns: int, k: int) -> int:
+    """Entries a row selects to hold its survivors: k and a margin for near-ties at the k-th
+    (a row whose survivors reach past them is compared whole)."""
+    return min(columns, k + max(16, k // 32))
+
+
 def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, row_ids: torch.Tensor,
                     col_ids: torch.Tensor, k: int, include_self: bool, select: str, device: torch.device,
                     sub_rows: int | None = None, *, precision: ScreenPrecision, carry_norms: bool = False,
@@ -496,6 +513,8 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     # Seeds from the kernel's strip minima of a sample where it finds them, 2k strips or more
     # (the sample grows with k, scattered over the part: _strip_seed_columns).
     by_strips = not whole and strip_seeds_run(precision, device, _strip_seed_count(m, ks), ks)
+    # The whole block's survivors from each row's smallest entries (WHOLE_BY_SMALLEST_DEVICES).
+    by_smallest = whole and device.type in WHOLE_BY_SMALLEST_DEVICES and ks >= max(1, WHOLE_BY_SMALLEST_MIN_K)
     if whole:
         seed_cols, seed_prep, seed_terms = torch.arange(m, device=device), prep, terms
     else:
@@ -532,15 +551,29 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
                 if not include_self:  # a row's own column, where a strip found it, seeds nothing
                     keys = torch.where(seed_cols[strip_cols] == local[:, None], torch.inf, keys)
                 values, positions = strip_candidates(keys, strip_cols, ks)
+            elif by_smallest:
+                values, positions = smallest_candidates(scores, _smallest_width(scores.shape[1], ks), select, device)
             else:
                 values, positions = seed_candidates(scores, min(ks, scores.shape[1]), select, device)
             cols = seed_cols[positions]
             rad = errors.radius(*_pair_norms(tile, tile, local[:, None].expand_as(cols), cols), values,
                                 rows[:, None].expand_as(cols))
-            store.seed(rows, col_ids[cols], values, rad)
+            store.seed(rows, col_ids[cols], values, rad, distinct=by_smallest)
         thresholds = store.screen_thresholds(rows, *maxima, row_norms=tile.norms[r0:r1],
                                              row_terms=_part(tile.terms, r0, r1))
-        if whole:
+        if by_smallest:
+            kept, found = survivors_of_smallest(scores, values, positions, thresholds)
+            if not include_self:  # by index, as below (an infinite τ keeps even the row's own column)
+                kept &= positions != local[:, None]
+            if not store.take_whole_rows(rows, col_ids[positions], values.to(torch.float64), rad, kept):
+                r, c = torch.nonzero(kept, as_tuple=True)
+                store.add(rows[r], col_ids[positions[r, c]], values[r, c],
+                          _pair_norms(tile, tile, local[r], positions[r, c]) if carry_norms else None)
+            owner, other, keys = found.owner + r0, found.other, found.keys
+            if not include_self:
+                keep = owner != other
+                owner, other, keys = owner[keep], other[keep], keys[keep]
+        elif whole:
             found = row_survivors(scores, thresholds)
             owner, other, keys = found.owner + r0, found.other, found.keys
             if not include_self:

@@ -29,9 +29,9 @@ from knng.metrics import (
     scaled_scales, scaled_width,
 )
 
-__all__ = ["Survivors", "ScoreBuffer", "row_survivors", "column_survivors", "block_survivors", "block_scores",
-           "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later", "pair_scores", "use_kernel",
-           "strip_minima", "strip_minima_of", "strip_seeds_run", "block_epilogue", "screen_own_later",
+__all__ = ["Survivors", "ScoreBuffer", "row_survivors", "survivors_of_smallest", "column_survivors",
+           "block_survivors", "block_scores", "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later",
+           "pair_scores", "use_kernel", "strip_minima", "strip_minima_of", "strip_seeds_run", "block_epilogue", "screen_own_later",
            "own_block_survivors", "tiles_first_runs", "tile_minima", "screen_tiles"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
@@ -108,6 +108,36 @@ def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
         r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
         return Survivors(owner=r, other=c, keys=scores[r, c])
     return _chunked_survivors(scores, thr, by_rows=True)
+
+
+def survivors_of_smallest(scores: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+                          thresholds: torch.Tensor) -> tuple[torch.Tensor, Survivors]:
+    """:func:`row_survivors` of ``scores`` from each row's smallest entries (``values`` at
+    ``positions``, (m, w), selected by float32 key: :func:`knng.engine.thresholds.smallest_candidates`).
+
+    Every entry left out has a float32 key at least the largest selected one. Rounding to
+    nearest keeps order, so an entry at or below its row's threshold has a key at or below the
+    threshold's rounded up: where the largest selected key lies above that, the row's survivors
+    are among its selection, and only the other rows (near-ties past the selection: duplicates,
+    flat regions) are compared whole. A row whose selection is every column is complete.
+
+    Returns which selected entries survive (m, w; none in the rows compared whole) and the
+    survivors of the rows compared whole.
+    """
+    m, cols = scores.shape
+    thr = _round_up(thresholds.to(scores.dtype), thresholds)
+    if positions.shape[1] >= cols:
+        complete = torch.ones(m, dtype=torch.bool, device=scores.device)
+    else:
+        largest = values.to(torch.float32).amax(dim=1)
+        complete = largest > _round_up(thresholds.to(torch.float32), thresholds)
+    kept = (values <= thr[:, None]) & complete[:, None]
+    rest = torch.nonzero(~complete).flatten()
+    if rest.numel() == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=scores.device)
+        return kept, Survivors(owner=empty, other=empty, keys=scores.new_empty(0))
+    scanned = row_survivors(scores[rest], thresholds[rest])
+    return kept, Survivors(owner=rest[scanned.owner], other=scanned.other, keys=scanned.keys)
 
 
 def column_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:

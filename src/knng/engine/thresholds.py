@@ -14,7 +14,7 @@ from knng.engine import fused, row_kth
 from knng.select import resolve
 
 __all__ = ["kth_of_rows", "kth_of_rows_reference", "kth_seeds_run", "sample_columns", "seed_candidates",
-           "smallest_of_rows", "strip_candidates"]
+           "smallest_candidates", "smallest_of_rows", "strip_candidates"]
 
 
 def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -77,6 +77,24 @@ def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.dev
         return scores.gather(1, positions), positions
     selector = resolve(select, rows=m, cols=cols, k=k, device=device)
     _, positions = selector(keys, k)
+    return scores.gather(1, positions), positions
+
+
+def smallest_candidates(scores: torch.Tensor, width: int, select: str, device: torch.device
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``width`` smallest entries of a block by their float32 keys (the block's own
+    values, rounded to nearest where it is float64), selected by ``select``: (values, positions),
+    in no particular order within a row.
+
+    Unlike :func:`seed_candidates` the selection is exact on the keys: every other entry's key
+    is at least the largest selected one, which :func:`knng.engine.screen.survivors_of_smallest`
+    uses to take a row's survivors from its selection alone.
+    """
+    keys = scores if scores.dtype == torch.float32 else scores.to(torch.float32)
+    m, cols = keys.shape
+    width = min(width, cols)
+    selector = resolve(select, rows=m, cols=cols, k=width, device=device)
+    _, positions = selector(keys, width)
     return scores.gather(1, positions), positions
 
 
