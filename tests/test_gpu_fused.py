@@ -31,6 +31,17 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed % 2**63)
 
 
+def _scaled_block(g: torch.Generator, m: int, n: int, d: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scaled float16 rows of a symmetric block far from the origin (drawn from ``g``), ten
+    duplicated: the first m as rows and first n as columns, and their float32 terms (the
+    columns' a copy to edit)."""
+    x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
+    x[10:20] = x[:10]
+    p = get_metric("sqeuclidean").prepare(x - x.mean(0), None, side="corpus", symmetric=True, dtype=torch.float16)
+    return p.vectors[:m], p.vectors[:n], p.terms.float()[:m].contiguous(), p.terms.float()[:n].clone()
+
+
 def _prepare(x64: torch.Tensor, metric_name: str, precision: str, side: str, symmetric: bool):
     """Prepared vectors in the precision's storage, their float64 twins, norms and terms."""
     metric = get_metric(metric_name)
@@ -491,13 +502,7 @@ def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, mon
         pytest.skip("needs CuPy")
     monkeypatch.setattr(cuda_screen, "WGMMA_MINIMA", bool(wgmma))
     monkeypatch.setattr(cuda_screen, "WGMMA_ONE_SET", wgmma == "one set")
-    g = _gen(seed + m + n)
-    x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
-    x[10:20] = x[:10]
-    metric = get_metric("sqeuclidean")
-    p = metric.prepare(x - x.mean(0), None, side="corpus", symmetric=True, dtype=torch.float16)
-    a, b = p.vectors[:m], p.vectors[:n]
-    rt, ct = p.terms.float()[:m].contiguous(), p.terms.float()[:n].clone()
+    a, b, rt, ct = _scaled_block(_gen(seed + m + n), m, n, d)
     ct[5:5 + fused.STRIP] = torch.nan  # a whole strip (where n allows) of NaN keys
     keys, cols = fused.strip_minima(a, b, d, rt, ct, "float16")
     dense = _kernel_keys(a, b, d, "float16", rt, ct.nan_to_num(nan=torch.inf))
@@ -519,13 +524,7 @@ def test_cuda_tile_minima_are_the_screen_keys_reduced(m, n, d, seed):
 
     if not fused.gathered_runs("float16", torch.device("cuda"), d):
         pytest.skip("needs the wgmma kernel (a Hopper GPU and CuPy)")
-    g = _gen(seed + m + n)
-    x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
-    x[10:20] = x[:10]
-    metric = get_metric("sqeuclidean")
-    p = metric.prepare(x - x.mean(0), None, side="corpus", symmetric=True, dtype=torch.float16)
-    a, b = p.vectors[:m], p.vectors[:n]
-    rt, ct = p.terms.float()[:m].contiguous(), p.terms.float()[:n].clone()
+    a, b, rt, ct = _scaled_block(_gen(seed + m + n), m, n, d)
     ct[0:fused.TILE] = torch.nan  # the first tile (where n allows: all of it) of NaN keys
     ct[300:310] = torch.nan
     keys = fused.tile_minima(a, b, d, rt, ct, "float16")
@@ -550,12 +549,7 @@ def test_cuda_gathered_screen_is_the_screen_of_its_tiles(m, n, d, thresholds, se
     if not fused.gathered_runs("float16", torch.device("cuda"), d):
         pytest.skip("needs the wgmma kernel (a Hopper GPU and CuPy)")
     g = _gen(seed + m + n + d)
-    x = torch.randn((max(m, n), d), generator=g, device="cuda", dtype=torch.float64) * 3 + 100
-    x[10:20] = x[:10]
-    metric = get_metric("sqeuclidean")
-    p = metric.prepare(x - x.mean(0), None, side="corpus", symmetric=True, dtype=torch.float16)
-    a, b = p.vectors[:m], p.vectors[:n]
-    rt, ct = p.terms.float()[:m].contiguous(), p.terms.float()[:n].contiguous()
+    a, b, rt, ct = _scaled_block(g, m, n, d)
     dense = _kernel_keys(a, b, d, "float16", rt, ct)
     ordered = torch.sort(dense, dim=1).values
     at = torch.randint(0, max(1, n // 3), (m,), generator=g, device="cuda")

@@ -911,7 +911,8 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     63.1 / 70.1 / 121.0 from a seed sample and a full screen; 10k queries against 200k points at
     k = 100 8.1 against 10.2 ms."""
     tiles = -(-plan.n_corpus // TILE)
-    return (TILES_FIRST and plan.corpus_resident and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH and plan.query_rows * tiles * 8 <= plan.budget // 8
+    return (TILES_FIRST and plan.corpus_resident and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH
+            and plan.query_rows * tiles * 8 <= plan.budget // 8
             and plan.query_rows * tiles < 2**31  # the grouped pairs' int32 positions
             and tiles_first_runs(plan.precision, device, plan.d))
 

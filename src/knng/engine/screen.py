@@ -31,8 +31,8 @@ from knng.metrics import (
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "survivors_of_smallest", "column_survivors",
            "block_survivors", "block_scores", "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later",
-           "pair_scores", "use_kernel", "strip_minima", "strip_minima_of", "strip_seeds_run", "block_epilogue", "screen_own_later",
-           "own_block_survivors", "tiles_first_runs", "tile_minima", "screen_tiles"]
+           "pair_scores", "use_kernel", "strip_minima", "strip_minima_of", "strip_seeds_run", "block_epilogue",
+           "screen_own_later", "own_block_survivors", "tiles_first_runs", "tile_minima", "screen_tiles"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest

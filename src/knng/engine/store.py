@@ -657,11 +657,13 @@ class CandidateStore:
         if self.holding is not None or bool((self.count[rows] > 0).any()):
             return False
         self._may_hold = True
-        self._screened.index_add_(0, rows, kept.sum(dim=1))
         keep = kept & (keys - rad <= self.tau[rows][:, None])
         per_row = keep.sum(dim=1)
-        self.stats.survivors += int(per_row.sum())
         fits = per_row <= self.capacity
+        # The rows that fit are counted and written here; the others' pairs go to _take whole,
+        # which counts and tests them itself.
+        self._screened.index_add_(0, rows, torch.where(fits, kept.sum(dim=1), 0))
+        self.stats.survivors += int(torch.where(fits, per_row, 0).sum())
         slot = torch.cumsum(keep, dim=1) - 1
         r, c = torch.nonzero(keep & fits[:, None], as_tuple=True)
         flat = rows[r] * self.capacity + slot[r, c]
@@ -669,12 +671,8 @@ class CandidateStore:
                               (self.dist, torch.full_like(flat, torch.nan, dtype=torch.float64))):
             table.view(-1).index_copy_(0, flat, values.to(table.dtype))
         self.count[rows] = torch.where(fits, per_row, 0)
-        wide = ~fits
-        if bool(wide.any()):
-            r, c = torch.nonzero(keep & wide[:, None], as_tuple=True)
-            # Counted above: _take counts what it is handed again.
-            self._screened.index_add_(0, rows[r], -torch.ones_like(r))
-            self.stats.survivors -= int(r.numel())
+        if not bool(fits.all()):
+            r, c = torch.nonzero(kept & ~fits[:, None], as_tuple=True)
             self._take(rows[r], cols[r, c], keys[r, c], rad[r, c])
         self.updates += 1
         return True

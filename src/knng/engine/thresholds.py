@@ -58,25 +58,23 @@ def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.dev
     faster than ``select``'s pass over the block up to k = :data:`GPU_CHUNK_SEED_MAX_K`.
     Otherwise the k smallest, selected by ``select``.
     """
-    keys = scores if scores.dtype == torch.float32 else scores.to(torch.float32)
-    m, cols = keys.shape
+    m, cols = scores.shape
     chunks = cols // SEED_CHUNK
-    if chunks >= 2 * k and (device.type != "cuda" or k <= GPU_CHUNK_SEED_MAX_K):
-        # Chunk c holds the strided columns c, c + chunks, c + 2·chunks, ...: the minima are an
-        # outer reduction, whose reads are coalesced on a GPU (contiguous chunks of 32, an inner
-        # one, read a graph part's 32,768 × 8,192 seed block at about 450 GB/s on an H100).
-        body = keys[:, :chunks * SEED_CHUNK].view(m, SEED_CHUNK, chunks)
-        tail = keys[:, chunks * SEED_CHUNK:]
-        minima = body.amin(dim=1)  # values only: min() with indices ran 9× slower
-        pool = torch.cat([minima, tail], dim=1) if tail.shape[1] else minima
-        _, pick = torch.topk(pool, k, dim=1, largest=False, sorted=False)
-        chunk = pick.clamp_max(chunks - 1)
-        picked = keys.gather(1, (chunk[:, :, None] + chunks * torch.arange(SEED_CHUNK, device=keys.device)).view(m, -1))
-        offset = picked.view(m, k, SEED_CHUNK).argmin(dim=2)  # the k chunks' smallest entries
-        positions = torch.where(pick < chunks, chunk + chunks * offset, pick - chunks + chunks * SEED_CHUNK)
-        return scores.gather(1, positions), positions
-    selector = resolve(select, rows=m, cols=cols, k=k, device=device)
-    _, positions = selector(keys, k)
+    if not (chunks >= 2 * k and (device.type != "cuda" or k <= GPU_CHUNK_SEED_MAX_K)):
+        return smallest_candidates(scores, k, select, device)
+    keys = scores if scores.dtype == torch.float32 else scores.to(torch.float32)
+    # Chunk c holds the strided columns c, c + chunks, c + 2·chunks, ...: the minima are an
+    # outer reduction, whose reads are coalesced on a GPU (contiguous chunks of 32, an inner
+    # one, read a graph part's 32,768 × 8,192 seed block at about 450 GB/s on an H100).
+    body = keys[:, :chunks * SEED_CHUNK].view(m, SEED_CHUNK, chunks)
+    tail = keys[:, chunks * SEED_CHUNK:]
+    minima = body.amin(dim=1)  # values only: min() with indices ran 9× slower
+    pool = torch.cat([minima, tail], dim=1) if tail.shape[1] else minima
+    _, pick = torch.topk(pool, k, dim=1, largest=False, sorted=False)
+    chunk = pick.clamp_max(chunks - 1)
+    picked = keys.gather(1, (chunk[:, :, None] + chunks * torch.arange(SEED_CHUNK, device=keys.device)).view(m, -1))
+    offset = picked.view(m, k, SEED_CHUNK).argmin(dim=2)  # the k chunks' smallest entries
+    positions = torch.where(pick < chunks, chunk + chunks * offset, pick - chunks + chunks * SEED_CHUNK)
     return scores.gather(1, positions), positions
 
 
