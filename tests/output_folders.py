@@ -24,3 +24,41 @@ def saved_step(out: Path) -> int | None:
 def siblings(out: Path) -> list[str]:
     """Hidden entries beside ``out`` that belong to it (work area, lock, temporaries)."""
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
+
+
+def run_knng(*argv: str, env: dict[str, str] | None = None, wait: bool = True, device: str | None = "cpu",
+             computing: bool = True, **popen: object):
+    """``python -m knng ARGV`` from this checkout's sources, with ``--no-progress --device DEVICE``
+    for a ``computing`` command (search, graph, embed): the finished process (``wait``), or the
+    running one, its output captured as text."""
+    import os
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    full_env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {}))
+    extra = ["--no-progress", *(["--device", device] if device else [])] if computing else []
+    cmd = [sys.executable, "-m", "knng", *argv, *extra]
+    if not wait:
+        return subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                **popen)
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600, **popen)
+
+
+def processes_naming(text: str) -> list[int]:
+    """Pids of live processes whose command line contains ``text`` (a run's unique output path):
+    what a stopped job must not leave behind."""
+    import os
+
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(int(pid))
+    return found

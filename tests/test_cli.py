@@ -22,6 +22,7 @@ import pytest
 import knng
 from knng.cli import main
 from knng.io import FORMATS, write_hdf5, write_vectors
+from oracle import oracle_search
 
 N, NQ, D, K = 300, 40, 16, 10
 
@@ -243,9 +244,9 @@ def test_check_reports_ties_broken_differently(tmp_path: Path, rng: np.random.Ge
     indices, distances, meta = _load(out)
     assert indices[0, 0] == 3 and distances[0, 0] == 0
     check = meta["check"]
-    assert check["rows_differ"] == 1 and check["rows_differ_same_kth_distance"] == 1
+    assert check["rows_differ"] == 1 and check["rows_differ_ties"] == 1 and check["rows_differ_not_ties"] == 0
     assert check["recall"] == pytest.approx(1 - 1 / NQ)
-    assert "1 rows differ, 1 of them with the same k-th distance" in stdout
+    assert "1 rows differ: 1 of them an equally exact answer (the same exact distances, ties broken" in stdout
 
 
 def test_ann_benchmarks_angular_maps_to_cosine(tmp_path: Path, rng: np.random.Generator,
@@ -285,6 +286,168 @@ def test_check_needs_ground_truth(tmp_path: Path, rng: np.random.Generator,
     code, _, err = _run(["search", x, q, "-k", "3", "--check", "-o", str(tmp_path / "o")], capsys)
     assert code == 2 and "--check needs" in err
 
+
+
+def _ann_file_with(path: Path, x: np.ndarray, q: np.ndarray, neighbors: np.ndarray, distances: np.ndarray,
+                   distance: str = "euclidean") -> None:
+    write_hdf5(path, train=x, test=q, neighbors=neighbors.astype(np.int32), distances=distances.astype(np.float32),
+               distance=distance)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])  # int32: read through AsFloat64Rows
+def test_check_counts_exact_answers_with_other_tied_points_as_ties(dtype: type, tmp_path: Path,
+                                                                   rng: np.random.Generator,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    # Rows whose ground truth is exact but picks the other copy of a duplicated k-th neighbour.
+    k, nq = 5, 20
+    x, q = _random(rng, dtype, N), _random(rng, dtype, nq)
+    before = oracle_search(q, x, k + 1)
+    spare = sorted(set(range(N)) - set(before.indices.ravel().tolist()))
+    # Three rows with disjoint neighbourhoods (a copy made for one must not enter another's), and
+    # for each a copy of its k-th neighbour at an index that no row came near.
+    rows: list[int] = []
+    for r in range(nq):
+        if len(rows) < 3 and not np.isin(before.indices[r], before.indices[rows]).any():
+            rows.append(r)
+    for r, m in zip(rows, spare):
+        x[m] = x[before.indices[r, k - 1]]
+    truth = oracle_search(q, x, k + 1)
+    neighbors = truth.indices[:, :k].copy()
+    for r, m in zip(rows, spare):
+        assert {int(truth.indices[r, k - 1]), int(truth.indices[r, k])} == {int(before.indices[r, k - 1]), m}
+        neighbors[r, k - 1] = truth.indices[r, k]  # equally exact: the other copy, at the same distance
+    path = tmp_path / "ties.hdf5"
+    _ann_file_with(path, x, q, neighbors, truth.distances[:, :k])
+    out = tmp_path / "out"
+    code, stdout, err = _run(["search", str(path), "-k", str(k), "--check", "-o", str(out), "--no-progress"],
+                             capsys)
+    assert code == 0, err
+    indices, _, meta = _load(out)
+    np.testing.assert_array_equal(indices, truth.indices[:, :k])  # ties to the smaller index
+    check = meta["check"]
+    assert check["rows_differ"] == len(rows)
+    assert check["rows_differ_ties"] == len(rows) and check["rows_differ_not_ties"] == 0
+    assert check["rows_file_closer"] == 0
+    assert check["recall"] == pytest.approx(1 - len(rows) / (nq * k))
+    assert f"{len(rows)} rows differ: {len(rows)} of them an equally exact answer" in stdout
+    assert "warning" not in err
+
+
+def test_check_does_not_trust_the_files_distances(tmp_path: Path, rng: np.random.Generator,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    # Ground truth that is wrong in two rows while its `distances` dataset claims knng's exact
+    # distances: the rows differ for real, whatever `distances` says.
+    k, nq = 5, 20
+    x, q = _random(rng, np.float32, N), _random(rng, np.float32, nq)
+    truth = oracle_search(q, x, N)
+    neighbors = truth.indices[:, :k].copy()
+    neighbors[2, k - 1] = truth.indices[2, k]  # the (k+1)-th neighbour instead of the k-th
+    neighbors[5, 0] = truth.indices[5, N - 1]  # the farthest point instead of the nearest
+    path = tmp_path / "forged.hdf5"
+    _ann_file_with(path, x, q, neighbors, truth.distances[:, :k])  # the exact distances: forged
+    out = tmp_path / "out"
+    code, stdout, err = _run(["search", str(path), "-k", str(k), "--check", "-o", str(out), "--no-progress"],
+                             capsys)
+    assert code == 0, err
+    indices, _, meta = _load(out)
+    np.testing.assert_array_equal(indices, truth.indices[:, :k])
+    assert "ties broken differently" not in stdout
+    check = meta["check"]
+    assert check["rows_differ"] == 2
+    assert check["rows_differ_ties"] == 0 and check["rows_differ_not_ties"] == 2
+    assert check["rows_file_closer"] == 0  # the file's answer is the farther one, knng's is exact
+    assert "2 rows differ, none by ties: in 2 the file's answer is not exact in euclidean" in stdout
+
+
+def test_check_recall_finds_a_closer_point_in_the_file(rng: np.random.Generator) -> None:
+    # recall() itself, given a wrong answer: the file's points closer than its k-th prove it wrong.
+    from knng.cli.ann_benchmarks import recall
+    from knng.cli.search import _check_line
+
+    k = 4
+    x, q = _random(rng, np.float32, 200), _random(rng, np.float32, 30)
+    truth = oracle_search(q, x, 200)
+    ours = truth.indices[:, :k].copy()
+    ours[1, 0] = truth.indices[1, 150]  # not exact: a far point instead of the nearest
+    ours[4] = truth.indices[4, [0, 1, 2, 4]]  # not exact: the 5th instead of the 4th
+    check = recall(ours, truth.indices[:, :k].astype(np.int32), q, x, "euclidean")
+    assert check["rows_differ"] == 2 and check["rows_differ_ties"] == 0
+    assert check["rows_differ_not_ties"] == 2 and check["rows_file_closer"] == 2
+    check["metric"] = "euclidean"
+    assert _check_line(check).endswith("2 rows differ, none by ties: in 2 knng's is not (the file lists a point "
+                                       "closer than knng's k-th)")
+    # And the same file judged in another metric: its answer is no longer an exact one.
+    cos = oracle_search(q, x, k, metric="cosine")
+    check = recall(cos.indices, truth.indices[:, :k], q, x, "cosine")
+    differ = int((np.sort(cos.indices, axis=1) != np.sort(truth.indices[:, :k], axis=1)).any(axis=1).sum())
+    assert check["rows_differ"] == differ > 0 and check["rows_differ_ties"] == 0
+    assert check["rows_file_closer"] == 0  # knng's cosine answer is exact
+    assert _check_line({**check, "metric": "cosine"}).endswith(
+        f"{differ} rows differ, none by ties: in {differ} the file's answer is not exact in cosine")
+    # Ties and rows that are not, together.
+    mixed = {"k": 4, "recall": 0.5, "rows_differ": 5, "rows_differ_ties": 2, "rows_differ_not_ties": 3,
+             "rows_file_closer": 1, "metric": "cosine"}
+    assert _check_line(mixed).endswith(
+        "5 rows differ: 2 of them an equally exact answer (the same exact distances, ties broken differently), "
+        "3 not: in 2 the file's answer is not exact in cosine, in 1 knng's is not (the file lists a point closer "
+        "than knng's k-th)")
+
+
+@pytest.mark.parametrize("distance,metric,warned", [
+    ("euclidean", None, False), ("euclidean", "euclidean", False), ("euclidean", "sqeuclidean", False),
+    ("euclidean", "cosine", True), ("angular", "cosine", False), ("angular", "euclidean", True),
+])
+def test_check_warns_when_the_metric_is_not_the_files(distance: str, metric: str | None, warned: bool,
+                                                      tmp_path: Path, rng: np.random.Generator,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    x, q = _random(rng, np.float32, N), _random(rng, np.float32, NQ)
+    path = tmp_path / f"file-{distance}.hdf5"
+    _ann_file(path, x, q, distance, "cosine" if distance == "angular" else "euclidean")
+    out = tmp_path / "out"
+    extra = [] if metric is None else ["--metric", metric]
+    code, stdout, err = _run(["search", str(path), "-k", "5", "--check", "-o", str(out), "--no-progress", *extra],
+                             capsys)
+    assert code == 0, err
+    check = _load(out)[2]["check"]
+    assert check["file_distance"] == distance
+    if warned:
+        lines = [line for line in err.splitlines() if line.startswith("knng: warning:")]
+        assert len(lines) == 1, err
+        assert f"'{distance}'" in lines[0] and f"uses {metric}" in lines[0]
+        assert "does not measure exactness" in lines[0]
+        assert check["metric_warning"] == lines[0].removeprefix("knng: warning: ")
+    else:
+        assert "warning" not in err and check["metric_warning"] is None
+        assert check["recall"] == 1.0
+
+
+@pytest.mark.parametrize("k", ["1000000000000", "0", "-1"])
+@pytest.mark.parametrize("command,extra,limit", [
+    ("graph", [], f"between 1 and {N - 1} (n − 1 without self)"),
+    ("graph", ["--include-self"], f"between 1 and {N} (n with include_self)"),
+    ("search", [], f"between 1 and {N} (the corpus size)"),
+])
+def test_k_out_of_range_names_k_and_its_range(command: str, extra: list[str], limit: str, k: str, tmp_path: Path,
+                                              rng: np.random.Generator, capsys: pytest.CaptureFixture) -> None:
+    data = _write(tmp_path / "x.npy", _random(rng, np.float32, N))
+    inputs = [data] if command == "graph" else [data, _write(tmp_path / "q.npy", _random(rng, np.float32, 7))]
+    out = tmp_path / "out"
+    code, stdout, err = _run([command, *inputs, "-k", k, "-o", str(out), "--no-progress", *extra], capsys)
+    assert code == 2
+    assert err.strip() == f"knng: error: k must be {limit}, got {k}"
+    assert "free space" not in err and "Traceback" not in err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["x.npy"] + (["q.npy"] if command == "search" else []))
+
+
+def test_k_out_of_range_on_an_ann_benchmarks_file(tmp_path: Path, rng: np.random.Generator,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "a.hdf5"
+    _ann_file(path, _random(rng, np.float32, 50), _random(rng, np.float32, 5), "euclidean", "euclidean")
+    code, _, err = _run(["search", str(path), "-k", "51", "--check", "-o", str(tmp_path / "o"), "--no-progress"],
+                        capsys)
+    assert code == 2 and err.strip() == "knng: error: k must be between 1 and 50 (the corpus size), got 51"
+    assert not (tmp_path / "o").exists()
 
 # --- info ---------------------------------------------------------------------------------------
 
@@ -526,8 +689,8 @@ def test_demo_without_scikit_image(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     lines: list[str] = []
     result = knng.demo.run_demo(tmp_path, device="cpu", print=lines.append)
     assert [r["name"] for r in result["results"]] == ["digits"]
-    assert "pip install knng[demo]" in result["skipped"]["camera-patches"]
-    assert any("skipped" in line and "knng[demo]" in line for line in lines)
+    assert "pip install scikit-image" in result["skipped"]["camera-patches"]
+    assert any("skipped" in line and "scikit-image" in line for line in lines)
 
 
 @pytest.mark.parametrize("budget", [None, "3MB"])

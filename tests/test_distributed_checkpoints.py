@@ -95,7 +95,7 @@ def test_the_python_api_resumes_a_killed_distributed_graph_and_search_bit_for_bi
     # Rank 0 reaches its 12th state write in the search (the graph finished and removed its folder).
     assert job("first", port, "state-written:12").returncode != 0
     assert not (tmp_path / "graph-ck").exists() and sorted(p.name for p in (tmp_path / "search-ck").iterdir()) == [
-        "fingerprint.json", "rank-0-of-2", "rank-1-of-2", "state.json"]
+        ".knng-lock", ".knng-work-area", "fingerprint.json", "rank-0-of-2", "rank-1-of-2", "state.json"]
     # The graph runs again from the beginning and dies at its 4th (rank 0) / 4th (rank 1) state write.
     assert job("again", port + 1, "state-written:4").returncode != 0
     assert (tmp_path / "graph-ck" / "rank-1-of-2").is_dir()

@@ -59,6 +59,7 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 PLACED: dict[str, str] = {
     "_units": "leaf",        # byte-size parsing, imports nothing of knng
     "_version": "leaf",      # the version string, named by checkpoint fingerprints in every layer
+    "_interrupts": "leaf",   # SIGINT/SIGTERM as one exception: the command line and the launcher
     "results": "results",    # plain result classes: usable by every layer above _inputs
     "arguments": "engine",   # argument checks shared by api and distributed (imports select)
     "reports": "engine",     # last-report holder and report_as_dict, shared by api and distributed

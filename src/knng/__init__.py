@@ -30,6 +30,7 @@ _LAZY: dict[str, str] = {
     "KNeighborsRegressor": "knng.estimators",
     "KNeighborsTransformer": "knng.estimators",
     "DiffusionMap": "knng.manifold",
+    "KnngPerformanceWarning": "knng.engine.plan",
 }
 
 #: Sub-modules reachable as attributes (``knng.api.last_report()``) without importing them first.
@@ -41,11 +42,12 @@ _SUBMODULES = frozenset({
 __all__ = [
     "search", "graph", "Neighbors", "Graph", "load_graph",
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
-    "DiffusionMap", "__version__",
+    "DiffusionMap", "KnngPerformanceWarning", "__version__",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from __getattr__
     from knng.api import graph, search
+    from knng.engine.plan import KnngPerformanceWarning
     from knng.estimators import (
         KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer, NearestNeighbors,
     )

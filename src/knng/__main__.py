@@ -1,5 +1,5 @@
 """``python -m knng`` runs the command-line interface."""
 
-from knng.cli import main
+from knng.cli import program
 
-raise SystemExit(main())
+program()

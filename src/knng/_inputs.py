@@ -192,6 +192,11 @@ def as_input(x: Any, name: str) -> InputArray:
     """
     if x is None:
         raise TypeError(f"{name} must be an array of shape (n, d), got None")
+    sparse_tensor = isinstance(x, torch.Tensor) and x.layout != torch.strided
+    if sparse_tensor or type(x).__module__.startswith("scipy.sparse"):
+        dense = f"{name}.to_dense()" if sparse_tensor else f"{name}.toarray()"
+        raise TypeError(f"{name} is a sparse {type(x).__name__} of shape {tuple(x.shape)}: knng computes with dense "
+                        f"vectors; pass {dense} where the dense array fits in memory")
     if isinstance(x, torch.Tensor):
         return _wrap_tensor(x, name, kind="torch")
     if isinstance(x, np.ndarray):

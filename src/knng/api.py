@@ -8,7 +8,9 @@ re-exported from :mod:`knng.reports`.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -22,8 +24,8 @@ from knng.engine.common import resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.graph import GraphReport, exact_graph
 from knng.engine.plan import (
-    EnginePlan, budget_source, host_budget_source, make_graph_plan, make_search_plan, resolve_budget,
-    resolve_host_budget,
+    EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, make_search_plan,
+    resolve_budget, resolve_host_budget,
 )
 from knng.engine.search import exact_search
 from knng.io.workarea import WorkArea
@@ -59,10 +61,25 @@ def _no_distributed_host_budget(host_memory_budget: Any) -> None:
                          "parts it needs; pass memory_budget for the GPUs")
 
 
+def _running(ckpt: Checkpoint | None) -> contextlib.AbstractContextManager[None]:
+    """The engine's run: a failure removes the checkpoint where it cannot help a later run."""
+    return contextlib.nullcontext() if ckpt is None else ckpt.running()
+
+
 def _close_checkpoint(ckpt: Checkpoint | None, keep: bool) -> None:
     """After success: the checkpoint folder is no longer needed (unless the caller keeps it)."""
-    if ckpt is not None and not keep:
-        ckpt.area.remove()
+    if ckpt is not None:
+        if keep:
+            ckpt.area.close()
+        else:
+            ckpt.area.remove()
+
+
+def _warn_of_slow_plan(plan: EnginePlan, stacklevel: int) -> None:
+    """The plan's host-budget note (a host_memory_budget that makes it much slower), once per call,
+    as a KnngPerformanceWarning pointing ``stacklevel`` frames up (the caller of knng.search/graph)."""
+    if plan.host_budget_note:
+        warnings.warn(plan.host_budget_note, KnngPerformanceWarning, stacklevel=stacklevel + 1)
 
 
 def _check_distributed(distributed: Any) -> bool:
@@ -189,8 +206,10 @@ def search(
                             operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan)
     if ckpt is not None:
         plan = ckpt.plan(plan)
-    idx, dist, report = exact_search(q, c, k, m, dev, select, plan.budget, progress, plan=plan, checkpoint=ckpt,
-                                     keep_checkpoint=keep_checkpoint)
+    _warn_of_slow_plan(plan, stacklevel=2)
+    with _running(ckpt):
+        idx, dist, report = exact_search(q, c, k, m, dev, select, plan.budget, progress, plan=plan, checkpoint=ckpt,
+                                         keep_checkpoint=keep_checkpoint)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)
@@ -240,6 +259,7 @@ def _search_of_groups(q: InputArray, c: InputArray, rows: InputArray, groups: "d
                             budget=budget, source=budget_source(memory_budget, dev),
                             host_budget=resolve_host_budget(host_memory_budget),
                             host_source=host_budget_source(host_memory_budget))
+    _warn_of_slow_plan(plan, stacklevel=3)
     idx, dist, report = exact_search(q, reps, k_reps, m, dev, select, plan.budget, progress, plan=plan)
     idx, dist = duplicates.unfold_search(groups, idx.to(dev), dist.to(dev), k)
     report = replace(report, duplicates_folded=c.n - reps.n)
@@ -269,6 +289,7 @@ def _graph_of_groups(x: InputArray, rows: InputArray, groups: "duplicates.Duplic
                            include_self=False, source=budget_source(memory_budget, dev),
                            host_budget=resolve_host_budget(host_memory_budget),
                            host_source=host_budget_source(host_memory_budget), data=reps)
+    _warn_of_slow_plan(plan, stacklevel=3)
     if k_reps >= 1:
         idx, dist, report = exact_graph(reps, k_reps, m, dev, select, plan.budget, include_self=False,
                                         progress=progress, plan=plan)
@@ -365,9 +386,11 @@ def graph(
                             inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self)
     if ckpt is not None:
         plan = ckpt.plan(plan)
-    idx, dist, report = exact_graph(rows, k, m, dev, select, plan.budget, include_self=include_self, progress=progress,
-                                    plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
-                                    lists_folder=None if checkpoint is None else os.fspath(checkpoint))
+    _warn_of_slow_plan(plan, stacklevel=2)
+    with _running(ckpt):
+        idx, dist, report = exact_graph(rows, k, m, dev, select, plan.budget, include_self=include_self,
+                                        progress=progress, plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
+                                        lists_folder=None if ckpt is None else os.fspath(ckpt.area.path))
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)

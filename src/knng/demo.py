@@ -358,7 +358,7 @@ def run_demo(
     try:
         patches = camera_patches(stride, max_points)
     except ImportError:
-        reason = "scikit-image is not installed (pip install knng[demo])"
+        reason = "scikit-image is not installed (pip install scikit-image)"
         skipped["camera-patches"] = reason
         emit(f"\n== camera patches: skipped, {reason} ==")
     else:

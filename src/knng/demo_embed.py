@@ -219,7 +219,7 @@ def run_embed_demo(out_dir: str | Path = "knng-demo", device: str = "auto",
     try:
         results.append(_rotation(out, device, emit, n_rotations, seed, missing is None))
     except ImportError:
-        skipped["rotation"] = "scikit-image is not installed (pip install knng[demo])"
+        skipped["rotation"] = "scikit-image is not installed (pip install scikit-image)"
         emit(f"\n== rotation: skipped, {skipped['rotation']} ==")
     results.append(_roll(out, device, emit, n_roll, seed, missing is None))
     total = time.perf_counter() - start

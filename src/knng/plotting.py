@@ -1,6 +1,6 @@
 """Scatter plots of embeddings, for ``knng embed`` and ``knng demo --embed``.
 
-matplotlib is optional (``pip install 'knng[plot]'``): :func:`matplotlib_missing` says why a plot
+matplotlib is optional (``pip install matplotlib``): :func:`matplotlib_missing` says why a plot
 cannot be drawn, and the commands carry on without it. Figures are drawn through
 ``matplotlib.figure.Figure`` (no pyplot, no global backend) and written atomically.
 """
@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 #: What to tell the user when matplotlib does not import.
-MISSING_MATPLOTLIB = "matplotlib is not installed (pip install 'knng[plot]')"
+MISSING_MATPLOTLIB = "matplotlib is not installed (pip install matplotlib)"
 #: Points drawn at most; beyond, an even stride through them (a 1M-point scatter is a blur that
 #: takes minutes to draw, and the sample shows the same shape).
 MAX_POINTS = 200_000

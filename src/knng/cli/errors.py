@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from knng.io.outputs import OutputFolderError
-from knng.io.workarea import CheckpointExistsError
+from knng.io.workarea import CheckpointError
 
 __all__ = ["EXIT_USAGE", "INPUT_ERRORS", "CliError", "message"]
 
@@ -18,12 +18,15 @@ class CliError(Exception):
 #: Exceptions that mean "the input is wrong", reported without a traceback.
 INPUT_ERRORS: tuple[type[BaseException], ...] = (
     ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-    OutputFolderError, CheckpointExistsError, CliError,
+    OutputFolderError, CheckpointError, CliError,
 )
 
 
 def message(exc: BaseException) -> str:
-    """A one-line message; OSErrors get their file name, which str() alone may lack."""
+    """A one-line message, in the command line's words: a refused checkpoint says which options
+    continue or discard it; OSErrors get their file name, which str() alone may lack."""
+    if isinstance(exc, CheckpointError):
+        return exc.message(command_line=True)
     if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
         return f"{exc.strerror}: {exc.filename}"
     return str(exc)

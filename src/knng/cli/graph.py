@@ -27,11 +27,17 @@ GRAPH_NPZ = "graph.npz"
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run ``knng graph`` as parsed into ``args``; returns the exit status."""
+    from knng.arguments import check_k
     from knng.engine.checkpoint import checkpoint_bytes
     from knng.engine.plan import store_capacity
 
     data = open_input(args.data)
     metric = metric_for(args, data)
+    # Before any size is estimated from k, with knng.graph's messages: an absurd k is a bad k.
+    limit = data.shape[0] if args.include_self else data.shape[0] - 1
+    if limit < 1:
+        raise ValueError(f"data has {data.shape[0]} point(s): a graph without self-loops needs at least 2")
+    check_k(args.k, limit, "n with include_self" if args.include_self else "n − 1 without self")
     dev, _ = device_and_budget(args.device, args.memory_budget)
     out = Path(args.out)
     names = list(NEIGHBOR_FILES.values()) if args.format == "npy" else [GRAPH_NPZ, METADATA_FILE]

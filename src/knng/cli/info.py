@@ -75,6 +75,8 @@ def plan_lines(title: str, plan: Any) -> list[str]:
     lines.append(f"  memory          ~{fmt_bytes(plan.bytes_expected)} expected on the device; "
                  f"~{fmt_bytes(plan.host_bytes_expected)} of host memory (budget {fmt_bytes(plan.host_budget)}, "
                  f"{plan.host_budget_source})")
+    if plan.host_budget_note:
+        lines.append(f"  warning         {plan.host_budget_note}")
     out_bytes = plan.n_queries * plan.k * (8 + 4)
     lines.append(f"  outputs         {plan.n_queries:,} × {plan.k} neighbours: indices int64 + distances float32 "
                  f"= {fmt_bytes(out_bytes)}")

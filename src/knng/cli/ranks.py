@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
 from knng.cli.console import device_text
-from knng.cli.errors import CliError
+from knng.cli.errors import EXIT_USAGE, CliError
 from knng.cli.runs import checkpoint_options, output_folder
 from knng.io.outputs import OutputFolder
+from knng.io.workarea import CheckpointError, WorkArea
 
 __all__ = ["LAUNCH_DEVICE_ENV", "is_rank", "rank_of_job", "launch_if_asked", "start_rank", "rank_checkpoint_options",
            "refuse_distributed_host_memory", "check_output_before_launch", "ranks_line", "wait_line"]
@@ -64,8 +66,20 @@ def launch_if_asked(args: argparse.Namespace, argv: Sequence[str]) -> int | None
     from knng.distributed.comm import DEFAULT_HEARTBEAT_TIMEOUT
     from knng.distributed.launch import launch
 
+    out = OutputFolder(args.out)
+    had_checkpoint = WorkArea(out.work_area).exists()
     # The ranks get this invocation's argv unchanged: they ignore --gpus/--procs.
-    return launch(list(argv), n, "cuda" if args.gpus else "cpu", grace=DEFAULT_HEARTBEAT_TIMEOUT + 20)
+    status = launch(list(argv), n, "cuda" if args.gpus else "cpu", grace=DEFAULT_HEARTBEAT_TIMEOUT + 20)
+    if status == EXIT_USAGE and not had_checkpoint:
+        # Bad input found by a rank mid-run: a checkpoint of these inputs fails the same way
+        # again, and other inputs cannot resume it. Nothing of it may block the next run.
+        area = WorkArea(out.work_area)
+        with contextlib.suppress(CheckpointError, OSError):
+            if area.exists():
+                area.remove()
+    if status != 0:
+        out.tidy()
+    return status
 
 
 def start_rank(args: argparse.Namespace) -> tuple[int, int, str]:

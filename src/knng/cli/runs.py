@@ -5,6 +5,7 @@ run in ``knng.json``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import shlex
@@ -17,10 +18,11 @@ from knng.cli.console import say_err
 from knng.cli.errors import CliError
 from knng.cli.inputs import InputFile
 from knng.io.outputs import OutputFolder
-from knng.io.workarea import WorkArea
+from knng.io.workarea import CheckpointError, WorkArea
+from knng.io.writers import METADATA_FILE
 
 __all__ = ["device_and_budget", "refuse_existing", "output_folder", "checkpoint_options", "metadata",
-           "report_dict", "progress_wanted", "command_line"]
+           "report_dict", "progress_wanted", "command_line", "after_interrupt"]
 
 
 def device_and_budget(device: str, memory_budget: str | None) -> tuple[Any, int | None]:
@@ -103,3 +105,29 @@ def metadata(command: str, argv: Sequence[str], inputs: Mapping[str, InputFile],
         "inputs": {name: src.summary() for name, src in inputs.items()},
         **fields,
     }
+
+
+def after_interrupt(out: str | os.PathLike[str], started: float, tidy: bool) -> str:
+    """What an interrupted run into ``out`` left, in words, for the one line the command prints.
+
+    ``tidy``: first remove what the run left beside the folder that nothing can use (staging
+    folders, a work area without progress; :meth:`knng.io.outputs.OutputFolder.tidy`), which only
+    a process whose job has ended may do (a lone process, or the launcher of ``--gpus``/``--procs``
+    once its ranks are stopped). ``started``: when the command started, to tell the results it
+    wrote from an earlier run's.
+    """
+    folder = OutputFolder(out)
+    if tidy:
+        folder.tidy()
+    with contextlib.suppress(OSError):
+        if os.stat(folder.path / METADATA_FILE).st_mtime >= started:
+            return f"the results in {folder.path} had been written in full before it"
+    area = WorkArea(folder.work_area)
+    if not (area.exists() and area.has_progress()):
+        return "no results were written"
+    try:
+        state = area.state()
+    except CheckpointError:
+        state = None
+    saved = f" ({state.get('progress', 'progress unknown')}, saved {state.get('saved', '?')})" if state else ""
+    return f"no results were written; the checkpoint{saved} is kept: run the same command with --resume to continue it"

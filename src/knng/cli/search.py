@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,12 +11,12 @@ from typing import Any
 
 import numpy as np
 
-from knng.cli.ann_benchmarks import ground_truth, recall, search_inputs
-from knng.cli.console import device_text, exact_line, say
+from knng.cli.ann_benchmarks import check_results, ground_truth, metric_warning, search_inputs
+from knng.cli.console import device_text, exact_line, say, say_err
 from knng.cli.inputs import InputFile, metric_for
 from knng.cli.ranks import (
-    check_output_before_launch, is_rank, launch_if_asked, rank_checkpoint_options, ranks_line,
-    refuse_distributed_host_memory, start_rank,
+    LAUNCH_DEVICE_ENV, check_output_before_launch, is_rank, launch_if_asked, rank_checkpoint_options, rank_of_job,
+    ranks_line, refuse_distributed_host_memory, start_rank,
 )
 from knng.cli.runs import (
     checkpoint_options, device_and_budget, metadata, output_folder, progress_wanted, refuse_existing, report_dict,
@@ -27,19 +28,27 @@ __all__ = ["run"]
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run ``knng search`` as parsed into ``args``; returns the exit status."""
+    from knng.arguments import check_k
     from knng.engine.checkpoint import checkpoint_bytes
 
     corpus, queries, ann_mode = search_inputs(args)
     metric = metric_for(args, corpus)
+    # Before any size is estimated from k: an absurd k is a bad k, not a lack of disk space.
+    check_k(args.k, corpus.shape[0], "the corpus size")
     dev, _ = device_and_budget(args.device, args.memory_budget)
     out = Path(args.out)
     refuse_existing(out, list(NEIGHBOR_FILES.values()), args.overwrite)
     truth = ground_truth(corpus, queries) if args.check else None
+    warning = metric_warning(args, corpus, metric) if args.check else None
+    if truth is not None:
+        truth = (truth, warning)
     refuse_distributed_host_memory(args)
     result_bytes = queries.shape[0] * args.k * 12
     rows_bytes = checkpoint_bytes("search", queries.shape[0], args.k, 0)
     # Every rank of a sharded search checkpoints its shard's top k of every query.
     check_output_before_launch(out, args, result_bytes, argv, checkpoints=lambda world: world * rows_bytes)
+    if warning is not None and _prints_warnings():
+        say_err(f"knng: warning: {warning}")
     launched = launch_if_asked(args, argv)
     if launched is not None:
         return launched
@@ -49,14 +58,36 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return _search_one_process(args, argv, corpus, queries, ann_mode, metric, dev, truth, folder)
 
 
+def _prints_warnings() -> bool:
+    """Whether this process tells the user: one process, knng's launcher of the ranks, or rank 0
+    of a job started without it (torchrun, srun); not the ranks knng's launcher started."""
+    rank = rank_of_job()
+    return rank is None or (rank == 0 and not os.environ.get(LAUNCH_DEVICE_ENV))
+
+
+def _check(indices: np.ndarray, truth: Any, corpus: InputFile, queries: InputFile, metric: str) -> Any:
+    if truth is None:
+        return None
+    neighbors, warning = truth
+    return check_results(indices, neighbors, corpus, queries, metric, warning)
+
+
 def _check_line(check: dict[str, Any]) -> str:
     line = f"  check: recall@{check['k']} = {check['recall']:.6f} against the file's ground truth"
-    if check["rows_differ"]:
-        line += f"; {check['rows_differ']:,} rows differ"
-        if check["rows_differ_same_kth_distance"] is not None:
-            line += (f", {check['rows_differ_same_kth_distance']:,} of them with the same k-th "
-                     "distance (ties broken differently)")
-    return line
+    differ, ties, others = check["rows_differ"], check["rows_differ_ties"], check["rows_differ_not_ties"]
+    if not differ:
+        return line
+    # A row that is no tie: either a point the file lists, missing from knng's answer, is closer
+    # than knng's k-th (knng's answer is not exact), or knng's sorted distances are below the file's.
+    ours_wrong = check["rows_file_closer"]
+    theirs_wrong = others - ours_wrong
+    parts = ([f"in {theirs_wrong:,} the file's answer is not exact in {check['metric']}"] if theirs_wrong else []) + (
+        [f"in {ours_wrong:,} knng's is not (the file lists a point closer than knng's k-th)"] if ours_wrong else [])
+    if not ties:
+        return line + f"; {differ:,} rows differ, none by ties: " + ", ".join(parts)
+    line += (f"; {differ:,} rows differ: {ties:,} of them an equally exact answer (the same exact distances, "
+             "ties broken differently)")
+    return line + (f", {others:,} not: " + ", ".join(parts) if others else "")
 
 
 def _search_one_process(args: argparse.Namespace, argv: Sequence[str], corpus: InputFile, queries: InputFile,
@@ -73,7 +104,7 @@ def _search_one_process(args: argparse.Namespace, argv: Sequence[str], corpus: I
     report = last_report()
     indices, distances = np.asarray(result.indices), np.asarray(result.distances)
     nq = indices.shape[0]
-    check = recall(indices, distances, *truth) if truth is not None else None
+    check = _check(indices, truth, corpus, queries, metric)
 
     meta = metadata(
         "search", argv, {"corpus": corpus, "queries": queries}, k=args.k, metric=metric,
@@ -119,7 +150,7 @@ def _search_distributed(args: argparse.Namespace, argv: Sequence[str], corpus: I
         return 0
     indices, distances = np.asarray(result.indices), np.asarray(result.distances)
     nq = indices.shape[0]
-    check = recall(indices, distances, *truth) if truth is not None else None
+    check = _check(indices, truth, corpus, queries, metric)
     meta = metadata("search", argv, {"corpus": corpus, "queries": queries}, k=args.k, metric=metric,
                     device=str(dev), select=args.select, memory_budget_bytes=budget, world_size=world,
                     ann_benchmarks_file=ann_mode, timings_s={"search": seconds}, report=report_dict(report),
@@ -130,6 +161,6 @@ def _search_distributed(args: argparse.Namespace, argv: Sequence[str], corpus: I
     say(ranks_line(world, dev, seconds, nq, "queries"))
     say(f"  corpus shards of {min(report.shard_rows):,}–{max(report.shard_rows):,} vectors, one per rank")
     if check is not None:
-        say(f"  check: recall@{check['k']} = {check['recall']:.6f} against the file's ground truth")
+        say(_check_line(check))
     say(f"  wrote {out / NEIGHBOR_FILES['indices']}, {NEIGHBOR_FILES['distances']}, {NEIGHBOR_FILES['metadata']}")
     return 0

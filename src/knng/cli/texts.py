@@ -25,13 +25,13 @@ def formats_text() -> str:
 MAIN_DESCRIPTION = """\
 knng: exact k-nearest-neighbour search and exact k-NN graphs, brute force, on a GPU or the CPU.
 Exact means: the k neighbours are those of the float64 distances computed directly from your
-vectors, ties going to the smaller index. Start with `knng demo --quick`, look at a file with
+vectors, ties going to the smaller index. Start with `knng demo`, look at a file with
 `knng info FILE`, then run `knng search` or `knng graph`.
 """
 
 MAIN_EPILOG = """\
 examples:
-  knng demo --quick                         # built-in data, verified against an oracle
+  knng demo                                 # built-in data, verified against an oracle
   knng info sift-128-euclidean.hdf5         # what is in a file, and how knng would run it
   knng search sift-128-euclidean.hdf5 -k 10 --check
   knng search base.fvecs queries.fvecs -k 100 -o results/
@@ -109,7 +109,7 @@ Build exact k=10 graphs of two built-in real data sets (scikit-learn's digits an
 patches of scikit-image's camera photograph), time them, verify every row (or a random sample
 of 2000 rows on large data) against a float64 oracle computed by differences, and show how many
 rows the plain float32 expansion ‖x‖²+‖y‖²−2xᵀy gets wrong on the same data. Needs no files;
-the patches need scikit-image (pip install knng[demo]). With --embed: the diffusion-map demo
+the patches need scikit-image (pip install -e ".[demo]" in a clone of knng). With --embed: the diffusion-map demo
 instead (snapshots of a rotated picture come out as a circle whose angle is the rotation, a swiss
 roll unrolls), with its checks and plots.
 """

@@ -16,6 +16,7 @@ whatever the number of ranks. How the work is split: ``docs/DISTRIBUTED.md``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from pathlib import Path
@@ -108,9 +109,10 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
               progress=progress) as comm:
         ckpt = open_checkpoint(checkpoint, resume, checkpoint_interval, comm, dev, operation="graph",
                                inputs={"data": x}, k=k, metric=m.name, include_self=include_self)
-        rows, report = distributed_graph(x, k, m, dev, select, budget, comm, include_self=include_self,
-                                         checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
-        result = consume(comm, rows, report, x, k, m, dev)
+        with contextlib.nullcontext() if ckpt is None else ckpt.running():
+            rows, report = distributed_graph(x, k, m, dev, select, budget, comm, include_self=include_self,
+                                             checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
+            result = consume(comm, rows, report, x, k, m, dev)
         if ckpt is not None:
             ckpt.close(keep_checkpoint)
     set_last_report(report)
@@ -259,8 +261,9 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
         q = share_queries(q, comm, dev)
         ckpt = open_checkpoint(checkpoint, resume, checkpoint_interval, comm, dev, operation="search",
                                inputs={"queries": q, "corpus": c}, k=k, metric=m.name)
-        idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm, checkpoint=ckpt,
-                                                keep_checkpoint=keep_checkpoint)
+        with contextlib.nullcontext() if ckpt is None else ckpt.running():
+            idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm, checkpoint=ckpt,
+                                                    keep_checkpoint=keep_checkpoint)
         if ckpt is not None:
             ckpt.close(keep_checkpoint)
     set_last_report(report)

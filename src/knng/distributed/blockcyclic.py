@@ -240,7 +240,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                        sub_rows=int(saved["sub_rows"]), columns=str(saved["columns"]))
         precision = PRECISIONS[saved["precision"]]
         dtype = precision.storage
-        done = checkpoint.step
+        done = checkpoint.check_step(sizes.plan.n_parts)
     plan = sizes.plan
     owned = plan.owned(rank)
     steps = sum(-(-(plan.parts[i][1] - plan.parts[i][0]) // sizes.sub_rows)
@@ -317,7 +317,9 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             survivors = StoreStats()
             ready: dict[int, torch.Tensor] = {}
             if done:
-                col_stores, tau, survivors, oom_retries = _restore(checkpoint, part_store, plan.parts, ready, device)
+                with checkpoint.restoring():
+                    col_stores, tau, survivors, oom_retries = _restore(checkpoint, part_store, plan.parts, ready,
+                                                                       device)
             else:
                 col_stores = {j: part_store(j) for j in owned}
                 tau = torch.full((n,), torch.inf, dtype=torch.float64, device=device)

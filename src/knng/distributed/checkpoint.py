@@ -25,9 +25,11 @@ steps.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,15 +40,17 @@ import torch.distributed as dist
 from knng._inputs import InputArray
 from knng._version import VERSION
 from knng.distributed.comm import Comm
-from knng.engine.checkpoint import DEFAULT_INTERVAL, DESCRIBE_RESUME, Checkpoint, input_fingerprint
-from knng.io.workarea import CheckpointExistsError, CheckpointMismatchError, WorkArea
+from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint, useless_after
+from knng.io.workarea import (
+    CheckpointDamagedError, CheckpointError, CheckpointExistsError, CheckpointMismatchError, NotAWorkAreaError,
+    WorkArea,
+)
 
 __all__ = ["DistributedCheckpoint", "open_checkpoint", "rank_folder"]
 
 #: Errors a rank may meet while opening its checkpoint; the others raise the same, with its message.
-_ERRORS: dict[str, type[Exception]] = {"CheckpointExistsError": CheckpointExistsError,
-                                       "CheckpointMismatchError": CheckpointMismatchError,
-                                       "ValueError": ValueError}
+_ERRORS: dict[str, type[Exception]] = {cls.__name__: cls for cls in (
+    CheckpointExistsError, CheckpointMismatchError, CheckpointDamagedError, NotAWorkAreaError, ValueError)}
 
 
 def rank_folder(folder: str | Path, rank: int, world: int) -> Path:
@@ -74,8 +78,6 @@ class DistributedCheckpoint:
         The run's collectives.
     device : torch.device
         Where the agreement's tensors live (the process group's device).
-    describe : str
-        How messages name the way to resume.
 
     Attributes
     ----------
@@ -86,7 +88,7 @@ class DistributedCheckpoint:
     """
 
     def __init__(self, folder: Any, fingerprint: Callable[[], dict[str, Any]], resume: bool, comm: Comm,
-                 device: torch.device, interval: float = DEFAULT_INTERVAL, describe: str = DESCRIBE_RESUME) -> None:
+                 device: torch.device, interval: float = DEFAULT_INTERVAL) -> None:
         self.comm, self.device = comm, device
         self.top = WorkArea(folder)
         self._decisions: deque = deque()
@@ -97,10 +99,10 @@ class DistributedCheckpoint:
             try:
                 shared = dict(fingerprint(), world=world)
                 _refuse_other_world(self.top, world)
-                self.top.start(shared, resume, describe)
+                self.top.start(shared, resume)
                 run = hashlib.blake2b(json.dumps(shared, sort_keys=True).encode(), digest_size=16).hexdigest()
                 comm.store.set("checkpoint/run", run)
-            except (CheckpointExistsError, CheckpointMismatchError, ValueError) as exc:
+            except (CheckpointError, ValueError) as exc:
                 error = exc
         _agree_on_errors(comm, device, error, "opening")
         if rank != 0:
@@ -110,8 +112,8 @@ class DistributedCheckpoint:
         try:
             # resume=True: the shared fingerprint has been checked (and a fresh area has no
             # sub-areas); what is here belongs to this run.
-            self.local = Checkpoint(WorkArea(sub), mine, True, interval, describe)
-        except (CheckpointMismatchError, ValueError) as exc:
+            self.local = Checkpoint(WorkArea(sub), mine, True, interval)
+        except (CheckpointError, ValueError) as exc:
             error = exc
         _agree_on_errors(comm, device, error, "opening its own part")
         state = self.local.state
@@ -121,16 +123,46 @@ class DistributedCheckpoint:
         if min(row[0] for row in steps) < 0:
             if state is not None:  # this rank saved, another never did: start again, cleanly
                 self.local.area.remove()
-                self.local = Checkpoint(WorkArea(sub), mine, True, interval, describe)
+                self.local = Checkpoint(WorkArea(sub), mine, True, interval)
             self.state = None
         else:
-            self.local.rewind(min(row[0] for row in steps))
+            try:
+                self.local.rewind(min(row[0] for row in steps))
+            except CheckpointError as exc:
+                error = exc
+            _agree_on_errors(comm, device, error, "going back to the step every rank saved")
             self.state = self.local.state
 
     @property
     def resumed(self) -> bool:
         """Whether this run continues saved work (past the start)."""
         return self.step > 0
+
+    def check_step(self, steps: int) -> int:
+        """The step resumed from, checked against the plan's ``steps`` (see
+        :meth:`knng.engine.checkpoint.Checkpoint.check_step`)."""
+        return self.local.check_step(steps)
+
+    def restoring(self) -> Any:
+        """Reading this rank's saved state back (see :meth:`knng.engine.checkpoint.Checkpoint.restoring`)."""
+        return self.local.restoring()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The run's work: where it fails, rank 0 removes a work area that cannot help a later run
+        (:func:`~knng.engine.checkpoint.useless_after`: judged by the last step every rank saved);
+        the error goes on. The other ranks may still be failing: only a run without saved progress,
+        or stopped by its own bad input, is removed."""
+        try:
+            yield
+        except BaseException as exc:
+            self.local.area.close()
+            if self.comm.rank == 0 and useless_after(exc, self.top.has_progress()):
+                with contextlib.suppress(OSError):
+                    self.top.remove()
+            else:
+                self.top.close()
+            raise
 
     def plan(self, planned: dict[str, Any]) -> dict[str, Any]:
         """The plan to run: the saved one when resuming, else ``planned`` (recorded as step 0)."""
@@ -165,13 +197,15 @@ class DistributedCheckpoint:
         while self._decisions:
             self.comm.wait(self._decisions.popleft()[0])
 
-    def save(self, step: int, state: dict[str, Any], arrays: dict[str, torch.Tensor] | None, progress: str) -> None:
-        """Save this rank's ``state`` of ``step`` (collective: every rank saves the same step).
+    def save(self, step: int, state: dict[str, Any], arrays: dict[str, torch.Tensor] | None, progress: str,
+             final_rows: int | None = None) -> None:
+        """Save this rank's ``state`` of ``step`` (collective: every rank saves the same step);
+        ``final_rows``: the leading rows of the growing arrays that are final.
 
         No collective may be in flight that changes what is saved.
         """
         self.comm.status(f"saving the checkpoint of step {step}")
-        self.local.save(dict(state, step=step, progress=progress), arrays, keep_previous=True)
+        self.local.save(dict(state, step=step, progress=progress), arrays, keep_previous=True, final_rows=final_rows)
         self.state = self.local.state
         # Phase two: no rank goes on (and saves a later step) before every rank has this one.
         self.comm.barrier(f"the checkpoint of step {step} (every rank's state written)")
@@ -195,7 +229,9 @@ class DistributedCheckpoint:
     def close(self, keep: bool) -> None:
         """After success: remove the work area (rank 0, once every rank is done with it) unless
         ``keep`` (the command line keeps it until its results are committed)."""
+        self.local.area.close()
         if keep:
+            self.top.close()
             return
         self.comm.barrier("the end of every rank's use of the checkpoint")
         if self.comm.rank == 0:
@@ -239,23 +275,30 @@ def _refuse_other_world(area: WorkArea, world: int) -> None:
     then = "one process (not distributed)" if saved is None else f"{saved} ranks"
     raise CheckpointMismatchError(
         f"cannot resume from {area.path}: its checkpoint was written by a run of {then}, and this run has "
-        f"{world} ranks; a distributed checkpoint resumes only with the same number of ranks"
-        + ("" if saved is None else f" (--procs {saved}, --gpus {saved}, or {saved} processes under torchrun)")
-        + ", or delete that folder to start again")
+        f"{world} ranks; a distributed checkpoint resumes only with the same number of ranks", path=area.path,
+        remedy=(f"run {saved} processes" if saved else "resume it in one process") + f", or delete {area.path} to "
+        "start again",
+        cli_remedy=("resume it without --gpus/--procs" if saved is None else
+                    f"resume it with --procs {saved}, --gpus {saved} or {saved} processes under torchrun")
+        + ", or run with --overwrite to discard it and start again")
 
 
 def _agree_on_errors(comm: Comm, device: torch.device, error: BaseException | None, phase: str) -> None:
     """Raise on every rank alike if any rank met an error (the first failing rank's message)."""
     if error is not None:
-        comm.store.set(f"checkpoint/error/{phase}/{comm.rank}", json.dumps([type(error).__name__, str(error)]))
+        fields = error.fields() if isinstance(error, CheckpointError) else {"problem": str(error)}
+        comm.store.set(f"checkpoint/error/{phase}/{comm.rank}", json.dumps([type(error).__name__, fields]))
     failed = [r for r, row in enumerate(_all_gather_ints(comm, device, [int(error is not None)],
                                                           "the agreement on opening the checkpoint")) if row[0]]
     if not failed:
         return
     if error is not None and failed[0] == comm.rank:
         raise error
-    name, text = json.loads(comm.store.get(f"checkpoint/error/{phase}/{failed[0]}").decode("utf-8"))
-    raise _ERRORS.get(name, RuntimeError)(text)
+    name, fields = json.loads(comm.store.get(f"checkpoint/error/{phase}/{failed[0]}").decode("utf-8"))
+    cls = _ERRORS.get(name, RuntimeError)
+    if issubclass(cls, CheckpointError):
+        raise cls(fields.pop("problem"), **fields)
+    raise cls(fields["problem"])
 
 
 def _all_gather_ints(comm: Comm, device: torch.device, values: list[int], what: str) -> list[list[int]]:

@@ -13,6 +13,7 @@ that message, then terminates whatever is left. Across hosts, use ``torchrun`` i
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -21,7 +22,9 @@ import sys
 import time
 from datetime import timedelta
 
-__all__ = ["launch", "die_with_launcher", "LAUNCH_DEVICE_ENV", "LAUNCHER_PID_ENV"]
+from knng._interrupts import deferred
+
+__all__ = ["launch", "die_with_launcher", "LAUNCH_DEVICE_ENV", "LAUNCHER_PID_ENV", "STOP_SECONDS"]
 
 #: Tells a launched rank which kind of device it is for ("cuda" or "cpu").
 LAUNCH_DEVICE_ENV = "KNNG_LAUNCH_DEVICE"
@@ -68,42 +71,66 @@ def launch(args: list[str], nprocs: int, device: str, grace: float = 30.0) -> in
     -------
     int
         0 if every rank succeeded; else the first failing rank's status (2 stays 2: bad input).
-    """
-    from torch.distributed import TCPStore
 
-    store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, timeout=timedelta(seconds=60),
-                     wait_for_workers=False)
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nprocs),
-               LOCAL_WORLD_SIZE=str(nprocs), TORCHELASTIC_USE_AGENT_STORE="True",
-               **{LAUNCH_DEVICE_ENV: device, LAUNCHER_PID_ENV: str(os.getpid())})
-    if device == "cpu":
-        # N processes share the cores: one thread pool each would oversubscribe them.
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
-    procs = [subprocess.Popen([sys.executable, "-m", "knng", *args], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in range(nprocs)]
+    Raises
+    ------
+    knng._interrupts.Interrupted
+        SIGINT or SIGTERM reached the launcher: every rank was stopped first.
+
+    Notes
+    -----
+    Each rank runs in a session of its own, so a Ctrl-C at the terminal reaches the launcher
+    alone; the launcher stops every rank (SIGTERM to its process group, SIGKILL after
+    :data:`STOP_SECONDS`) and then raises. Interruptions are held off from the first instant
+    of this call (while torch is imported and the ranks are started) and acted on at once after.
+    """
+    with deferred() as received:
+        from torch.distributed import TCPStore
+
+        store = TCPStore("127.0.0.1", 0, world_size=None, is_master=True, timeout=timedelta(seconds=60),
+                         wait_for_workers=False)
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nprocs),
+                   LOCAL_WORLD_SIZE=str(nprocs), TORCHELASTIC_USE_AGENT_STORE="True",
+                   **{LAUNCH_DEVICE_ENV: device, LAUNCHER_PID_ENV: str(os.getpid())})
+        if device == "cpu":
+            # N processes share the cores: one thread pool each would oversubscribe them.
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nprocs)))
+        procs: list[subprocess.Popen] = []
+        try:
+            for r in range(nprocs):
+                if received:
+                    break
+                procs.append(subprocess.Popen([sys.executable, "-m", "knng", *args],
+                                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), start_new_session=True))
+            status = None if received else _watch(procs, received, grace, nprocs)
+        finally:
+            _stop([p for p in procs if p.poll() is None])
+            del store
+    assert status is not None  # an interruption raised when the block ended
+    return status
+
+
+def _watch(procs: list[subprocess.Popen], received: list[int], grace: float, nprocs: int) -> int | None:
+    """Wait for the ranks; None as soon as an interruption is ``received``."""
     first: tuple[int, int] | None = None  # (rank, status)
     deadline = None
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
-            if failed and first is None:
-                first, deadline = (failed[0], codes[failed[0]]), time.monotonic() + grace
-            if len(failed) >= 2:
-                # Ranks that saw the failure have reported it and left; whoever is still running
-                # after a moment more is the hung one.
-                deadline = min(deadline, time.monotonic() + 3.0)
-            if all(c is not None for c in codes):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                _stop([p for p in procs if p.poll() is None])
-                break
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        _stop([p for p in procs if p.poll() is None], signal.SIGINT)
-        return 130
-    finally:
-        del store
+    while not received:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
+        if failed and first is None:
+            first, deadline = (failed[0], codes[failed[0]]), time.monotonic() + grace
+        if len(failed) >= 2:
+            # Ranks that saw the failure have reported it and left; whoever is still running
+            # after a moment more is the hung one.
+            deadline = min(deadline, time.monotonic() + 3.0)
+        if all(c is not None for c in codes):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            _stop([p for p in procs if p.poll() is None])
+            break
+        time.sleep(0.05)
+    if received:
+        return None
     if first is None:
         return 0
     rank, code = first
@@ -115,13 +142,27 @@ def launch(args: list[str], nprocs: int, device: str, grace: float = 30.0) -> in
     return 2 if code == 2 else 1
 
 
-def _stop(procs: list[subprocess.Popen], sig: int = signal.SIGTERM, wait: float = 5.0) -> None:
+#: Seconds ranks get to end after SIGTERM before they are killed.
+STOP_SECONDS = 5.0
+
+
+def _stop(procs: list[subprocess.Popen], wait: float = STOP_SECONDS) -> None:
+    """End ``procs`` and whatever they started: SIGTERM to each one's process group (each rank
+    leads one), SIGKILL to the groups still there after ``wait`` seconds."""
     for p in procs:
-        p.send_signal(sig)
+        _signal_group(p, signal.SIGTERM)
     end = time.monotonic() + wait
     for p in procs:
         try:
             p.wait(timeout=max(0.1, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()
+            _signal_group(p, signal.SIGKILL)
             p.wait()
+
+
+def _signal_group(p: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(p.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            p.send_signal(signum)

@@ -78,8 +78,9 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
         done_idx = checkpoint.growing("indices", (queries.n, k), "int64")
         done_dist = checkpoint.growing("distances", (queries.n, k), "float64")
         if checkpoint.resumed:
-            q_start = checkpoint.step
-            stats = ExactStats(**{f: int(v) for f, v in checkpoint.state["exact"].items()})
+            with checkpoint.restoring():
+                q_start = checkpoint.check_step(queries.n)
+                stats = ExactStats(**{f: int(v) for f, v in checkpoint.state["exact"].items()})
     with full_precision():
         comm.status("reading the shard: finite check and sums")
         centre = common_centre(((s0 + start, block) for start, block in shard.iter_blocks(1 << 16)), n, d,
@@ -118,7 +119,8 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
                 done_dist[q0:q1] = out_dist[q0:q1].cpu().numpy()
                 checkpoint.propose()  # the chunks' merges keep the ranks in step: no lag needed
                 if checkpoint.decided(0) or (q1 == queries.n and keep_checkpoint):
-                    checkpoint.save(q1, {"exact": vars(stats)}, None, f"{q1:,} of {queries.n:,} queries done")
+                    checkpoint.save(q1, {"exact": vars(stats)}, None, f"{q1:,} of {queries.n:,} queries done",
+                                    final_rows=q1)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start

@@ -18,14 +18,23 @@ the parts and block sequence are the ones the steps refer to.
 
 The fingerprint of a run (the inputs' identity, k, metric, screen precision, knng version,
 device kind) is saved when the folder is created; resuming with any of them changed is
-refused (:class:`knng.io.workarea.CheckpointMismatchError`).
+refused (:class:`knng.io.workarea.CheckpointMismatchError`). A checkpoint whose files do not
+match their checksums, or whose step lies outside the plan, is refused as damaged
+(:class:`knng.io.workarea.CheckpointDamagedError`).
+
+A run that fails keeps its checkpoint only where a later run can use it (:meth:`Checkpoint.running`):
+an error in the input found mid-run, or a failure before any progress was saved, removes it, so
+that nothing blocks the next run into the same folder; an interruption or another failure after
+progress keeps it for ``resume``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,9 +42,12 @@ import torch
 
 from knng._inputs import InputArray
 from knng.engine.plan import EnginePlan
-from knng.io.workarea import WorkArea
+from knng.io.workarea import (
+    CheckpointDamagedError, CheckpointError, CheckpointMismatchError, CheckpointWriteError, WorkArea, damaged_error,
+)
 
-__all__ = ["Checkpoint", "input_fingerprint", "checkpoint_bytes", "DEFAULT_INTERVAL", "FULL_HASH_BYTES"]
+__all__ = ["Checkpoint", "input_fingerprint", "checkpoint_bytes", "DEFAULT_INTERVAL", "FULL_HASH_BYTES",
+           "useless_after"]
 
 #: Seconds between checkpoints at least (a run shorter than this writes only its start).
 DEFAULT_INTERVAL = 60.0
@@ -48,8 +60,6 @@ FULL_HASH_BYTES = 1 << 30
 SAMPLE_BLOCKS = 256
 _HASH_BLOCK_BYTES = 16 << 20
 _SAMPLE_BLOCK_BYTES = 1 << 20
-#: How refusals name the ways out (the Python argument and the command-line option).
-DESCRIBE_RESUME = "resume=True (--resume on the command line; --overwrite discards it)"
 
 
 def checkpoint_bytes(operation: str, rows: int, k: int, capacity: int) -> int:
@@ -124,8 +134,6 @@ class Checkpoint:
     interval : float
         Seconds between checkpoints at least; a checkpoint also waits :data:`OVERHEAD` times the
         duration of the last one. 0: after every step, whatever it costs (for tests).
-    describe : str
-        How messages name the way to resume (``"--resume"`` on the command line).
 
     Attributes
     ----------
@@ -134,12 +142,12 @@ class Checkpoint:
     """
 
     def __init__(self, area: WorkArea, fingerprint: dict[str, Any], resume: bool,
-                 interval: float = DEFAULT_INTERVAL, describe: str = DESCRIBE_RESUME) -> None:
+                 interval: float = DEFAULT_INTERVAL) -> None:
         if interval < 0:
             raise ValueError(f"checkpoint_interval must be ≥ 0 seconds, got {interval}")
         self.area = area
         self.interval = float(interval)
-        self.state = area.start(fingerprint, resume, describe)
+        self.state = area.start(fingerprint, resume)
         self.saves = 0
         self.seconds = 0.0  # spent saving
         self._last = time.monotonic()
@@ -155,8 +163,10 @@ class Checkpoint:
         if self.state is not None and "plan" in self.state:
             saved = EnginePlan(**self.state["plan"])
             if torch.device(saved.device).type != torch.device(planned.device).type:
-                raise ValueError(f"cannot resume on {planned.device}: the checkpoint in {self.area.path} was made on "
-                                 f"{saved.device}; resume on the same kind of device")
+                raise CheckpointMismatchError(
+                    f"cannot resume on {planned.device}: the checkpoint in {self.area.path} was made on {saved.device}",
+                    path=self.area.path, remedy="resume on the same kind of device",
+                    cli_remedy="resume on the same kind of device (--device), or run with --overwrite to start again")
             return saved
         self.state = self.area.save({"plan": planned.as_dict(), "step": 0, "progress": "started"})
         return planned
@@ -167,9 +177,46 @@ class Checkpoint:
             return True
         return time.monotonic() - self._last >= max(self.interval, OVERHEAD * self._cost)
 
+    def check_step(self, steps: int) -> int:
+        """The saved step, checked against the plan's ``steps`` (a step outside ``[0, steps]``
+        cannot have been saved by this plan: the checkpoint is refused as damaged)."""
+        step = 0 if self.state is None else self.state.get("step", 0)
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= steps:
+            raise self.damaged(f"state.json records step {step!r}, outside the plan's 0 to {steps:,} steps")
+        return step
+
+    def damaged(self, problem: str) -> CheckpointDamagedError:
+        """The error refusing this checkpoint because of ``problem``."""
+        return damaged_error(self.area.path, problem)
+
+    @contextlib.contextmanager
+    def restoring(self) -> Iterator[None]:
+        """Reading the saved state back: a state that does not fit the plan (a missing field, an
+        array of another shape) is a damaged checkpoint, not bad input."""
+        try:
+            yield
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise self.damaged(f"its state does not fit the plan ({type(exc).__name__}: {exc})") from exc
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """The run's work: if it fails, the area is removed where it cannot help a later run
+        (:func:`useless_after`), kept otherwise; the error goes on."""
+        try:
+            yield
+        except BaseException as exc:
+            if useless_after(exc, self.area.has_progress()):
+                self.area.remove()
+            else:
+                self.area.close()
+            raise
+
     def save(self, state: dict[str, Any], arrays: dict[str, torch.Tensor] | None = None,
-             keep_previous: bool = False) -> None:
-        """Record ``state`` (plain JSON values; the plan is kept) and ``arrays`` (a new generation).
+             keep_previous: bool = False, final_rows: int | None = None) -> None:
+        """Record ``state`` (plain JSON values; the plan is kept) and ``arrays`` (a new generation);
+        ``final_rows``: how many leading rows of the growing arrays are final (:meth:`growing`).
 
         ``keep_previous``: the new state also carries the one it replaces (as ``"previous"``),
         whose generation stays on disk, so that :meth:`rewind` can go back one save (one rank
@@ -185,7 +232,7 @@ class Checkpoint:
         # The recorded state names its arrays' generation: the next save's "previous" (and its
         # kept generation) must too, or a rank rewound to it would find no arrays.
         self.state = self.area.save(full, None if arrays is None else {k: _numpy(v) for k, v in arrays.items()},
-                                    keep=keep)
+                                    keep=keep, final_rows=final_rows)
         now = time.monotonic()
         self._cost = now - t0
         self.seconds += self._cost
@@ -201,8 +248,9 @@ class Checkpoint:
         previous = None if state is None else state.get("previous")
         if previous is None or previous.get("step") != step:
             have = "none" if state is None else f"{state.get('step')} and {None if previous is None else previous.get('step')}"
-            raise ValueError(f"{self.area.path} holds no checkpoint of step {step} (it has {have})")
+            raise self.damaged(f"it holds no state of step {step} (it has {have}), the last step every rank saved")
         self.state = dict(previous, plan=state.get("plan"))
+        self.area.continue_from(self.state)
 
     def summary(self, resumed_from: int) -> dict[str, float]:
         """What a report records: where the run resumed, checkpoints saved and their seconds."""
@@ -215,6 +263,24 @@ class Checkpoint:
     def growing(self, name: str, shape: tuple[int, ...], dtype: Any) -> np.memmap:
         """A growing array of the folder (a search's finished rows)."""
         return self.area.array(name, shape, dtype)
+
+
+def useless_after(error: BaseException, progress: bool) -> bool:
+    """Whether a run's checkpoint is of no use once ``error`` ended the run.
+
+    A refused checkpoint (:class:`~knng.io.workarea.CheckpointError`) is the user's to decide
+    on: kept; one that could not be written leaves the one before it, kept if it recorded progress. Bad input found mid-run (``ValueError``, ``TypeError``: a NaN in the last rows of a
+    file) fails again from any checkpoint of these inputs, and other inputs cannot resume it:
+    useless. Anything else (an interruption, a device or disk failure) leaves a checkpoint that
+    ``resume`` continues, if it recorded ``progress``.
+    """
+    if isinstance(error, CheckpointWriteError):
+        return not progress  # the checkpoint before it is intact
+    if isinstance(error, CheckpointError):
+        return False
+    if isinstance(error, (ValueError, TypeError)):
+        return True
+    return not progress
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

@@ -216,10 +216,11 @@ def exact_graph(
         if checkpoint is not None and checkpoint.resumed:
             saved = checkpoint.state
             assert saved is not None
-            arrays = checkpoint.arrays()
-            store.load_state({name: arrays[f"store_{name}"] for name in _STORE_ARRAYS}, saved["store"])
-            done = int(saved["step"])
-            counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
+            with checkpoint.restoring():
+                arrays = checkpoint.arrays()
+                done = checkpoint.check_step(plan.blocks)
+                store.load_state({name: arrays[f"store_{name}"] for name in _STORE_ARRAYS}, saved["store"])
+                counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
         step = 0
 
         def checkpoint_after(step: int, force: bool = False) -> None:
@@ -412,10 +413,11 @@ def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, prec
         if checkpoint is not None and checkpoint.resumed:
             saved = checkpoint.state
             assert saved is not None
-            home.restore(checkpoint.arrays())
-            store.stats = StoreStats(**{f: int(v) for f, v in saved["store"].items()})
-            done = int(saved["step"])
-            counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
+            with checkpoint.restoring():
+                done = checkpoint.check_step(len(units))
+                home.restore(checkpoint.arrays())
+                store.stats = StoreStats(**{f: int(v) for f, v in saved["store"].items()})
+                counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
         bar = Progress(progress, total=plan.blocks, desc="knng graph")
         row_band = -1
         for unit, (a, c) in enumerate(units):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -29,7 +30,9 @@ __all__ = [
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
     "SEED_STRIPS_PER_K", "held_pairs_limit",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
-    "GRAPH_ROWS", "graph_search_k",
+    "GRAPH_ROWS", "graph_search_k", "KnngPerformanceWarning", "HOST_BUDGET_SLOWDOWN", "HOST_BUDGET_WITHIN",
+    "HOST_BUDGET_MIN_SECONDS",
+    "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text",
 ]
 
 #: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.frames`).
@@ -365,6 +368,10 @@ class EnginePlan:
         or ``parts`` chunks of ``part_size`` rows, each screened against the whole data as a
         search of ``k + 1`` neighbours is (the point itself dropped; :data:`GRAPH_ROWS_MIN_K`).
         The rows method's other fields are its search's (``query_rows``, ``sample_size``, ...).
+    host_budget_note : str
+        Empty, or why ``host_budget`` makes this plan much slower than the default host budget
+        would and which budget avoids it (:func:`host_budget_note`); ``knng.search`` and
+        ``knng.graph`` issue it as a :class:`KnngPerformanceWarning`.
     """
 
     operation: str
@@ -398,6 +405,7 @@ class EnginePlan:
     host_bytes_expected: int = 0
     group_parts: int = 1
     graph_method: str = GRAPH_SYMMETRIC
+    host_budget_note: str = ""
 
     @property
     def work_bytes(self) -> int:
@@ -651,8 +659,22 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``.
 
     ``host_budget``: bytes of host memory (default :func:`resolve_host_budget`'s); on a CPU it
-    caps ``budget``, on a GPU it caps the streamed tiles (read through pinned buffers).
+    caps ``budget``, on a GPU it caps the streamed tiles (read through pinned buffers). Where it
+    makes the search much slower than the default host budget would, the plan's
+    ``host_budget_note`` says so (:func:`host_budget_note`).
     """
+    same = dict(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=device, budget=budget,
+                source=source, screen_dtype=screen_dtype, host_source=host_source)
+    plan = _search_plan(host_budget=host_budget, **same)
+    if host_budget is None:  # the default: nothing to compare with
+        return plan
+    return _with_host_budget_note(plan, lambda host: _search_plan(host_budget=host, **same))
+
+
+def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
+                 budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
+                 host_budget: int | None = None, host_source: str = "") -> EnginePlan:
+    """:func:`make_search_plan` without its host budget's note."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
     given_host, host_budget = host_budget, int(host_budget * HOST_PLAN_SHARE)
@@ -745,8 +767,25 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     memory (a GPU, when half the host budget holds them) or in a memory-mapped file, and the
     graph runs in bands of parts whose stores, two bands at a time, fit a quarter of the device
     budget. ``host_budget`` (default :func:`resolve_host_budget`'s) caps a CPU's ``budget``
-    and, on any device, the read buffers of a file-backed input.
+    and, on any device, the read buffers of a file-backed input. Where it makes the graph much
+    slower than the default host budget would, the plan's ``host_budget_note`` says so
+    (:func:`host_budget_note`).
     """
+    same = dict(n=n, d=d, k=k, metric=metric, device=device, budget=budget, include_self=include_self, source=source,
+                screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method)
+    plan = _graph_plan(host_budget=host_budget, data=data, **same)
+    if host_budget is None:  # the default: nothing to compare with
+        return plan
+    # The plans it is compared with look at no sample of the data (frames change no estimate).
+    return _with_host_budget_note(plan, lambda host: _graph_plan(host_budget=host, **same))
+
+
+def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
+                source: str = "", screen_dtype: "torch.dtype | str | None" = None,
+                part_size: int | None = None, host_budget: int | None = None,
+                host_source: str = "", method: str | None = None, data: InputArray | None = None
+                ) -> EnginePlan:
+    """:func:`make_graph_plan` without its host budget's note."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
     given_host, host_budget = host_budget, int(host_budget * HOST_PLAN_SHARE)
@@ -833,9 +872,9 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         return symmetric
     if method not in (None, GRAPH_ROWS):
         raise ValueError(f"method must be {GRAPH_SYMMETRIC!r} or {GRAPH_ROWS!r}, got {method!r}")
-    by_rows = make_search_plan(n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric,
-                               device=device, budget=budget, source=source, screen_dtype=screen_dtype,
-                               host_budget=given_host, host_source=host_source)
+    by_rows = _search_plan(n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric,
+                           device=device, budget=budget, source=source, screen_dtype=screen_dtype,
+                           host_budget=given_host, host_source=host_source)
     if method is None and not rows_method_wins(by_rows, symmetric, device, gain):
         return symmetric
     chunks = -(-n // by_rows.query_rows)
@@ -949,3 +988,193 @@ def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.d
     if symmetric.screen_precision == "float64":
         return False
     return symmetric.frames != PRINCIPAL_FRAMES or gain is None or gain < LOCAL_CENTRE_GAIN
+
+
+# ------------------------------------------------------------------ what a host budget costs
+class KnngPerformanceWarning(UserWarning):
+    """A call whose plan runs much slower than a modestly different setting would (today: a
+    ``host_memory_budget`` too small, :func:`host_budget_note`). Its own category, so that it can
+    be filtered: ``warnings.simplefilter("ignore", knng.KnngPerformanceWarning)``."""
+
+
+#: The planner's estimate of a plan's running time (seconds of one CPU core; only the ratio of
+#: two plans' estimates is used, :func:`estimated_seconds`): every pair screened (its product, d
+#: multiply-adds, and its comparison and selection), every score block (a fixed price: the
+#: block's calls, thresholds and store update), every value read from the input again for a
+#: streamed corpus (read, converted and prepared: a graph's column part for every block, a
+#: search's whole corpus for every chunk of queries) and every pair of bands of candidate stores
+#: loaded and saved off the device. Fitted (least squares of the relative error) to 35 runs on
+#: one CPU thread (``torch.set_num_threads(1)``, process time), k = 10, Gaussian
+#: data in memory-mapped .npy files, host budgets from 512 KB to none: every estimate within
+#: 0.63–1.33× of its run, 27 of 35 within ±15 %. Graphs (``host_memory_budget`` none / 16MB /
+#: 4MB / 2MB / 1MB, s): 16,384 × 64 1.22 / 1.68 / 3.49 / 5.78 / 14.35 (113 parts of 146 points:
+#: 6,441 score blocks instead of 36, the data read 58 times, stores on disk in 113 bands);
+#: 8,192 × 128 0.63 / 0.73 / 2.08 / – / 14.83; 32,768 × 32 3.17 / 4.50 / 9.91 / – / 30.09;
+#: 4,096 × 256 0.41 / 0.48 / 1.38 / – / 7.76; 1,024 × 1,000 0.13 / 0.11 / 0.50 / 1.17 / 2.64;
+#: 65,536 × 16 9.8 / 18.1. A search of 2,000 queries in the 16,384 × 64 file (none / 16MB / 4MB
+#: / 2MB / 1MB / 512KB): 0.30 / 0.42 / 0.61 / 2.42 / 8.06 / 24.38. Two threads on two cores that
+#: other processes also used make small blocks far dearer still (every operation waits for both
+#: threads): the 16,384 × 64 graph took 12.5 s without a host budget and 66 s with 1MB (a
+#: reliability battery saw 8 s and 782 s), a 2,048 × 64 graph at 1MB 2.7–3.0 s against 0.58 s
+#: on one thread. So the estimate understates the slowdown there, and on a GPU too, where the
+#: pairs cost far less next to the fixed prices (nothing was measured there).
+COST_PAIR_PRODUCT = 0.109e-9  # a multiply-add of a pair's product
+COST_PAIR = 2.17e-9  # a pair's comparison with its thresholds and its selection
+COST_BLOCK = 0.379e-3
+COST_READ_VALUE = 22.4e-9
+COST_BAND_PAIR = 1.55e-3
+#: A host budget whose plan's estimate exceeds the default host budget's this many times gets a
+#: note (:func:`host_budget_note`). The measured plans (above) took 2.0–3.8× at 4MB, 4.7–9× at
+#: 2MB and 9.5–81× at 1MB and below: 4× leaves the first alone (a tolerable slowdown, within the
+#: estimate's error) and names the rest.
+HOST_BUDGET_SLOWDOWN = 4.0
+#: ... and adds at least this many estimated seconds: a call of a few milliseconds that a budget
+#: makes five times slower is not worth a warning (a search of 50 queries in 2,048 points with
+#: ``host_memory_budget="1MB"``: 6 ms against 1.4 ms).
+HOST_BUDGET_MIN_SECONDS = 1.0
+#: The note also names the smallest budget that keeps the estimate within this factor.
+HOST_BUDGET_WITHIN = 2.0
+#: Budgets the note suggests: these mantissas times a power of ten (about 25 % apart).
+_SUGGESTED_MANTISSAS = (10, 12, 15, 20, 25, 30, 40, 50, 60, 80)
+
+
+@dataclass(frozen=True)
+class PlanWork:
+    """What a plan's running time grows with, in the terms of :func:`estimated_seconds`.
+
+    Attributes
+    ----------
+    pairs : int
+        Pairs screened (a symmetric graph's blocks S(I, J), I ≤ J, each once).
+    blocks : int
+        Score blocks (a search's chunks of queries × corpus tiles).
+    block_rows, block_cols : int
+        The shape of one score block.
+    reads : float
+        Times the input is read again after its first pass (a streamed corpus; 0 when resident).
+    bands, band_pairs : int
+        Bands of candidate stores off the device and the pairs of them loaded and saved (0, 0
+        when the stores stay on the device).
+    """
+
+    pairs: int
+    blocks: int
+    block_rows: int
+    block_cols: int
+    reads: float
+    bands: int
+    band_pairs: int
+
+
+def plan_work(plan: EnginePlan) -> PlanWork:
+    """What ``plan`` will do, counted from its fields (:class:`PlanWork`)."""
+    if plan.operation == "search" or plan.graph_method == GRAPH_ROWS:
+        chunks = -(-plan.n_queries // max(1, plan.query_rows))
+        tiles = -(-plan.n_corpus // max(1, plan.corpus_cols))
+        return PlanWork(pairs=plan.n_queries * plan.n_corpus, blocks=chunks * tiles, block_rows=plan.query_rows,
+                        block_cols=plan.corpus_cols, reads=0.0 if plan.corpus_resident else float(chunks),
+                        bands=0, band_pairs=0)
+    n, b, parts = plan.n_corpus, plan.part_size, plan.parts
+    banded = plan.lists != LISTS_ON_DEVICE and plan.band_parts > 0
+    bands = plan.bands if banded else 0
+    # Each row part I reads its own part and the column parts J > I: (parts + 1) / 2 passes.
+    return PlanWork(pairs=(n * n + n * b) // 2, blocks=plan.blocks, block_rows=b, block_cols=b,
+                    reads=0.0 if plan.corpus_resident else (parts + 1) / 2, bands=bands,
+                    band_pairs=bands * (bands + 1) // 2)
+
+
+def estimated_seconds(plan: EnginePlan) -> float:
+    """The planner's estimate of ``plan``'s running time on one CPU core (see
+    :data:`COST_BLOCK`): only the ratio of two plans' estimates means anything."""
+    w = plan_work(plan)
+    return (w.pairs * (plan.d * COST_PAIR_PRODUCT + COST_PAIR) + w.blocks * COST_BLOCK
+            + w.reads * plan.n_corpus * plan.d * COST_READ_VALUE + w.band_pairs * COST_BAND_PAIR)
+
+
+def budget_text(nbytes: int) -> str:
+    """``nbytes`` as a ``host_memory_budget`` / ``--host-memory`` value that parses back to it
+    exactly: ``"2.5MB"``, ``"64MiB"``, else the byte count."""
+    for units in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3)), \
+            (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        for name, size in units:
+            if nbytes >= size and (nbytes * 10) % size == 0:
+                value = nbytes / size
+                text = f"{value:.0f}{name}" if nbytes % size == 0 else f"{value:.1f}{name}"
+                if parse_bytes(text) == nbytes:
+                    return text
+    return str(nbytes)
+
+
+def _suggested_budgets(above: int, up_to: int) -> list[int]:
+    """Round budgets (:data:`_SUGGESTED_MANTISSAS` × 10ᵉ) between ``above`` and ``up_to``,
+    ascending, then ``up_to``."""
+    out: list[int] = []
+    scale = 10 ** max(0, len(str(max(1, above))) - 2)  # mantissa 10 × scale ≤ above
+    while 10 * scale < up_to:
+        out += [m * scale for m in _SUGGESTED_MANTISSAS if above < m * scale < up_to]
+        scale *= 10
+    return out + [up_to]
+
+
+def host_budget_note(plan: EnginePlan, reference: EnginePlan, smallest: int, within: int) -> str:
+    """Why ``plan`` (made with a host budget) runs much slower than ``reference`` (the same call
+    with the default host budget), and which budgets avoid that: ``smallest`` (the smallest whose
+    plan gets no note: :data:`HOST_BUDGET_SLOWDOWN`, :data:`HOST_BUDGET_MIN_SECONDS`), ``within``
+    (within :data:`HOST_BUDGET_WITHIN`); either may be the default host budget itself
+    (``reference.host_budget``)."""
+    slow = estimated_seconds(plan) / estimated_seconds(reference)
+    w, r = plan_work(plan), plan_work(reference)
+    what = "graph" if plan.operation == "graph" else "search"
+    reasons = []
+    if w.blocks > r.blocks:
+        reasons.append(f"{w.blocks:,} score blocks of {w.block_rows:,} × {w.block_cols:,} instead of {r.blocks:,} "
+                       f"of {r.block_rows:,} × {r.block_cols:,}")
+    if w.reads > r.reads:
+        source = "the data" if what == "graph" else "the corpus"
+        reasons.append(f"{source} read {1 + w.reads:,.0f} times over instead of "
+                       + ("once" if r.reads == 0 else f"{1 + r.reads:,.0f} times"))
+    if w.band_pairs > r.band_pairs:
+        where = "on disk" if plan.lists == LISTS_ON_DISK else "in host memory"
+        reasons.append(f"candidate stores {where} in {w.bands:,} bands ({w.band_pairs:,} band pairs loaded and "
+                       "saved)")
+    default = reference.host_budget
+
+    def setting(nbytes: int) -> str:
+        return "no host_memory_budget" if nbytes >= default else f"host_memory_budget={budget_text(nbytes)} or more"
+
+    times = f"{slow:.0f}" if slow >= 10 else f"{slow:.1f}"
+    text = (f"host_memory_budget={budget_text(plan.host_budget)} makes this {what} about {times}× slower than "
+            f"the default host budget ({default / 1e9:.3g} GB, {HOST_AVAILABLE_SHARE:.0%} of the available RAM) "
+            f"would, by the planner's estimate: " + ("; ".join(reasons) or "smaller blocks") + ". ")
+    if within <= smallest:
+        return text + f"{setting(within)} keeps it within {HOST_BUDGET_WITHIN:g}×."
+    return text + (f"{setting(smallest)} avoids this warning; {setting(within)} keeps it within "
+                   f"{HOST_BUDGET_WITHIN:g}×.")
+
+
+def _with_host_budget_note(plan: EnginePlan, replan: Callable[[int], EnginePlan]) -> EnginePlan:
+    """``plan`` with its :attr:`~EnginePlan.host_budget_note` where its host budget (below the
+    default one) makes it more than :data:`HOST_BUDGET_SLOWDOWN` times and
+    :data:`HOST_BUDGET_MIN_SECONDS` slower than the default host budget's plan, by
+    :func:`estimated_seconds`; ``replan(host_budget)`` makes the same call's plan with another
+    host budget (a few dozen plans, ~20 µs each)."""
+    default = resolve_host_budget(None)
+    if plan.host_budget >= default:
+        return plan
+    reference = replan(default)
+    base = estimated_seconds(reference)
+
+    def too_slow(seconds: float) -> bool:
+        return seconds > HOST_BUDGET_SLOWDOWN * base and seconds - base >= HOST_BUDGET_MIN_SECONDS
+
+    if not too_slow(estimated_seconds(plan)):
+        return plan
+    smallest = within = default
+    for candidate in _suggested_budgets(plan.host_budget, default):
+        seconds = estimated_seconds(replan(candidate))
+        if smallest == default and not too_slow(seconds):
+            smallest = candidate
+        if seconds <= HOST_BUDGET_WITHIN * base:
+            within = candidate
+            break
+    return replace(plan, host_budget_note=host_budget_note(plan, reference, smallest, within))

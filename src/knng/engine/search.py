@@ -125,7 +125,8 @@ def exact_search(
         q0 = 0
         finished = None if checkpoint is None else _FinishedRows(checkpoint, queries.n, k, keep_checkpoint)
         if finished is not None and checkpoint is not None and checkpoint.resumed:
-            q0, retries = finished.restore(out_idx, out_dist, exact_stats, store_stats, per_row, screened)
+            with checkpoint.restoring():
+                q0, retries = finished.restore(out_idx, out_dist, exact_stats, store_stats, per_row, screened)
             bar.update(q0)
         resumed_from = q0
         while q0 < queries.n:
@@ -351,14 +352,14 @@ class _FinishedRows:
         n = self.idx.shape[0]
         if self.checkpoint.due() or (q1 == n and self.keep):
             self.checkpoint.save({"step": q1, "progress": f"{q1:,} of {n:,} queries done", "retries": retries,
-                                  "exact": vars(exact_stats), "store": vars(store_stats)})
+                                  "exact": vars(exact_stats), "store": vars(store_stats)}, final_rows=q1)
 
     def restore(self, out_idx: torch.Tensor, out_dist: torch.Tensor, exact_stats: ExactStats,
                 store_stats: StoreStats, per_row: list[torch.Tensor], screened: list[torch.Tensor]) -> tuple[int, int]:
         """Copy the saved rows into the outputs and counters; returns (rows done, retries)."""
         state = self.checkpoint.state
         assert state is not None
-        q0 = int(state["step"])
+        q0 = self.checkpoint.check_step(self.idx.shape[0])
         device = out_idx.device
         out_idx[:q0] = torch.from_numpy(np.array(self.idx[:q0])).to(device)
         out_dist[:q0] = torch.from_numpy(np.array(self.dist[:q0])).to(device)

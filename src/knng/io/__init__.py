@@ -8,8 +8,15 @@ under a temporary name and rename it into place only when complete.
 This package imports nothing from the rest of ``knng``, so it stays usable on its own.
 """
 
-from knng.io.outputs import OutputFolder, OutputFolderError
-from knng.io.workarea import CheckpointExistsError, CheckpointMismatchError, WorkArea
+from knng.io.outputs import OutputFolder, OutputFolderError, OutputWriteError
+from knng.io.workarea import (
+    CheckpointDamagedError,
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointMismatchError,
+    NotAWorkAreaError,
+    WorkArea,
+)
 from knng.io.readers import (
     FORMATS,
     HDF5_DATASETS,
@@ -32,8 +39,11 @@ from knng.io.writers import (
 )
 
 __all__ = [
+    "CheckpointDamagedError",
+    "CheckpointError",
     "CheckpointExistsError",
     "CheckpointMismatchError",
+    "NotAWorkAreaError",
     "WorkArea",
     "FORMATS",
     "HDF5_DATASETS",
@@ -41,6 +51,7 @@ __all__ = [
     "NEIGHBOR_FILES",
     "OutputFolder",
     "OutputFolderError",
+    "OutputWriteError",
     "ResultSet",
     "atomic_write",
     "describe",

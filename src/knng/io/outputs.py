@@ -35,18 +35,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import json
 import os
 import re
 import secrets
 import shutil
-import socket
+import stat
 import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OutputFolder", "OutputFolderError", "RESULT_NAMES", "fsync_dir", "fsync_file"]
+from knng._interrupts import deferred
+from knng.io.durable import fsync_dir, fsync_file, os_error_text, read_holder, try_lock, write_holder
+from knng.io.workarea import WorkArea
+
+__all__ = ["OutputFolder", "OutputFolderError", "OutputWriteError", "RESULT_NAMES"]
 
 #: The files a knng run writes into its output folder (any format; ``knng embed`` writes the last three).
 RESULT_NAMES = frozenset({"indices.npy", "distances.npy", "knng.json", "graph.npz", "embedding.npy",
@@ -65,6 +68,12 @@ _OLD_TEMP = re.compile(r"^\..+\.(tmp|bak)-\d+-[0-9a-f]+$")
 
 class OutputFolderError(RuntimeError):
     """The output folder cannot take this run's results (checked before computing)."""
+
+
+class OutputWriteError(OutputFolderError, OSError):
+    """Writing the results failed (a full disk, a file-size limit, a folder that refuses
+    changes): the staged files are removed and the folder keeps what it held before. An
+    ``OSError`` too, as the failure it reports."""
 
 
 class OutputFolder:
@@ -179,8 +188,8 @@ class OutputFolder:
                 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
                 raise OutputFolderError(_unwritable(self.path, exc)) from exc
-            if not _try_lock(fd):
-                holder = _read_holder(fd)
+            if not try_lock(fd):
+                holder = read_holder(fd)
                 os.close(fd)
                 raise OutputFolderError(f"output folder {self.path} is in use by another knng run ({holder}); "
                                         "wait for it to finish, or choose another folder with -o")
@@ -193,10 +202,7 @@ class OutputFolder:
             if same:
                 break
             os.close(fd)
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": self.command}
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(info) + "\n").encode("utf-8"))
+        write_holder(fd, self.command)
         self._lock_fd = fd
 
     def close(self) -> None:
@@ -246,6 +252,20 @@ class OutputFolder:
             raise OutputFolderError(
                 f"output folder {self.path} holds folders knng did not write ({', '.join(folders)}): knng commits "
                 "its results by switching in a whole new folder, so it needs a folder of its own")
+        mode = stat.S_IMODE(os.stat(self.path).st_mode)
+        if not mode & stat.S_IWUSR:
+            raise OutputFolderError(
+                f"output folder {self.path} is read-only (mode {mode:04o}): knng does not replace a folder that "
+                f"was made read-only; make it writable (chmod u+w {self.path}) or choose another folder")
+        probe = self.path / f".knng-probe-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise OutputFolderError(
+                f"cannot change output folder {self.path} ({os_error_text(exc)}): knng replaces the folder's "
+                "results as a whole; make it writable to you (an immutable folder: chattr -i) or choose another "
+                "folder") from exc
 
     def _check_space(self) -> None:
         env = os.environ.get(FREE_BYTES_ENV)
@@ -256,12 +276,29 @@ class OutputFolder:
                                     f"{need / 1e6:,.1f} MB needed, {free / 1e6:,.1f} MB free")
 
     # ------------------------------------------------------------------------------ commit
+    def writing(self) -> contextlib.AbstractContextManager[None]:
+        """A block that writes into :attr:`staging`: a system error there (a full disk, a file-size
+        limit, no permission) becomes :class:`OutputWriteError` naming the folder and the cause."""
+        return _writing(self)
+
     def commit(self) -> Path:
         """Switch the staged results in as one set; returns the folder.
 
         Files of the old folder that are not knng results are carried over (hard links, or
-        copies where the file system has none); the old results are deleted.
+        copies where the file system has none); the old results are deleted. The new folder
+        takes the old one's permissions.
+
+        Raises
+        ------
+        OutputWriteError
+            The set could not be flushed or switched in; the folder holds what it held before.
         """
+        # An interruption waits for the switch to complete (a few flushes and renames): the
+        # folder then holds the new set and its checkpoint is gone, never a half of the two.
+        with deferred(), self.writing():
+            return self._commit()
+
+    def _commit(self) -> Path:
         staging = self.staging
         if os.path.isdir(self.path):
             for name in os.listdir(self.path):
@@ -273,6 +310,8 @@ class OutputFolder:
                     shutil.copy2(self.path / name, staging / name)
         for name in os.listdir(staging):
             fsync_file(staging / name)
+        if os.path.isdir(self.path):
+            os.chmod(staging, stat.S_IMODE(os.stat(self.path).st_mode))
         fsync_dir(staging)
         _crash_point("staged")
         ready = self._sibling("ready")
@@ -297,45 +336,48 @@ class OutputFolder:
             shutil.rmtree(ready, ignore_errors=True)
         self._staging = None
         # The checkpoints of this run: its results are in, nothing there is needed any more.
-        from knng.io.workarea import WorkArea  # here: workarea uses this module's fsync helpers
-
-        WorkArea(self.work_area).remove()
+        with contextlib.suppress(OSError):
+            WorkArea(self.work_area).remove()
         return self.path
+
+    def tidy(self) -> bool:
+        """After a run was interrupted or failed, computing nothing: under the folder's lock (not
+        waited for), commit or remove what crashed runs left beside it (:meth:`open`'s recovery)
+        and remove a work area that holds no progress. False if another run holds the folder."""
+        if not self.path.parent.is_dir():
+            return True
+        try:
+            self._lock()
+        except OutputFolderError:
+            return False
+        try:
+            self._recover()
+            area = WorkArea(self.work_area)
+            if area.exists() and not area.has_progress():
+                area.remove()
+        except OSError:
+            pass  # tidying is a courtesy: the next run's open recovers the same way
+        finally:
+            self.close()
+        return True
+
+
+@contextlib.contextmanager
+def _writing(folder: OutputFolder) -> Iterator[None]:
+    try:
+        yield
+    except OutputWriteError:
+        raise
+    except OSError as exc:
+        raise OutputWriteError(
+            f"could not write the results into {folder.path}: {os_error_text(exc)}"
+            + (f" ({Path(exc.filename).name})" if exc.filename and exc.errno is not None else "")
+            + "; the folder holds what it held before and nothing else was written") from exc
 
 
 def _unwritable(path: Path, exc: OSError) -> str:
     return (f"cannot write beside {path} ({exc.strerror or exc}): knng locks and stages its results next "
             f"to the output folder, so {path.parent} must be writable; choose a folder inside one you can write to")
-
-
-def _try_lock(fd: int) -> bool:
-    """Take an exclusive lock on ``fd`` without waiting; False if another process holds one."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: a byte-range lock on the first byte
-        import msvcrt
-
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-            return True
-        except OSError:
-            return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            return False
-        raise
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        info = json.loads(os.read(fd, 4096).decode("utf-8"))
-        return (f"pid {info['pid']} on {info['host']}, since {info['started']}: {info['command']}")
-    except (OSError, ValueError, KeyError):
-        return "holder unknown"
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -352,28 +394,6 @@ def _exchange(a: Path, b: Path) -> bool:
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
         return False
     raise OSError(code, f"cannot switch the results into {b}: {os.strerror(code)}")
-
-
-def fsync_file(path: Path) -> None:
-    """Flush a file's data before it is renamed: otherwise a crash right after the rename can
-    leave the final name pointing at an empty file on some file systems."""
-    if path.is_file():
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-
-
-def fsync_dir(folder: Path) -> None:
-    """Persist renames in ``folder``; a no-op where folders cannot be opened (Windows)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _crash_point(step: str) -> None:

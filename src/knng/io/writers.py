@@ -23,7 +23,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from knng.io.outputs import OutputFolder, fsync_dir, fsync_file
+from knng.io.durable import create_npy, fsync_dir, fsync_file, write_npy
+from knng.io.outputs import OutputFolder
 from knng.io.readers import (
     BIN_DTYPES,
     HDF5_SUFFIXES,
@@ -196,13 +197,12 @@ def _write_npy(temp: Path, x: Any) -> None:
     if x.dtype.hasobject:
         raise ValueError("array has dtype object, which .npy files cannot store safely")
     if isinstance(x, np.ndarray) and (x.flags.c_contiguous or x.size == 0):
-        # A file object, not a name: np.save would append ".npy" to the temporary name.
-        with open(temp, "wb") as f:
-            np.save(f, x, allow_pickle=False)
+        write_npy(temp, x)
         return
-    # h5py datasets and strided arrays (TEXMEX memmaps): np.save would load the former
-    # whole and write the latter one element per fwrite, so copy blocks into a mapped .npy.
-    out = np.lib.format.open_memmap(temp, mode="w+", dtype=x.dtype, shape=tuple(x.shape))
+    # h5py datasets and strided arrays (TEXMEX memmaps): copying whole would load the former
+    # whole and write the latter one element at a time, so copy blocks into a mapped .npy
+    # whose disk blocks are allocated first (a full disk is an error here, not a SIGBUS later).
+    out = create_npy(temp, tuple(x.shape), x.dtype)
     for start, block in iter_row_blocks(x, _block_rows(x)):
         out[start : start + len(block)] = block
     out.flush()
@@ -527,7 +527,8 @@ class ResultSet:
         if dtype is not None:
             x = np.asarray(x, dtype=dtype)
         path = self._path(name)
-        _write_npy(path, x)
+        with self.folder.writing():
+            _write_npy(path, x)
         return path
 
     def add_empty_array(self, name: str, shape: tuple[int, ...], dtype: Any) -> Path:
@@ -535,14 +536,16 @@ class ResultSet:
         that fill it in place (``np.load(path, mmap_mode="r+")``: each rank its own rows);
         returns its staged path, which every writer must reach."""
         path = self._path(name)
-        np.lib.format.open_memmap(path, mode="w+", dtype=np.dtype(dtype), shape=tuple(shape)).flush()
+        with self.folder.writing():
+            create_npy(path, tuple(shape), dtype).flush()
         return path
 
     def add_file(self, name: str, write: Callable[[Path], Any]) -> Path:
         """Add a file of another format: ``write(path)`` creates it (``Graph.save``, a figure's
         ``savefig``); returns its staged path."""
         path = self._path(name)
-        write(path)
+        with self.folder.writing():
+            write(path)
         return path
 
     def commit(self, metadata: Mapping[str, Any] | None) -> Path:
@@ -553,5 +556,6 @@ class ResultSet:
     def commit_text(self, text: str | None) -> Path:
         """:meth:`commit` with the ``knng.json`` text already serialised."""
         if text is not None:
-            (self.folder.staging / METADATA_FILE).write_text(text, encoding="utf-8")
+            with self.folder.writing():
+                (self.folder.staging / METADATA_FILE).write_text(text, encoding="utf-8")
         return self.folder.commit()
