@@ -39,7 +39,7 @@ def program() -> NoReturn:
     """The ``knng`` program (``python -m knng``, the ``knng`` script): the command line, then exit.
 
     Unlike :func:`main` it does not give SIGINT and SIGTERM back to Python's defaults when the
-    command is done: they stay held until the process exits, so one that arrives as the process
+    command is done: they are ignored until the process exits, so one that arrives as the process
     ends neither kills it by the signal nor prints a traceback from the interpreter's shutdown
     (the work is done, and the exit status says how it went).
     """

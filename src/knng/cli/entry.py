@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None, *, ending: bool = False) -> int:
     """Run the ``knng`` command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status.
 
     ``ending``: the process exits right after (:func:`knng.cli.program`): SIGINT and SIGTERM are
-    then held back rather than given back to Python's handlers, which would turn one that comes
+    then ignored rather than given back to Python's handlers, which would turn one that comes
     during the interpreter's shutdown into a traceback or a death by the signal.
     """
     previous = _interrupts.handlers()
@@ -54,8 +54,11 @@ def main(argv: list[str] | None = None, *, ending: bool = False) -> int:
     try:
         return _main(argv)
     finally:
-        if ending and hasattr(signal, "pthread_sigmask"):
-            signal.pthread_sigmask(signal.SIG_BLOCK, set(_interrupts.SIGNALS))
+        if ending:
+            # Ignored, not blocked: a mask holds only this thread, and the interpreter's shutdown
+            # gives signals it handled back to their default (death) for any thread to take.
+            for signum in _interrupts.SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
         else:
             _interrupts.restore(previous)  # main() also runs inside other programs (tests, notebooks)
 
@@ -77,9 +80,13 @@ def _main(argv: list[str] | None) -> int:
         if getattr(args, "command_module", None) is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        with _interrupts.deferred():
+            # torch's initialisation is not safe to interrupt (an exception raised inside it can
+            # abort the interpreter): an interruption waits for it, and every command needs it.
+            importlib.import_module("torch")
+            command = importlib.import_module(f"knng.cli.{args.command_module}")
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
-            command = importlib.import_module(f"knng.cli.{args.command_module}")
             return int(command.run(args, argv))
     except KeyboardInterrupt as exc:
         return _interrupted(exc, args, started)
