@@ -3,7 +3,7 @@
 Image-patch graphs (``bench/bench_patches.py``'s 8×8 and 16×16 patches, k = 10 and 100), the
 200k × 128 and (``g1m``) 1M × 128 Gaussian graphs (k = 10; ``g200kK``, ``g1mK`` at k = K), 10k
 queries against 200k × 128 points (``s200kK``, k = K, 100 by default) and 1M (``s1mK``), N × D points at k = K
-(``gN_D_K``), the
+(``gN_D_K``), 10k queries against N × D points at k = K (``qN_D_K``), the
 16,384 × 4,096 graph at k = 1,024 (``wide``) and the 1M × 128 search (10k queries, k = 10 and 100): min and all of 3 calls after a warm-up (5 for
 searches), then the oracle on 192 rows of a graph (128 random, 64 flat patches) or 128 of a
 search, and the report's pairs screened and evaluated per row. Whichever knng is on PYTHONPATH;
@@ -56,16 +56,19 @@ def timed(call, repeats: int, warm: bool = True):
     return result, times
 
 
-#: Settings of this tree an in-process A/B alternates: name -> (module, attribute, value) each.
+#: Marks a setting that is one of knng's options (``knng.options``), not a module attribute.
+OPTIONS = "options"
+#: Settings of this tree an in-process A/B alternates: name -> (module, attribute, value) each, or
+#: (OPTIONS, option, value).
 SETTINGS = {
     "new": (),
     # the wgmma screen only to K = 128 (as before its two-tile ring): d = 256 on mma.sync
     "wg128": ((cuda_screen, "WGMMA_MAX_K", 128),),
-    "mmasync": ((cuda_screen, "WGMMA", False),),
+    "mmasync": ((OPTIONS, "wgmma", False),),
     # the wgmma kernel's pre-test not marking its candidates: a half-tile with one tests again
-    "nomark": ((cuda_screen, "MARK_CANDIDATES", False),),
+    "nomark": ((OPTIONS, "mark_candidates", False),),
     # the wgmma screen with two accumulator sets and one block a multiprocessor at K <= 128
-    "twosets": ((cuda_screen, "WGMMA_ONE_SET", False),),
+    "twosets": ((OPTIONS, "wgmma_one_set", False),),
     # a holding store that tightens every 2^21 / 2^23 / 2^24 fresh survivors (2^22 now)
     "pending2m": ((plan, "PENDING_GPU", 1 << 21),),
     "pending8m": ((plan, "PENDING_GPU", 1 << 23),),
@@ -79,7 +82,7 @@ SETTINGS = {
     # the finish's slots in each row by a stable sort (as the reference), not by atomics
     "sortslots": ((row_kth, "row_slots", getattr(row_kth, "row_slots_reference", None)),),
     # a graph part's own block screened whole by rows, not as its upper triangle
-    "notri": ((cuda_screen, "TRIANGLE", False),),
+    "notri": ((OPTIONS, "triangle", False),),
     # graphs whose own blocks are triangles in parts of up to 32,768 / 49,152 / 98,304 rows (65,536 now)
     "part32k": ((plan, "GPU_TRIANGLE_MAX_PART", 32768),),
     "part48k": ((plan, "GPU_TRIANGLE_MAX_PART", 49152),),
@@ -123,20 +126,24 @@ SETTINGS = {
     "s16c64": ((plan, "GPU_SAMPLE", 1 << 14), (plan, "GPU_SEARCH_COLS", 1 << 16)),
     # a search (and a graph by rows) from a seed sample and a full screen, not tiles first (graphs
     # below k = 64 symmetric again)
-    "notiles": ((plan, "TILES_FIRST", False),),
+    "notiles": ((OPTIONS, "tiles_first", False),),
     # tiles first, but graphs below k = 64 symmetric (not by rows)
-    "symk": ((plan, "GRAPH_ROWS_TILES_FIRST", False),),
+    "symk": ((OPTIONS, "graph_rows_tiles_first", False),),
 }
 
 
 @contextlib.contextmanager
 def setting(name: str):
     """The settings of ``name`` applied, and undone after."""
-    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in SETTINGS[name]]
-    for module, attr, value in SETTINGS[name]:
+    options = {attr: value for module, attr, value in SETTINGS[name] if module is OPTIONS}
+    patched = [(module, attr, value) for module, attr, value in SETTINGS[name] if module is not OPTIONS]
+    saved = [(module, attr, getattr(module, attr)) for module, attr, _ in patched]
+    for module, attr, value in patched:
         setattr(module, attr, value)
     try:
-        yield
+        # (a tree before knng.options runs the settings without options)
+        with knng.options(**options) if options else contextlib.nullcontext():
+            yield
     finally:
         for module, attr, value in saved:
             setattr(module, attr, value)
@@ -170,6 +177,11 @@ def main() -> None:
             side, stride = (8, 2) if name == "p8" else (16, 3)
             x = torch.from_numpy(patches(pictures, side, stride, 12)).cuda()
             cases = [(k, x, None) for k in (10, 100)]
+        elif name.startswith("q") and name.count("_") == 2:  # qN_D_K: 10k queries against N × D at k = K
+            n, d, k = (int(v) for v in name[1:].split("_"))
+            x = torch.randn((n, d), device="cuda", generator=gen)
+            q = torch.randn((10_000, d), device="cuda", generator=gen)
+            cases = [(k, x, q)]
         elif name.startswith("g") and name.count("_") == 2:  # gN_D_K: N × D Gaussian points at k = K
             n, d, k = (int(v) for v in name[1:].split("_"))
             x = torch.randn((n, d), device="cuda", generator=gen)

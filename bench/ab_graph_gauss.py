@@ -7,13 +7,13 @@ calls after a warm-up, 128 rows checked against the float64 oracle by difference
 
 or one tree's variants in fresh processes (a first argument that names none is only a label):
 
-* ``store``: a graph's survivors taken into its store as before it held them (``graph.HOLD_ON`` empty);
+* ``store``: a graph's survivors taken into its store as before it held them (the ``hold_on`` option empty);
 * ``p2`` / ``p8`` / ``p16``: held survivors tightened every 2²¹ / 2²³ / 2²⁴ new ones instead of
   ``plan.PENDING_GPU``;
 * ``chunks``: own parts' seeds by chunk minima of the materialised sample block, as before the
   kernel's strip minima (``fused.strip_minima_runs`` false);
 * ``mmasync``: the float16 screen in ``cuda/screen.cu``'s mma.sync kernel on a Hopper GPU too
-  (``cuda_screen.WGMMA`` false), as before the wgmma kernel;
+  (the ``wgmma`` option off), as before the wgmma kernel;
 * ``perpart``: each part's own block seeded and screened in a pass of its own (``screen_own_part``),
   as before ``screen_own_parts_together``;
 * ``sorts``: the finish's rows ordered by two stable sorts, as before the rank kernel
@@ -23,7 +23,7 @@ or one tree's variants in fresh processes (a first argument that names none is o
 * ``sample16384`` / ``sample32768`` / ``sample131072``: threshold samples of at most 2¹⁴ / 2¹⁵ / 2¹⁷ columns instead of
   ``plan.GPU_SAMPLE``;
 * ``mmaminima``: strip minima (seeds) by ``cuda/screen.cu``'s mma.sync kernel on a Hopper GPU
-  too, as before the wgmma kernel ran them (``cuda_screen.WGMMA_MINIMA`` false);
+  too, as before the wgmma kernel ran them (the ``wgmma_minima`` option off);
 * ``f64sort``: the finish's wide rows sorted once by their float64 distances, as before the
   float32 keys (``row_order.SORT_KEY``);
 * ``seed16384`` / ``seed24576``: own parts seeded from 16,384 / 24,576 of their columns instead of
@@ -36,25 +36,25 @@ import torch
 
 import knng
 import knng.engine.graph as graph
-from knng.engine import cuda_screen, fused, row_order
+from knng.engine import fused, row_order
 import knng.engine.plan as plan
 
 sys.path.insert(0, "tests")
 from oracle import assert_exact_chunked  # noqa: E402
 
 VARIANTS = {
-    "store": lambda: setattr(graph, "HOLD_ON", frozenset()),
+    "store": lambda: knng.options(hold_on=frozenset()).__enter__(),
     "p2": lambda: setattr(plan, "PENDING_GPU", 1 << 21),
     "p8": lambda: setattr(plan, "PENDING_GPU", 1 << 23),
     "p16": lambda: setattr(plan, "PENDING_GPU", 1 << 24),
     "chunks": lambda: setattr(fused, "strip_minima_runs", lambda precision, device: False),
     "seed16384": lambda: setattr(graph, "OWN_PART_SEED", 16384),
     "seed24576": lambda: setattr(graph, "OWN_PART_SEED", 24576),
-    "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
+    "mmasync": lambda: knng.options(wgmma=False).__enter__(),
     "perpart": lambda: setattr(graph, "_own_parts_together", lambda *a: False),
     "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
     "f64sort": lambda: setattr(row_order, "SORT_KEY", torch.float64),
-    "mmaminima": lambda: setattr(cuda_screen, "WGMMA_MINIMA", False),
+    "mmaminima": lambda: knng.options(wgmma_minima=False).__enter__(),
     "cols65536": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 16),
     "cols131072": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 17),
     "sample16384": lambda: setattr(plan, "GPU_SAMPLE", 1 << 14),

@@ -49,7 +49,7 @@ if own_seed:
     import knng.engine.graph as graph
     graph.OWN_PART_SEED = own_seed
 if precision:
-    plan.choose_screen_precision = lambda *a, **kw: precision
+    knng.options(screen_precision=precision).__enter__()  # for the rest of the process
 
 gen = torch.Generator(device="cuda").manual_seed(0)
 makers = {

@@ -18,7 +18,6 @@ import time
 import torch
 
 import knng
-import knng.engine.plan as plan
 
 
 def main() -> None:
@@ -34,7 +33,7 @@ def main() -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.randn((args.n, args.d), device=dev, generator=gen)
     q = torch.randn((10_000, args.d), device=dev, generator=gen)
-    plan.choose_screen_precision = lambda *a, **kw: args.precision
+    knng.options(screen_precision=args.precision).__enter__()  # for the rest of the process
     call = (lambda: knng.graph(x, args.k)) if args.task == "graph" else (lambda: knng.search(q, x, args.k))
     call()
     times = []

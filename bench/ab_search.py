@@ -16,7 +16,7 @@ Variants (each patches module constants before the first call; ``new`` leaves th
 * ``noradius``: the thresholds' radii by torch's float64 operations on every device, as before
   the radius kernel (``knng.engine.radius``).
 * ``noepilogue``: the seeds' column terms added to the sample block by a pass of their own, as
-  before they went into the product's epilogue (``screen.GEMM_COLUMN_TERMS``).
+  before they went into the product's epilogue (the ``gemm_column_terms`` option).
 * ``old``: both of the above.
 * ``sort``: each row's first and k-th key for the tightening by one int64 sort of the survivors
   on every device (``row_kth.row_ends_reference``), as before the selection kernels.
@@ -28,7 +28,7 @@ Variants (each patches module constants before the first call; ``new`` leaves th
 * ``sample32768``, ``sample65536``: a sample of at least 32,768 / 65,536 columns at every k
   (``plan.GPU_MIN_SAMPLE``; tighter seeds, now that strip minima write no block).
 * ``mmaminima``: the seeds' strip minima by the mma.sync kernel on a Hopper GPU too, as before
-  the wgmma kernel ran them (``cuda_screen.WGMMA_MINIMA`` false).
+  the wgmma kernel ran them (the ``wgmma_minima`` option off).
 * ``f64sort``: wide rows sorted once by their float64 distances (``row_order.SORT_KEY``).
 * ``new``: the code as it is.
 
@@ -48,13 +48,11 @@ import torch
 import knng
 import knng.api
 import knng.engine.plan as plan
-import knng.engine.cuda_screen as cuda_screen
 import knng.engine.fused as fused
 import knng.engine.common as common
 import knng.engine.radius as radius
 import knng.engine.row_kth as row_kth
 import knng.engine.row_order as row_order
-import knng.engine.screen as screen
 import knng.engine.search as search
 import knng.engine.store as store
 
@@ -68,7 +66,7 @@ VARIANTS = {
     "cols131072": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 17),
     "cols524288": lambda: setattr(plan, "GPU_SEARCH_COLS", 1 << 19),
     "noradius": lambda: setattr(radius, "kernel_applies", lambda *tensors: False),
-    "noepilogue": lambda: setattr(screen, "GEMM_COLUMN_TERMS", False),
+    "noepilogue": lambda: knng.options(gemm_column_terms=False).__enter__(),
     "old": lambda: (VARIANTS["noradius"](), VARIANTS["noepilogue"]()),
     "sort": lambda: setattr(row_kth, "kernel_applies", lambda rows: False),
     "oldseed": lambda: setattr(radius, "SEED_TILE", (1024, 1)),
@@ -79,12 +77,12 @@ VARIANTS = {
     "sample32768": lambda: setattr(plan, "GPU_MIN_SAMPLE", 32768),
     "sample65536": lambda: setattr(plan, "GPU_MIN_SAMPLE", 65536),
     # The float16 screen in the mma.sync kernel (cuda/screen.cu) on a Hopper GPU too.
-    "mmasync": lambda: setattr(cuda_screen, "WGMMA", False),
+    "mmasync": lambda: knng.options(wgmma=False).__enter__(),
     # The finish's rows ordered by two stable sorts, as before the rank kernel (row_order).
     "sorts": lambda: setattr(row_order, "MAX_WIDTH", 0),
     # Wide rows sorted once by their float64 distances, as before the float32 keys.
     "f64sort": lambda: setattr(row_order, "SORT_KEY", torch.float64),
-    "mmaminima": lambda: setattr(cuda_screen, "WGMMA_MINIMA", False),
+    "mmaminima": lambda: knng.options(wgmma_minima=False).__enter__(),
     "new": lambda: None,
 }
 

@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import knng  # noqa: E402
-import knng.engine.plan as plan_module  # noqa: E402
 from knng.api import last_report  # noqa: E402
 from knng.engine import fused  # noqa: E402
 from knng.metrics import get_metric  # noqa: E402
@@ -100,11 +99,10 @@ def kernel_part(args) -> list[dict]:
                 precision = variant.split()[0]
                 a, b = {"bfloat16": (q16, b16), "tf32": (q32, b32), "int8x4": (q8, b8),
                         "float16": (h_q, h_b)}[precision]
-                fused.CUDA_SCREEN = not variant.endswith("triton")
-                ms = cuda_ms(lambda: fused.screen_block(a, b, d, thr, None, None, terms, precision,
-                                                        capacity_hint=m * (survivors * 2 + 64)))
-                out, _ = fused.screen_block(a, b, d, thr, None, None, terms, precision)
-                fused.CUDA_SCREEN = True
+                with knng.options(cuda_screen=not variant.endswith("triton")):
+                    ms = cuda_ms(lambda: fused.screen_block(a, b, d, thr, None, None, terms, precision,
+                                                            capacity_hint=m * (survivors * 2 + 64)))
+                    out, _ = fused.screen_block(a, b, d, thr, None, None, terms, precision)
                 row["variants"][f"{variant} survivors≈{survivors}"] = {
                     "ms": ms, "tflops": flops / ms / 1e9, "of_peak": flops / ms / 1e9 / PEAK[precision],
                     "kept_per_row": out.owner.numel() / m}
@@ -171,16 +169,10 @@ def engine_part(args) -> list[dict]:
         searches = [(n, nq, d, [k for k in ks if k in wanted]) for n, nq, d, ks in searches]
         graphs = [(n, d, [k for k in ks if k in wanted]) for n, d, ks in graphs]
     rows = []
-    original = plan_module.choose_screen_precision
-
     def run_knng(fn, precision):
         # "auto": the planner's own choice (recorded in the row as "screen_dtype").
-        if precision != "auto":
-            plan_module.choose_screen_precision = lambda *a, **k: precision
-        try:
+        with knng.options(screen_precision=None if precision == "auto" else precision):
             return timed(fn, args.repeats)
-        finally:
-            plan_module.choose_screen_precision = original
 
     for n, nq, d, ks in searches:
         c = torch.randn((n, d), generator=gen, device="cuda")

@@ -1,4 +1,4 @@
-"""A/B of folding identical rows (``knng.api.FOLD_DUPLICATES``) on image patches, one process.
+"""A/B of folding identical rows (``knng.options(fold_duplicates=...)``) on image patches, one process.
 
 The 8×8 patches (stride 2) of scikit-image's astronaut and camera pictures, 128,018 × 64, whose
 astronaut part holds 4,561 identical patches: ``knng.graph`` with folding off and on,
@@ -16,7 +16,6 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 import knng
-import knng.api as api
 from knng.api import last_report
 
 sys.path.insert(0, "tests")
@@ -36,9 +35,9 @@ def main() -> None:
     times: dict[bool, list[float]] = {}
     for round_ in range(rounds):
         for fold in (False, True):
-            api.FOLD_DUPLICATES = fold
             t0 = time.perf_counter()
-            g = knng.graph(x, k)
+            with knng.options(fold_duplicates=fold):
+                g = knng.graph(x, k)
             times.setdefault(fold, []).append(time.perf_counter() - t0)
             r = last_report()
             print(f"fold={fold} {times[fold][-1]:.2f} s, rows folded {r.duplicates_folded}, exact evaluations per row "

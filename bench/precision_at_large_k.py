@@ -18,7 +18,6 @@ import sys
 import torch
 
 import knng
-import knng.engine.plan as plan
 
 sys.path.insert(0, "tests")
 sys.path.insert(0, "bench")
@@ -42,34 +41,30 @@ def main() -> None:
     parser.add_argument("--precisions", default="float16,float64")
     args = parser.parse_args()
     precisions = args.precisions.split(",")
-    chosen = plan.choose_screen_precision
     gen = torch.Generator(device="cuda").manual_seed(0)
-    try:
-        for d, n, k in SEARCHES:
-            x = torch.randn((n, d), device="cuda", generator=gen)
-            q = torch.randn((10_000, d), device="cuda", generator=gen)
-            line = f"search {n:,} × {d}, k = {k:,} (k/n {k / n:.3f}):"
-            for precision in precisions:
-                plan.choose_screen_precision = lambda *a, p=precision, **kw: p
-                res, ms = min_ms(lambda: knng.search(q, x, k))
-                assert_exact_chunked(q, x, [(res.indices, res.distances)],
-                                     rows=torch.arange(0, 10_000, 625, device="cuda"))
-                line += f" {precision} {ms:.0f} ms"
-                del res
-            print(line + " (exact)", flush=True)
-            del x, q
-            torch.cuda.empty_cache()
-        x = torch.randn((16_384, 4_096), device="cuda", generator=gen)
-        line = "graph 16,384 × 4,096, k = 1,024:"
+    for d, n, k in SEARCHES:
+        x = torch.randn((n, d), device="cuda", generator=gen)
+        q = torch.randn((10_000, d), device="cuda", generator=gen)
+        line = f"search {n:,} × {d}, k = {k:,} (k/n {k / n:.3f}):"
         for precision in precisions:
-            plan.choose_screen_precision = lambda *a, p=precision, **kw: p
-            res, ms = min_ms(lambda: knng.graph(x, 1024), 2)
-            assert_exact_chunked(x, x, [(res.indices, res.distances)], exclude_self=True,
-                                 rows=torch.arange(0, 16_384, 1_024, device="cuda"))
+            with knng.options(screen_precision=precision):
+                res, ms = min_ms(lambda: knng.search(q, x, k))
+            assert_exact_chunked(q, x, [(res.indices, res.distances)],
+                                 rows=torch.arange(0, 10_000, 625, device="cuda"))
             line += f" {precision} {ms:.0f} ms"
+            del res
         print(line + " (exact)", flush=True)
-    finally:
-        plan.choose_screen_precision = chosen
+        del x, q
+        torch.cuda.empty_cache()
+    x = torch.randn((16_384, 4_096), device="cuda", generator=gen)
+    line = "graph 16,384 × 4,096, k = 1,024:"
+    for precision in precisions:
+        with knng.options(screen_precision=precision):
+            res, ms = min_ms(lambda: knng.graph(x, 1024), 2)
+        assert_exact_chunked(x, x, [(res.indices, res.distances)], exclude_self=True,
+                             rows=torch.arange(0, 16_384, 1_024, device="cuda"))
+        line += f" {precision} {ms:.0f} ms"
+    print(line + " (exact)", flush=True)
 
 
 if __name__ == "__main__":

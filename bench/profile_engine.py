@@ -31,9 +31,8 @@ def main() -> int:
     ap.add_argument("--precision", default=None, help="override the planner's screen precision")
     args = ap.parse_args()
     if args.precision:
-        import knng.engine.plan as plan
 
-        plan.choose_screen_precision = lambda *a, **k: args.precision
+        knng.options(screen_precision=args.precision).__enter__()  # for the rest of the process
     _wrap_stages()
     dev = torch.device("cuda")
     x = torch.randn((args.n, args.d), device=dev)

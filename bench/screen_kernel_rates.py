@@ -12,7 +12,7 @@ CUDA-event median of 15 launches after one. TFLOP/s count 2·n²·K. Usage (GPU 
 Variants whose shared memory does not fit a block at K (four B tiles of the wgmma ring past
 K = 128) are left out; the two-tile ring ("b2") is the one K = 256 runs.
 
-``--nomark``: the wgmma kernel's pre-test without its candidate marks (``cuda_screen.MARK_CANDIDATES``).
+``--nomark``: the wgmma kernel's pre-test without its candidate marks (the ``mark_candidates`` option).
 ``--only TEXT`` times the variants whose names contain TEXT (e.g. "own block": the triangles
 against the rows screens they replace). ``--once VARIANT`` launches one variant once (for ``ncu -k regex:screen``), at thresholds that keep
 nothing or, with ``--keep K``, about K pairs per row. ``--against FILE[,FILE]``
@@ -26,6 +26,7 @@ import sys
 
 import torch
 
+import knng
 from knng.engine import cuda_screen
 
 DEV = torch.device("cuda")
@@ -62,7 +63,7 @@ def main() -> None:
     against = sys.argv[sys.argv.index("--against") + 1].split(",") if "--against" in sys.argv else []
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else ""
     if "--nomark" in sys.argv:  # the pre-test's slow path tests a half-tile's entries again
-        cuda_screen.MARK_CANDIDATES = False
+        knng.options(mark_candidates=False).__enter__()  # for the rest of the process
     ours = cuda_screen._SOURCE_WG
     g = torch.Generator(device=DEV).manual_seed(0)
     a = torch.randn((n, K), device=DEV, generator=g).half()

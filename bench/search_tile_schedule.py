@@ -26,7 +26,6 @@ import time
 import torch
 
 import knng
-import knng.engine.plan as plan
 import knng.engine.search as search
 
 ORIGINAL = search._screen_chunk
@@ -100,7 +99,7 @@ def main() -> None:
     print("| precision | k | schedule | ms (min) | screened per row (median / p99) | evaluated per row (median) |")
     print("|---|---|---|---|---|---|")
     for precision in args.precisions.split(","):
-        plan.choose_screen_precision = lambda *a, _p=precision, **kw: _p
+        knng.options(screen_precision=precision).__enter__()  # for the rest of the process
         for k in (int(v) for v in args.ks.split(",")):
             reference = None
             for schedule in args.schedules.split(","):

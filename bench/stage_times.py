@@ -25,7 +25,6 @@ import torch
 import knng
 import knng.api as api
 import knng.engine.graph as graph
-import knng.engine.plan as plan
 import knng.engine.search as search
 import knng.engine.store as store
 
@@ -80,7 +79,7 @@ def main() -> None:
     x = torch.randn((args.n, args.d), device=dev, generator=gen)
     q = torch.randn((args.queries, args.d), device=dev, generator=gen)
     for precision in args.precisions.split(","):
-        plan.choose_screen_precision = lambda *a, _p=precision, **k: _p
+        knng.options(screen_precision=precision).__enter__()  # for the rest of the process
         for k in [int(v) for v in args.ks.split(",")]:
             run = (lambda: knng.search(q, x, k)) if args.task == "search" else (lambda: knng.graph(x, k))
             run()

@@ -18,7 +18,6 @@ from torch.profiler import ProfilerActivity, profile
 import knng
 import knng.engine.search as search
 from knng.engine import fused, preparation, screen, thresholds
-from knng.engine import plan as planner
 from knng.engine.exact import exact_pairs
 from knng.engine.store import CandidateStore, Holding, PairErrors
 
@@ -130,14 +129,13 @@ def main() -> None:
     times = {True: [], False: []}
     answers = {}
     for first in (True, False):  # warm-up of each
-        planner.TILES_FIRST = first
-        answers[first] = call()
+        with knng.options(tiles_first=first):
+            answers[first] = call()
     for _ in range(args.repeats):
         for first in (True, False):
-            planner.TILES_FIRST = first
-            _, t = timed(call, 1)
+            with knng.options(tiles_first=first):
+                _, t = timed(call, 1)
             times[first].append(t)
-    planner.TILES_FIRST = True
     same = (torch.equal(torch.as_tensor(answers[True].indices), torch.as_tensor(answers[False].indices))
             and torch.equal(torch.as_tensor(answers[True].distances), torch.as_tensor(answers[False].distances)))
     what = f"search {args.queries} × {args.n} × {args.d}" if q is not None else f"graph {args.n} × {args.d}"

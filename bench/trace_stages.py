@@ -185,7 +185,7 @@ def main() -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     if args.precision != "auto":
-        plan.choose_screen_precision = lambda *a, **kw: args.precision
+        knng.options(screen_precision=args.precision).__enter__()  # for the rest of the process
     if args.patches:
         import sys
 

@@ -8,6 +8,7 @@ messages through the ``seed`` fixture.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -202,14 +203,29 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _helpers_patched_once_per_launch()
 
 
+@pytest.fixture
+def set_options():
+    """``set_options(**changes)``: knng's options (``knng.options``) for the rest of the test;
+    returns the options in force. Each call nests inside the ones before it."""
+    import knng
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(knng.options(**changes))
+
+
 @pytest.fixture(autouse=True)
-def _rows_not_folded(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+def _rows_not_folded(request: pytest.FixtureRequest):
     """Tests of the engine see every row: graphs do not fold exact duplicates into one
-    (``knng.api.FOLD_DUPLICATES``), which would route their duplicate-heavy data (integer
+    (``Options.fold_duplicates``), which would route their duplicate-heavy data (integer
     ties, flat patches, all-equal rows) around the engine's tie handling. Tests marked
     ``folds`` (``tests/test_duplicates.py``) keep the default and test the folding."""
-    if request.node.get_closest_marker("folds") is None:
-        monkeypatch.setattr("knng.api.FOLD_DUPLICATES", False)
+    if request.node.get_closest_marker("folds") is not None:
+        yield
+        return
+    import knng
+
+    with knng.options(fold_duplicates=False):
+        yield
 
 
 def _new_seed() -> int:
@@ -296,7 +312,7 @@ def as_kind(tmp_path: Path):
 
 
 @pytest.fixture(params=["float32", "float64", "int8x4"])
-def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+def screen(request: pytest.FixtureRequest, set_options):
     """Force the engine's screen precision (it picks float64 on a CPU when 8·k·d ≥ n).
 
     Every screen must give the exact answer; after a float32 screen every needed candidate is
@@ -304,11 +320,9 @@ def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
     screen (int8x4, the reference of an int8 tensor-core kernel) has the loosest bound.
     Tests check ``last_report().screen_dtype`` to see the choice was applied.
     """
-    import knng.engine.plan as plan
-
     from knng.api import _LAST_REPORT, last_report
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *args, **kwargs: request.param)
+    set_options(screen_precision=request.param)
     _LAST_REPORT["report"] = None
     yield request.param
     report = last_report()

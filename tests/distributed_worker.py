@@ -119,14 +119,10 @@ def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, 
     forced = case.get("precision") or (case.get("gpu_precision") if DEVICE[0] != "cpu" else None)
     if forced is None:
         return _run_case(name, case, rank, world, seed, tmp)
-    import knng.engine.plan as plan
+    import knng
 
-    chosen = plan.choose_screen_precision
-    plan.choose_screen_precision = lambda *args, **kwargs: forced
-    try:
+    with knng.options(screen_precision=forced):
         return _run_case(name, case, rank, world, seed, tmp)
-    finally:
-        plan.choose_screen_precision = chosen
 
 
 def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, tmp: Path) -> dict[str, Any]:

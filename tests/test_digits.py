@@ -218,7 +218,7 @@ def test_digit_kernel_matches_its_reference(interpret, rng, shape, symmetric, fe
 
 
 @pytest.mark.parametrize("task", ["search", "graph"])
-def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, monkeypatch):
+def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, monkeypatch, set_options):
     import knng
     import knng.engine.graph as graph
     import knng.engine.plan as plan
@@ -227,7 +227,7 @@ def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, monkeypa
     from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
 
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "int8x4")
+    set_options(screen_precision="int8x4")
     monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks
     monkeypatch.setattr(graph, "OWN_PART_SEED", 48)
     calls = []
@@ -246,7 +246,7 @@ def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, monkeypa
 
 @pytest.mark.parametrize("kind", ["gauss", "offset", "spike", "midpoints", "huge", "integers", "zeros"])
 @pytest.mark.parametrize("metric", ["sqeuclidean", "euclidean", "cosine", "pearson", "inner_product"])
-def test_digit_search_seeds_from_a_float32_sample_bound_every_rows_kth(kind, metric, rng, seed, monkeypatch):
+def test_digit_search_seeds_from_a_float32_sample_bound_every_rows_kth(kind, metric, rng, seed, monkeypatch, set_options):
     # A digit search seeds its thresholds from a sample screened in float32 (one cuBLAS product
     # instead of three integer ones), with the float32 bound's radii: every seeded τᵢ must still
     # be at least the row's k-th exact key, and the search exact.
@@ -255,7 +255,7 @@ def test_digit_search_seeds_from_a_float32_sample_bound_every_rows_kth(kind, met
     from knng.engine.store import CandidateStore
     from oracle import assert_exact, oracle_search
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "int8x4")
+    set_options(screen_precision="int8x4")
     monkeypatch.setattr(plan, "CPU_SAMPLE", 64)  # a sample narrower than the corpus
     seeded = []
     real_seed = CandidateStore.seed

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import knng
-import knng.api as api
 from knng.api import last_report
 from knng.engine import duplicates
 from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
@@ -282,9 +281,9 @@ def test_nan_rows_are_still_refused(rng):
         knng.graph(x, 3)
 
 
-def test_folding_can_be_turned_off(rng, monkeypatch):
+def test_folding_can_be_turned_off(rng, set_options):
     x = _with_groups(rng, 150, 3, (60,))
-    monkeypatch.setattr(api, "FOLD_DUPLICATES", False)
+    set_options(fold_duplicates=False)
     g = knng.graph(x, 4)
     assert last_report().duplicates_folded == 0
     assert_exact(g, oracle_graph(x, 4))

@@ -68,11 +68,10 @@ def test_other_metrics_and_lazy_inputs_take_the_reference(kernel_device, rng):
     assert torch.equal(got, _reference(metric, x, rows, x, cols))
 
 
-def test_search_and_graph_evaluated_by_the_kernel(kernel_device, rng, monkeypatch, spy):
+def test_search_and_graph_evaluated_by_the_kernel(kernel_device, rng, spy, set_options):
     """Near-ties far from the origin (every row's candidates evaluated), duplicates: exact."""
-    import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float32")
+    set_options(screen_precision="float32")
     calls = spy(exact, "_by_kernel")
     c = smooth_image_patches(rng, 400, side=4).astype(np.float32) + 5e3
     c[300:330] = c[:30]

@@ -231,9 +231,9 @@ def interpret_if_available():
 
 
 @pytest.fixture
-def float16_screen(monkeypatch):
+def float16_screen(monkeypatch, set_options):
     """Graphs screened in scaled float16 on the CPU (the torch reference of the kernel)."""
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
+    set_options(screen_precision="float16")
     monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks too
 
 

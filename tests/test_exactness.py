@@ -430,7 +430,7 @@ def test_search_finish_takes_the_last_survivors_in(pending, widen, monkeypatch, 
     assert taken and (all(taken) if widen else not all(taken)), taken
 
 
-def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed):
+def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed, set_options):
     # A store update sorts at most REBUILD_ENTRIES entries at once and near-ties are evaluated
     # in padded groups of similar widths; a tiny size forces many ranges and groups (rows of very
     # different widths: a cluster of near-ties among spread points) and the answer stays exact.
@@ -444,7 +444,7 @@ def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed):
     # A float32 screen, whose radii make the cluster's rows overflow every time. The planner now
     # screens this graph in float64 (k ≥ n/100 on a CPU), whose near-ties left no row overflowing
     # in 4 of 20 draws (float32: none in 40).
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *args, **kwargs: "float32")
+    set_options(screen_precision="float32")
     x = rng.standard_normal((500, 8)).astype(np.float32)
     x[:150] = x[0] + rng.integers(-1, 2, size=(150, 8)).astype(np.float32) * 1e-3  # near-tie cluster
     g = knng.graph(x, 5, device="cpu", memory_budget="64KB")

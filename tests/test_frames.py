@@ -76,7 +76,7 @@ def test_far_parts_are_skipped_and_the_graph_stays_exact(small_parts, rng, seed)
     assert_exact(g, oracle_graph(x, 5), context=f"seed={seed}")
 
 
-def test_plan_chooses_frames(monkeypatch):
+def test_plan_chooses_frames():
     cpu = torch.device("cpu")
 
     def plan(metric="euclidean", n=5000, budget=2**30):
@@ -176,7 +176,7 @@ def test_window_holds_every_pair_either_side_needs(trial, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["float32", "float64", "tf32x3", "tf32", "bfloat16"])
 @pytest.mark.parametrize("data", ["patches", "line", "offset_gauss"])
-def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed):
+def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed, set_options):
     # Slabs of 500 rows on the GPU: the fused kernel (own parts wider than its seed sample and
     # off-diagonal windows) and the torch screen, each precision, against the float64 oracle.
     if not torch.cuda.is_available():
@@ -184,13 +184,13 @@ def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed):
     import knng.engine.graph as graph_mod
 
     monkeypatch.setattr(plan_mod, "PRINCIPAL_MIN_GAIN", 0.0)  # Gaussian points in slabs too
-    monkeypatch.setattr(plan_mod, "GRAPH_ROWS_TILES_FIRST", False)  # not by rows (their search's tiles first)
+    set_options(graph_rows_tiles_first=False)  # not by rows (their search's tiles first)
     monkeypatch.setattr(plan_mod, "GPU_MAX_PART", 500)
     monkeypatch.setattr(plan_mod, "GPU_KERNEL_MAX_PART", 500)  # the fused precisions' parts too
     monkeypatch.setattr(plan_mod, "GPU_TRIANGLE_MAX_PART", 500)  # and theirs where own blocks are triangles
     monkeypatch.setattr(plan_mod, "GPU_KERNEL_GROUP_COLUMNS", 1500)  # their launches: 3 column parts
     monkeypatch.setattr(graph_mod, "OWN_PART_SEED", 128)
-    monkeypatch.setattr(plan_mod, "choose_screen_precision", lambda *a, **k: precision)
+    set_options(screen_precision=precision)
     x = DATA[data](rng, 4000)
     g = knng.graph(x, 10, device="cuda")
     assert g.report.plan.frames == "principal" and g.report.plan.screen_precision == precision

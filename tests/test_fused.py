@@ -256,14 +256,13 @@ def test_fused_bound_is_wider_the_coarser_the_precision():
 
 # ------------------------------------------------------------------------------ the engine
 @pytest.fixture(params=["tf32", "float16"])
-def kernel_on_cpu(interpret, monkeypatch, request):
+def kernel_on_cpu(interpret, monkeypatch, request, set_options):
     """The engine runs the fused kernel (interpreted) on the CPU, screening in "tf32" or in
     scaled "float16" (whose products the interpreter computes exactly too)."""
     import knng.engine.graph as graph
-    import knng.engine.plan as plan
 
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: request.param)
+    set_options(screen_precision=request.param)
     monkeypatch.setattr(graph, "OWN_PART_SEED", 48)  # the sampled seeds of a part's own block
     calls = []
     real = fused.screen_block
@@ -296,9 +295,9 @@ def _strip_minima_by_reference(monkeypatch, strip: int = 4) -> list:
 
 @pytest.mark.parametrize("held,strips", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("k", [1, 7, 150])
-def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, strips, monkeypatch):
+def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, strips, monkeypatch, set_options):
     if held:  # the GPU's way: survivors held back, tightened by the selection kernels
-        monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))
+        set_options(tighten_on=frozenset({"cpu", "cuda"}))
     minima = _strip_minima_by_reference(monkeypatch) if strips else []  # 150 sample columns: 38 strips
     c = rng.standard_normal((150, 11)) + 30
     c[100:110] = c[:10]
@@ -312,8 +311,7 @@ def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, strips,
                                                             (False, 3, False, False), (False, 1, True, False),
                                                             (True, 3, True, False), (False, 1, True, True),
                                                             (True, 1, False, True)])
-def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, held, strips, monkeypatch):
-    import knng.engine.graph as graph
+def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, held, strips, monkeypatch, set_options):
     import knng.engine.plan as plan
 
     from knng.engine.store import CandidateStore
@@ -321,7 +319,7 @@ def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, gro
     minima = _strip_minima_by_reference(monkeypatch) if strips else []  # 48 seed columns: 12 strips
     holds = []
     if held:  # the GPU's way where the blocks share one centre (Gaussian data): survivors held back
-        monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
+        set_options(hold_on=frozenset({"cpu", "cuda"}))
         real = CandidateStore._hold
         monkeypatch.setattr(CandidateStore, "_hold", lambda store, *a: holds.append(1) or real(store, *a))
     monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks
@@ -335,7 +333,7 @@ def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, gro
 
 
 @pytest.mark.parametrize("include_self,k", [(False, 5), (True, 5), (False, 1), (True, 1), (False, 11)])
-def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, monkeypatch):
+def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, monkeypatch, set_options):
     """The GPU's held graph seeds every part from its own sample and screens every part's own block
     in one pass (graph.screen_own_parts_together): exact, with duplicates across parts, ties from
     integer data, k = 1, a sample that holds the whole part (OWN_PART_SEED ≥ its size) and a last
@@ -344,7 +342,7 @@ def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, 
     import knng.engine.plan as plan
 
     _strip_minima_by_reference(monkeypatch)
-    monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
+    set_options(hold_on=frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(plan, "CPU_MAX_PART", 100)
     calls, materialised = [], []
     real = graph.screen_own_parts_together
@@ -366,7 +364,7 @@ def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, 
 
 
 @pytest.mark.parametrize("include_self,k", [(False, 7), (True, 1)])
-def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, monkeypatch):
+def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, monkeypatch, set_options):
     """Image patches, whose principal slabs centre each part on itself, screen every part's own
     block in one pass too: seeds with their tiles' radii, survivors held with their tiles' norms
     (Holding.pairs). Exact with near-identical flat patches, duplicates across parts, k = 1."""
@@ -376,7 +374,7 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
     from knng.engine.store import CandidateStore
 
     _strip_minima_by_reference(monkeypatch)
-    monkeypatch.setattr(graph, "HOLD_ON", frozenset({"cpu", "cuda"}))
+    set_options(hold_on=frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(plan, "CPU_MAX_PART", 100)
     monkeypatch.setattr(graph, "OWN_PART_SEED", 96)
     calls, paired = [], []
@@ -428,11 +426,11 @@ def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
 
 @pytest.mark.parametrize("precision", [n for n, p in PRECISIONS.items() if p.fused])
 @pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
-def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rng, monkeypatch):
+def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rng, monkeypatch, set_options):
     """Without the kernel the fused precisions run the reference screen; still exact."""
     import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: precision)
+    set_options(screen_precision=precision)
     monkeypatch.setattr(plan, "CPU_MAX_PART", 128)
     x = smooth_image_patches(rng, 600, side=4).astype(np.float32)
     q = x[:50] + rng.standard_normal((50, 16)).astype(np.float32)

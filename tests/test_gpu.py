@@ -199,10 +199,9 @@ def test_adversarial_far_clusters_fall_back(metric, seed, screen):
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "inner_product"])
-def test_far_away_queries_fall_back(metric, seed, monkeypatch):
-    import knng.engine.plan as plan
+def test_far_away_queries_fall_back(metric, seed, set_options):
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float32")
+    set_options(screen_precision="float32")
     corpus = _randn((100_000, 32), seed, dtype=torch.float64)
     corpus -= corpus.mean(dim=1, keepdim=True)  # rows sum to zero …
     queries = corpus[:200] + 1e4  # … so the offset is orthogonal to all corpus variation
@@ -289,9 +288,8 @@ _TF32_CHILD = r"""
 import sys, warnings
 import numpy as np, torch
 import knng
-import knng.engine.plan as plan
 
-plan.choose_screen_precision = lambda *a, **k: "float32"  # the screen TF32 could break
+knng.options(screen_precision="float32").__enter__()  # the screen TF32 could break; for the whole child
 
 def state():
     out = []
@@ -369,11 +367,10 @@ def test_select_algorithms_agree(k, seed):
 
 
 @pytest.mark.parametrize("thresholds", ["sample", "tiles first"])
-def test_oom_retry_on_gpu(thresholds, monkeypatch, seed):
-    import knng.engine.plan as plan
+def test_oom_retry_on_gpu(thresholds, monkeypatch, seed, set_options):
     import knng.engine.search as search  # the seeds of τ, or the tiles' minima where they go first
 
-    monkeypatch.setattr(plan, "TILES_FIRST", thresholds == "tiles first")  # where the wgmma kernel runs
+    set_options(tiles_first=thresholds == "tiles first")  # where the wgmma kernel runs
     name = "_seed_from_sample" if thresholds == "sample" else "_screen_tiles_first"
     real = getattr(search, name)
     calls = {"n": 0}
@@ -394,14 +391,13 @@ def test_oom_retry_on_gpu(thresholds, monkeypatch, seed):
     _check(queries, corpus, [res], seed=seed)
 
 
-def test_real_out_of_memory_shrinks_tiles(seed, monkeypatch):
+def test_real_out_of_memory_shrinks_tiles(seed, monkeypatch, set_options):
     """An over-generous budget: the first blocks do not fit; knng must shrink and finish."""
     # The seeds from the materialised sample block (the kernel's strip minima write none, and
     # then nothing of this search outgrows 1 GB; nor do the tiles' minima where they go first).
-    import knng.engine.plan as plan
 
     monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: False)
-    monkeypatch.setattr(plan, "TILES_FIRST", False)
+    set_options(tiles_first=False)
     free, _ = torch.cuda.mem_get_info()
     corpus = _randn((300_000, 64), seed)
     queries = _randn((20_000, 64), seed + 1)

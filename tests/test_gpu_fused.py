@@ -191,19 +191,15 @@ def test_kernel_excludes_the_diagonal(seed):
 WGMMA_MODES = ["one set", "two sets", False]
 
 
-def _wgmma_mode(mode: "str | bool", monkeypatch) -> None:
+def _wgmma_mode(mode: "str | bool", set_options) -> None:
     """Screens on the wgmma kernel in ``mode`` (see :data:`WGMMA_MODES`), or on mma.sync."""
-    from knng.engine import cuda_screen
-
-    monkeypatch.setattr(cuda_screen, "WGMMA", bool(mode))
-    monkeypatch.setattr(cuda_screen, "WGMMA_ONE_SET", mode == "one set")
+    set_options(wgmma=bool(mode), wgmma_one_set=mode == "one set")
 
 
 @pytest.fixture(params=FUSED)
-def fused_precision(request, monkeypatch):
-    import knng.engine.plan as plan
+def fused_precision(request, set_options):
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: request.param)
+    set_options(screen_precision=request.param)
     yield request.param
     assert last_report().screen_dtype == request.param
 
@@ -238,7 +234,7 @@ def test_search_huge_offset_and_k_equals_n(fused_precision, seed):
 
 @pytest.mark.parametrize("include_self", [False, True])
 @pytest.mark.parametrize("method", ["symmetric", "rows"])
-def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch):
+def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch, set_options):
     """Both graph methods (``plan.graph_method``) on the kernels: symmetric parts of 8,192 (the last
     one short) in launches of 3 column parts; or chunks of rows searched against the data (the
     last one short). Duplicates: 500 points twice, and 21 copies of point 7 (more than k of
@@ -250,7 +246,7 @@ def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch):
     monkeypatch.setattr(plan, "GPU_TRIANGLE_MAX_PART", 8192)  # own blocks as triangles (Hopper) too
     monkeypatch.setattr(plan, "GPU_KERNEL_GROUP_COLUMNS", 3 * 8192)  # launches of 3 column parts, one short
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
-    monkeypatch.setattr(plan, "GRAPH_ROWS_TILES_FIRST", method == "rows")
+    set_options(graph_rows_tiles_first=method == "rows")
     monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 8192)  # several chunks of rows (7 of 7,143 and 7,142)
     g = _gen(seed)
     x = torch.randn((50_001, 64), generator=g, device="cuda") * 3 + 7
@@ -267,13 +263,13 @@ def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["symmetric", "rows"])
-def test_graph_image_patches(fused_precision, method, seed, monkeypatch):
+def test_graph_image_patches(fused_precision, method, seed, monkeypatch, set_options):
     """Image patches (flat regions: near-ties by the hundred) by both graph methods (the planner
     keeps such data symmetric; the rows method is forced here, around one centre)."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
-    monkeypatch.setattr(plan, "GRAPH_ROWS_TILES_FIRST", method == "rows")
+    set_options(graph_rows_tiles_first=method == "rows")
     if method == "rows":
         monkeypatch.setattr(plan, "slab_gain", lambda *a: 1.0)
     monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 16384)
@@ -302,7 +298,7 @@ def test_graph_high_dimension_large_k(fused_precision, seed):
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("diag", [None, 0, -40])
 @pytest.mark.parametrize("wgmma", WGMMA_MODES)
-def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, diag, wgmma, seed, monkeypatch):
+def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, diag, wgmma, seed, set_options):
     """The CUDA C kernels (warp votes; with ``wgmma``, on a Hopper GPU and K ≤ 256,
     ``cuda/screen_wg.cu``'s asynchronous warpgroup products, one accumulator set or two at
     K ≤ 128, else ``cuda/screen.cu``'s mma.sync) and the Triton kernel on the same scaled
@@ -312,7 +308,7 @@ def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, d
     one and not the other within float32 rounding of its threshold."""
     from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
 
-    _wgmma_mode(wgmma, monkeypatch)
+    _wgmma_mode(wgmma, set_options)
     g = _gen(seed)
     m, n, d = shape
     metric = get_metric("sqeuclidean")
@@ -342,7 +338,7 @@ def test_cuda_and_triton_float16_kernels_keep_the_same_pairs(shape, symmetric, d
     col_thr = exact.kthvalue(min(m, 2), dim=0).values.clamp(max=top) if symmetric else None
     outs = []
     for use_cuda in (True, False):
-        monkeypatch.setattr(fused, "CUDA_SCREEN", use_cuda)
+        set_options(cuda_screen=use_cuda)
         by_row, by_col = fused.screen_block(qa.vectors, ca.vectors, d, row_thr.float(),
                                             None if col_thr is None else col_thr.float(), rt, ct, "float16",
                                             exclude_diagonal=diag, capacity_hint=7)  # 7: the relaunch
@@ -363,7 +359,7 @@ def test_hopper_screens_run_the_wgmma_kernel():
     """On compute capability 9.0 a screen of K ≤ 256 runs the wgmma kernel (it compiles there:
     one accumulator set and two blocks a multiprocessor up to K = 128, or four B tiles in its
     ring with two sets where the one set is off; two tiles past it), a wider one or one with
-    WGMMA off the mma.sync kernel; elsewhere always the latter."""
+    the wgmma option off the mma.sync kernel; elsewhere always the latter."""
     from knng.engine import cuda_screen
 
     if not cuda_screen.available(torch.device("cuda")):
@@ -376,16 +372,10 @@ def test_hopper_screens_run_the_wgmma_kernel():
         assert (cuda_screen.choose_config(256, symmetric, index) == "wg128x128b2") == hopper
         assert (cuda_screen.choose_config(144, symmetric, index) == "wg128x128b2") == hopper
         assert not cuda_screen.choose_config(272, symmetric, index).startswith("wg")
-    cuda_screen.WGMMA_ONE_SET = False
-    try:
+    with knng.options(wgmma_one_set=False):
         assert (cuda_screen.choose_config(128, False, index) == "wg128x128") == hopper
-    finally:
-        cuda_screen.WGMMA_ONE_SET = True
-    cuda_screen.WGMMA = False
-    try:
+    with knng.options(wgmma=False):
         assert not cuda_screen.choose_config(128, False, index).startswith("wg")
-    finally:
-        cuda_screen.WGMMA = True
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -442,11 +432,8 @@ def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, 
     expected = {tuple(q) for q in torch.stack([reference.owner, reference.other], 1).tolist()}
     for r, c in kept ^ expected:
         assert abs(float(exact[r, c]) - float(thr[r])) <= radius, "the triangle differs away from a tie"
-    cuda_screen.TRIANGLE = False
-    try:
+    with knng.options(triangle=False):
         rows = screen_own_later(queries, p.vectors, d, thr, precision, terms=t, exclude_diagonal=exclude)()
-    finally:
-        cuda_screen.TRIANGLE = True
     by_rows = {tuple(q) for q in torch.stack([rows.owner, rows.other], 1).tolist()}
     for r, c in kept ^ by_rows:
         assert abs(float(exact[r, c]) - float(thr[r])) <= radius, "rows and triangle differ away from a tie"
@@ -454,14 +441,14 @@ def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("wgmma", WGMMA_MODES)
-def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypatch):
+def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, set_options):
     """+inf thresholds keep all m·n pairs (lists sized to hold them all after one relaunch),
     −inf none; the keys equal the Triton kernel's within float32 rounding (both CUDA kernels)."""
     from knng.engine import cuda_screen
 
     if not cuda_screen.available(torch.device("cuda")):
         pytest.skip("needs CuPy")
-    _wgmma_mode(wgmma, monkeypatch)
+    _wgmma_mode(wgmma, set_options)
     g = _gen(seed)
     x = torch.randn((300, 64), generator=g, device="cuda", dtype=torch.float64)
     metric = get_metric("sqeuclidean")
@@ -470,12 +457,9 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypat
     inf = torch.full((300,), torch.inf, device="cuda")
     keys = []
     for use_cuda in (True, False):
-        fused.CUDA_SCREEN = use_cuda
-        try:
+        with knng.options(cuda_screen=use_cuda):
             out, col = fused.screen_block(p.vectors, p.vectors, 64, inf, inf, t, t, "float16", capacity_hint=10)
             none, _ = fused.screen_block(p.vectors, p.vectors, 64, -inf, None, t, t, "float16")
-        finally:
-            fused.CUDA_SCREEN = True
         assert out.owner.numel() == col.owner.numel() == 300 * 300 and none.owner.numel() == 0
         dense = torch.full((300, 300), torch.nan, dtype=torch.float64, device="cuda")
         dense[out.owner, out.other] = out.keys.double()
@@ -488,7 +472,7 @@ def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, monkeypat
 @pytest.mark.parametrize("m,n,d", [(1, 1, 16), (129, 63, 64), (300, 65, 128), (1000, 8229, 128), (77, 700, 200),
                                    (400, 3000, 256), (50, 300, 960)])
 @pytest.mark.parametrize("wgmma", WGMMA_MODES)
-def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, monkeypatch):
+def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, set_options):
     """The CUDA kernel's strip minima equal the reference reduction (``strip_minima_of``) of
     every key the screen kernel computes for the same block, bit for bit (the same products
     and roundings), columns too: duplicate rows (ties go to the smaller column), NaN column
@@ -500,8 +484,8 @@ def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, mon
 
     if not cuda_screen.available(torch.device("cuda")):
         pytest.skip("needs CuPy")
-    monkeypatch.setattr(cuda_screen, "WGMMA_MINIMA", bool(wgmma))
-    monkeypatch.setattr(cuda_screen, "WGMMA_ONE_SET", wgmma == "one set")
+    set_options(wgmma_minima=bool(wgmma))
+    set_options(wgmma_one_set=wgmma == "one set")
     a, b, rt, ct = _scaled_block(_gen(seed + m + n), m, n, d)
     ct[5:5 + fused.STRIP] = torch.nan  # a whole strip (where n allows) of NaN keys
     keys, cols = fused.strip_minima(a, b, d, rt, ct, "float16")
@@ -716,8 +700,8 @@ def test_row_order_is_its_reference_on_the_hardware():
 
 @pytest.mark.parametrize("precision", ["tf32", "tf32x3", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(1000, 4099, 128), (3, 70000, 20)])
-def test_column_terms_in_the_product_epilogue(precision, shape, seed, monkeypatch):
-    """``block_scores`` with the column terms as the product's bias (``GEMM_COLUMN_TERMS``) keeps
+def test_column_terms_in_the_product_epilogue(precision, shape, seed, set_options):
+    """``block_scores`` with the column terms as the product's bias (``Options.gemm_column_terms``) keeps
     the screen's contract: every key within the bound of the float64 score, and (the same product,
     the same single float32 rounding of each term) equal to the product plus a separate
     addition, or one float32 rounding from it where cuBLAS picks another algorithm."""
@@ -732,7 +716,7 @@ def test_column_terms_in_the_product_epilogue(precision, shape, seed, monkeypatc
     terms = b64.terms.to(torch.float32)
     p = PRECISIONS[precision]
     fused_keys = screen.block_scores(a.vectors, b.vectors, d, p, col_terms=terms)
-    monkeypatch.setattr(screen, "GEMM_COLUMN_TERMS", False)
+    set_options(gemm_column_terms=False)
     separate = screen.block_scores(a.vectors, b.vectors, d, p, col_terms=terms)
     exact = a64.vectors[:, :d] @ b64.vectors[:, :d].T + b64.terms[None, :]
     bound = get_metric("sqeuclidean").pair_bound(d, a.norms[:, None], b.norms[None, :], None,
@@ -771,7 +755,7 @@ def test_blocks_sized_later_keep_the_pairs_of_blocks_sized_at_once(seed):
         assert pairs(got[0]) == pairs(want[0]) and pairs(got[1]) == pairs(want[1])
 
 
-def _use_float16_kernel(kernel: str, d: int, monkeypatch) -> None:
+def _use_float16_kernel(kernel: str, d: int, set_options) -> None:
     """Screens of K = ``d`` run on ``kernel`` ("wgmma", "mma.sync", "triton"; "tf32" leaves them
     as they are), or the test skips where it cannot run."""
     from knng.engine import cuda_screen
@@ -781,13 +765,13 @@ def _use_float16_kernel(kernel: str, d: int, monkeypatch) -> None:
     if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
                               or not cuda_screen.choose_config(d, False, torch.cuda.current_device()).startswith("wg")):
         pytest.skip("the wgmma kernel runs on compute capability 9.0, K <= 256")
-    monkeypatch.setattr(cuda_screen, "WGMMA", kernel == "wgmma")
-    monkeypatch.setattr(fused, "CUDA_SCREEN", kernel != "triton")
+    set_options(wgmma=kernel == "wgmma")
+    set_options(cuda_screen=kernel != "triton")
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("kernel", ["wgmma", "mma.sync", "triton", "tf32"])
-def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, monkeypatch):
+def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, set_options):
     """What ``knng.metrics.with_exact_products`` relies on: float16 tensor cores multiply integer
     rows and add the products in float32 without an error while |sums| stay below 2²⁴, in
     whatever order and alignment they add. Rows of ±255 (every product the largest, sums up to
@@ -798,7 +782,7 @@ def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, monkeypatch
     from knng.engine.common import full_precision, tf32_products
     from knng.metrics import scaled_row_factors, scaled_scales, scaled_width
 
-    _use_float16_kernel(kernel, d, monkeypatch)
+    _use_float16_kernel(kernel, d, set_options)
     g = _gen(seed)
 
     def rows(m: int) -> torch.Tensor:
@@ -827,7 +811,7 @@ def test_integer_products_are_exact_on_the_hardware(d, kernel, seed, monkeypatch
 
 @pytest.mark.parametrize("d", [64, 256])
 @pytest.mark.parametrize("kernel", ["wgmma", "mma.sync", "triton"])
-def test_grey_level_keys_are_within_the_exact_bound_on_the_hardware(d, kernel, seed, monkeypatch):
+def test_grey_level_keys_are_within_the_exact_bound_on_the_hardware(d, kernel, seed, set_options):
     """Rows on the lattice of unit fl(1/255) (grey levels divided by 255): the stored values are
     integer numbers of units, their products exact, the scalings by scales that are not powers of
     two round, and each input sits a little off its lattice point; every key of each kernel within
@@ -837,7 +821,7 @@ def test_grey_level_keys_are_within_the_exact_bound_on_the_hardware(d, kernel, s
     from knng.engine.common import LATTICE_UNITS
     from knng.metrics import with_exact_products
 
-    _use_float16_kernel(kernel, d, monkeypatch)
+    _use_float16_kernel(kernel, d, set_options)
     g = _gen(seed)
     grey = LATTICE_UNITS[1]
     metric = replace(get_metric("sqeuclidean"), lattice=grey)
@@ -859,14 +843,14 @@ def test_grey_level_keys_are_within_the_exact_bound_on_the_hardware(d, kernel, s
     assert ratio <= 1.0, f"|key − score| / E = {ratio} ({kernel}, d = {d})"
 
 
-def test_graph_of_grey_levels_divided_by_255(seed, monkeypatch):
+def test_graph_of_grey_levels_divided_by_255(seed, monkeypatch, set_options):
     """Image patches as float32 grey levels / 255 (``img_as_float32``): screened with exact products
     on the lattice of unit fl(1/255), exact, and with no near-ties left to evaluate at the median row."""
     import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
+    set_options(screen_precision="float16")
     monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 10**9)  # symmetric: the rows method is a search (float16 bound)
-    monkeypatch.setattr(plan, "GRAPH_ROWS_TILES_FIRST", False)  # (nor by rows where its tiles go first)
+    set_options(graph_rows_tiles_first=False)  # (nor by rows where its tiles go first)
     rng = np.random.default_rng(seed)
     pixels = smooth_image_patches(rng, 80_000)
     grey = torch.from_numpy((pixels / 255.0).astype(np.float32)).cuda()

@@ -11,8 +11,7 @@ import knng
 import knng.engine.graph as graph_engine
 from knng.api import last_report
 from oracle import (
-    DTYPES, KINDS, METRICS, assert_exact, assert_output_kind, kind_supports, oracle_graph, oracle_search,
-    random_values,
+    DTYPES, KINDS, METRICS, assert_exact, assert_output_kind, kind_supports, oracle_graph, random_values,
 )
 
 CASES = [(kind, dtype) for kind in KINDS for dtype in DTYPES if kind_supports(kind, dtype)]
@@ -160,7 +159,7 @@ def test_graph_odd_shapes(n, d, metric, rng, seed, screen):
 
 @pytest.mark.parametrize("bands", [2, 3, 8])
 @pytest.mark.parametrize("metric", METRICS)
-def test_own_blocks_in_row_bands(bands, metric, monkeypatch, rng, seed):
+def test_own_blocks_in_row_bands(bands, metric, monkeypatch, rng, seed, set_options):
     """A part's own block materialised in row bands, the lower part mirrored (``screen``'s
     ``SYMMETRIC_BANDS``, forced on small blocks): the same block but for rounding, every entry
     left of its band's diagonal block the transposed entry bit for bit; and graphs in float32 and
@@ -188,7 +187,7 @@ def test_own_blocks_in_row_bands(bands, metric, monkeypatch, rng, seed):
         calls = []
         monkeypatch.setattr(screen, "_banded_product", lambda *a: calls.append(1) or banded_product(*a))
         for k in (1, 7, 300):
-            monkeypatch.setattr(knng.engine.plan, "choose_screen_precision", lambda *a, name=name, **kw: name)
+            set_options(screen_precision=name)
             g = knng.graph(x, k, metric=metric, device="cpu")
             assert last_report().screen_dtype == name and last_report().parts == 1 and calls
             assert_exact(g, oracle_graph(x, k, metric), context=f"seed={seed} {name} k={k} bands={bands}")
@@ -318,7 +317,7 @@ def _graph_data(rng: np.random.Generator, n: int, data: str) -> np.ndarray:
 @pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
 @pytest.mark.parametrize("data", ["duplicates", "integer_ties"])
 @pytest.mark.parametrize("n,k,budget", [(211, 10, "12KB"), (397, 1, "32KB"), (300, 30, "200KB")])
-def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, monkeypatch, rng, seed, screen):
+def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, rng, seed, screen):
     # The batch index sort seeds the diagonal blocks' thresholds; the answer must not depend on it.
     x = _graph_data(rng, n, data)
     g = knng.graph(x, k, metric=metric, select="batch_sort", memory_budget=budget)
@@ -333,8 +332,8 @@ def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, monkeypatch
 @pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint", "finish tightens"])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 6), ("offset", 5),
                                     ("integers", 12), ("all", 299), ("patches", 7), ("flat patches", 10)])
-def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, seed, tmp_path):
-    # A GPU graph in a low precision holds its survivors back (graph.HOLD_ON, store.Holding):
+def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, seed, tmp_path, set_options):
+    # A GPU graph in a low precision holds its survivors back (Options.hold_on, store.Holding):
     # tightened by selection every `pending` pairs, finished from what is left; over the
     # holding's limit (or for a checkpoint) the store takes them in. Blocks of one centre
     # tighten against the corpus's maxima; image patches, whose principal slabs centre each
@@ -346,8 +345,8 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
     from knng.engine.store import CandidateStore, Holding
     from oracle import smooth_image_patches
 
-    monkeypatch.setattr(graph_engine, "HOLD_ON", frozenset({"cpu", "cuda"}))
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **kw: "tf32")
+    set_options(hold_on=frozenset({"cpu", "cuda"}))
+    set_options(screen_precision="tf32")
     monkeypatch.setattr(plan, "CPU_MAX_PART", 70)
     monkeypatch.setattr(plan, "PENDING_CPU", 300)  # several tightenings
     if how == "taken":
@@ -382,7 +381,7 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
     held = how in ("held", "flat", "finish tightens")
     assert (calls["_finish_held"] > 0) == held and (calls["_take_held"] > 0) != held, calls
     if data.endswith("patches"):  # blocks centred on their own parts: pairs with their norms
-        assert graph_engine.HOLD_PAIRS and last_report().plan.frames == "principal"
+        assert knng.get_options().hold_pairs and last_report().plan.frames == "principal"
         assert calls["_tighten_held_pairs"] > 0 or how in ("taken", "checkpoint"), calls
     assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {how}")
     if how == "checkpoint":
@@ -453,7 +452,7 @@ def test_survivors_of_smallest_equal_the_whole_compare(select, dtype, width, rng
 
 @pytest.mark.parametrize("data", ["gaussian", "duplicates", "shell", "offset", "integers", "flat"])
 @pytest.mark.parametrize("name", ["float64", "float32"])
-def test_graph_survivors_from_each_rows_smallest_is_exact(data, name, monkeypatch, rng, seed):
+def test_graph_survivors_from_each_rows_smallest_is_exact(data, name, monkeypatch, rng, seed, set_options):
     """A whole own block whose rows' survivors come from their smallest entries
     (``graph.WHOLE_BY_SMALLEST_DEVICES``, a GPU's, forced on the CPU from k = 1) and go into the
     store in place (``CandidateStore.take_whole_rows``): exact on ties, duplicates past the
@@ -464,7 +463,7 @@ def test_graph_survivors_from_each_rows_smallest_is_exact(data, name, monkeypatc
 
     monkeypatch.setattr(graph_engine, "WHOLE_BY_SMALLEST_DEVICES", ("cpu",))
     monkeypatch.setattr(graph_engine, "WHOLE_BY_SMALLEST_MIN_K", 1)
-    monkeypatch.setattr(knng.engine.plan, "choose_screen_precision", lambda *a, **kw: name)
+    set_options(screen_precision=name)
     calls, widest = [], []
     real = graph_engine.survivors_of_smallest
     monkeypatch.setattr(graph_engine, "survivors_of_smallest", lambda *a: calls.append(1) or real(*a))

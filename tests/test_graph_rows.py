@@ -133,7 +133,7 @@ def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
     assert _gpu_plan(100, metric="cosine").graph_method == "rows" and gpu_planner["calls"] == calls
 
 
-def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planner, monkeypatch):
+def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planner, monkeypatch, set_options):
     # Where the search takes its tiles first (plan.tiles_first: the wgmma kernel, 2k to 4,096
     # tiles of 128 columns, the budget) a graph of at most GRAPH_ROWS_TILES_FIRST_MAX_ND values
     # runs by rows at any k; larger data, image-like data and k past the tiles keep the blocks.
@@ -144,14 +144,14 @@ def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planne
     assert _gpu_plan(10, n=500_000).graph_method == "symmetric"  # 64M values: the halved product wins
     assert _gpu_plan(100, n=500_000).graph_method == "rows"  # from GRAPH_ROWS_MIN_K, as before
     assert _gpu_plan(10, n=2_000).graph_method == "symmetric"  # 16 tiles < 2 (k + 1)
-    monkeypatch.setattr(plan_mod, "GRAPH_ROWS_TILES_FIRST", False)
+    set_options(graph_rows_tiles_first=False)
     assert _gpu_plan(10).graph_method == "symmetric"
-    monkeypatch.setattr(plan_mod, "GRAPH_ROWS_TILES_FIRST", True)
+    set_options(graph_rows_tiles_first=True)
     gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN  # principal slabs: blocks centred on their parts
     assert _gpu_plan(10).graph_method == "symmetric"
 
 
-def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch):
+def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch, set_options):
     monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda precision, device, d: precision.name == "float16")
     cuda = torch.device("cuda", 0)
 
@@ -172,7 +172,7 @@ def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch):
     huge = replace(search(1 << 21, 10, budget=300 * 2**30), query_rows=1 << 17)
     assert huge.query_rows * 16_384 * 8 <= huge.budget // 8 and not plan_mod.tiles_first(huge, cuda)
     assert plan_mod.tiles_first(replace(huge, query_rows=(1 << 17) - 1), cuda)
-    monkeypatch.setattr(plan_mod, "TILES_FIRST", False)
+    set_options(tiles_first=False)
     assert not plan_mod.tiles_first(search(200_000, 100), cuda)
 
 

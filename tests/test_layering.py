@@ -60,6 +60,7 @@ PLACED: dict[str, str] = {
     "_units": "leaf",        # byte-size parsing, imports nothing of knng
     "_version": "leaf",      # the version string, named by checkpoint fingerprints in every layer
     "_interrupts": "leaf",   # SIGINT/SIGTERM as one exception: the command line and the launcher
+    "_options": "leaf",      # the engine's options (knng.options / knng.get_options), read by every layer
     "results": "results",    # plain result classes: usable by every layer above _inputs
     "arguments": "engine",   # argument checks shared by api and distributed (imports select)
     "reports": "engine",     # last-report holder and report_as_dict, shared by api and distributed

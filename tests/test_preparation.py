@@ -127,12 +127,11 @@ def test_corpus_pass_names_the_first_bad_row(device):
                             block_rows=128)
 
 
-def test_search_prepared_by_the_kernels(device, rng, monkeypatch, spy):
+def test_search_prepared_by_the_kernels(device, rng, spy, set_options):
     """A float16 search whose corpus and queries the kernels prepared (screened by the
     interpreted Triton kernel, or on a GPU by the CUDA one) is exact; far from the origin, with ties."""
-    import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "choose_screen_precision", lambda *a, **k: "float16")
+    set_options(screen_precision="float16")
     calls = spy(preparation, "prepare")
     c = smooth_image_patches(rng, 300, side=4).astype(np.float32) + 1000.0
     c[200:220] = c[:20]

@@ -105,13 +105,13 @@ def test_kernel_is_the_reference(monkeypatch):
     assert assert_kernel_is_reference(torch.device("cpu")) == 28
 
 
-def test_sort_kernel_is_the_reference(monkeypatch):
+def test_sort_kernel_is_the_reference(monkeypatch, set_options):
     # Every row (the rank kernel's narrow ones too, here) sorted once by the sort kernel, the
     # rows with a tie or a NaN in their first k + 1 again by the reference.
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    monkeypatch.setattr(row_order, "SORT_INTERPRETED", True)
+    set_options(sort_interpreted=True)
     monkeypatch.setattr(row_order, "kernel_applies", lambda idx: False)
     sorted_rows = []
     kernel_head = row_order._sorted_head

@@ -218,7 +218,7 @@ def test_every_registered_selection_is_exact(k, rng, seed, screen):
 # ------------------------------------------------------------------- thresholds between tiles
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 9), ("offset", 5),
                                     ("integers", 40)])
-def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, seed, screen):
+def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, seed, screen, set_options):
     # After each corpus tile the store's thresholds tighten from that tile's survivors alone
     # (CandidateStore.tighten); every τ must stay at or above the row's true k-th key, for
     # ties, duplicated points, huge offsets and integer data, and must actually tighten.
@@ -252,7 +252,7 @@ def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, s
         assert bool((store.tau >= key - slack).all()), (store.tau - key)[store.tau < key - slack]
 
     monkeypatch.setattr(CandidateStore, "tighten", checked)
-    monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))  # by default on GPUs only
+    set_options(tighten_on=frozenset({"cpu", "cuda"}))  # by default on GPUs only
     res = knng.search(q, x, k, memory_budget="64KB")
     assert last_report().plan.corpus_cols < 1500
     assert seen["calls"] > 0, seen
@@ -311,7 +311,7 @@ def test_kth_strip_seeds_never_cut_a_true_neighbour(data, monkeypatch, rng, seed
 @pytest.mark.parametrize("spill", [False, True])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("duplicates", 9), ("flat", 7), ("offset", 4),
                                     ("integers", 30), ("all", 300)])
-def test_held_survivors_finish_exact(data, k, spill, monkeypatch, rng, seed, screen):
+def test_held_survivors_finish_exact(data, k, spill, monkeypatch, rng, seed, screen, set_options):
     # Where the tiles tighten the thresholds (GPU searches), the store holds the survivors back,
     # re-screens them against the tightened thresholds after every tile, and its finish
     # evaluates every one left exactly (CandidateStore._finish_held); held lists over their
@@ -347,7 +347,7 @@ def test_held_survivors_finish_exact(data, k, spill, monkeypatch, rng, seed, scr
     monkeypatch.setattr(CandidateStore, "_take_held", take_held)
     if spill:  # held lists over their limit at the first tile: the store takes them in
         monkeypatch.setattr("knng.engine.search.Holding", lambda: Holding(limit=0))
-    monkeypatch.setattr("knng.engine.search.TIGHTEN_ON", frozenset({"cpu", "cuda"}))
+    set_options(tighten_on=frozenset({"cpu", "cuda"}))
     res = knng.search(q, x, k, memory_budget="64KB")
     assert (calls["held"] == 0) == spill and (calls["taken"] > 0) == spill, calls
     assert_exact(res, oracle_search(q, x, k), context=f"seed={seed} {data} spill={spill}")
@@ -539,7 +539,7 @@ def test_summaries_in_one_copy_equal_each_alone(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("data", ["gaussian", "duplicates", "offset", "integers", "flat"])
-def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, screen):
+def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, screen, set_options):
     # On a Hopper GPU a search of at most 4,096 corpus tiles (a 200k graph by rows)
     # takes τ from the k-th smallest of each row's 128-column tile minima and screens only the
     # tiles whose minimum is within the row's threshold (search._screen_tiles_first). Forced here
@@ -588,7 +588,7 @@ def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, s
 
     monkeypatch.setattr(CandidateStore, "tighten_ends", checked_ends)
     monkeypatch.setattr(search, "screen_tiles", checked_tiles)
-    monkeypatch.setattr(search, "TIGHTEN_ON", frozenset({"cpu", "cuda"}))  # by default on GPUs only
+    set_options(tighten_on=frozenset({"cpu", "cuda"}))  # by default on GPUs only
     monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda *args: True)  # the wgmma kernel's: GPUs only
     res = knng.search(q, x, k)
     plan = last_report().plan  # every screen precision runs the path by its references here

@@ -31,6 +31,9 @@ _LAZY: dict[str, str] = {
     "KNeighborsTransformer": "knng.estimators",
     "DiffusionMap": "knng.manifold",
     "KnngPerformanceWarning": "knng.engine.plan",
+    "options": "knng._options",
+    "get_options": "knng._options",
+    "Options": "knng._options",
 }
 
 #: Sub-modules reachable as attributes (``knng.api.last_report()``) without importing them first.
@@ -42,12 +45,13 @@ _SUBMODULES = frozenset({
 __all__ = [
     "search", "graph", "Neighbors", "Graph", "load_graph",
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
-    "DiffusionMap", "KnngPerformanceWarning", "__version__",
+    "DiffusionMap", "KnngPerformanceWarning", "options", "get_options", "Options", "__version__",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from __getattr__
     from knng.api import graph, search
     from knng.engine.plan import KnngPerformanceWarning
+    from knng._options import Options, get_options, options
     from knng.estimators import (
         KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer, NearestNeighbors,
     )

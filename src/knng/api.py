@@ -33,6 +33,7 @@ from knng.metrics import Metric, get_metric
 
 # Re-exported: knng.api.last_report and knng.api.report_as_dict are public, and
 # knng.api._LAST_REPORT is the very same holder dict as knng.reports.LAST_REPORT.
+from knng._options import get_options
 from knng.reports import LAST_REPORT as _LAST_REPORT  # noqa: F401
 from knng.reports import last_report, report_as_dict, set_last_report
 from knng.results import Graph, Neighbors
@@ -216,12 +217,6 @@ def search(
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
 
-#: Fold exact duplicate rows into one before a graph, or a search's corpus rows
-#: (``knng.engine.duplicates``), where some group is large enough to pay; runs with a
-#: checkpoint, distributed runs and data read from files are not folded.
-FOLD_DUPLICATES = True
-
-
 #: Data of at most this share of the device budget are copied to the device before a graph
 #: looks for duplicate rows there (the engine then reads that copy): a host pass over 582,150 ×
 #: 64 float32 rows took 0.3 s on 2 cores, on a GPU it is a few launches.
@@ -240,8 +235,8 @@ def _on_device(x: InputArray, dev: torch.device, budget: int) -> InputArray:
 def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, budget: int, checkpoint: Any
                       ) -> tuple[InputArray, "duplicates.DuplicateGroups | None"]:
     """The rows the engine reads (``x``, or its copy on the device) and their groups of identical
-    rows where folding them applies and pays (:data:`FOLD_DUPLICATES`), else None."""
-    if not (FOLD_DUPLICATES and checkpoint is None and x.in_memory and duplicates.applies(m)):
+    rows where folding them applies and pays (``Options.fold_duplicates``), else None."""
+    if not (get_options().fold_duplicates and checkpoint is None and x.in_memory and duplicates.applies(m)):
         return x, None
     rows = _on_device(x, dev, budget)
     assert rows.tensor is not None

@@ -24,7 +24,7 @@ from knng.distributed.plan import shard_ranges
 from knng.distributed.shards import common_centre, merge_across_ranks, rows_subset
 from knng.engine.common import PreparedCorpus, full_precision
 from knng.engine.exact import ExactStats
-from knng.engine.plan import choose_screen_precision, make_search_plan
+from knng.engine.plan import make_search_plan, resolve_precision
 from knng.engine.search import exact_search
 from knng.metrics import METRICS, Metric
 
@@ -69,7 +69,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     s0, s1 = shard_ranges(n, world)[rank]
     shard = rows_subset(corpus, [(s0, s1)], name=corpus.name)
     ks = min(k, s1 - s0)
-    precision = choose_screen_precision(device, max(1, s1 - s0), d, max(1, ks))
+    precision = resolve_precision(None, device, max(1, s1 - s0), d, max(1, ks))
     stats = ExactStats()
     chunk_rows, q_start = QUERY_CHUNK, 0
     if checkpoint is not None:

@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from knng._options import get_options
 from knng.select import cuda
 
 __all__ = ["available", "launch_screen", "launch_strip_minima", "launch_tile_minima", "launch_gathered_screen",
@@ -144,19 +145,11 @@ _WGMMA_FOUR_TILES_K = 128
 #: Largest K of the one-set configuration (A's block and two B tiles in half a multiprocessor's
 #: shared memory).
 _WGMMA_ONE_SET_K = 128
-#: Whether screens of K ≤ 128 take the wgmma kernel's one-set configuration (two blocks a
-#: multiprocessor; benchmarks turn it off to compare with two sets).
-WGMMA_ONE_SET = True
-#: Whether screens use the wgmma kernel where it runs (benchmarks turn it off to compare).
-WGMMA = True
-#: Whether the wgmma kernel's pre-test marks its candidates as it tests them (``SCREEN_MARK``),
-#: instead of testing a half-tile's entries again where one passed (benchmarks turn it off).
-MARK_CANDIDATES = True
-#: Whether strip minima use it too (benchmarks turn it off to compare).
-WGMMA_MINIMA = True
-#: Whether a graph part's own block is screened as its upper triangle where the wgmma kernel
-#: runs (:func:`triangle_runs`; benchmarks turn it off to compare).
-TRIANGLE = True
+# Options (``knng.options``) that benchmarks turn off to compare: ``wgmma`` (the wgmma kernel
+# where it runs), ``wgmma_one_set`` (its one-set configuration for K ≤ 128, two blocks a
+# multiprocessor), ``mark_candidates`` (its pre-test marks its candidates, ``SCREEN_MARK``,
+# instead of testing a half-tile's entries again where one passed), ``wgmma_minima`` (strip
+# minima on it too) and ``triangle`` (a part's own block screened as its upper triangle).
 
 #: Shared memory a multiprocessor has for two blocks of ~113 KB each (H100: 228 KB, of which
 #: 1 KB per block is reserved): a resident A block is used while two blocks still fit.
@@ -174,7 +167,7 @@ def choose_config(k_dims: int, symmetric: bool = False, device_index: int | None
     non-symmetric block, 256-row blocks with A resident while one fits (K <= 256: half the reads
     of B per product; in a symmetric block, whose two tests have no pre-test, 8 warps a block
     also hide the survivors' path better), else A streamed with B."""
-    if WGMMA and device_index is not None and k_dims <= WGMMA_MAX_K and _wgmma_runs(device_index):
+    if get_options().wgmma and device_index is not None and k_dims <= WGMMA_MAX_K and _wgmma_runs(device_index):
         return _wgmma_config(k_dims)
     if not symmetric and shared_bytes(k_dims, CONFIGS["r128x128"], True, True, True) <= _TWO_BLOCKS:
         return "r128x128"
@@ -187,7 +180,7 @@ def _wgmma_config(k_dims: int) -> str:
     """The wgmma configuration for K = ``k_dims`` (≤ :data:`WGMMA_MAX_K`): one accumulator set and
     two blocks a multiprocessor where they fit (K ≤ 128), else two sets and B tiles in a ring of
     two."""
-    if WGMMA_ONE_SET and k_dims <= _WGMMA_ONE_SET_K:
+    if get_options().wgmma_one_set and k_dims <= _WGMMA_ONE_SET_K:
         return "wg128x128s1"
     return "wg128x128" if k_dims <= _WGMMA_FOUR_TILES_K else "wg128x128b2"
 
@@ -210,7 +203,8 @@ def _wgmma_runs(device_index: int) -> bool:
 def triangle_runs(device: torch.device, k_dims: int) -> bool:
     """Whether :func:`launch_screen` screens a triangle of K = ``k_dims`` on ``device``: the
     wgmma kernel runs there (its symmetric variant has the triangle's tile sweep)."""
-    if not (TRIANGLE and WGMMA and k_dims <= WGMMA_MAX_K and available(device)):
+    opts = get_options()
+    if not (opts.triangle and opts.wgmma and k_dims <= WGMMA_MAX_K and available(device)):
         return False
     return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -256,7 +250,7 @@ def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, 
                 f"SCREEN_KC={-(-k_dims // BLOCK_K)}", f"SCREEN_RT={int(row_terms)}",
                 f"SCREEN_CT={int(col_terms)}", f"SCREEN_SYM={int(symmetric)}",
                 f"SCREEN_PRE={int(config.pretest and not minima)}", f"SCREEN_WITH_BF16={int(bf16)}",
-                f"SCREEN_MARK={int(MARK_CANDIDATES)}"
+                f"SCREEN_MARK={int(get_options().mark_candidates)}"
                 ) + (("SCREEN_MIN=1",) if minima else ()) + (("SCREEN_TRI=1",) if triangle else ())
     return (f"SCREEN_BM={config.bm}", f"SCREEN_BN={config.bn}", f"SCREEN_WM={config.wm}", f"SCREEN_WN={config.wn}",
             f"SCREEN_STAGES={config.stages}", f"SCREEN_ARES={int(config.resident)}",
@@ -474,7 +468,7 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
     device = a.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     has_rt, has_ct = row_terms is not None, col_terms is not None
-    if WGMMA and WGMMA_MINIMA and k_dims <= WGMMA_MAX_K and _wgmma_runs(index):
+    if get_options().wgmma and get_options().wgmma_minima and k_dims <= WGMMA_MAX_K and _wgmma_runs(index):
         cfg = CONFIGS[_wgmma_config(k_dims)]  # its halves of 64 columns are the strips
     else:
         fits = [CONFIGS[name] for name in MINIMA_CONFIGS
@@ -516,7 +510,7 @@ TILE = 128
 def gathered_runs(device: torch.device, k_dims: int) -> bool:
     """Whether :func:`launch_tile_minima` and :func:`launch_gathered_screen` run on ``device`` for
     K = ``k_dims``: where the wgmma kernel does (a Hopper GPU, K ≤ :data:`WGMMA_MAX_K`)."""
-    if not (WGMMA and k_dims <= WGMMA_MAX_K and available(device)):
+    if not (get_options().wgmma and k_dims <= WGMMA_MAX_K and available(device)):
         return False
     return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
 

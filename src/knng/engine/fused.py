@@ -43,6 +43,7 @@ from knng.engine import cuda_screen
 from knng.metrics import (
     digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
 )
+from knng._options import get_options
 from knng.select import cuda
 
 __all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
@@ -58,10 +59,10 @@ DOT_PRECISION = {"float32": "ieee", "tf32": "tf32", "tf32x3": "tf32x3", "bfloat1
 #: it in smaller pieces.
 MAX_LIST = 2**31 - 2**24
 
-#: Scaled float16 screens run the CUDA C kernel of :mod:`knng.engine.cuda_screen` (mma.sync
-#: tensor-core tiles, survivors appended by warp votes) where CuPy can compile it, and the
-#: Triton kernel elsewhere; both keep what the same bound says (``tests/test_gpu_fused.py``).
-CUDA_SCREEN = True
+# Scaled float16 screens run the CUDA C kernel of :mod:`knng.engine.cuda_screen` (mma.sync or
+# wgmma tensor-core tiles, survivors appended by warp votes) where CuPy can compile it and
+# ``Options.cuda_screen`` is on, and the Triton kernel elsewhere; both keep what the same bound
+# says (``tests/test_gpu_fused.py``).
 
 #: Survivor-list entries allocated per launch before the first overflow retry, per row of A.
 INITIAL_PER_ROW = 64
@@ -226,7 +227,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         # Scaled float16 rows: the product of the zero-padded value blocks, then × α·s_a × s_b.
         k_dims = scaled_width(k_dims)
         row_factor, col_scale = scaled_row_factors(a), scaled_scales(b).contiguous()
-        if CUDA_SCREEN and not interpret and cuda_screen.available(a.device):
+        if get_options().cuda_screen and not interpret and cuda_screen.available(a.device):
             def launch_cuda(lists, counters, capacity):
                 cuda_screen.launch_screen(a, b, k_dims, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,
                                           exclude_diagonal, lists, counters, capacity, triangle=triangle)
@@ -259,14 +260,14 @@ def triangle_runs(precision: str, device: torch.device, k_dims: int) -> bool:
     """Whether :func:`screen_block` screens a square block's upper triangle (``triangle``) for
     ``precision`` and input dimension ``k_dims`` on ``device``: scaled float16 rows and the
     CUDA C kernel's wgmma variant."""
-    return (CUDA_SCREEN and get_precision(precision).scaled and not interpreting()
+    return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
             and cuda_screen.triangle_runs(device, scaled_width(k_dims)))
 
 
 def strip_minima_runs(precision: str, device: torch.device) -> bool:
     """Whether :func:`strip_minima` runs for ``precision`` on ``device``: scaled float16 rows and
     the CUDA C kernel (the Triton kernels have no minima epilogue)."""
-    return (CUDA_SCREEN and get_precision(precision).scaled and not interpreting()
+    return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
             and cuda_screen.available(device))
 
 
@@ -292,7 +293,7 @@ def gathered_runs(precision: str, device: torch.device, k_dims: int) -> bool:
     """Whether :func:`tile_minima` and :func:`screen_tiles` run for ``precision`` and input
     dimension ``k_dims`` on ``device``: scaled float16 rows and the CUDA C kernel's wgmma
     variant."""
-    return (CUDA_SCREEN and get_precision(precision).scaled and not interpreting()
+    return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
             and cuda_screen.gathered_runs(device, scaled_width(k_dims)))
 
 

@@ -43,6 +43,7 @@ from knng.engine.search import TILES_FIRST_THRESHOLDS, exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row_each
 from knng.engine.thresholds import GPU_CHUNK_SEED_MAX_K, seed_candidates, smallest_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
+from knng._options import get_options
 
 __all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "screen_own_parts_together", "OWN_PART_SEED"]
 
@@ -58,22 +59,22 @@ _STORE_ARRAYS = tuple(name.lstrip("_") for name in CandidateStore.STATE_TENSORS)
 #: 60.5–60.8, H200, one process alternating, 2026-11-27).
 FINISH_BYTES = 64 << 20
 FINISH_BYTES_GPU = 2 << 30
-#: Device types on which a graph whose blocks share one centre holds its survivors back
-#: (:class:`~knng.engine.store.Holding`) where a low-precision screen's keys need an exact
-#: evaluation anyway: every ``pending`` new survivors, each row's τ becomes its k-th held key
-#: (a selection, ``knng.engine.row_kth``) and what can no longer pass is dropped; the finish
-#: evaluates the rest. The store's updates sort and pad every row they touch, a few hundred
-#: launches and dozens of synchronisations each (1M × 128, k = 10, H100: 23 flushes, host
-#: 371 / GPU 132 ms under the profiler). On a CPU the store's capacity keeps its updates small.
-HOLD_ON = frozenset({"cuda"})
-#: Whether graphs whose blocks are centred on their own parts hold their survivors too (each with
-#: its radius from its block's norms, :class:`~knng.engine.store.Holding` ``pairs``); else their
-#: stores take the survivors in as they go (:data:`~knng.engine.plan.PENDING_GPU_UPDATES` at a
-#: time). Measured once exact products had removed the image patches' near-ties (H100,
-#: 2026-11-26, fresh processes alternating, min of 3, taken in / held, ms): 8×8 patches k = 10
-#: 249, 299 / 240, 241; k = 100 733, 769 / 599, 623; 16×16 k = 10 144, 162 / 120, 128; k = 100
-#: 314, 312 / 269, 275 (before that, held pairs lost at k = 100: ``docs/BENCHMARKS.md``).
-HOLD_PAIRS = True
+# ``Options.hold_on``: device types on which a graph whose blocks share one centre holds its
+# survivors back (:class:`~knng.engine.store.Holding`) where a low-precision screen's keys need
+# an exact evaluation anyway: every ``pending`` new survivors, each row's τ becomes its k-th
+# held key (a selection, ``knng.engine.row_kth``) and what can no longer pass is dropped; the
+# finish evaluates the rest. The store's updates sort and pad every row they touch, a few
+# hundred launches and dozens of synchronisations each (1M × 128, k = 10, H100: 23 flushes,
+# host 371 / GPU 132 ms under the profiler). On a CPU the store's capacity keeps its updates
+# small.
+#
+# ``Options.hold_pairs``: whether graphs whose blocks are centred on their own parts hold their
+# survivors too (each with its radius from its block's norms, ``Holding.pairs``); else their
+# stores take the survivors in as they go (:data:`~knng.engine.plan.PENDING_GPU_UPDATES` at a
+# time). Measured once exact products had removed the image patches' near-ties (H100, fresh
+# processes alternating, min of 3, taken in / held, ms): 8×8 patches k = 10 249, 299 / 240,
+# 241; k = 100 733, 769 / 599, 623; 16×16 k = 10 144, 162 / 120, 128; k = 100 314, 312 / 269,
+# 275 (before that, held pairs lost at k = 100: ``docs/BENCHMARKS.md``).
 #: The stride of a scattered seed sample is the part's size over this (the golden ratio: any
 #: run of consecutive sample columns lands all over the part).
 SCATTER_RATIO = (1 + 5**0.5) / 2
@@ -306,7 +307,7 @@ def _without_self(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[torch.
 
 def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor | None,
              device: torch.device) -> Holding | None:
-    """How the graph's store holds its survivors back (:data:`HOLD_ON`), or None: blocks screened
+    """How the graph's store holds its survivors back (``Options.hold_on``), or None: blocks screened
     in a low precision. With one centre (``norms``: every point's prepared norm in it) the held
     pairs tighten against the corpus's largest norm and term; with blocks centred on their own
     parts (``norms`` None: principal slabs of image-like data) every survivor brings its
@@ -314,11 +315,11 @@ def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor |
     (or four flushes' worth; within a share of the budget: :func:`held_pairs_limit`) they are
     taken in, whose capacity bounds near-ties."""
     precision = plan.precision
-    if device.type not in HOLD_ON or not (precision.fused or precision.digits):
+    if device.type not in get_options().hold_on or not (precision.fused or precision.digits):
         return None
     limit = held_pairs_limit(plan.n_corpus, plan.capacity, plan.pending_pairs, plan.budget)
     if norms is None:
-        return Holding(limit=limit, pairs=True) if HOLD_PAIRS else None
+        return Holding(limit=limit, pairs=True) if get_options().hold_pairs else None
     maxima = (float(norms.max()), 0.0 if terms is None else float(terms.abs().max()))
     return Holding(maxima=maxima, limit=limit)
 

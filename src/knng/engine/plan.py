@@ -21,6 +21,7 @@ from knng.engine.fused import STRIP, TILE, fused_available, triangle_runs
 from knng.engine.screen import strip_seeds_run, tiles_first_runs
 from knng.engine.thresholds import KTH_ROW_MAX_WIDTH
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
+from knng._options import get_options
 from knng.select import cuda
 
 __all__ = [
@@ -535,7 +536,10 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
 
 def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.device, n_corpus: int, d: int,
                       k: int, operation: str = "search") -> str:
-    """The precision a plan runs: the caller's (a name or torch dtype) or the planner's choice."""
+    """The precision a plan runs: the caller's (a name or torch dtype), ``Options.screen_precision``,
+    or the planner's choice."""
+    if screen_dtype is None:
+        screen_dtype = get_options().screen_precision
     if screen_dtype is None:
         return choose_screen_precision(device, n_corpus, d, k, operation=operation)
     return get_precision(screen_dtype).name
@@ -618,7 +622,7 @@ PENDING_PAIR_BYTES = 96
 
 
 #: A GPU search lets its survivors wait for the finish, within 1/SEARCH_PENDING_SHARE of the
-#: budget: its tiles tighten the thresholds themselves (``knng.engine.search.TIGHTEN_ON``), so a
+#: budget: its tiles tighten the thresholds themselves (``Options.tighten_on``), so a
 #: store update in between changes no threshold a launch uses; it would only sort everything the
 #: rows hold again, where the finish's last take-in sorts each pair once and needs no capacity
 #: (1M × 128, 10k queries, k = 1,024: three updates of about 40M pairs, 51 ms of GPU time, before
@@ -847,7 +851,7 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     # block (its whole own block when the part is no wider than the sample).
     blocks_bytes = b * min(b, OWN_PART_SEED) * BLOCK_BYTES_PER_ELEMENT if kernel else b * b * element * 3
     # Principal frames whose blocks are centred on their own parts take survivors in as they go
-    # where their stores do not hold them (knng.engine.graph.HOLD_PAIRS).
+    # where their stores do not hold them (Options.hold_pairs).
     waiting = pending_pairs(device, budget, updates=True) if principal else pending
     # A GPU graph screened by a kernel holds its survivors back, up to held_pairs_limit.
     held = held_pairs_limit(n, capacity, pending, budget) if kernel and lists == LISTS_ON_DEVICE else 0
@@ -930,12 +934,6 @@ PRINCIPAL_MIN_GAIN = 1.5
 #: the rows method from there (the 1M graph, large k: the symmetric stores' share grows with k).
 GRAPH_ROWS_MIN_K = 64
 
-#: Whether a search's thresholds come from every corpus tile's minimum, only the tiles within
-#: them then screened (:func:`tiles_first`; ``knng.engine.search``), where it applies, at any k.
-#: Benchmarks turn it off to compare.
-TILES_FIRST = True
-
-
 def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     """Whether the search of ``plan`` (a graph's rows method included) takes its tiles first: a
     resident corpus of 2k to :data:`~knng.engine.thresholds.KTH_ROW_MAX_WIDTH` tiles of
@@ -943,35 +941,34 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     minima and gathered screen for its precision and d (``screen.tiles_first_runs``), and a
     chunk's minima and grouped pairs (4 bytes each a row and tile) within an eighth of the budget
     and fewer than 2³¹ of them. Decided from the plan alone, so that the graph's planner knows it
-    too (:func:`rows_method_wins`).
+    too (:func:`rows_method_wins`). ``Options.tiles_first`` turns it off (to compare).
 
-    H200, 2026-11-27 (``bench/ab_exact_calls.py new/notiles``, docs/BENCHMARKS.md, "Session 17"):
+    H200 (``bench/ab_exact_calls.py new/notiles``, docs/BENCHMARKS.md, "Session 17"):
     a graph of 200k × 128 points by rows at k = 64 / 100 / 300 44.4 / 50.2 / 87.6 ms against
     63.1 / 70.1 / 121.0 from a seed sample and a full screen; 10k queries against 200k points at
     k = 100 8.1 against 10.2 ms."""
     tiles = -(-plan.n_corpus // TILE)
-    return (TILES_FIRST and plan.corpus_resident and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH
+    return (get_options().tiles_first and plan.corpus_resident and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH
             and plan.query_rows * tiles * 8 <= plan.budget // 8
             and plan.query_rows * tiles < 2**31  # the grouped pairs' int32 positions
             and tiles_first_runs(plan.precision, device, plan.d))
 
 
-#: Whether a graph of at most :data:`GRAPH_ROWS_TILES_FIRST_MAX_ND` values (n · d) runs by rows
-#: at any k where its search takes its tiles first (:func:`tiles_first`; from
-#: :data:`GRAPH_ROWS_MIN_K` otherwise). Benchmarks turn it off to compare. The rows method
-#: screens every pair twice where the symmetric blocks screen it once, but its tiles-first
-#: thresholds leave ~1.3 k pairs a row where the symmetric blocks' own-part seeds leave 10–30 k at
-#: small k, and it has no stores to update: H200, 2026-11-27, one process (``bench/ab_exact_calls.py
-#: new/symk``, min of 3, rows / symmetric ms, k = 10 unless named): 20k × 64 6.0 / 7.2, 50k × 128
-#: 8.1 / 10.2, 100k × 128 at k = 32 14.9 / 22.5, 200k × 128 34.0 / 42.8; but 249,551 × 256 92.4 /
-#: 85.2 and 500k × 128 184.6 / 173.0, where the doubled product outweighs them.
-GRAPH_ROWS_TILES_FIRST = True
+#: A graph of at most this many values (n · d) runs by rows at any k where its search takes its
+#: tiles first (:func:`tiles_first`; from :data:`GRAPH_ROWS_MIN_K` otherwise), unless
+#: ``Options.graph_rows_tiles_first`` is off (to compare). The rows method screens every pair
+#: twice where the symmetric blocks screen it once, but its tiles-first thresholds leave ~1.3 k
+#: pairs a row where the symmetric blocks' own-part seeds leave 10–30 k at small k, and it has no
+#: stores to update: H200, one process (``bench/ab_exact_calls.py new/symk``, min of 3, rows /
+#: symmetric ms, k = 10 unless named): 20k × 64 6.0 / 7.2, 50k × 128 8.1 / 10.2, 100k × 128 at
+#: k = 32 14.9 / 22.5, 200k × 128 34.0 / 42.8; but 249,551 × 256 92.4 / 85.2 and 500k × 128
+#: 184.6 / 173.0, where the doubled product outweighs them.
 GRAPH_ROWS_TILES_FIRST_MAX_ND = 1 << 25
 
 
 def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device, gain: float | None) -> bool:
     """Whether the planner takes the rows method (from :data:`GRAPH_ROWS_MIN_K`, or at any k where
-    its search takes its tiles first and the data are small: :data:`GRAPH_ROWS_TILES_FIRST`): ``by_rows`` is the
+    its search takes its tiles first and the data are small: :data:`GRAPH_ROWS_TILES_FIRST_MAX_ND`): ``by_rows`` is the
     search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
     principal frames, the data's slab gain (:func:`~knng.engine.frames.slab_gain`, None where
     no sample was read) says whether their slabs pay: image-like data keep the blocks centred
@@ -980,7 +977,7 @@ def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.d
     graph's rule found float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110
     by rows in float16)."""
     kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
-    tiles = (GRAPH_ROWS_TILES_FIRST and by_rows.n_corpus * by_rows.d <= GRAPH_ROWS_TILES_FIRST_MAX_ND
+    tiles = (get_options().graph_rows_tiles_first and by_rows.n_corpus * by_rows.d <= GRAPH_ROWS_TILES_FIRST_MAX_ND
              and tiles_first(by_rows, device))
     from_k = symmetric.k >= GRAPH_ROWS_MIN_K or tiles
     if not (kernel and by_rows.corpus_resident and from_k):

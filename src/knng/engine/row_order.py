@@ -16,7 +16,7 @@ up to k = 256, a monotone rounding), and the rows where that can differ from the
 tie of the sort's keys or a NaN among their first k + 1) are sorted again by the reference. The
 one sort is a kernel up to :data:`SORT_MAX_WIDTH` entries (``row_head_kernel``: each key's
 order code packed above its position into an int64, the row sorted in registers by one warp),
-else (on a CPU, in Triton's interpreter unless :data:`SORT_INTERPRETED`, or at larger k)
+else (on a CPU, in Triton's interpreter unless ``Options.sort_interpreted``, or at larger k)
 torch's segmented sort.
 
 ``bench/row_order_rates.py`` (H200, CUDA events, median of 7; 2026-11-26 and 2026-11-27):
@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from knng.engine import fused
+from knng._options import get_options
 
 __all__ = ["top_by_distance", "top_by_distance_reference", "kernel_applies", "sort_kernel_applies", "MAX_WIDTH"]
 
@@ -61,11 +62,10 @@ SORT_MAX_WIDTH = 512
 #: Warps of the sort kernel's program: one was fastest at every width from 26 to 400 on 200,000
 #: rows (two to sixteen took 1.0–1.8× as long; H200, ``bench/row_order_rates.py --warps``).
 SORT_WARPS = 1
-#: Whether Triton's interpreter runs the sort kernel too. It runs one program at a time, and a
-#: row's sort network is hundreds of NumPy steps: engine tests that interpret the kernels ran
-#: 1.8× as long with it (CI from ~12 to ~15 min), so there torch sorts, and the kernel's own
-#: tests (``tests/test_row_order.py``) set this.
-SORT_INTERPRETED = False
+# ``Options.sort_interpreted``: whether Triton's interpreter runs the sort kernel too. It runs
+# one program at a time, and a row's sort network is hundreds of NumPy steps: engine tests that
+# interpret the kernels ran 1.8× as long with it (CI from ~12 to ~15 min), so there torch sorts,
+# and the kernel's own tests (``tests/test_row_order.py``) set the option.
 
 
 def kernel_applies(idx: torch.Tensor) -> bool:
@@ -119,7 +119,7 @@ def sort_kernel_applies(idx: torch.Tensor, k: int) -> bool:
     :data:`ROUNDED_KEY_MAX_K`)."""
     return (0 < idx.shape[1] <= SORT_MAX_WIDTH and idx.shape[0] > 0 and SORT_KEY == torch.float32
             and min(k, idx.shape[1]) <= ROUNDED_KEY_MAX_K and fused.fused_available(idx.device)
-            and (SORT_INTERPRETED or not fused.interpreting()))
+            and (get_options().sort_interpreted or not fused.interpreting()))
 
 
 def _sorted_head(idx: torch.Tensor, dist: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:

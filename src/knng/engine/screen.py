@@ -28,6 +28,7 @@ from knng.metrics import (
     DIGIT_BASE, DIGIT_MAX, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales, scaled_row_factors,
     scaled_scales, scaled_width,
 )
+from knng._options import get_options
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "survivors_of_smallest", "column_survivors",
            "block_survivors", "block_scores", "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later",
@@ -41,13 +42,13 @@ ROW_CHUNK = 64
 COLUMN_CHUNK = 32
 #: Compare the whole block once at least 1/DENSE_HITS of its chunks can keep something.
 DENSE_HITS = 4
-#: On a GPU, the fused precisions' reference adds the float32 column terms in the product's
-#: epilogue (``torch.addmm`` with the terms as a bias: cuBLAS adds them to the float32
-#: accumulator after the sum, one float32 rounding, as the separate addition did) instead of a
-#: pass over the block: a search's seeds at k = 100 added them to a 10k × 65,536 sample block in
-#: 2.2 ms of 4.7 (H100). A CPU's BLAS may start its sums from the bias, which the bound's single
-#: rounding of each term does not cover, so CPUs add them after the product.
-GEMM_COLUMN_TERMS = True
+# ``Options.gemm_column_terms``: on a GPU, the fused precisions' reference adds the float32
+# column terms in the product's epilogue (``torch.addmm`` with the terms as a bias: cuBLAS adds
+# them to the float32 accumulator after the sum, one float32 rounding, as the separate addition
+# did) instead of a pass over the block: a search's seeds at k = 100 added them to a 10k ×
+# 65,536 sample block in 2.2 ms of 4.7 (H100). A CPU's BLAS may start its sums from the bias,
+# which the bound's single rounding of each term does not cover, so CPUs add them after the
+# product.
 #: A graph part's own block, materialised by one product of the augmented layouts, in row bands:
 #: band I multiplies its columns from band I on, (B + 1) / 2B of the products, and the rest is
 #: mirrored (:func:`block_scores`'s ``symmetric``), from SYMMETRIC_MIN_ROWS rows. H100,
@@ -283,8 +284,8 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
         if after:
             scores = torch.mm(a32, b32.T, out=out)
             return block_epilogue(scores, (scaled_row_factors(a), scaled_scales(b)), col_terms, row_terms)
-        if col_terms is not None and a.device.type == "cuda" and GEMM_COLUMN_TERMS:
-            # The column terms in the product's epilogue (see GEMM_COLUMN_TERMS).
+        if col_terms is not None and a.device.type == "cuda" and get_options().gemm_column_terms:
+            # The column terms in the product's epilogue (see Options.gemm_column_terms above).
             scores = torch.addmm(col_terms, a32, b32.T, out=out)
             col_terms = None
         else:

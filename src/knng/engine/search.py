@@ -34,39 +34,35 @@ from knng.engine.screen import (
 from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row_each
 from knng.engine.thresholds import kth_of_rows, kth_seeds_run, sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
+from knng._options import get_options
 
 __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
 
-#: The sample's product of a TF32 screen runs on TF32 tensor cores: its keys need only the TF32
-#: bound, which the store's radii use anyway (1M × 128, 10k queries, k = 10, H100, 2026-11-23:
-#: 6.5 → 3.4 ms). Taking each tile's survivors into the store before the next tile (tighter
-#: thresholds sooner: 220 → 85 pairs screened per row) and tiles growing from a quarter width
-#: were measured too and lost: the store's updates cost more (5.6 → 26–32 ms) than the
-#: screen saved (47 → 35 ms).
-TF32_SAMPLE = True
-
-
-#: Device types on which the screen tightens the thresholds itself: the store holds the
-#: survivors back (:class:`~knng.engine.store.Holding`), after every corpus tile τ of each row
-#: becomes the k-th key among the survivors of the tiles so far (plus a radius,
-#: :meth:`CandidateStore.tighten_held`), the survivors are re-screened against it, and the
-#: finish evaluates every one left exactly instead of taking them through the store. The k-th
-#: of a tile of 262,144 columns bounds tighter than the sample's 65,536 (1M × 128, 10k queries,
-#: TF32, H100, 2026-11-23: 220 → 105 pairs screened per row at k = 10); re-screening what the
-#: tiles let through leaves a little more than k per row (float16, H100, 2026-11-24: 213 → 13
-#: at k = 10, 8,016 → 1,248 at k = 1,024), and with the finish without the store k = 10 / 100 /
-#: 1,024 / 2,048 went from 25–31 / 36–40 / 109–113 / 196–202 ms to 22–25 / 28–32 / 66–70 /
-#: 104–105 (``bench/ab_search.py``, docs/BENCHMARKS.md, "Search survivors held back"). On a CPU
-#: (64k × 64, 10k queries) the tiles are narrower than the sample and the store's capacity keeps
-#: rows small as they fill, so the CPU keeps the store's path.
-TIGHTEN_ON = frozenset({"cuda"})
-
-
-#: After the first tile, a kernel screen (no score block) takes the rest of a resident corpus in
-#: one launch instead of tiles of the plan's width: each tile costs its thresholds, its lists and
-#: a synchronisation (1M × 128, 10k queries, float16, H100: four tiles of 2¹⁸ took 10–12 ms of
-#: screen where the kernel alone takes 7.6).
-REST_AT_ONCE = True
+# ``Options.tf32_sample``: the sample's product of a TF32 screen runs on TF32 tensor cores: its
+# keys need only the TF32 bound, which the store's radii use anyway (1M × 128, 10k queries,
+# k = 10, H100: 6.5 → 3.4 ms). Taking each tile's survivors into the store before the next tile
+# (tighter thresholds sooner: 220 → 85 pairs screened per row) and tiles growing from a quarter
+# width were measured too and lost: the store's updates cost more (5.6 → 26–32 ms) than the
+# screen saved (47 → 35 ms).
+#
+# ``Options.tighten_on``: device types on which the screen tightens the thresholds itself: the
+# store holds the survivors back (:class:`~knng.engine.store.Holding`), after every corpus tile
+# τ of each row becomes the k-th key among the survivors of the tiles so far (plus a radius,
+# :meth:`CandidateStore.tighten_held`), the survivors are re-screened against it, and the
+# finish evaluates every one left exactly instead of taking them through the store. The k-th
+# of a tile of 262,144 columns bounds tighter than the sample's 65,536 (1M × 128, 10k queries,
+# TF32, H100: 220 → 105 pairs screened per row at k = 10); re-screening what the
+# tiles let through leaves a little more than k per row (float16, H100: 213 → 13
+# at k = 10, 8,016 → 1,248 at k = 1,024), and with the finish without the store k = 10 / 100 /
+# 1,024 / 2,048 went from 25–31 / 36–40 / 109–113 / 196–202 ms to 22–25 / 28–32 / 66–70 /
+# 104–105 (``bench/ab_search.py``, docs/BENCHMARKS.md, "Search survivors held back"). On a CPU
+# (64k × 64, 10k queries) the tiles are narrower than the sample and the store's capacity keeps
+# rows small as they fill, so the CPU keeps the store's path.
+#
+# ``Options.rest_at_once``: after the first tile, a kernel screen (no score block) takes the rest
+# of a resident corpus in one launch instead of tiles of the plan's width: each tile costs its
+# thresholds, its lists and a synchronisation (1M × 128, 10k queries, float16, H100: four tiles
+# of 2¹⁸ took 10–12 ms of screen where the kernel alone takes 7.6).
 
 
 @dataclass
@@ -171,8 +167,8 @@ def tiles_first_run(pcorpus: PreparedCorpus, plan: EnginePlan, device: torch.dev
     """Whether a search's chunks take their thresholds from every corpus tile's minimum and
     screen only the tiles within them (:func:`_screen_tiles_first`) instead of a sample and a
     full screen: where the plan says so (``plan.tiles_first``), the corpus is resident and the
-    device's screen tightens (:data:`TIGHTEN_ON`)."""
-    return device.type in TIGHTEN_ON and pcorpus.resident is not None and tiles_first(plan, device)
+    device's screen tightens (``Options.tighten_on``)."""
+    return device.type in get_options().tighten_on and pcorpus.resident is not None and tiles_first(plan, device)
 
 
 def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
@@ -245,8 +241,8 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
             return
         values, positions = strip_candidates(keys, cols, k)
     else:
-        # The sample's product of a TF32 screen runs on TF32 tensor cores (see TF32_SAMPLE).
-        tf32 = TF32_SAMPLE and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
+        # The sample's product of a TF32 screen runs on TF32 tensor cores (Options.tf32_sample).
+        tf32 = get_options().tf32_sample and precision.name in TF32_EXACT_SAMPLES and device.type == "cuda"
         with tf32_products() if tf32 else contextlib.nullcontext():
             scores = block_scores(queries, sample.vectors, d, precision, col_terms=sample.terms32)
         values, positions = seed_candidates(scores, min(k, scores.shape[1]), select, device)
@@ -263,7 +259,7 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample | None, metric: Metric, k: int,
                   plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
     """Screen one chunk of queries against every corpus tile into a store of candidates (where
-    the tiles tighten the thresholds, :data:`TIGHTEN_ON`, one that holds them back). Without a
+    the tiles tighten the thresholds, ``Options.tighten_on``, one that holds them back). Without a
     ``sample``, tiles first (:func:`tiles_first_run`)."""
     prep = preparation.prepare(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
@@ -281,7 +277,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
 
     # Where the tiles tighten the thresholds themselves, the store holds the survivors back and
     # this loop tightens after each tile, against the columns screened so far.
-    tightening = device.type in TIGHTEN_ON
+    tightening = device.type in get_options().tighten_on
     store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
                            work_bytes=plan.work_bytes, holding=Holding() if tightening else None)
     rows = torch.arange(m, device=device)
@@ -292,8 +288,8 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     _seed_from_sample(store, raw, prep, pcorpus, sample, metric, k, select, device)
     terms = pcorpus.terms32
     # A kernel screen writes no score block: once the first tile's survivors have tightened the
-    # thresholds, the rest of a resident corpus goes in one launch (REST_AT_ONCE).
-    rest_at_once = REST_AT_ONCE and use_kernel(precision, device) and tightening
+    # thresholds, the rest of a resident corpus goes in one launch (Options.rest_at_once).
+    rest_at_once = get_options().rest_at_once and use_kernel(precision, device) and tightening
     seen = (0.0, 0.0)  # the largest norm and |term| of the columns screened so far
     for c0, c1, tile in pcorpus.tiles(cols_per_tile, rest_at_once=rest_at_once):
         maxima = pcorpus.maxima(c0, c1)

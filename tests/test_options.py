@@ -1,0 +1,92 @@
+"""knng's options (``knng.options``, ``knng.get_options``): one frozen object, set for a block,
+nesting, checked, and read by the engine where it acts."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import knng
+from knng.metrics import PRECISIONS
+
+
+@pytest.mark.folds  # the defaults, as users run them (conftest turns folding off elsewhere)
+def test_defaults_are_the_configuration_users_run():
+    o = knng.get_options()
+    assert o == knng.Options()
+    assert o.fold_duplicates and o.screen_precision is None and o.tiles_first and o.tighten_on == {"cuda"}
+    assert not o.sort_interpreted
+
+
+def test_options_nest_and_are_undone(set_options):
+    set_options(hold_pairs=False)  # this test's own (set_options, the fixture the tests use)
+    with knng.options(screen_precision="float64") as outer:
+        assert outer.screen_precision == "float64" and not outer.hold_pairs
+        with knng.options(screen_precision="float32", tiles_first=False) as inner:
+            assert knng.get_options() is inner and inner.screen_precision == "float32"
+        assert knng.get_options().screen_precision == "float64" and knng.get_options().tiles_first
+    assert knng.get_options().screen_precision is None and not knng.get_options().hold_pairs
+    with pytest.raises(RuntimeError), knng.options(triangle=False):
+        raise RuntimeError("undone on the way out too")
+    assert knng.get_options().triangle
+
+
+def test_bad_options_are_refused_naming_them():
+    with pytest.raises(TypeError, match="unknown option.*fold_duplicate\\b.*knng's options are"):
+        with knng.options(fold_duplicate=False):
+            pass
+    with pytest.raises(TypeError, match="tiles_first must be True or False, got 1"):
+        with knng.options(tiles_first=1):
+            pass
+    with pytest.raises(ValueError, match="screen_precision must be None or one of"):
+        with knng.options(screen_precision="float8"):
+            pass
+    with pytest.raises(TypeError, match="tighten_on must be a set of device types"):
+        with knng.options(tighten_on="cuda"):
+            pass
+    with pytest.raises(AttributeError):
+        knng.get_options().fold_duplicates = False  # frozen
+    assert knng.get_options() == knng.Options(fold_duplicates=False)  # the tests' default (conftest)
+
+
+def test_the_screen_precisions_are_the_metrics(rng):
+    from knng._options import SCREEN_PRECISIONS
+
+    assert SCREEN_PRECISIONS == set(PRECISIONS)
+
+
+def test_the_engine_runs_the_options_in_force(rng):
+    x = rng.standard_normal((600, 8)).astype(np.float32)
+    x[:40] = x[0]  # a group of identical rows large enough to fold
+    ref = knng.graph(x, 5, device="cpu")
+    for precision in ("float64", "float32", "int8x4"):
+        with knng.options(screen_precision=precision):
+            g = knng.graph(x, 5, device="cpu")
+        assert g.report.screen_dtype == precision
+        np.testing.assert_array_equal(g.indices, ref.indices)
+        np.testing.assert_array_equal(g.distances, ref.distances)
+    with knng.options(fold_duplicates=True):
+        folded = knng.graph(x, 5, device="cpu")
+    assert folded.report.duplicates_folded == 39 and ref.report.duplicates_folded == 0
+    np.testing.assert_array_equal(folded.indices, ref.indices)
+
+
+def test_options_belong_to_the_thread_that_set_them():
+    seen = {}
+    started, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        started.set()
+        release.wait(10)
+        seen["other"] = knng.get_options().screen_precision
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    started.wait(10)
+    with knng.options(screen_precision="float64"):
+        release.set()
+        thread.join(10)
+        seen["mine"] = knng.get_options().screen_precision
+    assert seen == {"other": None, "mine": "float64"}
