@@ -17,26 +17,25 @@ Contestants, all in this process on this machine:
   query chunks, ``torch.topk``, then a vote with ``scatter_add`` — on the same device as knng,
   not exact (the agreement column shows how often its labels equal knng's).
 
-Times: warm-up call, then the median of ``--repeats`` wall-clock times around synchronised
-calls (each call includes moving labels to the host). Prints a markdown table with the device,
-the date and the command, and writes JSON (``--out``).
+Times: ``harness.time_call`` (CUDA events on a GPU, the host clock on a CPU), a warm-up call,
+then the median of ``--repeats`` (each call includes moving labels to the host). Prints a
+markdown table with the device, the date and the command, and writes JSON (``--out``).
 
 Usage (from the repository root)::
 
-    PYTHONPATH=src python bench/bench_classifier.py                 # the full shape, on a GPU
-    PYTHONPATH=src python bench/bench_classifier.py --quick         # small shapes, CPU smoke run
+    PYTHONPATH=src:tests python bench/bench_classifier.py --out classifier.json     # the full shape, on a GPU
+    PYTHONPATH=src:tests python bench/bench_classifier.py --quick                   # small shapes, CPU smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
 import sys
-import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -44,25 +43,15 @@ import sklearn
 import torch
 from sklearn.neighbors import KNeighborsClassifier as SkKNeighborsClassifier
 
-from knng.estimators import KNeighborsClassifier
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+from knng.estimators import KNeighborsClassifier  # noqa: E402
 
 
 def timed(fn: Callable[[], Any], repeats: int, device: torch.device, warmup: bool = True) -> tuple[list[float], Any]:
-    """Optionally warm up once, then time ``repeats`` synchronised calls (seconds)."""
-    result = fn() if warmup else None
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        result = fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return times, result
+    """``harness.time_call``: one warm-up call (unless not ``warmup``), then ``repeats`` timed ones (seconds)."""
+    timing = harness.time_call(fn, device=device, warmup=1 if warmup else 0, repeats=repeats)
+    return timing.times, timing.result
 
 
 def make_data(n_train: int, n_queries: int, d: int, n_classes: int, sep: float, seed: int,
@@ -125,10 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 20k×32 training points, 2k queries, 500 for scikit-learn")
-    ap.add_argument("--out", default="bench-classifier.json", help="JSON output path")
+    ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default torch's; 1 with --quick)")
+    ap.add_argument("--out", default=None, help="write the figures to this JSON file")
     args = ap.parse_args(argv)
     if args.quick:
         args.train, args.queries, args.dim, args.sklearn_queries, args.repeats = 20_000, 2_000, 32, 500, 2
+    harness.apply_threads(args)
 
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -195,10 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 host=platform.node(), cpu_threads=os.cpu_count(), torch=torch.__version__,
                 sklearn=sklearn.__version__, python=platform.python_version(),
                 config={key: value for key, value in vars(args).items()}, rows=rows)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(meta, f, indent=1)
-        print(f"\nwrote {args.out}")
+    harness.write_json(args.out, meta)
     return 0
 
 

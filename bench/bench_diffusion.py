@@ -14,29 +14,32 @@ The data: ``n`` points of a smooth 3-dimensional manifold in ``d`` dimensions (d
 random Fourier features ``cos(W u + b)`` of u uniform in [0, 1]³, plus a little Gaussian noise;
 the same generator and seed for every part. A GPU run first embeds 2 000 points to warm up.
 
+Times: ``harness.time_call``, one call each (CUDA events on a GPU, the host clock on a CPU).
+
 Usage::
 
-    PYTHONPATH=src python bench/bench_diffusion.py                      # 1M, k=32, 10 components
-    PYTHONPATH=src python bench/bench_diffusion.py --n 2000 --compare-n 1000 --device cpu   # smoke run
+    PYTHONPATH=src:tests python bench/bench_diffusion.py --out diffusion.json    # 1M, k=32, 10 components
+    PYTHONPATH=src:tests python bench/bench_diffusion.py --quick                 # 2,000 and 1,000 points: a smoke run
 
-Prints a markdown table and writes the figures as JSON (``--out``, default
-``bench_diffusion.json``).
+Prints a markdown table and writes the figures as JSON (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
-import time
+import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-import knng
-from knng.manifold import DiffusionMap
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+import knng  # noqa: E402
+from knng.manifold import DiffusionMap  # noqa: E402
 
 
 def manifold_data(n: int, d: int, seed: int = 0, noise: float = 0.01) -> np.ndarray:
@@ -51,18 +54,11 @@ def manifold_data(n: int, d: int, seed: int = 0, noise: float = 0.01) -> np.ndar
     return out
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def knng_run(x: np.ndarray, k: int, m: int, device: str, solver: str) -> dict[str, Any]:
     """One DiffusionMap fit, timed whole and by the report's stages."""
-    _sync(device)
-    t0 = time.perf_counter()
-    dm = DiffusionMap(n_components=m, n_neighbors=k, device=device, eigen_solver=solver).fit(x)
-    _sync(device)
-    wall = time.perf_counter() - t0
+    timing = harness.time_call(lambda: DiffusionMap(n_components=m, n_neighbors=k, device=device,
+                                                    eigen_solver=solver).fit(x), device=device, warmup=0, repeats=1)
+    dm, wall = timing.result, timing.min
     r = dm.report_
     return {"library": f"knng ({device})", "n": len(x), "seconds": wall, "stages": dict(r.seconds),
             "solver": r.solver, "epsilon": r.epsilon, "eigenvalues": r.eigenvalues, "max_residual": max(r.residuals),
@@ -71,12 +67,11 @@ def knng_run(x: np.ndarray, k: int, m: int, device: str, solver: str) -> dict[st
 
 
 def timed_peer(name: str, fit: Callable[[], Any], n: int) -> dict[str, Any]:
-    t0 = time.perf_counter()
     try:
-        fit()
+        timing = harness.time_call(fit, device="cpu", warmup=0, repeats=1)
     except Exception as exc:  # a peer that fails is reported, not fatal
         return {"library": name, "n": n, "seconds": None, "error": f"{type(exc).__name__}: {exc}"}
-    return {"library": name, "n": n, "seconds": time.perf_counter() - t0}
+    return {"library": name, "n": n, "seconds": timing.min}
 
 
 def sklearn_run(x: np.ndarray, k: int, m: int) -> dict[str, Any]:
@@ -119,9 +114,14 @@ def main() -> None:
     ap.add_argument("--eigen-solver", default="auto", choices=("auto", "scipy", "torch"))
     ap.add_argument("--compare-n", type=int, default=20_000,
                     help="size of the comparison with the CPU peers (default 20,000; 0 skips it)")
-    ap.add_argument("--out", default="bench_diffusion.json", help="JSON output (default bench_diffusion.json)")
+    ap.add_argument("--quick", action="store_true", help="2,000 points and a comparison at 1,000: a smoke run")
+    ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default torch's; 1 with --quick)")
+    ap.add_argument("--out", default=None, help="write the figures to this JSON file")
     args = ap.parse_args()
-    device = str(knng.engine.common.resolve_device(args.device))
+    if args.quick:
+        args.n, args.compare_n = 2000, 1000
+    harness.apply_threads(args)
+    device = str(harness.resolve_device(args.device))
     info = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
             "torch": torch.__version__, "knng": knng.__version__, "threads": torch.get_num_threads(),
             "date": datetime.date.today().isoformat(), "args": vars(args)}
@@ -142,9 +142,7 @@ def main() -> None:
             rows.append(peer)
     print()
     print(table(rows))
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump({"info": info, "results": rows}, f, indent=1)
-    print(f"\nwrote {args.out}")
+    harness.write_json(args.out, {"info": info, "results": rows})
 
 
 if __name__ == "__main__":

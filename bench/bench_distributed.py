@@ -13,10 +13,13 @@ and peers ("waiting"), and the time the run's collectives take when replayed alo
 another between barriers, as a share of the run ("communicating (alone)": in the run they
 overlap the computation), and each rank's longest waits.
 
-    PYTHONPATH=src python bench/bench_distributed.py --out bench-dist.json
-    PYTHONPATH=src python bench/bench_distributed.py --device cpu --worlds 1,2 --shapes 4000x16:5 --repeats 1
+Times: ``harness.time_call`` (CUDA events on a GPU, the host clock on a CPU) from a barrier
+(untimed) to the returned graph, after one warm-up run.
 
-Prints a markdown table and writes JSON (with the device, the date and the command).
+    PYTHONPATH=src:tests python bench/bench_distributed.py --out bench-dist.json          # 1, 2, 4 GPUs
+    PYTHONPATH=src:tests python bench/bench_distributed.py --quick                        # CPU (gloo), seconds
+
+Prints a markdown table and writes JSON (``--out``: the device, the date, the command, every run).
 """
 
 from __future__ import annotations
@@ -27,14 +30,18 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import socket
-import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 
 SHAPES = "1000000x128:10,200000x960:100"
 
@@ -60,11 +67,6 @@ def make_data(n: int, d: int, seed: int, device: torch.device) -> torch.Tensor:
     return torch.randn((n, d), generator=gen, device=device, dtype=torch.float32)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -81,17 +83,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
         row: dict = {"n": n, "d": d, "k": k, "world": world}
         try:
             x = make_data(n, d, args.seed, device)
-            times, report = [], None
-            for _ in range(args.repeats + 1):
-                dist.barrier()
-                sync(device)
-                t0 = time.perf_counter()
-                g = kd.graph(x, k, device=device, timeout=600)
-                sync(device)
-                times.append(time.perf_counter() - t0)
-                report = last_report()
-            row["times_s"] = times[1:]
-            row["median_s"] = statistics.median(times[1:])
+            timing = harness.time_call(lambda x=x: kd.graph(x, k, device=device, timeout=600), device=device,
+                                       warmup=1, repeats=args.repeats, before=dist.barrier)
+            g, report = timing.result, last_report()
+            row["times_s"] = timing.times
+            row["median_s"] = timing.median
+            row["timer"] = timing.timer
             row["digest"] = digest(g.indices, g.distances)
             # The same collectives alone, with nothing to overlap: the communication time.
             from knng.distributed.comm import replay
@@ -107,15 +104,11 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
                              "screen_dtype": report.screen_dtype, "store": vars(report.store)}
             del g
             if world == 1 and not args.no_baseline:
-                base = []
-                for _ in range(args.repeats + 1):
-                    sync(device)
-                    t0 = time.perf_counter()
-                    ref = knng.graph(x, k, device=device)
-                    sync(device)
-                    base.append(time.perf_counter() - t0)
-                row["single_device_times_s"] = base[1:]
-                row["single_device_median_s"] = statistics.median(base[1:])
+                base = harness.time_call(lambda x=x: knng.graph(x, k, device=device), device=device, warmup=1,
+                                         repeats=args.repeats)
+                ref = base.result
+                row["single_device_times_s"] = base.times
+                row["single_device_median_s"] = base.median
                 row["single_device_digest"] = digest(ref.indices, ref.distances)
                 single = last_report()
                 row["single_device_parts"] = single.parts
@@ -170,19 +163,29 @@ def main() -> None:
     p.add_argument("--worlds", default="1,2,4", help="world sizes (default 1,2,4)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                   help="cuda: one GPU a rank (NCCL); cpu: gloo (default auto: cuda where there is a GPU)")
     p.add_argument("--no-baseline", action="store_true", help="skip the single-device knng.graph runs")
-    p.add_argument("--out", default="bench-distributed.json")
+    p.add_argument("--quick", action="store_true", help="worlds 1, 2 of a 4,000 × 16 graph, k = 5, one repeat: a smoke run")
+    p.add_argument("--out", default=None, help="write the figures to this JSON file")
     args = p.parse_args()
     import torch.multiprocessing as mp
 
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.quick:
+        args.worlds, args.shapes, args.repeats = "1,2", "4000x16:5", 1
     worlds = [int(w) for w in args.worlds.split(",")]
     if args.device == "cuda":
+        skipped = [w for w in worlds if w > torch.cuda.device_count()]
+        if skipped:
+            print(f"worlds {skipped} skipped: {torch.cuda.device_count()} GPU(s) here", file=sys.stderr)
         worlds = [w for w in worlds if w <= torch.cuda.device_count()]
     all_rows: list[dict] = []
     started = time.time()
+    parts = Path(tempfile.mkdtemp(prefix="knng-bench-dist-"))
     for world in worlds:
-        part = f"{args.out}.w{world}.json"
+        part = str(parts / f"w{world}.json")
         t0 = time.time()
         mp.spawn(worker, args=(world, free_port(), args, part), nprocs=world)
         rows = json.loads(Path(part).read_text())
@@ -190,6 +193,7 @@ def main() -> None:
             r["process_wall_s"] = time.time() - t0
         all_rows += rows
         print(f"world {world}: done in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    shutil.rmtree(parts, ignore_errors=True)
     all_rows.sort(key=lambda r: (r["n"], r["d"], r["k"], r["world"]))
     doc = {
         "date": datetime.date.today().isoformat(),
@@ -201,7 +205,7 @@ def main() -> None:
         "seconds": time.time() - started,
         "rows": all_rows,
     }
-    Path(args.out).write_text(json.dumps(doc, indent=1))
+    harness.write_json(args.out, doc)
     print(table(all_rows))
     for r in all_rows:
         for rank, waits in enumerate(r.get("waits", [])):

@@ -1,11 +1,12 @@
-"""Time against k for one search shape, knng (best precision and each one) against FAISS and torch.
+"""Time against k for one search shape, knng (best precision and each one) against FAISS, cuVS and torch.
 
-Reads the JSON that ``bench/bench_fused.py --part engine`` writes (one or several files, e.g. a
-run at small k and one at large k) and draws the search rows of one shape on log-log axes.
-Usage::
+Reads the JSON that ``bench/bench_peers.py`` writes (or the older ``bench_fused.py --part
+engine`` files in ``docs/results/``; one or several files, e.g. a run at small k and one at
+large k) and draws the Gaussian search rows of one dimension on log-log axes. Usage::
 
-    python bench/plot_time_vs_k.py docs/results/2026-11-23-h100-fused-engine-faiss-tighten.json \\
-        docs/results/2026-11-23-h100-fused-engine-bigk.json --d 128 --out docs/images/search-time-vs-k.png
+    PYTHONPATH=src:tests python bench/bench_peers.py --searches 1000000x128 --ks 10,100,1024,2048 \\
+        --precisions auto,float16,float32 --out search-k.json                       # on a GPU
+    python bench/plot_time_vs_k.py search-k.json --d 128 --out docs/images/search-time-vs-k.png
 
 Needs matplotlib (``pip install knng[bench]``).
 """
@@ -25,7 +26,7 @@ def search_rows(paths: list[str], d: int) -> tuple[list[dict], str]:
         with open(path) as fh:
             run = json.load(fh)
         devices.add(f"{run['device']}, {run['date']}")
-        rows += [r for r in run["results"] if r["task"] == "search" and r["d"] == d]
+        rows += [r for r in run["results"] if r["task"] == "search" and r["d"] == d and r.get("data", "gauss") == "gauss"]
     return sorted(rows, key=lambda r: r["k"]), "; ".join(sorted(devices))
 
 
@@ -44,7 +45,8 @@ def main() -> None:
     series: dict[str, list[tuple[int, float]]] = defaultdict(list)
     labels: list[tuple[int, float, str]] = []
     for r in rows:
-        for name, key in (("FAISS knn_gpu (float32)", "faiss_ms"), ("torch mm + topk (float32)", "torch_ms")):
+        for name, key in (("FAISS knn_gpu (float32)", "faiss_ms"), ("cuVS brute force (float32)", "cuvs_ms"),
+                          ("torch mm + topk (float32)", "torch_ms")):
             value = r.get(key)
             if value is not None and not math.isnan(value):
                 series[name].append((r["k"], value))

@@ -9,6 +9,7 @@ Reads the JSON of ``bench/bench_distributed.py`` runs, fits
 
 and predicts the time of the target graph (default: the papers' 20M × 15,876, k = 256) on 1, 8
 and 64 GPUs of the measured kind, under stated disk and network bandwidths. Prints markdown.
+The part sizes are the block-cyclic planner's own (``knng.distributed.blockcyclic.rank_sizes``).
 
     python bench/scaling_model.py docs/results/distributed/*.json
 """
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from knng.distributed.blockcyclic import _plan  # noqa: E402
+from knng.distributed.blockcyclic import rank_sizes  # noqa: E402
 from knng.engine.plan import store_capacity  # noqa: E402
 from knng.metrics import get_metric  # noqa: E402
 
@@ -74,8 +75,8 @@ def predict(n: int, d: int, k: int, worlds: list[int], tau: float, eps: float, b
     out = []
     for world in worlds:
         gpn = min(world, gpus_per_node)
-        sizes = _plan(n, d, kc, world, int(budget), metric, screen, torch.device("cuda"), None,
-                      host_budget=int(host_node * 0.5 / gpn))
+        sizes = rank_sizes(n, d, kc, world, int(budget), metric, screen, torch.device("cuda"), None,
+                           host_budget=int(host_node * 0.5 / gpn))
         plan = sizes.plan
         parts = plan.n_parts
         b = plan.part_size

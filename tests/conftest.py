@@ -334,18 +334,17 @@ def screen(request: pytest.FixtureRequest, set_options):
     pytest.param("cpu", id="interpreted"),
     pytest.param("cuda", id="gpu", marks=[pytest.mark.gpu]),
 ])
-def kernel_device(request, monkeypatch):
+def kernel_device(request, set_options):
     """Where a Triton kernel of the engine runs in a test: Triton's interpreter on CPU tensors
-    (``fused_available`` made to answer yes), or a GPU (``-m gpu``)."""
+    (``knng.options(kernels={"triton": True})``), or a GPU (``-m gpu``)."""
     import torch
 
-    from knng.engine import fused
 
     pytest.importorskip("triton", reason="the kernels run in Triton's interpreter off a GPU")
     if request.param == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
             pytest.skip("Triton's interpreter is chosen at start only without a GPU")
-        monkeypatch.setattr(fused, "fused_available", lambda device: True)
+        set_options(kernels={"triton": True})
     elif not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     return torch.device(request.param)

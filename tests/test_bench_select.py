@@ -83,6 +83,7 @@ def test_buffer_count_alternates_copies_of_blocks_that_fit_the_cache() -> None:
 # --- the quick run ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_markdown_and_plots(tmp_path: Path) -> None:
     results = _quick(tmp_path, "all")
     data = json.loads((tmp_path / "select.json").read_text())

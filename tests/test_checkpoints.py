@@ -71,6 +71,7 @@ def test_the_python_api_resumes_a_graph_and_a_search_bit_for_bit(tmp_path, point
     assert fresh.report.checkpoints == {"resumed_from": 0, "saves": 0, "seconds": 0.0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["generation-written", "state-written:4", "state-written:9"])
 def test_a_graph_killed_at_each_checkpoint_step_resumes_to_the_same_answer(tmp_path, points, step):
     data, x = points
@@ -104,6 +105,7 @@ def test_a_graph_killed_at_each_checkpoint_step_resumes_to_the_same_answer(tmp_p
     assert_exact_chunked(x, x, [(idx, dist)], exclude_self=True, rows=np.arange(0, len(x), 41))
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_instants_then_resume_gives_the_uninterrupted_graph(tmp_path, points):
     # Six kills, each at a random instant after the run has saved a step it had not saved before
     # (so every kill lands on a run that made progress), then one run left to finish. The number
@@ -144,6 +146,7 @@ def test_kill_9_at_random_instants_then_resume_gives_the_uninterrupted_graph(tmp
     assert proc.returncode != 0 or siblings(out) == []
 
 
+@pytest.mark.slow
 def test_a_search_killed_part_way_resumes_from_its_finished_rows(tmp_path, points, rng):
     data, x = points
     queries = rng.standard_normal((9000, 12)).astype(np.float32)
@@ -168,6 +171,7 @@ def test_a_search_killed_part_way_resumes_from_its_finished_rows(tmp_path, point
     assert siblings(out) == []
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_a_different_run_is_refused(tmp_path, points):
     data, x = points
     folder = tmp_path / "ck"
@@ -186,13 +190,15 @@ def test_a_checkpoint_of_a_different_run_is_refused(tmp_path, points):
         knng.graph(changed, 5, device="cpu", checkpoint=folder, resume=True)
     with pytest.raises(CheckpointMismatchError, match="float64"):
         knng.graph(x.astype(np.float64), 5, device="cpu", checkpoint=folder, resume=True)
-    original = knng.__version__
+    import knng._version as version
+
+    original = version.VERSION  # the version a run's fingerprint records (knng.__version__ too)
     try:
-        knng.__version__ = "99.0"
+        version.VERSION = "99.0"
         with pytest.raises(CheckpointMismatchError, match="knng: 0.1.0 then, 99.0 now"):
             knng.graph(x, 5, device="cpu", checkpoint=folder, resume=True)
     finally:
-        knng.__version__ = original
+        version.VERSION = original
     assert folder.is_dir()  # nothing refused was lost
     # On the command line: a changed file (same shape) is refused with exit 2, before computing.
     out = tmp_path / "out"
@@ -265,6 +271,7 @@ def test_the_free_space_check_counts_the_checkpoints(tmp_path, points):
     assert _knng("graph", str(data), "-k", "6", "-o", str(out), env={FREE_BYTES_ENV: str(40 << 20)}).returncode == 0
 
 
+@pytest.mark.slow
 def test_the_launchers_free_space_check_counts_the_ranks_checkpoints(tmp_path, points):
     # The same room, with --procs 2: refused before any rank starts, for the ranks' checkpoints
     # (a distributed graph's stores hold every point once; a search's every rank's top k).
@@ -305,16 +312,16 @@ def test_a_checkpoint_rewound_by_one_save_finds_that_saves_arrays(tmp_path):
     np.testing.assert_array_equal(resumed.arrays()["store"], [2.0, 2.0, 2.0])
 
 
-def test_a_graph_of_grouped_launches_interrupted_mid_run_resumes_bit_for_bit(tmp_path, points, monkeypatch,
-                                                                           interrupt_after_saves):
+@pytest.mark.slow
+def test_a_graph_of_grouped_launches_interrupted_mid_run_resumes_bit_for_bit(tmp_path, points,
+                                                                           interrupt_after_saves, set_options):
     # Launches of 3 column parts (plan.group_parts; 9 parts: groups that do not divide the row
     # parts' columns), an error raised right after the 12th save (9 own parts and 3 groups
     # done), then a resume: it continues from a group boundary with the saved plan's groups
     # (the planner would now choose single blocks) and gives the uninterrupted answer.
-    import knng.engine.plan as plan_mod
 
     _, x = points
-    monkeypatch.setattr(plan_mod, "group_parts", lambda **kw: 3)
+    set_options(group_parts=3)
     ref = knng.graph(x, 6, device="cpu")
     assert ref.report.plan.group_parts == 3 and ref.report.parts == 9
     saves = interrupt_after_saves(12)
@@ -322,7 +329,7 @@ def test_a_graph_of_grouped_launches_interrupted_mid_run_resumes_bit_for_bit(tmp
     with pytest.raises(RuntimeError, match="interrupted"):
         knng.graph(x, 6, device="cpu", checkpoint=folder, checkpoint_interval=0)
     interrupt_after_saves.undo()
-    monkeypatch.setattr(plan_mod, "group_parts", lambda **kw: 1)
+    set_options(group_parts=1)
     again = knng.graph(x, 6, device="cpu", checkpoint=folder, resume=True)
     resumed = again.report.checkpoints["resumed_from"]
     assert resumed == saves[-1] > ref.report.parts  # past the own parts, inside the blocks

@@ -612,6 +612,7 @@ def _modules_after(code: str, cwd: Path) -> set[str]:
     return set(result.stdout.rpartition("MODULES:")[2].split())
 
 
+@pytest.mark.slow
 def test_start_up_imports_only_what_each_command_uses(tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", np.zeros((20, 3), np.float32))
     assert _modules_after("import knng", tmp_path) == set()

@@ -184,12 +184,12 @@ def interpret():
 @pytest.mark.parametrize("shape", [(70, 45, 19), (33, 97, 16), (1, 40, 3), (64, 64, 40)])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("few", [0, 4, 10**6])
-def test_digit_kernel_matches_its_reference(interpret, rng, shape, symmetric, few, monkeypatch):
+def test_digit_kernel_matches_its_reference(interpret, rng, shape, symmetric, few, set_options):
     """Same survivors, same keys bit for bit: the interpreter rounds each float32 step as
     digit_scores does (a GPU may fuse a multiply and an add: one rounding fewer, within the bound)."""
     from knng.engine import fused
 
-    monkeypatch.setattr(fused, "FEW_PER_TILE", few)
+    set_options(few_per_tile=few)
     m, n, d = shape
     mt = get_metric("sqeuclidean")
     x = torch.from_numpy(rng.standard_normal((m, d)) + 5)
@@ -218,21 +218,15 @@ def test_digit_kernel_matches_its_reference(interpret, rng, shape, symmetric, fe
 
 
 @pytest.mark.parametrize("task", ["search", "graph"])
-def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, monkeypatch, set_options):
+def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, set_options):
     import knng
-    import knng.engine.graph as graph
-    import knng.engine.plan as plan
     from knng.api import last_report
-    from knng.engine import fused
     from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
 
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     set_options(screen_precision="int8x4")
-    monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks
-    monkeypatch.setattr(graph, "OWN_PART_SEED", 48)
-    calls = []
-    real = fused._screen_digits
-    monkeypatch.setattr(fused, "_screen_digits", lambda *a, **k: calls.append(1) or real(*a, **k))
+    set_options(cpu_max_part=64)  # several parts: off-diagonal blocks
+    set_options(own_part_seed=48)
     x = smooth_image_patches(rng, 200, side=3)
     x[150:160] = x[:10]
     if task == "search":
@@ -241,7 +235,7 @@ def test_engine_with_the_interpreted_digit_kernel(interpret, rng, task, monkeypa
     else:
         assert_exact(knng.graph(x, 5), oracle_graph(x, 5))
     assert last_report().screen_dtype == "int8x4"
-    assert calls, "the digit kernel did not run"
+    assert last_report().stages.get("screen.digits"), "the digit kernel did not run"
 
 
 @pytest.mark.parametrize("kind", ["gauss", "offset", "spike", "midpoints", "huge", "integers", "zeros"])
@@ -251,12 +245,11 @@ def test_digit_search_seeds_from_a_float32_sample_bound_every_rows_kth(kind, met
     # instead of three integer ones), with the float32 bound's radii: every seeded τᵢ must still
     # be at least the row's k-th exact key, and the search exact.
     import knng
-    import knng.engine.plan as plan
     from knng.engine.store import CandidateStore
     from oracle import assert_exact, oracle_search
 
     set_options(screen_precision="int8x4")
-    monkeypatch.setattr(plan, "CPU_SAMPLE", 64)  # a sample narrower than the corpus
+    set_options(cpu_sample=64)  # a sample narrower than the corpus
     seeded = []
     real_seed = CandidateStore.seed
 

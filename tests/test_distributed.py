@@ -68,6 +68,7 @@ def _reference(name: str, seed: int):
 RESULT_CASES = [name for name, case in CASES.items() if case["kind"] in ("graph", "search")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("name", RESULT_CASES)
 def test_identical_to_one_process(battery, world, name):

@@ -81,6 +81,7 @@ def _assert_graph(out: Path, x: np.ndarray) -> None:
     assert_exact_chunked(x, x, [(idx, dist)], exclude_self=True, rows=np.arange(0, len(x), 37))
 
 
+@pytest.mark.slow
 def test_the_python_api_resumes_a_killed_distributed_graph_and_search_bit_for_bit(tmp_path, seed):
     """Ranks killed (os._exit) during a search, then during a graph; each resumed from its checkpoint."""
     sys.path.insert(0, str(TESTS))
@@ -117,6 +118,7 @@ def test_the_python_api_resumes_a_killed_distributed_graph_and_search_bit_for_bi
     assert not (tmp_path / "graph-ck").exists() and not (tmp_path / "search-ck").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_procs_job_resumes_on_the_same_number_of_ranks_only(tmp_path, points):
     data, x = points
     out = tmp_path / "out"
@@ -143,6 +145,7 @@ def test_a_killed_procs_job_resumes_on_the_same_number_of_ranks_only(tmp_path, p
     _assert_graph(out, x)
 
 
+@pytest.mark.slow
 def test_a_changed_input_is_refused_and_overwrite_discards_the_checkpoint(tmp_path, points):
     data, x = points
     out = tmp_path / "out"
@@ -158,6 +161,7 @@ def test_a_changed_input_is_refused_and_overwrite_discards_the_checkpoint(tmp_pa
     _assert_graph(out, changed)
 
 
+@pytest.mark.slow
 def test_a_distributed_search_killed_while_saving_resumes(tmp_path, points, rng):
     data, x = points
     q = rng.standard_normal((300, 10)).astype(np.float32) * 3
@@ -176,6 +180,7 @@ def test_a_distributed_search_killed_while_saving_resumes(tmp_path, points, rng)
     np.testing.assert_array_equal(np.load(out / "distances.npy"), ref.distances)
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_whole_job_at_random_instants_then_resume(tmp_path, points):
     data, x = points
     out = tmp_path / "out"

@@ -37,6 +37,7 @@ def data_file(tmp_path: Path, rng) -> Path:
     return tmp_path / "x.npy"
 
 
+@pytest.mark.slow
 def test_graph_with_three_processes_equals_one(data_file, tmp_path, seed):
     proc = _run(["graph", str(data_file), "-k", "10", "--procs", "3", "-o", "out3", "--no-progress"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -49,6 +50,7 @@ def test_graph_with_three_processes_equals_one(data_file, tmp_path, seed):
     assert sorted(p.name for p in (tmp_path / "out3").iterdir()) == ["distances.npy", "indices.npy", "knng.json"]
 
 
+@pytest.mark.slow
 def test_search_with_two_processes_equals_one(data_file, tmp_path, rng, seed):
     np.save(tmp_path / "q.npy", rng.normal(50.0, 1.0, (64, 12)).astype(np.float32))
     proc = _run(["search", str(data_file), str(tmp_path / "q.npy"), "-k", "5", "--procs", "2", "-o", "s2"], tmp_path)
@@ -70,6 +72,7 @@ def _assert_no_results(folder: Path) -> None:
     ("1:finishing:1:raise", 1, "failed while finishing part"),
     ("2:finishing:2:exit", 2, "stopped responding"),
 ])
+@pytest.mark.slow
 def test_a_rank_that_dies_or_fails_stops_the_others(data_file, tmp_path, fault, culprit, says):
     t0 = time.monotonic()
     proc = _run(["graph", str(data_file), "-k", "10", "--procs", "3", "-o", "out", "--timeout", "30"], tmp_path,
@@ -84,6 +87,7 @@ def test_a_rank_that_dies_or_fails_stops_the_others(data_file, tmp_path, fault, 
     _assert_no_results(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_rank_that_hangs_is_named_within_the_timeout(data_file, tmp_path):
     t0 = time.monotonic()
     proc = _run(["graph", str(data_file), "-k", "10", "--procs", "3", "-o", "out", "--timeout", "3"], tmp_path,
@@ -98,6 +102,7 @@ def test_a_rank_that_hangs_is_named_within_the_timeout(data_file, tmp_path):
     _assert_no_results(tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_failure_while_writing_leaves_no_results(data_file, tmp_path):
     (tmp_path / "out").mkdir()
     proc = _run(["graph", str(data_file), "-k", "4", "--procs", "2", "-o", "out"], tmp_path, fault="1:writing:1:exit")
@@ -120,6 +125,7 @@ def test_refuses_before_starting_ranks(data_file, tmp_path):
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
 
 
+@pytest.mark.slow
 def test_bad_input_is_reported_by_every_rank(tmp_path, rng):
     x = rng.standard_normal((500, 4))
     x[123, 1] = np.inf

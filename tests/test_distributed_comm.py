@@ -13,6 +13,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from test_distributed import free_port
 
 SCRIPT = textwrap.dedent("""
@@ -34,6 +36,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_rank_stuck_inside_a_collective_call_is_stopped_naming_the_dead_peer(tmp_path):
     port = str(free_port())
     script = tmp_path / "stuck.py"

@@ -228,7 +228,7 @@ def _check_unfolding(rng, levels: int, n: int, big: tuple[int, ...], widths, ks,
 
 
 @pytest.mark.parametrize("levels", [1, 3, 50])
-def test_unfolding_by_slots_matches_the_sort(levels, rng, monkeypatch):
+def test_unfolding_by_slots_matches_the_sort(levels, rng, set_options):
     # Unfolding lays each row's candidate groups end to end and sorts only the rows whose order
     # that gets wrong: the answer equals sorting every member of every candidate group, row by
     # row, on groups of 1 to 40 rows whose members interleave by index, distances with ties
@@ -237,12 +237,13 @@ def test_unfolding_by_slots_matches_the_sort(levels, rng, monkeypatch):
     # to more than the candidates, several chunks (with every distance tied, chunks of a few
     # rows and sorts of a few dozen candidates: a row's own count whatever it is).
     if levels == 1:
-        monkeypatch.setattr(duplicates, "LIST_ENTRIES", 300)
-        monkeypatch.setattr(duplicates, "SORT_ENTRIES", 50)
+        set_options(duplicate_list_entries=300)
+        set_options(duplicate_sort_entries=50)
     sorted_rows = _check_unfolding(rng, levels, 400, (40, 25, 9, 3, 2, 2), (0, 1, 6, 30), (1, 2, 5, 31, 90))
     assert sorted_rows and sum(sorted_rows) < 0.9 * 400 * 4 * 2 * 5 * 2  # both ways taken
 
 
+@pytest.mark.slow
 def test_unfolding_kernel_matches_the_sort(kernel_device, rng):
     # The same on the unfolding kernel (a program a row), in Triton's interpreter (few rows: it
     # runs each program in Python) or on a GPU; k = 100 with 101 lists a row is the 8×8 image

@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import knng
-import knng.engine.plan as plan
 from knng.api import last_report
 from knng.engine import fused, screen
 from knng._inputs import as_input
@@ -115,8 +114,7 @@ def test_lattice_kernel_matches_the_torch_pass(kernel_device, rng, spy):
             block = torch.from_numpy(values)
             on = common._LatticeExtent(unit, block.shape[1], kernel_device)
             on.add(block.to(kernel_device))
-            with pytest.MonkeyPatch.context() as torch_only:
-                torch_only.setattr(preparation, "kernels_apply", lambda device: False)
+            with knng.options(kernels={"preparation": False}):
                 ref = common._LatticeExtent(unit, block.shape[1], torch.device("cpu"))
                 ref.add(block)
             found, want = on.found(), ref.found()
@@ -231,10 +229,10 @@ def interpret_if_available():
 
 
 @pytest.fixture
-def float16_screen(monkeypatch, set_options):
+def float16_screen(set_options):
     """Graphs screened in scaled float16 on the CPU (the torch reference of the kernel)."""
     set_options(screen_precision="float16")
-    monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks too
+    set_options(cpu_max_part=64)  # several parts: off-diagonal blocks too
 
 
 def _graph(x, k: int, include_self: bool = False):

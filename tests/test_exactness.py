@@ -365,12 +365,11 @@ def test_user_matmul_precision_setting(setting, seed):
 
 
 @pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
-def test_tiny_capacity_forces_tightening_and_overflow(metric, monkeypatch, rng, seed):
+def test_tiny_capacity_forces_tightening_and_overflow(metric, rng, seed, set_options):
     # Stores of exactly k: every row
     # tightens many times, and duplicated points overflow into exact evaluation.
-    import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "store_capacity", lambda k, available: min(available, k))
+    set_options(store_extra=0)
     x = rng.integers(0, 4, size=(700, 6)).astype(np.float32)  # integer data: dense exact ties
     x[600:] = x[:100]  # and duplicates
     for k in (1, 5, 40):
@@ -384,14 +383,13 @@ def test_tiny_capacity_forces_tightening_and_overflow(metric, monkeypatch, rng, 
 
 @pytest.mark.parametrize("flush", ["every add", "never before finish"])
 @pytest.mark.parametrize("metric", ["euclidean", "cosine"])
-def test_store_flush_size_changes_nothing(flush, metric, monkeypatch, rng, seed):
+def test_store_flush_size_changes_nothing(flush, metric, rng, seed, set_options):
     # Survivors wait in the store until enough are pending; the answer may not depend on when
     # they are taken in (thresholds only tighten later), on image-like ties or duplicates.
-    import knng.engine.plan as plan
 
     size = 1 if flush == "every add" else 1 << 40
-    monkeypatch.setattr(plan, "PENDING_CPU", size)
-    monkeypatch.setattr(plan, "PENDING_PAIR_BYTES", 1)
+    set_options(pending_cpu=size)
+    set_options(pending_pair_bytes=1)
     x = smooth_image_patches(rng, 900, side=4).astype(np.float32)
     x[800:] = x[:100]
     for k in (1, 7, 899):
@@ -404,22 +402,18 @@ def test_store_flush_size_changes_nothing(flush, metric, monkeypatch, rng, seed)
 
 @pytest.mark.parametrize("pending", [300, 1 << 40])
 @pytest.mark.parametrize("widen", [True, False])
-def test_search_finish_takes_the_last_survivors_in(pending, widen, monkeypatch, rng, seed):
+def test_search_finish_takes_the_last_survivors_in(pending, widen, rng, seed, set_options):
     # The finish of a search takes the pending survivors in without the capacity (the store
     # widens to its widest row), after earlier flushes or none; where the widest row would not
     # fit the store's padded entries it flushes them as before. Exact either way, on image-like
     # near-ties and queries that equal corpus points that are there twice.
-    import knng.engine.plan as plan
-    import knng.engine.store as store
 
-    monkeypatch.setattr(plan, "PENDING_CPU", pending)
-    monkeypatch.setattr(plan, "PENDING_PAIR_BYTES", 1)
-    monkeypatch.setattr(plan, "store_capacity", lambda k, available: min(available, k))  # rows must widen
+    set_options(pending_cpu=pending)
+    set_options(pending_pair_bytes=1)
+    set_options(store_extra=0)  # rows must widen
     if not widen:
-        monkeypatch.setattr(store, "REBUILD_ENTRIES", 64)
-    taken = []
-    real = store.CandidateStore._take_last
-    monkeypatch.setattr(store.CandidateStore, "_take_last", lambda self: taken.append(real(self)) or taken[-1])
+        set_options(rebuild_entries_cpu=64)
+    flushed = []
     x = smooth_image_patches(rng, 900, side=4).astype(np.float32)
     x[800:] = x[:100]
     q = x[:60] + 0.25 * rng.standard_normal((60, 16)).astype(np.float32)
@@ -427,20 +421,21 @@ def test_search_finish_takes_the_last_survivors_in(pending, widen, monkeypatch, 
     for k in (1, 9, 900):
         s = knng.search(q, x, k, device="cpu", memory_budget="96KB")
         assert_exact(s, oracle_search(q, x, k), context=f"seed={seed} pending={pending} widen={widen} k={k}")
-    assert taken and (all(taken) if widen else not all(taken)), taken
+        flushed.append((s.report.stages.get("store.finish_widened", 0), s.report.stages.get("store.finish_flushed", 0)))
+    widened, then_flushed = (any(column) for column in zip(*flushed))
+    assert widened and not then_flushed if widen else then_flushed, flushed
 
 
-def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed, set_options):
+def test_store_tightens_wide_rows_in_groups(rng, seed, set_options):
     # A store update sorts at most REBUILD_ENTRIES entries at once and near-ties are evaluated
     # in padded groups of similar widths; a tiny size forces many ranges and groups (rows of very
     # different widths: a cluster of near-ties among spread points) and the answer stays exact.
-    import knng.engine.plan as plan
     import knng.engine.store as store
 
-    monkeypatch.setattr(store, "REBUILD_ENTRIES", 64)
-    monkeypatch.setattr(plan, "PENDING_CPU", 1 << 40)
-    monkeypatch.setattr(plan, "PENDING_PAIR_BYTES", 1)
-    monkeypatch.setattr(plan, "store_capacity", lambda k, available: min(available, k + 2))
+    set_options(rebuild_entries_cpu=64)
+    set_options(pending_cpu=1 << 40)
+    set_options(pending_pair_bytes=1)
+    set_options(store_extra=2)
     # A float32 screen, whose radii make the cluster's rows overflow every time. The planner now
     # screens this graph in float64 (k ≥ n/100 on a CPU), whose near-ties left no row overflowing
     # in 4 of 20 draws (float32: none in 40).
@@ -455,13 +450,12 @@ def test_store_tightens_wide_rows_in_groups(monkeypatch, rng, seed, set_options)
     assert all(bool((g[1:] > g[:-1]).all()) for g in groups)
 
 
-def test_store_oom_during_a_flush_loses_nothing(monkeypatch, rng, seed):
+def test_store_oom_during_a_flush_loses_nothing(monkeypatch, rng, seed, set_options):
     # An out-of-memory error while pending survivors are taken in is retried with its block;
     # the pending survivors of earlier blocks are not dropped.
-    import knng.engine.plan as plan
     import knng.engine.store as store
 
-    monkeypatch.setattr(plan, "PENDING_CPU", 2000)
+    set_options(pending_cpu=2000)
     real_take = store.CandidateStore._take
     state = {"n": 0}
 

@@ -20,12 +20,12 @@ from oracle import assert_exact, oracle_graph, smooth_image_patches
 
 
 @pytest.fixture
-def small_parts(monkeypatch):
+def small_parts(set_options):
     """Parts of 37 rows on a CPU (not a tile multiple): a few hundred points make many parts.
     Principal frames whatever the data's slab gain (the planner gives Gaussian-like data one
-    centre: ``plan.PRINCIPAL_MIN_GAIN``), so that every data set here runs in them."""
-    monkeypatch.setattr(plan_mod, "CPU_MAX_PART", 37)
-    monkeypatch.setattr(plan_mod, "PRINCIPAL_MIN_GAIN", 0.0)
+    centre: ``Options.principal_min_gain``), so that every data set here runs in them."""
+    set_options(cpu_max_part=37)
+    set_options(principal_min_gain=0.0)
 
 
 def _line(rng, n, d=6, spread=1000.0):
@@ -48,8 +48,8 @@ DATA = {
 @pytest.mark.parametrize("data", list(DATA))
 @pytest.mark.parametrize("k", [1, 7])
 @pytest.mark.parametrize("local", [True, False])
-def test_principal_frames_graph_is_exact(data, k, local, small_parts, monkeypatch, rng, seed, screen):
-    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", 1e-12 if local else 1e12)
+def test_principal_frames_graph_is_exact(data, k, local, small_parts, rng, seed, screen, set_options):
+    set_options(local_centre_gain=1e-12 if local else 1e12)
     x = DATA[data](rng, 401)
     g = knng.graph(x, k, device="cpu")
     assert g.report.plan.frames == "principal" and g.report.parts > 5
@@ -110,8 +110,8 @@ def test_plan_reads_the_slab_gain_of_the_data(rng):
 
 
 @pytest.mark.parametrize("gain, local", [(1e-12, True), (1e12, False)])
-def test_local_centres_follow_the_gain(gain, local, monkeypatch, rng):
-    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", gain)
+def test_local_centres_follow_the_gain(gain, local, rng, set_options):
+    set_options(local_centre_gain=gain)
     x = torch.from_numpy(_line(rng, 300))
     centre = x.to(torch.float64).mean(0)
     f = PrincipalFrames(as_input(x, "data"), KNNG_METRICS["euclidean"], centre, torch.device("cpu"), 50,
@@ -176,20 +176,19 @@ def test_window_holds_every_pair_either_side_needs(trial, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["float32", "float64", "tf32x3", "tf32", "bfloat16"])
 @pytest.mark.parametrize("data", ["patches", "line", "offset_gauss"])
-def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed, set_options):
+def test_principal_frames_on_the_gpu(precision, data, rng, seed, set_options):
     # Slabs of 500 rows on the GPU: the fused kernel (own parts wider than its seed sample and
     # off-diagonal windows) and the torch screen, each precision, against the float64 oracle.
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    import knng.engine.graph as graph_mod
 
-    monkeypatch.setattr(plan_mod, "PRINCIPAL_MIN_GAIN", 0.0)  # Gaussian points in slabs too
+    set_options(principal_min_gain=0.0)  # Gaussian points in slabs too
     set_options(graph_rows_tiles_first=False)  # not by rows (their search's tiles first)
-    monkeypatch.setattr(plan_mod, "GPU_MAX_PART", 500)
-    monkeypatch.setattr(plan_mod, "GPU_KERNEL_MAX_PART", 500)  # the fused precisions' parts too
-    monkeypatch.setattr(plan_mod, "GPU_TRIANGLE_MAX_PART", 500)  # and theirs where own blocks are triangles
-    monkeypatch.setattr(plan_mod, "GPU_KERNEL_GROUP_COLUMNS", 1500)  # their launches: 3 column parts
-    monkeypatch.setattr(graph_mod, "OWN_PART_SEED", 128)
+    set_options(gpu_max_part=500)
+    set_options(gpu_kernel_max_part=500)  # the fused precisions' parts too
+    set_options(gpu_triangle_max_part=500)  # and theirs where own blocks are triangles
+    set_options(gpu_kernel_group_columns=1500)  # their launches: 3 column parts
+    set_options(own_part_seed=128)
     set_options(screen_precision=precision)
     x = DATA[data](rng, 4000)
     g = knng.graph(x, 10, device="cuda")
@@ -198,30 +197,21 @@ def test_principal_frames_on_the_gpu(precision, data, monkeypatch, rng, seed, se
     assert_exact(g, oracle_graph(x, 10), context=f"seed={seed} {data} {precision}")
 
 
-def test_outliers_keep_per_block_thresholds_and_stay_exact(small_parts, monkeypatch, rng, seed):
+def test_outliers_keep_per_block_thresholds_and_stay_exact(small_parts, rng, seed, set_options):
     # Gaussian points (blocks keep one centre) with a few vectors 1,000× larger: one shared
     # threshold per point would be widened by them in every block, so each block's own maxima
     # are used; the graph stays exact either way.
-    import knng.engine.graph as graph_mod
 
-    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", 1e12)
+    set_options(local_centre_gain=1e12)
     x = rng.standard_normal((400, 6)).astype(np.float32)
     x[rng.choice(400, 3, replace=False)] *= 1000.0
-    seen = {}
-    real = graph_mod._SharedThresholds.when_uniform.__func__
-
-    def spy(cls, store, norms, terms, parts):
-        seen["shared"] = real(cls, store, norms, terms, parts)
-        return seen["shared"]
-
-    monkeypatch.setattr(graph_mod._SharedThresholds, "when_uniform", classmethod(spy))
     g = knng.graph(x, 5, device="cpu")
-    assert g.report.plan.frames == "principal" and seen["shared"] is None
+    assert g.report.plan.frames == "principal" and "graph.shared_thresholds" not in g.report.stages
     assert_exact(g, oracle_graph(x, 5), context=f"seed={seed} outliers")
     x = rng.standard_normal((400, 6))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True) * rng.uniform(0.9, 1.1, (400, 1))).astype(np.float32)
     g = knng.graph(x, 5, device="cpu")
-    assert seen["shared"] is not None  # alike norms (a shell): one threshold per point
+    assert g.report.stages.get("graph.shared_thresholds")  # alike norms (a shell): one threshold per point
     assert_exact(g, oracle_graph(x, 5), context=f"seed={seed} uniform")
 
 
@@ -230,14 +220,14 @@ def test_outliers_keep_per_block_thresholds_and_stay_exact(small_parts, monkeypa
                                          ("line", "sqeuclidean"), ("offset_gauss", "cosine")])
 @pytest.mark.parametrize("local", [True, False])
 @pytest.mark.parametrize("group", [2, 3, 64])
-def test_grouped_launches_give_the_same_exact_graph(data, metric, local, group, small_parts, monkeypatch, rng, seed):
+def test_grouped_launches_give_the_same_exact_graph(data, metric, local, group, small_parts, rng, seed, set_options):
     # Blocks S(I, J) of several consecutive column parts in one launch (plan.group_parts; parts
     # of 37 rows, so 11 parts, groups that do not divide them and one wider than all): the same
     # graph bit for bit as one launch per block, exact against the oracle, every block counted.
-    monkeypatch.setattr(frames_mod, "LOCAL_CENTRE_GAIN", 1e-12 if local else 1e12)
+    set_options(local_centre_gain=1e-12 if local else 1e12)
     x = DATA[data](rng, 401)
     single = knng.graph(x, 5, metric=metric, device="cpu")
-    monkeypatch.setattr(plan_mod, "group_parts", lambda **kw: group)
+    set_options(group_parts=group)
     grouped = knng.graph(x, 5, metric=metric, device="cpu")
     plan = grouped.report.plan
     assert plan.group_parts == group and plan.parts == 11
@@ -279,13 +269,13 @@ def test_a_span_window_holds_its_members_windows(trial, rng):
 
 
 @pytest.mark.parametrize("squaring", [True, False])
-def test_leading_direction_by_squarings_or_iteration(squaring, rng, monkeypatch):
+def test_leading_direction_by_squarings_or_iteration(squaring, rng, set_options):
     # Both ways find the leading principal direction of a sample with one dominant direction
     # (the squarings of the Gram matrix, or the iteration where d is above their limit), and
     # a sample of equal rows gives some unit vector, not NaN.
     from knng.engine import frames
 
-    monkeypatch.setattr(frames, "SQUARING_MAX_D_CPU", 512 if squaring else 0)
+    set_options(squaring_max_d_cpu=512 if squaring else 0)
     d = 24
     axis = rng.standard_normal(d)
     axis /= np.linalg.norm(axis)

@@ -24,6 +24,9 @@ from knng.metrics import (
 )
 from oracle import assert_exact, assert_screen_contract, oracle_graph, oracle_search, smooth_image_patches
 
+#: The options' defaults: the sizes the planner takes unless told otherwise.
+DEFAULTS = knng.Options()
+
 pytest.importorskip("triton", reason="the kernel tests run Triton's interpreter")
 
 
@@ -52,8 +55,8 @@ def _block(rng: np.random.Generator, m: int, n: int, d: int, symmetric: bool):
 @pytest.mark.parametrize("shape", [(70, 45, 19), (33, 97, 16), (1, 40, 3), (64, 64, 32)])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("few", [0, 4, 10**6])  # tiles append with atomics only, both ways, one by one only
-def test_kernel_contract_in_the_interpreter(interpret, rng, shape, symmetric, few, monkeypatch):
-    monkeypatch.setattr(fused, "FEW_PER_TILE", few)
+def test_kernel_contract_in_the_interpreter(interpret, rng, shape, symmetric, few, set_options):
+    set_options(few_per_tile=few)
     m, n, d = shape
     qa, ca, rt, ct, exact = _block(rng, m, n, d, symmetric)
     row_thr = exact.kthvalue(min(n, 4), dim=1).values
@@ -256,31 +259,23 @@ def test_fused_bound_is_wider_the_coarser_the_precision():
 
 # ------------------------------------------------------------------------------ the engine
 @pytest.fixture(params=["tf32", "float16"])
-def kernel_on_cpu(interpret, monkeypatch, request, set_options):
+def kernel_on_cpu(interpret, request, set_options):
     """The engine runs the fused kernel (interpreted) on the CPU, screening in "tf32" or in
     scaled "float16" (whose products the interpreter computes exactly too)."""
-    import knng.engine.graph as graph
 
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     set_options(screen_precision=request.param)
-    monkeypatch.setattr(graph, "OWN_PART_SEED", 48)  # the sampled seeds of a part's own block
-    calls = []
-    real = fused.screen_block
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(fused, "screen_block", counted)
-    yield calls
+    set_options(own_part_seed=48)  # the sampled seeds of a part's own block
+    yield
     assert last_report().screen_dtype == request.param
+    assert last_report().stages.get("screen.kernel"), "the kernel did not run"
 
 
-def _strip_minima_by_reference(monkeypatch, strip: int = 4) -> list:
+def _strip_minima_by_reference(monkeypatch, set_options, strip: int = 4) -> list:
     """Seeds from strip minima, as the CUDA kernel gives them, here by their reference
     (``screen.strip_minima_of``) in strips of ``strip`` columns; returns the list of calls."""
     calls: list = []
-    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: True)
+    set_options(kernels={"strip_minima": True})
     monkeypatch.setattr(fused, "STRIP", strip)
 
     def reference(a, b, k_dims, row_terms, col_terms, precision):
@@ -298,12 +293,11 @@ def _strip_minima_by_reference(monkeypatch, strip: int = 4) -> list:
 def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, strips, monkeypatch, set_options):
     if held:  # the GPU's way: survivors held back, tightened by the selection kernels
         set_options(tighten_on=frozenset({"cpu", "cuda"}))
-    minima = _strip_minima_by_reference(monkeypatch) if strips else []  # 150 sample columns: 38 strips
+    minima = _strip_minima_by_reference(monkeypatch, set_options) if strips else []  # 150 sample columns: 38 strips
     c = rng.standard_normal((150, 11)) + 30
     c[100:110] = c[:10]
     q = rng.standard_normal((37, 11)) + 30
     assert_exact(knng.search(q, c, k, memory_budget="2MB"), oracle_search(q, c, k))
-    assert kernel_on_cpu, "the kernel did not run"
     assert bool(minima) == (strips and 2 * k <= 38)
 
 
@@ -312,24 +306,19 @@ def test_search_with_the_interpreted_kernel(kernel_on_cpu, rng, k, held, strips,
                                                             (True, 3, True, False), (False, 1, True, True),
                                                             (True, 1, False, True)])
 def test_graph_with_the_interpreted_kernel(kernel_on_cpu, rng, include_self, group, held, strips, monkeypatch, set_options):
-    import knng.engine.plan as plan
 
-    from knng.engine.store import CandidateStore
 
-    minima = _strip_minima_by_reference(monkeypatch) if strips else []  # 48 seed columns: 12 strips
-    holds = []
+    minima = _strip_minima_by_reference(monkeypatch, set_options) if strips else []  # 48 seed columns: 12 strips
     if held:  # the GPU's way where the blocks share one centre (Gaussian data): survivors held back
         set_options(hold_on=frozenset({"cpu", "cuda"}))
-        real = CandidateStore._hold
-        monkeypatch.setattr(CandidateStore, "_hold", lambda store, *a: holds.append(1) or real(store, *a))
-    monkeypatch.setattr(plan, "CPU_MAX_PART", 64)  # several parts: off-diagonal blocks
-    monkeypatch.setattr(plan, "group_parts", lambda **kw: group)  # column parts per launch
+    set_options(cpu_max_part=64)  # several parts: off-diagonal blocks
+    set_options(group_parts=group)  # column parts per launch
     x = rng.standard_normal((200, 9)) + 50 if held else smooth_image_patches(rng, 200, side=3)
     x[150:160] = x[:10]
     g = knng.graph(x, 5, include_self=include_self)
     assert last_report().parts > 1 and last_report().plan.group_parts == group
     assert_exact(g, oracle_graph(x, 5, include_self=include_self))
-    assert kernel_on_cpu and bool(holds) == held and bool(minima) == strips
+    assert bool(last_report().stages.get("store.hold")) == held and bool(minima) == strips
 
 
 @pytest.mark.parametrize("include_self,k", [(False, 5), (True, 5), (False, 1), (True, 1), (False, 11)])
@@ -338,20 +327,14 @@ def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, 
     in one pass (graph.screen_own_parts_together): exact, with duplicates across parts, ties from
     integer data, k = 1, a sample that holds the whole part (OWN_PART_SEED ≥ its size) and a last
     part too small for 2k strips (seeded from a materialised sample instead)."""
-    import knng.engine.graph as graph
-    import knng.engine.plan as plan
 
-    _strip_minima_by_reference(monkeypatch)
+    _strip_minima_by_reference(monkeypatch, set_options)
     set_options(hold_on=frozenset({"cpu", "cuda"}))
-    monkeypatch.setattr(plan, "CPU_MAX_PART", 100)
-    calls, materialised = [], []
-    real = graph.screen_own_parts_together
-    monkeypatch.setattr(graph, "screen_own_parts_together", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    seeds = graph.seed_candidates
-    monkeypatch.setattr(graph, "seed_candidates", lambda *a, **kw: materialised.append(1) or seeds(*a, **kw))
+    set_options(cpu_max_part=100)
+    together, materialised = [], []
     # parts of 100, 100, 50 (24 strips of 4 in the first two) and 100, 30 (25 strips)
     for n, seed_cols, integers in ((250, 96, False), (130, 200, True)):
-        monkeypatch.setattr(graph, "OWN_PART_SEED", seed_cols)
+        set_options(own_part_seed=seed_cols)
         x = rng.standard_normal((n, 9)) + 50
         if integers:
             x = np.round(x * 2)
@@ -359,8 +342,10 @@ def test_graph_own_parts_screened_together(kernel_on_cpu, rng, include_self, k, 
         g = knng.graph(x, k, include_self=include_self)
         assert_exact(g, oracle_graph(x, k, include_self=include_self))
         assert last_report().parts > 1
-    assert len(calls) == 2, "the parts' own blocks were not screened together"
-    assert materialised or k == 1, "no part was too small for its strips"
+        together.append(last_report().stages.get("graph.own_parts_together"))
+        materialised.append(last_report().stages.get("seeds.from_block"))
+    assert together == [1, 1], "the parts' own blocks were not screened together"
+    assert any(materialised) or k == 1, "no part was too small for its strips"
 
 
 @pytest.mark.parametrize("include_self,k", [(False, 7), (True, 1)])
@@ -368,70 +353,59 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
     """Image patches, whose principal slabs centre each part on itself, screen every part's own
     block in one pass too: seeds with their tiles' radii, survivors held with their tiles' norms
     (Holding.pairs). Exact with near-identical flat patches, duplicates across parts, k = 1."""
-    import knng.engine.graph as graph
-    import knng.engine.plan as plan
 
-    from knng.engine.store import CandidateStore
 
-    _strip_minima_by_reference(monkeypatch)
+    _strip_minima_by_reference(monkeypatch, set_options)
     set_options(hold_on=frozenset({"cpu", "cuda"}))
-    monkeypatch.setattr(plan, "CPU_MAX_PART", 100)
-    monkeypatch.setattr(graph, "OWN_PART_SEED", 96)
-    calls, paired = [], []
-    real = graph.screen_own_parts_together
-    monkeypatch.setattr(graph, "screen_own_parts_together", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    hold = CandidateStore._hold
-    monkeypatch.setattr(CandidateStore, "_hold",
-                        lambda store, rows, cols, keys, norms: paired.append(norms is not None)
-                        or hold(store, rows, cols, keys, norms))
+    set_options(cpu_max_part=100)
+    set_options(own_part_seed=96)
     x = smooth_image_patches(rng, 230, side=3)
     x[40:70] = x[40] + 1e-3 * rng.standard_normal((30, x.shape[1]))  # near-ties, not folded
     x[200:210] = x[:10]
     g = knng.graph(x, k, include_self=include_self)
     assert_exact(g, oracle_graph(x, k, include_self=include_self))
     assert last_report().parts > 1 and last_report().plan.frames == "principal"
-    assert calls == [1] and paired and all(paired), "the slabs' own blocks were not screened together with their norms"
+    stages = last_report().stages
+    assert stages.get("graph.own_parts_together") == 1 and stages.get("store.hold_pairs") and not stages.get(
+        "store.hold"), "the slabs' own blocks were not screened together with their norms"
 
 
-def test_kernel_screened_graphs_take_larger_parts(monkeypatch):
+def test_kernel_screened_graphs_take_larger_parts(monkeypatch, set_options):
     """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART,
     or GPU_TRIANGLE_MAX_PART where its own blocks are triangles (GPU_TRIANGLE_MAX_PART_SMALL_K
     for k ≤ TRIANGLE_SMALL_K)."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(plan, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     kw = dict(n=1_000_000, d=128, k=10, metric="euclidean", device=torch.device("cuda", 0), budget=60 * 2**30,
               include_self=False, host_budget=64 * 2**30)
     assert plan.make_graph_plan(**kw).screen_precision == "float16"
-    assert plan.make_graph_plan(**kw).part_size == plan.GPU_KERNEL_MAX_PART
+    assert plan.make_graph_plan(**kw).part_size == DEFAULTS.gpu_kernel_max_part
     # ... and screens several column parts per launch (nothing materialised), a torch screen one.
-    assert plan.make_graph_plan(**kw).group_parts == plan.GPU_KERNEL_GROUP_COLUMNS // plan.GPU_KERNEL_MAX_PART > 1
+    assert plan.make_graph_plan(**kw).group_parts == DEFAULTS.gpu_kernel_group_columns // DEFAULTS.gpu_kernel_max_part > 1
     assert plan.make_graph_plan(**kw, screen_dtype="float32").group_parts == 1
-    assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == plan.GPU_MAX_PART
-    monkeypatch.setattr(plan, "fused_available", lambda device: False)
-    assert plan.make_graph_plan(**kw, screen_dtype="float16").part_size == plan.GPU_MAX_PART
+    assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == DEFAULTS.gpu_max_part
+    set_options(kernels={"triton": False})
+    assert plan.make_graph_plan(**kw, screen_dtype="float16").part_size == DEFAULTS.gpu_max_part
     # Where own blocks are triangles (the wgmma kernel) parts grow: no pair is scored twice.
-    monkeypatch.setattr(plan, "fused_available", lambda device: True)
-    seen = []
-    monkeypatch.setattr(plan, "triangle_runs", lambda precision, device, d: seen.append((precision, d)) or True)
-    assert plan.make_graph_plan(**kw).part_size > plan.GPU_TRIANGLE_MAX_PART
-    assert seen[-1] == ("float16", 128)
+    set_options(kernels={"triton": True})
+    set_options(kernels={"triangle": True})
+    assert plan.make_graph_plan(**kw).part_size > DEFAULTS.gpu_triangle_max_part
     large = {**kw, "budget": 200 * 2**30}  # (a budget whose blocks do not bound the parts first)
     for k in (plan.TRIANGLE_SMALL_K, plan.TRIANGLE_SMALL_K + 1, 32):
-        want = plan.GPU_TRIANGLE_MAX_PART_SMALL_K if k <= plan.TRIANGLE_SMALL_K else plan.GPU_TRIANGLE_MAX_PART
-        assert plan.make_graph_plan(**{**large, "k": k}).part_size == want > plan.GPU_KERNEL_MAX_PART, k
-    assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == plan.GPU_MAX_PART
+        want = DEFAULTS.gpu_triangle_max_part_small_k if k <= plan.TRIANGLE_SMALL_K else DEFAULTS.gpu_triangle_max_part
+        assert plan.make_graph_plan(**{**large, "k": k}).part_size == want > DEFAULTS.gpu_kernel_max_part, k
+    assert plan.make_graph_plan(**kw, screen_dtype="float32").part_size == DEFAULTS.gpu_max_part
 
 
 @pytest.mark.parametrize("precision", [n for n, p in PRECISIONS.items() if p.fused])
 @pytest.mark.parametrize("metric", ["euclidean", "cosine", "inner_product"])
-def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rng, monkeypatch, set_options):
+def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rng, set_options):
     """Without the kernel the fused precisions run the reference screen; still exact."""
-    import knng.engine.plan as plan
 
     set_options(screen_precision=precision)
-    monkeypatch.setattr(plan, "CPU_MAX_PART", 128)
+    set_options(cpu_max_part=128)
     x = smooth_image_patches(rng, 600, side=4).astype(np.float32)
     q = x[:50] + rng.standard_normal((50, 16)).astype(np.float32)
     assert_exact(knng.graph(x, 10, metric=metric), oracle_graph(x, 10, metric=metric))
@@ -440,12 +414,12 @@ def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rn
     assert last_report().screen_dtype == precision
 
 
-def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d(monkeypatch):
-    """The default precision rule of ``engine/plan.py`` (measured: docs/BENCHMARKS.md, "Fused screen")."""
+def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d(monkeypatch, set_options):
+    """The default precision rule of ``engine/plan.py`` (measured: docs/FINDINGS.md, "Screen precision and kernels")."""
     import knng.engine.plan as plan
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(plan, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     gpu = torch.device("cuda", 0)
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float16"  # tighter and faster than TF32
     assert plan.choose_screen_precision(gpu, 1_000_000, 960, 16) == "float16"
@@ -465,7 +439,7 @@ def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d
     assert plan.choose_screen_precision(gpu, 1_000_000, 31, 10, operation="graph") == "float32"  # not measured
     assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float16"  # a search
     assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024, operation="graph") == "float64"
-    monkeypatch.setattr(plan, "fused_available", lambda device: False)
+    set_options(kernels={"triton": False})
     assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
     assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"
     assert plan.choose_screen_precision(torch.device("cpu"), 1_000_000, 128, 10) == "float32"
@@ -593,24 +567,24 @@ def assert_tile_pairs_are_grouped(device: torch.device, rng) -> None:
             assert torch.equal(got, torch.nonzero(passed[:, t]).flatten()), (m, width, t)
 
 
-def test_tile_pairs_kernel_groups_the_pairs(rng, monkeypatch):
+def test_tile_pairs_kernel_groups_the_pairs(rng, set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     assert_tile_pairs_are_grouped(torch.device("cpu"), rng)
 
 
-def test_kth_of_rows_kernel_is_its_reference(rng, monkeypatch):
+def test_kth_of_rows_kernel_is_its_reference(rng, set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     assert_kth_of_rows_is_its_reference(torch.device("cpu"), rng)
 
 
-def test_smallest_of_rows_kernel_is_a_stable_sort(rng, monkeypatch):
+def test_smallest_of_rows_kernel_is_a_stable_sort(rng, set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     assert_smallest_of_rows_is_a_stable_sort(torch.device("cpu"), rng)
 
 
@@ -658,8 +632,8 @@ def test_select_block_needs_contiguous_rows(interpret):
 @pytest.mark.parametrize("hint", [3, None])
 @pytest.mark.parametrize("symmetric", [False, True])
 @pytest.mark.parametrize("few", [0, 4, 10**6])
-def test_select_block_in_the_interpreter(interpret, rng, dtype, shape, hint, symmetric, few, monkeypatch):
-    monkeypatch.setattr(fused, "FEW_PER_TILE", few)
+def test_select_block_in_the_interpreter(interpret, rng, dtype, shape, hint, symmetric, few, set_options):
+    set_options(few_per_tile=few)
     # Each side in a list of its own: (row, column) pairs kept by their row, (column, row) pairs
     # kept by their column; together exactly the entries a compare finds, each once per side.
     m, n = shape

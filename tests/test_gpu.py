@@ -13,7 +13,6 @@ import torch
 
 import knng
 from knng.api import last_report
-from knng.engine import fused
 from oracle import METRICS, assert_exact_chunked, assert_output_kind, smooth_image_patches
 
 pytestmark = [
@@ -391,12 +390,12 @@ def test_oom_retry_on_gpu(thresholds, monkeypatch, seed, set_options):
     _check(queries, corpus, [res], seed=seed)
 
 
-def test_real_out_of_memory_shrinks_tiles(seed, monkeypatch, set_options):
+def test_real_out_of_memory_shrinks_tiles(seed, set_options):
     """An over-generous budget: the first blocks do not fit; knng must shrink and finish."""
     # The seeds from the materialised sample block (the kernel's strip minima write none, and
     # then nothing of this search outgrows 1 GB; nor do the tiles' minima where they go first).
 
-    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: False)
+    set_options(kernels={"strip_minima": False})
     set_options(tiles_first=False)
     free, _ = torch.cuda.mem_get_info()
     corpus = _randn((300_000, 64), seed)

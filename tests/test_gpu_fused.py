@@ -234,20 +234,19 @@ def test_search_huge_offset_and_k_equals_n(fused_precision, seed):
 
 @pytest.mark.parametrize("include_self", [False, True])
 @pytest.mark.parametrize("method", ["symmetric", "rows"])
-def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch, set_options):
+def test_graph_exact(fused_precision, include_self, method, seed, set_options):
     """Both graph methods (``plan.graph_method``) on the kernels: symmetric parts of 8,192 (the last
     one short) in launches of 3 column parts; or chunks of rows searched against the data (the
     last one short). Duplicates: 500 points twice, and 21 copies of point 7 (more than k of
     smaller index than most of them: the point itself falls out of its k + 1 nearest)."""
-    import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "GPU_MAX_PART", 8192)  # several parts, the last one short
-    monkeypatch.setattr(plan, "GPU_KERNEL_MAX_PART", 8192)
-    monkeypatch.setattr(plan, "GPU_TRIANGLE_MAX_PART", 8192)  # own blocks as triangles (Hopper) too
-    monkeypatch.setattr(plan, "GPU_KERNEL_GROUP_COLUMNS", 3 * 8192)  # launches of 3 column parts, one short
-    monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
+    set_options(gpu_max_part=8192)  # several parts, the last one short
+    set_options(gpu_kernel_max_part=8192)
+    set_options(gpu_triangle_max_part=8192)  # own blocks as triangles (Hopper) too
+    set_options(gpu_kernel_group_columns=3 * 8192)  # launches of 3 column parts, one short
+    set_options(graph_rows_min_k=1 if method == "rows" else 10**9)
     set_options(graph_rows_tiles_first=method == "rows")
-    monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 8192)  # several chunks of rows (7 of 7,143 and 7,142)
+    set_options(kernel_search_rows=8192)  # several chunks of rows (7 of 7,143 and 7,142)
     g = _gen(seed)
     x = torch.randn((50_001, 64), generator=g, device="cuda") * 3 + 7
     x[40_000:40_500] = x[:500]
@@ -263,16 +262,15 @@ def test_graph_exact(fused_precision, include_self, method, seed, monkeypatch, s
 
 
 @pytest.mark.parametrize("method", ["symmetric", "rows"])
-def test_graph_image_patches(fused_precision, method, seed, monkeypatch, set_options):
+def test_graph_image_patches(fused_precision, method, seed, set_options):
     """Image patches (flat regions: near-ties by the hundred) by both graph methods (the planner
     keeps such data symmetric; the rows method is forced here, around one centre)."""
-    import knng.engine.plan as plan
 
-    monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 1 if method == "rows" else 10**9)
+    set_options(graph_rows_min_k=1 if method == "rows" else 10**9)
     set_options(graph_rows_tiles_first=method == "rows")
-    if method == "rows":
-        monkeypatch.setattr(plan, "slab_gain", lambda *a: 1.0)
-    monkeypatch.setattr(plan, "KERNEL_SEARCH_ROWS", 16384)
+    if method == "rows":  # around one centre: no principal frames, whatever the data's slabs
+        set_options(principal_min_gain=float("inf"))
+    set_options(kernel_search_rows=16384)
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(smooth_image_patches(rng, 80_000)).cuda()
     res = [knng.graph(x, k) for k in (10, 100)]
@@ -843,13 +841,12 @@ def test_grey_level_keys_are_within_the_exact_bound_on_the_hardware(d, kernel, s
     assert ratio <= 1.0, f"|key − score| / E = {ratio} ({kernel}, d = {d})"
 
 
-def test_graph_of_grey_levels_divided_by_255(seed, monkeypatch, set_options):
+def test_graph_of_grey_levels_divided_by_255(seed, set_options):
     """Image patches as float32 grey levels / 255 (``img_as_float32``): screened with exact products
     on the lattice of unit fl(1/255), exact, and with no near-ties left to evaluate at the median row."""
-    import knng.engine.plan as plan
 
     set_options(screen_precision="float16")
-    monkeypatch.setattr(plan, "GRAPH_ROWS_MIN_K", 10**9)  # symmetric: the rows method is a search (float16 bound)
+    set_options(graph_rows_min_k=10**9)  # symmetric: the rows method is a search (float16 bound)
     set_options(graph_rows_tiles_first=False)  # (nor by rows where its tiles go first)
     rng = np.random.default_rng(seed)
     pixels = smooth_image_patches(rng, 80_000)

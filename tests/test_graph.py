@@ -8,11 +8,13 @@ import pytest
 import torch
 
 import knng
-import knng.engine.graph as graph_engine
 from knng.api import last_report
 from oracle import (
     DTYPES, KINDS, METRICS, assert_exact, assert_output_kind, kind_supports, oracle_graph, random_values,
 )
+
+#: The options' defaults: the sizes the planner takes unless told otherwise.
+DEFAULTS = knng.Options()
 
 CASES = [(kind, dtype) for kind in KINDS for dtype in DTYPES if kind_supports(kind, dtype)]
 
@@ -159,20 +161,19 @@ def test_graph_odd_shapes(n, d, metric, rng, seed, screen):
 
 @pytest.mark.parametrize("bands", [2, 3, 8])
 @pytest.mark.parametrize("metric", METRICS)
-def test_own_blocks_in_row_bands(bands, metric, monkeypatch, rng, seed, set_options):
-    """A part's own block materialised in row bands, the lower part mirrored (``screen``'s
-    ``SYMMETRIC_BANDS``, forced on small blocks): the same block but for rounding, every entry
+def test_own_blocks_in_row_bands(bands, metric, rng, seed, set_options):
+    """A part's own block materialised in row bands, the lower part mirrored (``Options.symmetric_bands``,
+    forced on small blocks): the same block but for rounding, every entry
     left of its band's diagonal block the transposed entry bit for bit; and graphs in float32 and
     float64 screens exact on ties, duplicates, far-off data, k = 1 and k = n − 1."""
     from knng.engine import screen
     from knng.metrics import PRECISIONS, get_metric
 
-    monkeypatch.setattr(screen, "SYMMETRIC_BANDS", bands)
-    monkeypatch.setattr(screen, "SYMMETRIC_MIN_ROWS", 1)
+    set_options(symmetric_bands=bands)
+    set_options(symmetric_min_rows=1)
     x = (1e4 + rng.standard_normal((301, 6))).astype(np.float32)
     x[150:170] = x[:20]  # duplicates in other bands
     m = get_metric(metric)
-    banded_product = screen._banded_product
     for dtype, name in ((torch.float64, "float64"), (torch.float32, "float32")):
         xt = torch.from_numpy(x).to(dtype)
         a = m.prepare(xt, None, side="query", symmetric=True, dtype=dtype).vectors
@@ -184,12 +185,11 @@ def test_own_blocks_in_row_bands(bands, metric, monkeypatch, rng, seed, set_opti
         band = torch.bucketize(torch.arange(301), torch.tensor(edges[1:]), right=True)
         below = band[:, None] > band[None, :]
         assert torch.equal(banded[below], banded.T[below])
-        calls = []
-        monkeypatch.setattr(screen, "_banded_product", lambda *a: calls.append(1) or banded_product(*a))
         for k in (1, 7, 300):
             set_options(screen_precision=name)
             g = knng.graph(x, k, metric=metric, device="cpu")
-            assert last_report().screen_dtype == name and last_report().parts == 1 and calls
+            assert last_report().screen_dtype == name and last_report().parts == 1
+            assert last_report().stages.get("screen.banded_product")
             assert_exact(g, oracle_graph(x, k, metric), context=f"seed={seed} {name} k={k} bands={bands}")
 
 
@@ -332,7 +332,7 @@ def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, rng, seed, 
 @pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint", "finish tightens"])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 6), ("offset", 5),
                                     ("integers", 12), ("all", 299), ("patches", 7), ("flat patches", 10)])
-def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, seed, tmp_path, set_options):
+def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path, set_options):
     # A GPU graph in a low precision holds its survivors back (Options.hold_on, store.Holding):
     # tightened by selection every `pending` pairs, finished from what is left; over the
     # holding's limit (or for a checkpoint) the store takes them in. Blocks of one centre
@@ -341,27 +341,18 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
     # tighten with their own radii. Here on the CPU with the reference screen of a fused
     # precision, across parts of sizes that are not multiples of anything: ties, duplicates,
     # huge offsets, integer data, flat image regions, k = 1 and k = n - 1.
-    import knng.engine.plan as plan
-    from knng.engine.store import CandidateStore, Holding
     from oracle import smooth_image_patches
 
     set_options(hold_on=frozenset({"cpu", "cuda"}))
     set_options(screen_precision="tf32")
-    monkeypatch.setattr(plan, "CPU_MAX_PART", 70)
-    monkeypatch.setattr(plan, "PENDING_CPU", 300)  # several tightenings
+    set_options(cpu_max_part=70)
+    set_options(pending_cpu=300)  # several tightenings
     if how == "taken":
-        monkeypatch.setattr(graph_engine, "Holding", lambda limit, **kw: Holding(limit=0, **kw))
+        set_options(held_limit=0)
     if how == "finish tightens":  # as a large run's finish does (a small one evaluates its pairs whole)
-        monkeypatch.setattr("knng.engine.store.FINISH_UNTIGHTENED_PAIRS", 0)
-    calls = {name: 0 for name in ("_hold", "_finish_held", "_take_held", "_tighten_held_pairs")}
-    for name in calls:
-        def counted(store, *args, _real=getattr(CandidateStore, name), _name=name):
-            calls[_name] += 1
-            if how == "flat":  # the finish orders the flat lists, no row padded
-                monkeypatch.setattr(store, "rebuild_entries", 0)
-                monkeypatch.setattr("knng.engine.store.FINISH_PADDING", 0)
-            return _real(store, *args)
-        monkeypatch.setattr(CandidateStore, name, counted)
+        set_options(finish_untightened_pairs=0)
+    if how == "flat":  # the finish orders the flat lists, no row padded
+        set_options(finish_padded_entries=0, finish_padding=0)
     x = rng.standard_normal((300 if data == "all" else 333, 6))
     if data == "duplicates":
         x[100:200] = x[:100]
@@ -377,12 +368,13 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, monkeypatch, rng, se
     options = dict(checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True) if how == "checkpoint" else {}
     g = knng.graph(x, k, device="cpu", **options)
     assert (last_report().parts > 1 or data == "all") and last_report().screen_dtype == "tf32"
-    assert calls["_hold"] > 0, calls
+    calls = last_report().stages
+    assert calls.get("store.hold", 0) + calls.get("store.hold_pairs", 0) > 0, calls
     held = how in ("held", "flat", "finish tightens")
-    assert (calls["_finish_held"] > 0) == held and (calls["_take_held"] > 0) != held, calls
+    assert ("store.finish_held" in calls) == held and ("store.take_held" in calls) != held, calls
     if data.endswith("patches"):  # blocks centred on their own parts: pairs with their norms
         assert knng.get_options().hold_pairs and last_report().plan.frames == "principal"
-        assert calls["_tighten_held_pairs"] > 0 or how in ("taken", "checkpoint"), calls
+        assert "store.tighten_held_pairs" in calls or how in ("taken", "checkpoint"), calls
     assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {how}")
     if how == "checkpoint":
         again = knng.graph(x, k, device="cpu", checkpoint=tmp_path / "ck", resume=True)
@@ -412,7 +404,7 @@ def test_held_pairs_stay_within_a_share_of_the_budget():
     pending = 1 << 22
     assert plan.held_pairs_limit(10**6, 18, pending, 80 << 30) == 18 * 10**6  # the store's size
     small = plan.held_pairs_limit(10**8, 125, pending, 8 << 30)
-    assert small == (8 << 30) // plan.HELD_SHARE // plan.PENDING_PAIR_BYTES < 125 * 10**8
+    assert small == (8 << 30) // plan.HELD_SHARE // DEFAULTS.pending_pair_bytes < 125 * 10**8
     assert plan.held_pairs_limit(10**8, 125, pending, 1 << 20) == 4 * pending
 
 
@@ -454,19 +446,17 @@ def test_survivors_of_smallest_equal_the_whole_compare(select, dtype, width, rng
 @pytest.mark.parametrize("name", ["float64", "float32"])
 def test_graph_survivors_from_each_rows_smallest_is_exact(data, name, monkeypatch, rng, seed, set_options):
     """A whole own block whose rows' survivors come from their smallest entries
-    (``graph.WHOLE_BY_SMALLEST_DEVICES``, a GPU's, forced on the CPU from k = 1) and go into the
+    (``Options.whole_by_smallest_on``, a GPU's, forced on the CPU from k = 1) and go into the
     store in place (``CandidateStore.take_whole_rows``): exact on ties, duplicates past the
     selection's margin, a row whose tied survivors fit its selection but not the store's
     capacity, huge offsets, integer data and a flat region, at k = 1, a k whose margin takes
     every column, and k = n − 1, in one part and in several."""
     from knng.engine.store import CandidateStore
 
-    monkeypatch.setattr(graph_engine, "WHOLE_BY_SMALLEST_DEVICES", ("cpu",))
-    monkeypatch.setattr(graph_engine, "WHOLE_BY_SMALLEST_MIN_K", 1)
+    set_options(whole_by_smallest_on=frozenset({"cpu"}))
+    set_options(whole_by_smallest_min_k=1)
     set_options(screen_precision=name)
-    calls, widest = [], []
-    real = graph_engine.survivors_of_smallest
-    monkeypatch.setattr(graph_engine, "survivors_of_smallest", lambda *a: calls.append(1) or real(*a))
+    widest = []
     real_take = CandidateStore.take_whole_rows
 
     def take(store, rows, cols, keys, rad, kept):
@@ -493,7 +483,7 @@ def test_graph_survivors_from_each_rows_smallest_is_exact(data, name, monkeypatc
     for k, budget in ((1, None), (9, None), (40, None), (40, "40KB"), (250, None), (n - 1, None)):
         widest.clear()
         g = knng.graph(x, k, memory_budget=budget, device="cpu")
-        assert last_report().screen_dtype == name and calls
+        assert last_report().screen_dtype == name and last_report().stages.get("screen.whole_by_smallest")
         assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {name} k={k} budget={budget}")
         if data == "shell" and k == 40 and budget is None:
             assert max(widest) > 0  # the origin's row went through the store's merge

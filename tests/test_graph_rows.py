@@ -21,12 +21,13 @@ from knng.engine import plan as plan_mod
 from knng.engine.frames import slab_gain
 from oracle import assert_exact, assert_exact_chunked, oracle_graph, smooth_image_patches
 
+#: The options' defaults: the sizes the planner takes unless told otherwise.
+DEFAULTS = knng.Options()
 
-def _graph(monkeypatch, x, k, method=plan_mod.GRAPH_ROWS, **kw):
+
+def _graph(x, k, method=plan_mod.GRAPH_ROWS, **kw):
     """``knng.graph`` on the CPU, planned with ``method``."""
-    real = plan_mod.make_graph_plan
-    with monkeypatch.context() as m:
-        m.setattr(knng.api, "make_graph_plan", lambda **plan_kw: real(**plan_kw, method=method))
+    with knng.options(graph_method=method):
         return knng.graph(x, k, device="cpu", **kw)
 
 
@@ -40,10 +41,11 @@ def _data(rng, n: int = 3000, d: int = 8) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k, include_self", [(1, False), (10, False), (2999, False), (3000, True), (25, True)])
-def test_the_rows_method_is_exact_and_equals_the_symmetric_graph(k, include_self, monkeypatch, rng, seed):
+def test_the_rows_method_is_exact_and_equals_the_symmetric_graph(k, include_self, rng, seed):
     x = _data(rng)
-    g = _graph(monkeypatch, x, k, include_self=include_self)
+    g = _graph(x, k, include_self=include_self)
     report = g.report
     assert report.plan.graph_method == "rows" and report.parts == -(-3000 // report.plan.query_rows) > 1
     assert report.blocks_computed == report.parts and report.pairs_saving == 0.0
@@ -51,33 +53,33 @@ def test_the_rows_method_is_exact_and_equals_the_symmetric_graph(k, include_self
     if not include_self:  # the copies of point 5 nearest to row 324: the others, by index
         others = np.r_[5, 300:324][:k]
         np.testing.assert_array_equal(g.indices[324, :len(others)], others)
-    sym = _graph(monkeypatch, x, k, plan_mod.GRAPH_SYMMETRIC, include_self=include_self)
+    sym = _graph(x, k, plan_mod.GRAPH_SYMMETRIC, include_self=include_self)
     assert sym.report.plan.graph_method == "symmetric"
     np.testing.assert_array_equal(g.indices, sym.indices)
     np.testing.assert_array_equal(g.distances, sym.distances)
 
 
 @pytest.mark.parametrize("metric", ["sqeuclidean", "cosine", "inner_product"])
-def test_the_rows_method_in_every_metric(metric, monkeypatch, rng):
+def test_the_rows_method_in_every_metric(metric, rng):
     x = smooth_image_patches(rng, 2500, side=4).astype(np.float32)
     x[2000:2100] = x[:100]
-    g = _graph(monkeypatch, x, 12, metric=metric)
+    g = _graph(x, 12, metric=metric)
     assert g.report.plan.graph_method == "rows"
     assert_exact(g, oracle_graph(x, 12, metric=metric), context=metric)
 
 
-def test_a_rows_graph_interrupted_mid_run_resumes_bit_for_bit(tmp_path, monkeypatch, rng, interrupt_after_saves):
+def test_a_rows_graph_interrupted_mid_run_resumes_bit_for_bit(tmp_path, rng, interrupt_after_saves):
     # An error right after the second save (two chunks of rows done), then a resume: it starts
     # from the third chunk, and the answer is the uninterrupted one.
     x = _data(rng, n=5000)
-    ref = _graph(monkeypatch, x, 6)
+    ref = _graph(x, 6)
     assert ref.report.parts >= 4
     saves = interrupt_after_saves(2)
     folder = tmp_path / "ck"
     with pytest.raises(RuntimeError, match="interrupted"):
-        _graph(monkeypatch, x, 6, checkpoint=folder, checkpoint_interval=0)
+        _graph(x, 6, checkpoint=folder, checkpoint_interval=0)
     interrupt_after_saves.undo()
-    again = _graph(monkeypatch, x, 6, checkpoint=folder, resume=True)
+    again = _graph(x, 6, checkpoint=folder, resume=True)
     assert again.report.checkpoints["resumed_from"] == saves[-1] == 2 * ref.report.plan.query_rows
     np.testing.assert_array_equal(again.indices, ref.indices)
     np.testing.assert_array_equal(again.distances, ref.distances)
@@ -94,13 +96,12 @@ def test_bad_method_is_refused():
 
 # ------------------------------------------------------------------------------ the planner
 @pytest.fixture
-def gpu_planner(monkeypatch):
+def gpu_planner(monkeypatch, set_options):
     """Plans for an H100 on this machine; returns a function setting the data's slab gain."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(plan_mod, "fused_available", lambda device: True)
-    import knng.engine.fused as fused
+    set_options(kernels={"triton": True})
 
-    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: precision == "float16")
+    set_options(kernels={"strip_minima": True})
     gain = {"value": 1.0, "calls": 0}
 
     def fake_gain(data, parts, device):
@@ -119,13 +120,13 @@ def _gpu_plan(k: int, *, n: int = 200_000, metric: str = "euclidean", budget: in
 def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
     rows = _gpu_plan(100)
     assert rows.graph_method == "rows" and rows.screen_precision == "float16" and rows.k == 100
-    chunks = -(-200_000 // plan_mod.KERNEL_SEARCH_ROWS)  # chunks of equal size, none over the limit
+    chunks = -(-200_000 // DEFAULTS.kernel_search_rows)  # chunks of equal size, none over the limit
     assert rows.query_rows == -(-200_000 // chunks) and rows.parts == chunks
     assert rows.operation == "graph" and rows.sample_size > 0
-    assert _gpu_plan(plan_mod.GRAPH_ROWS_MIN_K - 1).graph_method == "symmetric"
+    assert _gpu_plan(DEFAULTS.graph_rows_min_k - 1).graph_method == "symmetric"
     assert _gpu_plan(10).frames == "global"  # Gaussian-like data: one centre, no slabs
     # Image-like data (slabs that shrink the squared norms) keep principal frames.
-    gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN
+    gpu_planner["value"] = 2 * DEFAULTS.local_centre_gain
     sym = _gpu_plan(100)
     assert sym.graph_method == "symmetric" and sym.frames == "principal"
     # Metrics whose blocks have one centre anyway need no sample of the data.
@@ -133,11 +134,11 @@ def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
     assert _gpu_plan(100, metric="cosine").graph_method == "rows" and gpu_planner["calls"] == calls
 
 
-def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planner, monkeypatch, set_options):
+def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planner, set_options):
     # Where the search takes its tiles first (plan.tiles_first: the wgmma kernel, 2k to 4,096
     # tiles of 128 columns, the budget) a graph of at most GRAPH_ROWS_TILES_FIRST_MAX_ND values
     # runs by rows at any k; larger data, image-like data and k past the tiles keep the blocks.
-    monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda precision, device, d: precision.name == "float16")
+    set_options(kernels={"tiles_first": True})
     small = _gpu_plan(10)  # 200k × 128: 25.6M values, 1,563 tiles
     assert small.graph_method == "rows" and plan_mod.tiles_first(replace(small, operation="search", k=11),
                                                                  torch.device("cuda", 0))
@@ -147,12 +148,12 @@ def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planne
     set_options(graph_rows_tiles_first=False)
     assert _gpu_plan(10).graph_method == "symmetric"
     set_options(graph_rows_tiles_first=True)
-    gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN  # principal slabs: blocks centred on their parts
+    gpu_planner["value"] = 2 * DEFAULTS.local_centre_gain  # principal slabs: blocks centred on their parts
     assert _gpu_plan(10).graph_method == "symmetric"
 
 
-def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch, set_options):
-    monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda precision, device, d: precision.name == "float16")
+def test_tiles_first_is_decided_from_the_plan(gpu_planner, set_options):
+    set_options(kernels={"tiles_first": True})
     cuda = torch.device("cuda", 0)
 
     def search(n_corpus: int, k: int, budget: int = 60 * 2**30, **kw):
@@ -165,7 +166,8 @@ def test_tiles_first_is_decided_from_the_plan(gpu_planner, monkeypatch, set_opti
     assert not plan_mod.tiles_first(search(widest * 128 + 1, 10), cuda)
     assert not plan_mod.tiles_first(search(200_000, 782), cuda)  # 1,563 tiles < 2k
     assert plan_mod.tiles_first(search(200_000, 781), cuda)
-    assert not plan_mod.tiles_first(search(200_000, 100, screen_dtype="float32"), cuda)  # no wgmma kernel
+    with knng.options(kernels={"tiles_first": False}):  # float32: no wgmma kernel
+        assert not plan_mod.tiles_first(search(200_000, 100, screen_dtype="float32"), cuda)
     tight = search(200_000, 100, budget=2**26)
     assert tight.query_rows * 1_563 * 8 > tight.budget // 8 and not plan_mod.tiles_first(tight, cuda)
     # 2¹⁷ rows × 16,384 tiles: 2³¹ grouped pairs, past their int32 positions, in a budget they fit.
@@ -204,12 +206,12 @@ def test_kernel_searches_take_larger_query_chunks(gpu_planner):
     def balanced(limit: int) -> int:  # chunks of equal size, none over the limit
         return -(-200_000 // -(-200_000 // limit))
 
-    assert search(10).query_rows == balanced(plan_mod.KERNEL_SEARCH_ROWS)
+    assert search(10).query_rows == balanced(DEFAULTS.kernel_search_rows)
     # Survivors grow with k: fewer rows, but never fewer than a score block's.
-    assert 16384 <= search(1024).query_rows == balanced(plan_mod.KERNEL_SEARCH_PAIRS // 1024) < search(10).query_rows
+    assert 16384 <= search(1024).query_rows == balanced(DEFAULTS.kernel_search_pairs // 1024) < search(10).query_rows
     # A small budget: no more rows than let the whole sample's strip minima fit an eighth of it.
     small = search(100, budget=2**30)
-    assert small.sample_size == plan_mod.GPU_SAMPLE and small.query_rows < search(100).query_rows
+    assert small.sample_size == DEFAULTS.gpu_sample and small.query_rows < search(100).query_rows
     assert search(10, screen_dtype="float32").query_rows <= 16384
 
 
@@ -217,7 +219,7 @@ def test_slab_gain_tells_image_patches_from_gaussian_points(rng):
     patches = as_input(smooth_image_patches(rng, 20_000, side=4).astype(np.float32), "data")
     gauss = as_input(rng.standard_normal((20_000, 16)).astype(np.float32), "data")
     cpu = torch.device("cpu")
-    assert slab_gain(patches, 8, cpu) >= plan_mod.LOCAL_CENTRE_GAIN
+    assert slab_gain(patches, 8, cpu) >= DEFAULTS.local_centre_gain
     assert 1.0 <= slab_gain(gauss, 8, cpu) < 1.3
     assert slab_gain(patches, 1, cpu) == 1.0
 
@@ -260,28 +262,27 @@ def test_knng_info_describes_a_rows_plan(gpu_planner):
     assert "symmetry" in "\n".join(plan_lines("graph", _gpu_plan(10)))
 
 
-def test_a_resumed_rows_graph_reports_rows(monkeypatch, rng, tmp_path):
+def test_a_resumed_rows_graph_reports_rows(rng, tmp_path):
     from knng.cli.console import exact_line
 
     x = _data(rng, n=2500)
-    g = _graph(monkeypatch, x, 4, checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True)
-    again = _graph(monkeypatch, x, 4, checkpoint=tmp_path / "ck", resume=True)
+    g = _graph(x, 4, checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True)
+    again = _graph(x, 4, checkpoint=tmp_path / "ck", resume=True)
     assert again.report.checkpoints["resumed_from"] == 2500
     assert "resumed from a checkpoint with 2,500 rows done" in exact_line(again.report)
     np.testing.assert_array_equal(again.indices, g.indices)
 
 
-def test_strip_seeds_take_their_whole_sample(gpu_planner, monkeypatch):
+def test_strip_seeds_take_their_whole_sample(gpu_planner, set_options):
     # The kernel's strip minima write no score block, so a rows chunk of all 200,000 points takes
     # the planner's whole sample; a screen whose seeds materialise the block keeps the whole
     # sample too, in chunks of fewer rows, its block within an eighth of the budget.
-    from knng.engine import fused
 
-    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: True)
-    whole = min(plan_mod.GPU_SAMPLE, plan_mod.GPU_SAMPLE_PER_K * 101)
+    set_options(kernels={"strip_minima": True})
+    whole = min(DEFAULTS.gpu_sample, plan_mod.GPU_SAMPLE_PER_K * 101)
     strips = _gpu_plan(100)
     assert strips.sample_size == whole and strips.query_rows == 200_000
-    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: False)
+    set_options(kernels={"strip_minima": False})
     block = _gpu_plan(100)
     assert block.sample_size == whole and block.query_rows < strips.query_rows
     assert block.sample_size * block.query_rows * 4 <= 60 * 2**30 // 8
@@ -292,21 +293,21 @@ def test_stores_that_take_survivors_in_wait_for_more(gpu_planner):
     # principal frames) lets PENDING_GPU_UPDATES wait; the plan's memory counts them.
     cuda = torch.device("cuda", 0)
     assert plan_mod.pending_pairs(cuda, 60 * 2**30, updates=True) == plan_mod.PENDING_GPU_UPDATES
-    assert plan_mod.pending_pairs(cuda, 60 * 2**30) == plan_mod.PENDING_GPU
-    assert plan_mod.pending_pairs(torch.device("cpu"), 60 * 2**30, updates=True) == plan_mod.PENDING_CPU
-    assert plan_mod.pending_pairs(cuda, 2**30, updates=True) == 2**30 // 8 // plan_mod.PENDING_PAIR_BYTES
-    gpu_planner["value"] = 2 * plan_mod.LOCAL_CENTRE_GAIN  # image-like data: principal frames
+    assert plan_mod.pending_pairs(cuda, 60 * 2**30) == DEFAULTS.pending_gpu
+    assert plan_mod.pending_pairs(torch.device("cpu"), 60 * 2**30, updates=True) == DEFAULTS.pending_cpu
+    assert plan_mod.pending_pairs(cuda, 2**30, updates=True) == 2**30 // 8 // DEFAULTS.pending_pair_bytes
+    gpu_planner["value"] = 2 * DEFAULTS.local_centre_gain  # image-like data: principal frames
     sym = _gpu_plan(10)
     assert sym.frames == "principal"
-    assert sym.bytes_expected >= plan_mod.PENDING_GPU_UPDATES * plan_mod.PENDING_PAIR_BYTES
+    assert sym.bytes_expected >= plan_mod.PENDING_GPU_UPDATES * DEFAULTS.pending_pair_bytes
 
 
-def test_strip_seeds_are_planned_only_where_the_search_runs_them(gpu_planner, monkeypatch):
+def test_strip_seeds_are_planned_only_where_the_search_runs_them(gpu_planner, set_options):
     # A corpus with fewer than 2k strips is seeded from a materialised sample block even where
     # the kernel's minima run: the plan must then fit that block in its eighth of the budget.
     from knng.engine import fused
 
-    monkeypatch.setattr(fused, "strip_minima_runs", lambda precision, device: True)
+    set_options(kernels={"strip_minima": True})
     budget = 16 * 2**30
     p = plan_mod.make_search_plan(n_queries=200_000, n_corpus=50_000, d=128, k=500, metric="euclidean",
                                   device=torch.device("cuda", 0), budget=budget, host_budget=64 * 2**30)

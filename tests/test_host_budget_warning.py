@@ -29,7 +29,7 @@ import knng.engine.plan
 from knng._units import parse_bytes
 from knng.cli import main
 from knng.engine.plan import (
-    HOST_BUDGET_MIN_SECONDS, HOST_BUDGET_SLOWDOWN, HOST_BUDGET_WITHIN, EnginePlan, KnngPerformanceWarning,
+    HOST_BUDGET_SLOWDOWN, HOST_BUDGET_WITHIN, EnginePlan, KnngPerformanceWarning,
     estimated_seconds, make_graph_plan, make_search_plan, resolve_host_budget,
 )
 
@@ -101,27 +101,27 @@ def test_a_search_whose_corpus_streams_in_tiny_chunks_gets_the_note():
     assert _search_plan(smallest).host_budget_note == ""
 
 
-def test_a_small_call_that_a_budget_slows_by_a_fraction_of_a_second_gets_no_note(monkeypatch):
+def test_a_small_call_that_a_budget_slows_by_a_fraction_of_a_second_gets_no_note(set_options):
     plan = _graph_plan("1MB", n=2048)  # ~0.3 s against ~0.07 s on one core
     assert _slowdown(plan) > HOST_BUDGET_SLOWDOWN
-    assert estimated_seconds(plan) < HOST_BUDGET_MIN_SECONDS and plan.host_budget_note == ""
-    monkeypatch.setattr(knng.engine.plan, "HOST_BUDGET_MIN_SECONDS", 0.0)
+    assert estimated_seconds(plan) < knng.get_options().host_budget_min_seconds and plan.host_budget_note == ""
+    set_options(host_budget_min_seconds=0.0)
     assert _graph_plan("1MB", n=2048).host_budget_note
 
 
 def test_plans_without_the_field_still_load_and_the_note_survives_json():
     plan = _graph_plan("1MB")
     saved = json.loads(json.dumps(plan.as_dict()))
-    assert EnginePlan(**saved) == plan
+    assert EnginePlan.from_dict(saved) == plan
     older = {key: value for key, value in saved.items() if key != "host_budget_note"}
-    assert EnginePlan(**older).host_budget_note == ""
+    assert EnginePlan.from_dict(older).host_budget_note == ""
 
 
 @pytest.fixture
-def small_file(tmp_path: Path, rng, monkeypatch) -> Path:
+def small_file(tmp_path: Path, rng, set_options) -> Path:
     """1,024 × 64 points in a file, and no floor under the slowdown worth a warning (their calls
     take a fraction of a second however slow their plan)."""
-    monkeypatch.setattr(knng.engine.plan, "HOST_BUDGET_MIN_SECONDS", 0.0)
+    set_options(host_budget_min_seconds=0.0)
     path = tmp_path / "x.npy"
     np.save(path, rng.standard_normal((1024, 64), dtype=np.float32))
     return path

@@ -46,6 +46,7 @@ def _in_memory_graph(path: Path, k: int):
     return knng.graph(np.load(path), k, device="cpu")
 
 
+@pytest.mark.slow
 def test_a_graph_over_a_file_six_times_the_budget_equals_the_in_memory_graph(big_file):
     streamed = knng.graph(np.load(big_file, mmap_mode="r"), 5, device="cpu", host_memory_budget="4MB")
     plan = knng.api.last_report().plan
@@ -115,6 +116,7 @@ _MEASURE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["graph", "search"])
 def test_the_budget_bounds_the_memory_the_run_holds(tmp_path, big_file, what):
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -187,6 +189,7 @@ def test_host_memory_budget_is_checked():
         knng.search(x, x, 2, host_memory_budget=-5)
 
 
+@pytest.mark.slow
 def test_the_cli_streams_a_graph_under_host_memory_and_info_shows_the_plan(tmp_path, rng):
     x = rng.standard_normal((2500, 48)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)

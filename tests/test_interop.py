@@ -52,6 +52,7 @@ def _oracle_transform(x: np.ndarray, n_neighbors: int) -> scipy.sparse.csr_matri
 # --- scanpy -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_scanpy_neighbors_through_the_knng_transformer(cells: np.ndarray) -> None:
     sc = pytest.importorskip("scanpy", reason="pip install 'knng[interop]'")
     import anndata

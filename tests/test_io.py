@@ -22,7 +22,6 @@ from knng.io import (
     write_neighbors,
     write_vectors,
 )
-from knng.io import readers as readers_module
 
 
 @pytest.fixture
@@ -136,9 +135,9 @@ def test_hdf5_dataset_keeps_file_open(tmp_path, rng):
     np.testing.assert_array_equal(ds[3:7], x[3:7])
 
 
-def test_write_vectors_streams_memmap_and_hdf5_sources(tmp_path, rng, monkeypatch):
+def test_write_vectors_streams_memmap_and_hdf5_sources(tmp_path, rng, set_options):
     # Tiny blocks force the block-wise copy path through several iterations.
-    monkeypatch.setattr("knng.io.writers._BLOCK_BYTES", 64)
+    set_options(write_block_bytes=64)
     x = _random(rng, np.float32, *_shape(rng))
     _hand_texmex(tmp_path / "src.fvecs", x)
     src = read_vectors(tmp_path / "src.fvecs")
@@ -206,9 +205,9 @@ def test_texmex_corruption_is_reported_with_path(tmp_path, rng, suffix):
         read_vectors(path)
 
 
-def test_texmex_header_check_samples_large_files(tmp_path, rng, monkeypatch):
+def test_texmex_header_check_samples_large_files(tmp_path, rng, set_options):
     # Above the full-check size only sampled rows (always the first and last) are checked.
-    monkeypatch.setattr(readers_module, "_FULL_HEADER_CHECK_BYTES", 0)
+    set_options(header_check_bytes=0)
     x = _random(rng, np.float32, 500, 3)
     path = tmp_path / "big.fvecs"
     _hand_texmex(path, x)
@@ -308,8 +307,8 @@ def _sources(tmp_path: Path, x: np.ndarray) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("span_bytes", "shape"), [(2**26, (17, 9)), (2**26, (2, 3)), (40, (17, 9))]
 )
-def test_take_rows_matches_fancy_indexing(tmp_path, rng, monkeypatch, span_bytes, shape):
-    monkeypatch.setattr(readers_module, "_HDF5_SPAN_BYTES", span_bytes)
+def test_take_rows_matches_fancy_indexing(tmp_path, rng, span_bytes, shape, set_options):
+    set_options(hdf5_span_bytes=span_bytes)
     x = _random(rng, np.float32, 200, 5)
     idx = rng.integers(0, 200, size=shape)  # unsorted, with repeats, 2-D
     idx[0, :3] = [199, 0, 199]

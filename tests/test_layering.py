@@ -13,13 +13,20 @@ resolved. The rules:
 (b) no module imports an underscore-prefixed name from another knng module (importing a
     private *module*, ``from knng import _inputs`` or ``import knng._inputs``, is fine;
     ``from knng._inputs import _wrap_numpy`` is not);
-(c) no import cycle between modules, counting only the imports that run when a module is
-    first imported (module level, class bodies included; not inside functions, which exist
-    precisely to break start-up cycles, and not under ``if TYPE_CHECKING:``). Importing
+(c) no import cycle between modules, counting every import: at module level, inside
+    functions and under ``if TYPE_CHECKING:`` (an import deferred into a function hides a
+    cycle, it does not remove it: the two modules still need each other). Importing
     ``knng.a.b`` also runs ``knng/a/__init__.py``; those implicit parent-package edges are
     left out, as the package's own ``__init__`` is what imports its submodules.
 
 Rules (a) and (b) apply to every import, function-level and ``TYPE_CHECKING`` ones included.
+Two more rules hold inside the package:
+
+(f) no module reaches a private name of a module of another package by attribute
+    (``from knng.engine import graph`` then ``graph._own_parts``, from ``knng.api``);
+(g) inside the engine, modules depend downwards in the order stated by :data:`ENGINE_ORDER`
+    (every import counts): a module imports only engine modules of a lower tier.
+
 A failure names the file, line and rule of every violation.
 
 The command line is the package ``knng.cli``, one module per job, all in the top layer. Two more
@@ -73,6 +80,20 @@ PLACED: dict[str, str] = {
     "plotting": "cli",       # embedding scatter plots of `knng embed` and the demo
     "__main__": "cli",       # `python -m knng`
 }
+
+#: The engine's modules, lowest tier first (rule (g)): each imports only modules of lower tiers.
+ENGINE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("stages",),                              # the pipeline's stage counters: read by every step
+    ("_triton_kernels", "cuda_screen"),       # the kernels themselves (Triton, CUDA C)
+    ("fused",),                               # their launchers, and whether they run here
+    ("exact", "preparation", "radius", "row_kth", "row_order", "screen"),  # one step each
+    ("duplicates", "thresholds"),             # folding identical rows; seeds and thresholds
+    ("frames", "store"),                      # blocks' centres; the candidate stores
+    ("plan",),                                # the planner
+    ("checkpoint", "common", "lists"),        # checkpoints; prepared corpus and reports; lists' homes
+    ("search",),                              # the search
+    ("graph",),                               # the graph (by blocks, or by rows: a search)
+)
 
 #: Importers exempt from the layer rule (a). ``knng/__init__.py`` re-exports the public API and
 #: may import from any layer; it is still checked for private names and cycles.
@@ -208,10 +229,10 @@ def private_violations(imports: list[Import]) -> list[str]:
 
 
 def cycles(imports: list[Import]) -> list[str]:
-    """Rule (c): cycles in the graph of module-level (start-up) imports, one line per cycle."""
+    """Rule (c): cycles in the graph of all imports, deferred ones included, one line per cycle."""
     edges: dict[str, dict[str, Import]] = {}
     for imp in imports:
-        if imp.runtime_top_level and imp.target != imp.importer:
+        if imp.target != imp.importer:
             edges.setdefault(imp.importer, {}).setdefault(imp.target, imp)
     # Tarjan's strongly connected components; every component of more than one module holds a cycle.
     index: dict[str, int] = {}
@@ -271,6 +292,57 @@ def cycles(imports: list[Import]) -> list[str]:
     return out
 
 
+def engine_order_violations(imports: list[Import]) -> list[str]:
+    """Rule (g): engine modules importing engine modules of their own or a higher tier."""
+    tier = {f"knng.engine.{name}": i for i, names in enumerate(ENGINE_ORDER) for name in names}
+    out = []
+    for imp in imports:
+        if not (imp.importer.startswith("knng.engine.") and imp.target.startswith("knng.engine.")):
+            continue
+        if imp.target == imp.importer:
+            continue
+        for module in (imp.importer, imp.target):
+            if module not in tier:
+                out.append(f"{imp.where}: rule (g) engine order: {module} has no place in ENGINE_ORDER "
+                           f"(tests/test_layering.py): state it")
+        if imp.importer in tier and imp.target in tier and tier[imp.target] >= tier[imp.importer]:
+            out.append(f"{imp.where}: rule (g) engine order: {imp.importer} (tier {tier[imp.importer]}) "
+                       f"imports {imp.target} (tier {tier[imp.target]}, not lower)")
+    return out
+
+
+def private_attribute_violations(module: str, source: str, path: str, modules: set[str]) -> list[str]:
+    """Rule (f): ``alias._name`` where ``alias`` is a knng module of another package."""
+    def package(name: str) -> str:
+        return name.split(".")[1] if "." in name else ""
+
+    tree = ast.parse(source, filename=path)
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "knng" or alias.name.startswith("knng."):
+                    bound[alias.asname or "knng"] = alias.name if alias.asname else "knng"
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("knng"):
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in modules:
+                    bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and _is_private(node.attr)):
+            continue
+        chain, value = [], node.value
+        while isinstance(value, ast.Attribute):
+            chain.append(value.attr)
+            value = value.value
+        if isinstance(value, ast.Name) and value.id in bound:
+            owner = _resolve(".".join([bound[value.id], *reversed(chain)]), modules)
+            if package(owner) != package(module):
+                out.append(f"{path}:{node.lineno}: rule (f) private attribute: {module} reaches "
+                           f"{owner}.{node.attr}")
+    return out
+
+
 def collect() -> list[Import]:
     modules = all_modules()
     names = set(modules)
@@ -313,6 +385,24 @@ def test_no_private_name_imported_across_modules() -> None:
 
 def test_no_import_cycle() -> None:
     problems = cycles(collect())
+    assert not problems, _report(problems)
+
+
+def test_the_engine_depends_downwards_in_its_stated_order() -> None:
+    problems = engine_order_violations(collect())
+    engine = {m.split(".")[2] for m in all_modules() if m.startswith("knng.engine.")}
+    stated = {name for names in ENGINE_ORDER for name in names}
+    problems += [f"rule (g): ENGINE_ORDER names {name}, which is no engine module" for name in sorted(stated - engine)]
+    problems += [f"rule (g): knng.engine.{name} has no place in ENGINE_ORDER" for name in sorted(engine - stated)]
+    assert not problems, _report(problems)
+
+
+def test_no_private_name_reached_by_attribute_across_packages() -> None:
+    modules = all_modules()
+    problems = []
+    for module, path in modules.items():
+        problems += private_attribute_violations(module, path.read_text(encoding="utf-8"),
+                                                 str(path.relative_to(SRC.parent)), set(modules))
     assert not problems, _report(problems)
 
 
@@ -371,14 +461,29 @@ def test_checker_sees_function_level_relative_and_type_checking_imports() -> Non
     assert "imports _json_default from knng.io.writers" in private[0]
 
 
-def test_checker_finds_start_up_cycles_only() -> None:
+def test_checker_finds_cycles_through_deferred_imports_too() -> None:
     found = _fake("knng.distributed.a", "from knng.distributed.b import x\n")
-    found += _fake("knng.distributed.b", "def f():\n    from knng.distributed.a import y\n")
     assert cycles(found) == []
-    found += _fake("knng.distributed.b", "from . import a\n")
-    (cycle,) = cycles(found)
+    deferred = found + _fake("knng.distributed.b", "def f():\n    from knng.distributed.a import y\n")
+    (cycle,) = cycles(deferred)
     assert cycle == ("rule (c) import cycle: knng.distributed.a -> knng.distributed.b (knng.distributed.a.py:1)"
-                     " -> knng.distributed.a (knng.distributed.b.py:1)")
+                     " -> knng.distributed.a (knng.distributed.b.py:2)")
+    typing_only = found + _fake("knng.distributed.b", "if TYPE_CHECKING:\n    from . import a\n")
+    assert len(cycles(typing_only)) == 1
+
+
+def test_checker_sees_private_attributes_and_the_engine_order() -> None:
+    modules = _FAKE_MODULES | {"knng.engine.graph", "knng.engine.plan", "knng.engine.search"}
+    source = "from knng.engine import graph\nimport knng.engine.plan as plan\nx = graph._own\ny = plan._rule\n"
+    found = private_attribute_violations("knng.api", source, "knng/api.py", modules)
+    assert [p.split(": ", 1)[1] for p in found] == [
+        "rule (f) private attribute: knng.api reaches knng.engine.graph._own",
+        "rule (f) private attribute: knng.api reaches knng.engine.plan._rule"]
+    assert private_attribute_violations("knng.engine.search", source, "s.py", modules) == []  # same package
+    upward = imports_of("knng.engine.plan", False, "def f():\n    from knng.engine.search import run\n", "p.py",
+                        modules)
+    (problem,) = engine_order_violations(upward)
+    assert "rule (g) engine order: knng.engine.plan (tier 6) imports knng.engine.search (tier 8" in problem
 
 
 def test_checker_exempts_only_the_top_level_package() -> None:
@@ -411,16 +516,7 @@ HEAVY_PACKAGES = ("torch", "sklearn", "scipy", "matplotlib", "triton")
 
 #: bench/ scripts that time engine internals with no public entry, as (script, imported module, name):
 #: each says why, and goes when the engine gives what it needs a public name.
-BENCH_ALLOWED: dict[tuple[str, str, str | None], str] = {
-    ("bench/bench_graph_parts.py", "knng._inputs", "as_input"):
-        "times exact_graph at chosen part sizes, which knng.graph does not take",
-    ("bench/scaling_model.py", "knng.distributed.blockcyclic", "_plan"):
-        "the scaling model replays the block-cyclic planner's part sizes",
-    ("bench/screen_kernel_variants.py", "knng.engine._triton_kernels", None):
-        "screens variants of the fused kernel itself (the engine's own experiment)",
-    ("bench/digit_kernel_tiles.py", "knng.engine._triton_kernels", None):
-        "times the digit kernel at candidate tile shapes, clearing its compile cache between them",
-}
+BENCH_ALLOWED: dict[tuple[str, str, str | None], str] = {}
 
 
 def _module_imports(path: Path) -> list[tuple[int, str, bool]]:

@@ -90,3 +90,42 @@ def test_options_belong_to_the_thread_that_set_them():
         thread.join(10)
         seen["mine"] = knng.get_options().screen_precision
     assert seen == {"other": None, "mine": "float64"}
+
+
+def test_sizes_and_kernels_are_checked_and_kernels_add_up():
+    with pytest.raises(TypeError, match="cpu_max_part must be an integer, got 1.5"):
+        with knng.options(cpu_max_part=1.5):
+            pass
+    with pytest.raises(ValueError, match="pending_cpu must be at least 0"):
+        with knng.options(pending_cpu=-1):
+            pass
+    with pytest.raises(ValueError, match="kernels: unknown kernel.*'fused'.*the kernels are"):
+        with knng.options(kernels={"fused": True}):
+            pass
+    with pytest.raises(TypeError, match="group_parts must be None or an integer"):
+        with knng.options(group_parts="3"):
+            pass
+    with knng.options(kernels={"row_kth": False}):
+        with knng.options(kernels={"radius": False}) as inner:
+            assert dict(inner.kernels) == {"row_kth": False, "radius": False}
+        with pytest.raises(TypeError):
+            inner.kernels["triton"] = True  # read-only, as the options are
+
+
+def test_the_chunk_seed_limit_and_its_option_agree():
+    # Options.whole_by_smallest_min_k starts where a GPU's seeds stop being chunk minima.
+    from knng.engine.thresholds import GPU_CHUNK_SEED_MAX_K
+
+    assert knng.Options().whole_by_smallest_min_k == GPU_CHUNK_SEED_MAX_K + 1
+
+
+def test_small_sizes_give_the_same_graph(rng):
+    # Every size is a speed choice: a graph in small parts, small pending batches and tiny
+    # stores is the same exact graph.
+    x = rng.standard_normal((700, 6))
+    x[100:150] = x[:50]
+    ref = knng.graph(x, 7, device="cpu")
+    with knng.options(cpu_max_part=97, pending_cpu=50, store_extra=0, cpu_sample=16, pending_pair_bytes=1):
+        small = knng.graph(x, 7, device="cpu")
+    np.testing.assert_array_equal(small.indices, ref.indices)
+    np.testing.assert_array_equal(small.distances, ref.distances)

@@ -164,6 +164,7 @@ def test_stale_temporaries_of_earlier_crashes_are_removed(tmp_path, rng):
 # --- crashes ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["staged", "ready", "switched"])
 def test_a_crash_at_each_commit_step_leaves_one_whole_set(tmp_path, rng, step):
     data = _data(tmp_path, rng)
@@ -209,6 +210,7 @@ def test_without_an_atomic_exchange_a_crash_is_finished_by_the_next_run(tmp_path
     assert not list(tmp_path.glob(".out.knng-*"))
 
 
+@pytest.mark.slow
 def test_kill_at_random_instants_never_leaves_a_mixed_folder(tmp_path, rng):
     data = _data(tmp_path, rng, n=2000)
     out = tmp_path / "out"
@@ -227,6 +229,7 @@ def test_kill_at_random_instants_never_leaves_a_mixed_folder(tmp_path, rng):
     assert _result_set(out) == ("npy", 12)
 
 
+@pytest.mark.slow
 def test_a_distributed_run_checks_the_folder_before_starting_its_ranks(tmp_path, rng):
     data = _data(tmp_path, rng)
     out = tmp_path / "out"

@@ -14,8 +14,8 @@ import os
 import pytest
 import torch
 
-from knng.engine import fused, radius, row_kth
-from knng.engine.radius import seed_rows, tighten_rows
+import knng
+from knng.engine import fused, radius, stages
 from knng.engine.store import CandidateStore, PairErrors
 from knng.metrics import METRICS, PRECISIONS, get_metric
 
@@ -93,9 +93,8 @@ def assert_tightening_is_reference(device: torch.device) -> int:
     with ties, negative and huge keys; every metric and precision)."""
     cases = 0
     gen = torch.Generator().manual_seed(5)
-    with pytest.MonkeyPatch.context() as rows_patch:
-        if fused.interpreting():  # their cost there is per row; test_row_kth.py tests them
-            rows_patch.setattr(row_kth, "kernel_applies", lambda rows: False)
+    # In the interpreter the row kernels cost per row; test_row_kth.py tests them.
+    with knng.options(kernels={"row_kth": False} if fused.interpreting() else {}):
         for label, errors, rows, tau, max_norm, max_term, given in radius_cases(device):
             if isinstance(max_norm, torch.Tensor) or given is not None:
                 continue
@@ -108,16 +107,9 @@ def assert_tightening_is_reference(device: torch.device) -> int:
             for use_kernel in (True, False):
                 store = CandidateStore(n, k, 2 * k, errors, lambda r, c: None, device)
                 store.tau.copy_(tau)
-                if not use_kernel:
-                    with pytest.MonkeyPatch.context() as mp:
-                        mp.setattr(radius, "kernel_applies", lambda *t: False)
-                        store.tighten(owner, keys, max_norm, max_term)
-                else:
-                    calls = []
-                    with pytest.MonkeyPatch.context() as mp:
-                        mp.setattr(radius, "tighten_rows", lambda *a, **kw: calls.append(tighten_rows(*a, **kw)))
-                        store.tighten(owner, keys, max_norm, max_term)
-                    assert len(calls) == 1, "the kernel did not run"
+                with knng.options(kernels={} if use_kernel else {"radius": False}), stages.recording() as calls:
+                    store.tighten(owner, keys, max_norm, max_term)
+                assert calls["radius.tighten_rows"] == use_kernel, "the kernel did not run"
                 results.append((store.tau.clone(), int(store._tile_tightenings)))
             (tau_k, count_k), (tau_r, count_r) = results
             assert count_k == count_r > 0, label
@@ -146,15 +138,10 @@ def assert_seeding_is_reference(device: torch.device) -> int:
         for use_kernel in (True, False):
             store = CandidateStore(n, k, 2 * k, errors, lambda r, c: None, device)
             store.tau.copy_(tau)
-            with pytest.MonkeyPatch.context() as mp:
-                calls = []
-                if use_kernel:
-                    mp.setattr(radius, "seed_rows", lambda *a, **kw: calls.append(seed_rows(*a, **kw)))
-                else:
-                    mp.setattr(radius, "kernel_applies", lambda *t: False)
-                    mp.setattr(radius, "pair_kernel_applies", lambda *t: False)
+            off = {} if use_kernel else {"radius": False, "pair_radius": False}
+            with knng.options(kernels=off), stages.recording() as calls:
                 store.seed(rows, cols, keys)
-                assert len(calls) == use_kernel, "the kernel did not run"
+            assert calls["radius.seed_rows"] == use_kernel, "the kernel did not run"
             results.append(store.tau.clone())
         assert torch.equal(results[0], results[1]), (label, (results[0] - results[1]).abs().max().item())
         assert bool((results[0] < tau).any()), label
@@ -211,41 +198,40 @@ def assert_pair_radius_is_reference(device: torch.device) -> int:
     return cases
 
 
-def test_pair_radius_kernel_is_its_reference(monkeypatch):
+@pytest.mark.slow
+def test_pair_radius_kernel_is_its_reference(set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    calls = []
-    kernel = radius.pair_radius
-    monkeypatch.setattr(radius, "pair_radius", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    assert assert_pair_radius_is_reference(torch.device("cpu")) > 20
-    assert len(calls) > 100, "the kernel did not run"
+    set_options(kernels={"triton": True})
+    with stages.recording() as calls:
+        assert assert_pair_radius_is_reference(torch.device("cpu")) > 20
+    assert calls["radius.pair_kernel"] > 100, "the kernel did not run"
 
 
-def test_pair_radius_is_the_reference_without_the_kernel(monkeypatch):
+def test_pair_radius_is_the_reference_without_the_kernel(set_options):
     """Without the kernel (a CPU, no Triton) the radii are the torch reference's."""
-    monkeypatch.setattr(fused, "fused_available", lambda device: False)
+    set_options(kernels={"triton": False})
     assert assert_pair_radius_is_reference(torch.device("cpu")) > 20
 
 
-def test_radius_kernel_is_its_reference(monkeypatch):
+def test_radius_kernel_is_its_reference(set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     assert assert_kernel_is_reference(torch.device("cpu")) > 100
 
 
-def test_tightening_kernel_is_its_reference(monkeypatch):
+def test_tightening_kernel_is_its_reference(set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     assert assert_tightening_is_reference(torch.device("cpu")) > 20
     assert assert_seeding_is_reference(torch.device("cpu")) > 20
 
 
-def test_reference_where_the_kernel_does_not_run(monkeypatch):
+def test_reference_where_the_kernel_does_not_run(set_options):
     """Without the kernel (a CPU, no Triton) block_err is the torch reference."""
-    monkeypatch.setattr(fused, "fused_available", lambda device: False)
+    set_options(kernels={"triton": False})
     for label, errors, rows, tau, max_norm, max_term, given in radius_cases(torch.device("cpu")):
         for add_tau in (False, True):
             assert torch.equal(kernel(errors, rows, tau, max_norm, max_term, given, add_tau),
@@ -253,8 +239,8 @@ def test_reference_where_the_kernel_does_not_run(monkeypatch):
         break
 
 
-def test_one_maximum_per_row_must_match_the_rows(monkeypatch):
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+def test_one_maximum_per_row_must_match_the_rows(set_options):
+    set_options(kernels={"triton": True})
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the interpreter")
     label, errors, rows, tau, *_ = next(radius_cases(torch.device("cpu")))
@@ -263,7 +249,7 @@ def test_one_maximum_per_row_must_match_the_rows(monkeypatch):
 
 
 @pytest.mark.parametrize("metric_name", ["euclidean", "cosine", "inner_product"])
-def test_a_store_merged_from_one_row_packs_has_the_reference_radii(monkeypatch, metric_name):
+def test_a_store_merged_from_one_row_packs_has_the_reference_radii(metric_name, set_options):
     """The distributed graph's merge (``CandidateStore.from_packs``) of a rank's one-row slice:
     its radii through the pair radius kernel equal the torch reference's. The row broadcast
     along its entries once reached the kernel as a view of stride 0, read past its one value
@@ -292,12 +278,10 @@ def test_a_store_merged_from_one_row_packs_has_the_reference_radii(monkeypatch, 
     def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         raise AssertionError("a merge evaluates nothing")
 
-    calls = []
-    kernel = radius.pair_radius
-    monkeypatch.setattr(radius, "pair_radius", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    got = CandidateStore.from_packs(packs, 3, errors, evaluate, torch.device("cpu")).rad
-    assert calls, "the kernel did not run"
-    monkeypatch.setattr(fused, "fused_available", lambda device: False)
+    set_options(kernels={"triton": True})
+    with stages.recording() as calls:
+        got = CandidateStore.from_packs(packs, 3, errors, evaluate, torch.device("cpu")).rad
+    assert calls["radius.pair_kernel"], "the kernel did not run"
+    set_options(kernels={"triton": False})
     want = CandidateStore.from_packs(packs, 3, errors, evaluate, torch.device("cpu")).rad
     assert got.shape == (1, 2 * width) and torch.equal(got, want)

@@ -176,6 +176,7 @@ def test_a_damaged_graph_checkpoint_is_refused_naming_the_file(tmp_path, small, 
     assert folder.is_dir()  # refused, not deleted: the user decides
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_on_the_command_line_says_how_to_start_again(tmp_path, small):
     data, x = small
     out = tmp_path / "out"
@@ -293,6 +294,7 @@ def test_a_full_disk_while_writing_results_is_an_output_write_error(tmp_path):
     assert not staging.exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_read_only_and_unchangeable_output_folders_are_refused_before_computing(tmp_path, small):
     data, _ = small
     out = tmp_path / "out"
@@ -335,6 +337,7 @@ def test_the_demo_into_a_folder_it_cannot_write_stops_at_once_in_one_line(tmp_pa
 
 
 # ------------------------------------------------------------------- failures leave nothing
+@pytest.mark.slow
 def test_a_run_failing_on_bad_input_mid_run_leaves_nothing_that_blocks_the_next(tmp_path, small):
     data, x = small
     bad = x.copy()
@@ -383,6 +386,7 @@ def _wait_for_progress(out: Path, proc: subprocess.Popen, seconds: float = 120) 
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_ctrl_c_and_sigterm_stop_one_process_in_one_line_and_resume_continues(tmp_path, points):
     data, x = points
     out = tmp_path / "out"
@@ -421,6 +425,7 @@ def test_ctrl_c_and_sigterm_stop_one_process_in_one_line_and_resume_continues(tm
     assert siblings(out) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_of_a_multi_process_run_with_one_message(tmp_path, points):
     data, x = points
     out = tmp_path / "out"

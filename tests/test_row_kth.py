@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from knng.engine import fused, row_kth
+import knng
+from knng.engine import row_kth
+
+#: The options' defaults: the sizes the planner takes unless told otherwise.
+DEFAULTS = knng.Options()
 
 pytest.importorskip("triton", reason="the kernels run in Triton's interpreter")
 
@@ -87,15 +91,15 @@ def test_reference_is_numpy_order():
         assert (got[0].tolist(), got[1].tolist(), got[2].tolist()) == (first, kth, counts), label
 
 
-@pytest.mark.parametrize("programs", [row_kth.MAX_PROGRAMS, 3])
-def test_kernels_are_the_reference(monkeypatch, programs):
+@pytest.mark.parametrize("programs", [DEFAULTS.row_kth_max_programs, 3])
+def test_kernels_are_the_reference(programs, set_options):
     # Rows of at most SMALL_WIDTH pairs are sorted in registers, those up to BISECT_WIDTH (past
     # the rounds kernel's) bisected, the longer ones radix-selected by programs that stride over
     # the rows (here also 3 programs for 40 rows).
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    monkeypatch.setattr(row_kth, "MAX_PROGRAMS", programs)
+    set_options(kernels={"triton": True})
+    set_options(row_kth_max_programs=programs)
     assert row_kth.kernel_applies(torch.zeros(1, dtype=torch.int64))
     assert assert_kernels_are_reference(torch.device("cpu")) == 8
 
@@ -126,8 +130,8 @@ def test_row_slots_reference_keeps_the_order_within_a_row():
     assert row_kth.row_slots_reference(rows, 6).tolist() == [0, 0, 1, 2, 1, 0]
 
 
-def test_row_slots_kernel_gives_each_row_its_slots(monkeypatch):
+def test_row_slots_kernel_gives_each_row_its_slots(set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     assert assert_row_slots_are_permutations(torch.device("cpu")) == 8

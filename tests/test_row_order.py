@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from knng.engine import fused, row_order
+from knng.engine import fused, row_order, stages
 
 pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter")
 
@@ -98,30 +98,28 @@ def test_reference_is_python_order():
         assert same(got_idx, want_idx) and same(got_dist, want_dist), label
 
 
-def test_kernel_is_the_reference(monkeypatch):
+def test_kernel_is_the_reference(set_options):
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     assert assert_kernel_is_reference(torch.device("cpu")) == 28
 
 
-def test_sort_kernel_is_the_reference(monkeypatch, set_options):
+@pytest.mark.slow
+def test_sort_kernel_is_the_reference(set_options):
     # Every row (the rank kernel's narrow ones too, here) sorted once by the sort kernel, the
     # rows with a tie or a NaN in their first k + 1 again by the reference.
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
+    set_options(kernels={"triton": True})
     set_options(sort_interpreted=True)
-    monkeypatch.setattr(row_order, "kernel_applies", lambda idx: False)
-    sorted_rows = []
-    kernel_head = row_order._sorted_head
-    monkeypatch.setattr(row_order, "_sorted_head",
-                        lambda idx, dist, head: sorted_rows.append(idx.shape[1]) or kernel_head(idx, dist, head))
-    assert assert_kernel_is_reference(torch.device("cpu"), wide=True, ranked=False) == 43
+    set_options(kernels={"row_order": False})
+    with stages.recording() as sorted_rows:
+        assert assert_kernel_is_reference(torch.device("cpu"), wide=True, ranked=False) == 43
     # every case but those whose k passes ROUNDED_KEY_MAX_K (torch's sort)
     want = [idx.shape[1] for _, idx, _, k in order_cases(wide=True)
             if min(k, idx.shape[1]) <= row_order.ROUNDED_KEY_MAX_K]
-    assert sorted_rows == want and len(want) == 41
+    assert sorted_rows["finish.sort_kernel"] == len(want) == 41
 
 
 def test_sort_kernel_codes_order_as_the_keys():
@@ -147,14 +145,14 @@ def test_one_sort_is_the_reference():
     assert assert_kernel_is_reference(torch.device("cpu"), wide=True) == 43
 
 
-def test_wide_rows_take_the_sorts(monkeypatch):
-    monkeypatch.setattr(fused, "fused_available", lambda device: True)
-    monkeypatch.setattr(fused, "interpreting", lambda: False)  # as on a GPU
+def test_wide_rows_take_the_sorts(monkeypatch, set_options):
+    set_options(kernels={"triton": True})
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU
     wide = torch.zeros((3, row_order.MAX_WIDTH + 1), dtype=torch.int64)
     assert not row_order.kernel_applies(wide) and row_order.sort_kernel_applies(wide, 10)
     assert not row_order.kernel_applies(torch.zeros((0, 8), dtype=torch.int64))
     widest = torch.zeros((3, row_order.SORT_MAX_WIDTH), dtype=torch.int64)
     assert row_order.sort_kernel_applies(widest, 10) and not row_order.sort_kernel_applies(widest, 257)
     assert not row_order.sort_kernel_applies(torch.zeros((3, row_order.SORT_MAX_WIDTH + 1), dtype=torch.int64), 10)
-    monkeypatch.setattr(fused, "interpreting", lambda: True)  # the interpreter: torch's sort unless asked
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter: torch's sort unless asked
     assert not row_order.sort_kernel_applies(wide, 10)

@@ -189,7 +189,12 @@ def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
     report = last_report()
     assert calls["n"] > 1
     assert report.oom_retries == 1
-    assert report.plan.query_rows < 300 or report.plan.corpus_cols < 700
+    # The report keeps the plan made first and the one the planner made after the error (half
+    # the rows or half the columns), on which the search finished.
+    first, (after,) = report.plan, report.replans
+    assert (after.query_rows, after.corpus_cols) in ((max(8, first.query_rows // 2), first.corpus_cols),
+                                                     (first.query_rows, max(10, first.corpus_cols // 2)))
+    assert after.query_rows < 300 or after.corpus_cols < 700
     assert_exact(res, oracle_search(q, x, 10), context=f"seed={seed}")
 
 
@@ -262,14 +267,12 @@ def test_tile_thresholds_never_cut_a_true_neighbour(data, k, monkeypatch, rng, s
 
 
 @pytest.mark.parametrize("data", ["gaussian", "duplicates", "offset", "integers"])
-def test_kth_strip_seeds_never_cut_a_true_neighbour(data, monkeypatch, rng, seed, screen):
+def test_kth_strip_seeds_never_cut_a_true_neighbour(data, monkeypatch, rng, seed, screen, set_options):
     # Above k = 32 a GPU search seeds each row's τ from its k-th strip minimum alone
     # (thresholds.kth_of_rows, CandidateStore.tighten_ends with the corpus's largest norm). Forced
     # here on the CPU (strip minima and k-th by their references): every seeded τ must stay at or
     # above the row's true k-th key, and the search must stay exact, on ties, duplicates, huge
     # offsets and integer data.
-    import knng.engine.plan as plan
-    from knng.engine import thresholds
     from knng.engine.store import CandidateStore
     from knng.metrics import PRECISIONS
 
@@ -297,10 +300,8 @@ def test_kth_strip_seeds_never_cut_a_true_neighbour(data, monkeypatch, rng, seed
             assert bool(store.tau.isfinite().all())
 
     monkeypatch.setattr(CandidateStore, "tighten_ends", checked)
-    monkeypatch.setattr(plan, "CPU_SAMPLE", 4096)  # 64 strips of 64 sample columns: 2k and more
-    monkeypatch.setattr("knng.engine.search.strip_seeds_run", lambda *args: True)
-    monkeypatch.setattr("knng.engine.search.kth_seeds_run",
-                        lambda rows, strips, k, device: thresholds.SMALL_ROW_MAX_K < k <= strips)
+    set_options(cpu_sample=4096)  # 64 strips of 64 sample columns: 2k and more
+    set_options(kernels={"strip_seeds": True, "kth_seeds": True})
     res = knng.search(q, x, k)
     # The digit screens seed from a float32 sample with its own norms (search.SeedSample), not here.
     digits = PRECISIONS[last_report().plan.screen_precision].digits
@@ -311,14 +312,13 @@ def test_kth_strip_seeds_never_cut_a_true_neighbour(data, monkeypatch, rng, seed
 @pytest.mark.parametrize("spill", [False, True])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("duplicates", 9), ("flat", 7), ("offset", 4),
                                     ("integers", 30), ("all", 300)])
-def test_held_survivors_finish_exact(data, k, spill, monkeypatch, rng, seed, screen, set_options):
+def test_held_survivors_finish_exact(data, k, spill, rng, seed, screen, set_options):
     # Where the tiles tighten the thresholds (GPU searches), the store holds the survivors back,
     # re-screens them against the tightened thresholds after every tile, and its finish
     # evaluates every one left exactly (CandidateStore._finish_held); held lists over their
     # limit are taken into the store, which then finishes them. Both must be exact on ties,
     # duplicates, flat regions, huge offsets, integer data and k = n; tiles of sizes that are
     # not multiples of anything (a small budget).
-    from knng.engine.store import CandidateStore, Holding
 
     x = rng.standard_normal((300 if data == "all" else 1700, 5))
     q = rng.standard_normal((13, 5))
@@ -332,24 +332,12 @@ def test_held_survivors_finish_exact(data, k, spill, monkeypatch, rng, seed, scr
         x, q = x + 1e5, q + 1e5
     elif data == "integers":
         x, q = np.round(2 * x), np.round(2 * q)
-    calls = {"held": 0, "taken": 0}
-    real_finish, real_take = CandidateStore._finish_held, CandidateStore._take_held
-
-    def finish_held(store):
-        calls["held"] += 1
-        return real_finish(store)
-
-    def take_held(store):
-        calls["taken"] += 1
-        return real_take(store)
-
-    monkeypatch.setattr(CandidateStore, "_finish_held", finish_held)
-    monkeypatch.setattr(CandidateStore, "_take_held", take_held)
     if spill:  # held lists over their limit at the first tile: the store takes them in
-        monkeypatch.setattr("knng.engine.search.Holding", lambda: Holding(limit=0))
+        set_options(held_limit=0)
     set_options(tighten_on=frozenset({"cpu", "cuda"}))
     res = knng.search(q, x, k, memory_budget="64KB")
-    assert (calls["held"] == 0) == spill and (calls["taken"] > 0) == spill, calls
+    calls = last_report().stages
+    assert ("store.finish_held" not in calls) == spill and ("store.take_held" in calls) == spill, calls
     assert_exact(res, oracle_search(q, x, k), context=f"seed={seed} {data} spill={spill}")
     report = last_report()
     assert report.screened_per_row["median"] >= k
@@ -422,7 +410,7 @@ def test_seed_candidates_are_chunk_minima(rng, cols, k):
 
 
 @pytest.mark.parametrize("how", ["held", "flat", "tightened", "finish tightens", "finish takes in", "taken", "state"])
-def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
+def test_a_holding_store_finishes_exactly(how, rng, set_options):
     # A holding store finishes from its held survivors alone (every one evaluated, ordered by
     # distance then index: ties here); one that took pairs in (over its limit, or a checkpoint's
     # state, or the finish's own tightening over the limit) finishes through the store, and
@@ -457,9 +445,9 @@ def test_a_holding_store_finishes_exactly(how, rng, monkeypatch):
         store.state()  # takes the held pairs in
     if how == "flat":  # the finish orders the flat lists, no row padded
         store.rebuild_entries = 0
-        monkeypatch.setattr("knng.engine.store.FINISH_PADDING", 0)
+        set_options(finish_padding=0)
     if how in ("finish tightens", "finish takes in"):  # as a large run's finish does (a small one evaluates its pairs whole)
-        monkeypatch.setattr("knng.engine.store.FINISH_UNTIGHTENED_PAIRS", 0)
+        set_options(finish_untightened_pairs=0)
     assert store._may_hold == (how in ("taken", "state"))
     idx, dist = store.finish()
     want = torch.sort(exact, dim=1, stable=True)
@@ -508,22 +496,22 @@ def test_held_survivors_tighten_no_sooner_than_the_last_tightening_kept(pairs, r
 
 
 @pytest.mark.parametrize("n", [1, 2, 99, 100, 101, 1000])
-def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, monkeypatch):
+def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, set_options):
     # Median (the lower of an even count), 99th percentile and maximum by the device's sort, as
     # NumPy's partition on the host gives them: ties, several lists, sizes either side of 100.
     import knng.engine.store as store
 
     counts = [torch.from_numpy(rng.integers(0, 7, size=m)) for m in (n // 3, n - n // 3)]
     host = store.summarize_per_row(counts)
-    monkeypatch.setattr(store, "DEVICE_SUMMARY_ON", frozenset({"cpu"}))
-    monkeypatch.setattr(store, "DEVICE_SUMMARY_ROWS", 1)
+    set_options(device_summary_on=frozenset({"cpu"}))
+    set_options(device_summary_rows=1)
     assert store.summarize_per_row(counts) == host
     every = np.sort(np.concatenate([c.numpy() for c in counts]))
     assert host == {"median": float(every[(n + 1) // 2 - 1]), "p99": float(every[max(1, int(np.ceil(0.99 * n))) - 1]),
                     "max": float(every[-1])}
 
 
-def test_summaries_in_one_copy_equal_each_alone(rng, monkeypatch):
+def test_summaries_in_one_copy_equal_each_alone(rng, set_options):
     # Several summaries read in one copy (some sorted on the device, some on the host, some
     # empty) are each the summary of its own counts.
     import knng.engine.store as store
@@ -533,8 +521,8 @@ def test_summaries_in_one_copy_equal_each_alone(rng, monkeypatch):
     alone = [store.summarize_per_row(counts) for counts in groups]
     assert store.summarize_per_row_each(groups) == alone
     assert alone[1] == {} and alone[2] == {} and alone[3]["max"] == alone[3]["median"]
-    monkeypatch.setattr(store, "DEVICE_SUMMARY_ON", frozenset({"cpu"}))
-    monkeypatch.setattr(store, "DEVICE_SUMMARY_ROWS", 100)  # the larger groups sorted "on the device"
+    set_options(device_summary_on=frozenset({"cpu"}))
+    set_options(device_summary_rows=100)  # the larger groups sorted "on the device"
     assert store.summarize_per_row_each(groups) == alone
 
 
@@ -589,16 +577,16 @@ def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, s
     monkeypatch.setattr(CandidateStore, "tighten_ends", checked_ends)
     monkeypatch.setattr(search, "screen_tiles", checked_tiles)
     set_options(tighten_on=frozenset({"cpu", "cuda"}))  # by default on GPUs only
-    monkeypatch.setattr(plan_mod, "tiles_first_runs", lambda *args: True)  # the wgmma kernel's: GPUs only
+    set_options(kernels={"tiles_first": True})  # the wgmma kernel's: GPUs only
     res = knng.search(q, x, k)
     plan = last_report().plan  # every screen precision runs the path by its references here
-    assert plan.thresholds == search.TILES_FIRST_THRESHOLDS and plan.sample_size == 0
+    assert plan.tiles_first and plan.thresholds == plan_mod.TILES_FIRST_THRESHOLDS and plan.sample_size == 0
     assert seeded == [q.shape[0]], seeded
     assert dropped and dropped[0] > 0, dropped  # most tiles are above a row's threshold
     assert_exact(res, oracle, context=f"seed={seed} {data}")
-    # k past the tiles' count (3 tiles; forced past tiles_first_run's own rule): no k-th
-    # minimum, so no seed and every tile screened; still exact.
-    monkeypatch.setattr(search, "tiles_first_run", lambda *args: True)
+    # k past the tiles' count (3 tiles; forced past the planner's own rule, plan.tiles_first): no
+    # k-th minimum, so no seed and every tile screened; still exact.
+    monkeypatch.setattr(plan_mod, "tiles_first", lambda plan, device: True)
     res = knng.search(q[:3], x[:300], 7)
     assert_exact(res, oracle_search(q[:3], x[:300], 7), context=f"seed={seed} {data} small")
-    assert last_report().plan.thresholds == search.TILES_FIRST_THRESHOLDS
+    assert last_report().plan.tiles_first

@@ -48,7 +48,7 @@ def _open_checkpoint(folder: Any, resume: Any, interval: Any, keep: Any, *, oper
     check_checkpoint_arguments(folder, resume, interval, keep)
     if folder is None:
         return None
-    from knng import __version__
+    from knng._version import VERSION as __version__
 
     fingerprint = {"knng": __version__, "operation": operation, "k": k, "metric": metric,
                    "screen_precision": plan.screen_precision, "device": torch.device(plan.device).type,

@@ -75,6 +75,9 @@ def report_as_dict(report: Any) -> dict[str, Any]:
     store = getattr(report, "store", None)
     if store is not None:
         out["store"] = asdict(store)
+    replans = getattr(report, "replans", None)
+    if replans:  # the plans made after out-of-memory errors, beside the one made first
+        out["replans"] = [p.as_dict() if hasattr(p, "as_dict") else asdict(p) for p in replans]
     # Every other scalar field or property of the report (oom_retries, screen_dtype, the
     # graph's parts and blocks, ...), so new fields reach knng.json without a CLI change.
     for name in dir(report):
@@ -83,6 +86,6 @@ def report_as_dict(report: Any) -> dict[str, Any]:
         value = getattr(report, name)
         if isinstance(value, (bool, int, float, str)):
             out[name] = value
-        elif name in ("evaluations_per_row", "checkpoints") and isinstance(value, dict):
+        elif name in ("evaluations_per_row", "checkpoints", "stages") and isinstance(value, dict):
             out[name] = value
     return out

@@ -35,10 +35,10 @@ import torch.distributed as dist
 
 from knng._inputs import InputArray
 from knng.distributed.checkpoint import DistributedCheckpoint
-from knng.distributed.comm import Comm
+from knng.distributed.comm import Comm, agree, check_agreement
 from knng.distributed.plan import BlockPlan
 from knng.distributed.shards import all_gather_rows, common_centre
-from knng.engine import preparation
+from knng.engine import preparation, stages
 from knng.engine.common import PreparedCorpus, full_precision, recover_from_oom
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.frames import Tile
@@ -50,7 +50,7 @@ from knng.engine.screen import screen_pairs
 from knng.engine.store import CandidateStore, PairErrors, StoreStats
 from knng.metrics import METRICS, PRECISIONS, Metric
 
-__all__ = ["DistributedGraphReport", "RankRows", "distributed_graph", "gather_rows", "agree"]
+__all__ = ["DistributedGraphReport", "RankRows", "RankSizes", "distributed_graph", "gather_rows", "rank_sizes"]
 
 #: Block rows whose all-gather is issued ahead of the one being computed (double buffering, and
 #: room for a rank whose block rows hold fewer blocks to run ahead of its peers without waiting).
@@ -92,6 +92,8 @@ class DistributedGraphReport:
     #: This rank's collectives (for :func:`knng.distributed.comm.replay`) and longest waits.
     comm_ops: list = field(default_factory=list, repr=False)
     waits: list = field(default_factory=list, repr=False)
+    #: This rank's pipeline stages and how often they ran (:mod:`knng.engine.stages`).
+    stages: dict[str, int] = field(default_factory=dict)
 
     @property
     def pairs_saving(self) -> float:
@@ -104,25 +106,6 @@ class DistributedGraphReport:
         return max((r["wait_s"] / r["seconds"] for r in self.per_rank if r["seconds"] > 0), default=0.0)
 
 
-def agree(comm: Comm, device: torch.device, values: dict[str, int]) -> dict[str, list[int]]:
-    """All-gather a few integers from every rank; returns name → list over ranks."""
-    names = list(values)
-    local = torch.tensor([int(values[k]) for k in names], dtype=torch.int64, device=device)
-    out = torch.empty(comm.world * len(names), dtype=torch.int64, device=device)
-    comm.wait(comm.all_gather(out, local, "the agreement on inputs and plan"))
-    table = out.view(comm.world, len(names)).cpu().tolist()
-    return {name: [row[i] for row in table] for i, name in enumerate(names)}
-
-
-def check_agreement(table: dict[str, list[int]], describe: dict[str, str]) -> None:
-    """Raise ValueError (on every rank alike) if the ranks were given different inputs."""
-    for name, values in table.items():
-        if len(set(values)) > 1:
-            what = describe.get(name, name)
-            listing = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
-            raise ValueError(f"every rank must be given the same {what}; got {listing}")
-
-
 #: Where a rank keeps the column parts it owns, best first: prepared on the device; as read
 #: (the input's dtype, half the bytes of a float64 screen's layout) on the device, prepared per
 #: block; as read in (pinned) host memory, copied and prepared per block; or not at all, read
@@ -133,7 +116,9 @@ HOST_SHARE = 0.5
 
 
 @dataclass(frozen=True)
-class _Sizes:
+class RankSizes:
+    """One rank's sizes: the block plan, the screen tile height, where the owned columns live."""
+
     plan: BlockPlan
     sub_rows: int
     columns: str
@@ -149,10 +134,11 @@ def _host_budget(world: int) -> int:
     return int(available_ram() * HOST_SHARE / max(1, local))
 
 
-def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtype: torch.dtype,
-          device: torch.device, part_size: int | None, input_itemsize: int = 4,
-          host_budget: int | None = None) -> _Sizes:
-    """Part size, screen tile height and where the owned columns live, from one rank's budgets."""
+def rank_sizes(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtype: torch.dtype,
+               device: torch.device, part_size: int | None, input_itemsize: int = 4,
+               host_budget: int | None = None) -> RankSizes:
+    """Part size, screen tile height and where the owned columns live, from one rank's budgets
+    (also what ``bench/scaling_model.py`` replays for worlds it has not run)."""
     e = dtype.itemsize
     vec = metric.width(d, device, dtype) * e
     owned_rows = -(-n // world)
@@ -184,9 +170,10 @@ def _plan(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtyp
     room = max(remaining - b * per_row, remaining // 4)
     sub = int(min(b, MAX_SUB_ROWS[on], max(MIN_TILE, room // max(1, b * block_bytes))))
     sub = -(-b // -(-b // sub))
-    return _Sizes(plan=plan, sub_rows=sub, columns=columns)
+    return RankSizes(plan=plan, sub_rows=sub, columns=columns)
 
 
+@stages.recorded
 def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, budget: int,
                       comm: Comm, include_self: bool = False, screen_dtype: "torch.dtype | str | None" = None,
                       part_size: int | None = None, checkpoint: DistributedCheckpoint | None = None,
@@ -229,14 +216,14 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     dtype = precision.storage
     capacity = store_capacity(k, available)
     store_pending = pending_pairs(device, budget)
-    sizes = _plan(n, d, capacity, world, budget, metric, dtype, device, part_size,
+    sizes = rank_sizes(n, d, capacity, world, budget, metric, dtype, device, part_size,
                   input_itemsize=table["itemsize"][0], host_budget=min(table["host"]))
     done = 0  # block rows a resumed run had finished
     if checkpoint is not None:
         # The saved plan, when resuming: the state is per part (budgets may have changed since).
         saved = checkpoint.plan({"part_size": sizes.plan.part_size, "sub_rows": sizes.sub_rows,
                                  "columns": sizes.columns, "precision": precision.name})
-        sizes = _Sizes(plan=BlockPlan(n=n, world=world, part_size=int(saved["part_size"])),
+        sizes = RankSizes(plan=BlockPlan(n=n, world=world, part_size=int(saved["part_size"])),
                        sub_rows=int(saved["sub_rows"]), columns=str(saved["columns"]))
         precision = PRECISIONS[saved["precision"]]
         dtype = precision.storage
@@ -566,7 +553,7 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
     return centre, both[0].contiguous(), both[1].contiguous(), kept
 
 
-def _report(comm: Comm, plan: BlockPlan, sizes: _Sizes, capacity: int, precision: str, stats: ExactStats,
+def _report(comm: Comm, plan: BlockPlan, sizes: RankSizes, capacity: int, precision: str, stats: ExactStats,
             store: StoreStats, oom_retries: int, seconds: float, device: torch.device) -> DistributedGraphReport:
     """Gather every rank's figures into one report (the same on every rank)."""
     local = torch.tensor([seconds, comm.stats.wait_seconds, 0.0, comm.stats.bytes,

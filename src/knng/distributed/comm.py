@@ -33,7 +33,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["Comm", "CommStats", "DistributedError", "Pending", "DEFAULT_TIMEOUT", "DEFAULT_HEARTBEAT_TIMEOUT"]
+__all__ = ["Comm", "CommStats", "DistributedError", "Pending", "DEFAULT_TIMEOUT", "DEFAULT_HEARTBEAT_TIMEOUT",
+           "agree", "check_agreement"]
 
 #: Seconds a peer may go without progress while others wait for it, before they give up.
 DEFAULT_TIMEOUT = 300.0
@@ -627,3 +628,22 @@ def replay(ops: list[tuple], device: torch.device, group: Any = None) -> float:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def agree(comm: Comm, device: torch.device, values: dict[str, int]) -> dict[str, list[int]]:
+    """All-gather a few integers from every rank; returns name → list over ranks."""
+    names = list(values)
+    local = torch.tensor([int(values[k]) for k in names], dtype=torch.int64, device=device)
+    out = torch.empty(comm.world * len(names), dtype=torch.int64, device=device)
+    comm.wait(comm.all_gather(out, local, "the agreement on inputs and plan"))
+    table = out.view(comm.world, len(names)).cpu().tolist()
+    return {name: [row[i] for row in table] for i, name in enumerate(names)}
+
+
+def check_agreement(table: dict[str, list[int]], describe: dict[str, str]) -> None:
+    """Raise ValueError (on every rank alike) if the ranks were given different inputs."""
+    for name, values in table.items():
+        if len(set(values)) > 1:
+            what = describe.get(name, name)
+            listing = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+            raise ValueError(f"every rank must be given the same {what}; got {listing}")

@@ -18,10 +18,10 @@ import torch
 
 from knng._inputs import InputArray, check_finite
 from knng.distributed.checkpoint import DistributedCheckpoint
-from knng.distributed.comm import Comm
-from knng.distributed.blockcyclic import agree, check_agreement
+from knng.distributed.comm import Comm, agree, check_agreement
 from knng.distributed.plan import shard_ranges
 from knng.distributed.shards import common_centre, merge_across_ranks, rows_subset
+from knng.engine import stages
 from knng.engine.common import PreparedCorpus, full_precision
 from knng.engine.exact import ExactStats
 from knng.engine.plan import make_search_plan, resolve_precision
@@ -46,8 +46,11 @@ class DistributedSearchReport:
     per_rank: list[dict[str, float]] = field(default_factory=list)
     #: Where a resumed run started (queries done), checkpoints saved and their seconds.
     checkpoints: dict[str, float] = field(default_factory=dict)
+    #: This rank's pipeline stages and how often they ran (:mod:`knng.engine.stages`).
+    stages: dict[str, int] = field(default_factory=dict)
 
 
+@stages.recorded
 def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device,
                        select: str, budget: int, comm: Comm, checkpoint: DistributedCheckpoint | None = None,
                        keep_checkpoint: bool = False) -> tuple[torch.Tensor, torch.Tensor, DistributedSearchReport]:
@@ -107,8 +110,8 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
             ids = torch.full((q1 - q0, k), -1, dtype=torch.int64, device=device)
             if pshard is not None:
                 chunk = InputArray(queries.name, "torch", (q1 - q0, d), raw.dtype, device, tensor=raw)
-                idx, dist, report = exact_search(chunk, shard, ks, metric, device, select, budget, screen_dtype=precision,
-                                                 prepared=pshard)
+                idx, dist, report = exact_search(chunk, shard, ks, metric, device, select, budget, prepared=pshard,
+                                                 plan=tiles)
                 stats.add(report.exact)
                 values[:, :ks], ids[:, :ks] = dist, idx + s0
             out_idx[q0:q1], out_dist[q0:q1] = merge_across_ranks(

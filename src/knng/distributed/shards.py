@@ -14,19 +14,17 @@ engine does for entries it cannot tell apart.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from knng._inputs import InputArray
+from knng.distributed.comm import Comm, agree
 from knng.engine import preparation
 from knng.engine.exact import exact_pairs, sort_by_distance_then_index
 from knng.metrics import Metric
-
-if TYPE_CHECKING:
-    from knng.distributed.comm import Comm
 
 __all__ = ["rows_subset", "merge_exact", "merge_across_ranks", "common_centre", "all_gather_rows", "RangesSource"]
 
@@ -189,8 +187,6 @@ def common_centre(blocks: Iterable[tuple[int, torch.Tensor]], n: int, d: int, na
 
 def all_gather_rows(local: torch.Tensor, comm: "Comm", device: torch.device, what: str) -> torch.Tensor:
     """Every rank's rows of ``local`` (a different number on each rank), concatenated in rank order."""
-    from knng.distributed.blockcyclic import agree
-
     counts = agree(comm, device, {"rows": local.shape[0]})["rows"]
     most = max(counts)
     pad = torch.zeros((most, *local.shape[1:]), dtype=local.dtype, device=device)

@@ -161,7 +161,7 @@ class Checkpoint:
     def plan(self, planned: EnginePlan) -> EnginePlan:
         """The plan to run: the saved one when resuming, else ``planned`` (then recorded)."""
         if self.state is not None and "plan" in self.state:
-            saved = EnginePlan(**self.state["plan"])
+            saved = EnginePlan.from_dict(self.state["plan"])
             if torch.device(saved.device).type != torch.device(planned.device).type:
                 raise CheckpointMismatchError(
                     f"cannot resume on {planned.device}: the checkpoint in {self.area.path} was made on {saved.device}",

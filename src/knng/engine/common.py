@@ -435,6 +435,12 @@ class EngineReport:
     #: were folded into it for the run (:mod:`knng.engine.duplicates`); the other figures then
     #: describe the run over the rows that remained.
     duplicates_folded: int = 0
+    #: The pipeline's stages the run went through and how often (:mod:`knng.engine.stages`):
+    #: ``{"screen.kernel": 12, "store.hold": 12, ...}``.
+    stages: dict[str, int] = field(default_factory=dict)
+    #: Plans the planner made after out-of-memory errors, in order (``plan`` is the one made
+    #: first, as ``knng info`` prints it; the run finished on the last of these).
+    replans: list[EnginePlan] = field(default_factory=list)
 
     @property
     def screen_dtype(self) -> str:

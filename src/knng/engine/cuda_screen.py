@@ -24,7 +24,7 @@ products run while the other's warps screen (``wg128x128s1``); past it, where on
 that fits, a warpgroup screens one tile while the tensor cores multiply the next into a second
 set. H200, 28,672² block, K = 128, nothing kept: 426 TFLOP/s non-symmetric and 306 symmetric
 (two sets: 350 and 251; mma.sync 286–310 and 216–248), and 21–31 % faster than two sets with
-survivors (``docs/BENCHMARKS.md``, "Session 13" and "A wgmma screen kernel"); H100, K = 256 (two
+survivors (``docs/FINDINGS.md``, "Screen precision and kernels"); H100, K = 256 (two
 sets, two B tiles in its ring): 437 against 256 non-symmetric, 379 against 301 symmetric.
 Its symmetric variant also screens a graph part's own block as its upper triangle
 (``triangle``: each pair once, against both points' thresholds): H200, 28,672², nothing kept,

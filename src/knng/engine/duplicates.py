@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import torch
 
+from knng._options import get_options
 from knng.engine import fused
 from knng.engine.exact import flat_top_by_distance
 from knng.metrics import Metric
@@ -183,8 +184,8 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
         position = torch.empty_like(groups.members)
         position[groups.members] = torch.arange(groups.members.numel(), device=device)
     width = idx.shape[1] + (own_group is not None)
-    # Rows a chunk: (rows × lists) arrays of at most LIST_ENTRIES entries.
-    rows_per_chunk = max(1, min(rows_per_chunk, LIST_ENTRIES // max(1, width)))
+    # Rows a chunk: (rows × lists) arrays of at most Options.duplicate_list_entries entries.
+    rows_per_chunk = max(1, min(rows_per_chunk, get_options().duplicate_list_entries // max(1, width)))
     if _kernel_applies(device, width, k):
         out_idx, out_dist, unordered = _unfold_by_kernel(groups, own_group, idx, dist, k, own, position)
         sort = torch.nonzero(unordered).flatten()
@@ -205,22 +206,19 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
     return out_idx, out_dist
 
 
-#: Entries of one chunk's (rows × lists) arrays, and candidates one sort of :func:`_unfold`
-#: expands, at most: rows whose lists all tie (one-hot data: every distance √2) expand up to k
-#: members of each list.
-LIST_ENTRIES = 1 << 22
-SORT_ENTRIES = 1 << 25
+# Options.duplicate_list_entries and duplicate_sort_entries bound one chunk: rows whose lists
+# all tie (one-hot data: every distance √2) expand up to k members of each list.
 
 
 def _sort_into(out_idx: torch.Tensor, out_dist: torch.Tensor, rows: torch.Tensor, groups: DuplicateGroups,
                lists: "_CandidateLists", k: int) -> None:
     """:func:`_unfold_by_sort` of ``lists`` (of answer ``rows``) into the outputs, in batches of
-    rows that expand at most :data:`SORT_ENTRIES` candidates (a row's own count whatever it is)."""
+    rows that expand at most ``Options.duplicate_sort_entries`` candidates (a row's own count whatever it is)."""
     ends = torch.cumsum(lists.length.sum(dim=1), 0).tolist()  # the one synchronisation
     start = 0
     while start < len(ends):
         before = ends[start - 1] if start else 0
-        stop = max(start + 1, bisect.bisect_right(ends, before + SORT_ENTRIES, lo=start))
+        stop = max(start + 1, bisect.bisect_right(ends, before + get_options().duplicate_sort_entries, lo=start))
         part = slice(start, stop)
         out_idx[rows[part]], out_dist[rows[part]] = _unfold_by_sort(groups, lists.rows(part), k,
                                                                     total=ends[stop - 1] - before)

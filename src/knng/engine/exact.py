@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from knng._inputs import InputArray
-from knng.engine import fused
+from knng.engine import fused, stages
 from knng.metrics import Metric
 
 __all__ = ["ExactStats", "exact_pairs", "exact_pairs_of", "sort_by_distance_then_index", "flat_top_by_distance"]
@@ -92,6 +92,7 @@ def exact_pairs_of(metric: Metric, left: InputArray, rows: torch.Tensor, right: 
                    device: torch.device, chunk_bytes: int | None = None) -> torch.Tensor:
     """Exact float64 distances for the pairs (left[rows[p]], right[cols[p]]), both by id; ``cols``
     may be (m, w) and ``chunk_bytes`` bounds the chunks, as in :func:`exact_pairs`."""
+    stages.count("finish.exact")
     by_kernel = _by_kernel(metric, left.tensor, rows, right.tensor, cols, device)
     if by_kernel is not None:
         return by_kernel
@@ -118,6 +119,7 @@ def _by_kernel(metric: Metric, left: torch.Tensor | None, rows: torch.Tensor, ri
     registers; the sums differ from the reference's only in their order, within the float64
     evaluation's error bound (``Metric.oracle_error``) that the stores' radii already carry.
     """
+    stages.count("finish.exact_kernel")
     if metric.name not in KERNEL_METRICS or left is None or right is None or not fused.fused_available(device):
         return None
     if left.device != device or right.device != device or left.dim() != 2 or right.dim() != 2:

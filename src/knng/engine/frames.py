@@ -26,17 +26,16 @@ whole, nothing skipped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator, Protocol
 
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, as_input
+from knng._options import get_options
 from knng.engine.exact import exact_pairs_of
 from knng.engine.thresholds import sample_columns
 from knng.metrics import Metric, lattice_point
 
-if TYPE_CHECKING:
-    from knng.engine.common import PreparedCorpus
 
 __all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "slab_gain", "Window", "span_window",
            "translation_invariant"]
@@ -44,18 +43,11 @@ __all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "sl
 #: Rows of the sample the principal direction is estimated from (any unit vector is a valid
 #: bound; a better one only skips more).
 DIRECTION_SAMPLE = 8192
-#: Centre each block on its row part when that divides the corpus's sum of squared norms (about
-#: the mean) by at least this much; else every block keeps the corpus mean.
-LOCAL_CENTRE_GAIN = 2.0
 #: Power iterations on the sample.
 POWER_ITERATIONS = 40
 #: On a GPU, dimensions up to this take the power iteration by squaring the Gram matrix
 #: (:func:`_leading_direction`): 2·d³ operations a squaring, 0.2 GFLOP of float64 at d = 1,024.
 SQUARING_MAX_D = 1024
-#: The same on a CPU, where the iteration reads the sample 80 times and the Gram matrix is one
-#: product (8,192 sample rows, 2 cores, 2026-11-27, iteration / squarings, ms: d = 16 1.75 / 0.19,
-#: 64 4.98 / 1.22, 128 9.56 / 3.69, 256 23.4 / 14.5, 512 105 / 63, 1,024 251 / 288).
-SQUARING_MAX_D_CPU = 512
 #: Squarings of the Gram matrix: as many power iterations as 2^SQUARINGS = 64 (more than
 #: POWER_ITERATIONS).
 SQUARINGS = 6
@@ -132,10 +124,23 @@ class Window:
         return max(0, self.r1 - self.r0) * max(0, self.c1 - self.c0)
 
 
+class CorpusLayout(Protocol):
+    """What the frames read of a prepared corpus (:class:`knng.engine.common.PreparedCorpus`,
+    which sits above this module)."""
+
+    device: torch.device
+    corpus: InputArray
+    norms: torch.Tensor
+    terms: torch.Tensor | None
+    terms32: torch.Tensor | None
+
+    def tile(self, start: int, stop: int) -> torch.Tensor: ...
+
+
 class GlobalFrames:
     """Every block around the corpus's one centre (a :class:`PreparedCorpus`), nothing skipped."""
 
-    def __init__(self, pdata: "PreparedCorpus", parts: list[tuple[int, int]]) -> None:
+    def __init__(self, pdata: CorpusLayout, parts: list[tuple[int, int]]) -> None:
         self.pdata, self.parts = pdata, parts
         self.device = pdata.device
         self._own: dict[int, Tile] = {}
@@ -210,7 +215,7 @@ def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
     Estimated on the principal direction's own sample (:data:`DIRECTION_SAMPLE` rows, about their
     mean) cut into ``parts`` slabs: a read of a few thousand rows, for the planner's choice of a
     graph's method (``knng.engine.plan``). :class:`PrincipalFrames` centres its blocks on their
-    row parts from :data:`LOCAL_CENTRE_GAIN` on (measured there on every row); image patches
+    row parts from ``Options.local_centre_gain`` on (measured there on every row); image patches
     give several times that, Gaussian data about 1.
     """
     if parts < 2 or data.n < 2:
@@ -249,7 +254,7 @@ def _direction_sample(data: InputArray, device: torch.device) -> torch.Tensor:
 def _leading_direction(rows: torch.Tensor) -> torch.Tensor:
     """Power iteration for the leading right singular vector of centred float64 ``rows``.
 
-    For d ≤ :data:`SQUARING_MAX_D` on a GPU (:data:`SQUARING_MAX_D_CPU` elsewhere), by repeated
+    For d ≤ :data:`SQUARING_MAX_D` on a GPU (``Options.squaring_max_d_cpu`` elsewhere), by repeated
     squaring of the d × d Gram matrix (:data:`SQUARINGS` products: 2^SQUARINGS iterations' worth)
     instead of one iteration after another: on a GPU a score of launches instead of 240 (40
     iterations, six operations each, all host time: 2–5 ms of a 62 ms 200k-point graph, and as
@@ -259,7 +264,7 @@ def _leading_direction(rows: torch.Tensor) -> torch.Tensor:
     # The start drawn on the rows' device (drawn on the host and copied: a synchronisation).
     gen = torch.Generator(device=rows.device).manual_seed(2)
     v = torch.randn(rows.shape[1], generator=gen, dtype=torch.float64, device=rows.device)
-    if rows.shape[1] <= (SQUARING_MAX_D if rows.device.type == "cuda" else SQUARING_MAX_D_CPU):
+    if rows.shape[1] <= (SQUARING_MAX_D if rows.device.type == "cuda" else get_options().squaring_max_d_cpu):
         g = rows.T @ rows
         # Scaled once by its trace: every eigenvalue in [0, 1], the largest at least 1/d, so
         # the 2^SQUARINGS-th power neither overflows nor underflows (d^-64 ≥ 2^-640 for
@@ -343,9 +348,9 @@ class PrincipalFrames:
         within = float(torch.stack([((self.sorted[i0:i1].to(torch.float64) - c) ** 2).sum()
                                     for (i0, i1), c in zip(self.parts, self.centres)]).sum())
         #: Whether blocks are centred on their row part. Only where that shrinks the squared
-        #: norms the bound grows with (by at least LOCAL_CENTRE_GAIN overall): otherwise every
+        #: norms the bound grows with (by at least Options.local_centre_gain overall): otherwise every
         #: block would prepare its columns again for nothing (Gaussian data: +12 % of a CPU graph).
-        self.local = within <= total / LOCAL_CENTRE_GAIN
+        self.local = within <= total / get_options().local_centre_gain
         if not self.local:
             self.centres = [centre] * len(self.parts)
         self._own: dict[int, Tile] = {}

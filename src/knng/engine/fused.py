@@ -39,11 +39,11 @@ from typing import NamedTuple
 
 import torch
 
-from knng.engine import cuda_screen
+from knng.engine import cuda_screen, stages
 from knng.metrics import (
     digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
 )
-from knng._options import get_options
+from knng._options import get_options, kernel_forced
 from knng.select import cuda
 
 __all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
@@ -88,6 +88,9 @@ def triton_installed() -> bool:
 
 def fused_available(device: torch.device) -> bool:
     """Whether the fused kernel can run on ``device`` (a CUDA GPU with Triton installed)."""
+    forced = kernel_forced("triton")
+    if forced is not None:
+        return forced
     # tl.dot on tensor cores with bfloat16 inputs needs Ampere (sm_80) or newer.
     return device.type == "cuda" and triton_installed() and cuda.device_capability(device) >= (8, 0)
 
@@ -165,12 +168,6 @@ def _launch_shape(config: dict, m: int, n: int, interpret: bool) -> tuple[dict, 
     return cfg, grid, {} if interpret else dict(num_warps=num_warps, num_stages=num_stages)
 
 
-#: Kept entries a tile takes out one at a time before it switches to one atomic per entry
-#: (``_triton_kernels._append``). H100, 2026-11-23, TF32 screen time of a 1M × 128 search (10k
-#: queries; k = 10 / 100) and of the 78 off-diagonal blocks of a 200k × 128 graph (k = 10), for
-#: 0 / 4 / 16 / 64: search 49.9 / 48.1 / 52.2 / 52.4 ms and 72.1 / 74.0 / 90.5 / 176.1 ms,
-#: graph 211 / 175 / 222 / 221 ms.
-FEW_PER_TILE = 4
 
 
 def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.Tensor,
@@ -211,6 +208,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         ``col_thr``) those kept by their column, as (column, row, key); a pair kept by both
         is in both lists.
     """
+    stages.count("screen.kernel")
     if triangle and not triangle_runs(precision, a.device, k_dims):
         raise ValueError("screen_block: a triangle needs the wgmma kernel (see triangle_runs)")
     if precision in DIGIT_PRECISIONS:
@@ -246,7 +244,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
             0 if exclude_diagonal is None else exclude_diagonal,
             HAS_ROW_TERMS=row_terms is not None, HAS_COL_TERMS=col_terms is not None, SYMMETRIC=symmetric,
             EXCLUDE_DIAG=exclude_diagonal is not None, SCALED=scaled, PRECISION=DOT_PRECISION[precision],
-            FEW=FEW_PER_TILE, **cfg, **extra,
+            FEW=get_options().few_per_tile, **cfg, **extra,
         )
 
     return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device, later)
@@ -260,6 +258,9 @@ def triangle_runs(precision: str, device: torch.device, k_dims: int) -> bool:
     """Whether :func:`screen_block` screens a square block's upper triangle (``triangle``) for
     ``precision`` and input dimension ``k_dims`` on ``device``: scaled float16 rows and the
     CUDA C kernel's wgmma variant."""
+    forced = kernel_forced("triangle")
+    if forced is not None:
+        return forced
     return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
             and cuda_screen.triangle_runs(device, scaled_width(k_dims)))
 
@@ -267,6 +268,9 @@ def triangle_runs(precision: str, device: torch.device, k_dims: int) -> bool:
 def strip_minima_runs(precision: str, device: torch.device) -> bool:
     """Whether :func:`strip_minima` runs for ``precision`` on ``device``: scaled float16 rows and
     the CUDA C kernel (the Triton kernels have no minima epilogue)."""
+    forced = kernel_forced("strip_minima")
+    if forced is not None:
+        return forced
     return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
             and cuda_screen.available(device))
 
@@ -393,6 +397,7 @@ def _screen_digits(a: torch.Tensor, b: torch.Tensor, row_thr: torch.Tensor, col_
                    capacity_hint: int | None) -> tuple[Survivors, Survivors | None]:
     """:func:`screen_block` for digit rows ``[h | l | h | s α]``: the digit kernel, whose float32
     steps are :func:`knng.engine.screen.digit_scores`' (its reference)."""
+    stages.count("screen.digits")
     interpret = interpreting()
     kernel = _kernel(interpret)[2]
     m, n = a.shape[0], b.shape[0]
@@ -412,7 +417,7 @@ def _screen_digits(a: torch.Tensor, b: torch.Tensor, row_thr: torch.Tensor, col_
             *lists[0], *lists[-1], counters, m, n, digit_blocks(a), a.stride(0), b.stride(0), capacity,
             0 if exclude_diagonal is None else exclude_diagonal,
             HAS_ROW_TERMS=row_terms is not None, HAS_COL_TERMS=col_terms is not None, SYMMETRIC=symmetric,
-            EXCLUDE_DIAG=exclude_diagonal is not None, FEW=FEW_PER_TILE, **cfg, **extra,
+            EXCLUDE_DIAG=exclude_diagonal is not None, FEW=get_options().few_per_tile, **cfg, **extra,
         )
 
     return _collect(launch, "digits", m, n, capacity_hint, symmetric, torch.float32, a.device)
@@ -441,7 +446,7 @@ def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Ten
 
     def launch(lists, counters, capacity):
         kernel[grid](scores, scores.stride(0), row_thr, col_thr if symmetric else row_thr, *lists[0], *lists[-1],
-                     counters, m, n, capacity, SYMMETRIC=symmetric, FEW=FEW_PER_TILE, **cfg, **extra)
+                     counters, m, n, capacity, SYMMETRIC=symmetric, FEW=get_options().few_per_tile, **cfg, **extra)
 
     return _collect(launch, "select", m, n, capacity_hint, symmetric, scores.dtype, scores.device)
 

@@ -7,7 +7,7 @@ products halve. The screening score is the full symmetric form q_i + r_j + α·a
 matrix product thanks to the augmented layout of :mod:`knng.metrics`), so one block serves both
 directions. Then every point's candidates go through the same exact finish as a search.
 
-Where that costs more than it saves (a GPU, k ≥ ``plan.GRAPH_ROWS_MIN_K``, data without principal
+Where that costs more than it saves (a GPU, k ≥ ``Options.graph_rows_min_k``, data without principal
 slabs: ``plan.graph_method == "rows"``), the graph runs by rows instead: the data searched
 against themselves (:func:`_graph_by_rows`).
 """
@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from knng._inputs import InputArray
-from knng.engine import fused
+from knng.engine import fused, stages
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     TF32_EXACT_SAMPLES, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
@@ -32,20 +32,20 @@ from knng.engine.exact import ExactStats
 from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window, translation_invariant
 from knng.engine.lists import ListHome
 from knng.engine.plan import (
-    GRAPH_ROWS, LISTS_ON_DEVICE, OWN_PART_SEED, PRINCIPAL_FRAMES, SEED_STRIPS_PER_K, EnginePlan, graph_search_k,
+    GRAPH_ROWS, LISTS_ON_DEVICE, PRINCIPAL_FRAMES, SEED_STRIPS_PER_K, EnginePlan, graph_search_k,
     held_pairs_limit, make_graph_plan, pending_pairs,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
     screen_own_later, strip_minima, strip_seeds_run, survivors_of_smallest, use_kernel,
 )
-from knng.engine.search import TILES_FIRST_THRESHOLDS, exact_search
+from knng.engine.search import exact_search
 from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row_each
-from knng.engine.thresholds import GPU_CHUNK_SEED_MAX_K, seed_candidates, smallest_candidates, strip_candidates
+from knng.engine.thresholds import seed_candidates, smallest_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
 from knng._options import get_options
 
-__all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "screen_own_parts_together", "OWN_PART_SEED"]
+__all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "screen_own_parts_together"]
 
 #: Shared block thresholds (one per point, against the corpus's largest norm) only while the
 #: largest norm of every part is within this factor of the smallest part maximum.
@@ -74,7 +74,7 @@ FINISH_BYTES_GPU = 2 << 30
 # time). Measured once exact products had removed the image patches' near-ties (H100, fresh
 # processes alternating, min of 3, taken in / held, ms): 8×8 patches k = 10 249, 299 / 240,
 # 241; k = 100 733, 769 / 599, 623; 16×16 k = 10 144, 162 / 120, 128; k = 100 314, 312 / 269,
-# 275 (before that, held pairs lost at k = 100: ``docs/BENCHMARKS.md``).
+# 275 (before that, held pairs lost at k = 100: ``docs/FINDINGS.md``, "Stores and survivors").
 #: The stride of a scattered seed sample is the part's size over this (the golden ratio: any
 #: run of consecutive sample columns lands all over the part).
 SCATTER_RATIO = (1 + 5**0.5) / 2
@@ -119,6 +119,7 @@ class GraphReport(EngineReport):
         return 1.0 - self.blocks_computed / self.blocks_full if self.blocks_full else 0.0
 
 
+@stages.recorded
 def exact_graph(
     data: InputArray,
     k: int,
@@ -280,20 +281,18 @@ def _graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.devic
     records finished chunks of rows, as a search's does.
     """
     k_search = graph_search_k(k, include_self)
+    assert plan.search is not None and plan.search.k == k_search, "a graph by rows is planned with its search"
     idx, dist, report = exact_search(data, data, k_search, metric, device, select, plan.budget, progress=progress,
-                                     plan=replace(plan, operation="search", k=k_search), checkpoint=checkpoint,
-                                     keep_checkpoint=keep_checkpoint)
+                                     plan=plan.search, checkpoint=checkpoint, keep_checkpoint=keep_checkpoint)
     if not include_self:
         idx, dist = _without_self(idx, dist, k)
     n = data.n
     # All n² entries computed, each pair once from each side: no symmetric saving (pairs_screened
     # counts a symmetric block's entries once per side, so n² entries here count 2n²).
-    if report.plan.thresholds == TILES_FIRST_THRESHOLDS:  # no sample (search.tiles_first_run)
-        plan = replace(plan, sample_size=0, thresholds=report.plan.thresholds)
     return idx, dist, GraphReport(plan=plan, oom_retries=report.oom_retries, exact=report.exact, store=report.store,
                                   evaluations_per_row=report.evaluations_per_row,
                                   screened_per_row=report.screened_per_row, pairs_screened=2 * n * n,
-                                  checkpoints=report.checkpoints)
+                                  checkpoints=report.checkpoints, replans=report.replans)
 
 
 def _without_self(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,7 +316,9 @@ def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor |
     precision = plan.precision
     if device.type not in get_options().hold_on or not (precision.fused or precision.digits):
         return None
-    limit = held_pairs_limit(plan.n_corpus, plan.capacity, plan.pending_pairs, plan.budget)
+    limit = get_options().held_limit
+    if limit is None:
+        limit = held_pairs_limit(plan.n_corpus, plan.capacity, plan.pending_pairs, plan.budget)
     if norms is None:
         return Holding(limit=limit, pairs=True) if get_options().hold_pairs else None
     maxima = (float(norms.max()), 0.0 if terms is None else float(terms.abs().max()))
@@ -470,15 +471,11 @@ def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, prec
         return out_idx, out_dist, store, counts, done
 
 
-#: Devices on which a part's own block, materialised whole, takes each row's survivors from its
-#: smallest entries (:func:`_smallest_width` of them, by float32 key) instead of a compare of
-#: the whole block against the thresholds those entries seed: one selection does both. From
-#: k = WHOLE_BY_SMALLEST_MIN_K (below, a GPU's seeds are chunk minima, not a selection). H200,
-#: 2026-11-27, the 16,384 × 4,096 graph at k = 1,024 (float64 screen, one part; ``bench/trace_stages.py
-#: 1024 OUT --graph 16384 --d 4096 --precision auto``): the block's compare appended 16.8M
-#: survivors in 6.0 ms, and the seeds' selection of the k smallest was already 1.75 ms of it.
-WHOLE_BY_SMALLEST_DEVICES = ("cuda",)
-WHOLE_BY_SMALLEST_MIN_K = GPU_CHUNK_SEED_MAX_K + 1
+# Options.whole_by_smallest_on: a part's own block, materialised whole, takes each row's
+# survivors from its smallest entries (_smallest_width of them, by float32 key) instead of a
+# compare of the whole block against the thresholds those entries seed: one selection does both.
+# From Options.whole_by_smallest_min_k = GPU_CHUNK_SEED_MAX_K + 1 (below, a GPU's seeds are chunk
+# minima, not a selection).
 
 
 def _smallest_width(columns: int, k: int) -> int:
@@ -503,7 +500,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     and the same block is screened. The fused kernel never materialises it, so the seeds come
     from a sample of the part: the kernel's strip minima of a scattered sample that grows with
     k (:func:`_strip_seed_columns`) where it finds them, else a product of the reference form
-    of at most :data:`OWN_PART_SEED` evenly spaced columns; the kernel screens the whole block
+    of at most ``Options.own_part_seed`` evenly spaced columns; the kernel screens the whole block
     against them (only its upper triangle where the wgmma kernel runs and the rows go at once:
     :func:`~knng.engine.screen.screen_own_later`).
     """
@@ -512,16 +509,17 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     queries = tile.queries(metric, d)
     step = m if sub_rows is None else max(1, sub_rows)
     ks = min(k, m if include_self else m - 1)
-    whole = not (use_kernel(precision, device) and m > OWN_PART_SEED)
+    whole = not (use_kernel(precision, device) and m > get_options().own_part_seed)
     # Seeds from the kernel's strip minima of a sample where it finds them, 2k strips or more
     # (the sample grows with k, scattered over the part: _strip_seed_columns).
     by_strips = not whole and strip_seeds_run(precision, device, _strip_seed_count(m, ks), ks)
-    # The whole block's survivors from each row's smallest entries (WHOLE_BY_SMALLEST_DEVICES).
-    by_smallest = whole and device.type in WHOLE_BY_SMALLEST_DEVICES and ks >= max(1, WHOLE_BY_SMALLEST_MIN_K)
+    # The whole block's survivors from each row's smallest entries (Options.whole_by_smallest_on).
+    by_smallest = (whole and device.type in get_options().whole_by_smallest_on
+                   and ks >= max(1, get_options().whole_by_smallest_min_k))
     if whole:
         seed_cols, seed_prep, seed_terms = torch.arange(m, device=device), prep, terms
     else:
-        seed_cols = _strip_seed_columns(m, ks, device) if by_strips else _evenly_spaced(m, OWN_PART_SEED, device)
+        seed_cols = _strip_seed_columns(m, ks, device) if by_strips else _evenly_spaced(m, get_options().own_part_seed, device)
         seed_prep, seed_terms = prep[seed_cols], None if terms is None else terms[seed_cols]
     # A sampled seed's product may run on TF32 tensor cores where they hold the stored values
     # exactly (its keys only bound τ; the screen that follows is the kernel's).
@@ -627,6 +625,7 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     the points' ids. Parts prepared around centres of their own (principal frames of image-like
     data) seed with their tiles' radii and hand their survivors in with their tiles' norms.
     """
+    stages.count("graph.own_parts_together")
     n = frames.n
     device = frames.device
     shared = not (isinstance(frames, PrincipalFrames) and frames.local)
@@ -654,7 +653,7 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
             # A part too small for 2k strips (often the last one: 5,025 rows of the folded 16×16
             # patches, which screened ~5,000 pairs a row unseeded at k = 100): seeds from a
             # materialised sample of its columns, as screen_own_part takes them.
-            at = _evenly_spaced(m, OWN_PART_SEED, device)
+            at = _evenly_spaced(m, get_options().own_part_seed, device)
             scores = block_scores(queries, tile.vectors[at], d, precision, terms,
                                   None if terms is None else terms[at])
             if not include_self:
@@ -698,10 +697,10 @@ def _without_own_columns(scores: torch.Tensor, sample: torch.Tensor, rows: torch
 
 def _strip_seed_count(m: int, k: int) -> int:
     """Columns of a part of ``m`` whose strip minima seed its rows' k thresholds: at least
-    :data:`OWN_PART_SEED`, and :data:`SEED_STRIPS_PER_K` strips per neighbour (the whole part
+    ``Options.own_part_seed``, and :data:`SEED_STRIPS_PER_K` strips per neighbour (the whole part
     at most). Strip minima cost a fraction of a materialised sample (no block written, no
     selection of k among thousands), so at large k the sample grows instead."""
-    return min(m, max(OWN_PART_SEED, SEED_STRIPS_PER_K * k * fused.STRIP))
+    return min(m, max(get_options().own_part_seed, SEED_STRIPS_PER_K * k * fused.STRIP))
 
 
 def _strip_seed_columns(m: int, k: int, device: torch.device) -> torch.Tensor:
@@ -766,6 +765,7 @@ class _SharedThresholds:
         part_max = torch.stack([norms[ids].max() for ids in parts])
         if float(part_max.max()) > UNIFORM_NORMS * float(part_max.min()):
             return None
+        stages.count("graph.shared_thresholds")
         return cls(store, norms, terms)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:

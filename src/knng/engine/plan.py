@@ -16,7 +16,7 @@ import torch
 
 from knng._inputs import READ_AHEAD, InputArray
 from knng._units import parse_bytes
-from knng.engine.frames import LOCAL_CENTRE_GAIN, slab_gain, translation_invariant
+from knng.engine.frames import slab_gain, translation_invariant
 from knng.engine.fused import STRIP, TILE, fused_available, triangle_runs
 from knng.engine.screen import strip_seeds_run, tiles_first_runs
 from knng.engine.thresholds import KTH_ROW_MAX_WIDTH
@@ -32,7 +32,6 @@ __all__ = [
     "SEED_STRIPS_PER_K", "held_pairs_limit",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k", "KnngPerformanceWarning", "HOST_BUDGET_SLOWDOWN", "HOST_BUDGET_WITHIN",
-    "HOST_BUDGET_MIN_SECONDS",
     "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text",
 ]
 
@@ -43,7 +42,7 @@ GLOBAL_FRAMES = "global"
 #: screened once for both its points (:func:`knng.engine.graph.exact_graph`). ``"rows"``: chunks
 #: of rows, each screened against the whole data as a search is (every pair screened from both
 #: sides, by the non-symmetric kernel, its survivors held back and evaluated whole; see
-#: :data:`GRAPH_ROWS_MIN_K`).
+#: ``Options.graph_rows_min_k``).
 GRAPH_SYMMETRIC = "symmetric"
 GRAPH_ROWS = "rows"
 
@@ -200,67 +199,9 @@ def plan_tiles(
 # ------------------------------------------------------------------------------ the one plan
 #: Compute capabilities whose float64 matrix products are about as fast as float32 ones.
 FAST_FP64_CAPABILITIES = {(8, 0), (9, 0), (10, 0)}
-#: Largest graph part on a CPU. 2048² float32 blocks (16 MiB, written into one reused buffer)
-#: beat 1024² ones: a quarter of the blocks and of their fixed costs, and fewer survivors (a
-#: row's threshold tightens over fewer, larger steps). Same process, 2 cores, 64,009 × 64,
-#: k = 10: Gaussian 5.6–5.8 s against 6.6 s, camera patches 3.5–3.9 s against 4.1–4.3 s;
-#: 3072 and 4096 were slower (5.1–5.4 s and 5.9–9.0 s: the block leaves the cache).
-CPU_MAX_PART = 2048
-#: Largest graph part on a GPU (a 16384² float32 block is 1 GiB).
-GPU_MAX_PART = 16384
-#: Largest graph part on a GPU whose screen is a kernel (no score block in memory): fewer, larger
-#: blocks pay the per-block host work (thresholds, lists, a synchronisation, the stores'
-#: updates) fewer times, though each row's threshold tightens less often in between, and a
-#: part's own block is seeded from a sample of it only. Float16, k = 10, H100, 2026-11-24,
-#: alternating fresh processes, parts of 16,384 / 32,768 / 65,536 (ms): 1M × 128 3,071, 2,912 /
-#: 2,001, 2,042 / 1,627, 1,453 (median pairs screened per row 113 / 146 / 218); 200k × 128 206,
-#: 223 / 162, 188 / 200, 166; 16×16 image patches (249,551 × 256, ``bench/bench_patches.py``'s)
-#: 483, 393, 397, 452 / 346, 347 / 537, 511 — their flat regions' near-ties (p99 pairs screened
-#: per row 1,658 / 3,001 / 5,100) make the largest parts lose there.
-GPU_KERNEL_MAX_PART = 32768
-#: GPU_KERNEL_MAX_PART where a part's own block is screened as its upper triangle
-#: (``fused.triangle_runs``: the wgmma kernel). A part's own block, screened whole, scores each
-#: of its pairs twice, so larger parts add n·m/2 products to a graph's n²/2 (16 % more for a
-#: 200k graph in parts of 65,536); as triangles they add none, and with stores that hold
-#: survivors back, fewer and larger parts (fewer launches, seeds and hand-overs) won everywhere
-#: measured (H200, 2026-11-26, ``bench/ab_exact_calls.py new/part64k/part96k``, one process
-#: alternating, min of 3, ms, 32,768 / 65,536 / 98,304): 1M × 128 767 / 732 / 732; 200k × 128
-#: 59.8 / 54.9 / 54.0; 16×16 patches k = 10 81.1 / 72.8 / 69.0, k = 100 128.9 / 125.5 / 516 (p99
-#: pairs screened per row 548 / 503 / 8,267: the flat regions again); 8×8 patches k = 10 179.5
-#: / 173.1 / 172.4, k = 100 305.3 / 295.7 / 295.8.
-GPU_TRIANGLE_MAX_PART = 65536
-#: GPU_TRIANGLE_MAX_PART for graphs of k ≤ TRIANGLE_SMALL_K. With the one-set wgmma kernel
-#: (two blocks a multiprocessor) larger own blocks cost less than their extra seeds and
-#: hand-overs save: H200, 2026-11-27, one process alternating, min of 3, ms, 65,536 / 98,304:
-#: 200k × 128 at k = 10 43.4 / 41.4 (and 47.6 / 45.1 on another machine), 1M × 128 571 / 550,
-#: 8×8 patches 148.8 / 142.7, 16×16 patches 73.3 / 71.7; at k = 100 16×16 patches lose 4×
-#: (132 / 524: the flat regions' near-ties under the looser seeds of a larger block), so larger
-#: k keep GPU_TRIANGLE_MAX_PART.
-GPU_TRIANGLE_MAX_PART_SMALL_K = 98304
 TRIANGLE_SMALL_K = 16
-#: Columns one launch of a kernel-screened graph screens against a row part: the blocks S(I, J)
-#: of up to GPU_KERNEL_GROUP_COLUMNS / part consecutive column parts J go in one launch (one set
-#: of thresholds, one synchronisation for the lists' sizes, one hand-over to the stores), while
-#: the rows keep the parts' size (their own-part seeds) and the stores still tighten between
-#: launches. Float16, k = 10, H100, 2026-11-24 (``bench/ab_group.py``, fresh processes
-#: alternating, min of 3 per process, two rounds each on two machines), columns 32,768 (one part,
-#: as before) / 65,536 / 131,072 / 262,144 / 1,048,576 (ms): 1M × 128 1,811, 2,143 / 1,670,
-#: 1,614 / 1,524, 1,450, 1,294, 1,326 / 1,544, 1,362, 1,272, 1,275 / 1,277, 1,294; 200k × 128
-#: 180, 199 / 182, 160 / 177, 186, 167, 173 / 187, 151, 147, 149 / 147, 151; 16×16 image
-#: patches 362, 416 / 408, 355 / 345, 330, 306, 309 / 383, 311, 302, 300 / 301, 334. Survivors
-#: per graph grow little (1M: 145M with one part per launch, 151M with 262,144 columns, 156M
-#: with whole rows), and every setting gives the same answer bit for bit.
-GPU_KERNEL_GROUP_COLUMNS = 262144
-#: Columns of a part that seed its rows' thresholds when the fused kernel screens the part's own
-#: block (the torch screen seeds from the whole block it materialises anyway). H100, 2026-11-24,
-#: k = 10, parts of 32,768, alternating fresh processes (``bench/ab_group.py``), 4,096 / 8,192 /
-#: 16,384 columns, ms: 1M × 128 1,542, 1,383 / 1,407, 1,355 / 1,489, 1,483; 200k × 128 154, 164
-#: / 172, 151 / 194, 181; 16×16 patches 369, 363 / 348, 311 / 371, 374; 8×8 patches 984, 957 /
-#: 832, 829 / 1,001, 848 (survivors of the 1M graph 153M / 107M / 85M: each doubling halves the
-#: own blocks' survivors and doubles the seeds' product and selection).
-OWN_PART_SEED = 8192
 #: Strips per neighbour in the scattered sample whose strip minima seed a part's own block
-#: (``knng.engine.graph``; at least OWN_PART_SEED columns, at most the part): with 4k strips
+#: (``knng.engine.graph``; at least Options.own_part_seed columns, at most the part): with 4k strips
 #: about k/8 of a row's k nearest share a strip with a nearer one, so the k-th strip minimum is
 #: near the sample's k-th key. At k = 100 a part's sample grows from 8,192 columns (too few
 #: strips: a materialised block, its four float32 passes and a selection of 100 among 8,192
@@ -268,13 +209,8 @@ OWN_PART_SEED = 8192
 SEED_STRIPS_PER_K = 4
 
 
-#: Columns of a search's random sample for the first thresholds. A sample of m columns lets
-#: about k·c/m pairs per row through a tile of c columns before the stores tighten, so the GPU
-#: (wide tiles, and a sample product that costs ~3 ms for 10k queries × 65k) takes a large one.
-GPU_SAMPLE = 65536
-CPU_SAMPLE = 1024
 SAMPLE_PER_K = 16
-#: On a GPU the sample grows with k from GPU_MIN_SAMPLE to GPU_SAMPLE (GPU_SAMPLE_PER_K columns
+#: On a GPU the sample grows with k from GPU_MIN_SAMPLE to Options.gpu_sample (GPU_SAMPLE_PER_K columns
 #: per neighbour): at small k the first tile's tightening (the k-th of 262,144 columns) makes up
 #: for a looser start, and the sample's product and selection cost in proportion to its width.
 #: 1M × 128, 10k queries, float16, k = 10, H100 (2026-11-24): 16,384 columns let 220 pairs per
@@ -282,24 +218,6 @@ SAMPLE_PER_K = 16
 #: 16,384-column sample let 2,156 pairs per row through and lost (61.6 ms against 55.3).
 GPU_MIN_SAMPLE = 16384
 GPU_SAMPLE_PER_K = 1024
-#: Widest corpus tile of a search on a GPU: the stores tighten between tiles, so several
-#: tiles per pass keep later tiles' survivors near k (one 1M-wide tile let ~k·n/m through).
-GPU_SEARCH_COLS = 1 << 18
-#: Query rows per chunk of a GPU search whose screen is the fused kernel over a resident corpus:
-#: no score block is materialised, so a chunk is bounded by its survivors (a few k per row,
-#: held until the finish: at most about KERNEL_SEARCH_PAIRS / k rows) and by its sample's seeds
-#: (their strip minima, or the sample's score block, in an eighth of the budget at the sample's
-#: full width; see make_search_plan), not by a score block's 16,384 rows (plan_tiles). Every
-#: chunk pays a fixed price (its seeds' selection, its tightenings, the finish: about 12 ms and
-#: 500 launches at 10k × 1M × 128), which fewer, larger chunks amortise. H200, 2026-11-27, the
-#: data searched against themselves at k = 100 (``bench/ab_exact_calls.py new/rows128k/rows256k
-#: g200k100,g1m100``, one process), chunks of at most 65,536 / 131,072 / 262,144 rows (ms):
-#: 200k × 128 103.0 / 87.3 / 84.7, 1M × 128 1,143 / 1,105 / 1,030. (On an H100 on 2026-11-25,
-#: before the strip seeds, chunks of 131,072 had lost: their sample's score block no longer fit
-#: at 65,536 columns, so their thresholds started looser; the budget's rule above now keeps
-#: the sample whole.)
-KERNEL_SEARCH_ROWS = 1 << 18
-KERNEL_SEARCH_PAIRS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -367,12 +285,17 @@ class EnginePlan:
     graph_method : {"symmetric", "rows"}
         How a graph runs: blocks S(I, J), I ≤ J, each pair screened once for both its points;
         or ``parts`` chunks of ``part_size`` rows, each screened against the whole data as a
-        search of ``k + 1`` neighbours is (the point itself dropped; :data:`GRAPH_ROWS_MIN_K`).
+        search of ``k + 1`` neighbours is (the point itself dropped; ``Options.graph_rows_min_k``).
         The rows method's other fields are its search's (``query_rows``, ``sample_size``, ...).
     host_budget_note : str
         Empty, or why ``host_budget`` makes this plan much slower than the default host budget
         would and which budget avoids it (:func:`host_budget_note`); ``knng.search`` and
         ``knng.graph`` issue it as a :class:`KnngPerformanceWarning`.
+    tiles_first : bool
+        A search (or a graph by rows) takes each row's threshold from every corpus tile's
+        minimum and screens only the tiles within it, with no sample (:func:`tiles_first`).
+    search : EnginePlan or None
+        A graph by rows: the plan of the search of the data against themselves it runs.
     """
 
     operation: str
@@ -407,6 +330,8 @@ class EnginePlan:
     group_parts: int = 1
     graph_method: str = GRAPH_SYMMETRIC
     host_budget_note: str = ""
+    tiles_first: bool = False
+    search: "EnginePlan | None" = None
 
     @property
     def work_bytes(self) -> int:
@@ -437,13 +362,19 @@ class EnginePlan:
 
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, values: dict) -> "EnginePlan":
+        """The plan :meth:`as_dict` recorded (a checkpoint's), its graph's search included."""
+        search = values.get("search")
+        return cls(**{**values, "search": None if search is None else cls.from_dict(search)})
+
 
 #: Below FLOAT16_SEARCH_MIN_D a search screens in TF32 (the fused kernel) when k ≤
 #: FUSED_SEARCH_MAX_K. Measured on an H100 (2026-11-23, 10k queries against 1M Gaussian points,
 #: one call each, ``bench/stage_times.py``; TF32 / float32 ms), before float16 took d ≥ 64 over:
 #: d = 64, k = 32 66 / 97, k = 100 90 / 87, k = 300 121 / 117; d = 128, k = 32 78 / 103, k = 100
 #: 111 / 115, k = 300 143 / 170; d = 256, k = 32 90 / 187, k = 100 116 / 173, k = 300 200 / 199;
-#: d = 960, k = 100 249 / 504 (``docs/BENCHMARKS.md``, "Digit screens, seeded in float32").
+#: d = 960, k = 100 249 / 504 (``docs/FINDINGS.md``, "Screen precision and kernels").
 #: Below d = 64 nothing was measured. Graphs were slower in TF32 at every k measured (200k ×
 #: 128: 360 / 320 ms at k = 10, 1,088 / 597 at k = 100).
 FUSED_SEARCH_MAX_K = 16
@@ -473,7 +404,7 @@ FLOAT16_SEARCH_MIN_D = 64
 #: (``bench/ab_precision.py``) k = 10 327.6, 337.4 / 279.2, 270.0, k = 100 620.9, 618.3 /
 #: 758.8, 787.1; patches (``bench/bench_patches.py``'s, one process, alternating) 582k × 64,
 #: k = 10 1,585, 1,457 / 1,585, 1,904; 250k × 256, k = 10 609, 587 / 544, 493.
-#: With launches over several column parts (``GPU_KERNEL_GROUP_COLUMNS``) float16 won more widely
+#: With launches over several column parts (``Options.gpu_kernel_group_columns``) float16 won more widely
 #: (H100, 2026-11-24, alternating fresh processes, ``bench/ab_group.py``, float32 / float16 ms):
 #: 8×8 patches (582k × 64) k = 10 1,545, 1,487 / 798, 847, k = 100 2,021, 1,905 / 1,637, 1,562;
 #: 200k × 128 k = 100 552, 549 / 492, 514, k = 300 1,174, 1,149 / 1,107, 1,053, k = 1,000 2,757,
@@ -510,8 +441,8 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     from k ≥ n / :data:`CPU_FLOAT64_ROWS_PER_K` (its products cost twice float32 ones; see there),
     else float32.
 
-    Why not more of the fused precisions (``knng.engine.fused``, ``docs/BENCHMARKS.md``, "Fused
-    screen"): their kernel screens a 1M × 128 search in 20–35 ms of TF32 where the float32
+    Why not more of the fused precisions (``knng.engine.fused``, ``docs/FINDINGS.md``, "Screen
+    precision and kernels"): their kernel screens a 1M × 128 search in 20–35 ms of TF32 where the float32
     product and its select take ~80, but the wider bound lets 1.5–3× more pairs through to the
     candidate stores, whose bookkeeping then costs more than the product saved — except for
     searches at small k or large d. bfloat16 (4× the bound of TF32) lost everywhere measured.
@@ -584,7 +515,8 @@ def store_capacity(k: int, available: int) -> int:
     through every later block. Measured on 2 CPU cores, 32,000 × 64, k = 10 (Gaussian / camera
     patches): capacity k + 8 3.9 s / 4.9 s, 2k + 16 4.6 s / 6.0 s, 4k + 16 4.9 s / 7.1 s.
     """
-    return int(min(available, k + max(8, k // 4)))
+    extra = get_options().store_extra
+    return int(min(available, k + (max(8, k // 4) if extra is None else extra)))
 
 
 #: A search's store capacity on a GPU: GPU_SEARCH_CAPACITY_PER_K·k + GPU_SEARCH_CAPACITY_EXTRA. A
@@ -603,22 +535,14 @@ def search_capacity(k: int, available: int, device: torch.device) -> int:
     return store_capacity(k, available)
 
 
-#: Survivors a store lets wait before it takes them in (CPU, GPU): one store update is a few
-#: dozen operations whatever its size. Measured, 200,000 × 128 graph, k = 10, H100 (ms,
-#: float32 / TF32): 2¹⁷ 646 / 840, 2²⁰ 712 / 931, 2²² 589 / 674; 2 CPU cores, 64,009 × 64
-#: Gaussian: 2¹² 9.8 s, 2¹⁵ 7.6 s, 2¹⁷ 9.6 s (later flushes tighten later: more survivors).
-PENDING_CPU = 1 << 15
-PENDING_GPU = 1 << 22
 #: Survivors a GPU graph's store lets wait when it takes them in as it goes (blocks centred on
 #: their own parts: image patches in principal slabs, whose stores cannot hold survivors back;
-#: ``knng.engine.graph``), where PENDING_GPU is how often a holding store tightens. H200,
+#: ``knng.engine.graph``), where Options.pending_gpu is how often a holding store tightens. H200,
 #: 2026-11-26, one process, alternating, min of 2 (2²² / 2²³ / 2²⁴ / 2²⁵, ms): 8×8 patches
 #: (582k × 64) k = 10 440, 449 / 415, 429 / 397, 403 / 392, 397; k = 100 905, 904 / 876, 875 /
 #: 871, 875 / 871, 866; 16×16 patches (250k × 256) k = 10 224, 222 / 213, 212 / 206, 203 / 221,
 #: 199 (22 store updates of ~515 launches each at 2²² on the 8×8 patches).
 PENDING_GPU_UPDATES = 1 << 24
-#: Bytes per pending survivor, its copies during the update included.
-PENDING_PAIR_BYTES = 96
 
 
 #: A GPU search lets its survivors wait for the finish, within 1/SEARCH_PENDING_SHARE of the
@@ -626,7 +550,7 @@ PENDING_PAIR_BYTES = 96
 #: store update in between changes no threshold a launch uses; it would only sort everything the
 #: rows hold again, where the finish's last take-in sorts each pair once and needs no capacity
 #: (1M × 128, 10k queries, k = 1,024: three updates of about 40M pairs, 51 ms of GPU time, before
-#: held survivors; 109–113 → 103–106 ms). None: the graphs' PENDING_GPU.
+#: held survivors; 109–113 → 103–106 ms). None: the graphs' Options.pending_gpu.
 SEARCH_PENDING_SHARE: int | None = 4
 
 
@@ -635,13 +559,13 @@ def pending_pairs(device: torch.device, budget: int, search: bool = False, updat
     (a GPU search: as many as 1/:data:`SEARCH_PENDING_SHARE` of the budget holds; ``updates``:
     a GPU graph store that takes its survivors in as it goes, :data:`PENDING_GPU_UPDATES`)."""
     if search and device.type == "cuda" and SEARCH_PENDING_SHARE:
-        return int(max(1024, budget // SEARCH_PENDING_SHARE // PENDING_PAIR_BYTES))
-    best = (PENDING_GPU_UPDATES if updates else PENDING_GPU) if device.type == "cuda" else PENDING_CPU
-    return int(max(1024, min(best, budget // 8 // PENDING_PAIR_BYTES)))
+        return int(max(1024, budget // SEARCH_PENDING_SHARE // get_options().pending_pair_bytes))
+    best = (PENDING_GPU_UPDATES if updates else get_options().pending_gpu) if device.type == "cuda" else get_options().pending_cpu
+    return int(max(1024, min(best, budget // 8 // get_options().pending_pair_bytes)))
 
 
 #: Survivors a GPU graph's store holds back (``knng.engine.graph``) take at most this share of
-#: the budget (:data:`PENDING_PAIR_BYTES` each: the pair, its radius, and their copies while
+#: the budget (``Options.pending_pair_bytes`` each: the pair, its radius, and their copies while
 #: they tighten); beyond it they are taken into the store, whose capacity bounds them.
 HELD_SHARE = 4
 
@@ -650,7 +574,7 @@ def held_pairs_limit(n: int, capacity: int, pending: int, budget: int) -> int:
     """Held survivors beyond which a graph's holding store takes them in: as many as its own
     entries (``n`` rows of ``capacity``), within 1/:data:`HELD_SHARE` of the budget, and never
     fewer than four flushes' worth (``pending`` each)."""
-    return int(max(4 * pending, min(n * capacity, budget // HELD_SHARE // PENDING_PAIR_BYTES)))
+    return int(max(4 * pending, min(n * capacity, budget // HELD_SHARE // get_options().pending_pair_bytes)))
 
 
 def _store_bytes(rows: int, capacity: int) -> int:
@@ -687,14 +611,14 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
     precision = resolve_precision(screen_dtype, device, n_corpus, d, k)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = search_capacity(k, n_corpus, device)
-    max_cols = GPU_SEARCH_COLS if device.type == "cuda" else None
+    max_cols = get_options().gpu_search_cols if device.type == "cuda" else None
     if device.type == "cuda":
         # A streamed corpus's tiles pass through pinned host buffers (READ_AHEAD + 1 of them).
         max_cols = max(MIN_TILE, min(max_cols, _read_rows(host_budget, d, max_cols)))
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=max_cols)
     kernel = device.type == "cuda" and PRECISIONS[precision].fused and fused_available(device)
-    base = min(GPU_SAMPLE, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else CPU_SAMPLE
+    base = min(get_options().gpu_sample, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else get_options().cpu_sample
     vector = d * element + 24
     # The sample's prepared vectors and its score block take at most an eighth of the budget. The
     # kernel's strip minima write no score block, only a key and a column per row and strip
@@ -703,8 +627,8 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
     # (Decided on the fewest columns the sample can then have, as the search decides on its own.)
     strips = (kernel and tiles.corpus_resident
               and strip_seeds_run(PRECISIONS[precision], device, min(n_corpus, base), k))
-    if kernel and tiles.corpus_resident:  # no score block: chunks of more rows (KERNEL_SEARCH_ROWS)
-        rows = min(n_queries, KERNEL_SEARCH_ROWS, KERNEL_SEARCH_PAIRS // max(1, k))
+    if kernel and tiles.corpus_resident:  # no score block: chunks of more rows (Options.kernel_search_rows)
+        rows = min(n_queries, get_options().kernel_search_rows, get_options().kernel_search_pairs // max(1, k))
         # No more rows than let the whole sample's seeds fit their eighth of the budget: a
         # smaller sample would start every row's threshold looser.
         row_bytes = 8 / STRIP if strips else element
@@ -720,14 +644,14 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
     sample = int(min(n_corpus, max(min(base, fit), SAMPLE_PER_K * k)))
     pending = pending_pairs(device, budget, search=True)
     # A kernel screen holds survivors (a few k per row) where a torch screen holds its score block.
-    block = (tiles.query_rows * k * 4 * PENDING_PAIR_BYTES if kernel and tiles.corpus_resident else
+    block = (tiles.query_rows * k * 4 * get_options().pending_pair_bytes if kernel and tiles.corpus_resident else
              tiles.query_rows * tiles.corpus_cols * element * 3)
-    expected = (_store_bytes(tiles.query_rows, capacity) + block + pending * PENDING_PAIR_BYTES
+    expected = (_store_bytes(tiles.query_rows, capacity) + block + pending * get_options().pending_pair_bytes
                 + (n_corpus * vector if tiles.corpus_resident else tiles.corpus_cols * vector)
                 + sample * vector + n_corpus * 16)
     reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * max(read_rows, 0 if tiles.corpus_resident else tiles.corpus_cols)
     host = reads + (expected if device.type == "cpu" else 0)
-    return EnginePlan(
+    plan = EnginePlan(
         operation="search", n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=str(device),
         screen_precision=precision, unit_roundoff=PRECISIONS[precision].input_roundoff,
         thresholds=f"k-th best certified upper bound among {sample} random columns, then tightened as rows fill",
@@ -736,6 +660,16 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
         frames=GLOBAL_FRAMES, bytes_expected=int(expected), budget=budget, budget_source=source or "given",
         host_budget=given_host, host_budget_source=host_source or "given", read_rows=read_rows,
         host_bytes_expected=int(host))
+    # Tiles first where the screen tightens its own thresholds (a GPU's: Options.tighten_on) and
+    # the tiles pay (tiles_first): then no sample.
+    if device.type in get_options().tighten_on and tiles_first(plan, device):
+        plan = replace(plan, sample_size=0, thresholds=TILES_FIRST_THRESHOLDS, tiles_first=True)
+    return plan
+
+
+#: A tiles-first search's thresholds (:attr:`EnginePlan.thresholds`).
+TILES_FIRST_THRESHOLDS = ("k-th smallest of the rows' minima over every 128-column corpus tile; then only the tiles "
+                          "within each row's threshold screened, and every survivor evaluated exactly")
 
 
 #: Share of the device budget the stores of two bands may take when the stores live off the device.
@@ -745,13 +679,16 @@ SLOT_BYTES = 32
 
 
 def group_parts(*, kernel: bool, resident: bool, lists: str, parts: int, part_size: int) -> int:
-    """Column parts one off-diagonal launch of a graph screens (:data:`GPU_KERNEL_GROUP_COLUMNS`
+    """Column parts one off-diagonal launch of a graph screens (``Options.gpu_kernel_group_columns``
     columns): only where a kernel screens (nothing is materialised, so a launch's memory does
     not grow with its columns), the prepared corpus is resident (a group's columns are one
     slice of it) and the stores stay on the device; else one."""
+    forced = get_options().group_parts
+    if forced is not None:
+        return forced
     if not (kernel and resident and lists == LISTS_ON_DEVICE):
         return 1
-    return int(max(1, min(parts - 1, GPU_KERNEL_GROUP_COLUMNS // max(1, part_size))))
+    return int(max(1, min(parts - 1, get_options().gpu_kernel_group_columns // max(1, part_size))))
 
 
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
@@ -762,9 +699,9 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
 
     ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
-    default the planner's choice (:func:`rows_method_wins`). Where principal frames could run,
+    default ``Options.graph_method``, else the planner's choice (:func:`rows_method_wins`). Where principal frames could run,
     a sample of ``data`` (if given; :func:`~knng.engine.frames.slab_gain`) decides whether they
-    do (:data:`PRINCIPAL_MIN_GAIN`) and whether the rows method may replace them.
+    do (``Options.principal_min_gain``) and whether the rows method may replace them.
 
     The candidate stores of all rows stay on the device when they take at most half its budget
     (on a CPU: half the host budget, results included). Otherwise they live in pinned host
@@ -775,6 +712,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     slower than the default host budget would, the plan's ``host_budget_note`` says so
     (:func:`host_budget_note`).
     """
+    if method is None:
+        method = get_options().graph_method
     same = dict(n=n, d=d, k=k, metric=metric, device=device, budget=budget, include_self=include_self, source=source,
                 screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method)
     plan = _graph_plan(host_budget=host_budget, data=data, **same)
@@ -819,13 +758,13 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     kernel = PRECISIONS[precision].fused or PRECISIONS[precision].digits
     kernel = kernel and device.type == "cuda" and fused_available(device)
     if device.type != "cuda":
-        cap = CPU_MAX_PART
+        cap = get_options().cpu_max_part
     elif not kernel:
-        cap = GPU_MAX_PART
+        cap = get_options().gpu_max_part
     else:
-        cap = GPU_KERNEL_MAX_PART
+        cap = get_options().gpu_kernel_max_part
         if triangle_runs(precision, device, d):
-            cap = GPU_TRIANGLE_MAX_PART_SMALL_K if k <= TRIANGLE_SMALL_K else GPU_TRIANGLE_MAX_PART
+            cap = get_options().gpu_triangle_max_part_small_k if k <= TRIANGLE_SMALL_K else get_options().gpu_triangle_max_part
     b = part_size or int(min(n, cap, max(side, MIN_TILE)))
     b = max(1, min(n, max(b, k + 1 if not include_self else k)))  # the diagonal block seeds τ
     parts = -(-n // b)
@@ -842,21 +781,21 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     principal = (parts > 1 and translation_invariant(get_metric(metric)) and lists == LISTS_ON_DEVICE
                  and 3 * corpus_bytes + store <= budget // 2)
     # Where a sample of the data says their slabs gain little (Gaussian-like data), one centre
-    # and the parts in their own order (:data:`PRINCIPAL_MIN_GAIN`).
+    # and the parts in their own order (``Options.principal_min_gain``).
     gain = slab_gain(data, parts, device) if principal and data is not None else None
-    principal = principal and (gain is None or gain >= PRINCIPAL_MIN_GAIN)
+    principal = principal and (gain is None or gain >= get_options().principal_min_gain)
     frames = PRINCIPAL_FRAMES if principal else GLOBAL_FRAMES
     slots = store if lists == LISTS_ON_DEVICE else 2 * band_parts * b * (capacity * 25 + 40 + SLOT_BYTES)
     # A kernel screen materialises no block but the float32 sample block that seeds a part's own
     # block (its whole own block when the part is no wider than the sample).
-    blocks_bytes = b * min(b, OWN_PART_SEED) * BLOCK_BYTES_PER_ELEMENT if kernel else b * b * element * 3
+    blocks_bytes = b * min(b, get_options().own_part_seed) * BLOCK_BYTES_PER_ELEMENT if kernel else b * b * element * 3
     # Principal frames whose blocks are centred on their own parts take survivors in as they go
     # where their stores do not hold them (Options.hold_pairs).
     waiting = pending_pairs(device, budget, updates=True) if principal else pending
     # A GPU graph screened by a kernel holds its survivors back, up to held_pairs_limit.
     held = held_pairs_limit(n, capacity, pending, budget) if kernel and lists == LISTS_ON_DEVICE else 0
     expected = (slots + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
-                + max(pending, waiting, held) * PENDING_PAIR_BYTES + (2 * corpus_bytes if principal else 0))
+                + max(pending, waiting, held) * get_options().pending_pair_bytes + (2 * corpus_bytes if principal else 0))
     read_rows = _read_rows(host_budget, d, max(b, READ_ROWS))
     reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * read_rows
     off_device = store if lists == LISTS_IN_HOST else 0
@@ -882,10 +821,23 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     if method is None and not rows_method_wins(by_rows, symmetric, device, gain):
         return symmetric
     chunks = -(-n // by_rows.query_rows)
+    thresholds = (by_rows.thresholds if by_rows.tiles_first else
+                  f"k-th best certified upper bound among {by_rows.sample_size} random points, then "
+                  "tightened by every tile's survivors (each chunk of rows as a search of the data)")
     return replace(by_rows, operation="graph", k=k, graph_method=GRAPH_ROWS, parts=chunks,
-                   part_size=by_rows.query_rows, blocks=chunks,
-                   thresholds=f"k-th best certified upper bound among {by_rows.sample_size} random points, then "
-                              "tightened by every tile's survivors (each chunk of rows as a search of the data)")
+                   part_size=by_rows.query_rows, blocks=chunks, thresholds=thresholds, search=by_rows)
+
+
+def after_out_of_memory(plan: EnginePlan) -> EnginePlan | None:
+    """The plan of a search (or a graph by rows) to run after an out-of-memory error: half its
+    query rows (while they are at least its corpus columns, and more than 8), else half its
+    corpus columns (not below k); None where neither can shrink."""
+    rows, cols = plan.query_rows, plan.corpus_cols
+    if rows >= cols and rows > 8:
+        return replace(plan, query_rows=max(8, rows // 2))
+    if cols > max(8, plan.k):
+        return replace(plan, corpus_cols=max(8, plan.k, cols // 2))
+    return None
 
 
 def graph_search_k(k: int, include_self: bool) -> int:
@@ -893,46 +845,6 @@ def graph_search_k(k: int, include_self: bool) -> int:
     return k if include_self else k + 1
 
 
-#: Principal frames (slabs along the principal direction, far blocks skipped, blocks centred on
-#: their row parts where that pays) run where a sample of the data shows slabs that shrink the
-#: squared norms about the mean by at least this factor (:func:`~knng.engine.frames.slab_gain`:
-#: image patches several times, Gaussian points about 1). Below it the slabs skip nothing and
-#: centre nothing, and sorting the data into them, their float64 projections and the windows'
-#: bookkeeping cost more than they give: H200, 2026-11-27, k = 10, one process alternating
-#: (``bench/ab_exact_calls.py``, min of 3, principal / one centre, ms): Gaussian 200k × 128 57.7 /
-#: 54.5, 1M × 128 754.8 / 743.0; 16×16 image patches 71.8 / 75.7 at k = 10 and 125.6 / 513.6 at
-#: k = 100 (slab gain ~5: principal frames kept).
-PRINCIPAL_MIN_GAIN = 1.5
-#: The planner takes the rows method (:data:`GRAPH_ROWS`) for a GPU graph from this k on, when the
-#: search it becomes screens with the fused kernel over a resident corpus and the data gain nothing
-#: from principal frames (:func:`~knng.engine.frames.slab_gain` below ``LOCAL_CENTRE_GAIN``). Two
-#: screens of every pair by the non-symmetric kernel, survivors held back per chunk and evaluated
-#: whole (``knng.engine.search``), against one screen of every pair by the symmetric kernel, which
-#: runs at about half the rate (its epilogue tests two thresholds), and candidate stores that take
-#: in both sides' survivors block by block, whose updates grow with k. H100, 2026-11-25, both
-#: methods alternating in one process, min of 3 (``bench/ab_graph_method.py``; symmetric / rows ms,
-#: float16): Gaussian 200k × 128 k = 10 149, 151 / 131, 140; k = 100 391, 389 / 234, 237; k = 300
-#: 818 / 331; 582k × 64 k = 10 531 / 496, k = 100 1,601 / 1,049; 1M × 128 k = 10 1,271 / 1,375 (the
-#: symmetric halving pays at large n and small k), k = 100 3,872 / 2,580; 200k × 128, k = 1,000
-#: 2,639 (float32) / 588; 100k × 256, k = 500 618 (float32) / 183. Image patches, whose slabs
-#: shrink the squared norms several times, stay symmetric (principal frames: blocks centred on
-#: their row parts, far blocks skipped): 8×8 patches (582k × 64) k = 10 / 100 836 / 1,329 against
-#: 8,273 / 9,094 by rows around one centre (median pairs screened per row 106 against 1,840), and
-#: still 1,594 / 2,524 with every chunk of rows a slab centred on itself; 16×16 patches (250k ×
-#: 256) 298 / 514 against 1,033 / 1,240 (702 / 980 in slabs). At k = 32, where rows won on every
-#: shape measured: 200k × 128 259 / 193 (k = 20: 212 / 151, k = 50: 299 / 193); 582k × 64 940 / 805;
-#: 1M × 128 2,094 / 1,931. At k = 10 the two are within ±10 % (rows ahead below 1M points).
-#: Again after the held pairs' geometric tightening and scattered own-part seeds (H100,
-#: 2026-11-26, symmetric / rows, min of 3, one process): 200k × 128 k = 32 89.5 / 87.0, k = 100
-#: 130.0 / 112.9; 582k × 64 k = 100 539 / 502: closer, still rows.
-#: After the own blocks' triangles and parts of 65,536 (H200, 2026-11-27,
-#: ``bench/ab_exact_calls.py new/sym``, one process, min of 3, rows / symmetric ms): 200k × 128
-#: k = 32 83.6 / 76.3, k = 64 96.7 / 91.2, k = 100 110.9 / 109.0, k = 128 114.1 / 115.0, k = 200
-#: 128.2 / 139.3, k = 400 182 / 969; 1M × 128 k = 32 1,162 / 1,082, k = 64 1,297 / 1,342,
-#: k = 100 1,430 / 1,708; 582k × 64 k = 32 427 / 389, k = 48 443 / 425; 200k × 256 k = 32 107 /
-#: 90, k = 48 122 / 103. The symmetric method now wins below k = 64 on every shape measured;
-#: the rows method from there (the 1M graph, large k: the symmetric stores' share grows with k).
-GRAPH_ROWS_MIN_K = 64
 
 def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     """Whether the search of ``plan`` (a graph's rows method included) takes its tiles first: a
@@ -943,7 +855,7 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     and fewer than 2³¹ of them. Decided from the plan alone, so that the graph's planner knows it
     too (:func:`rows_method_wins`). ``Options.tiles_first`` turns it off (to compare).
 
-    H200 (``bench/ab_exact_calls.py new/notiles``, docs/BENCHMARKS.md, "Session 17"):
+    H200 (``bench/ab_exact_calls.py new/notiles``, docs/FINDINGS.md, "Tiles, parts and a graph's method"):
     a graph of 200k × 128 points by rows at k = 64 / 100 / 300 44.4 / 50.2 / 87.6 ms against
     63.1 / 70.1 / 121.0 from a seed sample and a full screen; 10k queries against 200k points at
     k = 100 8.1 against 10.2 ms."""
@@ -955,7 +867,7 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
 
 
 #: A graph of at most this many values (n · d) runs by rows at any k where its search takes its
-#: tiles first (:func:`tiles_first`; from :data:`GRAPH_ROWS_MIN_K` otherwise), unless
+#: tiles first (:func:`tiles_first`; from ``Options.graph_rows_min_k`` otherwise), unless
 #: ``Options.graph_rows_tiles_first`` is off (to compare). The rows method screens every pair
 #: twice where the symmetric blocks screen it once, but its tiles-first thresholds leave ~1.3 k
 #: pairs a row where the symmetric blocks' own-part seeds leave 10–30 k at small k, and it has no
@@ -967,7 +879,7 @@ GRAPH_ROWS_TILES_FIRST_MAX_ND = 1 << 25
 
 
 def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device, gain: float | None) -> bool:
-    """Whether the planner takes the rows method (from :data:`GRAPH_ROWS_MIN_K`, or at any k where
+    """Whether the planner takes the rows method (from ``Options.graph_rows_min_k``, or at any k where
     its search takes its tiles first and the data are small: :data:`GRAPH_ROWS_TILES_FIRST_MAX_ND`): ``by_rows`` is the
     search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
     principal frames, the data's slab gain (:func:`~knng.engine.frames.slab_gain`, None where
@@ -979,12 +891,12 @@ def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.d
     kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
     tiles = (get_options().graph_rows_tiles_first and by_rows.n_corpus * by_rows.d <= GRAPH_ROWS_TILES_FIRST_MAX_ND
              and tiles_first(by_rows, device))
-    from_k = symmetric.k >= GRAPH_ROWS_MIN_K or tiles
+    from_k = symmetric.k >= get_options().graph_rows_min_k or tiles
     if not (kernel and by_rows.corpus_resident and from_k):
         return False
     if symmetric.screen_precision == "float64":
         return False
-    return symmetric.frames != PRINCIPAL_FRAMES or gain is None or gain < LOCAL_CENTRE_GAIN
+    return symmetric.frames != PRINCIPAL_FRAMES or gain is None or gain < get_options().local_centre_gain
 
 
 # ------------------------------------------------------------------ what a host budget costs
@@ -1025,10 +937,6 @@ COST_BAND_PAIR = 1.55e-3
 #: 2MB and 9.5–81× at 1MB and below: 4× leaves the first alone (a tolerable slowdown, within the
 #: estimate's error) and names the rest.
 HOST_BUDGET_SLOWDOWN = 4.0
-#: ... and adds at least this many estimated seconds: a call of a few milliseconds that a budget
-#: makes five times slower is not worth a warning (a search of 50 queries in 2,048 points with
-#: ``host_memory_budget="1MB"``: 6 ms against 1.4 ms).
-HOST_BUDGET_MIN_SECONDS = 1.0
 #: The note also names the smallest budget that keeps the estimate within this factor.
 HOST_BUDGET_WITHIN = 2.0
 #: Budgets the note suggests: these mantissas times a power of ten (about 25 % apart).
@@ -1116,7 +1024,7 @@ def _suggested_budgets(above: int, up_to: int) -> list[int]:
 def host_budget_note(plan: EnginePlan, reference: EnginePlan, smallest: int, within: int) -> str:
     """Why ``plan`` (made with a host budget) runs much slower than ``reference`` (the same call
     with the default host budget), and which budgets avoid that: ``smallest`` (the smallest whose
-    plan gets no note: :data:`HOST_BUDGET_SLOWDOWN`, :data:`HOST_BUDGET_MIN_SECONDS`), ``within``
+    plan gets no note: :data:`HOST_BUDGET_SLOWDOWN`, ``Options.host_budget_min_seconds``), ``within``
     (within :data:`HOST_BUDGET_WITHIN`); either may be the default host budget itself
     (``reference.host_budget``)."""
     slow = estimated_seconds(plan) / estimated_seconds(reference)
@@ -1152,7 +1060,7 @@ def host_budget_note(plan: EnginePlan, reference: EnginePlan, smallest: int, wit
 def _with_host_budget_note(plan: EnginePlan, replan: Callable[[int], EnginePlan]) -> EnginePlan:
     """``plan`` with its :attr:`~EnginePlan.host_budget_note` where its host budget (below the
     default one) makes it more than :data:`HOST_BUDGET_SLOWDOWN` times and
-    :data:`HOST_BUDGET_MIN_SECONDS` slower than the default host budget's plan, by
+    ``Options.host_budget_min_seconds`` slower than the default host budget's plan, by
     :func:`estimated_seconds`; ``replan(host_budget)`` makes the same call's plan with another
     host budget (a few dozen plans, ~20 µs each)."""
     default = resolve_host_budget(None)
@@ -1162,7 +1070,7 @@ def _with_host_budget_note(plan: EnginePlan, replan: Callable[[int], EnginePlan]
     base = estimated_seconds(reference)
 
     def too_slow(seconds: float) -> bool:
-        return seconds > HOST_BUDGET_SLOWDOWN * base and seconds - base >= HOST_BUDGET_MIN_SECONDS
+        return seconds > HOST_BUDGET_SLOWDOWN * base and seconds - base >= get_options().host_budget_min_seconds
 
     if not too_slow(estimated_seconds(plan)):
         return plan

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 
 from knng._inputs import first_nonfinite_row
-from knng.engine import fused
+from knng._options import kernel_forced
+from knng.engine import fused, stages
 from knng.metrics import (
     SCALED_TAIL, Metric, Prepared, scaled_alphas, scaled_row_scales, scaled_scales, scaled_width,
 )
@@ -32,7 +33,7 @@ __all__ = ["kernels_apply", "column_sums", "finite_column_sums", "prepare"]
 #: Rows per program of the corpus pass, the tile each program walks them in, and its widest
 #: column block (a power of two ≥ d where d is narrower). 1M × 960 float32 on an H200: tiles of
 #: 32 × 128 read it at 1.8 TB/s (2.12 ms), tiles of 64 × 256 at 3.1 TB/s (1.25 ms); 1M × 128
-#: 0.39 → 0.33 ms (``bench/preparation_blocks.py``, 2026-11-27, docs/BENCHMARKS.md).
+#: 0.39 → 0.33 ms (``bench/preparation_blocks.py``, 2026-11-27, docs/FINDINGS.md).
 SUM_ROWS, SUM_TILE_ROWS, SUM_COLUMN_BLOCK = 2048, 64, 256
 #: Rows per program of the lattice pass: its float64 divisions and roundings are latency-bound,
 #: so it wants many programs (a program of SUM_ROWS rows a multiprocessor, 98 of them for 200k
@@ -49,7 +50,8 @@ _INTERPRETED = dict(SUM_ROWS=64, SUM_TILE_ROWS=16, SUM_COLUMN_BLOCK=16, LATTICE_
 def kernels_apply(device: torch.device) -> bool:
     """Whether the kernels run on ``device``: a GPU where the fused screen kernel can run (or,
     in the tests, any device on which that has been made to answer yes: the interpreter)."""
-    return fused.fused_available(device)
+    forced = kernel_forced("preparation")
+    return fused.fused_available(device) if forced is None else forced
 
 
 def _sizes() -> dict[str, int]:
@@ -130,6 +132,7 @@ def prepare(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, *, sid
     else the metric's own; the arguments are that method's. ``out``: where the prepared rows go
     ((m, ``metric.width(d, device, dtype)``) of ``dtype``, rows of unit column stride: a slice of
     a whole prepared corpus), which the kernels write directly."""
+    stages.count("prepare")
     if out is not None and (out.shape != (x.shape[0], metric.width(x.shape[1], x.device, dtype))
                             or out.dtype != dtype or out.stride(1) != 1):
         raise ValueError(f"out must be ({x.shape[0]}, {metric.width(x.shape[1], x.device, dtype)}) {dtype} rows, "

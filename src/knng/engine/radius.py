@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from knng.engine import fused
+from knng._options import kernel_forced
+from knng.engine import fused, stages
 from knng.metrics import TINY, Metric, ScreenPrecision
 
 __all__ = ["kernel_applies", "pair_kernel_applies", "block_radius", "pair_radius", "tighten_rows", "seed_rows"]
@@ -43,6 +44,8 @@ def kernel_applies(*tensors: torch.Tensor) -> bool:
     kernel can (a GPU with Triton; in the tests, the interpreter), for float64 vectors (None
     entries, absent terms, are skipped)."""
     first = tensors[0]
+    if kernel_forced("radius") is False:
+        return False
     return (fused.fused_available(first.device)
             and all(t.dtype == torch.float64 and t.dim() <= 1 for t in tensors if t is not None))
 
@@ -96,6 +99,8 @@ def pair_kernel_applies(*tensors: "torch.Tensor | None") -> bool:
     """Whether :func:`pair_radius` runs on these norm and term tensors (any shape, float64; None
     entries skipped): where the fused screen kernel can."""
     first = next(t for t in tensors if t is not None)
+    if kernel_forced("pair_radius") is False:
+        return False
     return fused.fused_available(first.device) and all(t.dtype == torch.float64 for t in tensors if t is not None)
 
 
@@ -110,6 +115,7 @@ def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm:
     global columns), the store's: rows' gathered through ``rows``, columns' through ``cols``.
     Terms count where the metric's bound has a term coefficient and they are given.
     """
+    stages.count("radius.pair_kernel")
     shape = keys.shape
     out = torch.empty(shape, dtype=torch.float64, device=keys.device)
     p = keys.numel()
@@ -158,6 +164,7 @@ def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
     (updated); ``tightened``: an int64 counter (0-dim) of the rows tightened; row norms, terms
     and offsets: the store's, one per row; the maxima: numbers.
     """
+    stages.count("radius.tighten_rows")
     n = tau.numel()
     if n == 0:
         return
@@ -183,6 +190,7 @@ def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: f
     rows ``rows`` (distinct) ← min(τ, the largest certified upper bound key + radius of the row's
     seeds ``cols``/``keys`` (m, width), −1 columns left out). Norms, terms and offsets are the
     store's (rows by store row, columns by global id)."""
+    stages.count("radius.seed_rows")
     m, width = cols.shape
     if m == 0 or width == 0:
         return

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from knng._options import get_options, kernel_forced
 from knng.engine import fused
 
 __all__ = ["float32_up", "ordered_code", "decoded", "row_ends", "row_ends_reference", "row_slots",
@@ -56,8 +57,6 @@ MIN_CHUNK = 256
 #: of a 256-bin histogram each) took 12 ms a tightening (H100, 2026-11-25).
 SMALL_WIDTH = 64
 SMALL_ROWS = 16
-#: Programs of the radix select at most (each strides over the rows).
-MAX_PROGRAMS = 1 << 16
 #: Up to rank ROUNDS_MAX_K, rows of more than SMALL_WIDTH and at most ROUNDS_WIDTH pairs
 #: (ROUNDS_ROWS a program) are selected by k − 1 rounds that take the smallest out, in registers
 #: (no radix passes): a 200k-point graph at k = 10 holds ~80 pairs a row after its own parts,
@@ -100,7 +99,8 @@ def decoded(code: torch.Tensor) -> torch.Tensor:
 def kernel_applies(rows: torch.Tensor) -> bool:
     """Whether :func:`row_ends` selects with the kernels here: where the fused screen kernel runs
     (a GPU with Triton; in the tests, the interpreter)."""
-    return fused.fused_available(rows.device)
+    forced = kernel_forced("row_kth")
+    return fused.fused_available(rows.device) if forced is None else forced
 
 
 def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
@@ -152,7 +152,7 @@ def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
         kernels.row_kth_bisect_kernel[(n,)](grouped, starts, counts64, n, k, first, kth, NO_CODE, SKIP=skip,
                                             WIDTH=BISECT_WIDTH, **({} if fused.interpreting() else dict(num_warps=1)))
         skip = BISECT_WIDTH
-    kernels.row_kth_kernel[(min(n, MAX_PROGRAMS),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
+    kernels.row_kth_kernel[(min(n, get_options().row_kth_max_programs),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
                                                   SKIP=skip, CHUNK=chunk_for(k), **options)
     return first, kth, counts64
 

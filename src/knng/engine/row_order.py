@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import torch
 
-from knng.engine import fused
-from knng._options import get_options
+from knng.engine import fused, stages
+from knng._options import get_options, kernel_forced
 
 __all__ = ["top_by_distance", "top_by_distance_reference", "kernel_applies", "sort_kernel_applies", "MAX_WIDTH"]
 
@@ -71,6 +71,8 @@ SORT_WARPS = 1
 def kernel_applies(idx: torch.Tensor) -> bool:
     """Whether :func:`top_by_distance` ranks with the kernel: where the fused kernels run (a GPU
     with Triton; in the tests, the interpreter) and the rows are at most :data:`MAX_WIDTH` wide."""
+    if kernel_forced("row_order") is False:
+        return False
     return 0 < idx.shape[1] <= MAX_WIDTH and idx.shape[0] > 0 and fused.fused_available(idx.device)
 
 
@@ -125,6 +127,7 @@ def sort_kernel_applies(idx: torch.Tensor, k: int) -> bool:
 def _sorted_head(idx: torch.Tensor, dist: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's first ``head`` (codes of the float32 keys, positions) of the one stable sort,
     by ``row_head_kernel``: one program a row, the row sorted in registers."""
+    stages.count("finish.sort_kernel")
     rows, width = idx.shape
     codes = torch.empty((rows, head), dtype=torch.int32, device=idx.device)
     order = torch.empty((rows, head), dtype=torch.int64, device=idx.device)

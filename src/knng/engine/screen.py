@@ -22,13 +22,13 @@ from typing import Callable
 
 import torch
 
-from knng.engine import fused
+from knng.engine import fused, stages
 from knng.engine.fused import Survivors
 from knng.metrics import (
     DIGIT_BASE, DIGIT_MAX, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales, scaled_row_factors,
     scaled_scales, scaled_width,
 )
-from knng._options import get_options
+from knng._options import get_options, kernel_forced
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "survivors_of_smallest", "column_survivors",
            "block_survivors", "block_scores", "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later",
@@ -49,14 +49,6 @@ DENSE_HITS = 4
 # 65,536 sample block in 2.2 ms of 4.7 (H100). A CPU's BLAS may start its sums from the bias,
 # which the bound's single rounding of each term does not cover, so CPUs add them after the
 # product.
-#: A graph part's own block, materialised by one product of the augmented layouts, in row bands:
-#: band I multiplies its columns from band I on, (B + 1) / 2B of the products, and the rest is
-#: mirrored (:func:`block_scores`'s ``symmetric``), from SYMMETRIC_MIN_ROWS rows. H100,
-#: 2026-11-27, a 16,384² float64 block of 4,098 columns (cuBLAS's FP64 tensor-core GEMM): whole
-#: 44.0 ms, in 2 / 4 / 8 / 16 bands 33.1 / 28.7 / 26.8 / 30.6; the 16,384 × 4,096 graph at
-#: k = 1,024 (float64 screen, one part) 81.7 ms whole, 68.4 / 66.2 / 65.6 in 4 / 8 / 16 bands.
-SYMMETRIC_BANDS = 8
-SYMMETRIC_MIN_ROWS = 4096
 
 
 class ScoreBuffer:
@@ -82,15 +74,16 @@ class ScoreBuffer:
 
 def _banded_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """``a · bᵀ`` for the layouts of one set of points (m × m, symmetric but for rounding), in
-    :data:`SYMMETRIC_BANDS` row bands: band I's product with the columns from band I on, and
+    ``Options.symmetric_bands`` row bands: band I's product with the columns from band I on, and
     its entries left of the band mirrored from the bands above. A mirrored entry (i, j) is
     the sum of the same products as entry (j, i) in another order (the augmented layouts give
     a_iᵀb_j and a_jᵀb_i the same terms), so the rounding bound that covers one covers it: a
     valid score of the pair, as the whole product's is."""
+    stages.count("screen.banded_product")
     m = a.shape[0]
     if out is None:
         out = torch.empty((m, m), dtype=torch.result_type(a, b), device=a.device)
-    edges = [m * i // SYMMETRIC_BANDS for i in range(SYMMETRIC_BANDS + 1)]
+    edges = [m * i // get_options().symmetric_bands for i in range(get_options().symmetric_bands + 1)]
     for i0, i1 in zip(edges, edges[1:]):
         if i1 > i0:
             torch.mm(a[i0:i1], b[i0:].T, out=out[i0:i1, i0:])
@@ -125,6 +118,7 @@ def survivors_of_smallest(scores: torch.Tensor, values: torch.Tensor, positions:
     Returns which selected entries survive (m, w; none in the rows compared whole) and the
     survivors of the rows compared whole.
     """
+    stages.count("screen.whole_by_smallest")
     m, cols = scores.shape
     thr = _round_up(thresholds.to(scores.dtype), thresholds)
     if positions.shape[1] >= cols:
@@ -253,11 +247,12 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     where to write the block (else a new tensor). ``symmetric``: ``a`` and ``b`` are the query
     and corpus layouts of the same points (a graph part's own block), so that a non-fused
     block is symmetric but for rounding; it is then computed in row bands from
-    :data:`SYMMETRIC_MIN_ROWS` rows (:func:`_banded_product`).
+    ``Options.symmetric_min_rows`` rows (:func:`_banded_product`).
     """
+    stages.count("screen.product")
     if not precision.fused and not precision.digits:
         out = None if buffer is None else buffer.take(a.shape[0], b.shape[0], a.dtype, a.device)
-        if symmetric and a.shape[0] >= SYMMETRIC_MIN_ROWS and SYMMETRIC_BANDS > 1:
+        if symmetric and a.shape[0] >= get_options().symmetric_min_rows and get_options().symmetric_bands > 1:
             return _banded_product(a, b, out)
         return a @ b.T if out is None else torch.mm(a, b.T, out=out)
     if precision.digits:
@@ -406,6 +401,9 @@ def strip_seeds_run(precision: ScreenPrecision, device: torch.device, columns: i
     """Whether k seeds per row from ``columns`` sample columns come from the kernel's strip
     minima (:func:`strip_minima`): where the CUDA kernel finds them and the sample has 2k strips
     or more (k distinct columns near each row's k smallest); else from the materialised block."""
+    forced = kernel_forced("strip_seeds")
+    if forced is not None:
+        return forced
     return 2 * k <= -(-columns // fused.STRIP) and fused.strip_minima_runs(precision.name, device)
 
 
@@ -421,10 +419,12 @@ def strip_minima_of(scores: torch.Tensor, strip: int = fused.STRIP) -> tuple[tor
 
 
 def tiles_first_runs(precision: ScreenPrecision, device: torch.device, d: int) -> bool:
-    """Whether :func:`tile_minima` and :func:`screen_tiles` run their kernels for ``precision``
-    and dimension ``d`` on ``device`` (the wgmma kernel's variants, ``fused.gathered_runs``);
-    elsewhere they are references that materialise the block."""
-    return fused.gathered_runs(precision.name, device, d)
+    """Whether the planner takes tiles first for ``precision`` and dimension ``d`` on ``device``:
+    where :func:`tile_minima` and :func:`screen_tiles` run their kernels (the wgmma kernel's
+    variants, ``fused.gathered_runs``), or where ``Options.kernels`` forces them on (then, off
+    the kernels' devices, their references run in their place)."""
+    forced = kernel_forced("tiles_first")
+    return fused.gathered_runs(precision.name, device, d) if forced is None else forced
 
 
 def tile_minima(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision, *,
@@ -435,9 +435,9 @@ def tile_minima(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPreci
     The k-th smallest of a row's tile minima bounds its k-th smallest key from above (k
     distinct columns), and a tile whose minimum is above the row's screen threshold holds no
     pair the screen keeps (:func:`screen_tiles`). The wgmma kernel finds them without writing
-    the block (:func:`tiles_first_runs`); elsewhere (its reference) the block is materialised.
+    the block (``fused.gathered_runs``); elsewhere (its reference) the block is materialised.
     """
-    if tiles_first_runs(precision, a.device, d):
+    if fused.gathered_runs(precision.name, a.device, d):
         return fused.tile_minima(a, b, d, row_terms, col_terms, precision.name)
     return strip_minima_of(block_scores(a, b, d, precision, row_terms, col_terms), fused.TILE)[0]
 
@@ -455,10 +455,10 @@ def screen_tiles(a: torch.Tensor, b: torch.Tensor, d: int, tile_keys: torch.Tens
     rows at k = 100 screens about 123 of a row's 1,563 tiles this way.
 
     The wgmma kernel gathers each tile's rows (``fused.screen_tiles``, where
-    :func:`tiles_first_runs`; ``capacity_hint``: the survivors expected); elsewhere (its
+    ``fused.gathered_runs``; ``capacity_hint``: the survivors expected); elsewhere (its
     reference) the block is computed whole and the pairs of the other tiles dropped.
     """
-    if tiles_first_runs(precision, a.device, d):
+    if fused.gathered_runs(precision.name, a.device, d):
         thr32 = _round_up(thresholds.to(torch.float32), thresholds)
         return fused.screen_tiles(a, b, d, tile_keys.to(torch.float32), thr32, row_terms, col_terms, precision.name,
                                   capacity_hint)

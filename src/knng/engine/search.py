@@ -5,7 +5,7 @@ Flow (one way): corpus pass (finite check, centre) → prepared corpus (resident
 for each corpus tile: one matrix product → threshold screen → the rows' candidate stores
 (tightening as they fill) → exact finish of each row's store → results.
 
-Tiles first (:func:`tiles_first_run`: a resident corpus of at most 16,384 tiles of 128 columns
+Tiles first (``plan.tiles_first``: a resident corpus of at most 16,384 tiles of 128 columns
 on the wgmma kernel, ``plan.tiles_first``): no sample; each row's minimum key in
 every corpus tile, τ from the k-th smallest of them, then only the tiles whose minimum is within
 the row's threshold are screened (:func:`_screen_tiles_first`).
@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, check_finite
-from knng.engine import fused, preparation
+from knng.engine import fused, preparation, stages
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
     on_device, recover_from_oom, TF32_EXACT_SAMPLES, tf32_products,
 )
 from knng.engine.exact import ExactStats, exact_pairs
-from knng.engine.plan import EnginePlan, make_search_plan, tiles_first
+from knng.engine.plan import EnginePlan, after_out_of_memory, make_search_plan
 from knng.engine.screen import (
     block_scores, screen_rows, screen_tiles, strip_minima, strip_seeds_run, tile_minima, use_kernel,
 )
@@ -55,7 +55,7 @@ __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed
 # tiles let through leaves a little more than k per row (float16, H100: 213 → 13
 # at k = 10, 8,016 → 1,248 at k = 1,024), and with the finish without the store k = 10 / 100 /
 # 1,024 / 2,048 went from 25–31 / 36–40 / 109–113 / 196–202 ms to 22–25 / 28–32 / 66–70 /
-# 104–105 (``bench/ab_search.py``, docs/BENCHMARKS.md, "Search survivors held back"). On a CPU
+# 104–105 (``bench/ab_search.py``, docs/FINDINGS.md, "Stores and survivors"). On a CPU
 # (64k × 64, 10k queries) the tiles are narrower than the sample and the store's capacity keeps
 # rows small as they fill, so the CPU keeps the store's path.
 #
@@ -70,6 +70,7 @@ class SearchReport(EngineReport):
     """How a search went (see :class:`EngineReport`)."""
 
 
+@stages.recorded
 def exact_search(
     queries: InputArray,
     corpus: InputArray,
@@ -105,9 +106,10 @@ def exact_search(
                 check_finite(block, queries.name, start)
         pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
                                              block_rows=plan.read_rows)
-        if tiles_first_run(pcorpus, plan, device):
+        if plan.tiles_first:
+            if pcorpus.resident is None:
+                raise ValueError("a tiles-first plan needs the corpus prepared on the device (a resident corpus)")
             sample = None
-            plan = replace(plan, sample_size=0, thresholds=TILES_FIRST_THRESHOLDS)
         else:
             sample = seed_sample(corpus, pcorpus, metric, plan.precision, plan.sample_size, device)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
@@ -116,6 +118,7 @@ def exact_search(
         per_row: list[torch.Tensor] = []
         screened: list[torch.Tensor] = []
         retries = 0
+        planned, replans = plan, []
         rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
@@ -133,12 +136,11 @@ def exact_search(
                 store = _screen_chunk(raw, pcorpus, sample, metric, k, plan, cols_per_tile, select, device)
                 idx, dist = store.finish()
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
-                recover_from_oom(exc, device, can_retry=rows_per_chunk > 8 or cols_per_tile > max(8, k))
-                if rows_per_chunk >= cols_per_tile and rows_per_chunk > 8:
-                    rows_per_chunk = max(8, rows_per_chunk // 2)
-                else:
-                    cols_per_tile = max(8, k, cols_per_tile // 2)
-                plan = replace(plan, query_rows=rows_per_chunk, corpus_cols=cols_per_tile)
+                smaller = after_out_of_memory(plan)
+                recover_from_oom(exc, device, can_retry=smaller is not None)
+                plan = smaller
+                rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
+                replans.append(plan)
                 retries += 1
                 continue
             out_idx[q0:q1] = idx
@@ -154,22 +156,12 @@ def exact_search(
             q0 = q1
         bar.close()
     evaluated, screened_summary = summarize_per_row_each([per_row, screened])
-    return out_idx, out_dist, SearchReport(plan, retries, exact_stats, store_stats, evaluated, screened_summary,
-                                         {} if finished is None else finished.checkpoint.summary(resumed_from))
+    return out_idx, out_dist, SearchReport(planned, retries, exact_stats, store_stats, evaluated, screened_summary,
+                                         {} if finished is None else finished.checkpoint.summary(resumed_from),
+                                         replans=replans)
 
 
 #: The plan's account of a search's thresholds when its tiles go first.
-TILES_FIRST_THRESHOLDS = ("k-th smallest of the rows' minima over every 128-column corpus tile; then only the tiles "
-                          "within each row's threshold screened, and every survivor evaluated exactly")
-
-
-def tiles_first_run(pcorpus: PreparedCorpus, plan: EnginePlan, device: torch.device) -> bool:
-    """Whether a search's chunks take their thresholds from every corpus tile's minimum and
-    screen only the tiles within them (:func:`_screen_tiles_first`) instead of a sample and a
-    full screen: where the plan says so (``plan.tiles_first``), the corpus is resident and the
-    device's screen tightens (``Options.tighten_on``)."""
-    return device.type in get_options().tighten_on and pcorpus.resident is not None and tiles_first(plan, device)
-
 
 def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
                    resident: bool, block_rows: int) -> PreparedCorpus:
@@ -260,7 +252,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
                   plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
     """Screen one chunk of queries against every corpus tile into a store of candidates (where
     the tiles tighten the thresholds, ``Options.tighten_on``, one that holds them back). Without a
-    ``sample``, tiles first (:func:`tiles_first_run`)."""
+    ``sample``, tiles first (``plan.tiles_first``)."""
     prep = preparation.prepare(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
         raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
@@ -279,7 +271,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     # this loop tightens after each tile, against the columns screened so far.
     tightening = device.type in get_options().tighten_on
     store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
-                           work_bytes=plan.work_bytes, holding=Holding() if tightening else None)
+                           work_bytes=plan.work_bytes, holding=Holding(limit=get_options().held_limit) if tightening else None)
     rows = torch.arange(m, device=device)
     if sample is None:
         _screen_tiles_first(store, rows, prep, pcorpus, precision)
@@ -304,7 +296,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
 
 def _screen_tiles_first(store: CandidateStore, rows: torch.Tensor, prep: Prepared, pcorpus: PreparedCorpus,
                         precision: ScreenPrecision) -> None:
-    """A chunk's screen of a resident corpus, tiles first (:func:`tiles_first_run`): each row's
+    """A chunk's screen of a resident corpus, tiles first (``plan.tiles_first``): each row's
     smallest key in every corpus tile (``screen.tile_minima``); τ from the k-th smallest of them
     (k distinct columns; the radius takes the corpus's largest norm and term:
     :meth:`~knng.engine.store.CandidateStore.tighten_ends`); then only the tiles whose minimum is

@@ -37,7 +37,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from knng.engine import radius, row_kth
+from knng._options import get_options
+from knng.engine import radius, row_kth, stages
 from knng.engine.exact import flat_top_by_distance
 from knng.engine.row_order import top_by_distance
 from knng.engine.thresholds import kth_of_rows
@@ -51,18 +52,6 @@ UNIT_ROUNDOFF_FP64 = 2.0**-53
 DEFAULT_PENDING = 1 << 15
 #: Evaluate a row's entries as one (row, columns) batch once 1/DENSE_EVALUATION of them need it.
 DENSE_EVALUATION = 2
-#: Padded entries (rows × width) of one tightening step; wider groups are split. On a GPU
-#: every group costs a few dozen launches and synchronisations, and memory is not the cache:
-#: 2²⁴ entries (about 1.3 GB of temporaries) leave a flush of 4M survivors one or two groups.
-REBUILD_ENTRIES = 1 << 22
-REBUILD_ENTRIES_GPU = 1 << 24
-#: A holding store's finish pads every row to the widest one's pairs where that takes at most
-#: this many times the pairs (see CandidateStore._finish_held).
-FINISH_PADDING = 2
-#: A holding store's finish evaluates up to this many held pairs whole, without tightening
-#: them first: the exact evaluation of every held pair decides as well, and a tightening is a
-#: dozen launches and a synchronisation (most of a small call's finish on a GPU).
-FINISH_UNTIGHTENED_PAIRS = 1 << 16
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
 
@@ -279,10 +268,6 @@ class StoreStats:
         self.overflow_rows += other.overflow_rows
 
 
-#: Rows from which :func:`summarize_per_row` sorts counts on their device (of these types)
-#: instead of on the host.
-DEVICE_SUMMARY_ROWS = 65536
-DEVICE_SUMMARY_ON = frozenset({"cuda"})
 
 
 def summarize_per_row(counts: list[torch.Tensor]) -> dict[str, float]:
@@ -300,7 +285,7 @@ def summarize_per_row_each(summaries: list[list[torch.Tensor]]) -> list[dict[str
     Few rows are summarised on the host: on a GPU, ``kthvalue`` and ``max`` were about ten
     launches and a synchronisation per summary (two summaries 1.1 ms of a 10k-query search's
     host time, H100), where NumPy partitions 10k rows in microseconds. From
-    :data:`DEVICE_SUMMARY_ROWS` rows on, counts on a GPU are sorted there and the three ranks
+    ``Options.device_summary_rows`` rows on, counts on a GPU are sorted there and the three ranks
     read in the one copy: NumPy's partition of 200k rows took 3.5 ms of host time per summary
     (cProfile of a 200k-point graph, H100 host, 2026-11-25), a GPU sort a few launches.
     """
@@ -312,7 +297,7 @@ def summarize_per_row_each(summaries: list[list[torch.Tensor]]) -> list[dict[str
         if allc is None or allc.numel() == 0:
             continue
         n = allc.numel()
-        if allc.device.type in DEVICE_SUMMARY_ON and n >= DEVICE_SUMMARY_ROWS:
+        if allc.device.type in get_options().device_summary_on and n >= get_options().device_summary_rows:
             median, p99 = _summary_ranks(n)
             ranked = torch.sort(allc).values  # (its ranks by views: an index copied from the host would wait)
             pieces.append(torch.stack([ranked[median], ranked[p99], ranked[n - 1]]))
@@ -330,7 +315,7 @@ def summarize_per_row_each(summaries: list[list[torch.Tensor]]) -> list[dict[str
         n = allc.numel()
         host = next(copied)
         median, p99 = _summary_ranks(n)
-        if allc.device.type in DEVICE_SUMMARY_ON and n >= DEVICE_SUMMARY_ROWS:
+        if allc.device.type in get_options().device_summary_on and n >= get_options().device_summary_rows:
             values = [float(v) for v in host]
         else:
             part = np.partition(host, sorted({median, p99}))
@@ -360,7 +345,7 @@ class CandidateStore:
         Survivors that may wait before the store takes them in (:attr:`EnginePlan.pending_pairs`).
     work_bytes : int, optional
         Bytes a tightening's temporaries may take (:attr:`EnginePlan.work_bytes`); default: the
-        device's :data:`REBUILD_ENTRIES` padded entries.
+        device's ``Options.rebuild_entries_cpu`` padded entries.
     holding : Holding, optional
         Hold the survivors back (:meth:`tighten_held`, :meth:`finish`) instead of taking them in;
         only for pairs whose radii come from the store's own norms (one centre).
@@ -373,10 +358,10 @@ class CandidateStore:
             raise ValueError(f"capacity {capacity} < k {k}")
         self.n, self.k, self.capacity = n, k, capacity
         self.errors, self.evaluate, self.device = errors, evaluate, device
-        entries = REBUILD_ENTRIES if device.type == "cpu" else REBUILD_ENTRIES_GPU
+        entries = get_options().rebuild_entries_cpu if device.type == "cpu" else get_options().rebuild_entries_gpu
         # About 80 bytes of temporaries per entry of a store update's sort (or padded entry of an
         # exact evaluation of near-ties), within four times the work bytes (a quarter of the
-        # budget: the CPU's default budget keeps REBUILD_ENTRIES).
+        # budget: the CPU's default budget keeps Options.rebuild_entries_cpu).
         self.rebuild_entries = entries if work_bytes is None else int(max(capacity, min(entries, 4 * work_bytes // 80)))
         self.keys = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
         # Each entry's error radius (screen keys) or conversion slack (exact keys), kept so
@@ -572,6 +557,7 @@ class CandidateStore:
         with the sample's thresholds alone, 105 with this after its first tile). The pairs are not
         taken in: hand them to :meth:`add` as well.
         """
+        stages.count("store.tighten")
         if rows.numel() < self.k:
             return
         # Each row's smallest and k-th key (order codes of the keys rounded up to float32, which
@@ -633,6 +619,7 @@ class CandidateStore:
         of 11.5). Thresholds tighten only at a flush, so the screen meanwhile runs on
         slightly older, still valid, thresholds.
         """
+        stages.count("store.add")
         if rows.numel() == 0:
             return
         if self.holding is not None and (norms is not None) == self.holding.pairs:
@@ -654,6 +641,7 @@ class CandidateStore:
         taking nothing, otherwise (the caller hands the pairs to :meth:`add`). Rows whose
         survivors under τ exceed the capacity go through the flush's merge (ties settled).
         """
+        stages.count("store.take_whole_rows")
         if self.holding is not None or bool((self.count[rows] > 0).any()):
             return False
         self._may_hold = True
@@ -706,6 +694,7 @@ class CandidateStore:
     def _hold(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, norms: "PairNorms | None") -> None:
         """Hold survivors back (a holding store's :meth:`add`); pairs that bring their norms are
         held with their radii (one float64 each instead of four)."""
+        stages.count("store.hold" if norms is None else "store.hold_pairs")
         rad = None if norms is None else self.errors.radius(*norms, keys.to(torch.float64), rows)
         self._settle_held()
         self._held.append((rows, cols, keys, rad))
@@ -767,6 +756,7 @@ class CandidateStore:
         certified upper bound s̃ + E among them (rounded up to float32) bounds its k-th true
         key: τ becomes at most that. Then the pairs that fail the store's own test s̃ − E ≤ τ
         are dropped: τ only falls, so they never pass it later."""
+        stages.count("store.tighten_held_pairs")
         held = self._held
         rows, cols, keys, rad = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(4))
         keys64 = keys.to(torch.float64)
@@ -810,6 +800,7 @@ class CandidateStore:
 
     def _take_held(self) -> None:
         """Take every held survivor into the store (as :meth:`add` does without holding)."""
+        stages.count("store.take_held")
         self._settle_held()
         held, self._held = self._held, []
         self._held_size = self._held_fresh = self._held_kept = 0
@@ -825,13 +816,14 @@ class CandidateStore:
         """Every row's exact top k from its held survivors alone (nothing taken in): each one
         evaluated exactly, then ordered by (distance, index) within its row.
 
-        Rows padded to the widest one where that takes at most :data:`FINISH_PADDING` times the
+        Rows padded to the widest one where that takes at most ``Options.finish_padding`` times the
         pairs (or ``rebuild_entries`` entries): each pair goes to its row's slot
         (:func:`~knng.engine.row_kth.row_slots`) and the rows are ordered (a search: 10k rows of
         about 1,250 pairs at k = 1,024). Else three stable
         sorts of the flat lists order everything by (row, distance, index), no row padded (a
         graph's million rows of 15–25 pairs, or a few rows of thousands of near-ties).
         """
+        stages.count("store.finish_held")
         # Settled by finish, before it chose this path: compacting may take them all in.
         assert self._held_keep is None
         held, self._held = self._held, []
@@ -852,7 +844,9 @@ class CandidateStore:
         # vectors). Before, a stable sort by row and two gathers grouped them first (68M pairs in
         # an 8×8 patch graph at k = 100).
         dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
-        if width * n <= max(self.rebuild_entries, FINISH_PADDING * p):
+        options = get_options()
+        padded = self.rebuild_entries if options.finish_padded_entries is None else options.finish_padded_entries
+        if width * n <= max(padded, options.finish_padding * p):
             # Each pair's slot in its row, by atomics on a GPU (the order within a row does not
             # matter: the rows are ordered by distance and index next).
             slot = row_kth.row_slots(rows, n)
@@ -1145,10 +1139,11 @@ class CandidateStore:
         that took nothing in finishes every row from its held survivors at the first call
         (:meth:`_finish_held`) and answers later calls from those results.
         """
+        stages.count("store.finish")
         holding = self.holding
         self._settle_held()
         if (holding is not None and self._finished is None and self._held_fresh and holding.tightens
-                and self._held_size > FINISH_UNTIGHTENED_PAIRS):
+                and self._held_size > get_options().finish_untightened_pairs):
             self.tighten_held()
             self._settle_held()  # (which may take them in, over the holding's limit: decided here)
         if holding is not None and (self._finished is not None or not self._may_hold):
@@ -1158,8 +1153,12 @@ class CandidateStore:
             return (idx, dist) if rows is None else (idx[rows], dist[rows])
         if self._held:
             self._take_held()
-        if self._pending and not self._take_last():
-            self.flush()
+        if self._pending:
+            if self._take_last():
+                stages.count("store.finish_widened")
+            else:
+                stages.count("store.finish_flushed")
+                self.flush()
         self._count_tile_tightenings()
         rows = torch.arange(self.n, device=self.device) if rows is None else rows
         block = _Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
@@ -1270,18 +1269,18 @@ class _Block:
 
 def _rebuild_groups(extra: torch.Tensor, capacity: int, entries: int | None = None) -> list[torch.Tensor]:
     """Rows to pad together: similar widths (``extra + capacity`` each), at most ``entries``
-    (default :data:`REBUILD_ENTRIES`) padded entries per group.
+    (default ``Options.rebuild_entries_cpu``) padded entries per group.
 
     The rows whose near-ties overflow are evaluated exactly as padded matrices
     (:meth:`CandidateStore._settle_ties`); one flat-region row with thousands of candidates among
     thousands of ordinary rows would otherwise pad them all to its width (the CPU graph of the
     camera patches: 74 s, 28 s in groups). Returns sorted index tensors into ``extra``.
     """
-    entries = REBUILD_ENTRIES if entries is None else entries
+    entries = get_options().rebuild_entries_cpu if entries is None else entries
     widths = extra + capacity
     if int(widths.max()) * extra.numel() <= entries:
         return [torch.arange(extra.numel(), device=extra.device)]
-    # Widths in classes (2^(c-1), 2^c], each class cut into groups of REBUILD_ENTRIES / 2^c
+    # Widths in classes (2^(c-1), 2^c], each class cut into groups of Options.rebuild_entries_cpu / 2^c
     # rows: no Python loop over rows (one over 150,000 overflowing rows cost 0.47 s of a GPU
     # graph), and no row padded to more than twice its width.
     classes = torch.ceil(torch.log2(widths.to(torch.float64))).to(torch.int64)

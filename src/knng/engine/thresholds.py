@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from knng.engine import fused, row_kth
+from knng._options import kernel_forced
+from knng.engine import fused, row_kth, stages
 from knng.select import resolve
 
 __all__ = ["kth_of_rows", "kth_of_rows_reference", "kth_seeds_run", "sample_columns", "seed_candidates",
@@ -58,6 +59,7 @@ def seed_candidates(scores: torch.Tensor, k: int, select: str, device: torch.dev
     faster than ``select``'s pass over the block up to k = :data:`GPU_CHUNK_SEED_MAX_K`.
     Otherwise the k smallest, selected by ``select``.
     """
+    stages.count("seeds.from_block")
     m, cols = scores.shape
     chunks = cols // SEED_CHUNK
     if not (chunks >= 2 * k and (device.type != "cuda" or k <= GPU_CHUNK_SEED_MAX_K)):
@@ -160,7 +162,11 @@ def kth_seeds_run(rows: int, strips: int, k: int, device: torch.device) -> bool:
     ``torch.topk`` of 101 of 1,024 strip minima took 5.85 ms for 200,000 rows, the kernel 2.58
     (H200, 2026-11-27, ``bench/strip_candidates_rates.py``; the 200k × 128 graph by rows at
     k = 100 went 80.5 → 77.6 ms)."""
-    return SMALL_ROW_MAX_K < k <= strips <= KTH_ROW_MAX_WIDTH and rows > 0 and fused.fused_available(device)
+    forced = kernel_forced("kth_seeds")
+    if forced is False:
+        return False
+    return (SMALL_ROW_MAX_K < k <= strips <= KTH_ROW_MAX_WIDTH and rows > 0
+            and (forced or fused.fused_available(device)))
 
 
 #: Rows a program of :func:`kth_of_rows`'s kernel takes (of width up to 1,024; fewer for wider

@@ -17,6 +17,8 @@ from typing import Any, Union
 
 import numpy as np
 
+from knng._options import get_options
+
 __all__ = [
     "BIN_DTYPES",
     "FORMATS",
@@ -79,12 +81,9 @@ _BIN_HEADER_BYTES = 8  # int32 n, int32 d
 
 # Checking every TEXMEX row header touches every page of the file when rows are shorter
 # than a page, i.e. it reads the whole file. Below this size that is cheap and catches any
-# corrupt row; above it we check a sample of rows plus the size arithmetic instead.
-_FULL_HEADER_CHECK_BYTES = 256 * 2**20
+# corrupt row (Options.header_check_bytes); above it we check a sample of rows plus the size
+# arithmetic instead.
 _HEADER_SAMPLES = 64
-
-# Bytes read at once when gathering rows from HDF5 (see _take_rows_hdf5).
-_HDF5_SPAN_BYTES = 64 * 2**20
 
 
 # --------------------------------------------------------------------------------------
@@ -228,7 +227,7 @@ def _check_texmex_headers(
     path: Path, suffix: str, headers: Any, n: int, d: int, size: int
 ) -> None:
     """Raise ValueError if a row header differs from the first row's dimension ``d``."""
-    if size <= _FULL_HEADER_CHECK_BYTES:
+    if size <= get_options().header_check_bytes:
         rows = np.arange(n)
     else:
         # Evenly spaced rows always including the last: a file glued together from parts
@@ -468,10 +467,10 @@ def _take_rows_hdf5(source: Any, uniq: np.ndarray) -> np.ndarray:
 
     Where the wanted rows are dense, one contiguous slice and an in-memory pick beats an
     h5py point selection by far; where they are sparse, the selection avoids reading the
-    gaps. Work proceeds in windows of at most ``_HDF5_SPAN_BYTES`` of file rows.
+    gaps. Work proceeds in windows of at most ``Options.hdf5_span_bytes`` of file rows.
     """
     row_bytes = max(1, int(np.prod(source.shape[1:], dtype=np.int64)) * source.dtype.itemsize)
-    span_rows = max(1, _HDF5_SPAN_BYTES // row_bytes)
+    span_rows = max(1, get_options().hdf5_span_bytes // row_bytes)
     out = np.empty((uniq.size,) + tuple(source.shape[1:]), dtype=source.dtype)
     pos = 0
     while pos < uniq.size:

@@ -23,6 +23,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from knng._options import get_options
 from knng.io.durable import create_npy, fsync_dir, fsync_file, write_npy
 from knng.io.outputs import OutputFolder
 from knng.io.readers import (
@@ -57,9 +58,6 @@ NEIGHBOR_FILES: dict[str, str] = {
     "metadata": METADATA_FILE,
 }
 
-# Rows are converted and written in blocks of about this many bytes, so converting a
-# memory-mapped file of any size needs only this much memory.
-_BLOCK_BYTES = 32 * 2**20
 _INT32_MAX = 2**31 - 1
 
 
@@ -154,7 +152,7 @@ def _check_2d(x: Any, name: str) -> None:
 
 def _block_rows(x: Any) -> int:
     row_bytes = max(1, int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize)
-    return max(1, _BLOCK_BYTES // row_bytes)
+    return max(1, get_options().write_block_bytes // row_bytes)
 
 
 def _target_dtype(x: Any, target: np.dtype, suffix: str, name: str) -> None:

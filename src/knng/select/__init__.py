@@ -10,7 +10,8 @@ Algorithms register by name with :func:`register`; ``select="auto"`` asks :func:
 fastest one measured for the shape and device.
 """
 
-from knng.select.registry import SelectFn, available, get, register, resolve, select_columns
+from knng.select.registry import SelectFn, available, get, register, select_columns
+from knng.select.choice import resolve
 from knng.select import baselines as _baselines  # noqa: F401  (registers "insertion", "bitonic")
 from knng.select import batch_sort as _batch_sort  # noqa: F401  (registers "batch_sort")
 from knng.select import grouped as _grouped  # noqa: F401  (registers "grouped")

@@ -20,7 +20,7 @@
 //       of shared memory a block), so that one block's products run while the other's warps
 //       screen, and each scheduler has four warps to pick from instead of two. H200, 28,672²
 //       block at K = 128: 14–18 % faster than two sets with nothing kept (a triangle 3–4 %),
-//       21–31 % with ~2 and ~36 survivors a row (docs/BENCHMARKS.md, "Session 13");
+//       21–31 % with ~2 and ~36 survivors a row (docs/FINDINGS.md, "Screen precision and kernels");
 //     - two sets (K ≤ 256; at K > 128 A and two B tiles are 192 KB, so one block a
 //       multiprocessor): a warpgroup issues tile t's wgmma into one set of accumulators and,
 //       while the tensor cores run them, computes tile t − 1's keys and tests from the other.
