@@ -364,6 +364,32 @@ def spy(monkeypatch):
 
 
 @pytest.fixture
+def oom_once(monkeypatch):
+    """``oom_once(message=None)``: the first seeding of a search's thresholds (its sample block,
+    ``knng.engine.search.seed_candidates``) raises a CUDA out-of-memory error once (or a
+    ``RuntimeError(message)``); returns ``{"n": calls so far}``."""
+    import torch
+
+    import knng.engine.search as search
+
+    def arm(message: str | None = None) -> dict:
+        real = search.seed_candidates
+        calls = {"n": 0}
+
+        def seed_candidates(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB") if message is None
+                       else RuntimeError(message))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(search, "seed_candidates", seed_candidates)
+        return calls
+
+    return arm
+
+
+@pytest.fixture
 def interrupt_after_saves(monkeypatch):
     """``interrupt_after_saves(n)``: the n-th checkpoint save (``Checkpoint.save``) raises
     ``RuntimeError("interrupted")`` right after it is written, as a crash would leave it; returns

@@ -716,6 +716,34 @@ def test_info_json_plan_is_the_plan_the_graph_records(budget, tmp_path: Path, rn
     assert planned["operation"] == "graph" and planned["k"] == 7 and planned["parts"] >= 1
 
 
+def test_info_json_plan_is_the_plan_recorded_after_an_out_of_memory_retry(tmp_path: Path, rng: np.random.Generator,
+                                                                          capsys: pytest.CaptureFixture, oom_once,
+                                                                          set_options) -> None:
+    # The plan `knng info --json` prints is the one a run records as its plan, also when an
+    # out-of-memory error made the planner plan again: knng.json keeps both (a graph by rows
+    # is a search of the data: its first chunk's seeding fails once).
+    set_options(graph_method="rows")
+    data = _write(tmp_path / "x.npy", _random(rng, np.float32, 1500))
+    budget = ["--memory-budget", "64MB", "--host-memory", "1GB"]  # held still: no RAM-dependent default
+    code, stdout, err = _run(["info", data, "-k", "5", "--json", *budget], capsys)
+    assert code == 0, err
+    planned = json.loads(stdout)["plan"]
+    calls = oom_once()
+    out = tmp_path / "out"
+    code, _, err = _run(["graph", data, "-k", "5", "-o", str(out), "--no-progress", *budget], capsys)
+    assert code == 0, err
+    _, _, meta = _load(out)
+    report = meta["report"]
+    assert calls["n"] > 1 and report["oom_retries"] == 1
+    assert report["plan"] == planned and planned["graph_method"] == "rows"
+    (after,) = report["replans"]  # the plan of the search the graph runs, made again smaller
+    searched = planned["search"]
+    assert after["operation"] == "search" and after["k"] == searched["k"] == 6
+    assert (after["query_rows"], after["corpus_cols"]) in (
+        (max(8, searched["query_rows"] // 2), searched["corpus_cols"]),
+        (searched["query_rows"], max(8, 6, searched["corpus_cols"] // 2)))
+
+
 def test_info_on_an_empty_texmex_file_says_it_is_empty(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     (tmp_path / "empty.fvecs").write_bytes(b"")
     code, out, _ = _run(["info", str(tmp_path / "empty.fvecs")], capsys)

@@ -161,30 +161,11 @@ def test_select_topk_equals_auto(metric, rng, seed):
 
 
 # ----------------------------------------------------------------------------- out of memory
-def _oom_once(monkeypatch, message=None):
-    """Make the first seeding of τ (the search's sample block) raise an out-of-memory error, once."""
-    import knng.engine.search as search
-
-    real = search.seed_candidates
-    calls = {"n": 0}
-
-    def seed_candidates(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            if message is None:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-            raise RuntimeError(message)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(search, "seed_candidates", seed_candidates)
-    return calls
-
-
 @pytest.mark.parametrize("message", [None, "CUDA out of memory. Tried to allocate 20.00 MiB"])
-def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
+def test_search_oom_retry(message, oom_once, rng, seed, screen):
     x = rng.standard_normal((700, 16)).astype(np.float32)
     q = rng.standard_normal((300, 16)).astype(np.float32)
-    calls = _oom_once(monkeypatch, message=message)
+    calls = oom_once(message)
     res = knng.search(q, x, 10)
     report = last_report()
     assert calls["n"] > 1
@@ -198,9 +179,9 @@ def test_search_oom_retry(message, monkeypatch, rng, seed, screen):
     assert_exact(res, oracle_search(q, x, 10), context=f"seed={seed}")
 
 
-def test_search_other_errors_are_not_retried(monkeypatch, rng):
+def test_search_other_errors_are_not_retried(oom_once, rng):
     x = rng.standard_normal((50, 4)).astype(np.float32)
-    _oom_once(monkeypatch, message="some other runtime failure")
+    oom_once("some other runtime failure")
     with pytest.raises(RuntimeError, match="some other runtime failure"):
         knng.search(x, x, 3)
 

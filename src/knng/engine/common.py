@@ -439,7 +439,8 @@ class EngineReport:
     #: ``{"screen.kernel": 12, "store.hold": 12, ...}``.
     stages: dict[str, int] = field(default_factory=dict)
     #: Plans the planner made after out-of-memory errors, in order (``plan`` is the one made
-    #: first, as ``knng info`` prints it; the run finished on the last of these).
+    #: first, as ``knng info`` prints it; the run finished on the last of these). A graph by
+    #: rows lists its search's plans.
     replans: list[EnginePlan] = field(default_factory=list)
 
     @property
