@@ -129,3 +129,21 @@ def test_small_sizes_give_the_same_graph(rng):
         small = knng.graph(x, 7, device="cpu")
     np.testing.assert_array_equal(small.indices, ref.indices)
     np.testing.assert_array_equal(small.distances, ref.distances)
+
+
+def test_every_option_is_documented_and_every_kernel_name_is_asked():
+    # The Options docstring is the one place a user reads what each setting does; and a kernel
+    # name that no "does it run here" question reads would be accepted and do nothing.
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from knng._options import KERNELS
+
+    doc = knng.Options.__doc__
+    undocumented = [f.name for f in dataclasses.fields(knng.Options)
+                    if not re.search(rf"^\s+(\w+, )*{f.name}(, \w+)* :", doc, re.M)]
+    assert not undocumented, f"Options fields without an entry in its docstring: {undocumented}"
+    source = "\n".join(p.read_text() for p in Path(knng.__file__).parent.rglob("*.py"))
+    asked = set(re.findall(r'kernel_forced\("(\w+)"\)', source))
+    assert asked == KERNELS, (sorted(KERNELS - asked), sorted(asked - KERNELS))
