@@ -871,7 +871,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "mmaminima": {"wgmma_minima": False},             # strip minima on the mma.sync kernel
     "twosets": {"wgmma_one_set": False},              # the wgmma kernel's two accumulator sets at K <= 128
     "nomark": {"mark_candidates": False},             # the pre-test tests a half-tile's entries again
-    "notri": {"triangle": False},                     # a part's own block screened whole, not its triangle
+    "notri": {"kernels": {"triangle": False}},                     # a part's own block screened whole, not its triangle
     "triton": {"cuda_screen": False},                 # the Triton kernel instead of the CUDA C screen
     "noepilogue": {"gemm_column_terms": False},       # column terms in a pass of their own
     "notf32sample": {"tf32_sample": False},           # the TF32 screen's sample product in float32

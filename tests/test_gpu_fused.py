@@ -430,7 +430,7 @@ def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, 
     expected = {tuple(q) for q in torch.stack([reference.owner, reference.other], 1).tolist()}
     for r, c in kept ^ expected:
         assert abs(float(exact[r, c]) - float(thr[r])) <= radius, "the triangle differs away from a tie"
-    with knng.options(triangle=False):
+    with knng.options(kernels={"triangle": False}):
         rows = screen_own_later(queries, p.vectors, d, thr, precision, terms=t, exclude_diagonal=exclude)()
     by_rows = {tuple(q) for q in torch.stack([rows.owner, rows.other], 1).tolist()}
     for r, c in kept ^ by_rows:

@@ -28,9 +28,9 @@ def test_options_nest_and_are_undone(set_options):
             assert knng.get_options() is inner and inner.screen_precision == "float32"
         assert knng.get_options().screen_precision == "float64" and knng.get_options().tiles_first
     assert knng.get_options().screen_precision is None and not knng.get_options().hold_pairs
-    with pytest.raises(RuntimeError), knng.options(triangle=False):
+    with pytest.raises(RuntimeError), knng.options(mark_candidates=False):
         raise RuntimeError("undone on the way out too")
-    assert knng.get_options().triangle
+    assert knng.get_options().mark_candidates
 
 
 def test_bad_options_are_refused_naming_them():

@@ -105,8 +105,6 @@ class Options:
     mark_candidates : bool, default True
         The wgmma kernel's pre-test marks its candidates as it tests them, instead of testing a
         half-tile's entries again where one passed.
-    triangle : bool, default True
-        A graph part's own block is screened as its upper triangle where the wgmma kernel runs.
     sort_interpreted : bool, default False
         In Triton's interpreter (a CPU without a GPU), the finish's row sort runs the Triton
         kernel instead of torch's sort (tests of the kernel; ``knng.engine.row_order``).
@@ -116,7 +114,8 @@ class Options:
         kernel replaces. Forced on, the planner and the engine take the kernel's path: the
         Triton kernels (``"triton"``) run in Triton's interpreter on a CPU, and the tiles-first
         screen (``"tiles_first"``) runs its reference where the wgmma kernel cannot run. Tests
-        use this to reach those paths on a CPU.
+        use this to reach those paths on a CPU. ``{"triangle": False}`` screens a graph part's
+        own block whole instead of as its upper triangle (to compare).
 
     The sizes below are the planner's and the engine's measured choices (``docs/FINDINGS.md``
     holds the measurements); tests shrink them to reach a path on small data, benchmarks vary
@@ -229,7 +228,6 @@ class Options:
     wgmma_one_set: bool = True
     wgmma_minima: bool = True
     mark_candidates: bool = True
-    triangle: bool = True
     sort_interpreted: bool = False
     kernels: Mapping[str, bool] = field(default_factory=dict)
     # graph parts and blocks

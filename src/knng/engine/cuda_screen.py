@@ -204,7 +204,7 @@ def triangle_runs(device: torch.device, k_dims: int) -> bool:
     """Whether :func:`launch_screen` screens a triangle of K = ``k_dims`` on ``device``: the
     wgmma kernel runs there (its symmetric variant has the triangle's tile sweep)."""
     opts = get_options()
-    if not (opts.triangle and opts.wgmma and k_dims <= WGMMA_MAX_K and available(device)):
+    if not (opts.wgmma and k_dims <= WGMMA_MAX_K and available(device)):
         return False
     return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -83,7 +83,8 @@ def _banded_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) 
     m = a.shape[0]
     if out is None:
         out = torch.empty((m, m), dtype=torch.result_type(a, b), device=a.device)
-    edges = [m * i // get_options().symmetric_bands for i in range(get_options().symmetric_bands + 1)]
+    bands = get_options().symmetric_bands
+    edges = [m * i // bands for i in range(bands + 1)]
     for i0, i1 in zip(edges, edges[1:]):
         if i1 > i0:
             torch.mm(a[i0:i1], b[i0:].T, out=out[i0:i1, i0:])
@@ -252,7 +253,8 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     stages.count("screen.product")
     if not precision.fused and not precision.digits:
         out = None if buffer is None else buffer.take(a.shape[0], b.shape[0], a.dtype, a.device)
-        if symmetric and a.shape[0] >= get_options().symmetric_min_rows and get_options().symmetric_bands > 1:
+        options = get_options()
+        if symmetric and a.shape[0] >= options.symmetric_min_rows and options.symmetric_bands > 1:
             return _banded_product(a, b, out)
         return a @ b.T if out is None else torch.mm(a, b.T, out=out)
     if precision.digits:

@@ -119,7 +119,6 @@ def exact_search(
         screened: list[torch.Tensor] = []
         retries = 0
         planned, replans = plan, []
-        rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
         bar = Progress(progress, total=queries.n, desc="knng search")
         q0 = 0
         finished = None if checkpoint is None else _FinishedRows(checkpoint, queries.n, k, keep_checkpoint)
@@ -129,17 +128,16 @@ def exact_search(
             bar.update(q0)
         resumed_from = q0
         while q0 < queries.n:
-            q1 = min(queries.n, q0 + rows_per_chunk)
+            q1 = min(queries.n, q0 + plan.query_rows)
             try:
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                store = _screen_chunk(raw, pcorpus, sample, metric, k, plan, cols_per_tile, select, device)
+                store = _screen_chunk(raw, pcorpus, sample, metric, k, plan, select, device)
                 idx, dist = store.finish()
             except Exception as exc:  # noqa: BLE001 - only out-of-memory is retried, with smaller tiles
                 smaller = after_out_of_memory(plan)
                 recover_from_oom(exc, device, can_retry=smaller is not None)
                 plan = smaller
-                rows_per_chunk, cols_per_tile = plan.query_rows, plan.corpus_cols
                 replans.append(plan)
                 retries += 1
                 continue
@@ -249,7 +247,7 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
 
 
 def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample | None, metric: Metric, k: int,
-                  plan: EnginePlan, cols_per_tile: int, select: str, device: torch.device) -> CandidateStore:
+                  plan: EnginePlan, select: str, device: torch.device) -> CandidateStore:
     """Screen one chunk of queries against every corpus tile into a store of candidates (where
     the tiles tighten the thresholds, ``Options.tighten_on``, one that holds them back). Without a
     ``sample``, tiles first (``plan.tiles_first``)."""
@@ -283,7 +281,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     # thresholds, the rest of a resident corpus goes in one launch (Options.rest_at_once).
     rest_at_once = get_options().rest_at_once and use_kernel(precision, device) and tightening
     seen = (0.0, 0.0)  # the largest norm and |term| of the columns screened so far
-    for c0, c1, tile in pcorpus.tiles(cols_per_tile, rest_at_once=rest_at_once):
+    for c0, c1, tile in pcorpus.tiles(plan.corpus_cols, rest_at_once=rest_at_once):
         maxima = pcorpus.maxima(c0, c1)
         found = screen_rows(prep.vectors, tile, corpus.d, store.screen_thresholds(rows, *maxima), precision,
                             col_terms=None if terms is None else terms[c0:c1])
