@@ -5,7 +5,7 @@ of knng's maintained kernel choices, switched through ``knng.options`` (never a 
 attribute); CUDA-event medians after warm-up calls (``harness.time_call``). Subcommands:
 
 ``screen``
-    ``knng.engine.fused.screen_block`` on m × n × d blocks of N(0, 1) rows, with thresholds
+    ``knng.engine.kernels.fused.screen_block`` on m × n × d blocks of N(0, 1) rows, with thresholds
     that keep nothing (the products, the compare and the reduction run; the compaction does
     not) or about 20 or 200 pairs per row: the scaled float16 screen on the CUDA C kernel (the
     wgmma kernel on a Hopper GPU; ``mma.sync`` with ``wgmma=False``; two accumulator sets with
@@ -41,6 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from knng.engine import kernels
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,7 +74,7 @@ def cuda_ms(call: Any, repeats: int) -> float:
 
 def screen(args: argparse.Namespace) -> list[dict[str, Any]]:
     """``fused.screen_block`` per variant, survivors and shape."""
-    from knng.engine import fused
+    from knng.engine.kernels import fused
     from knng.metrics import get_metric
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -124,7 +125,7 @@ def screen(args: argparse.Namespace) -> list[dict[str, Any]]:
                         thr = thr - (a32.double() ** 2).sum(1).float()
                 hint = m * (survivors * 2 + 64)
                 with harness.option_context(changes):
-                    if own == "triangle" and not fused.triangle_runs(precision, a.device, d):
+                    if own == "triangle" and not kernels.triangle_runs(a.device, precision, d):
                         row["variants"][f"{name} survivors≈{survivors}"] = {"skipped": "no triangle kernel here"}
                         continue
                     if own:
@@ -157,7 +158,7 @@ def screen(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def minima(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Strip minima on the mma.sync and the wgmma kernel, alternating, compared bit for bit."""
-    from knng.engine import fused
+    from knng.engine.kernels import fused
     from knng.metrics import get_metric
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -170,7 +171,7 @@ def minima(args: argparse.Namespace) -> list[dict[str, Any]]:
         pa = metric.prepare(x, None, side="corpus", symmetric=True, dtype=torch.float16)
         pb = metric.prepare(y, None, side="corpus", symmetric=True, dtype=torch.float16)
         rt, ct = pa.terms.float().contiguous(), pb.terms.float().contiguous()
-        if not fused.strip_minima_runs("float16", x.device):
+        if not kernels.strip_minima_runs(x.device, "float16"):
             print("minima: the strip-minima kernel does not run here (the CUDA C screen is needed)")
             return rows
 

@@ -527,7 +527,7 @@ def assert_exact_chunked(queries, corpus, results, metric: str = "euclidean", *,
 
 
 def assert_screen_contract(by_row, by_col, exact, radius, row_thr, col_thr=None) -> None:
-    """A fused screen's survivors (``knng.engine.fused.screen_block``) against their block.
+    """A fused screen's survivors (``knng.engine.kernels.fused.screen_block``) against their block.
 
     ``by_row`` lists (row, column, key) of the pairs kept by their row, ``by_col`` (column, row,
     key) of those kept by their column (with ``col_thr``; else None). ``exact`` are the float64

@@ -1,6 +1,6 @@
 """The CUDA C sources as NVRTC sees them, checked on a CPU (no CuPy, no GPU needed).
 
-``knng.select.cuda.source_kernel`` pastes the headers a kernel includes into its text, so that
+``knng._cuda.source_kernel`` pastes the headers a kernel includes into its text, so that
 NVRTC needs no include path and CuPy's cache key (the source text) changes when a header does;
 the float16 screen's two kernels share ``screen_common.cuh`` that way. The launcher's shared
 memory sizes must cover what the kernels lay out.
@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from knng.engine import cuda_screen
-from knng.select import cuda
+from knng.engine.kernels import cuda_screen
+from knng import _cuda as cuda
 
 CUDA_DIR = Path(cuda_screen.__file__).parent / "cuda"
 
 
 @pytest.mark.parametrize("name", ["screen.cu", "screen_wg.cu"])
 def test_headers_are_pasted_into_the_source(name):
-    text = cuda._with_includes(CUDA_DIR / name)
+    text = cuda.with_includes(CUDA_DIR / name)
     assert not any(line.startswith("#include") for line in text.splitlines())
     assert "namespace screen_common" in text
     assert (CUDA_DIR / "screen_common.cuh").read_text() in text
@@ -27,7 +27,7 @@ def test_headers_are_pasted_into_the_source(name):
 def test_a_source_without_headers_is_unchanged(tmp_path):
     src = tmp_path / "k.cu"
     src.write_text('// #include "nothing.cuh" in a comment\nextern "C" __global__ void k() {}\n')
-    assert cuda._with_includes(src) == src.read_text()
+    assert cuda.with_includes(src) == src.read_text()
 
 
 @pytest.mark.parametrize("k_dims", [16, 64, 80, 128])

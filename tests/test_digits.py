@@ -187,7 +187,7 @@ def interpret():
 def test_digit_kernel_matches_its_reference(interpret, rng, shape, symmetric, few, set_options):
     """Same survivors, same keys bit for bit: the interpreter rounds each float32 step as
     digit_scores does (a GPU may fuse a multiply and an add: one rounding fewer, within the bound)."""
-    from knng.engine import fused
+    from knng.engine.kernels import fused
 
     set_options(few_per_tile=few)
     m, n, d = shape

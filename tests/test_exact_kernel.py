@@ -72,7 +72,7 @@ def test_search_and_graph_evaluated_by_the_kernel(kernel_device, rng, spy, set_o
     """Near-ties far from the origin (every row's candidates evaluated), duplicates: exact."""
 
     set_options(screen_precision="float32")
-    calls = spy(exact, "_by_kernel")
+    calls = spy(exact, "pair_values")
     c = smooth_image_patches(rng, 400, side=4).astype(np.float32) + 5e3
     c[300:330] = c[:30]
     q = c[::9] + rng.standard_normal((len(c[::9]), 16)).astype(np.float32)

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 import knng
+from knng.engine import kernels
 from knng.api import last_report
-from knng.engine import fused, screen
+from knng.engine import screen
+from knng.engine.kernels import fused
 from knng._inputs import as_input
 from knng.engine.common import LATTICE_UNITS, CorpusStats, corpus_stats
 from knng.metrics import EXACT_SUM_LIMIT, PRECISIONS, SAFETY, UNIT_ROUNDOFF_FP32, get_metric, with_exact_products
@@ -100,7 +102,7 @@ def test_lattice_kernel_matches_the_torch_pass(kernel_device, rng, spy):
     # lattice point, in units and absolutely, on integers as floats, grey levels / 255 (float32
     # and float64), integers give or take 10⁻⁵, ±0, a value far from the others, sizes that are
     # not tile multiples; data off the lattice (Gaussian, exact halves) found off it by both.
-    from knng.engine import common, preparation
+    from knng.engine import common
 
     pixels = rng.integers(0, 256, (301, 19)).astype(np.float64)
     pixels[5, 3], pixels[6, 3] = -0.0, 0.0
@@ -108,7 +110,7 @@ def test_lattice_kernel_matches_the_torch_pass(kernel_device, rng, spy):
     cases = {"integers": pixels.astype(np.float32), "grey": (pixels / 255.0).astype(np.float32),
              "grey64": pixels / 255.0, "noisy": pixels + rng.uniform(-1e-5, 1e-5, pixels.shape),
              "gaussian": rng.standard_normal((77, 9)), "halves": pixels + 0.5}
-    launches = spy(preparation, "lattice_extent")
+    launches = spy(common, "lattice_extent")  # the kernels' launcher, as the corpus pass calls it
     for name, values in cases.items():
         for unit in LATTICE_UNITS:
             block = torch.from_numpy(values)
@@ -170,7 +172,7 @@ def test_reference_keys_of_integer_rows_are_exact(rng, d):
 
 @pytest.fixture
 def interpret():
-    from knng.engine import fused as fused_mod
+    from knng.engine.kernels import fused as fused_mod
 
     if not fused_mod.interpreting():
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
@@ -225,7 +227,7 @@ def test_grey_level_keys_are_within_the_exact_bound(rng, d, interpret_if_availab
 
 @pytest.fixture
 def interpret_if_available():
-    return fused.interpreting()
+    return kernels.interpreting()
 
 
 @pytest.fixture

@@ -430,7 +430,7 @@ def test_store_tightens_wide_rows_in_groups(rng, seed, set_options):
     # A store update sorts at most REBUILD_ENTRIES entries at once and near-ties are evaluated
     # in padded groups of similar widths; a tiny size forces many ranges and groups (rows of very
     # different widths: a cluster of near-ties among spread points) and the answer stays exact.
-    import knng.engine.store as store
+    import knng.engine.store.candidates as store
 
     set_options(rebuild_entries_cpu=64)
     set_options(pending_cpu=1 << 40)
@@ -453,7 +453,7 @@ def test_store_tightens_wide_rows_in_groups(rng, seed, set_options):
 def test_store_oom_during_a_flush_loses_nothing(monkeypatch, rng, seed, set_options):
     # An out-of-memory error while pending survivors are taken in is retried with its block;
     # the pending survivors of earlier blocks are not dropped.
-    import knng.engine.store as store
+    import knng.engine.store.candidates as store
 
     set_options(pending_cpu=2000)
     real_take = store.CandidateStore._take
@@ -510,7 +510,7 @@ def test_store_row_helpers_equal_their_plain_forms(rng):
     """The store's counts of sorted rows and its transposed interval scan give the plain forms'
     values: counts by index_add_, overlaps by scans along the rows (ties of endpoints, empty
     rows, infinite intervals, rows of one entry)."""
-    from knng.engine.store import _counts_by_starts, _overlapping_sorted, _overlapping_sorted_columns, _sorted_counts
+    from knng.engine.store.candidates import _counts_by_starts, _overlapping_sorted, _overlapping_sorted_columns, _sorted_counts
 
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
     n = 1_000

@@ -1,4 +1,4 @@
-"""Principal frames of the graph engine (``knng.engine.frames``): parts as slabs along the
+"""Principal frames of the graph engine (``knng.engine.graph.frames``): parts as slabs along the
 principal direction, blocks centred on their row part, and windows that skip what no row or
 column can need. Checked against the float64 oracle by differences, on data whose parts are
 forced small so that a graph has dozens of them."""
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import knng
-import knng.engine.frames as frames_mod
+import knng.engine.graph.frames as frames_mod
 import knng.engine.plan as plan_mod
 from knng._inputs import as_input
-from knng.engine.frames import PrincipalFrames
+from knng.engine.graph.frames import PrincipalFrames
 from knng.metrics import METRICS as KNNG_METRICS
 from knng.metrics import PRECISIONS
 from oracle import assert_exact, oracle_graph, smooth_image_patches
@@ -100,7 +100,8 @@ def test_plan_reads_the_slab_gain_of_the_data(rng):
     def frames(x, metric="euclidean"):
         data = as_input(x, "data")
         return plan_mod.make_graph_plan(n=data.n, d=data.d, k=5, metric=metric, device=cpu, budget=2**30,
-                                        include_self=False, part_size=100, data=data).frames
+                                        include_self=False, part_size=100,
+                                        slab_gain=frames_mod.slab_gain_of(data, cpu)).frames
 
     assert frames(_line(rng, 2000)) == "principal"
     assert frames(smooth_image_patches(rng, 2000, side=4)) == "principal"
@@ -273,7 +274,7 @@ def test_leading_direction_by_squarings_or_iteration(squaring, rng, set_options)
     # Both ways find the leading principal direction of a sample with one dominant direction
     # (the squarings of the Gram matrix, or the iteration where d is above their limit), and
     # a sample of equal rows gives some unit vector, not NaN.
-    from knng.engine import frames
+    from knng.engine.graph import frames
 
     set_options(squaring_max_d_cpu=512 if squaring else 0)
     d = 24

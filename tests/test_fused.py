@@ -10,6 +10,7 @@ end to end with the kernel in the interpreter.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -18,7 +19,9 @@ import torch
 
 import knng
 from knng.api import last_report
-from knng.engine import fused, screen
+from knng.engine import screen
+from knng.engine import kernels
+from knng.engine.kernels import DeviceCapabilities, cuda_screen, fused
 from knng.metrics import (
     PRECISIONS, SCALED_TAIL, get_metric, scaled_alphas, scaled_row_factors, scaled_scales, scaled_width,
 )
@@ -276,7 +279,7 @@ def _strip_minima_by_reference(monkeypatch, set_options, strip: int = 4) -> list
     (``screen.strip_minima_of``) in strips of ``strip`` columns; returns the list of calls."""
     calls: list = []
     set_options(kernels={"strip_minima": True})
-    monkeypatch.setattr(fused, "STRIP", strip)
+    monkeypatch.setattr(cuda_screen, "STRIP", strip)  # kernels.strip_width() reads it at each call
 
     def reference(a, b, k_dims, row_terms, col_terms, precision):
         calls.append(1)
@@ -284,7 +287,7 @@ def _strip_minima_by_reference(monkeypatch, set_options, strip: int = 4) -> list
             screen.block_scores(a, b, k_dims, PRECISIONS[precision], row_terms, col_terms), strip=strip)
         return keys, cols.to(torch.int32)
 
-    monkeypatch.setattr(fused, "strip_minima", reference)
+    monkeypatch.setattr(kernels, "strip_minima", reference)  # the door the engine calls through
     return calls
 
 
@@ -370,15 +373,14 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
         "store.hold"), "the slabs' own blocks were not screened together with their norms"
 
 
-def test_kernel_screened_graphs_take_larger_parts(monkeypatch, set_options):
+def test_kernel_screened_graphs_take_larger_parts(set_options):
     """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART,
     or GPU_TRIANGLE_MAX_PART where its own blocks are triangles (GPU_TRIANGLE_MAX_PART_SMALL_K
     for k ≤ TRIANGLE_SMALL_K)."""
     import knng.engine.plan as plan
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    set_options(kernels={"triton": True})
-    kw = dict(n=1_000_000, d=128, k=10, metric="euclidean", device=torch.device("cuda", 0), budget=60 * 2**30,
+    kw = dict(n=1_000_000, d=128, k=10, metric="euclidean", device=torch.device("cuda", 0),
+              capabilities=DeviceCapabilities.hopper(), budget=60 * 2**30,
               include_self=False, host_budget=64 * 2**30)
     assert plan.make_graph_plan(**kw).screen_precision == "float16"
     assert plan.make_graph_plan(**kw).part_size == DEFAULTS.gpu_kernel_max_part
@@ -414,34 +416,33 @@ def test_engine_exact_in_every_fused_precision_off_the_gpu(precision, metric, rn
     assert last_report().screen_dtype == precision
 
 
-def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d(monkeypatch, set_options):
+def test_planner_picks_a_fused_precision_only_for_searches_at_small_k_or_large_d(set_options):
     """The default precision rule of ``engine/plan.py`` (measured: docs/FINDINGS.md, "Screen precision and kernels")."""
     import knng.engine.plan as plan
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    set_options(kernels={"triton": True})
     gpu = torch.device("cuda", 0)
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float16"  # tighter and faster than TF32
-    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 16) == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 63, 16) == "tf32"  # below the dimensions measured
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 100) == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 128) == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 63, 17) == "float32"  # below the dimensions measured
-    assert plan.choose_screen_precision(gpu, 1_000_000, 8, 16) == "tf32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 960, 129) == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 4096) == "float16"  # any k
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 16384) == "float16"  # where float64's rule holds
-    assert plan.choose_screen_precision(gpu, 1_000_000, 63, 32768) == "float64"  # below float16's dimensions
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10, operation="graph") == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 300, operation="graph") == "float16"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 301, operation="graph") == "float32"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 64, 100, operation="graph") == "float16"  # 8x8 patches
-    assert plan.choose_screen_precision(gpu, 1_000_000, 31, 10, operation="graph") == "float32"  # not measured
-    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float16"  # a search
-    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024, operation="graph") == "float64"
+    hopper = functools.partial(plan.choose_screen_precision, capabilities=DeviceCapabilities.hopper())
+    assert hopper(gpu, 1_000_000, 128, 10) == "float16"  # tighter and faster than TF32
+    assert hopper(gpu, 1_000_000, 960, 16) == "float16"
+    assert hopper(gpu, 1_000_000, 63, 16) == "tf32"  # below the dimensions measured
+    assert hopper(gpu, 1_000_000, 128, 100) == "float16"
+    assert hopper(gpu, 1_000_000, 64, 128) == "float16"
+    assert hopper(gpu, 1_000_000, 63, 17) == "float32"  # below the dimensions measured
+    assert hopper(gpu, 1_000_000, 8, 16) == "tf32"
+    assert hopper(gpu, 1_000_000, 960, 129) == "float16"
+    assert hopper(gpu, 1_000_000, 128, 4096) == "float16"  # any k
+    assert hopper(gpu, 1_000_000, 128, 16384) == "float16"  # where float64's rule holds
+    assert hopper(gpu, 1_000_000, 63, 32768) == "float64"  # below float16's dimensions
+    assert hopper(gpu, 1_000_000, 128, 10, operation="graph") == "float16"
+    assert hopper(gpu, 1_000_000, 128, 300, operation="graph") == "float16"
+    assert hopper(gpu, 1_000_000, 128, 301, operation="graph") == "float32"
+    assert hopper(gpu, 1_000_000, 64, 100, operation="graph") == "float16"  # 8x8 patches
+    assert hopper(gpu, 1_000_000, 31, 10, operation="graph") == "float32"  # not measured
+    assert hopper(gpu, 16_384, 4096, 1024) == "float16"  # a search
+    assert hopper(gpu, 16_384, 4096, 1024, operation="graph") == "float64"
     set_options(kernels={"triton": False})
-    assert plan.choose_screen_precision(gpu, 16_384, 4096, 1024) == "float64"
-    assert plan.choose_screen_precision(gpu, 1_000_000, 128, 10) == "float32"
+    assert hopper(gpu, 16_384, 4096, 1024) == "float64"
+    assert hopper(gpu, 1_000_000, 128, 10) == "float32"
     assert plan.choose_screen_precision(torch.device("cpu"), 1_000_000, 128, 10) == "float32"
 
 
@@ -494,7 +495,8 @@ def assert_smallest_of_rows_is_a_stable_sort(device: torch.device, rng) -> None:
     below +0, as row_kth's order codes), equal keys (+inf included) by position, and the
     columns at those positions; as a stable sort of the row's codes. Widths that are not
     powers of two, k = 1 and k = the whole row."""
-    from knng.engine import row_kth, thresholds
+    from knng.engine import thresholds
+    from knng.engine.kernels import row_kth
 
     for m, width, k in ((1, 1, 1), (5, 3, 3), (40, 128, 10), (17, 200, 16), (3, 1024, 32), (9, 37, 1)):
         keys = torch.from_numpy(rng.integers(-3, 4, size=(m, width)).astype(np.float32))  # ties
@@ -513,11 +515,11 @@ def assert_smallest_of_rows_is_a_stable_sort(device: torch.device, rng) -> None:
 
 
 def assert_kth_of_rows_is_its_reference(device: torch.device, rng) -> None:
-    """Each row's smallest and k-th key code by ``thresholds.kth_of_rows`` (the kernel where
+    """Each row's smallest and k-th key code by ``row_kth.kth_of_rows`` (the kernel where
     Triton runs) equals a sort's: ties, a row of +inf, ±inf and the largest float32, −0 below +0
     (as row_kth's order codes), widths that are not powers of two, k = 1, k = the whole row and
     k above it (no code)."""
-    from knng.engine import row_kth, thresholds
+    from knng.engine.kernels import row_kth
 
     for m, width, k in ((1, 1, 1), (5, 3, 3), (40, 128, 33), (17, 200, 101), (3, 1024, 1024), (9, 37, 1),
                         (6, 1000, 999), (4, 5, 6), (33, 4096, 2000), (5, 7813, 2048), (4, 16384, 16384)):
@@ -531,8 +533,8 @@ def assert_kth_of_rows_is_its_reference(device: torch.device, rng) -> None:
         if m > 3:
             keys[2] = torch.from_numpy(rng.standard_normal(width).astype(np.float32))  # distinct keys
         keys = keys.to(device)
-        got = thresholds.kth_of_rows(keys, k)
-        want = thresholds.kth_of_rows_reference(keys, k)
+        got = row_kth.kth_of_rows(keys, k)
+        want = row_kth.kth_of_rows_reference(keys, k)
         for g, w, name in zip(got, want, ("first", "kth", "counts")):
             assert torch.equal(g, w), (m, width, k, name)
         if width >= k:
@@ -672,7 +674,7 @@ def _epilogue_case(gen: torch.Generator, m: int, n: int, device: str):
 
 
 def assert_block_epilogue_is_its_reference(device: str, kernel: bool) -> int:
-    """``screen.block_epilogue`` by the kernel against torch's in-place operations, bit for bit,
+    """``fused.block_epilogue`` by the kernel against torch's in-place operations, bit for bit,
     for every combination of scales and terms; a block that is a column slice (rows further
     apart than its width), tiles cut short on both sides, one row, one column."""
     gen = torch.Generator().manual_seed(7)
@@ -683,15 +685,15 @@ def assert_block_epilogue_is_its_reference(device: str, kernel: bool) -> int:
             for ct in (None, col_terms):
                 for rt in (None, row_terms):
                     s = (factors, scales) if use_scales else None
-                    want = screen.block_epilogue(scores.clone(), s, ct, rt, kernel=False)
-                    got = screen.block_epilogue(scores.clone(), s, ct, rt, kernel=kernel)
+                    want = fused.block_epilogue(scores.clone(), s, ct, rt, kernel=False)
+                    got = fused.block_epilogue(scores.clone(), s, ct, rt, kernel=kernel)
                     assert torch.equal(got, want), (m, n, use_scales, ct is None, rt is None)
                     cases += 1
         wide = torch.zeros((m, n + 50), dtype=torch.float32, device=device)
         view = wide[:, 10:10 + n]
         view.copy_(scores)
-        got = screen.block_epilogue(view, (factors, scales), col_terms, row_terms, kernel=kernel)
-        want = screen.block_epilogue(scores.clone(), (factors, scales), col_terms, row_terms, kernel=False)
+        got = fused.block_epilogue(view, (factors, scales), col_terms, row_terms, kernel=kernel)
+        want = fused.block_epilogue(scores.clone(), (factors, scales), col_terms, row_terms, kernel=False)
         assert torch.equal(got, want) and not wide[:, :10].any() and not wide[:, 10 + n:].any()
     return cases
 
@@ -705,7 +707,7 @@ def test_block_epilogue_reference_rounds_each_step():
     expression rounded once: 1 + 2²⁴ rounds to 2²⁴ (ties to even), then + 1 again, where the
     sum rounded once is 2²⁴ + 2."""
     one = torch.ones(1, dtype=torch.float32)
-    got = screen.block_epilogue(one[:, None].clone(), (one, one), one * 2.0**24, one, kernel=False)
+    got = fused.block_epilogue(one[:, None].clone(), (one, one), one * 2.0**24, one, kernel=False)
     assert float(got) == 2.0**24 and float(torch.tensor(1.0 + 2.0**24 + 1.0, dtype=torch.float32)) == 2.0**24 + 2
 
 

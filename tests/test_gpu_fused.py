@@ -13,13 +13,14 @@ import torch
 
 import knng
 from knng.api import last_report
-from knng.engine import fused
+from knng.engine import kernels
+from knng.engine.kernels import capabilities, fused
 from knng.metrics import PRECISIONS, get_metric
 from oracle import assert_exact_chunked, assert_screen_contract, smooth_image_patches
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or not fused.triton_installed(),
+    pytest.mark.skipif(not torch.cuda.is_available() or not capabilities.triton_installed(),
                        reason="needs a CUDA GPU and Triton"),
 ]
 
@@ -289,8 +290,8 @@ def test_graph_high_dimension_large_k(fused_precision, seed):
 
 
 # ------------------------------------------------------------- the float16 kernels, side by side
-@pytest.mark.skipif(not torch.cuda.is_available() or not __import__("knng.engine.cuda_screen").engine.cuda_screen
-                    .available(torch.device("cuda")), reason="needs CuPy for the CUDA C screen")
+@pytest.mark.skipif(not torch.cuda.is_available() or not __import__("knng.engine.kernels").engine.kernels
+                    .cuda_screen_runs(torch.device("cuda")), reason="needs CuPy for the CUDA C screen")
 @pytest.mark.parametrize("shape", [(1, 1, 5), (7, 127, 16), (129, 129, 100), (1000, 5000, 128), (250, 1100, 200),
                                    (700, 2000, 256), (300, 777, 960)])
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -358,9 +359,9 @@ def test_hopper_screens_run_the_wgmma_kernel():
     one accumulator set and two blocks a multiprocessor up to K = 128, or four B tiles in its
     ring with two sets where the one set is off; two tiles past it), a wider one or one with
     the wgmma option off the mma.sync kernel; elsewhere always the latter."""
-    from knng.engine import cuda_screen
+    from knng.engine.kernels import cuda_screen
 
-    if not cuda_screen.available(torch.device("cuda")):
+    if not kernels.cuda_screen_runs(torch.device("cuda")):
         pytest.skip("needs CuPy")
     hopper = torch.cuda.get_device_capability() == (9, 0)
     index = torch.cuda.current_device()
@@ -390,11 +391,10 @@ def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, 
     magnitudes, sizes that are not tile multiples (the diagonal tile cut by n), one tile and
     many. The rows screen of the whole block keeps the same pairs but for those within rounding
     of a threshold."""
-    from knng.engine import cuda_screen
     from knng.engine.screen import block_scores, own_block_survivors, screen_own_later
     from knng.metrics import get_precision
 
-    if not cuda_screen.triangle_runs(torch.device("cuda"), d):
+    if not kernels.wgmma_runs(torch.device("cuda"), d):
         pytest.skip("needs the wgmma kernel (compute capability 9.0, CuPy)")
     g = _gen(seed)
     metric = get_metric("sqeuclidean")
@@ -442,9 +442,8 @@ def test_wgmma_triangle_keeps_the_pairs_of_the_whole_block(n, d, exclude, keep, 
 def test_cuda_float16_kernel_keeps_everything_and_nothing(wgmma, seed, set_options):
     """+inf thresholds keep all m·n pairs (lists sized to hold them all after one relaunch),
     −inf none; the keys equal the Triton kernel's within float32 rounding (both CUDA kernels)."""
-    from knng.engine import cuda_screen
 
-    if not cuda_screen.available(torch.device("cuda")):
+    if not kernels.cuda_screen_runs(torch.device("cuda")):
         pytest.skip("needs CuPy")
     _wgmma_mode(wgmma, set_options)
     g = _gen(seed)
@@ -478,19 +477,19 @@ def test_cuda_strip_minima_are_the_screen_keys_reduced(m, n, d, wgmma, seed, set
     multiples, K of one chunk and several (A resident, and streamed at K = 960); on a Hopper GPU
     from the wgmma kernel (K <= 256: one accumulator set or two to K = 128, two past it) and
     from the mma.sync one."""
-    from knng.engine import cuda_screen, screen
+    from knng.engine import screen
 
-    if not cuda_screen.available(torch.device("cuda")):
+    if not kernels.cuda_screen_runs(torch.device("cuda")):
         pytest.skip("needs CuPy")
     set_options(wgmma_minima=bool(wgmma))
     set_options(wgmma_one_set=wgmma == "one set")
     a, b, rt, ct = _scaled_block(_gen(seed + m + n), m, n, d)
-    ct[5:5 + fused.STRIP] = torch.nan  # a whole strip (where n allows) of NaN keys
+    ct[5:5 + kernels.strip_width()] = torch.nan  # a whole strip (where n allows) of NaN keys
     keys, cols = fused.strip_minima(a, b, d, rt, ct, "float16")
     dense = _kernel_keys(a, b, d, "float16", rt, ct.nan_to_num(nan=torch.inf))
-    dense[:, 5:5 + fused.STRIP] = torch.nan
+    dense[:, 5:5 + kernels.strip_width()] = torch.nan
     want_keys, want_cols = screen.strip_minima_of(dense.float())
-    assert keys.shape == (m, -(-n // fused.STRIP)) and cols.dtype == torch.int32
+    assert keys.shape == (m, -(-n // kernels.strip_width())) and cols.dtype == torch.int32
     assert torch.equal(keys, want_keys) and torch.equal(cols.long(), want_cols)
 
 
@@ -504,16 +503,16 @@ def test_cuda_tile_minima_are_the_screen_keys_reduced(m, n, d, seed):
     tile multiples, K of one chunk to four."""
     from knng.engine import screen
 
-    if not fused.gathered_runs("float16", torch.device("cuda"), d):
+    if not kernels.gathered_runs(torch.device("cuda"), "float16", d):
         pytest.skip("needs the wgmma kernel (a Hopper GPU and CuPy)")
     a, b, rt, ct = _scaled_block(_gen(seed + m + n), m, n, d)
-    ct[0:fused.TILE] = torch.nan  # the first tile (where n allows: all of it) of NaN keys
+    ct[0:kernels.TILE] = torch.nan  # the first tile (where n allows: all of it) of NaN keys
     ct[300:310] = torch.nan
     keys = fused.tile_minima(a, b, d, rt, ct, "float16")
     dense = _kernel_keys(a, b, d, "float16", rt, ct.nan_to_num(nan=torch.inf))
     dense[:, ct.isnan()] = torch.nan
-    want = screen.strip_minima_of(dense.float(), fused.TILE)[0]
-    assert keys.shape == (m, -(-n // fused.TILE)) and keys.dtype == torch.float32
+    want = screen.strip_minima_of(dense.float(), kernels.TILE)[0]
+    assert keys.shape == (m, -(-n // kernels.TILE)) and keys.dtype == torch.float32
     assert torch.equal(keys, want)
 
 
@@ -528,7 +527,7 @@ def test_cuda_gathered_screen_is_the_screen_of_its_tiles(m, n, d, thresholds, se
     items; some with none), thresholds between two keys of each row, thresholds equal to keys
     (ties kept), +inf (every tile whole), −inf and NaN (nothing); duplicate rows, sizes that are
     not tile multiples, K of one chunk to four; the survivors' list too small at first."""
-    if not fused.gathered_runs("float16", torch.device("cuda"), d):
+    if not kernels.gathered_runs(torch.device("cuda"), "float16", d):
         pytest.skip("needs the wgmma kernel (a Hopper GPU and CuPy)")
     g = _gen(seed + m + n + d)
     a, b, rt, ct = _scaled_block(g, m, n, d)
@@ -546,7 +545,7 @@ def test_cuda_gathered_screen_is_the_screen_of_its_tiles(m, n, d, thresholds, se
         thr = torch.full((m,), -torch.inf, dtype=torch.float64, device="cuda")
         thr[::2] = torch.nan
     thr32 = thr.float()
-    tiles = -(-n // fused.TILE)
+    tiles = -(-n // kernels.TILE)
     chosen = torch.rand((m, tiles), generator=g, device="cuda") < 0.4
     chosen[:, 0] = True  # the first tile: every row (m > 128: several work items)
     if tiles > 2:
@@ -555,7 +554,7 @@ def test_cuda_gathered_screen_is_the_screen_of_its_tiles(m, n, d, thresholds, se
     tile_keys = torch.where(chosen, -torch.inf, torch.inf)
     found = fused.screen_tiles(a, b, d, tile_keys, thr32, rt, ct, "float16", capacity_hint=10)  # one relaunch
     passing = tile_keys <= thr32[:, None]
-    keep = (dense <= thr32.double()[:, None]) & passing.repeat_interleave(fused.TILE, dim=1)[:, :n]
+    keep = (dense <= thr32.double()[:, None]) & passing.repeat_interleave(kernels.TILE, dim=1)[:, :n]
     want_r, want_c = torch.nonzero(keep, as_tuple=True)
     got = torch.sort(found.owner * n + found.other).indices
     assert torch.equal((found.owner * n + found.other)[got], want_r * n + want_c)
@@ -587,10 +586,11 @@ def test_block_epilogue_kernel_is_its_reference_on_the_hardware():
 
 
 def test_strip_candidates_kernel_is_a_stable_sort_on_the_hardware(rng):
-    """The k smallest strip minima of each row by the kernel (``thresholds.smallest_of_rows``)
+    """The k smallest strip minima of each row by the kernel (``row_kth.smallest_of_rows``)
     are a stable sort's, on the adversarial rows of ``test_fused.py`` and on a graph part's
     scale (66,667 rows of 128 strips, k = 10; 66,667 of 256 at k = 16)."""
-    from knng.engine import row_kth, thresholds
+    from knng.engine import thresholds
+    from knng.engine.kernels import row_kth
     from test_fused import assert_smallest_of_rows_is_a_stable_sort
 
     assert_smallest_of_rows_is_a_stable_sort(torch.device("cuda"), rng)
@@ -611,15 +611,15 @@ def test_tile_pairs_kernel_groups_the_pairs_on_the_hardware(rng):
 
 
 def test_kth_of_rows_kernel_is_its_reference_on_the_hardware(rng):
-    """Each row's smallest and k-th strip minimum by ``thresholds.kth_of_rows``'s kernel equals a
+    """Each row's smallest and k-th strip minimum by ``row_kth.kth_of_rows``'s kernel equals a
     sort's, on the adversarial rows of ``test_fused.py`` and on the 200k × 128 graph's seeds by
     rows (200,000 rows of 1,024 strips at k = 101)."""
-    from knng.engine import thresholds
+    from knng.engine.kernels import row_kth
     from test_fused import assert_kth_of_rows_is_its_reference
 
     assert_kth_of_rows_is_its_reference(torch.device("cuda"), rng)
     keys = torch.randn((200_000, 1024), device="cuda").round(decimals=2)  # ties
-    for got, want in zip(thresholds.kth_of_rows(keys, 101), thresholds.kth_of_rows_reference(keys, 101)):
+    for got, want in zip(row_kth.kth_of_rows(keys, 101), row_kth.kth_of_rows_reference(keys, 101)):
         assert torch.equal(got, want)
 
 
@@ -627,7 +627,7 @@ def test_row_selection_is_its_reference_on_the_hardware():
     """Each row's first and k-th key code by the selection kernels (``row_kth``) equals the
     sort's, on the adversarial cases of ``test_row_kth.py``, on a search's scale (10k rows, 25M
     pairs, k = 2,048) and a graph's (1M rows of about 20 pairs, k = 10), keys with many ties."""
-    from knng.engine import row_kth
+    from knng.engine.kernels import row_kth
     from test_row_kth import assert_kernels_are_reference, assert_row_slots_are_permutations
 
     assert assert_kernels_are_reference(torch.device("cuda")) == 8
@@ -665,7 +665,7 @@ def test_row_order_is_its_reference_on_the_hardware():
     the two stable sorts, on the adversarial cases of ``test_row_order.py``, on a graph's finish
     (200,000 rows of up to 32 and 40 candidates, k = 10, distances with ties), on a rows-method
     graph's (65,536 rows of 153, k = 101) and on rows of 33 to 512 with and without ties."""
-    from knng.engine import row_order
+    from knng.engine.kernels import row_order
     from test_row_order import assert_kernel_is_reference
 
     assert assert_kernel_is_reference(torch.device("cuda"), wide=True) == 43
@@ -674,14 +674,14 @@ def test_row_order_is_its_reference_on_the_hardware():
         idx = torch.randint(0, 200_000, (200_000, width), device="cuda", generator=g)
         dist = (torch.rand((200_000, width), device="cuda", generator=g, dtype=torch.float64) * 50).round(decimals=1)
         idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
-        assert row_order.kernel_applies(idx) == (width <= row_order.MAX_WIDTH)
+        assert row_order.row_order_runs(idx) == (width <= row_order.MAX_WIDTH)
         got = row_order.top_by_distance(idx, dist, 10)
         want = row_order.top_by_distance_reference(idx, dist, 10)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     idx = torch.randint(0, 200_000, (65_536, 153), device="cuda", generator=g)
     dist = (torch.rand((65_536, 153), device="cuda", generator=g, dtype=torch.float64) * 1e3).round(decimals=1)
     idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
-    assert not row_order.kernel_applies(idx) and row_order.sort_kernel_applies(idx, 101)
+    assert not row_order.row_order_runs(idx) and row_order.row_sort_runs(idx, 101)
     got = row_order.top_by_distance(idx, dist, 101)
     want = row_order.top_by_distance_reference(idx, dist, 101)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
@@ -691,7 +691,7 @@ def test_row_order_is_its_reference_on_the_hardware():
         dist = (torch.rand((4_096, width), device="cuda", generator=g, dtype=torch.float64) * 1e3).round(
             decimals=decimals)
         idx[torch.rand(idx.shape, device="cuda", generator=g) < 0.15] = -1
-        assert row_order.sort_kernel_applies(idx, k)
+        assert row_order.row_sort_runs(idx, k)
         got = row_order.top_by_distance(idx, dist, k)
         want = row_order.top_by_distance_reference(idx, dist, k)
         assert all(torch.equal(a, b) for a, b in zip(got, want)), (width, k)
@@ -756,9 +756,9 @@ def test_blocks_sized_later_keep_the_pairs_of_blocks_sized_at_once(seed):
 def _use_float16_kernel(kernel: str, d: int, set_options) -> None:
     """Screens of K = ``d`` run on ``kernel`` ("wgmma", "mma.sync", "triton"; "tf32" leaves them
     as they are), or the test skips where it cannot run."""
-    from knng.engine import cuda_screen
+    from knng.engine.kernels import cuda_screen
 
-    if kernel in ("wgmma", "mma.sync") and not cuda_screen.available(torch.device("cuda")):
+    if kernel in ("wgmma", "mma.sync") and not kernels.cuda_screen_runs(torch.device("cuda")):
         pytest.skip("needs CuPy for the CUDA C screen")
     if kernel == "wgmma" and (d > cuda_screen.WGMMA_MAX_K
                               or not cuda_screen.choose_config(d, False, torch.cuda.current_device()).startswith("wg")):

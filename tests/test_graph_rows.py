@@ -16,10 +16,14 @@ import torch
 
 import knng
 import knng.api
+from knng.engine import kernels
 from knng._inputs import as_input
 from knng.engine import plan as plan_mod
-from knng.engine.frames import slab_gain
+from knng.engine.graph.frames import slab_gain
 from oracle import assert_exact, assert_exact_chunked, oracle_graph, smooth_image_patches
+
+#: The capabilities of an H100/H200, for which these tests plan on a machine without one.
+HOPPER = kernels.DeviceCapabilities.hopper()
 
 #: The options' defaults: the sizes the planner takes unless told otherwise.
 DEFAULTS = knng.Options()
@@ -95,43 +99,45 @@ def test_bad_method_is_refused():
 
 
 # ------------------------------------------------------------------------------ the planner
+class GpuPlanner:
+    """Plans graphs of 200k × 128 points (by default) for an H100 on this machine, describing the
+    data by a slab gain the test sets (``value``) and counting how often the planner asks for it."""
+
+    def __init__(self) -> None:
+        self.value, self.calls = 1.0, 0
+
+    def slab_gain(self, parts: int) -> float:
+        self.calls += 1
+        return self.value
+
+    def plan(self, k: int, *, n: int = 200_000, metric: str = "euclidean", budget: int = 60 * 2**30, **kw):
+        return plan_mod.make_graph_plan(n=n, d=128, k=k, metric=metric, device=torch.device("cuda", 0),
+                                        capabilities=HOPPER, budget=budget, include_self=False,
+                                        host_budget=64 * 2**30, slab_gain=self.slab_gain, **kw)
+
+
 @pytest.fixture
-def gpu_planner(monkeypatch, set_options):
-    """Plans for an H100 on this machine; returns a function setting the data's slab gain."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    set_options(kernels={"triton": True})
-
+def gpu_planner(set_options) -> GpuPlanner:
+    """A :class:`GpuPlanner`; the CUDA kernel's strip minima forced on (off a GPU they are off)."""
     set_options(kernels={"strip_minima": True})
-    gain = {"value": 1.0, "calls": 0}
-
-    def fake_gain(data, parts, device):
-        gain["calls"] += 1
-        return gain["value"]
-
-    monkeypatch.setattr(plan_mod, "slab_gain", fake_gain)
-    return gain
-
-
-def _gpu_plan(k: int, *, n: int = 200_000, metric: str = "euclidean", budget: int = 60 * 2**30, **kw):
-    return plan_mod.make_graph_plan(n=n, d=128, k=k, metric=metric, device=torch.device("cuda", 0), budget=budget,
-                                    include_self=False, host_budget=64 * 2**30, data=object(), **kw)
+    return GpuPlanner()
 
 
 def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
-    rows = _gpu_plan(100)
+    rows = gpu_planner.plan(100)
     assert rows.graph_method == "rows" and rows.screen_precision == "float16" and rows.k == 100
     chunks = -(-200_000 // DEFAULTS.kernel_search_rows)  # chunks of equal size, none over the limit
     assert rows.query_rows == -(-200_000 // chunks) and rows.parts == chunks
     assert rows.operation == "graph" and rows.sample_size > 0
-    assert _gpu_plan(DEFAULTS.graph_rows_min_k - 1).graph_method == "symmetric"
-    assert _gpu_plan(10).frames == "global"  # Gaussian-like data: one centre, no slabs
+    assert gpu_planner.plan(DEFAULTS.graph_rows_min_k - 1).graph_method == "symmetric"
+    assert gpu_planner.plan(10).frames == "global"  # Gaussian-like data: one centre, no slabs
     # Image-like data (slabs that shrink the squared norms) keep principal frames.
-    gpu_planner["value"] = 2 * DEFAULTS.local_centre_gain
-    sym = _gpu_plan(100)
+    gpu_planner.value = 2 * DEFAULTS.local_centre_gain
+    sym = gpu_planner.plan(100)
     assert sym.graph_method == "symmetric" and sym.frames == "principal"
     # Metrics whose blocks have one centre anyway need no sample of the data.
-    calls = gpu_planner["calls"]
-    assert _gpu_plan(100, metric="cosine").graph_method == "rows" and gpu_planner["calls"] == calls
+    calls = gpu_planner.calls
+    assert gpu_planner.plan(100, metric="cosine").graph_method == "rows" and gpu_planner.calls == calls
 
 
 def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planner, set_options):
@@ -139,17 +145,17 @@ def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planne
     # tiles of 128 columns, the budget) a graph of at most GRAPH_ROWS_TILES_FIRST_MAX_ND values
     # runs by rows at any k; larger data, image-like data and k past the tiles keep the blocks.
     set_options(kernels={"tiles_first": True})
-    small = _gpu_plan(10)  # 200k × 128: 25.6M values, 1,563 tiles
+    small = gpu_planner.plan(10)  # 200k × 128: 25.6M values, 1,563 tiles
     assert small.graph_method == "rows" and plan_mod.tiles_first(replace(small, operation="search", k=11),
                                                                  torch.device("cuda", 0))
-    assert _gpu_plan(10, n=500_000).graph_method == "symmetric"  # 64M values: the halved product wins
-    assert _gpu_plan(100, n=500_000).graph_method == "rows"  # from GRAPH_ROWS_MIN_K, as before
-    assert _gpu_plan(10, n=2_000).graph_method == "symmetric"  # 16 tiles < 2 (k + 1)
+    assert gpu_planner.plan(10, n=500_000).graph_method == "symmetric"  # 64M values: the halved product wins
+    assert gpu_planner.plan(100, n=500_000).graph_method == "rows"  # from GRAPH_ROWS_MIN_K, as before
+    assert gpu_planner.plan(10, n=2_000).graph_method == "symmetric"  # 16 tiles < 2 (k + 1)
     set_options(graph_rows_tiles_first=False)
-    assert _gpu_plan(10).graph_method == "symmetric"
+    assert gpu_planner.plan(10).graph_method == "symmetric"
     set_options(graph_rows_tiles_first=True)
-    gpu_planner["value"] = 2 * DEFAULTS.local_centre_gain  # principal slabs: blocks centred on their parts
-    assert _gpu_plan(10).graph_method == "symmetric"
+    gpu_planner.value = 2 * DEFAULTS.local_centre_gain  # principal slabs: blocks centred on their parts
+    assert gpu_planner.plan(10).graph_method == "symmetric"
 
 
 def test_tiles_first_is_decided_from_the_plan(gpu_planner, set_options):
@@ -158,49 +164,51 @@ def test_tiles_first_is_decided_from_the_plan(gpu_planner, set_options):
 
     def search(n_corpus: int, k: int, budget: int = 60 * 2**30, **kw):
         return plan_mod.make_search_plan(n_queries=10_000, n_corpus=n_corpus, d=128, k=k, metric="euclidean",
-                                         device=cuda, budget=budget, host_budget=64 * 2**30, **kw)
+                                         device=cuda, capabilities=HOPPER, budget=budget, host_budget=64 * 2**30, **kw)
 
-    assert plan_mod.tiles_first(search(200_000, 100), cuda)
+    assert plan_mod.tiles_first(search(200_000, 100), HOPPER)
     widest = plan_mod.KTH_ROW_MAX_WIDTH  # the k-th kernel's widest row
-    assert plan_mod.tiles_first(search(widest * 128, 10), cuda)
-    assert not plan_mod.tiles_first(search(widest * 128 + 1, 10), cuda)
-    assert not plan_mod.tiles_first(search(200_000, 782), cuda)  # 1,563 tiles < 2k
-    assert plan_mod.tiles_first(search(200_000, 781), cuda)
+    assert plan_mod.tiles_first(search(widest * 128, 10), HOPPER)
+    assert not plan_mod.tiles_first(search(widest * 128 + 1, 10), HOPPER)
+    assert not plan_mod.tiles_first(search(200_000, 782), HOPPER)  # 1,563 tiles < 2k
+    assert plan_mod.tiles_first(search(200_000, 781), HOPPER)
     with knng.options(kernels={"tiles_first": False}):  # float32: no wgmma kernel
-        assert not plan_mod.tiles_first(search(200_000, 100, screen_dtype="float32"), cuda)
+        assert not plan_mod.tiles_first(search(200_000, 100, screen_dtype="float32"), HOPPER)
     tight = search(200_000, 100, budget=2**26)
-    assert tight.query_rows * 1_563 * 8 > tight.budget // 8 and not plan_mod.tiles_first(tight, cuda)
+    assert tight.query_rows * 1_563 * 8 > tight.budget // 8 and not plan_mod.tiles_first(tight, HOPPER)
     # 2¹⁷ rows × 16,384 tiles: 2³¹ grouped pairs, past their int32 positions, in a budget they fit.
     huge = replace(search(1 << 21, 10, budget=300 * 2**30), query_rows=1 << 17)
-    assert huge.query_rows * 16_384 * 8 <= huge.budget // 8 and not plan_mod.tiles_first(huge, cuda)
-    assert plan_mod.tiles_first(replace(huge, query_rows=(1 << 17) - 1), cuda)
+    assert huge.query_rows * 16_384 * 8 <= huge.budget // 8 and not plan_mod.tiles_first(huge, HOPPER)
+    assert plan_mod.tiles_first(replace(huge, query_rows=(1 << 17) - 1), HOPPER)
     set_options(tiles_first=False)
-    assert not plan_mod.tiles_first(search(200_000, 100), cuda)
+    assert not plan_mod.tiles_first(search(200_000, 100), HOPPER)
 
 
 def test_the_planner_keeps_symmetric_where_rows_cannot_run(gpu_planner):
-    assert _gpu_plan(100, screen_dtype="float32").graph_method == "symmetric"  # no kernel: score blocks
-    assert _gpu_plan(100, method="symmetric").graph_method == "symmetric"
+    assert gpu_planner.plan(100, screen_dtype="float32").graph_method == "symmetric"  # no kernel: score blocks
+    assert gpu_planner.plan(100, method="symmetric").graph_method == "symmetric"
     # Candidate stores that do not fit the device: bands of parts, symmetric.
-    assert _gpu_plan(100, n=4_000_000, budget=2 * 2**30).graph_method == "symmetric"
+    assert gpu_planner.plan(100, n=4_000_000, budget=2 * 2**30).graph_method == "symmetric"
 
 
 def test_a_graph_screened_in_float64_keeps_its_symmetric_blocks(gpu_planner):
     # The issue's 16,384 × 4,096 graph at k = 1,024: the graph's rule screens it in float64 and
     # keeps the symmetric blocks, although a search of the same shape now screens in float16.
-    kw = dict(d=4096, k=1024, metric="euclidean", device=torch.device("cuda", 0), budget=60 * 2**30,
+    kw = dict(d=4096, k=1024, metric="euclidean", device=torch.device("cuda", 0),
+              capabilities=HOPPER, budget=60 * 2**30,
               host_budget=64 * 2**30)
-    wide = plan_mod.make_graph_plan(n=16_384, include_self=False, data=object(), **kw)
+    wide = plan_mod.make_graph_plan(n=16_384, include_self=False, **kw)
     assert wide.screen_precision == "float64" and wide.graph_method == "symmetric"
     assert plan_mod.make_search_plan(n_queries=16_384, n_corpus=16_384, **kw).screen_precision == "float16"
-    assert plan_mod.make_graph_plan(n=16_384, include_self=False, data=object(), method="rows", **kw
+    assert plan_mod.make_graph_plan(n=16_384, include_self=False, method="rows", **kw
                                     ).graph_method == "rows"  # asked for, it runs
 
 
 def test_kernel_searches_take_larger_query_chunks(gpu_planner):
     def search(k: int, budget: int = 60 * 2**30, **kw):
         return plan_mod.make_search_plan(n_queries=200_000, n_corpus=1_000_000, d=128, k=k, metric="euclidean",
-                                         device=torch.device("cuda", 0), budget=budget, host_budget=64 * 2**30,
+                                         device=torch.device("cuda", 0), capabilities=HOPPER, budget=budget,
+                                         host_budget=64 * 2**30,
                                          **kw)
 
     def balanced(limit: int) -> int:  # chunks of equal size, none over the limit
@@ -230,7 +238,7 @@ def test_slab_gain_is_its_definition(parts, rng):
     # mean (slabs of equal size along the direction, in its order), here computed directly in
     # NumPy from the same sample and direction: more slabs than rows, slabs of one row (no
     # spread within: an infinite gain), a direction with clusters along it.
-    from knng.engine import frames
+    from knng.engine.graph import frames
 
     x = rng.standard_normal((5_000, 12)).astype(np.float32)
     x[:, 0] += 6.0 * rng.integers(0, 4, 5_000)  # four clusters along the first axis
@@ -255,11 +263,11 @@ def test_slab_gain_is_its_definition(parts, rng):
 def test_knng_info_describes_a_rows_plan(gpu_planner):
     from knng.cli.info import plan_lines
 
-    text = "\n".join(plan_lines("graph", _gpu_plan(100, n=600_000)))
+    text = "\n".join(plan_lines("graph", gpu_planner.plan(100, n=600_000)))
     assert "3 chunks of ≤200,000 points, each searched against all the data" in text
-    assert "1 chunk of ≤200,000 points" in "\n".join(plan_lines("graph", _gpu_plan(100)))
+    assert "1 chunk of ≤200,000 points" in "\n".join(plan_lines("graph", gpu_planner.plan(100)))
     assert "symmetry" not in text
-    assert "symmetry" in "\n".join(plan_lines("graph", _gpu_plan(10)))
+    assert "symmetry" in "\n".join(plan_lines("graph", gpu_planner.plan(10)))
 
 
 def test_a_resumed_rows_graph_reports_rows(rng, tmp_path):
@@ -280,10 +288,10 @@ def test_strip_seeds_take_their_whole_sample(gpu_planner, set_options):
 
     set_options(kernels={"strip_minima": True})
     whole = min(DEFAULTS.gpu_sample, plan_mod.GPU_SAMPLE_PER_K * 101)
-    strips = _gpu_plan(100)
+    strips = gpu_planner.plan(100)
     assert strips.sample_size == whole and strips.query_rows == 200_000
     set_options(kernels={"strip_minima": False})
-    block = _gpu_plan(100)
+    block = gpu_planner.plan(100)
     assert block.sample_size == whole and block.query_rows < strips.query_rows
     assert block.sample_size * block.query_rows * 4 <= 60 * 2**30 // 8
 
@@ -296,8 +304,8 @@ def test_stores_that_take_survivors_in_wait_for_more(gpu_planner):
     assert plan_mod.pending_pairs(cuda, 60 * 2**30) == DEFAULTS.pending_gpu
     assert plan_mod.pending_pairs(torch.device("cpu"), 60 * 2**30, updates=True) == DEFAULTS.pending_cpu
     assert plan_mod.pending_pairs(cuda, 2**30, updates=True) == 2**30 // 8 // DEFAULTS.pending_pair_bytes
-    gpu_planner["value"] = 2 * DEFAULTS.local_centre_gain  # image-like data: principal frames
-    sym = _gpu_plan(10)
+    gpu_planner.value = 2 * DEFAULTS.local_centre_gain  # image-like data: principal frames
+    sym = gpu_planner.plan(10)
     assert sym.frames == "principal"
     assert sym.bytes_expected >= plan_mod.PENDING_GPU_UPDATES * DEFAULTS.pending_pair_bytes
 
@@ -305,11 +313,11 @@ def test_stores_that_take_survivors_in_wait_for_more(gpu_planner):
 def test_strip_seeds_are_planned_only_where_the_search_runs_them(gpu_planner, set_options):
     # A corpus with fewer than 2k strips is seeded from a materialised sample block even where
     # the kernel's minima run: the plan must then fit that block in its eighth of the budget.
-    from knng.engine import fused
 
     set_options(kernels={"strip_minima": True})
     budget = 16 * 2**30
     p = plan_mod.make_search_plan(n_queries=200_000, n_corpus=50_000, d=128, k=500, metric="euclidean",
-                                  device=torch.device("cuda", 0), budget=budget, host_budget=64 * 2**30)
-    assert 2 * 500 > -(-50_000 // fused.STRIP)
+                                  device=torch.device("cuda", 0), capabilities=HOPPER, budget=budget,
+                                  host_budget=64 * 2**30)
+    assert 2 * 500 > -(-50_000 // kernels.strip_width())
     assert p.sample_size * p.query_rows * 4 <= budget // 8 or p.sample_size == 500 * plan_mod.SAMPLE_PER_K

@@ -1,6 +1,6 @@
 """A host-memory budget (``host_memory_budget=`` / ``--host-memory``): files several times larger
 than the budget stream through it, a graph whose candidate stores do not fit runs in bands with
-its stores on disk (knng.engine.lists), and every answer equals the in-memory one bit for bit.
+its stores on disk (knng.engine.store.lists), and every answer equals the in-memory one bit for bit.
 
 The memory itself is measured in a subprocess: its peak anonymous memory (``RssAnon``, sampled
 every 2 ms) during the call, over what it held before. glibc's dynamic mmap threshold lets the

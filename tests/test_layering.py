@@ -24,8 +24,12 @@ Two more rules hold inside the package:
 
 (f) no module reaches a private name of a module of another package by attribute
     (``from knng.engine import graph`` then ``graph._own_parts``, from ``knng.api``);
-(g) inside the engine, modules depend downwards in the order stated by :data:`ENGINE_ORDER`
-    (every import counts): a module imports only engine modules of a lower tier.
+(g) inside the engine, parts (modules directly in ``knng/engine``, and subpackages) depend
+    downwards in the order stated by :data:`ENGINE_ORDER`, and a subpackage's modules in the
+    order of :data:`SUBPACKAGE_ORDER` (every import counts);
+(h) the engine's subpackages (the kernel backend ``knng.engine.kernels``, the stores, the graph)
+    are doors: every other knng module imports a package's exported names, never its modules
+    (:data:`ENGINE_DOORS`).
 
 A failure names the file, line and rule of every violation.
 
@@ -68,6 +72,7 @@ PLACED: dict[str, str] = {
     "_version": "leaf",      # the version string, named by checkpoint fingerprints in every layer
     "_interrupts": "leaf",   # SIGINT/SIGTERM as one exception: the command line and the launcher
     "_options": "leaf",      # the engine's options (knng.options / knng.get_options), read by every layer
+    "_cuda": "leaf",         # compiling and launching CUDA C kernels through CuPy: select and the engine
     "results": "results",    # plain result classes: usable by every layer above _inputs
     "arguments": "engine",   # argument checks shared by api and distributed (imports select)
     "reports": "engine",     # last-report holder and report_as_dict, shared by api and distributed
@@ -81,19 +86,38 @@ PLACED: dict[str, str] = {
     "__main__": "cli",       # `python -m knng`
 }
 
-#: The engine's modules, lowest tier first (rule (g)): each imports only modules of lower tiers.
+#: The engine's parts, lowest tier first (rule (g)): each imports only parts of lower tiers. A
+#: part is a module directly in ``knng/engine`` or a subpackage (all of its modules).
 ENGINE_ORDER: tuple[tuple[str, ...], ...] = (
     ("stages",),                              # the pipeline's stage counters: read by every step
-    ("_triton_kernels", "cuda_screen"),       # the kernels themselves (Triton, CUDA C)
-    ("fused",),                               # their launchers, and whether they run here
-    ("exact", "preparation", "radius", "row_kth", "row_order", "screen"),  # one step each
+    ("kernels",),                             # the kernel backend: what runs here, launchers, kernels
+    ("exact", "screen"),                      # exact values; the screen of a block
     ("duplicates", "thresholds"),             # folding identical rows; seeds and thresholds
-    ("frames", "store"),                      # blocks' centres; the candidate stores
     ("plan",),                                # the planner
-    ("checkpoint", "common", "lists"),        # checkpoints; prepared corpus and reports; lists' homes
+    ("checkpoint", "store"),                  # checkpoints; the candidate stores and their homes
+    ("common",),                              # the prepared corpus, devices, reports
     ("search",),                              # the search
     ("graph",),                               # the graph (by blocks, or by rows: a search)
 )
+
+#: The order inside each engine subpackage, lowest tier first (rule (g) again; the package's
+#: ``__init__`` may import any of its modules).
+SUBPACKAGE_ORDER: dict[str, tuple[tuple[str, ...], ...]] = {
+    "kernels": (
+        ("cuda_screen", "triton_pairs", "triton_preparation", "triton_radius", "triton_rows", "triton_screen",
+         "triton_unfold"),                    # the kernels themselves (CUDA C, Triton)
+        ("capabilities",),                    # a device's facts
+        ("pairs", "preparation", "radius", "row_kth", "row_order", "unfold"),  # launchers of one topic each
+        ("runs",),                            # what runs here
+        ("fused",),                           # the fused screen's launchers
+    ),
+    "store": (("candidates",), ("lists",)),   # the stores; where they live
+    "graph": (("frames", "report"), ("rows",), ("blocks",)),  # centres, report; by rows; by blocks
+}
+
+#: The engine's doors (rule (h)): a knng module outside one of these subpackages imports it as
+#: the package (its exported names), never one of its modules.
+ENGINE_DOORS: frozenset[str] = frozenset({"kernels", "store", "graph"})
 
 #: Importers exempt from the layer rule (a). ``knng/__init__.py`` re-exports the public API and
 #: may import from any layer; it is still checked for private names and cycles.
@@ -292,22 +316,43 @@ def cycles(imports: list[Import]) -> list[str]:
     return out
 
 
+def engine_part(module: str) -> str | None:
+    """The engine part of ``module`` (``knng.engine.kernels.fused`` → ``kernels``), or None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["knng", "engine"] else None
+
+
 def engine_order_violations(imports: list[Import]) -> list[str]:
-    """Rule (g): engine modules importing engine modules of their own or a higher tier."""
-    tier = {f"knng.engine.{name}": i for i, names in enumerate(ENGINE_ORDER) for name in names}
+    """Rule (g): engine parts importing engine parts of their own or a higher tier (and, inside a
+    subpackage, its modules likewise); rule (h): a subpackage door passed by."""
+    tier = {name: i for i, names in enumerate(ENGINE_ORDER) for name in names}
     out = []
     for imp in imports:
-        if not (imp.importer.startswith("knng.engine.") and imp.target.startswith("knng.engine.")):
+        mine, theirs = engine_part(imp.importer), engine_part(imp.target)
+        if theirs in ENGINE_DOORS and mine != theirs and imp.target != f"knng.engine.{theirs}":
+            out.append(f"{imp.where}: rule (h) door: {imp.importer} imports {imp.target}; import "
+                       f"knng.engine.{theirs} (the package) instead")
+        if mine is None or theirs is None or imp.target == imp.importer:
             continue
-        if imp.target == imp.importer:
-            continue
-        for module in (imp.importer, imp.target):
-            if module not in tier:
-                out.append(f"{imp.where}: rule (g) engine order: {module} has no place in ENGINE_ORDER "
+        for part in (mine, theirs):
+            if part not in tier:
+                out.append(f"{imp.where}: rule (g) engine order: knng.engine.{part} has no place in ENGINE_ORDER "
                            f"(tests/test_layering.py): state it")
-        if imp.importer in tier and imp.target in tier and tier[imp.target] >= tier[imp.importer]:
-            out.append(f"{imp.where}: rule (g) engine order: {imp.importer} (tier {tier[imp.importer]}) "
-                       f"imports {imp.target} (tier {tier[imp.target]}, not lower)")
+        if mine != theirs:
+            if mine in tier and theirs in tier and tier[theirs] >= tier[mine]:
+                out.append(f"{imp.where}: rule (g) engine order: {imp.importer} (tier {tier[mine]}) "
+                           f"imports {imp.target} (tier {tier[theirs]}, not lower)")
+            continue
+        inner = SUBPACKAGE_ORDER.get(mine)
+        if inner is None or imp.importer == f"knng.engine.{mine}":
+            continue
+        inner_tier = {name: i for i, names in enumerate(inner) for name in names}
+        a, b = imp.importer.split(".")[3], imp.target.split(".")[3] if imp.target.count(".") >= 3 else None
+        if b is None:
+            out.append(f"{imp.where}: rule (g) engine order: {imp.importer} imports its own package's __init__")
+        elif a in inner_tier and b in inner_tier and inner_tier[b] >= inner_tier[a]:
+            out.append(f"{imp.where}: rule (g) engine order: {imp.importer} (tier {inner_tier[a]} of {mine}) "
+                       f"imports {imp.target} (tier {inner_tier[b]}, not lower)")
     return out
 
 
@@ -390,11 +435,28 @@ def test_no_import_cycle() -> None:
 
 def test_the_engine_depends_downwards_in_its_stated_order() -> None:
     problems = engine_order_violations(collect())
-    engine = {m.split(".")[2] for m in all_modules() if m.startswith("knng.engine.")}
+    modules = [m for m in all_modules() if engine_part(m)]
+    engine = {engine_part(m) for m in modules}
     stated = {name for names in ENGINE_ORDER for name in names}
-    problems += [f"rule (g): ENGINE_ORDER names {name}, which is no engine module" for name in sorted(stated - engine)]
+    problems += [f"rule (g): ENGINE_ORDER names {name}, which is no engine part" for name in sorted(stated - engine)]
     problems += [f"rule (g): knng.engine.{name} has no place in ENGINE_ORDER" for name in sorted(engine - stated)]
+    for package, inner in SUBPACKAGE_ORDER.items():
+        found = {m.split(".")[3] for m in modules if m.startswith(f"knng.engine.{package}.")}
+        named = {name for names in inner for name in names}
+        problems += [f"rule (g): knng.engine.{package}.{name} has no place in SUBPACKAGE_ORDER"
+                     for name in sorted(found - named)]
+        problems += [f"rule (g): SUBPACKAGE_ORDER names {package}.{name}, which is no module"
+                     for name in sorted(named - found)]
     assert not problems, _report(problems)
+
+
+def test_the_engine_has_few_parts() -> None:
+    """At most 12 modules and subpackages directly in ``knng/engine`` (besides its ``__init__``):
+    the engine's layout is read at a glance, the details live in subpackages with one job each."""
+    engine = PACKAGE / "engine"
+    parts = [p.name for p in engine.iterdir() if (p.suffix == ".py" and p.name != "__init__.py")
+             or (p.is_dir() and (p / "__init__.py").exists())]
+    assert len(parts) <= 12, sorted(parts)
 
 
 def test_no_private_name_reached_by_attribute_across_packages() -> None:
@@ -483,7 +545,19 @@ def test_checker_sees_private_attributes_and_the_engine_order() -> None:
     upward = imports_of("knng.engine.plan", False, "def f():\n    from knng.engine.search import run\n", "p.py",
                         modules)
     (problem,) = engine_order_violations(upward)
-    assert "rule (g) engine order: knng.engine.plan (tier 6) imports knng.engine.search (tier 8" in problem
+    assert "rule (g) engine order: knng.engine.plan (tier 4) imports knng.engine.search (tier 7" in problem
+
+
+def test_checker_sees_a_door_passed_by() -> None:
+    modules = _FAKE_MODULES | {"knng.engine.kernels", "knng.engine.kernels.fused", "knng.engine.screen"}
+    through = imports_of("knng.engine.screen", False, "from knng.engine.kernels import screen_block\n", "s.py", modules)
+    assert engine_order_violations(through) == []
+    past = imports_of("knng.api", False, "from knng.engine.kernels.fused import screen_block\n", "a.py", modules)
+    (problem,) = engine_order_violations(past)
+    assert "rule (h) door: knng.api imports knng.engine.kernels.fused" in problem
+    inside = imports_of("knng.engine.kernels.fused", False, "from knng.engine.kernels import runs\n", "f.py",
+                        modules | {"knng.engine.kernels.runs"})
+    assert engine_order_violations(inside) == []
 
 
 def test_checker_exempts_only_the_top_level_package() -> None:

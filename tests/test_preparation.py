@@ -1,6 +1,6 @@
 """The preparation kernels (the corpus pass and scaled float16 rows) against their references.
 
-Their contract (``knng.engine.preparation``): the float16 rows, scales and α of
+Their contract (``knng.engine.kernels.preparation``): the float16 rows, scales and α of
 :meth:`Metric.prepare` bit for bit, its norms, terms and offsets to the last bits of float64
 (sums in another order), and the corpus pass's float64 column sums and non-finite count. On a
 CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``, chosen by conftest.py); on a GPU
@@ -17,7 +17,8 @@ import torch
 import knng
 from knng._inputs import as_input
 from knng.api import last_report
-from knng.engine import common, preparation
+from knng.engine import common
+from knng.engine.kernels import preparation
 from knng.metrics import get_metric, scaled_alphas, scaled_scales
 from oracle import assert_exact, oracle_search, smooth_image_patches
 
@@ -68,7 +69,7 @@ def test_scaled_rows_match_the_reference(device, rng, kind, m, d, metric_name, s
     raw = torch.from_numpy(_inputs(rng, kind, m, d)).to(device=device, dtype=dtype)
     centre = raw.to(torch.float64).mean(dim=0) if m else torch.zeros(d, dtype=torch.float64, device=device)
     for mu in (centre, None):
-        got = preparation.prepare(metric, raw, mu, side=side, symmetric=symmetric, dtype=torch.float16)
+        got = preparation.prepare_rows(metric, raw, mu, side=side, symmetric=symmetric, dtype=torch.float16)
         want = metric.prepare(raw, mu, side=side, symmetric=symmetric, dtype=torch.float16)
         _assert_prepared_alike(got, want)
         assert torch.equal(scaled_scales(got.vectors), scaled_scales(want.vectors))
@@ -81,14 +82,14 @@ def test_scaled_rows_from_narrow_inputs(device, rng, dtype):
     metric = get_metric("euclidean")
     raw = torch.from_numpy(rng.integers(0, 256, size=(45, 70))).to(device=device, dtype=dtype)
     centre = raw.to(torch.float64).mean(dim=0)
-    got = preparation.prepare(metric, raw, centre, side="corpus", symmetric=True, dtype=torch.float16)
+    got = preparation.prepare_rows(metric, raw, centre, side="corpus", symmetric=True, dtype=torch.float16)
     _assert_prepared_alike(got, metric.prepare(raw, centre, side="corpus", symmetric=True, dtype=torch.float16))
 
 
 def test_non_contiguous_rows(device, rng):
     metric = get_metric("euclidean")
     raw = torch.from_numpy(rng.standard_normal((40, 60))).to(device)[:, ::2]
-    got = preparation.prepare(metric, raw, None, side="corpus", symmetric=False, dtype=torch.float16)
+    got = preparation.prepare_rows(metric, raw, None, side="corpus", symmetric=False, dtype=torch.float16)
     _assert_prepared_alike(got, metric.prepare(raw, None, side="corpus", symmetric=False, dtype=torch.float16))
 
 
@@ -97,7 +98,7 @@ def test_non_contiguous_rows(device, rng):
 def test_other_layouts_take_the_reference(device, rng, metric_name, dtype):
     metric = get_metric(metric_name)
     raw = torch.from_numpy(rng.standard_normal((20, 9))).to(device)
-    got = preparation.prepare(metric, raw, None, side="query", symmetric=False, dtype=dtype)
+    got = preparation.prepare_rows(metric, raw, None, side="query", symmetric=False, dtype=dtype)
     want = metric.prepare(raw, None, side="query", symmetric=False, dtype=dtype)
     assert torch.equal(got.vectors, want.vectors) and torch.equal(got.norms, want.norms)
 
@@ -127,18 +128,17 @@ def test_corpus_pass_names_the_first_bad_row(device):
                             block_rows=128)
 
 
-def test_search_prepared_by_the_kernels(device, rng, spy, set_options):
+def test_search_prepared_by_the_kernels(device, rng, set_options):
     """A float16 search whose corpus and queries the kernels prepared (screened by the
     interpreted Triton kernel, or on a GPU by the CUDA one) is exact; far from the origin, with ties."""
 
     set_options(screen_precision="float16")
-    calls = spy(preparation, "prepare")
     c = smooth_image_patches(rng, 300, side=4).astype(np.float32) + 1000.0
     c[200:220] = c[:20]
     q = c[::7] + rng.standard_normal((len(c[::7]), 16)).astype(np.float32)
     data = (torch.from_numpy(q).to(device), torch.from_numpy(c).to(device))
     got = knng.search(*data, 9, device=device, memory_budget="4MB")
-    assert calls and last_report().screen_dtype == "float16"
+    assert last_report().stages.get("prepare.kernel", 0) > 0 and last_report().screen_dtype == "float16"
     assert_exact(got, oracle_search(q, c, 9))
 
 
@@ -168,4 +168,4 @@ def test_prepare_refuses_an_output_of_another_shape(device, rng):
     metric = get_metric("euclidean")
     wrong = torch.empty((9, 3), dtype=torch.float16, device=device)
     with pytest.raises(ValueError, match="out must be"):
-        preparation.prepare(metric, x, None, side="corpus", symmetric=False, dtype=torch.float16, out=wrong)
+        preparation.prepare_rows(metric, x, None, side="corpus", symmetric=False, dtype=torch.float16, out=wrong)

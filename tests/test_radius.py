@@ -1,4 +1,4 @@
-"""The threshold radius kernel (``knng.engine.radius``) against its torch reference, bit for bit.
+"""The threshold radius kernel (``knng.engine.kernels.radius``) against its torch reference, bit for bit.
 
 On a CPU the kernel runs in Triton's interpreter (NumPy float64, one IEEE operation at a time);
 the GPU test in ``test_gpu_fused.py`` runs the same cases on the device, launched without fused
@@ -15,7 +15,9 @@ import pytest
 import torch
 
 import knng
-from knng.engine import fused, radius, stages
+from knng.engine import kernels
+from knng.engine import stages
+from knng.engine.kernels import radius
 from knng.engine.store import CandidateStore, PairErrors
 from knng.metrics import METRICS, PRECISIONS, get_metric
 
@@ -76,7 +78,7 @@ def assert_kernel_is_reference(device: torch.device) -> int:
     """Every case's kernel values equal the reference's, bit for bit; returns the cases run."""
     cases = 0
     for label, errors, rows, tau, max_norm, max_term, given in radius_cases(device):
-        assert radius.kernel_applies(tau, errors.row_norms, errors.row_offsets)
+        assert radius.radius_runs(tau, errors.row_norms, errors.row_offsets)
         for add_tau in (False, True):
             want = reference(errors, rows, tau, max_norm, max_term, given, add_tau)
             got = kernel(errors, rows, tau, max_norm, max_term, given, add_tau)
@@ -94,7 +96,7 @@ def assert_tightening_is_reference(device: torch.device) -> int:
     cases = 0
     gen = torch.Generator().manual_seed(5)
     # In the interpreter the row kernels cost per row; test_row_kth.py tests them.
-    with knng.options(kernels={"row_kth": False} if fused.interpreting() else {}):
+    with knng.options(kernels={"row_kth": False} if kernels.interpreting() else {}):
         for label, errors, rows, tau, max_norm, max_term, given in radius_cases(device):
             if isinstance(max_norm, torch.Tensor) or given is not None:
                 continue

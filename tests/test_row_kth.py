@@ -1,4 +1,4 @@
-"""Each row's smallest and k-th key without a sort (``knng.engine.row_kth``) against its sort.
+"""Each row's smallest and k-th key without a sort (``knng.engine.kernels.row_kth``) against its sort.
 
 The kernels run in Triton's interpreter on a CPU (``TRITON_INTERPRET=1``, as CI runs them) and on
 the GPU in ``test_gpu_fused.py``; the reference is the one int64 sort of (row, key code) pairs,
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import knng
-from knng.engine import row_kth
+from knng.engine.kernels import row_kth
 
 #: The options' defaults: the sizes the planner takes unless told otherwise.
 DEFAULTS = knng.Options()
@@ -100,7 +100,7 @@ def test_kernels_are_the_reference(programs, set_options):
         pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
     set_options(kernels={"triton": True})
     set_options(row_kth_max_programs=programs)
-    assert row_kth.kernel_applies(torch.zeros(1, dtype=torch.int64))
+    assert row_kth.row_kth_runs(torch.zeros(1, dtype=torch.int64))
     assert assert_kernels_are_reference(torch.device("cpu")) == 8
 
 

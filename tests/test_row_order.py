@@ -1,4 +1,4 @@
-"""Each row's first k entries by (distance, index) (``knng.engine.row_order``): ranked by a kernel
+"""Each row's first k entries by (distance, index) (``knng.engine.kernels.row_order``): ranked by a kernel
 (narrow rows) or by one sort with ties settled again (wider rows), against the two stable sorts
 of its reference, and the reference against Python's own sort of each row.
 
@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from knng.engine import fused, row_order, stages
+from knng.engine import kernels
+from knng.engine import stages
+from knng.engine.kernels import row_order
 
 pytest.importorskip("triton", reason="the kernel runs in Triton's interpreter")
 
@@ -80,8 +82,8 @@ def assert_kernel_is_reference(device: torch.device, wide: bool = False, ranked:
     for label, idx, dist, k in order_cases(wide=wide):
         idx, dist = idx.to(device), dist.to(device)
         carry = torch.arange(idx.numel(), device=device).view(idx.shape)
-        assert row_order.kernel_applies(idx) == (ranked and idx.shape[1] <= row_order.MAX_WIDTH
-                                                 and fused.fused_available(device)), label
+        assert row_order.row_order_runs(idx) == (ranked and idx.shape[1] <= row_order.MAX_WIDTH
+                                                 and kernels.triton_runs(device)), label
         got = row_order.top_by_distance(idx, dist, k, carry)
         want = row_order.top_by_distance_reference(idx, dist, k, carry)
         for name, g, w in zip(("idx", "dist", "carry"), got, want):
@@ -149,10 +151,10 @@ def test_wide_rows_take_the_sorts(monkeypatch, set_options):
     set_options(kernels={"triton": True})
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU
     wide = torch.zeros((3, row_order.MAX_WIDTH + 1), dtype=torch.int64)
-    assert not row_order.kernel_applies(wide) and row_order.sort_kernel_applies(wide, 10)
-    assert not row_order.kernel_applies(torch.zeros((0, 8), dtype=torch.int64))
+    assert not row_order.row_order_runs(wide) and row_order.row_sort_runs(wide, 10)
+    assert not row_order.row_order_runs(torch.zeros((0, 8), dtype=torch.int64))
     widest = torch.zeros((3, row_order.SORT_MAX_WIDTH), dtype=torch.int64)
-    assert row_order.sort_kernel_applies(widest, 10) and not row_order.sort_kernel_applies(widest, 257)
-    assert not row_order.sort_kernel_applies(torch.zeros((3, row_order.SORT_MAX_WIDTH + 1), dtype=torch.int64), 10)
+    assert row_order.row_sort_runs(widest, 10) and not row_order.row_sort_runs(widest, 257)
+    assert not row_order.row_sort_runs(torch.zeros((3, row_order.SORT_MAX_WIDTH + 1), dtype=torch.int64), 10)
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter: torch's sort unless asked
-    assert not row_order.sort_kernel_applies(wide, 10)
+    assert not row_order.row_sort_runs(wide, 10)

@@ -328,7 +328,7 @@ def test_held_survivors_finish_exact(data, k, spill, rng, seed, screen, set_opti
 def test_key_codes_sort_as_the_keys(rng):
     # CandidateStore.tighten selects each row's k-th key by its order code: the code must order
     # like the float32 key and decode to the same bits; float64 keys are rounded up.
-    from knng.engine.row_kth import decoded, float32_up, ordered_code
+    from knng.engine.kernels.row_kth import decoded, float32_up, ordered_code
 
     special = [-np.inf, -3.4e38, -1.0, -1e-40, -0.0, 0.0, 1e-45, 1e-40, 1.0, 3.4e38, np.inf]
     x = torch.from_numpy(np.concatenate([special, rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)])
@@ -347,7 +347,7 @@ def test_key_codes_sort_as_the_keys(rng):
 def test_wide_key_codes_sort_and_round_up(rng, shift):
     # A store update sorts (row, upper bound) pairs as one int64 with the row in the top bits:
     # the bound's code keeps 64 − shift bits, in order, and a code rounds up (never down).
-    from knng.engine.store import _code64_up, _rounded_up
+    from knng.engine.store.candidates import _code64_up, _rounded_up
 
     special = [-np.inf, -1.7e308, -1.0, -5e-324, -0.0, 0.0, 5e-324, 1e-300, 1.0, 1.7e308, np.inf]
     x = torch.from_numpy(np.concatenate([special, rng.standard_normal(20000) * 10.0 ** rng.integers(-300, 300, 20000),
@@ -480,7 +480,7 @@ def test_held_survivors_tighten_no_sooner_than_the_last_tightening_kept(pairs, r
 def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, set_options):
     # Median (the lower of an even count), 99th percentile and maximum by the device's sort, as
     # NumPy's partition on the host gives them: ties, several lists, sizes either side of 100.
-    import knng.engine.store as store
+    import knng.engine.store.candidates as store
 
     counts = [torch.from_numpy(rng.integers(0, 7, size=m)) for m in (n // 3, n - n // 3)]
     host = store.summarize_per_row(counts)
@@ -495,7 +495,7 @@ def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, set_options):
 def test_summaries_in_one_copy_equal_each_alone(rng, set_options):
     # Several summaries read in one copy (some sorted on the device, some on the host, some
     # empty) are each the summary of its own counts.
-    import knng.engine.store as store
+    import knng.engine.store.candidates as store
 
     groups = [[torch.from_numpy(rng.integers(0, 9, size=m)) for m in sizes]
               for sizes in ((5, 0, 17), (), (0,), (1,), (150,), (40, 61))]

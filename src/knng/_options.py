@@ -93,10 +93,10 @@ class Options:
         fewer over the block; ``knng.engine.screen``).
     cuda_screen : bool, default True
         The scaled float16 screen runs as the CUDA C kernel (compiled through CuPy) where it can,
-        else as the Triton kernel (``knng.engine.fused``).
+        else as the Triton kernel (``knng.engine.kernels.fused``).
     wgmma : bool, default True
         On a Hopper GPU, the CUDA C screen's asynchronous warpgroup products (``wgmma``) up to
-        K = 256, else ``mma.sync`` (``knng.engine.cuda_screen``).
+        K = 256, else ``mma.sync`` (``knng.engine.kernels.cuda_screen``).
     wgmma_one_set : bool, default True
         Screens of K ≤ 128 take the wgmma kernel's one-set configuration (two blocks a
         multiprocessor).
@@ -107,7 +107,7 @@ class Options:
         half-tile's entries again where one passed.
     sort_interpreted : bool, default False
         In Triton's interpreter (a CPU without a GPU), the finish's row sort runs the Triton
-        kernel instead of torch's sort (tests of the kernel; ``knng.engine.row_order``).
+        kernel instead of torch's sort (tests of the kernel; ``knng.engine.kernels.row_order``).
     kernels : mapping of str to bool, default {}
         Kernels forced on (True) or off (False) where the engine asks whether they run here;
         the names are :data:`KERNELS`. Forced off, the engine takes the reference path the

@@ -22,7 +22,7 @@ from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine.common import resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of
-from knng.engine.graph import GraphReport, exact_graph
+from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
     EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, make_search_plan,
     resolve_budget, resolve_host_budget,
@@ -283,7 +283,8 @@ def _graph_of_groups(x: InputArray, rows: InputArray, groups: "duplicates.Duplic
     plan = make_graph_plan(n=u, d=reps.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
                            include_self=False, source=budget_source(memory_budget, dev),
                            host_budget=resolve_host_budget(host_memory_budget),
-                           host_source=host_budget_source(host_memory_budget), data=reps)
+                           host_source=host_budget_source(host_memory_budget),
+                           slab_gain=slab_gain_of(reps, dev))
     _warn_of_slow_plan(plan, stacklevel=3)
     if k_reps >= 1:
         idx, dist, report = exact_graph(reps, k_reps, m, dev, select, plan.budget, include_self=False,
@@ -376,7 +377,8 @@ def graph(
                                 host_memory_budget, progress)
     plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
                            source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
-                           host_source=host_budget_source(host_memory_budget), data=rows)
+                           host_source=host_budget_source(host_memory_budget),
+                           slab_gain=slab_gain_of(rows, dev))
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
                             inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self)
     if ckpt is not None:

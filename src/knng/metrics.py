@@ -108,7 +108,7 @@ class ScreenPrecision:
         (``Metric.lattice``), absolutely (0 for integers). It enters the bound like a flushed
         input: at most 2·√d·η·(‖a‖ + ‖b‖) on a dot product.
     fused : bool
-        True for the split form of the fused kernel (``knng.engine.fused``): the product runs
+        True for the split form of the fused kernel (``knng.engine.kernels.fused``): the product runs
         over the d input columns only and the per-vector terms are added afterwards in float32.
         False for the augmented form of the torch screen, where the terms are product columns.
     digits : bool
@@ -428,6 +428,12 @@ class Metric:
             return self.centre_queries and self.centre_corpus
         return self.centre_corpus
 
+    @property
+    def translation_invariant(self) -> bool:
+        """Whether the key is the squared Euclidean distance of the (centred) inputs: then any
+        centre gives the same scores, and |uᵀx − uᵀy| ≤ ‖x − y‖ bounds the key along u."""
+        return self.uses_terms and self.needs_centre(True) and not self.normalize
+
     def shifts(self, side: str, symmetric: bool) -> bool:
         """Whether :meth:`prepare` subtracts the common centre from vectors of ``side``."""
         if symmetric:
@@ -680,7 +686,7 @@ class Metric:
         """The form of :meth:`oracle_error` for this metric and its coefficient: γ·|value|
         (``ORACLE_RELATIVE``), a constant (``ORACLE_CONSTANT``) or γ·‖x‖·(‖y‖ + ‖μ‖)
         (``ORACLE_NORMS``), with γ = γ_d (a few γ_d for the constant). The threshold kernel
-        (:mod:`knng.engine.radius`) computes the same from it."""
+        (:mod:`knng.engine.kernels.radius`) computes the same from it."""
         gamma = 2.0 * (d + 8) * 2.0**-53
         if self.uses_terms:
             return ORACLE_RELATIVE, gamma

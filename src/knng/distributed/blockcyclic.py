@@ -38,17 +38,17 @@ from knng.distributed.checkpoint import DistributedCheckpoint
 from knng.distributed.comm import Comm, agree, check_agreement
 from knng.distributed.plan import BlockPlan
 from knng.distributed.shards import all_gather_rows, common_centre
-from knng.engine import preparation, stages
+from knng.engine import stages
 from knng.engine.common import PreparedCorpus, full_precision, recover_from_oom
 from knng.engine.exact import ExactStats, exact_pairs_of
-from knng.engine.frames import Tile
-from knng.engine.graph import retry_on_oom, screen_own_part
+from knng.engine.graph import Tile, retry_on_oom, screen_own_part
 from knng.engine.plan import (
     BLOCK_BYTES_PER_ELEMENT, MIN_TILE, pending_pairs, resolve_precision, store_capacity,
 )
 from knng.engine.screen import screen_pairs
 from knng.engine.store import CandidateStore, PairErrors, StoreStats
 from knng.metrics import METRICS, PRECISIONS, Metric
+from knng.engine.kernels import prepare_rows
 
 __all__ = ["DistributedGraphReport", "RankRows", "RankSizes", "distributed_graph", "gather_rows", "rank_sizes"]
 
@@ -245,10 +245,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             terms32 = pdata.terms32
             results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (r0, r1) → rows
 
-            def prepare_rows(a: int, b: int, raw: torch.Tensor | None = None) -> torch.Tensor:
+            def prepared_piece(a: int, b: int, raw: torch.Tensor | None = None) -> torch.Tensor:
                 raw = data.rows(a, b) if raw is None else raw
-                return preparation.prepare(metric, raw.to(device, non_blocking=True), centre, side="corpus",
-                                           symmetric=True, dtype=dtype).vectors
+                return prepare_rows(metric, raw.to(device, non_blocking=True), centre, side="corpus",
+                                    symmetric=True, dtype=dtype).vectors
 
             width = metric.width(d, device, dtype)
             gathers: dict[int, tuple[Any, torch.Tensor]] = {}
@@ -263,7 +263,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 a, b = plan.piece(part, rank)
                 local = torch.zeros((s, width), dtype=dtype, device=device)
                 if b > a:
-                    local[:b - a] = prepare_rows(a, b, piece_reads.pop(part).result())
+                    local[:b - a] = prepared_piece(a, b, piece_reads.pop(part).result())
                 else:
                     piece_reads.pop(part, None)
                 buf = torch.empty((world * s, width), dtype=dtype, device=device)
@@ -293,10 +293,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 if sizes.columns == COLUMN_TIERS[0]:
                     return kept[j]
                 if j in kept:
-                    return prepare_rows(*plan.parts[j], kept[j])
+                    return prepared_piece(*plan.parts[j], kept[j])
                 fut = streamed.pop(j, None)
                 raw = fut.result() if fut is not None else data.rows(*plan.parts[j])
-                return prepare_rows(*plan.parts[j], raw)
+                return prepared_piece(*plan.parts[j], raw)
 
             streamed: dict[int, Any] = {}
             # Thresholds first: every owned part screens its own block S(J, J) (its k best seed
@@ -535,7 +535,7 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
         p0, p1 = plan.parts[j]
         comm.status(f"preparing part {j} (rows {p0}–{p1})")
         raw = data.rows(p0, p1)
-        prep = preparation.prepare(metric, raw.to(device, non_blocking=True), centre, side="corpus", symmetric=True,
+        prep = prepare_rows(metric, raw.to(device, non_blocking=True), centre, side="corpus", symmetric=True,
                                    dtype=dtype)
         norms[p0:p1] = prep.norms
         if terms is not None:

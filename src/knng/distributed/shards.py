@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 from knng._inputs import InputArray
 from knng.distributed.comm import Comm, agree
-from knng.engine import preparation
 from knng.engine.exact import exact_pairs, sort_by_distance_then_index
 from knng.metrics import Metric
+from knng.engine.kernels import finite_column_sums
 
 __all__ = ["rows_subset", "merge_exact", "merge_across_ranks", "common_centre", "all_gather_rows", "RangesSource"]
 
@@ -170,7 +170,7 @@ def common_centre(blocks: Iterable[tuple[int, torch.Tensor]], n: int, d: int, na
     first_bad = n
     for start, block in blocks:
         block = block.to(device, non_blocking=True)
-        sums, bad = preparation.finite_column_sums(block, sums=need_mean)
+        sums, bad = finite_column_sums(block, sums=need_mean)
         if bad is not None:
             first_bad = min(first_bad, start + bad)
         if sums is not None:

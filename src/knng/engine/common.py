@@ -10,11 +10,11 @@ from typing import Iterator
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, check_finite
-from knng.engine import preparation
 from knng.engine.exact import ExactStats
 from knng.engine.plan import EnginePlan
 from knng.engine.store import StoreStats
 from knng.metrics import Metric, Prepared, ScreenPrecision, lattice_point, with_exact_products
+from knng.engine.kernels import finite_column_sums, lattice_extent, preparation_runs, prepare_rows
 
 __all__ = [
     "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
@@ -154,7 +154,7 @@ LATTICE_UNITS = (1.0, float(torch.tensor(1 / 255, dtype=torch.float32)))
 LATTICE_TOLERANCE = 2.0**-10
 #: Rows of each block checked first where the passes are torch's (a CPU): data off every
 #: lattice (most float data) cost a look at these, not float64 passes over the whole corpus. A
-#: GPU reads each block once in a kernel (``preparation.lattice_extent``) and probes nothing.
+#: GPU reads each block once in a kernel (``lattice_extent``) and probes nothing.
 LATTICE_PROBE_ROWS = 1024
 
 
@@ -198,7 +198,7 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
     lattices = [_LatticeExtent(unit, corpus.d, device) for unit in LATTICE_UNITS] if integers and need_mean else []
     for start, block in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
         block = block.to(device, non_blocking=True)
-        sums, bad = preparation.finite_column_sums(block, sums=need_mean)
+        sums, bad = finite_column_sums(block, sums=need_mean)
         if bad is not None:
             check_finite(block, corpus.name, start)  # raises, naming the first bad row
         if sums is not None:
@@ -234,10 +234,10 @@ class _LatticeExtent:
         self.seen = True
         if not block.is_floating_point():  # integers: on the unit lattice exactly
             low, high = torch.aminmax(block, dim=0)
-        elif preparation.kernels_apply(block.device) and block.dim() == 2:
+        elif preparation_runs(block.device) and block.dim() == 2:
             # One read of the block, no probe and no synchronisation (the float64 passes below
             # were 2.8 ms of GPU time for the 16×16 image patches, with one probe per block).
-            low, high, off, error = preparation.lattice_extent(block, self.unit)
+            low, high, off, error = lattice_extent(block, self.unit)
             torch.maximum(self.off, off, out=self.off)
             torch.maximum(self.error, error, out=self.error)
         elif self._off(block[:LATTICE_PROBE_ROWS]) > LATTICE_TOLERANCE:
@@ -333,7 +333,7 @@ class PreparedCorpus:
                 f"to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
 
     def _prepare(self, raw: torch.Tensor, out: torch.Tensor | None = None) -> Prepared:
-        return preparation.prepare(self.metric, raw.to(self.device, non_blocking=True), self.centre,
+        return prepare_rows(self.metric, raw.to(self.device, non_blocking=True), self.centre,
                                    side="corpus", symmetric=self.symmetric, dtype=self.dtype, out=out)
 
     def maxima(self, start: int, stop: int) -> tuple[float, float]:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from knng._options import get_options
-from knng.engine import fused
+from knng.engine.kernels import unfold_rows, unfold_runs
 from knng.engine.exact import flat_top_by_distance
 from knng.metrics import Metric
 
@@ -172,7 +172,7 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
     index), the row itself dropped with ``drop_self``, cut at k (see the module's proof).
 
     Most rows are their candidate groups' members laid end to end (on a GPU by one kernel,
-    :func:`_unfold_by_kernel`; else :func:`_unfold_by_slots`: fixed shapes, no sort); the rows
+    ``kernels.unfold_rows``; else :func:`_unfold_by_slots`: fixed shapes, no sort); the rows
     where that order is wrong (one distance to groups whose members interleave by index) are
     sorted (:func:`_unfold_by_sort`): 33,850 rows of the 582,150 8×8 image patches at k = 100.
     Before, every row that was not alone with single-row neighbours expanded k + 1 members of
@@ -186,8 +186,9 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
     width = idx.shape[1] + (own_group is not None)
     # Rows a chunk: (rows × lists) arrays of at most Options.duplicate_list_entries entries.
     rows_per_chunk = max(1, min(rows_per_chunk, get_options().duplicate_list_entries // max(1, width)))
-    if _kernel_applies(device, width, k):
-        out_idx, out_dist, unordered = _unfold_by_kernel(groups, own_group, idx, dist, k, own, position)
+    if unfold_runs(device, width, k):
+        out_idx, out_dist, unordered = unfold_rows(groups.sizes, groups.starts, groups.members, groups.reps,
+                                                   own_group, idx, dist, k, own, position)
         sort = torch.nonzero(unordered).flatten()
         for r0 in range(0, sort.numel(), rows_per_chunk):
             rows = sort[r0:r0 + rows_per_chunk]
@@ -223,42 +224,6 @@ def _sort_into(out_idx: torch.Tensor, out_dist: torch.Tensor, rows: torch.Tensor
         out_idx[rows[part]], out_dist[rows[part]] = _unfold_by_sort(groups, lists.rows(part), k,
                                                                     total=ends[stop - 1] - before)
         start = stop
-
-
-#: The unfolding kernel holds a row's lists and its k slots in one program each: up to
-#: KERNEL_MAX_WIDTH of either (tested on the GPU up to k = 1,024 with 1,001 lists a row); larger
-#: k unfold by :func:`_unfold_by_slots`.
-KERNEL_MAX_WIDTH = 1024
-
-
-def _kernel_applies(device: torch.device, lists: int, k: int) -> bool:
-    """Whether :func:`_unfold_by_kernel` unfolds ``lists`` lists a row into k slots on ``device``."""
-    return fused.fused_available(device) and 1 <= lists and max(lists, k) <= KERNEL_MAX_WIDTH
-
-
-def _unfold_by_kernel(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.Tensor,
-                      dist: torch.Tensor, k: int, own: torch.Tensor | None, position: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_unfold_by_slots` of every row in one launch, a program a row (the lists read from
-    ``idx``/``dist`` as they are, nothing (m, lists) materialised: 8×8 image patches at k = 100
-    formed a dozen int64 arrays of 582,150 × 101 entries): (m, k) indices, distances, and the
-    rows to sort (int32, (m,))."""
-    m, device = idx.shape[0] if own_group is None else own_group.numel(), idx.device
-    out_idx = torch.empty((m, k), dtype=torch.int64, device=device)
-    out_dist = torch.empty((m, k), dtype=torch.float64, device=device)
-    unordered = torch.empty(m, dtype=torch.int32, device=device)
-    if m == 0:
-        return out_idx, out_dist, unordered
-    lists = idx.shape[1] + (own_group is not None)
-    dummy = groups.starts
-    idx, dist = idx.to(torch.int64).contiguous(), dist.to(torch.float64).contiguous()
-    options = {} if fused.interpreting() else dict(num_warps=4)
-    fused.kernels().unfold_rows_kernel[(m,)](
-        dummy if own_group is None else own_group, idx, dist, dummy if own is None else own, groups.sizes,
-        groups.starts, groups.members, groups.reps, dummy if position is None else position, out_idx, out_dist,
-        unordered, k, idx.shape[1], idx.stride(0), dist.stride(0), HAS_OWN=own_group is not None,
-        DROP_SELF=position is not None, BL=fused.block_width(lists), BK=fused.block_width(k), **options)
-    return out_idx, out_dist, unordered
 
 
 class _CandidateLists(NamedTuple):

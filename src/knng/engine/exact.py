@@ -1,6 +1,6 @@
 """Exact float64 distances from the input vectors, and the order of an exact answer.
 
-The engine's screen (``engine/screen.py``) and stores (``engine/store.py``) decide which pairs
+The engine's screen (``engine/screen.py``) and stores (``engine/store/candidates.py``) decide which pairs
 a row's proof needs; the pairs are evaluated here, by differences (``Metric.exact``), and an
 answer is ordered by (distance, index).
 """
@@ -13,7 +13,8 @@ from typing import Callable
 import torch
 
 from knng._inputs import InputArray
-from knng.engine import fused, stages
+from knng.engine import stages
+from knng.engine.kernels import pair_values
 from knng.metrics import Metric
 
 __all__ = ["ExactStats", "exact_pairs", "exact_pairs_of", "sort_by_distance_then_index", "flat_top_by_distance"]
@@ -81,7 +82,7 @@ def exact_pairs(metric: Metric, raw_rows: torch.Tensor, rows: torch.Tensor, corp
     (each row vector gathered once). ``chunk_bytes``: gathered float64 vectors per chunk at most
     (default :data:`EXACT_CHUNK_BYTES` or, on a CPU, :data:`EXACT_CHUNK_BYTES_CPU`).
     """
-    by_kernel = _by_kernel(metric, raw_rows, rows, corpus.tensor, cols, device)
+    by_kernel = pair_values(metric, raw_rows, rows, corpus.tensor, cols, device)
     if by_kernel is not None:
         return by_kernel
     return _evaluate(metric, lambda r: raw_rows[r.to(raw_rows.device)].to(device), rows, corpus, cols, device,
@@ -93,51 +94,11 @@ def exact_pairs_of(metric: Metric, left: InputArray, rows: torch.Tensor, right: 
     """Exact float64 distances for the pairs (left[rows[p]], right[cols[p]]), both by id; ``cols``
     may be (m, w) and ``chunk_bytes`` bounds the chunks, as in :func:`exact_pairs`."""
     stages.count("finish.exact")
-    by_kernel = _by_kernel(metric, left.tensor, rows, right.tensor, cols, device)
+    by_kernel = pair_values(metric, left.tensor, rows, right.tensor, cols, device)
     if by_kernel is not None:
         return by_kernel
     return _evaluate(metric, lambda r: left.take(r).to(device, non_blocking=True), rows, right, cols, device,
                      chunk_bytes)
-
-
-#: Metrics whose exact values the pair kernel computes: sums of squared differences (the
-#: Euclidean distance is their square root, taken by torch, correctly rounded).
-KERNEL_METRICS = frozenset({"euclidean", "sqeuclidean"})
-#: Pairs per program of the pair kernel, and dimensions per step (in the interpreter: smaller).
-PAIR_BLOCK, PAIR_DIMS = 16, 128
-
-
-def _by_kernel(metric: Metric, left: torch.Tensor | None, rows: torch.Tensor, right: torch.Tensor | None,
-               cols: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-    """The pairs' exact values from the pair kernel (``_triton_kernels.pair_squares_kernel``),
-    or None where it does not apply: a metric outside :data:`KERNEL_METRICS`, either side not a
-    tensor on ``device``, or no kernel there (``fused.fused_available``).
-
-    The reference gathers both rows of every pair as float64 copies and sums their squared
-    differences (``Metric.exact``): at d = 960, 10k queries and k = 100 about 15 GB through
-    memory. The kernel reads each input row where it lies and keeps the float64 values in
-    registers; the sums differ from the reference's only in their order, within the float64
-    evaluation's error bound (``Metric.oracle_error``) that the stores' radii already carry.
-    """
-    stages.count("finish.exact_kernel")
-    if metric.name not in KERNEL_METRICS or left is None or right is None or not fused.fused_available(device):
-        return None
-    if left.device != device or right.device != device or left.dim() != 2 or right.dim() != 2:
-        return None
-    shape = cols.shape
-    pair_rows = (rows[:, None].expand(shape) if cols.dim() == 2 else rows).reshape(-1).to(device).contiguous()
-    pair_cols = cols.reshape(-1).to(device).contiguous()
-    left = left if left.stride(1) == 1 else left.contiguous()
-    right = right if right.stride(1) == 1 else right.contiguous()
-    out = torch.empty(pair_cols.numel(), dtype=torch.float64, device=device)
-    block, dims = (16, 16) if fused.interpreting() else (PAIR_BLOCK, PAIR_DIMS)
-    if out.numel():
-        fused.kernels().pair_squares_kernel[(-(-out.numel() // block),)](
-            left, pair_rows, right, pair_cols, out, out.numel(), left.shape[1], left.stride(0), right.stride(0),
-            BLOCK_P=block, BLOCK_D=dims)
-    if metric.name == "euclidean":
-        out = torch.sqrt(out)
-    return out.view(shape)
 
 
 def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,

@@ -14,15 +14,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from knng._inputs import READ_AHEAD, InputArray
+from knng._inputs import READ_AHEAD
 from knng._units import parse_bytes
-from knng.engine.frames import slab_gain, translation_invariant
-from knng.engine.fused import STRIP, TILE, fused_available, triangle_runs
-from knng.engine.screen import strip_seeds_run, tiles_first_runs
-from knng.engine.thresholds import KTH_ROW_MAX_WIDTH
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 from knng._options import get_options
-from knng.select import cuda
+from knng.engine.kernels import (
+    KTH_ROW_MAX_WIDTH, TILE, DeviceCapabilities, device_capabilities, strip_seeds_run, tiles_first_runs,
+    triangle_runs, triton_runs, strip_width,
+)
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
@@ -35,7 +34,7 @@ __all__ = [
     "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text",
 ]
 
-#: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.frames`).
+#: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.graph.frames`).
 PRINCIPAL_FRAMES = "principal"
 GLOBAL_FRAMES = "global"
 #: :attr:`EnginePlan.graph_method` values. ``"symmetric"``: blocks S(I, J), I ≤ J, each pair
@@ -65,7 +64,7 @@ HOST_AVAILABLE_SHARE = 0.75
 #: peaked at 22.7 MB of anonymous memory.
 HOST_PLAN_SHARE = 0.6
 #: :attr:`EnginePlan.lists` values: where every row's candidate store lives between the blocks
-#: that need it. Off the device, a graph works in bands of parts (see knng.engine.lists).
+#: that need it. Off the device, a graph works in bands of parts (see knng.engine.store.lists).
 LISTS_ON_DEVICE = "device"
 LISTS_IN_HOST = "host"
 LISTS_ON_DISK = "disk"
@@ -234,7 +233,7 @@ class EnginePlan:
     screen_precision : {"float32", "float64", "tf32", "tf32x3", "float16", "bfloat16", "int8x4"}
         Precision of the matrix products of the screen (:data:`knng.metrics.PRECISIONS`): it
         changes the rounding bound, hence how many pairs reach the exact finish, never the
-        result. The last three run in the fused kernel (``knng.engine.fused``).
+        result. The last three run in the fused kernel (``knng.engine.kernels.fused``).
     unit_roundoff : float
         The screen's input unit roundoff in the bound of ``docs/EXACTNESS.md``.
     thresholds : str
@@ -252,7 +251,7 @@ class EnginePlan:
     parts, part_size, blocks : int
         A graph's parts, rows per part and blocks S(I, J), I ≤ J, planned (0 for a search).
     frames : str
-        How a graph's blocks are centred (:mod:`knng.engine.frames`): ``"principal"`` (parts
+        How a graph's blocks are centred (:mod:`knng.engine.graph.frames`): ``"principal"`` (parts
         are slabs along the principal direction, each block centred on its row part, blocks
         no row can need skipped) or ``"global"`` (one centre, every block).
     bytes_expected : int
@@ -272,7 +271,7 @@ class EnginePlan:
         Rows per read of a file-backed input (read :data:`READ_AHEAD` blocks ahead).
     lists : {"device", "host", "disk"}
         Where every row's candidate store lives: on the device, in (pinned) host memory, or in
-        a memory-mapped file (``knng.engine.lists``). Off the device a graph runs in bands.
+        a memory-mapped file (``knng.engine.store.lists``). Off the device a graph runs in bands.
     band_parts : int
         Parts per band of a graph whose stores live off the device: the stores of two bands
         are on the device at a time (0 when the stores stay on the device).
@@ -379,7 +378,7 @@ class EnginePlan:
 #: 128: 360 / 320 ms at k = 10, 1,088 / 597 at k = 100).
 FUSED_SEARCH_MAX_K = 16
 #: Where the fused rule above holds, scaled float16 instead of TF32 from this dimension on: its
-#: bound is half of TF32's (fewer pairs screened), its CUDA C kernel (``engine/cuda_screen.py``)
+#: bound is half of TF32's (fewer pairs screened), its CUDA C kernel (``engine/kernels/cuda_screen.py``)
 #: screens 10,000 × 1M × 128 in 14.6 ms where TF32's Triton kernel takes 22.9, and its survivors
 #: cost a vote each. H100, 2026-11-24, 1M points, 10k queries (``bench/bench_fused.py --part
 #: engine``; float16 / TF32 ms): d = 128, k = 100 86.3 / 110.2; d = 960, k = 10 151.8 / 177.8,
@@ -426,7 +425,8 @@ FLOAT16_GRAPH_MIN_D = 32
 CPU_FLOAT64_ROWS_PER_K = 100
 
 
-def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search") -> str:
+def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search",
+                            capabilities: DeviceCapabilities | None = None) -> str:
     """The screen precision that makes the exact answer cheapest.
 
     On a GPU where the fused kernel runs, scaled float16 for a search from d ≥
@@ -441,7 +441,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     from k ≥ n / :data:`CPU_FLOAT64_ROWS_PER_K` (its products cost twice float32 ones; see there),
     else float32.
 
-    Why not more of the fused precisions (``knng.engine.fused``, ``docs/FINDINGS.md``, "Screen
+    Why not more of the fused precisions (``knng.engine.kernels.fused``, ``docs/FINDINGS.md``, "Screen
     precision and kernels"): their kernel screens a 1M × 128 search in 20–35 ms of TF32 where the float32
     product and its select take ~80, but the wider bound lets 1.5–3× more pairs through to the
     candidate stores, whose bookkeeping then costs more than the product saved — except for
@@ -449,30 +449,33 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     The digit screen (int8x4, float32's selectivity on int8 tensor cores) won only in parts of
     the range (d = 128, k = 100: 97 ms against TF32's 111; d = 256, k = 32 and 100: 110 and
     124 against 90 and 116), so the planner does not choose it.
+
+    ``capabilities``: the device's (default: asked of ``device``; a test passes a GPU's).
     """
+    caps = capabilities or device_capabilities(device)
     if device.type == "cuda":
         # A search from d = 64 screens in float16 at any k (FLOAT16_SEARCH_MIN_D: measured
         # against float64 where the float64 rule held); the float64 rule is for the rest.
-        if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and fused_available(device):
+        if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and triton_runs(caps):
             return "float16"
-        if cuda.device_capability(device) in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
+        if caps.compute_capability in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
             return "float64"
-        if operation == "search" and k <= FUSED_SEARCH_MAX_K and fused_available(device):
+        if operation == "search" and k <= FUSED_SEARCH_MAX_K and triton_runs(caps):
             return "tf32"
-        if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_GRAPH_MIN_D and fused_available(device):
+        if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_GRAPH_MIN_D and triton_runs(caps):
             return "float16"
         return "float32"
     return "float64" if CPU_FLOAT64_ROWS_PER_K * k >= n_corpus else "float32"
 
 
 def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.device, n_corpus: int, d: int,
-                      k: int, operation: str = "search") -> str:
+                      k: int, operation: str = "search", capabilities: DeviceCapabilities | None = None) -> str:
     """The precision a plan runs: the caller's (a name or torch dtype), ``Options.screen_precision``,
     or the planner's choice."""
     if screen_dtype is None:
         screen_dtype = get_options().screen_precision
     if screen_dtype is None:
-        return choose_screen_precision(device, n_corpus, d, k, operation=operation)
+        return choose_screen_precision(device, n_corpus, d, k, operation=operation, capabilities=capabilities)
     return get_precision(screen_dtype).name
 
 
@@ -583,16 +586,19 @@ def _store_bytes(rows: int, capacity: int) -> int:
 
 def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
                      budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
-                     host_budget: int | None = None, host_source: str = "") -> EnginePlan:
+                     host_budget: int | None = None, host_source: str = "",
+                     capabilities: DeviceCapabilities | None = None) -> EnginePlan:
     """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``.
 
     ``host_budget``: bytes of host memory (default :func:`resolve_host_budget`'s); on a CPU it
     caps ``budget``, on a GPU it caps the streamed tiles (read through pinned buffers). Where it
     makes the search much slower than the default host budget would, the plan's
-    ``host_budget_note`` says so (:func:`host_budget_note`).
+    ``host_budget_note`` says so (:func:`host_budget_note`). ``capabilities``: the device's
+    (default: asked of ``device`` once; a test plans for a GPU it does not have by passing them).
     """
     same = dict(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=device, budget=budget,
-                source=source, screen_dtype=screen_dtype, host_source=host_source)
+                source=source, screen_dtype=screen_dtype, host_source=host_source,
+                capabilities=capabilities or device_capabilities(device))
     plan = _search_plan(host_budget=host_budget, **same)
     if host_budget is None:  # the default: nothing to compare with
         return plan
@@ -600,15 +606,17 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
 
 
 def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
-                 budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
-                 host_budget: int | None = None, host_source: str = "") -> EnginePlan:
+                 budget: int, capabilities: DeviceCapabilities, source: str = "",
+                 screen_dtype: "torch.dtype | str | None" = None, host_budget: int | None = None,
+                 host_source: str = "") -> EnginePlan:
     """:func:`make_search_plan` without its host budget's note."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
     given_host, host_budget = host_budget, int(host_budget * HOST_PLAN_SHARE)
     if device.type == "cpu":
         budget = min(budget, host_budget)
-    precision = resolve_precision(screen_dtype, device, n_corpus, d, k)
+    caps = capabilities
+    precision = resolve_precision(screen_dtype, device, n_corpus, d, k, capabilities=caps)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = search_capacity(k, n_corpus, device)
     max_cols = get_options().gpu_search_cols if device.type == "cuda" else None
@@ -617,7 +625,7 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
         max_cols = max(MIN_TILE, min(max_cols, _read_rows(host_budget, d, max_cols)))
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=max_cols)
-    kernel = device.type == "cuda" and PRECISIONS[precision].fused and fused_available(device)
+    kernel = device.type == "cuda" and PRECISIONS[precision].fused and triton_runs(caps)
     base = min(get_options().gpu_sample, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else get_options().cpu_sample
     vector = d * element + 24
     # The sample's prepared vectors and its score block take at most an eighth of the budget. The
@@ -626,12 +634,12 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
     # columns where a score block was counted and 65,536 without.
     # (Decided on the fewest columns the sample can then have, as the search decides on its own.)
     strips = (kernel and tiles.corpus_resident
-              and strip_seeds_run(PRECISIONS[precision], device, min(n_corpus, base), k))
+              and strip_seeds_run(caps, PRECISIONS[precision], min(n_corpus, base), k))
     if kernel and tiles.corpus_resident:  # no score block: chunks of more rows (Options.kernel_search_rows)
         rows = min(n_queries, get_options().kernel_search_rows, get_options().kernel_search_pairs // max(1, k))
         # No more rows than let the whole sample's seeds fit their eighth of the budget: a
         # smaller sample would start every row's threshold looser.
-        row_bytes = 8 / STRIP if strips else element
+        row_bytes = 8 / strip_width() if strips else element
         rows = min(rows, max(1, int((budget // 8 // min(n_corpus, base) - vector) / row_bytes)))
         rows = max(tiles.query_rows, rows)
         # Chunks of equal size: each pays the same fixed price, and a tail of a few rows would
@@ -639,7 +647,7 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
         rows = -(-n_queries // -(-n_queries // rows))
         tiles = TilePlan(query_rows=rows, corpus_cols=tiles.corpus_cols, corpus_resident=True, budget=budget)
     read_rows = _read_rows(host_budget, d, max(READ_ROWS, tiles.corpus_cols))
-    column_bytes = -(-tiles.query_rows * 8 // STRIP) if strips else tiles.query_rows * element
+    column_bytes = -(-tiles.query_rows * 8 // strip_width()) if strips else tiles.query_rows * element
     fit = budget // 8 // (vector + column_bytes)
     sample = int(min(n_corpus, max(min(base, fit), SAMPLE_PER_K * k)))
     pending = pending_pairs(device, budget, search=True)
@@ -662,7 +670,7 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
         host_bytes_expected=int(host))
     # Tiles first where the screen tightens its own thresholds (a GPU's: Options.tighten_on) and
     # the tiles pay (tiles_first): then no sample.
-    if device.type in get_options().tighten_on and tiles_first(plan, device):
+    if device.type in get_options().tighten_on and tiles_first(plan, caps):
         plan = replace(plan, sample_size=0, thresholds=TILES_FIRST_THRESHOLDS, tiles_first=True)
     return plan
 
@@ -694,14 +702,17 @@ def group_parts(*, kernel: bool, resident: bool, lists: str, parts: int, part_si
 def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
                     source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                     part_size: int | None = None, host_budget: int | None = None,
-                    host_source: str = "", method: str | None = None, data: InputArray | None = None
-                    ) -> EnginePlan:
+                    host_source: str = "", method: str | None = None,
+                    slab_gain: Callable[[int], float] | None = None,
+                    capabilities: DeviceCapabilities | None = None) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
 
     ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
     default ``Options.graph_method``, else the planner's choice (:func:`rows_method_wins`). Where principal frames could run,
-    a sample of ``data`` (if given; :func:`~knng.engine.frames.slab_gain`) decides whether they
-    do (``Options.principal_min_gain``) and whether the rows method may replace them.
+    ``slab_gain`` — the data's description: how much slabs of a given number of parts shrink the
+    squared norms, from a look at a sample (``knng.engine.graph.frames.slab_gain_of``) — decides
+    whether they do (``Options.principal_min_gain``) and whether the rows method may replace
+    them; it is asked only there.
 
     The candidate stores of all rows stay on the device when they take at most half its budget
     (on a CPU: half the host budget, results included). Otherwise they live in pinned host
@@ -710,13 +721,15 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     budget. ``host_budget`` (default :func:`resolve_host_budget`'s) caps a CPU's ``budget``
     and, on any device, the read buffers of a file-backed input. Where it makes the graph much
     slower than the default host budget would, the plan's ``host_budget_note`` says so
-    (:func:`host_budget_note`).
+    (:func:`host_budget_note`). ``capabilities``: the device's (default: asked of ``device`` once;
+    a test plans for a GPU it does not have by passing them).
     """
     if method is None:
         method = get_options().graph_method
     same = dict(n=n, d=d, k=k, metric=metric, device=device, budget=budget, include_self=include_self, source=source,
-                screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method)
-    plan = _graph_plan(host_budget=host_budget, data=data, **same)
+                screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method,
+                capabilities=capabilities or device_capabilities(device))
+    plan = _graph_plan(host_budget=host_budget, slab_gain=slab_gain, **same)
     if host_budget is None:  # the default: nothing to compare with
         return plan
     # The plans it is compared with look at no sample of the data (frames change no estimate).
@@ -724,10 +737,10 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
 
 
 def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
-                source: str = "", screen_dtype: "torch.dtype | str | None" = None,
+                capabilities: DeviceCapabilities, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                 part_size: int | None = None, host_budget: int | None = None,
-                host_source: str = "", method: str | None = None, data: InputArray | None = None
-                ) -> EnginePlan:
+                host_source: str = "", method: str | None = None,
+                slab_gain: Callable[[int], float] | None = None) -> EnginePlan:
     """:func:`make_graph_plan` without its host budget's note."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
@@ -735,7 +748,8 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     if device.type == "cpu":
         budget = min(budget, host_budget)
     available = n if include_self else n - 1
-    precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph")
+    caps = capabilities
+    precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=caps)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, available)
     vector = d * element + 24
@@ -756,14 +770,14 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
         # Every block reads its column part through a host buffer.
         side = min(side, max(MIN_TILE, host_budget // 4 // (2 * d * READ_VALUE_BYTES)))
     kernel = PRECISIONS[precision].fused or PRECISIONS[precision].digits
-    kernel = kernel and device.type == "cuda" and fused_available(device)
+    kernel = kernel and device.type == "cuda" and triton_runs(caps)
     if device.type != "cuda":
         cap = get_options().cpu_max_part
     elif not kernel:
         cap = get_options().gpu_max_part
     else:
         cap = get_options().gpu_kernel_max_part
-        if triangle_runs(precision, device, d):
+        if triangle_runs(caps, precision, d):
             cap = get_options().gpu_triangle_max_part_small_k if k <= TRIANGLE_SMALL_K else get_options().gpu_triangle_max_part
     b = part_size or int(min(n, cap, max(side, MIN_TILE)))
     b = max(1, min(n, max(b, k + 1 if not include_self else k)))  # the diagonal block seeds τ
@@ -778,11 +792,11 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     # Principal frames keep, beside the prepared parts, their query layouts and a sorted copy
     # of the inputs (at most as large as the prepared corpus again); their windows read every
     # row's threshold, so the stores must stay on the device.
-    principal = (parts > 1 and translation_invariant(get_metric(metric)) and lists == LISTS_ON_DEVICE
+    principal = (parts > 1 and get_metric(metric).translation_invariant and lists == LISTS_ON_DEVICE
                  and 3 * corpus_bytes + store <= budget // 2)
     # Where a sample of the data says their slabs gain little (Gaussian-like data), one centre
     # and the parts in their own order (``Options.principal_min_gain``).
-    gain = slab_gain(data, parts, device) if principal and data is not None else None
+    gain = slab_gain(parts) if principal and slab_gain is not None else None
     principal = principal and (gain is None or gain >= get_options().principal_min_gain)
     frames = PRINCIPAL_FRAMES if principal else GLOBAL_FRAMES
     slots = store if lists == LISTS_ON_DEVICE else 2 * band_parts * b * (capacity * 25 + 40 + SLOT_BYTES)
@@ -815,10 +829,10 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
         return symmetric
     if method not in (None, GRAPH_ROWS):
         raise ValueError(f"method must be {GRAPH_SYMMETRIC!r} or {GRAPH_ROWS!r}, got {method!r}")
-    by_rows = _search_plan(n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric,
-                           device=device, budget=budget, source=source, screen_dtype=screen_dtype,
+    by_rows = _search_plan(capabilities=caps, n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self),
+                           metric=metric, device=device, budget=budget, source=source, screen_dtype=screen_dtype,
                            host_budget=given_host, host_source=host_source)
-    if method is None and not rows_method_wins(by_rows, symmetric, device, gain):
+    if method is None and not rows_method_wins(by_rows, symmetric, caps, gain):
         return symmetric
     chunks = -(-n // by_rows.query_rows)
     thresholds = (by_rows.thresholds if by_rows.tiles_first else
@@ -846,11 +860,11 @@ def graph_search_k(k: int, include_self: bool) -> int:
 
 
 
-def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
+def tiles_first(plan: EnginePlan, where: DeviceCapabilities | torch.device) -> bool:
     """Whether the search of ``plan`` (a graph's rows method included) takes its tiles first: a
-    resident corpus of 2k to :data:`~knng.engine.thresholds.KTH_ROW_MAX_WIDTH` tiles of
-    ``fused.TILE`` columns (each row's k-th tile minimum by one kernel), the wgmma kernel's tile
-    minima and gathered screen for its precision and d (``screen.tiles_first_runs``), and a
+    resident corpus of 2k to :data:`~knng.engine.kernels.row_kth.KTH_ROW_MAX_WIDTH` tiles of
+    ``kernels.TILE`` columns (each row's k-th tile minimum by one kernel), the wgmma kernel's tile
+    minima and gathered screen for its precision and d (``kernels.tiles_first_runs``), and a
     chunk's minima and grouped pairs (4 bytes each a row and tile) within an eighth of the budget
     and fewer than 2³¹ of them. Decided from the plan alone, so that the graph's planner knows it
     too (:func:`rows_method_wins`). ``Options.tiles_first`` turns it off (to compare).
@@ -863,7 +877,7 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
     return (get_options().tiles_first and plan.corpus_resident and 2 * plan.k <= tiles <= KTH_ROW_MAX_WIDTH
             and plan.query_rows * tiles * 8 <= plan.budget // 8
             and plan.query_rows * tiles < 2**31  # the grouped pairs' int32 positions
-            and tiles_first_runs(plan.precision, device, plan.d))
+            and tiles_first_runs(where, plan.precision, plan.d))
 
 
 #: A graph of at most this many values (n · d) runs by rows at any k where its search takes its
@@ -878,19 +892,20 @@ def tiles_first(plan: EnginePlan, device: torch.device) -> bool:
 GRAPH_ROWS_TILES_FIRST_MAX_ND = 1 << 25
 
 
-def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, device: torch.device, gain: float | None) -> bool:
+def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, where: DeviceCapabilities | torch.device,
+                     gain: float | None) -> bool:
     """Whether the planner takes the rows method (from ``Options.graph_rows_min_k``, or at any k where
     its search takes its tiles first and the data are small: :data:`GRAPH_ROWS_TILES_FIRST_MAX_ND`): ``by_rows`` is the
     search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
-    principal frames, the data's slab gain (:func:`~knng.engine.frames.slab_gain`, None where
+    principal frames, the data's slab gain (``knng.engine.graph.frames.slab_gain``, None where
     no sample was read) says whether their slabs pay: image-like data keep the blocks centred
     on their row parts. A graph the graph's rule screens in float64 keeps its blocks: the rows
     method's search would screen in float16 (searches take it at every k from d = 64) where the
     graph's rule found float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110
     by rows in float16)."""
-    kernel = device.type == "cuda" and by_rows.precision.fused and fused_available(device)
+    kernel = by_rows.device.startswith("cuda") and by_rows.precision.fused and triton_runs(where)
     tiles = (get_options().graph_rows_tiles_first and by_rows.n_corpus * by_rows.d <= GRAPH_ROWS_TILES_FIRST_MAX_ND
-             and tiles_first(by_rows, device))
+             and tiles_first(by_rows, where))
     from_k = symmetric.k >= get_options().graph_rows_min_k or tiles
     if not (kernel and by_rows.corpus_resident and from_k):
         return False

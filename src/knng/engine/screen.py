@@ -9,7 +9,7 @@ are compared entry by entry.
 
 Two ways to get there, one contract: the torch screen materialises the score block (the
 augmented layout of :mod:`knng.metrics`, float32 or float64) and compares it; the fused kernel
-(:mod:`knng.engine.fused`, the precisions with ``fused=True``) never writes the block and
+(:mod:`knng.engine.kernels.fused`, the precisions with ``fused=True``) never writes the block and
 returns the same kind of survivors. :func:`block_scores` is the kernel's reference: the same
 split-form scores, materialised in float32 by torch, which is also what runs wherever the
 kernel cannot (a CPU, a GPU without Triton). :func:`screen_rows` and :func:`screen_pairs` pick
@@ -22,18 +22,22 @@ from typing import Callable
 
 import torch
 
-from knng.engine import fused, stages
-from knng.engine.fused import Survivors
+from knng.engine import stages
 from knng.metrics import (
     DIGIT_BASE, DIGIT_MAX, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales, scaled_row_factors,
     scaled_scales, scaled_width,
 )
-from knng._options import get_options, kernel_forced
+from knng._options import get_options
+from knng.engine import kernels
+from knng.engine.kernels import (
+    TILE, Survivors, block_epilogue, gathered_runs, screen_block, screen_kernel_runs, select_block,
+    strip_minima_runs, triangle_runs, triton_runs, strip_width,
+)
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "survivors_of_smallest", "column_survivors",
            "block_survivors", "block_scores", "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later",
-           "pair_scores", "use_kernel", "strip_minima", "strip_minima_of", "strip_seeds_run", "block_epilogue",
-           "screen_own_later", "own_block_survivors", "tiles_first_runs", "tile_minima", "screen_tiles"]
+           "pair_scores", "strip_minima", "strip_minima_of", 
+           "screen_own_later", "own_block_survivors", "tile_minima", "screen_tiles"]
 
 #: Entries per chunk of the CPU screen: each chunk's minimum decides whether its entries are
 #: read. Along a row (contiguous) 64 entries, across rows 32: the reductions that ran fastest
@@ -97,8 +101,8 @@ def row_survivors(scores: torch.Tensor, thresholds: torch.Tensor) -> Survivors:
     # Rounding the float64 threshold to the block's dtype must not drop a survivor.
     thr = _round_up(thresholds.to(scores.dtype), thresholds)
     if scores.device.type == "cuda":
-        if fused.fused_available(scores.device):
-            return fused.select_block(scores, thr, None)[0]
+        if triton_runs(scores.device):
+            return select_block(scores, thr, None)[0]
         # A pass of minima costs as much as the compare itself on a GPU (see block_survivors).
         r, c = torch.nonzero(scores <= thr[:, None], as_tuple=True)
         return Survivors(owner=r, other=c, keys=scores[r, c])
@@ -207,7 +211,7 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     On a CPU each side is filtered by chunk minima first (cache-resident blocks: the reductions
     are cheap and most chunks keep nothing). On a GPU every pass over a 1 GiB block costs as
     much as the product: with Triton, one kernel reads the block once, tests both sides and
-    appends each side's survivors to a list of its own (:func:`knng.engine.fused.select_block`);
+    appends each side's survivors to a list of its own (:func:`knng.engine.kernels.fused.select_block`);
     without, the block is compared once against both thresholds and ``nonzero`` finds the
     survivors, split afterwards.
     """
@@ -219,8 +223,8 @@ def block_survivors(scores: torch.Tensor, row_thresholds: torch.Tensor, col_thre
     both = torch.cat([row_thresholds, col_thresholds])
     both_thr = _round_up(both.to(scores.dtype), both)
     row_thr, col_thr = both_thr[:row_thresholds.numel()], both_thr[row_thresholds.numel():]
-    if fused.fused_available(scores.device):
-        return fused.select_block(scores, row_thr, col_thr)
+    if triton_runs(scores.device):
+        return select_block(scores, row_thr, col_thr)
     mask = scores <= row_thr[:, None]
     mask |= scores <= col_thr[None, :]
     r, c = torch.nonzero(mask, as_tuple=True)
@@ -290,45 +294,6 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     return block_epilogue(scores, None, col_terms, row_terms)
 
 
-#: Rows and columns of a score block each program of :func:`block_epilogue`'s kernel takes.
-_EPILOGUE_BLOCK = (32, 128)
-
-
-def block_epilogue(scores: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None,
-                   col_terms: torch.Tensor | None, row_terms: torch.Tensor | None, *,
-                   kernel: bool | None = None) -> torch.Tensor:
-    """In place on a float32 score block: each entry times its row's factor, then its column's
-    scale (``scales``: float32 (row factors, column scales), or None), then plus its column's
-    term, then its row's (float32, where given), each step rounded to float32 in that order.
-
-    Torch's in-place operations are the reference and the CPU's path. On a GPU one Triton launch
-    does the same IEEE operations in the same order (no fused multiply-adds), reading and writing
-    the block once instead of up to four times: the exact-products seed blocks of an 8×8 patch
-    graph at k = 100 (34k × 8,192, 17 parts) took ~70 ms of an H100's time in four passes.
-    ``kernel``: whether the Triton launch does it (default: where the fused kernels run; True
-    under Triton's interpreter tests it on a CPU).
-    """
-    m, n = scores.shape
-    bm, bn = _EPILOGUE_BLOCK
-    if kernel is None:
-        kernel = fused.fused_available(scores.device)
-    if kernel and scores.dtype == torch.float32 and scores.stride(1) == 1 and -(-n // bn) < 65536:
-        if m and n and (scales is not None or col_terms is not None or row_terms is not None):
-            row_factors, col_scales = scales if scales is not None else (scores, scores)
-            fused.kernels().block_epilogue_kernel[(-(-m // bm), -(-n // bn))](
-                scores, row_factors.contiguous(), col_scales.contiguous(),
-                scores if col_terms is None else col_terms.contiguous(),
-                scores if row_terms is None else row_terms.contiguous(), m, n, scores.stride(0),
-                SCALE=scales is not None, COL_TERMS=col_terms is not None, ROW_TERMS=row_terms is not None,
-                BLOCK_M=bm, BLOCK_N=bn, **fused.ieee_options())
-        return scores
-    if scales is not None:
-        scores.mul_(scales[0][:, None]).mul_(scales[1][None, :])
-    if col_terms is not None:
-        scores += col_terms[None, :]
-    if row_terms is not None:
-        scores += row_terms[:, None]
-    return scores
 
 
 def digit_scores(a: torch.Tensor, b: torch.Tensor, buffer: ScoreBuffer | None = None) -> torch.Tensor:
@@ -375,43 +340,34 @@ def _integer_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.to(torch.float64) @ b.to(torch.float64).T
 
 
-def use_kernel(precision: ScreenPrecision, device: torch.device) -> bool:
-    """Whether a kernel (the fused one, or the digit one) runs this precision's screen on ``device``."""
-    return (precision.fused or precision.digits) and fused.fused_available(device)
 
 
 def strip_minima(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision, *,
                  row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's smallest key in every strip of ``fused.STRIP`` consecutive columns of the block
+    """Each row's smallest key in every strip of ``kernels.strip_width()`` consecutive columns of the block
     ``a · bᵀ`` (:func:`block_scores`' keys), and its column.
 
     Any k of them bound a row's k-th smallest key from above, which is what seeds need, and
     2k strips or more give k distinct columns near the row's k smallest. The CUDA kernel finds
-    them without writing the block (:func:`knng.engine.fused.strip_minima`, where
-    :func:`~knng.engine.fused.strip_minima_runs`); elsewhere the block is materialised and
+    them without writing the block (:func:`knng.engine.kernels.fused.strip_minima`, where
+    :func:`~knng.engine.kernels.runs.strip_minima_runs`); elsewhere the block is materialised and
     reduced (:func:`strip_minima_of`, the kernel's reference). Returns float32-or-wider keys
-    (m, ⌈n / STRIP⌉) and int64 columns.
+    (m, ⌈n / strip⌉) and int64 columns, ``strip`` the kernel's (``kernels.strip_width()``).
     """
-    if fused.strip_minima_runs(precision.name, a.device):
-        keys, cols = fused.strip_minima(a, b, d, row_terms, col_terms, precision.name)
+    if strip_minima_runs(a.device, precision):
+        keys, cols = kernels.strip_minima(a, b, d, row_terms, col_terms, precision.name)
         return keys, cols.long()
     return strip_minima_of(block_scores(a, b, d, precision, row_terms, col_terms))
 
 
-def strip_seeds_run(precision: ScreenPrecision, device: torch.device, columns: int, k: int) -> bool:
-    """Whether k seeds per row from ``columns`` sample columns come from the kernel's strip
-    minima (:func:`strip_minima`): where the CUDA kernel finds them and the sample has 2k strips
-    or more (k distinct columns near each row's k smallest); else from the materialised block."""
-    forced = kernel_forced("strip_seeds")
-    if forced is not None:
-        return forced
-    return 2 * k <= -(-columns // fused.STRIP) and fused.strip_minima_runs(precision.name, device)
 
 
-def strip_minima_of(scores: torch.Tensor, strip: int = fused.STRIP) -> tuple[torch.Tensor, torch.Tensor]:
+def strip_minima_of(scores: torch.Tensor, strip: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`strip_minima` of a materialised block: per row and strip of ``strip`` columns the
-    smallest value (NaN counted as +inf; ties to the smaller column) and its column."""
+    smallest value (NaN counted as +inf; ties to the smaller column) and its column (``strip``:
+    default the kernel's)."""
+    strip = strip_width() if strip is None else strip
     m, n = scores.shape
     strips = -(-n // strip)
     keys = torch.full((m, strips * strip), torch.inf, dtype=scores.dtype, device=scores.device)
@@ -420,34 +376,27 @@ def strip_minima_of(scores: torch.Tensor, strip: int = fused.STRIP) -> tuple[tor
     return values, at + strip * torch.arange(strips, device=scores.device)
 
 
-def tiles_first_runs(precision: ScreenPrecision, device: torch.device, d: int) -> bool:
-    """Whether the planner takes tiles first for ``precision`` and dimension ``d`` on ``device``:
-    where :func:`tile_minima` and :func:`screen_tiles` run their kernels (the wgmma kernel's
-    variants, ``fused.gathered_runs``), or where ``Options.kernels`` forces them on (then, off
-    the kernels' devices, their references run in their place)."""
-    forced = kernel_forced("tiles_first")
-    return fused.gathered_runs(precision.name, device, d) if forced is None else forced
 
 
 def tile_minima(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrecision, *,
                 row_terms: torch.Tensor | None = None, col_terms: torch.Tensor | None = None) -> torch.Tensor:
-    """Each row's smallest key in every tile of ``fused.TILE`` consecutive columns of the block
+    """Each row's smallest key in every tile of ``kernels.TILE`` consecutive columns of the block
     ``a · bᵀ`` (:func:`block_scores`' keys; NaN counted as +inf), (m, ⌈n / TILE⌉).
 
     The k-th smallest of a row's tile minima bounds its k-th smallest key from above (k
     distinct columns), and a tile whose minimum is above the row's screen threshold holds no
     pair the screen keeps (:func:`screen_tiles`). The wgmma kernel finds them without writing
-    the block (``fused.gathered_runs``); elsewhere (its reference) the block is materialised.
+    the block (``kernels.gathered_runs``); elsewhere (its reference) the block is materialised.
     """
-    if fused.gathered_runs(precision.name, a.device, d):
-        return fused.tile_minima(a, b, d, row_terms, col_terms, precision.name)
-    return strip_minima_of(block_scores(a, b, d, precision, row_terms, col_terms), fused.TILE)[0]
+    if gathered_runs(a.device, precision, d):
+        return kernels.tile_minima(a, b, d, row_terms, col_terms, precision.name)
+    return strip_minima_of(block_scores(a, b, d, precision, row_terms, col_terms), TILE)[0]
 
 
 def screen_tiles(a: torch.Tensor, b: torch.Tensor, d: int, tile_keys: torch.Tensor, thresholds: torch.Tensor,
                  precision: ScreenPrecision, *, row_terms: torch.Tensor | None = None,
                  col_terms: torch.Tensor | None = None, capacity_hint: int | None = None) -> Survivors:
-    """:func:`screen_rows` of the block ``a · bᵀ`` in only the tiles of ``fused.TILE`` columns
+    """:func:`screen_rows` of the block ``a · bᵀ`` in only the tiles of ``kernels.TILE`` columns
     whose smallest key (``tile_keys``, :func:`tile_minima` of the same block) is within the
     row's threshold; the other tiles are not computed.
 
@@ -457,15 +406,15 @@ def screen_tiles(a: torch.Tensor, b: torch.Tensor, d: int, tile_keys: torch.Tens
     rows at k = 100 screens about 123 of a row's 1,563 tiles this way.
 
     The wgmma kernel gathers each tile's rows (``fused.screen_tiles``, where
-    ``fused.gathered_runs``; ``capacity_hint``: the survivors expected); elsewhere (its
+    ``kernels.gathered_runs``; ``capacity_hint``: the survivors expected); elsewhere (its
     reference) the block is computed whole and the pairs of the other tiles dropped.
     """
-    if fused.gathered_runs(precision.name, a.device, d):
+    if gathered_runs(a.device, precision, d):
         thr32 = _round_up(thresholds.to(torch.float32), thresholds)
-        return fused.screen_tiles(a, b, d, tile_keys.to(torch.float32), thr32, row_terms, col_terms, precision.name,
+        return kernels.screen_tiles(a, b, d, tile_keys.to(torch.float32), thr32, row_terms, col_terms, precision.name,
                                   capacity_hint)
     found = row_survivors(block_scores(a, b, d, precision, row_terms, col_terms), thresholds)
-    named = tile_keys[found.owner, found.other // fused.TILE] <= thresholds[found.owner]
+    named = tile_keys[found.owner, found.other // TILE] <= thresholds[found.owner]
     return Survivors(found.owner[named], found.other[named], found.keys[named])
 
 
@@ -478,7 +427,7 @@ def screen_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Tens
     ``row_terms``/``col_terms`` are the float32 terms of the split form (fused precisions);
     ``buffer``: where a materialised block is written.
     """
-    if use_kernel(precision, a.device):
+    if screen_kernel_runs(a.device, precision):
         return _kernel_rows(a, b, d, thresholds, precision, row_terms, col_terms, exclude_diagonal)
     scores = block_scores(a, b, d, precision, row_terms, col_terms, buffer)
     if exclude_diagonal is not None:
@@ -501,7 +450,7 @@ def screen_rows_later(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torc
     ``thresholds``, the terms) may change before the call: a list that overflowed is filled by
     a second launch then.
     """
-    if use_kernel(precision, a.device):
+    if screen_kernel_runs(a.device, precision):
         return _kernel_rows(a, b, d, thresholds, precision, row_terms, col_terms, exclude_diagonal, later=True)
     found = screen_rows(a, b, d, thresholds, precision, row_terms=row_terms, col_terms=col_terms,
                         exclude_diagonal=exclude_diagonal)
@@ -516,16 +465,16 @@ def screen_own_later(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch
     kept by their row's threshold, read when the returned function is called (as
     :func:`screen_rows_later`). ``exclude_diagonal``: not a point with itself.
 
-    Where the wgmma kernel runs (:func:`knng.engine.fused.triangle_runs`) only the upper triangle
+    Where the wgmma kernel runs (:func:`knng.engine.kernels.runs.triangle_runs`) only the upper triangle
     is screened, each pair i ≤ j once as entry (i, j) against both points' thresholds: half the
     products of a rows screen of the whole block, which scores each pair twice. Pair (j, i) then
     carries entry (i, j)'s key, which is as valid a screened key of it (the same bound covers
     both); :func:`own_block_survivors` is this contract's reference. Elsewhere the whole block
     is screened by rows.
     """
-    if use_kernel(precision, a.device) and fused.triangle_runs(precision.name, a.device, d):
+    if screen_kernel_runs(a.device, precision) and triangle_runs(a.device, precision, d):
         thr = _round_up(thresholds.to(torch.float32), thresholds)
-        found = fused.screen_block(a, b, d, thr, thr, terms, terms, precision.name,
+        found = screen_block(a, b, d, thr, thr, terms, terms, precision.name,
                                    exclude_diagonal=0 if exclude_diagonal else None, later=True, triangle=True)
 
         def union() -> Survivors:
@@ -559,7 +508,7 @@ def screen_pairs_later(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds:
                        col_terms: torch.Tensor | None = None) -> Callable[[], tuple[Survivors, Survivors]]:
     """:func:`screen_pairs` whose survivors are read when the returned function is called (see
     :func:`screen_rows_later`: a kernel screen launched now, sized then; elsewhere run now)."""
-    if use_kernel(precision, a.device):
+    if screen_kernel_runs(a.device, precision):
         return _kernel_pairs(a, b, d, row_thresholds, col_thresholds, precision, row_terms, col_terms, later=True)
     found = screen_pairs(a, b, d, row_thresholds, col_thresholds, precision, row_terms=row_terms,
                          col_terms=col_terms)
@@ -571,7 +520,7 @@ def pair_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPreci
                 buffer: ScoreBuffer | None = None) -> torch.Tensor | None:
     """The block :func:`screen_pairs` would materialise (its ``scores``), or None where the fused
     kernel screens it without one."""
-    if use_kernel(precision, a.device):
+    if screen_kernel_runs(a.device, precision):
         return None
     return block_scores(a, b, d, precision, row_terms, col_terms, buffer)
 
@@ -589,7 +538,7 @@ def screen_pairs(a: torch.Tensor, b: torch.Tensor, d: int,
     few dozen small launches queue behind it instead of keeping the GPU idle before it.
     ``buffer``: where a materialised block is written; ``scores``: the block from
     :func:`pair_scores`, if already issued."""
-    if use_kernel(precision, a.device):
+    if screen_kernel_runs(a.device, precision):
         if callable(row_thresholds):
             row_thresholds, col_thresholds = row_thresholds()
         assert col_thresholds is not None
@@ -610,7 +559,7 @@ def _kernel_rows(a: torch.Tensor, b: torch.Tensor, d: int, thresholds: torch.Ten
     """The kernel's screen of rows (:func:`screen_rows`): float32 thresholds rounded up, so that
     the kernel keeps every pair the float64 ones keep; with ``later`` a function that sizes the
     lists when called (``fused.screen_block``)."""
-    found = fused.screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
+    found = screen_block(a, b, d, _round_up(thresholds.to(torch.float32), thresholds), None, row_terms,
                                col_terms, precision.name, exclude_diagonal=exclude_diagonal, later=later)
     return (lambda: found()[0]) if later else found[0]
 
@@ -619,7 +568,7 @@ def _kernel_pairs(a: torch.Tensor, b: torch.Tensor, d: int, row_thresholds: torc
                   col_thresholds: torch.Tensor, precision: ScreenPrecision, row_terms: torch.Tensor | None,
                   col_terms: torch.Tensor | None, later: bool = False):
     """The kernel's screen of a symmetric block (:func:`screen_pairs`), as :func:`_kernel_rows`."""
-    found = fused.screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
+    found = screen_block(a, b, d, _round_up(row_thresholds.to(torch.float32), row_thresholds),
                                _round_up(col_thresholds.to(torch.float32), col_thresholds), row_terms, col_terms,
                                precision.name, later=later)
 

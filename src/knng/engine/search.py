@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from knng._inputs import READ_AHEAD, InputArray, check_finite
-from knng.engine import fused, preparation, stages
+from knng.engine import stages
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
@@ -29,12 +29,15 @@ from knng.engine.common import (
 from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, after_out_of_memory, make_search_plan
 from knng.engine.screen import (
-    block_scores, screen_rows, screen_tiles, strip_minima, strip_seeds_run, tile_minima, use_kernel,
+    block_scores, screen_rows, screen_tiles, strip_minima, tile_minima,
 )
 from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row_each
-from knng.engine.thresholds import kth_of_rows, kth_seeds_run, sample_columns, seed_candidates, strip_candidates
+from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 from knng._options import get_options
+from knng.engine.kernels import (
+    kth_of_rows, kth_seeds_run, prepare_rows, screen_kernel_runs, strip_seeds_run, strip_width,
+)
 
 __all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
 
@@ -216,10 +219,10 @@ def _seed_from_sample(store: CandidateStore, raw: torch.Tensor, prep: Prepared, 
     if sample.norms is not None:
         own = metric.prepare(raw, pcorpus.centre, side="query", symmetric=False, dtype=sample.vectors.dtype)
         queries, norms = own.vectors, own.norms
-    if norms is None and strip_seeds_run(precision, device, sample.columns.numel(), k):
+    if norms is None and strip_seeds_run(device, precision, sample.columns.numel(), k):
         # The kernel's strip minima of the sample: no block is written (10k queries × 65,536
         # columns at k = 100: 2.6 GB of keys, their terms and a selection over them).
-        kth = kth_seeds_run(raw.shape[0], -(-sample.columns.numel() // fused.STRIP), k, device)
+        kth = kth_seeds_run(device, raw.shape[0], -(-sample.columns.numel() // strip_width()), k)
         # Where each row's k-th strip minimum alone seeds it, its radius takes the corpus's
         # largest norm and term (the sample's columns are the corpus's), read before the
         # sample's product is queued: a read after it would wait for it (a one-tile screen asks
@@ -251,7 +254,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     """Screen one chunk of queries against every corpus tile into a store of candidates (where
     the tiles tighten the thresholds, ``Options.tighten_on``, one that holds them back). Without a
     ``sample``, tiles first (``plan.tiles_first``)."""
-    prep = preparation.prepare(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
+    prep = prepare_rows(metric, raw, pcorpus.centre, side="query", symmetric=False, dtype=pcorpus.dtype)
     if float(prep.norms.max()) > MAX_SCREEN_NORM:
         raise ValueError(f"queries have vectors of norm up to {float(prep.norms.max()):.3g} (after centring): "
                          f"too large to screen in float32 (limit {MAX_SCREEN_NORM:.0e}); rescale the data")
@@ -279,7 +282,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     terms = pcorpus.terms32
     # A kernel screen writes no score block: once the first tile's survivors have tightened the
     # thresholds, the rest of a resident corpus goes in one launch (Options.rest_at_once).
-    rest_at_once = get_options().rest_at_once and use_kernel(precision, device) and tightening
+    rest_at_once = get_options().rest_at_once and screen_kernel_runs(device, precision) and tightening
     seen = (0.0, 0.0)  # the largest norm and |term| of the columns screened so far
     for c0, c1, tile in pcorpus.tiles(plan.corpus_cols, rest_at_once=rest_at_once):
         maxima = pcorpus.maxima(c0, c1)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from knng._options import kernel_forced
-from knng.engine import fused, row_kth, stages
+from knng.engine import stages
 from knng.select import resolve
+from knng.engine.kernels import SMALL_ROW_MAX_K, SMALL_ROW_MAX_WIDTH, smallest_of_rows, triton_runs
 
-__all__ = ["kth_of_rows", "kth_of_rows_reference", "kth_seeds_run", "sample_columns", "seed_candidates",
-           "smallest_candidates", "smallest_of_rows", "strip_candidates"]
+__all__ = ["sample_columns", "seed_candidates", "smallest_candidates", "strip_candidates"]
 
 
 def sample_columns(n: int, size: int, device: torch.device, seed: int = 0) -> torch.Tensor:
@@ -98,16 +97,6 @@ def smallest_candidates(scores: torch.Tensor, width: int, select: str, device: t
     return scores.gather(1, positions), positions
 
 
-#: Largest k and number of strips a row whose k smallest strip minima :func:`strip_candidates`
-#: takes with a kernel (``_triton_kernels.smallest_of_rows_kernel``: the row in registers, k
-#: rounds of a minimum) instead of ``torch.topk``. H200, 2026-11-27,
-#: ``bench/strip_candidates_rates.py``: 66,667 rows of 128 strips at k = 10 0.092 ms against
-#: 0.415 for ``torch.topk`` (0.447 for a sort), 200,000 rows 0.246 against 1.155, 66,667 rows of
-#: 256 at k = 16 0.338 against 0.815: about 1 ms of the 200k × 128 graph's seeds at k = 10.
-SMALL_ROW_MAX_K = 32
-SMALL_ROW_MAX_WIDTH = 1024
-
-
 def strip_candidates(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """k distinct candidates per row from its strip minima (``knng.engine.screen.strip_minima``):
     the k smallest minima and their columns. Strips are disjoint, so the columns are distinct;
@@ -122,98 +111,7 @@ def strip_candidates(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[to
     if k > width:
         raise ValueError(f"{k} candidates from {width} strips")
     if (k <= SMALL_ROW_MAX_K and width <= SMALL_ROW_MAX_WIDTH and keys.dtype == torch.float32 and m
-            and fused.fused_available(keys.device)):
+            and triton_runs(keys.device)):
         return smallest_of_rows(keys, cols, k)
     values, pick = torch.topk(keys, k, dim=1, largest=False, sorted=False)
     return values, cols.gather(1, pick)
-
-
-def smallest_of_rows(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's k smallest float32 ``keys`` (no NaN) ascending by (key, position), and the
-    ``cols`` at their positions, by ``_triton_kernels.smallest_of_rows_kernel``; rows of at most
-    :data:`SMALL_ROW_MAX_WIDTH` keys. Its reference is a stable sort of each row."""
-    m, width = keys.shape
-    keys, cols = keys.contiguous(), cols.contiguous()
-    assert cols.shape == keys.shape and width <= SMALL_ROW_MAX_WIDTH
-    wide = fused.block_width(width, 16)
-    rows = max(1, min(16, 4096 // wide))  # 16 rows of 128 or 256 measured fastest (32 and 64 slower)
-    values = torch.empty((m, k), dtype=keys.dtype, device=keys.device)
-    picked = torch.empty((m, k), dtype=cols.dtype, device=keys.device)
-    options = {} if fused.interpreting() else dict(num_warps=4)
-    fused.kernels().smallest_of_rows_kernel[(-(-m // rows),)](keys, cols, values, picked, m, width, keys.stride(0),
-                                                              K=k, ROWS=rows, WIDTH=wide, **options)
-    return values, picked
-
-
-#: Widest row whose k-th smallest strip minimum :func:`kth_of_rows` takes with its kernel (the
-#: row whole in registers, spread over more warps the wider it is: :data:`KTH_WIDE_WARPS`);
-#: wider rows go to ``torch.topk``. 16,384 tile minima are a search's of 2M corpus points.
-KTH_ROW_MAX_WIDTH = 16384
-
-
-def kth_seeds_run(rows: int, strips: int, k: int, device: torch.device) -> bool:
-    """Whether a search's seeds take each row's k-th strip minimum alone (:func:`kth_of_rows`)
-    rather than its k smallest and their columns (:func:`strip_candidates`): for ``rows`` rows
-    of ``strips`` strip minima, above the register kernel's k, on a GPU with Triton. Decided
-    from the shape, before the strip minima are computed.
-
-    The k-th smallest of k distinct columns' keys plus an error radius valid for every key up
-    to it bounds a row's k-th true key, as a store's tightening does, so no column is needed.
-    ``torch.topk`` of 101 of 1,024 strip minima took 5.85 ms for 200,000 rows, the kernel 2.58
-    (H200, 2026-11-27, ``bench/strip_candidates_rates.py``; the 200k × 128 graph by rows at
-    k = 100 went 80.5 → 77.6 ms)."""
-    forced = kernel_forced("kth_seeds")
-    if forced is False:
-        return False
-    return (SMALL_ROW_MAX_K < k <= strips <= KTH_ROW_MAX_WIDTH and rows > 0
-            and (forced or fused.fused_available(device)))
-
-
-#: Rows a program of :func:`kth_of_rows`'s kernel takes (of width up to 1,024; fewer for wider
-#: rows), and its warps: one row to one warp, whose counts need no barrier. H200, 2026-11-27,
-#: ``bench/strip_candidates_rates.py --layouts``, 200,000 rows of 1,024 at k = 101: 2.58 ms
-#: against 2.79 (one row, two warps), 3.03 (one, four), 3.56 (four rows, four warps) and 5.85
-#: for ``torch.topk``.
-KTH_ROWS = 1
-KTH_WARPS = 1
-#: Warps of a program whose row is wider than 1,024 keys (a search's tile minima, up to
-#: :data:`KTH_ROW_MAX_WIDTH`): at least this many, else one for each 1,024 keys (32 codes a
-#: lane; 16 for 16,384), where one warp would hold 64 or more a lane. H200, 2026-11-27, 200,000 rows of 1,563
-#: at k = 101 (``bench/tiles_first_rates.py --warps``): 1 / 2 / 4 / 8 warps 3.89 / 2.89 / 3.14 ms on
-#: int32 codes (5.86 / 5.27 / 5.66 / 6.31 on int64).
-KTH_WIDE_WARPS = 2
-
-
-def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's smallest and k-th smallest of its ``keys`` (no NaN; float64 rounded up to
-    float32), as
-    ``row_kth.ordered_code`` values, and its count of keys: what ``row_kth.row_ends`` gives for
-    the pairs of a dense block, for :meth:`~knng.engine.store.CandidateStore.tighten_ends`.
-
-    By ``_triton_kernels.kth_of_rows_kernel`` (rows of at most :data:`KTH_ROW_MAX_WIDTH` keys)
-    where Triton runs; else (and as its reference) :func:`kth_of_rows_reference`.
-    """
-    m, width = keys.shape
-    if not (fused.fused_available(keys.device) and width <= KTH_ROW_MAX_WIDTH and m and keys.dtype == torch.float32):
-        return kth_of_rows_reference(keys, k)
-    keys = keys.contiguous()
-    wide = fused.block_width(width, 16)
-    rows = max(1, KTH_ROWS * 1024 // max(1024, wide))
-    firsts, kths, counts = (torch.empty(m, dtype=torch.int64, device=keys.device) for _ in range(3))
-    warps = KTH_WARPS if wide <= 1024 else min(16, max(KTH_WIDE_WARPS, wide // 1024))
-    options = {} if fused.interpreting() else dict(num_warps=warps)
-    fused.kernels().kth_of_rows_kernel[(-(-m // rows),)](keys, m, width, keys.stride(0), k, firsts, kths, counts,
-                                                        row_kth.NO_CODE, ROWS=rows, WIDTH=wide, **options)
-    return firsts, kths, counts
-
-
-def kth_of_rows_reference(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`kth_of_rows` by a sort of each row's order codes (float64 keys rounded up to
-    float32 first, as ``row_kth.row_ends`` does)."""
-    m, width = keys.shape
-    counts = torch.full((m,), width, dtype=torch.int64, device=keys.device)
-    if width < k or m == 0:
-        none = torch.full((m,), row_kth.NO_CODE, dtype=torch.int64, device=keys.device)
-        return none, none.clone(), counts
-    codes = torch.sort(row_kth.ordered_code(row_kth.float32_up(keys)), dim=1).values
-    return codes[:, 0].contiguous(), codes[:, k - 1].contiguous(), counts

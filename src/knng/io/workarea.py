@@ -489,7 +489,7 @@ def _adopted(path: Path) -> bool:
 
 
 def _open_array(path: Path) -> np.ndarray:
-    """A saved array as a read-only memory map (a store kept on disk, ``knng.engine.lists``, may be
+    """A saved array as a read-only memory map (a store kept on disk, ``knng.engine.store.lists``, may be
     larger than host memory); read whole where it cannot be mapped (an empty array)."""
     try:
         return np.load(path, mmap_mode="r")

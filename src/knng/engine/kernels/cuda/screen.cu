@@ -1,4 +1,4 @@
-// Fused float16 screen (knng/engine/cuda_screen.py launches it; contract: knng/engine/fused.py).
+// Fused float16 screen (knng/engine/kernels/cuda_screen.py launches it; contract: knng/engine/kernels/fused.py).
 //
 // What it computes. For every pair (i < m, j < n) of rows of A and B (float16, first K columns,
 // K a multiple of 16): acc = A[i]·B[j] on the tensor cores (float32 accumulation), then

@@ -26,7 +26,7 @@ whole, nothing skipped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -37,8 +37,8 @@ from knng.engine.thresholds import sample_columns
 from knng.metrics import Metric, lattice_point
 
 
-__all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "slab_gain", "Window", "span_window",
-           "translation_invariant"]
+__all__ = ["Tile", "GlobalFrames", "PrincipalFrames", "principal_direction", "slab_gain", "slab_gain_of", "Window",
+           "span_window"]
 
 #: Rows of the sample the principal direction is estimated from (any unit vector is a valid
 #: bound; a better one only skips more).
@@ -240,6 +240,12 @@ def slab_gain(data: InputArray, parts: int, device: torch.device) -> float:
     if within <= total * 1e-12:  # all within-slab spread lost to rounding: the rows sit on u's line
         return 1.0 if total == 0 else float("inf")
     return total / within
+
+
+def slab_gain_of(data: InputArray, device: torch.device) -> Callable[[int], float]:
+    """The planner's description of ``data``'s slabs: :func:`slab_gain` for a number of parts,
+    read (a sample of the data) only if the planner asks."""
+    return lambda parts: slab_gain(data, parts, device)
 
 
 def _direction_sample(data: InputArray, device: torch.device) -> torch.Tensor:
@@ -583,11 +589,3 @@ def span_window(frames: "GlobalFrames | PrincipalFrames", row_part: int, col_par
         c1 = offset + window.c1
         live += 1
     return None if live == 0 else (Window(r0, r1, c0, c1), live)
-
-
-def translation_invariant(metric: Metric) -> bool:
-    """Whether ``metric``'s key is the squared Euclidean distance of the (centred) inputs.
-
-    Then any centre gives the same scores, and |uᵀx − uᵀy| ≤ ‖x − y‖ bounds the key along u.
-    """
-    return metric.uses_terms and metric.needs_centre(True) and not metric.normalize

@@ -6,7 +6,7 @@ in float32 (so that ‖b‖² never passes through a low-precision input), and c
 with its row's threshold — and, in a symmetric graph block, with its column's. Each side's
 survivors go to a compact list of their own (owner, other, key); the score block is never
 written to memory. Most tiles keep nothing once the thresholds are tight, and those that keep
-something mostly keep a few: the compaction (``_triton_kernels._append``) takes a few out one
+something mostly keep a few: the compaction (``triton_screen._append``) takes a few out one
 by one and many with one atomic each, and costs nothing in a tile that keeps nothing.
 
 Contract (what :func:`screen_block` returns, checked against the CPU reference
@@ -17,7 +17,7 @@ defined (tiles append as they finish). :func:`select_block` is the same test and
 score block already in memory (the float32 and float64 screens, whose products are cuBLAS's).
 
 Scaled float16 rows (precision ``float16``) run the CUDA C kernel of
-:mod:`knng.engine.cuda_screen` where CuPy is installed (same contract, survivors appended by warp
+:mod:`knng.engine.kernels.cuda_screen` where CuPy is installed (same contract, survivors appended by warp
 votes into shared buffers, A's rows resident: 10,000 × 1M × 128 in 7.6 ms where this module's
 take 20), and this module's kernel, multiplying by the rows' factors after the product, elsewhere.
 
@@ -26,29 +26,28 @@ test and lists: rows of int8 digits, four exact integer products, then the float
 reference :func:`knng.engine.screen.digit_scores` (``docs/EXACTNESS.md``).
 
 Triton is imported lazily: the module imports on machines without it, and
-:func:`fused_available` says whether the kernel can run. Under ``TRITON_INTERPRET=1`` the same
+``knng.engine.kernels.capabilities.triton_runs`` says whether the kernel can run. Under ``TRITON_INTERPRET=1`` the same
 kernel runs on CPU tensors (the CI tests do that; bfloat16 products are not trustworthy there).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 from typing import NamedTuple
 
 import torch
 
-from knng.engine import cuda_screen, stages
+from knng._options import get_options
+from knng.engine import stages
+from knng.engine.kernels import cuda_screen
+from knng.engine.kernels.capabilities import ieee_options, interpreting, triton_runs
+from knng.engine.kernels.runs import TILE, cuda_screen_runs, gathered_runs, strip_minima_runs, triangle_runs
 from knng.metrics import (
     digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
 )
-from knng._options import get_options, kernel_forced
-from knng.select import cuda
 
-__all__ = ["fused_available", "screen_block", "select_block", "strip_minima", "strip_minima_runs", "STRIP",
-           "Survivors", "DOT_PRECISION", "SELECT_TILE", "interpreting", "kernels", "triangle_runs",
-           "block_width", "TILE", "gathered_runs", "tile_minima", "screen_tiles", "group_tile_pairs"]
+__all__ = ["screen_block", "select_block", "strip_minima", "Survivors", "DOT_PRECISION", "SELECT_TILE",
+           "tile_minima", "screen_tiles", "group_tile_pairs", "block_epilogue"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -59,7 +58,7 @@ DOT_PRECISION = {"float32": "ieee", "tf32": "tf32", "tf32x3": "tf32x3", "bfloat1
 #: it in smaller pieces.
 MAX_LIST = 2**31 - 2**24
 
-# Scaled float16 screens run the CUDA C kernel of :mod:`knng.engine.cuda_screen` (mma.sync or
+# Scaled float16 screens run the CUDA C kernel of :mod:`knng.engine.kernels.cuda_screen` (mma.sync or
 # wgmma tensor-core tiles, survivors appended by warp votes) where CuPy can compile it and
 # ``Options.cuda_screen`` is on, and the Triton kernel elsewhere; both keep what the same bound
 # says (``tests/test_gpu_fused.py``).
@@ -80,19 +79,8 @@ LIST_FLOOR = 2**24
 SELECT_TILE = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4)
 
 
-@functools.cache
-def triton_installed() -> bool:
-    """Whether Triton can be imported here (without importing it; looked up once)."""
-    return importlib.util.find_spec("triton") is not None
 
 
-def fused_available(device: torch.device) -> bool:
-    """Whether the fused kernel can run on ``device`` (a CUDA GPU with Triton installed)."""
-    forced = kernel_forced("triton")
-    if forced is not None:
-        return forced
-    # tl.dot on tensor cores with bfloat16 inputs needs Ampere (sm_80) or newer.
-    return device.type == "cuda" and triton_installed() and cuda.device_capability(device) >= (8, 0)
 
 
 class Survivors(NamedTuple):
@@ -108,38 +96,28 @@ class Survivors(NamedTuple):
     keys: torch.Tensor
 
 
-def interpreting() -> bool:
-    """Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``: CPU tensors)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def block_width(n: int, at_least: int = 1) -> int:
-    """The power of two from ``n`` up, and at least ``at_least``: a Triton block's width
-    (``tl.arange`` spans powers of two)."""
-    return max(at_least, 1 << max(0, n - 1).bit_length())
 
 
-def ieee_options() -> dict:
-    """Launch options of the Triton kernels whose values must be their torch reference's bit for
-    bit: no fused multiply-adds (none to give in Triton's interpreter)."""
-    return {} if interpreting() else dict(num_warps=4, enable_fp_fusion=False)
 
 
-def kernels():
-    """The module of jitted Triton kernels (``knng.engine._triton_kernels``), imported on first
+
+
+def _triton():
+    """This module's Triton kernels (:mod:`knng.engine.kernels.triton_screen`), imported on first
     use (Triton must be installed)."""
-    from knng.engine import _triton_kernels
+    from knng.engine.kernels import triton_screen
 
-    return _triton_kernels
+    return triton_screen
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(interpret: bool):
     """The jitted kernels (screen, select, digit), imported on first use: Triton reads
     ``TRITON_INTERPRET`` when it jits, so the interpreter is chosen before the first call."""
-    from knng.engine import _triton_kernels
-
-    return _triton_kernels.screen_kernel, _triton_kernels.select_kernel, _triton_kernels.digit_kernel
+    triton_screen = _triton()
+    return triton_screen.screen_kernel, triton_screen.select_kernel, triton_screen.digit_kernel
 
 
 def _tile_config(precision: str, interpret: bool) -> dict:
@@ -209,7 +187,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         is in both lists.
     """
     stages.count("screen.kernel")
-    if triangle and not triangle_runs(precision, a.device, k_dims):
+    if triangle and not triangle_runs(a.device, precision, k_dims):
         raise ValueError("screen_block: a triangle needs the wgmma kernel (see triangle_runs)")
     if precision in DIGIT_PRECISIONS:
         result = _screen_digits(a, b, row_thr, col_thr, row_terms, col_terms, exclude_diagonal, capacity_hint)
@@ -225,7 +203,7 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
         # Scaled float16 rows: the product of the zero-padded value blocks, then × α·s_a × s_b.
         k_dims = scaled_width(k_dims)
         row_factor, col_scale = scaled_row_factors(a), scaled_scales(b).contiguous()
-        if get_options().cuda_screen and not interpret and cuda_screen.available(a.device):
+        if cuda_screen_runs(a.device):
             def launch_cuda(lists, counters, capacity):
                 cuda_screen.launch_screen(a, b, k_dims, row_factor, col_scale, row_terms, col_terms, row_thr, col_thr,
                                           exclude_diagonal, lists, counters, capacity, triangle=triangle)
@@ -250,29 +228,10 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
     return _collect(launch, "screen", m, n, capacity_hint, symmetric, torch.float32, a.device, later)
 
 
-#: Columns of one strip of :func:`strip_minima`.
-STRIP = cuda_screen.STRIP
 
 
-def triangle_runs(precision: str, device: torch.device, k_dims: int) -> bool:
-    """Whether :func:`screen_block` screens a square block's upper triangle (``triangle``) for
-    ``precision`` and input dimension ``k_dims`` on ``device``: scaled float16 rows and the
-    CUDA C kernel's wgmma variant."""
-    forced = kernel_forced("triangle")
-    if forced is not None:
-        return forced
-    return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
-            and cuda_screen.triangle_runs(device, scaled_width(k_dims)))
 
 
-def strip_minima_runs(precision: str, device: torch.device) -> bool:
-    """Whether :func:`strip_minima` runs for ``precision`` on ``device``: scaled float16 rows and
-    the CUDA C kernel (the Triton kernels have no minima epilogue)."""
-    forced = kernel_forced("strip_minima")
-    if forced is not None:
-        return forced
-    return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
-            and cuda_screen.available(device))
 
 
 def strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_terms: torch.Tensor | None,
@@ -281,24 +240,16 @@ def strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_terms: torch
     ``A[:, :k_dims] · B[:, :k_dims]ᵀ (+ terms)``, the keys :func:`screen_block` compares, and
     its column (int32); ties to the smaller column, NaN never the smallest. Where
     :func:`strip_minima_runs` says; ``knng.engine.screen.strip_minima`` is the reference."""
-    if not strip_minima_runs(precision, a.device):
+    if not strip_minima_runs(a.device, precision):
         raise ValueError(f"strip minima run on the CUDA kernel only (precision {precision!r}, {a.device})")
     return cuda_screen.launch_strip_minima(a, b, scaled_width(k_dims), scaled_row_factors(a),
                                            scaled_scales(b).contiguous(), row_terms, col_terms)
 
 
-#: Columns of one tile of :func:`tile_minima` and :func:`screen_tiles`.
-TILE = cuda_screen.TILE
 #: Rows of A a work item of :func:`screen_tiles` gathers for its tile (the kernel's block).
 GATHER_ROWS = 128
 
 
-def gathered_runs(precision: str, device: torch.device, k_dims: int) -> bool:
-    """Whether :func:`tile_minima` and :func:`screen_tiles` run for ``precision`` and input
-    dimension ``k_dims`` on ``device``: scaled float16 rows and the CUDA C kernel's wgmma
-    variant."""
-    return (get_options().cuda_screen and get_precision(precision).scaled and not interpreting()
-            and cuda_screen.gathered_runs(device, scaled_width(k_dims)))
 
 
 def tile_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_terms: torch.Tensor | None,
@@ -307,13 +258,13 @@ def tile_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_terms: torch.
     ``A[:, :k_dims] · B[:, :k_dims]ᵀ (+ terms)``, the keys :func:`screen_block` compares (NaN
     never the smallest), float32 (m, ⌈n / TILE⌉). Where :func:`gathered_runs` says;
     ``knng.engine.screen.tile_minima`` is the reference."""
-    if not gathered_runs(precision, a.device, k_dims):
+    if not gathered_runs(a.device, precision, k_dims):
         raise ValueError(f"tile minima run on the wgmma kernel only (precision {precision!r}, {a.device})")
     return cuda_screen.launch_tile_minima(a, b, scaled_width(k_dims), scaled_row_factors(a),
                                           scaled_scales(b).contiguous(), row_terms, col_terms)
 
 
-#: Rows a program of the grouping kernel (``_triton_kernels.tile_pairs_kernel``) takes, and tiles.
+#: Rows a program of the grouping kernel (``triton_screen.tile_pairs_kernel``) takes, and tiles.
 GROUP_BLOCK = dict(ROWS=64, TILES=64)
 
 
@@ -321,7 +272,7 @@ def group_tile_pairs(tile_keys: torch.Tensor, row_thr: torch.Tensor) -> tuple[to
     """The (row, tile) pairs with ``tile_keys[row, tile] <= row_thr[row]`` (float32; NaN: none),
     grouped by tile: ``rows`` (int32; its first ``counts.sum()`` entries hold, for each tile in
     turn, its pairs' rows in no particular order), ``counts`` and ``first`` (int32 per tile: its
-    pairs, and where they start in ``rows``). Two passes of ``_triton_kernels.tile_pairs_kernel``
+    pairs, and where they start in ``rows``). Two passes of ``triton_screen.tile_pairs_kernel``
     (counts, then each row at its tile's cursor); nothing is read back."""
     device, (m, width) = tile_keys.device, tile_keys.shape
     if m * width >= 2**31:
@@ -333,7 +284,7 @@ def group_tile_pairs(tile_keys: torch.Tensor, row_thr: torch.Tensor) -> tuple[to
         return rows, counts, counts.clone()
     block = dict(ROWS=16, TILES=16) if interpreting() else GROUP_BLOCK
     grid = (-(-m // block["ROWS"]), -(-width // block["TILES"]))
-    group = kernels().tile_pairs_kernel
+    group = _triton().tile_pairs_kernel
     group[grid](tile_keys, row_thr, m, width, tile_keys.stride(0), counts, counts, rows, SCATTER=False, **block)
     first = torch.cumsum(counts, 0, dtype=torch.int32) - counts
     group[grid](tile_keys, row_thr, m, width, tile_keys.stride(0), counts, first.clone(), rows, SCATTER=True, **block)
@@ -353,7 +304,7 @@ def screen_tiles(a: torch.Tensor, b: torch.Tensor, k_dims: int, tile_keys: torch
     of one tile and up to :data:`GATHER_ROWS` of its rows, gathered
     (``cuda_screen.launch_gathered_screen``): nothing is read back before the one
     synchronisation that sizes the list."""
-    if not gathered_runs(precision, a.device, k_dims):
+    if not gathered_runs(a.device, precision, k_dims):
         raise ValueError(f"the gathered screen runs on the wgmma kernel only (precision {precision!r}, {a.device})")
     device, (m, width) = a.device, tile_keys.shape
     if width != -(-b.shape[0] // TILE) or m != a.shape[0]:
@@ -529,3 +480,44 @@ def _collect(launch, kind: str, m: int, n: int, capacity_hint: int | None, symme
         return out[0], out[1] if symmetric else None
 
     return sized if later else sized()
+
+
+#: Rows and columns of a score block each program of :func:`block_epilogue`'s kernel takes.
+_EPILOGUE_BLOCK = (32, 128)
+
+
+def block_epilogue(scores: torch.Tensor, scales: tuple[torch.Tensor, torch.Tensor] | None,
+                   col_terms: torch.Tensor | None, row_terms: torch.Tensor | None, *,
+                   kernel: bool | None = None) -> torch.Tensor:
+    """In place on a float32 score block: each entry times its row's factor, then its column's
+    scale (``scales``: float32 (row factors, column scales), or None), then plus its column's
+    term, then its row's (float32, where given), each step rounded to float32 in that order.
+
+    Torch's in-place operations are the reference and the CPU's path. On a GPU one Triton launch
+    does the same IEEE operations in the same order (no fused multiply-adds), reading and writing
+    the block once instead of up to four times: the exact-products seed blocks of an 8×8 patch
+    graph at k = 100 (34k × 8,192, 17 parts) took ~70 ms of an H100's time in four passes.
+    ``kernel``: whether the Triton launch does it (default: where the fused kernels run; True
+    under Triton's interpreter tests it on a CPU).
+    """
+    m, n = scores.shape
+    bm, bn = _EPILOGUE_BLOCK
+    if kernel is None:
+        kernel = triton_runs(scores.device)
+    if kernel and scores.dtype == torch.float32 and scores.stride(1) == 1 and -(-n // bn) < 65536:
+        if m and n and (scales is not None or col_terms is not None or row_terms is not None):
+            row_factors, col_scales = scales if scales is not None else (scores, scores)
+            _triton().block_epilogue_kernel[(-(-m // bm), -(-n // bn))](
+                scores, row_factors.contiguous(), col_scales.contiguous(),
+                scores if col_terms is None else col_terms.contiguous(),
+                scores if row_terms is None else row_terms.contiguous(), m, n, scores.stride(0),
+                SCALE=scales is not None, COL_TERMS=col_terms is not None, ROW_TERMS=row_terms is not None,
+                BLOCK_M=bm, BLOCK_N=bn, **ieee_options())
+        return scores
+    if scales is not None:
+        scores.mul_(scales[0][:, None]).mul_(scales[1][None, :])
+    if col_terms is not None:
+        scores += col_terms[None, :]
+    if row_terms is not None:
+        scores += row_terms[:, None]
+    return scores

@@ -1,6 +1,6 @@
 // Device code both fused float16 screens share (screen.cu: mma.sync; screen_wg.cu: wgmma): the
 // asynchronous copies, the warps' survivor buffers and how entries reach the global lists, and
-// the non-symmetric pre-test's bound. knng.select.cuda.source_kernel pastes this file in place
+// the non-symmetric pre-test's bound. knng._cuda.source_kernel pastes this file in place
 // of its #include line (so that the kernel's cache key covers it).
 
 typedef unsigned short half_t;  // raw 16-bit storage: the tensor cores read the bits
@@ -185,7 +185,7 @@ __device__ __forceinline__ void load_row_vectors(float* s_row, int row0, int m, 
 
 }  // namespace screen_common
 
-// Both kernels' parameters (knng/engine/cuda_screen.py passes the same arguments to either; the
+// Both kernels' parameters (knng/engine/kernels/cuda_screen.py passes the same arguments to either; the
 // strip minima's last three only screen.cu's SCREEN_MIN variant reads) and their survivor lists.
 #define SCREEN_PARAMS                                                                                              \
   const half_t *__restrict__ A, const half_t *__restrict__ B, int m, int n, int K, int lda, int ldb,               \

@@ -15,7 +15,7 @@ of every survivor a store takes in (``PairErrors.radius``: a store update of 2²
 an image-patch graph ran it as ~25 launches over 16M float64 values, ~2.5 ms of GPU a flush).
 
 Their reference is the torch code of those methods, which every other device runs: the kernels
-perform the same IEEE float64 operations in the same order (``_triton_kernels._row_radius``) and
+perform the same IEEE float64 operations in the same order (``triton_radius._row_radius``) and
 are launched without fused multiply-adds (``enable_fp_fusion=False``), so their values are the
 reference's bit for bit (``tests/test_radius.py`` checks every metric and precision in Triton's
 interpreter, and ``tests/test_gpu_fused.py`` on the GPU).
@@ -26,10 +26,20 @@ from __future__ import annotations
 import torch
 
 from knng._options import kernel_forced
-from knng.engine import fused, stages
+from knng.engine import stages
+from knng.engine.kernels.capabilities import ieee_options, interpreting, triton_runs
 from knng.metrics import TINY, Metric, ScreenPrecision
 
-__all__ = ["kernel_applies", "pair_kernel_applies", "block_radius", "pair_radius", "tighten_rows", "seed_rows"]
+__all__ = ["radius_runs", "pair_radius_runs", "block_radius", "pair_radius", "tighten_rows", "seed_rows"]
+
+
+def _triton():
+    """This module's Triton kernels (:mod:`knng.engine.kernels.triton_radius`), imported on first use
+    (Triton must be installed)."""
+    from knng.engine.kernels import triton_radius
+
+    return triton_radius
+
 
 #: Rows per program (the interpreter's cost is per program).
 BLOCK = 1024
@@ -39,14 +49,14 @@ BLOCK = 1024
 SEED_TILE = (16, 128)
 
 
-def kernel_applies(*tensors: torch.Tensor) -> bool:
+def radius_runs(*tensors: torch.Tensor) -> bool:
     """Whether this module's kernels run on these tensors' device: where the fused screen
     kernel can (a GPU with Triton; in the tests, the interpreter), for float64 vectors (None
     entries, absent terms, are skipped)."""
     first = tensors[0]
     if kernel_forced("radius") is False:
         return False
-    return (fused.fused_available(first.device)
+    return (triton_runs(first.device)
             and all(t.dtype == torch.float64 and t.dim() <= 1 for t in tensors if t is not None))
 
 
@@ -85,23 +95,23 @@ def block_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
     rows = rows.contiguous()
     tau, row_norms, offsets = tau.contiguous(), row_norms.contiguous(), offsets.contiguous()
     dummy = tau
-    fused.kernels().block_radius_kernel[(-(-m // BLOCK),)](
+    _triton().block_radius_kernel[(-(-m // BLOCK),)](
         tau, rows, row_norms, row_terms.contiguous() if has_row_terms else dummy, offsets,
         col_norms if col_norms is not None else dummy, col_term_values if col_term_values is not None else dummy,
         out, m, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, col_norm, col_term,
         norm_stride, term_stride, INDEXED=indexed, TAU_INDEXED=tau_indexed, COL_NORM_TENSOR=col_norms is not None,
         COL_TERM_TENSOR=col_term_values is not None, COL_TERMS=col_terms, ROW_TERMS=has_row_terms, ORACLE=form,
-        ADD_TAU=add_tau, BLOCK=BLOCK, **fused.ieee_options())
+        ADD_TAU=add_tau, BLOCK=BLOCK, **ieee_options())
     return out
 
 
-def pair_kernel_applies(*tensors: "torch.Tensor | None") -> bool:
+def pair_radius_runs(*tensors: "torch.Tensor | None") -> bool:
     """Whether :func:`pair_radius` runs on these norm and term tensors (any shape, float64; None
     entries skipped): where the fused screen kernel can."""
     first = next(t for t in tensors if t is not None)
     if kernel_forced("pair_radius") is False:
         return False
-    return fused.fused_available(first.device) and all(t.dtype == torch.float64 for t in tensors if t is not None)
+    return triton_runs(first.device) and all(t.dtype == torch.float64 for t in tensors if t is not None)
 
 
 def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
@@ -136,13 +146,13 @@ def pair_radius(metric: Metric, d: int, precision: ScreenPrecision, centre_norm:
         row_norms, col_norms = flat(row_norms), flat(col_norms)
         row_terms, col_terms = (None if t is None else flat(t) for t in (row_terms, col_terms))
     row_norms, col_norms = row_norms.contiguous(), col_norms.contiguous()
-    fused.kernels().pair_radius_kernel[(-(-p // BLOCK),)](
+    _triton().pair_radius_kernel[(-(-p // BLOCK),)](
         rows, rows if cols is None else flat(cols), flat(keys), row_norms, col_norms,
         row_norms if row_terms is None else row_terms.contiguous(),
         col_norms if col_terms is None else col_terms.contiguous(),
         offsets.contiguous(), out.view(-1), p, c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY,
         GATHER=cols is not None, COL_TERMS=col_terms is not None, ROW_TERMS=row_terms is not None, ORACLE=form,
-        BLOCK=BLOCK, **fused.ieee_options())
+        BLOCK=BLOCK, **ieee_options())
     return out
 
 
@@ -174,12 +184,12 @@ def tighten_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm
     # its value); τ and the counter are written in place, so they must be so already.
     assert tau.is_contiguous() and tightened.is_contiguous(), "tau and tightened are updated in place"
     row_norms, offsets = row_norms.contiguous(), offsets.contiguous()
-    fused.kernels().tighten_kernel[(-(-n // BLOCK),)](
+    _triton().tighten_kernel[(-(-n // BLOCK),)](
         firsts.contiguous(), kths.contiguous(), counts.contiguous(), k, tau, tightened, row_norms,
         row_terms.contiguous() if has_row_terms else row_norms, offsets, n, c_dot, c_flush, c_term, slack, gamma,
         centre_norm, TINY,
         float(max_col_norm), float(max_col_term) if col_terms else 0.0, COL_TERMS=col_terms, ROW_TERMS=has_row_terms,
-        ORACLE=form, BLOCK=BLOCK, **fused.ieee_options())
+        ORACLE=form, BLOCK=BLOCK, **ieee_options())
 
 
 def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: float, slack: float,
@@ -196,12 +206,12 @@ def seed_rows(metric: Metric, d: int, precision: ScreenPrecision, centre_norm: f
         return
     c_dot, c_term, c_flush, gamma, form, _ = _coefficients(metric, d, precision)
     has_col_terms, has_row_terms = bool(c_term) and col_terms is not None, bool(c_term) and row_terms is not None
-    rows_per_program, seeds_per_step = (BLOCK, 64) if fused.interpreting() else SEED_TILE
+    rows_per_program, seeds_per_step = (BLOCK, 64) if interpreting() else SEED_TILE
     assert tau.is_contiguous(), "tau is updated in place"
     row_norms, col_norms = row_norms.contiguous(), col_norms.contiguous()
-    fused.kernels().seed_kernel[(-(-m // rows_per_program),)](
+    _triton().seed_kernel[(-(-m // rows_per_program),)](
         rows.contiguous(), cols.contiguous(), keys.contiguous(), m, width, tau, row_norms,
         row_terms.contiguous() if has_row_terms else row_norms, offsets.contiguous(), col_norms,
         col_terms.contiguous() if has_col_terms else col_norms,
         c_dot, c_flush, c_term, slack, gamma, centre_norm, TINY, COL_TERMS=has_col_terms, ROW_TERMS=has_row_terms,
-        ORACLE=form, ROWS=rows_per_program, WIDTH=seeds_per_step, **fused.ieee_options())
+        ORACLE=form, ROWS=rows_per_program, WIDTH=seeds_per_step, **ieee_options())

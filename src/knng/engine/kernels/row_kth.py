@@ -32,10 +32,20 @@ from __future__ import annotations
 import torch
 
 from knng._options import get_options, kernel_forced
-from knng.engine import fused
+from knng.engine.kernels.capabilities import block_width, interpreting, triton_runs
 
 __all__ = ["float32_up", "ordered_code", "decoded", "row_ends", "row_ends_reference", "row_slots",
-           "row_slots_reference", "kernel_applies", "NO_CODE"]
+           "row_slots_reference", "row_kth_runs", "NO_CODE", "smallest_of_rows", "kth_of_rows",
+           "kth_of_rows_reference", "SMALL_ROW_MAX_K", "SMALL_ROW_MAX_WIDTH", "KTH_ROW_MAX_WIDTH"]
+
+
+def _triton():
+    """This module's Triton kernels (:mod:`knng.engine.kernels.triton_rows`), imported on first use
+    (Triton must be installed)."""
+    from knng.engine.kernels import triton_rows
+
+    return triton_rows
+
 
 #: The code given where a row has fewer than k pairs (that of +0.0): such rows are not tightened.
 NO_CODE = 2**31
@@ -96,11 +106,11 @@ def decoded(code: torch.Tensor) -> torch.Tensor:
     return bits.to(torch.int32).view(torch.float32)
 
 
-def kernel_applies(rows: torch.Tensor) -> bool:
+def row_kth_runs(rows: torch.Tensor) -> bool:
     """Whether :func:`row_ends` selects with the kernels here: where the fused screen kernel runs
     (a GPU with Triton; in the tests, the interpreter)."""
     forced = kernel_forced("row_kth")
-    return fused.fused_available(rows.device) if forced is None else forced
+    return triton_runs(rows.device) if forced is None else forced
 
 
 def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
@@ -122,14 +132,14 @@ def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
         int64, (n,): the :func:`ordered_code` of each row's smallest and k-th smallest key, and
         its number of pairs; where a row has fewer than k pairs, both codes are :data:`NO_CODE`.
     """
-    if rows.numel() == 0 or not kernel_applies(rows):
+    if rows.numel() == 0 or not row_kth_runs(rows):
         return row_ends_reference(rows, keys, n, k)
     keys = float32_up(keys).contiguous()
     rows = rows.contiguous()
     p = rows.numel()
     device = rows.device
-    kernels = fused.kernels()
-    options = {} if fused.interpreting() else dict(num_warps=4)
+    kernels = _triton()
+    options = {} if interpreting() else dict(num_warps=4)
     counts = torch.zeros(n, dtype=torch.int32, device=device)
     grid = (-(-p // BLOCK),)
     kernels.row_count_kernel[grid](rows, p, counts, BLOCK=BLOCK, **options)
@@ -150,7 +160,7 @@ def row_ends(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
         skip = ROUNDS_WIDTH
     if skip < BISECT_WIDTH and k > ROUNDS_MAX_K:  # (at smaller k the rows past the rounds' are rare)
         kernels.row_kth_bisect_kernel[(n,)](grouped, starts, counts64, n, k, first, kth, NO_CODE, SKIP=skip,
-                                            WIDTH=BISECT_WIDTH, **({} if fused.interpreting() else dict(num_warps=1)))
+                                            WIDTH=BISECT_WIDTH, **({} if interpreting() else dict(num_warps=1)))
         skip = BISECT_WIDTH
     kernels.row_kth_kernel[(min(n, get_options().row_kth_max_programs),)](grouped, starts, counts64, n, k, first, kth, NO_CODE,
                                                   SKIP=skip, CHUNK=chunk_for(k), **options)
@@ -176,14 +186,14 @@ def row_slots(rows: torch.Tensor, n: int) -> torch.Tensor:
     torch.Tensor
         int64 slot of each pair.
     """
-    if rows.numel() == 0 or not kernel_applies(rows):
+    if rows.numel() == 0 or not row_kth_runs(rows):
         return row_slots_reference(rows, n)
     rows = rows.contiguous()
     p = rows.numel()
     cursor = torch.zeros(n, dtype=torch.int32, device=rows.device)
     slots = torch.empty(p, dtype=torch.int64, device=rows.device)
-    options = {} if fused.interpreting() else dict(num_warps=4)
-    fused.kernels().row_slots_kernel[(-(-p // BLOCK),)](rows, p, cursor, slots, BLOCK=BLOCK, **options)
+    options = {} if interpreting() else dict(num_warps=4)
+    _triton().row_slots_kernel[(-(-p // BLOCK),)](rows, p, cursor, slots, BLOCK=BLOCK, **options)
     return slots
 
 
@@ -219,3 +229,86 @@ def row_ends_reference(rows: torch.Tensor, keys: torch.Tensor, n: int, k: int
     first = torch.where(full, pairs[starts.clamp_max(p - 1)] & 0xFFFFFFFF, NO_CODE)
     kth = torch.where(full, pairs[(starts + k - 1).clamp_max(p - 1)] & 0xFFFFFFFF, NO_CODE)
     return first, kth, counts
+
+
+#: Largest k and number of strips a row whose k smallest strip minima ``thresholds.strip_candidates``
+#: takes with a kernel (``triton_rows.smallest_of_rows_kernel``: the row in registers, k
+#: rounds of a minimum) instead of ``torch.topk``. H200, 2026-11-27,
+#: ``bench/strip_candidates_rates.py``: 66,667 rows of 128 strips at k = 10 0.092 ms against
+#: 0.415 for ``torch.topk`` (0.447 for a sort), 200,000 rows 0.246 against 1.155, 66,667 rows of
+#: 256 at k = 16 0.338 against 0.815: about 1 ms of the 200k × 128 graph's seeds at k = 10.
+SMALL_ROW_MAX_K = 32
+SMALL_ROW_MAX_WIDTH = 1024
+
+
+def smallest_of_rows(keys: torch.Tensor, cols: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k smallest float32 ``keys`` (no NaN) ascending by (key, position), and the
+    ``cols`` at their positions, by ``triton_rows.smallest_of_rows_kernel``; rows of at most
+    :data:`SMALL_ROW_MAX_WIDTH` keys. Its reference is a stable sort of each row."""
+    m, width = keys.shape
+    keys, cols = keys.contiguous(), cols.contiguous()
+    assert cols.shape == keys.shape and width <= SMALL_ROW_MAX_WIDTH
+    wide = block_width(width, 16)
+    rows = max(1, min(16, 4096 // wide))  # 16 rows of 128 or 256 measured fastest (32 and 64 slower)
+    values = torch.empty((m, k), dtype=keys.dtype, device=keys.device)
+    picked = torch.empty((m, k), dtype=cols.dtype, device=keys.device)
+    options = {} if interpreting() else dict(num_warps=4)
+    _triton().smallest_of_rows_kernel[(-(-m // rows),)](keys, cols, values, picked, m, width, keys.stride(0),
+                                                              K=k, ROWS=rows, WIDTH=wide, **options)
+    return values, picked
+
+
+#: Widest row whose k-th smallest strip minimum :func:`kth_of_rows` takes with its kernel (the
+#: row whole in registers, spread over more warps the wider it is: :data:`KTH_WIDE_WARPS`);
+#: wider rows go to ``torch.topk``. 16,384 tile minima are a search's of 2M corpus points.
+KTH_ROW_MAX_WIDTH = 16384
+
+
+#: Rows a program of :func:`kth_of_rows`'s kernel takes (of width up to 1,024; fewer for wider
+#: rows), and its warps: one row to one warp, whose counts need no barrier. H200, 2026-11-27,
+#: ``bench/strip_candidates_rates.py --layouts``, 200,000 rows of 1,024 at k = 101: 2.58 ms
+#: against 2.79 (one row, two warps), 3.03 (one, four), 3.56 (four rows, four warps) and 5.85
+#: for ``torch.topk``.
+KTH_ROWS = 1
+KTH_WARPS = 1
+#: Warps of a program whose row is wider than 1,024 keys (a search's tile minima, up to
+#: :data:`KTH_ROW_MAX_WIDTH`): at least this many, else one for each 1,024 keys (32 codes a
+#: lane; 16 for 16,384), where one warp would hold 64 or more a lane. H200, 2026-11-27, 200,000 rows of 1,563
+#: at k = 101 (``bench/tiles_first_rates.py --warps``): 1 / 2 / 4 / 8 warps 3.89 / 2.89 / 3.14 ms on
+#: int32 codes (5.86 / 5.27 / 5.66 / 6.31 on int64).
+KTH_WIDE_WARPS = 2
+
+
+def kth_of_rows(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's smallest and k-th smallest of its ``keys`` (no NaN; float64 rounded up to
+    float32), as
+    ``ordered_code`` values, and its count of keys: what ``row_kth.row_ends`` gives for
+    the pairs of a dense block, for :meth:`~knng.engine.store.CandidateStore.tighten_ends`.
+
+    By ``triton_rows.kth_of_rows_kernel`` (rows of at most :data:`KTH_ROW_MAX_WIDTH` keys)
+    where Triton runs; else (and as its reference) :func:`kth_of_rows_reference`.
+    """
+    m, width = keys.shape
+    if not (triton_runs(keys.device) and width <= KTH_ROW_MAX_WIDTH and m and keys.dtype == torch.float32):
+        return kth_of_rows_reference(keys, k)
+    keys = keys.contiguous()
+    wide = block_width(width, 16)
+    rows = max(1, KTH_ROWS * 1024 // max(1024, wide))
+    firsts, kths, counts = (torch.empty(m, dtype=torch.int64, device=keys.device) for _ in range(3))
+    warps = KTH_WARPS if wide <= 1024 else min(16, max(KTH_WIDE_WARPS, wide // 1024))
+    options = {} if interpreting() else dict(num_warps=warps)
+    _triton().kth_of_rows_kernel[(-(-m // rows),)](keys, m, width, keys.stride(0), k, firsts, kths, counts,
+                                                        NO_CODE, ROWS=rows, WIDTH=wide, **options)
+    return firsts, kths, counts
+
+
+def kth_of_rows_reference(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`kth_of_rows` by a sort of each row's order codes (float64 keys rounded up to
+    float32 first, as ``row_kth.row_ends`` does)."""
+    m, width = keys.shape
+    counts = torch.full((m,), width, dtype=torch.int64, device=keys.device)
+    if width < k or m == 0:
+        none = torch.full((m,), NO_CODE, dtype=torch.int64, device=keys.device)
+        return none, none.clone(), counts
+    codes = torch.sort(ordered_code(float32_up(keys)), dim=1).values
+    return codes[:, 0].contiguous(), codes[:, k - 1].contiguous(), counts

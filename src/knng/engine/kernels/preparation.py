@@ -23,12 +23,22 @@ import torch
 
 from knng._inputs import first_nonfinite_row
 from knng._options import kernel_forced
-from knng.engine import fused, stages
+from knng.engine import stages
+from knng.engine.kernels.capabilities import block_width, ieee_options, interpreting, triton_runs
 from knng.metrics import (
     SCALED_TAIL, Metric, Prepared, scaled_alphas, scaled_row_scales, scaled_scales, scaled_width,
 )
 
-__all__ = ["kernels_apply", "column_sums", "finite_column_sums", "prepare"]
+__all__ = ["preparation_runs", "column_sums", "finite_column_sums", "lattice_extent", "prepare_rows"]
+
+
+def _triton():
+    """This module's Triton kernels (:mod:`knng.engine.kernels.triton_preparation`), imported on first use
+    (Triton must be installed)."""
+    from knng.engine.kernels import triton_preparation
+
+    return triton_preparation
+
 
 #: Rows per program of the corpus pass, the tile each program walks them in, and its widest
 #: column block (a power of two ≥ d where d is narrower). 1M × 960 float32 on an H200: tiles of
@@ -47,15 +57,15 @@ _INTERPRETED = dict(SUM_ROWS=64, SUM_TILE_ROWS=16, SUM_COLUMN_BLOCK=16, LATTICE_
                     LATTICE_COLUMN_BLOCK=16, ROW_BLOCK=16, COLUMN_BLOCK=16)
 
 
-def kernels_apply(device: torch.device) -> bool:
+def preparation_runs(device: torch.device) -> bool:
     """Whether the kernels run on ``device``: a GPU where the fused screen kernel can run (or,
     in the tests, any device on which that has been made to answer yes: the interpreter)."""
     forced = kernel_forced("preparation")
-    return fused.fused_available(device) if forced is None else forced
+    return triton_runs(device) if forced is None else forced
 
 
 def _sizes() -> dict[str, int]:
-    if fused.interpreting():
+    if interpreting():
         return _INTERPRETED
     return dict(SUM_ROWS=SUM_ROWS, SUM_TILE_ROWS=SUM_TILE_ROWS, SUM_COLUMN_BLOCK=SUM_COLUMN_BLOCK,
                 LATTICE_ROWS=LATTICE_ROWS, LATTICE_TILE_ROWS=LATTICE_TILE_ROWS,
@@ -65,7 +75,7 @@ def _sizes() -> dict[str, int]:
 def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 column sums of the finite values of a 2-D ``block`` and the number of non-finite
     values (an int32 tensor on the device: reading it is the caller's one synchronisation)."""
-    kernels = fused.kernels()
+    kernels = _triton()
     sizes = _sizes()
     m, d = block.shape
     block = block if block.stride(1) == 1 else block.contiguous()
@@ -73,7 +83,7 @@ def column_sums(block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     partial = torch.empty((programs, d), dtype=torch.float64, device=block.device)
     nonfinite = torch.zeros(1, dtype=torch.int32, device=block.device)
     if m and d:
-        block_d = min(sizes["SUM_COLUMN_BLOCK"], fused.block_width(d, 16))
+        block_d = min(sizes["SUM_COLUMN_BLOCK"], block_width(d, 16))
         grid = (programs, -(-d // block_d))
         kernels.column_sums_kernel[grid](block, partial, nonfinite, m, d, block.stride(0), ROWS=sizes["SUM_ROWS"],
                                          BLOCK_R=sizes["SUM_TILE_ROWS"], BLOCK_D=block_d)
@@ -87,7 +97,7 @@ def lattice_extent(block: torch.Tensor, unit: float) -> tuple[torch.Tensor, torc
     largest lattice point in units (float64, (d,)), and the largest distance of a value from its
     point in units and absolutely (float64 scalars on the device; reading them is the caller's
     synchronisation). ``common._LatticeExtent`` holds the torch reference."""
-    kernels = fused.kernels()
+    kernels = _triton()
     sizes = _sizes()
     m, d = block.shape
     block = block if block.stride(1) == 1 else block.contiguous()
@@ -99,7 +109,7 @@ def lattice_extent(block: torch.Tensor, unit: float) -> tuple[torch.Tensor, torc
     if m and d:
         kernels.lattice_extent_kernel[(programs, column_blocks)](
             block, low, high, off, err, m, d, block.stride(0), unit, ROWS=sizes["LATTICE_ROWS"],
-            BLOCK_R=sizes["LATTICE_TILE_ROWS"], BLOCK_D=sizes["LATTICE_COLUMN_BLOCK"], **fused.ieee_options())
+            BLOCK_R=sizes["LATTICE_TILE_ROWS"], BLOCK_D=sizes["LATTICE_COLUMN_BLOCK"], **ieee_options())
     return low.amin(dim=0), high.amax(dim=0), off.max(), err.max()
 
 
@@ -107,11 +117,11 @@ def finite_column_sums(block: torch.Tensor, *, sums: bool) -> tuple[torch.Tensor
     """The corpus pass over one block: its float64 column sums (None unless ``sums``) and its
     first row with a NaN or Inf (None if there is none).
 
-    Through :func:`column_sums` where :func:`kernels_apply` (one read of the block, the bad
+    Through :func:`column_sums` where :func:`preparation_runs` (one read of the block, the bad
     row looked for only when there is one), else torch's float64 sum and finite check (a
     float64 copy of the block and two reads: 2.5 ms for 1M × 128 on an H100).
     """
-    if kernels_apply(block.device) and block.dim() == 2:
+    if preparation_runs(block.device) and block.dim() == 2:
         totals, nonfinite = column_sums(block)
         return (totals if sums else None), (first_nonfinite_row(block) if int(nonfinite) else None)
     return (block.to(torch.float64).sum(dim=0) if sums else None), first_nonfinite_row(block)
@@ -122,13 +132,13 @@ def _scaled_kernel_applies(metric: Metric, x: torch.Tensor, dtype: torch.dtype) 
     # store multiples of its unit: their reference only.
     return (dtype == torch.float16 and not metric.normalize and not metric.centre_rows and metric.lattice is None
             and x.dim() == 2
-            and not x.is_complex() and kernels_apply(x.device))
+            and not x.is_complex() and preparation_runs(x.device))
 
 
-def prepare(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, *, side: str, symmetric: bool,
-            dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> Prepared:
+def prepare_rows(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, *, side: str, symmetric: bool,
+                 dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> Prepared:
     """:meth:`Metric.prepare`, through the kernels where they apply (scaled float16 rows of a
-    metric that neither normalises nor centres rows, on a device where :func:`kernels_apply`),
+    metric that neither normalises nor centres rows, on a device where :func:`preparation_runs`),
     else the metric's own; the arguments are that method's. ``out``: where the prepared rows go
     ((m, ``metric.width(d, device, dtype)``) of ``dtype``, rows of unit column stride: a slice of
     a whole prepared corpus), which the kernels write directly."""
@@ -143,7 +153,8 @@ def prepare(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, *, sid
             return prep
         out.copy_(prep.vectors)
         return Prepared(vectors=out, norms=prep.norms, terms=prep.terms, offsets=prep.offsets)
-    kernels = fused.kernels()
+    stages.count("prepare.kernel")
+    kernels = _triton()
     sizes = _sizes()
     x = x if x.stride(1) == 1 else x.contiguous()
     m, d = x.shape

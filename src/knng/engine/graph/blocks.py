@@ -9,7 +9,7 @@ directions. Then every point's candidates go through the same exact finish as a 
 
 Where that costs more than it saves (a GPU, k ≥ ``Options.graph_rows_min_k``, data without principal
 slabs: ``plan.graph_method == "rows"``), the graph runs by rows instead: the data searched
-against themselves (:func:`_graph_by_rows`).
+against themselves (:mod:`knng.engine.graph.rows`).
 """
 
 from __future__ import annotations
@@ -22,30 +22,33 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from knng._inputs import InputArray
-from knng.engine import fused, stages
+from knng.engine import stages
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
-    TF32_EXACT_SAMPLES, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
+    TF32_EXACT_SAMPLES, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
     on_device, recover_from_oom, tf32_products,
 )
 from knng.engine.exact import ExactStats
-from knng.engine.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window, translation_invariant
-from knng.engine.lists import ListHome
+from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, Tile, Window, slab_gain_of, span_window
+from knng.engine.graph.report import GraphReport
+from knng.engine.graph.rows import graph_by_rows
 from knng.engine.plan import (
-    GRAPH_ROWS, LISTS_ON_DEVICE, PRINCIPAL_FRAMES, SEED_STRIPS_PER_K, EnginePlan, graph_search_k,
-    held_pairs_limit, make_graph_plan, pending_pairs,
+    GRAPH_ROWS, LISTS_ON_DEVICE, PRINCIPAL_FRAMES, SEED_STRIPS_PER_K, EnginePlan, held_pairs_limit, make_graph_plan,
+    pending_pairs,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
-    screen_own_later, strip_minima, strip_seeds_run, survivors_of_smallest, use_kernel,
+    screen_own_later, strip_minima, survivors_of_smallest,
 )
-from knng.engine.search import exact_search
-from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms, StoreStats, summarize_per_row_each
+from knng.engine.store import (
+    CandidateStore, Holding, ListHome, PairErrors, PairNorms, StoreStats, summarize_per_row_each,
+)
 from knng.engine.thresholds import seed_candidates, smallest_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
 from knng._options import get_options
+from knng.engine.kernels import screen_kernel_runs, strip_seeds_run, strip_width
 
-__all__ = ["GraphReport", "exact_graph", "retry_on_oom", "screen_own_part", "screen_own_parts_together"]
+__all__ = ["exact_graph", "retry_on_oom", "screen_own_part", "screen_own_parts_together"]
 
 #: Shared block thresholds (one per point, against the corpus's largest norm) only while the
 #: largest norm of every part is within this factor of the smallest part maximum.
@@ -62,7 +65,7 @@ FINISH_BYTES_GPU = 2 << 30
 # ``Options.hold_on``: device types on which a graph whose blocks share one centre holds its
 # survivors back (:class:`~knng.engine.store.Holding`) where a low-precision screen's keys need
 # an exact evaluation anyway: every ``pending`` new survivors, each row's τ becomes its k-th
-# held key (a selection, ``knng.engine.row_kth``) and what can no longer pass is dropped; the
+# held key (a selection, ``knng.engine.kernels.row_kth``) and what can no longer pass is dropped; the
 # finish evaluates the rest. The store's updates sort and pad every row they touch, a few
 # hundred launches and dozens of synchronisations each (1M × 128, k = 10, H100: 23 flushes,
 # host 371 / GPU 132 ms under the profiler). On a CPU the store's capacity keeps its updates
@@ -78,45 +81,6 @@ FINISH_BYTES_GPU = 2 << 30
 #: The stride of a scattered seed sample is the part's size over this (the golden ratio: any
 #: run of consecutive sample columns lands all over the part).
 SCATTER_RATIO = (1 + 5**0.5) / 2
-
-
-@dataclass
-class GraphReport(EngineReport):
-    """How a graph run went: the report of a search plus the symmetric saving.
-
-    ``blocks_skipped``: blocks S(I, J), I < J, that no row or column could need (principal
-    frames); ``pairs_screened``: score entries the screen computed, both triangles counted;
-    ``exact_products``: integer data screened with exact products (no input rounding in the
-    bound: :func:`knng.metrics.with_exact_products`).
-    """
-
-    blocks_skipped: int = 0
-    pairs_screened: int = 0
-    exact_products: bool = False
-
-    @property
-    def parts(self) -> int:
-        return self.plan.parts
-
-    @property
-    def part_size(self) -> int:
-        return self.plan.part_size
-
-    @property
-    def blocks_computed(self) -> int:
-        return self.plan.blocks - self.blocks_skipped
-
-    @property
-    def blocks_full(self) -> int:
-        return self.plan.parts ** 2
-
-    @property
-    def pairs_saving(self) -> float:
-        """Share of the n² score entries (and matrix-product work) the run did not compute."""
-        n = self.plan.n_corpus
-        if self.pairs_screened and n:
-            return 1.0 - self.pairs_screened / 2 / (n * n)
-        return 1.0 - self.blocks_computed / self.blocks_full if self.blocks_full else 0.0
 
 
 @stages.recorded
@@ -139,7 +103,7 @@ def exact_graph(
     """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
 
     When the plan keeps the candidate stores off the device (``plan.lists``), the run goes in
-    bands of parts (:func:`_graph_in_bands`), its stores in a :class:`~knng.engine.lists.ListHome`
+    bands of parts (:func:`_graph_in_bands`), its stores in a :class:`~knng.engine.store.lists.ListHome`
     (a disk home's files in ``lists_folder``, default the temporary folder), and the results
     come back in host memory (memory-mapped files beside the stores for a disk home).
 
@@ -152,7 +116,7 @@ def exact_graph(
     of its part, by their certified upper bounds) and is screened against it. Then every block
     S(I, J), I < J, at most once: each entry is tested against the row's τᵢ and the column's
     τⱼ, and a survivor goes to the store of the point whose test it passed. With principal
-    frames (:mod:`knng.engine.frames`) the parts are slabs along the principal direction, each
+    frames (:mod:`knng.engine.graph.frames`) the parts are slabs along the principal direction, each
     block is centred on its row part, blocks go nearest first and only the window of a block
     that either side can still need is screened.
     """
@@ -160,9 +124,9 @@ def exact_graph(
     if plan is None:
         plan = make_graph_plan(n=n, d=d, k=k, metric=metric.name, device=device, budget=budget,
                                include_self=include_self, screen_dtype=screen_dtype, part_size=part_size,
-                               data=data)
+                               slab_gain=slab_gain_of(data, device))
     if plan.graph_method == GRAPH_ROWS:
-        return _graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
+        return graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
                               keep_checkpoint)
     b = plan.part_size
     parts = [(s, min(n, s + b)) for s in range(0, n, b)]
@@ -171,7 +135,7 @@ def exact_graph(
         # from them whatever the blocks.
         read_rows = device_block_rows(data, device, plan.read_rows) if plan.corpus_resident else plan.read_rows
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows,
-                             integers=plan.precision.scaled and translation_invariant(metric))
+                             integers=plan.precision.scaled and metric.translation_invariant)
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
         # Data on a lattice (integers, grey levels / 255): exact products around lattice points
         # (CorpusStats.screen), the rows holding the values in the lattice's units.
@@ -266,42 +230,6 @@ def exact_graph(
             r1 = min(n, r0 + chunk)
             out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
     return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done, precision)
-
-
-def _graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
-                   include_self: bool, progress: bool, checkpoint: Checkpoint | None, keep_checkpoint: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
-    """The graph by the rows method (``plan.graph_method == "rows"``): the data searched against
-    themselves for k + 1 neighbours (k with ``include_self``), each point then dropped from its
-    own row.
-
-    Exact by the search's proof: a row's k + 1 nearest by (distance, index) hold its k nearest
-    other points, whether or not the point itself is among them (a point with more than k
-    duplicates of smaller index may not be; then its first k are the answer). A checkpoint
-    records finished chunks of rows, as a search's does.
-    """
-    k_search = graph_search_k(k, include_self)
-    assert plan.search is not None and plan.search.k == k_search, "a graph by rows is planned with its search"
-    idx, dist, report = exact_search(data, data, k_search, metric, device, select, plan.budget, progress=progress,
-                                     plan=plan.search, checkpoint=checkpoint, keep_checkpoint=keep_checkpoint)
-    if not include_self:
-        idx, dist = _without_self(idx, dist, k)
-    n = data.n
-    # All n² entries computed, each pair once from each side: no symmetric saving (pairs_screened
-    # counts a symmetric block's entries once per side, so n² entries here count 2n²).
-    return idx, dist, GraphReport(plan=plan, oom_retries=report.oom_retries, exact=report.exact, store=report.store,
-                                  evaluations_per_row=report.evaluations_per_row,
-                                  screened_per_row=report.screened_per_row, pairs_screened=2 * n * n,
-                                  checkpoints=report.checkpoints, replans=report.replans)
-
-
-def _without_self(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's first k entries other than the row's own index (rows of k + 1 entries)."""
-    n = idx.shape[0]
-    own = idx == torch.arange(n, device=idx.device)[:, None]
-    keep = ~own
-    keep[:, -1] &= own.any(dim=1)  # a row without itself drops its last entry
-    return idx[keep].view(n, k), dist[keep].view(n, k)
 
 
 def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor | None,
@@ -509,10 +437,10 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     queries = tile.queries(metric, d)
     step = m if sub_rows is None else max(1, sub_rows)
     ks = min(k, m if include_self else m - 1)
-    whole = not (use_kernel(precision, device) and m > get_options().own_part_seed)
+    whole = not (screen_kernel_runs(device, precision) and m > get_options().own_part_seed)
     # Seeds from the kernel's strip minima of a sample where it finds them, 2k strips or more
     # (the sample grows with k, scattered over the part: _strip_seed_columns).
-    by_strips = not whole and strip_seeds_run(precision, device, _strip_seed_count(m, ks), ks)
+    by_strips = not whole and strip_seeds_run(device, precision, _strip_seed_count(m, ks), ks)
     # The whole block's survivors from each row's smallest entries (Options.whole_by_smallest_on).
     by_smallest = (whole and device.type in get_options().whole_by_smallest_on
                    and ks >= max(1, get_options().whole_by_smallest_min_k))
@@ -598,11 +526,11 @@ def _own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: Candida
     that holds its survivors back (of one centre, or pairs with their blocks' norms), blocks
     screened by a kernel, each part seeded by the kernel's strip minima of its own sample (2k
     strips or more in the largest part)."""
-    if store.holding is None or not use_kernel(precision, device):
+    if store.holding is None or not screen_kernel_runs(device, precision):
         return False
     m = max(i1 - i0 for i0, i1 in frames.parts)
     ks = min(k, m if include_self else m - 1)
-    return strip_seeds_run(precision, device, _strip_seed_count(m, ks), ks)
+    return strip_seeds_run(device, precision, _strip_seed_count(m, ks), ks)
 
 
 def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, metric: Metric, store: CandidateStore,
@@ -642,7 +570,7 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
             continue
         local = torch.arange(m, device=device)
         queries, terms = tile.queries(metric, d), tile.terms32
-        if strip_seeds_run(precision, device, _strip_seed_count(m, ks), ks):
+        if strip_seeds_run(device, precision, _strip_seed_count(m, ks), ks):
             at = _strip_seed_columns(m, ks, device)
             keys, strip_cols = strip_minima(queries, tile.vectors[at], d, precision, row_terms=terms,
                                             col_terms=None if terms is None else terms[at])
@@ -700,7 +628,7 @@ def _strip_seed_count(m: int, k: int) -> int:
     ``Options.own_part_seed``, and :data:`SEED_STRIPS_PER_K` strips per neighbour (the whole part
     at most). Strip minima cost a fraction of a materialised sample (no block written, no
     selection of k among thousands), so at large k the sample grows instead."""
-    return min(m, max(get_options().own_part_seed, SEED_STRIPS_PER_K * k * fused.STRIP))
+    return min(m, max(get_options().own_part_seed, SEED_STRIPS_PER_K * k * strip_width()))
 
 
 def _strip_seed_columns(m: int, k: int, device: torch.device) -> torch.Tensor:
@@ -821,7 +749,7 @@ class _OffDiagonalBlock:
     def start(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> None:
         """Issue the product (where the block is materialised), or the kernel's screen against
         the store's present thresholds (where a kernel screens it; sized by :meth:`screen`)."""
-        if use_kernel(self.precision, self.queries.device):
+        if screen_kernel_runs(self.queries.device, self.precision):
             self.launched = screen_pairs_later(self.queries, self.cols_tile.vectors, self.d,
                                                *self._thresholds(store, thresholds), self.precision,
                                                row_terms=self.rows_tile.terms32, col_terms=self.cols_tile.terms32)

@@ -1,6 +1,6 @@
 """The fused float16 screen as a CUDA C kernel (``cuda/screen.cu``), compiled through CuPy.
 
-Same contract as the Triton kernel of :mod:`knng.engine.fused` for scaled float16 rows
+Same contract as the Triton kernel of :mod:`knng.engine.kernels.fused` for scaled float16 rows
 (``knng.metrics``, precision ``"float16"``): every entry of ``A · Bᵀ`` (tensor cores, float16
 inputs, float32 accumulation) multiplied by α·s_a and then s_b, the float32 terms added (the
 column's first), each step rounded as the reference rounds it, and compared with its row's
@@ -39,7 +39,7 @@ threshold, ~123 of 1,563 tiles a row at k = 100 in ~4.8 ms).
 
 The kernel is compiled once per device and variant (tile configuration, which terms are
 present, symmetric or not: each a ``-D`` define, so the common path has no run-time tests),
-by NVRTC through CuPy (``knng.select.cuda.source_kernel``; CuPy caches the binaries on disk).
+by NVRTC through CuPy (``knng._cuda.source_kernel``; CuPy caches the binaries on disk).
 ``fused.screen_block`` launches it inside its list sizing and relaunch wherever CuPy is
 installed; elsewhere the Triton kernel runs the same rows. Nothing here synchronises.
 """
@@ -55,11 +55,11 @@ import numpy as np
 import torch
 
 from knng._options import get_options
-from knng.select import cuda
+from knng import _cuda as cuda
 
-__all__ = ["available", "launch_screen", "launch_strip_minima", "launch_tile_minima", "launch_gathered_screen",
-           "gathered_runs", "STRIP", "TILE", "Config", "CONFIGS", "choose_config", "shared_bytes", "BLOCK_K",
-           "triangle_runs"]
+__all__ = ["launch_screen", "launch_strip_minima", "launch_tile_minima", "launch_gathered_screen",
+           "STRIP", "TILE", "Config", "CONFIGS", "choose_config", "shared_bytes", "BLOCK_K", "WGMMA_MAX_K",
+           "wgmma_compiles"]
 
 _SOURCE = str(Path(__file__).parent / "cuda" / "screen.cu")
 _SOURCE_WG = str(Path(__file__).parent / "cuda" / "screen_wg.cu")
@@ -167,7 +167,7 @@ def choose_config(k_dims: int, symmetric: bool = False, device_index: int | None
     non-symmetric block, 256-row blocks with A resident while one fits (K <= 256: half the reads
     of B per product; in a symmetric block, whose two tests have no pre-test, 8 warps a block
     also hide the survivors' path better), else A streamed with B."""
-    if get_options().wgmma and device_index is not None and k_dims <= WGMMA_MAX_K and _wgmma_runs(device_index):
+    if get_options().wgmma and device_index is not None and k_dims <= WGMMA_MAX_K and wgmma_compiles(device_index):
         return _wgmma_config(k_dims)
     if not symmetric and shared_bytes(k_dims, CONFIGS["r128x128"], True, True, True) <= _TWO_BLOCKS:
         return "r128x128"
@@ -186,7 +186,7 @@ def _wgmma_config(k_dims: int) -> str:
 
 
 @functools.cache
-def _wgmma_runs(device_index: int) -> bool:
+def wgmma_compiles(device_index: int) -> bool:
     """Whether the wgmma kernel runs on this device: compute capability 9.0 (its sm_90a code runs
     on no other) and an NVRTC that compiles it (checked once, on the variant a search of K = 128
     runs)."""
@@ -200,13 +200,6 @@ def _wgmma_runs(device_index: int) -> bool:
     return True
 
 
-def triangle_runs(device: torch.device, k_dims: int) -> bool:
-    """Whether :func:`launch_screen` screens a triangle of K = ``k_dims`` on ``device``: the
-    wgmma kernel runs there (its symmetric variant has the triangle's tile sweep)."""
-    opts = get_options()
-    if not (opts.wgmma and k_dims <= WGMMA_MAX_K and available(device)):
-        return False
-    return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, symmetric: bool,
@@ -227,12 +220,6 @@ def shared_bytes(k_dims: int, config: Config, row_terms: bool, col_terms: bool, 
             + nrowv * config.bm * 4 + sides * warps * config.warp_buffer * 12 + (1024 if config.wgmma else 0))
 
 
-def available(device: torch.device) -> bool:
-    """Whether the kernel can run on ``device``: a CUDA GPU of compute capability ≥ 8.0
-    (``mma.sync`` with float16, ``cp.async``) and CuPy to compile it."""
-    if device.type != "cuda" or not cuda.available():
-        return False
-    return cuda.device_capability(device) >= (8, 0)
 
 
 def _defines(config: Config, row_terms: bool, col_terms: bool, symmetric: bool, bf16: bool,
@@ -267,7 +254,7 @@ def kernel(device_index: int, config: Config, row_terms: bool, col_terms: bool, 
     ``screen_wg_bf16`` for a wgmma configuration, whose variants also differ by K's 64-column
     chunks and, symmetric, may screen a square block's upper ``triangle``), compiled on first
     use for this device and cached (in memory here, on disk by CuPy or
-    :func:`knng.select.cuda.source_kernel`). ``tiles``: the wgmma kernel's tile minima
+    :func:`knng._cuda.source_kernel`). ``tiles``: the wgmma kernel's tile minima
     (:func:`launch_tile_minima`); ``gather``: its screen of gathered rows
     (``screen_wg_gather_f16``, :func:`launch_gathered_screen`)."""
     if triangle and not (config.wgmma and symmetric):
@@ -468,7 +455,7 @@ def launch_strip_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_facto
     device = a.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     has_rt, has_ct = row_terms is not None, col_terms is not None
-    if get_options().wgmma and get_options().wgmma_minima and k_dims <= WGMMA_MAX_K and _wgmma_runs(index):
+    if get_options().wgmma and get_options().wgmma_minima and k_dims <= WGMMA_MAX_K and wgmma_compiles(index):
         cfg = CONFIGS[_wgmma_config(k_dims)]  # its halves of 64 columns are the strips
     else:
         fits = [CONFIGS[name] for name in MINIMA_CONFIGS
@@ -507,12 +494,6 @@ def _launch_minima(fn: Any, cfg: Config, index: int, a: torch.Tensor, b: torch.T
 TILE = 128
 
 
-def gathered_runs(device: torch.device, k_dims: int) -> bool:
-    """Whether :func:`launch_tile_minima` and :func:`launch_gathered_screen` run on ``device`` for
-    K = ``k_dims``: where the wgmma kernel does (a Hopper GPU, K ≤ :data:`WGMMA_MAX_K`)."""
-    if not (get_options().wgmma and k_dims <= WGMMA_MAX_K and available(device)):
-        return False
-    return _wgmma_runs(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def launch_tile_minima(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_factor: torch.Tensor,
@@ -539,7 +520,8 @@ def _wgmma_variant(device: torch.device, k_dims: int, row_terms: torch.Tensor | 
                    what: str, **variant: bool) -> tuple[int, Config, Any]:
     """The device's index, the wgmma configuration for K = ``k_dims`` and its compiled kernel of
     ``variant`` (``tiles`` or ``gather``), or an error naming ``what`` where it cannot run."""
-    if not gathered_runs(device, k_dims):
+    if not (get_options().wgmma and k_dims <= WGMMA_MAX_K and device.type == "cuda"
+            and wgmma_compiles(device.index if device.index is not None else torch.cuda.current_device())):
         raise RuntimeError(f"{what}: needs the wgmma kernel (a Hopper GPU, K <= {WGMMA_MAX_K})")
     index = device.index if device.index is not None else torch.cuda.current_device()
     cfg = CONFIGS[_wgmma_config(k_dims)]

@@ -33,10 +33,20 @@ from __future__ import annotations
 
 import torch
 
-from knng.engine import fused, stages
+from knng.engine import stages
+from knng.engine.kernels.capabilities import block_width, interpreting, triton_runs
 from knng._options import get_options, kernel_forced
 
-__all__ = ["top_by_distance", "top_by_distance_reference", "kernel_applies", "sort_kernel_applies", "MAX_WIDTH"]
+__all__ = ["top_by_distance", "top_by_distance_reference", "row_order_runs", "row_sort_runs", "MAX_WIDTH"]
+
+
+def _triton():
+    """This module's Triton kernels (:mod:`knng.engine.kernels.triton_rows`), imported on first use
+    (Triton must be installed)."""
+    from knng.engine.kernels import triton_rows
+
+    return triton_rows
+
 
 _INT64_MAX = torch.iinfo(torch.int64).max
 #: The kernel ranks rows of at most this many entries; wider rows take the one sort, whose
@@ -57,7 +67,7 @@ SORT_KEY = torch.float32
 #: queries, ``bench/ab_search.py``); at k = 100 the two are level (20.0 / 19.8 ms).
 ROUNDED_KEY_MAX_K = 256
 #: Rows up to this wide are sorted by a kernel (one program a row, the row in registers) in
-#: place of torch's segmented sort (see :func:`sort_kernel_applies`).
+#: place of torch's segmented sort (see :func:`row_sort_runs`).
 SORT_MAX_WIDTH = 512
 #: Warps of the sort kernel's program: one was fastest at every width from 26 to 400 on 200,000
 #: rows (two to sixteen took 1.0–1.8× as long; H200, ``bench/row_order_rates.py --warps``).
@@ -68,12 +78,12 @@ SORT_WARPS = 1
 # and the kernel's own tests (``tests/test_row_order.py``) set the option.
 
 
-def kernel_applies(idx: torch.Tensor) -> bool:
+def row_order_runs(idx: torch.Tensor) -> bool:
     """Whether :func:`top_by_distance` ranks with the kernel: where the fused kernels run (a GPU
     with Triton; in the tests, the interpreter) and the rows are at most :data:`MAX_WIDTH` wide."""
     if kernel_forced("row_order") is False:
         return False
-    return 0 < idx.shape[1] <= MAX_WIDTH and idx.shape[0] > 0 and fused.fused_available(idx.device)
+    return 0 < idx.shape[1] <= MAX_WIDTH and idx.shape[0] > 0 and triton_runs(idx.device)
 
 
 def top_by_distance(idx: torch.Tensor, dist: torch.Tensor, k: int, *carry: torch.Tensor
@@ -99,7 +109,7 @@ def top_by_distance(idx: torch.Tensor, dist: torch.Tensor, k: int, *carry: torch
     """
     if idx.shape[0] == 0 or idx.shape[1] == 0:
         return top_by_distance_reference(idx, dist, k, *carry)
-    order = _ranked_order(idx, dist, k) if kernel_applies(idx) else _sorted_order(idx, dist, k)
+    order = _ranked_order(idx, dist, k) if row_order_runs(idx) else _sorted_order(idx, dist, k)
     dist = torch.where(idx >= 0, dist, torch.inf)
     return tuple(t.gather(1, order) for t in (idx, dist, *carry))
 
@@ -109,19 +119,19 @@ def _ranked_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor
     rows, width = idx.shape
     kk = min(k, width)
     order = torch.empty((rows, kk), dtype=torch.int64, device=idx.device)
-    options = {} if fused.interpreting() else dict(num_warps=4)
-    fused.kernels().row_order_kernel[(rows,)](idx.contiguous(), dist.contiguous(), width, kk, order,
-                                              W=fused.block_width(width, 16), J=CHUNK, **options)
+    options = {} if interpreting() else dict(num_warps=4)
+    _triton().row_order_kernel[(rows,)](idx.contiguous(), dist.contiguous(), width, kk, order,
+                                              W=block_width(width, 16), J=CHUNK, **options)
     return order
 
 
-def sort_kernel_applies(idx: torch.Tensor, k: int) -> bool:
+def row_sort_runs(idx: torch.Tensor, k: int) -> bool:
     """Whether :func:`_sorted_order` sorts with the kernel (``row_head_kernel``): where the fused
     kernels run, rows of at most :data:`SORT_MAX_WIDTH` entries and float32 keys (k up to
     :data:`ROUNDED_KEY_MAX_K`)."""
     return (0 < idx.shape[1] <= SORT_MAX_WIDTH and idx.shape[0] > 0 and SORT_KEY == torch.float32
-            and min(k, idx.shape[1]) <= ROUNDED_KEY_MAX_K and fused.fused_available(idx.device)
-            and (get_options().sort_interpreted or not fused.interpreting()))
+            and min(k, idx.shape[1]) <= ROUNDED_KEY_MAX_K and triton_runs(idx.device)
+            and (get_options().sort_interpreted or not interpreting()))
 
 
 def _sorted_head(idx: torch.Tensor, dist: torch.Tensor, head: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,9 +141,9 @@ def _sorted_head(idx: torch.Tensor, dist: torch.Tensor, head: int) -> tuple[torc
     rows, width = idx.shape
     codes = torch.empty((rows, head), dtype=torch.int32, device=idx.device)
     order = torch.empty((rows, head), dtype=torch.int64, device=idx.device)
-    w = fused.block_width(width, 16)
-    options = {} if fused.interpreting() else dict(num_warps=SORT_WARPS)
-    fused.kernels().row_head_kernel[(rows,)](idx.contiguous(), dist.contiguous(), width, head, codes, order, W=w,
+    w = block_width(width, 16)
+    options = {} if interpreting() else dict(num_warps=SORT_WARPS)
+    _triton().row_head_kernel[(rows,)](idx.contiguous(), dist.contiguous(), width, head, codes, order, W=w,
                                              **options)
     return codes, order
 
@@ -155,7 +165,7 @@ def _sorted_order(idx: torch.Tensor, dist: torch.Tensor, k: int) -> torch.Tensor
     kk = min(k, width)
     real = idx >= 0
     head = min(kk + 1, width)
-    if sort_kernel_applies(idx, k):
+    if row_sort_runs(idx, k):
         # The kernel's codes are equal where the float32 keys are (−0 taken as +0).
         ordered, order = _sorted_head(idx, dist, head)
     else:

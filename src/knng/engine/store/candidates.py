@@ -38,11 +38,13 @@ import numpy as np
 import torch
 
 from knng._options import get_options
-from knng.engine import radius, row_kth, stages
+from knng.engine import stages
 from knng.engine.exact import flat_top_by_distance
-from knng.engine.row_order import top_by_distance
-from knng.engine.thresholds import kth_of_rows
 from knng.metrics import Metric, ScreenPrecision
+from knng.engine.kernels import (
+    block_radius, decoded, float32_up, kth_of_rows, pair_radius, pair_radius_runs, radius_runs, row_ends, row_slots,
+    seed_rows, tighten_rows, top_by_distance,
+)
 
 __all__ = ["PairErrors", "PairNorms", "CandidateStore", "Holding", "StoreStats", "summarize_per_row",
            "summarize_per_row_each"]
@@ -74,7 +76,7 @@ class PairErrors:
     d: int
     precision: ScreenPrecision
     # float64 (rows,); None where every pair's radius comes with it (blocks prepared around
-    # centres of their own, knng.engine.frames)
+    # centres of their own, knng.engine.graph.frames)
     row_norms: torch.Tensor | None
     row_terms: torch.Tensor | None
     row_offsets: torch.Tensor   # float64 (rows,): distance = to_distance(key + offset)
@@ -85,10 +87,10 @@ class PairErrors:
     def err(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Error radius of screened ``keys`` for store rows ``rows`` and global columns ``cols``."""
         if (self.row_norms is not None and self.col_norms is not None
-                and radius.pair_kernel_applies(self.row_norms, self.col_norms, self.row_terms, self.col_terms,
+                and pair_radius_runs(self.row_norms, self.col_norms, self.row_terms, self.col_terms,
                                                self.row_offsets)):
-            # The norms gathered and the radius computed in one launch (knng.engine.radius).
-            return radius.pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+            # The norms gathered and the radius computed in one launch (knng.engine.kernels.radius).
+            return pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
                                       keys, self.row_offsets, self.row_norms, self.col_norms, self.row_terms,
                                       self.col_terms, cols=cols)
         return self.radius(*self.norms_of(rows, cols), keys, rows)
@@ -107,9 +109,9 @@ class PairErrors:
         """Error radius of screened ``keys`` whose pairs were prepared with norms ``a``, ``b`` and
         terms ``a_terms``, ``b_terms`` (float64; a block prepared around its own centre has its
         own), for store rows ``rows``: one launch where the radius kernel runs
-        (:func:`knng.engine.radius.pair_radius`, the same values), else :meth:`radius_reference`."""
-        if radius.pair_kernel_applies(a, b, a_terms, b_terms, self.row_offsets):
-            return radius.pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+        (:func:`knng.engine.kernels.radius.pair_radius`, the same values), else :meth:`radius_reference`."""
+        if pair_radius_runs(a, b, a_terms, b_terms, self.row_offsets):
+            return pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
                                       keys, self.row_offsets, a, b, a_terms, b_terms)
         return self.radius_reference(a, b, a_terms, b_terms, keys, rows)
 
@@ -143,14 +145,14 @@ class PairErrors:
                    row_norms: torch.Tensor | None, row_terms: torch.Tensor | None, add_tau: bool) -> torch.Tensor:
         """:meth:`block_err` (plus τ where ``add_tau``; ``tau`` per store row where
         ``tau_indexed``, else per position of ``rows``): the radius kernel where it runs
-        (:mod:`knng.engine.radius`, the same values in one launch), else the torch reference."""
+        (:mod:`knng.engine.kernels.radius`, the same values in one launch), else the torch reference."""
         indexed = row_norms is None
         if indexed:
             if self.row_norms is None:
                 raise RuntimeError("block thresholds need the rows' norms in the block's frame")
             row_norms, row_terms = self.row_norms, self.row_terms
-        if radius.kernel_applies(tau, row_norms, row_terms, self.row_offsets):
-            return radius.block_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+        if radius_runs(tau, row_norms, row_terms, self.row_offsets):
+            return block_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
                                        tau, tau_indexed, row_norms, row_terms, indexed, self.row_offsets,
                                        max_col_norm, max_col_term, add_tau)
         if tau_indexed:
@@ -236,7 +238,7 @@ class Holding:
     screened so far). ``limit``: held survivors beyond which they are taken into the store,
     whose capacity and exact evaluation of near-ties bound its memory (thousands of duplicates
     per row); None for no limit. ``pairs``: every survivor comes with the norms its block was
-    prepared with (:class:`~knng.engine.frames.PrincipalFrames`, blocks centred on their own
+    prepared with (:class:`~knng.engine.graph.frames.PrincipalFrames`, blocks centred on their own
     parts; :meth:`CandidateStore.add`'s ``norms``); each is held with its error radius,
     computed from them as it comes, and the held pairs tighten with their own radii, not
     against maxima.
@@ -437,7 +439,7 @@ class CandidateStore:
 
     def rows_state(self, slots: slice) -> dict[str, torch.Tensor]:
         """The :data:`STATE_TENSORS` of store rows ``slots`` (views; pending pairs taken in first):
-        what a store kept off the device (``knng.engine.lists``) saves of one band."""
+        what a store kept off the device (``knng.engine.store.lists``) saves of one band."""
         self.flush()
         return {name.lstrip("_"): getattr(self, name)[slots] for name in self.STATE_TENSORS}
 
@@ -523,10 +525,10 @@ class CandidateStore:
         errors = self.errors
         kth = distinct and cols.shape[1] > self.k
         if (rad is None and not kth and errors.row_norms is not None and errors.col_norms is not None
-                and radius.kernel_applies(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets,
+                and radius_runs(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets,
                                           errors.col_norms, errors.col_terms)):
-            # The radii, the bounds and the update in one launch (knng.engine.radius): the same values.
-            radius.seed_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK, rows, cols,
+            # The radii, the bounds and the update in one launch (knng.engine.kernels.radius): the same values.
+            seed_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK, rows, cols,
                              keys, self.tau, errors.row_norms, errors.row_terms, errors.row_offsets, errors.col_norms,
                              errors.col_terms)
             self.updates += 1
@@ -536,7 +538,7 @@ class CandidateStore:
         hi = keys.to(torch.float64) + rad
         hi = torch.where(cols >= 0, hi, torch.inf)
         if kth:
-            bound = row_kth.decoded(kth_of_rows(row_kth.float32_up(hi), self.k)[1]).to(torch.float64)
+            bound = decoded(kth_of_rows(float32_up(hi), self.k)[1]).to(torch.float64)
         else:
             bound = hi.max(dim=1).values
         self.tau[rows] = torch.minimum(self.tau[rows], bound)
@@ -562,8 +564,8 @@ class CandidateStore:
             return
         # Each row's smallest and k-th key (order codes of the keys rounded up to float32, which
         # only raises the k-th): one int64 sort of the pairs, or on a GPU a selection in each
-        # row's segment without one (knng.engine.row_kth): the same codes.
-        first, kth, counts = row_kth.row_ends(rows, keys, self.n, self.k)
+        # row's segment without one (knng.engine.kernels.row_kth): the same codes.
+        first, kth, counts = row_ends(rows, keys, self.n, self.k)
         self.tighten_ends(first, kth, counts, max_col_norm, max_col_term)
 
     def tighten_ends(self, first: torch.Tensor, kth: torch.Tensor, counts: torch.Tensor,
@@ -577,9 +579,9 @@ class CandidateStore:
         tightened = self._tile_tightenings if counted else torch.zeros((), dtype=torch.int64, device=self.device)
         if (errors.row_norms is not None and not isinstance(max_col_norm, torch.Tensor)
                 and not isinstance(max_col_term, torch.Tensor)
-                and radius.kernel_applies(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets)):
-            # What follows, in one launch (knng.engine.radius): the same values.
-            radius.tighten_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK,
+                and radius_runs(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets)):
+            # What follows, in one launch (knng.engine.kernels.radius): the same values.
+            tighten_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK,
                                 first, kth, counts, self.k, self.tau, tightened, errors.row_norms,
                                 errors.row_terms, errors.row_offsets, max_col_norm, max_col_term)
         else:
@@ -590,8 +592,8 @@ class CandidateStore:
                       max_col_norm: "float | torch.Tensor", max_col_term: "float | torch.Tensor",
                       tightened: torch.Tensor) -> None:
         """:meth:`tighten_ends` by torch (the reference of ``radius.tighten_rows``)."""
-        first = row_kth.decoded(first).to(torch.float64)
-        kth = row_kth.decoded(kth).to(torch.float64)
+        first = decoded(first).to(torch.float64)
+        kth = decoded(kth).to(torch.float64)
         # The radius grows with |key + offset|, which is largest at an end of [first, kth]; the
         # ends widen by 2⁻²⁰ to cover float64 keys rounded to float32.
         every = torch.arange(self.n, device=first.device)
@@ -610,7 +612,7 @@ class CandidateStore:
         """Hand in screen survivors: store rows ``rows``, global columns ``cols``, screen ``keys``.
 
         ``norms``: the norms and terms the pairs were prepared with, when their block was
-        prepared around a centre of its own (:class:`~knng.engine.frames.PrincipalFrames`);
+        prepared around a centre of its own (:class:`~knng.engine.graph.frames.PrincipalFrames`);
         by default the store's own give the error radii.
 
         They wait with others until ``pending`` pairs are (see the constructor), then are taken in
@@ -761,8 +763,8 @@ class CandidateStore:
         rows, cols, keys, rad = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(4))
         keys64 = keys.to(torch.float64)
         if rows.numel() >= self.k:
-            _, kth, counts = row_kth.row_ends(rows, keys64 + rad, self.n, self.k)
-            upper = row_kth.decoded(kth).to(torch.float64)
+            _, kth, counts = row_ends(rows, keys64 + rad, self.n, self.k)
+            upper = decoded(kth).to(torch.float64)
             upper = torch.where((counts >= self.k) & ~upper.isnan(), upper, torch.inf)
             torch.minimum(self.tau, upper, out=self.tau)
             self.updates += 1
@@ -818,7 +820,7 @@ class CandidateStore:
 
         Rows padded to the widest one where that takes at most ``Options.finish_padding`` times the
         pairs (or ``rebuild_entries`` entries): each pair goes to its row's slot
-        (:func:`~knng.engine.row_kth.row_slots`) and the rows are ordered (a search: 10k rows of
+        (:func:`~knng.engine.kernels.row_kth.row_slots`) and the rows are ordered (a search: 10k rows of
         about 1,250 pairs at k = 1,024). Else three stable
         sorts of the flat lists order everything by (row, distance, index), no row padded (a
         graph's million rows of 15–25 pairs, or a few rows of thousands of near-ties).
@@ -849,7 +851,7 @@ class CandidateStore:
         if width * n <= max(padded, options.finish_padding * p):
             # Each pair's slot in its row, by atomics on a GPU (the order within a row does not
             # matter: the rows are ordered by distance and index next).
-            slot = row_kth.row_slots(rows, n)
+            slot = row_slots(rows, n)
             idx = torch.full((n, width), -1, dtype=torch.int64, device=device)
             out = torch.full((n, width), torch.inf, dtype=torch.float64, device=device)
             idx[rows, slot] = cols
@@ -875,7 +877,7 @@ class CandidateStore:
             rows, cols, keys = (parts[0][f] if len(parts) == 1 else torch.cat([p[f] for p in parts])
                                 for f in range(3))
             rad = self.errors.err(rows, cols, keys)
-        elif radius.pair_kernel_applies(self.errors.row_offsets) or any(isinstance(p[3], torch.Tensor) for p in parts):
+        elif pair_radius_runs(self.errors.row_offsets) or any(isinstance(p[3], torch.Tensor) for p in parts):
             # Each part's radii from its own norms in one launch (no concatenated copies of them),
             # or as they were held.
             rows, cols, keys, rad = (torch.cat(f) for f in zip(*(

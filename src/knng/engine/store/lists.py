@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from knng.engine.plan import LISTS_IN_HOST, LISTS_ON_DISK
-from knng.engine.store import CandidateStore
+from knng.engine.store.candidates import CandidateStore
 
 __all__ = ["ListHome"]
 

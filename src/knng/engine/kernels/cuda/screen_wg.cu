@@ -1,6 +1,6 @@
 // Fused float16 screen on Hopper's warpgroup MMA (wgmma, sm_90a). Same contract as screen.cu,
 // whose header says what a screen computes (keys, tests, the excluded diagonal, the lists and
-// their counters); knng/engine/cuda_screen.py launches either with the same arguments.
+// their counters); knng/engine/kernels/cuda_screen.py launches either with the same arguments.
 //
 // Why a second kernel. screen.cu's mma.sync tiles run a tile's products, then its epilogue, in
 // the same warps: on an H200 (28,672² block, K = 128, nothing kept) its tensor pipe was busy 54 %

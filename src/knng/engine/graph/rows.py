@@ -1,0 +1,55 @@
+"""The graph by rows (``plan.graph_method == "rows"``): the data searched against themselves.
+
+Where the symmetric blocks cost more than they save (a GPU, k ≥ ``Options.graph_rows_min_k``,
+data without principal slabs, or small data whose search takes its tiles first), each point's
+k nearest other points come from a search of the data for k + 1 neighbours.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from knng._inputs import InputArray
+from knng.engine.checkpoint import Checkpoint
+from knng.engine.plan import EnginePlan, graph_search_k
+from knng.engine.search import exact_search
+from knng.engine.graph.report import GraphReport
+from knng.metrics import Metric
+
+__all__ = ["graph_by_rows", "without_self"]
+
+
+def graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
+                   include_self: bool, progress: bool, checkpoint: Checkpoint | None, keep_checkpoint: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
+    """The graph by the rows method (``plan.graph_method == "rows"``): the data searched against
+    themselves for k + 1 neighbours (k with ``include_self``), each point then dropped from its
+    own row.
+
+    Exact by the search's proof: a row's k + 1 nearest by (distance, index) hold its k nearest
+    other points, whether or not the point itself is among them (a point with more than k
+    duplicates of smaller index may not be; then its first k are the answer). A checkpoint
+    records finished chunks of rows, as a search's does.
+    """
+    k_search = graph_search_k(k, include_self)
+    assert plan.search is not None and plan.search.k == k_search, "a graph by rows is planned with its search"
+    idx, dist, report = exact_search(data, data, k_search, metric, device, select, plan.budget, progress=progress,
+                                     plan=plan.search, checkpoint=checkpoint, keep_checkpoint=keep_checkpoint)
+    if not include_self:
+        idx, dist = without_self(idx, dist, k)
+    n = data.n
+    # All n² entries computed, each pair once from each side: no symmetric saving (pairs_screened
+    # counts a symmetric block's entries once per side, so n² entries here count 2n²).
+    return idx, dist, GraphReport(plan=plan, oom_retries=report.oom_retries, exact=report.exact, store=report.store,
+                                  evaluations_per_row=report.evaluations_per_row,
+                                  screened_per_row=report.screened_per_row, pairs_screened=2 * n * n,
+                                  checkpoints=report.checkpoints, replans=report.replans)
+
+
+def without_self(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's first k entries other than the row's own index (rows of k + 1 entries)."""
+    n = idx.shape[0]
+    own = idx == torch.arange(n, device=idx.device)[:, None]
+    keep = ~own
+    keep[:, -1] &= own.any(dim=1)  # a row without itself drops its last entry
+    return idx[keep].view(n, k), dist[keep].view(n, k)
