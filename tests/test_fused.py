@@ -373,6 +373,19 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
         "store.hold"), "the slabs' own blocks were not screened together with their norms"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks of a GPU this machine lacks")
+def test_a_gpu_this_machine_lacks_offers_no_kernel():
+    """Planning for a GPU the machine lacks asks nothing of CUDA: its capabilities run no kernel of
+    ours (a GPU's plan is still made, with torch's screens); an H100's run them all."""
+    lacking = kernels.device_capabilities(torch.device("cuda"))
+    assert lacking.device_type == "cuda" and not lacking.tensor_cores and not kernels.triton_runs(lacking)
+    hopper = DeviceCapabilities.hopper()
+    assert hopper.tensor_cores and kernels.triton_runs(hopper)
+    assert kernels.screen_kernel_runs(hopper, "float16") and not kernels.screen_kernel_runs(lacking, "float16")
+    with knng.options(kernels={"triton": False}):
+        assert not kernels.triton_runs(hopper)
+
+
 def test_kernel_screened_graphs_take_larger_parts(set_options):
     """No score block in memory: a graph screened by a kernel takes parts of GPU_KERNEL_MAX_PART,
     or GPU_TRIANGLE_MAX_PART where its own blocks are triangles (GPU_TRIANGLE_MAX_PART_SMALL_K

@@ -19,7 +19,7 @@ from knng._units import parse_bytes
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 from knng._options import get_options
 from knng.engine.kernels import (
-    KTH_ROW_MAX_WIDTH, TILE, DeviceCapabilities, device_capabilities, strip_seeds_run, tiles_first_runs,
+    KTH_ROW_MAX_WIDTH, TILE, DeviceCapabilities, capabilities_of, strip_seeds_run, tiles_first_runs,
     triangle_runs, triton_runs, strip_width,
 )
 
@@ -452,13 +452,13 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
 
     ``capabilities``: the device's (default: asked of ``device``; a test passes a GPU's).
     """
-    caps = capabilities or device_capabilities(device)
+    caps = device if capabilities is None else capabilities  # asked of the device only where needed
     if device.type == "cuda":
         # A search from d = 64 screens in float16 at any k (FLOAT16_SEARCH_MIN_D: measured
         # against float64 where the float64 rule held); the float64 rule is for the rest.
         if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and triton_runs(caps):
             return "float16"
-        if caps.compute_capability in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
+        if capabilities_of(caps).compute_capability in FAST_FP64_CAPABILITIES and k * d >= 2 * n_corpus:
             return "float64"
         if operation == "search" and k <= FUSED_SEARCH_MAX_K and triton_runs(caps):
             return "tf32"
@@ -598,7 +598,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     """
     same = dict(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=device, budget=budget,
                 source=source, screen_dtype=screen_dtype, host_source=host_source,
-                capabilities=capabilities or device_capabilities(device))
+                capabilities=capabilities)
     plan = _search_plan(host_budget=host_budget, **same)
     if host_budget is None:  # the default: nothing to compare with
         return plan
@@ -606,7 +606,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
 
 
 def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
-                 budget: int, capabilities: DeviceCapabilities, source: str = "",
+                 budget: int, capabilities: DeviceCapabilities | None, source: str = "",
                  screen_dtype: "torch.dtype | str | None" = None, host_budget: int | None = None,
                  host_source: str = "") -> EnginePlan:
     """:func:`make_search_plan` without its host budget's note."""
@@ -615,8 +615,8 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
     given_host, host_budget = host_budget, int(host_budget * HOST_PLAN_SHARE)
     if device.type == "cpu":
         budget = min(budget, host_budget)
-    caps = capabilities
-    precision = resolve_precision(screen_dtype, device, n_corpus, d, k, capabilities=caps)
+    caps = device if capabilities is None else capabilities  # asked of the device only where needed
+    precision = resolve_precision(screen_dtype, device, n_corpus, d, k, capabilities=capabilities)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = search_capacity(k, n_corpus, device)
     max_cols = get_options().gpu_search_cols if device.type == "cuda" else None
@@ -728,7 +728,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         method = get_options().graph_method
     same = dict(n=n, d=d, k=k, metric=metric, device=device, budget=budget, include_self=include_self, source=source,
                 screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method,
-                capabilities=capabilities or device_capabilities(device))
+                capabilities=capabilities)
     plan = _graph_plan(host_budget=host_budget, slab_gain=slab_gain, **same)
     if host_budget is None:  # the default: nothing to compare with
         return plan
@@ -737,7 +737,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
 
 
 def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,
-                capabilities: DeviceCapabilities, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
+                capabilities: DeviceCapabilities | None, source: str = "",
+                screen_dtype: "torch.dtype | str | None" = None,
                 part_size: int | None = None, host_budget: int | None = None,
                 host_source: str = "", method: str | None = None,
                 slab_gain: Callable[[int], float] | None = None) -> EnginePlan:
@@ -748,8 +749,8 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     if device.type == "cpu":
         budget = min(budget, host_budget)
     available = n if include_self else n - 1
-    caps = capabilities
-    precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=caps)
+    caps = device if capabilities is None else capabilities  # asked of the device only where needed
+    precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=capabilities)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, available)
     vector = d * element + 24

@@ -34,7 +34,7 @@ A graph of new points every call with empty caches compiled 4 kernels in its sev
 """
 
 from knng.engine.kernels.capabilities import (
-    DeviceCapabilities, block_width, device_capabilities, interpreting, triton_runs,
+    DeviceCapabilities, block_width, capabilities_of, device_capabilities, interpreting, triton_runs,
 )
 from knng.engine.kernels.fused import (
     Survivors, block_epilogue, group_tile_pairs, screen_block, screen_tiles, select_block, strip_minima, tile_minima,
@@ -57,7 +57,7 @@ from knng.engine.kernels.unfold import unfold_rows, unfold_runs
 
 __all__ = [
     # what runs here
-    "DeviceCapabilities", "device_capabilities", "interpreting", "triton_runs", "cuda_screen_runs", "wgmma_runs",
+    "DeviceCapabilities", "device_capabilities", "capabilities_of", "interpreting", "triton_runs", "cuda_screen_runs", "wgmma_runs",
     "triangle_runs", "strip_minima_runs", "gathered_runs", "screen_kernel_runs", "strip_seeds_run",
     "tiles_first_runs", "kth_seeds_run", "preparation_runs", "radius_runs", "pair_radius_runs", "row_kth_runs",
     "row_order_runs", "row_sort_runs", "unfold_runs", "strip_width", "TILE", "block_width",

@@ -93,6 +93,8 @@ def device_capabilities(device: torch.device) -> DeviceCapabilities:
     """
     if device.type != "cuda":
         return DeviceCapabilities.cpu() if device.type == "cpu" else DeviceCapabilities(device.type)
+    if not torch.cuda.is_available():  # a plan for a GPU this machine lacks: no kernel of ours runs
+        return DeviceCapabilities("cuda")
     index = device.index if device.index is not None else torch.cuda.current_device()
     found = _FOUND.get(index)
     if found is None:
