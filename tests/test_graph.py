@@ -385,7 +385,7 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path,
 def test_own_part_seed_positions_are_distinct_and_span_the_part():
     # The own parts' sample columns: evenly spaced, first and last included, distinct without a
     # ``unique`` (integer steps of at least one), all of a part smaller than the sample.
-    from knng.engine.graph.blocks import _evenly_spaced
+    from knng.engine.graph.blocks import _evenly_spaced  # a helper of the own blocks' seeds
 
     for m in (1, 2, 3, 10, 8191, 8192, 8193, 28_672):
         for count in (1, 2, 5, 8192):

@@ -112,7 +112,7 @@ SUBPACKAGE_ORDER: dict[str, tuple[tuple[str, ...], ...]] = {
         ("fused",),                           # the fused screen's launchers
     ),
     "store": (("candidates",), ("lists",)),   # the stores; where they live
-    "graph": (("frames", "report"), ("rows",), ("blocks",)),  # centres, report; by rows; by blocks
+    "graph": (("frames", "report"), ("blocks", "rows"), ("bands",), ("symmetric",)),  # centres; steps, rows; loops
 }
 
 #: The engine's doors (rule (h)): a knng module outside one of these subpackages imports it as

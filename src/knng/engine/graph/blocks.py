@@ -1,60 +1,56 @@
-"""Single-device exact k-NN graph using the symmetry of the distance matrix.
+"""The steps of the symmetric graph, block by block: what every block loop runs.
 
-The data are split into P parts; only the blocks S(I, J) with I ≤ J are computed. Each block
-gives the row candidates of part I and the column candidates of part J (a column of S(I, J) is a
-row of S(J, I)), so every pair is screened once for each of its two points and the matrix
-products halve. The screening score is the full symmetric form q_i + r_j + α·a_iᵀa_j (one
-matrix product thanks to the augmented layout of :mod:`knng.metrics`), so one block serves both
-directions. Then every point's candidates go through the same exact finish as a search.
-
-Where that costs more than it saves (a GPU, k ≥ ``Options.graph_rows_min_k``, data without principal
-slabs: ``plan.graph_method == "rows"``), the graph runs by rows instead: the data searched
-against themselves (:mod:`knng.engine.graph.rows`).
+A part's own block S(I, I) seeds its points' thresholds and is screened against them
+(:func:`screen_own_part`, or all parts' own blocks in one launch: :func:`screen_own_parts_together`);
+an off-diagonal block S(I, J), I < J, is screened once for both sides
+(:func:`off_diagonal_blocks`: row candidates for part I, column candidates for part J, each
+tested against its point's threshold, shared by every block where the blocks share one centre:
+:class:`SharedThresholds`). The loops that order these steps are :mod:`.symmetric` (stores on
+the device) and :mod:`.bands` (stores in host memory or on disk, a band of parts at a time);
+the distributed graph screens its own blocks with :func:`screen_own_part`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
 
-from knng._inputs import InputArray
 from knng.engine import stages
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
-    TF32_EXACT_SAMPLES, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
-    on_device, recover_from_oom, tf32_products,
+    TF32_EXACT_SAMPLES, Progress, recover_from_oom, tf32_products,
 )
 from knng.engine.exact import ExactStats
-from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, Tile, Window, slab_gain_of, span_window
+from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
 from knng.engine.graph.report import GraphReport
-from knng.engine.graph.rows import graph_by_rows
 from knng.engine.plan import (
-    GRAPH_ROWS, LISTS_ON_DEVICE, PRINCIPAL_FRAMES, SEED_STRIPS_PER_K, EnginePlan, held_pairs_limit, make_graph_plan,
-    pending_pairs,
+    SEED_STRIPS_PER_K, EnginePlan, held_pairs_limit,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
     screen_own_later, strip_minima, survivors_of_smallest,
 )
 from knng.engine.store import (
-    CandidateStore, Holding, ListHome, PairErrors, PairNorms, StoreStats, summarize_per_row_each,
+    CandidateStore, Holding, PairNorms, summarize_per_row_each,
 )
 from knng.engine.thresholds import seed_candidates, smallest_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
 from knng._options import get_options
 from knng.engine.kernels import screen_kernel_runs, strip_seeds_run, strip_width
 
-__all__ = ["exact_graph", "retry_on_oom", "screen_own_part", "screen_own_parts_together"]
+__all__ = ["screen_own_part", "screen_own_parts_together", "own_parts_together", "off_diagonal_blocks",
+           "SharedThresholds", "BlockCounts", "holding_for", "finish_rows", "graph_report", "retry_on_oom",
+           "STORE_ARRAYS"]
 
 #: Shared block thresholds (one per point, against the corpus's largest norm) only while the
 #: largest norm of every part is within this factor of the smallest part maximum.
 UNIFORM_NORMS = 1.5
 #: The candidate-store tensors a checkpoint saves (see CandidateStore.state).
-_STORE_ARRAYS = tuple(name.lstrip("_") for name in CandidateStore.STATE_TENSORS)
+STORE_ARRAYS = tuple(name.lstrip("_") for name in CandidateStore.STATE_TENSORS)
 #: Store entries × 64 bytes the finish takes at a time: on a CPU rows that stay in cache; on a
 #: GPU 32× more (at most an eighth of the budget), since each chunk is ~150 launches and ~10
 #: synchronisations whatever its size (70 chunks of a 582k-point graph at k = 100 with 64 MiB;
@@ -83,156 +79,7 @@ FINISH_BYTES_GPU = 2 << 30
 SCATTER_RATIO = (1 + 5**0.5) / 2
 
 
-@stages.recorded
-def exact_graph(
-    data: InputArray,
-    k: int,
-    metric: Metric,
-    device: torch.device,
-    select: str,
-    budget: int,
-    include_self: bool = False,
-    progress: bool = False,
-    part_size: int | None = None,
-    screen_dtype: "torch.dtype | str | None" = None,
-    plan: EnginePlan | None = None,
-    checkpoint: Checkpoint | None = None,
-    keep_checkpoint: bool = False,
-    lists_folder: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
-    """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
-
-    When the plan keeps the candidate stores off the device (``plan.lists``), the run goes in
-    bands of parts (:func:`_graph_in_bands`), its stores in a :class:`~knng.engine.store.lists.ListHome`
-    (a disk home's files in ``lists_folder``, default the temporary folder), and the results
-    come back in host memory (memory-mapped files beside the stores for a disk home).
-
-    ``checkpoint``: where the run records its progress, and the state to resume from
-    (:mod:`knng.engine.checkpoint`; ``plan`` must be the checkpoint's); ``keep_checkpoint``:
-    also record the end of the loop over blocks, so that a run killed after this call
-    returns (before its results are written) resumes with only the finish to do.
-
-    Blocks S(I, I) come first: each point's own part seeds its threshold (the k best-screened
-    of its part, by their certified upper bounds) and is screened against it. Then every block
-    S(I, J), I < J, at most once: each entry is tested against the row's τᵢ and the column's
-    τⱼ, and a survivor goes to the store of the point whose test it passed. With principal
-    frames (:mod:`knng.engine.graph.frames`) the parts are slabs along the principal direction, each
-    block is centred on its row part, blocks go nearest first and only the window of a block
-    that either side can still need is screened.
-    """
-    n, d = data.n, data.d
-    if plan is None:
-        plan = make_graph_plan(n=n, d=d, k=k, metric=metric.name, device=device, budget=budget,
-                               include_self=include_self, screen_dtype=screen_dtype, part_size=part_size,
-                               slab_gain=slab_gain_of(data, device))
-    if plan.graph_method == GRAPH_ROWS:
-        return graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
-                              keep_checkpoint)
-    b = plan.part_size
-    parts = [(s, min(n, s + b)) for s in range(0, n, b)]
-    with on_device(device), full_precision():
-        # Data already on the GPU are read in a few large blocks; the parts' tiles are cut
-        # from them whatever the blocks.
-        read_rows = device_block_rows(data, device, plan.read_rows) if plan.corpus_resident else plan.read_rows
-        stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows,
-                             integers=plan.precision.scaled and metric.translation_invariant)
-        offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
-        # Data on a lattice (integers, grey levels / 255): exact products around lattice points
-        # (CorpusStats.screen), the rows holding the values in the lattice's units.
-        precision, centre, unit = stats.screen(plan.precision)
-        if unit is not None and (unit != 1.0 or precision.lattice_error > 0):
-            # Rows rounded onto the lattice (exact integers, centred on integers, already are).
-            metric = replace(metric, lattice=unit)
-        frames: GlobalFrames | PrincipalFrames
-        if plan.frames == PRINCIPAL_FRAMES:
-            assert centre is not None
-            frames = PrincipalFrames(data, metric, centre, device, b, plan.screen_torch_dtype, read_rows=read_rows,
-                                     lattice=unit)
-        else:
-            pdata = PreparedCorpus(data, metric, centre, device, resident=plan.corpus_resident,
-                                   block_rows=read_rows, symmetric=True, dtype=plan.screen_torch_dtype)
-            frames = GlobalFrames(pdata, parts)
-        if plan.lists != LISTS_ON_DEVICE:
-            assert isinstance(frames, GlobalFrames)
-            out_idx, out_dist, store, counts, done = _graph_in_bands(
-                frames, plan, metric, precision, centre, include_self, select, device, progress, checkpoint,
-                keep_checkpoint, lists_folder)
-            return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done, precision)
-        # One centre for every block: the store's norms give every pair's radius. Blocks centred
-        # on their row part: every survivor brings the norms of its block (PairNorms).
-        shared = frames.shared_norms()
-        norms, terms = shared if shared is not None else (None, None)
-        errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=norms, row_terms=terms,
-                            row_offsets=offsets, col_norms=norms, col_terms=terms,
-                            centre_norm=0.0 if centre is None else float(torch.linalg.vector_norm(centre)))
-
-        def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-            return frames.evaluate(metric, rows, cols, device, plan.work_bytes)
-
-        holding = _holding(plan, norms, terms, device)
-        # A store that takes its survivors in as it goes waits for more of them at a time.
-        pending = plan.pending_pairs if holding is not None else pending_pairs(device, plan.budget, updates=True)
-        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=pending,
-                               work_bytes=plan.work_bytes, holding=holding)
-        thresholds = None if shared is None else _SharedThresholds.when_uniform(store, norms, terms,
-                                                                                 [frames.ids(p) for p in range(len(parts))])
-        buffer = ScoreBuffer() if device.type == "cpu" else None
-        counts = _Counts()
-        done = 0  # steps of a checkpoint's run already done (own parts, then blocks in order)
-        if checkpoint is not None and checkpoint.resumed:
-            saved = checkpoint.state
-            assert saved is not None
-            with checkpoint.restoring():
-                arrays = checkpoint.arrays()
-                done = checkpoint.check_step(plan.blocks)
-                store.load_state({name: arrays[f"store_{name}"] for name in _STORE_ARRAYS}, saved["store"])
-                counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
-        step = 0
-
-        def checkpoint_after(step: int, force: bool = False) -> None:
-            if checkpoint is not None and (force or checkpoint.due()):
-                tensors, counters = store.state()
-                checkpoint.save({"step": step, "progress": f"{step:,} of {plan.blocks:,} blocks done",
-                                 "retries": counts.retries, "computed": counts.computed,
-                                 "screened": counts.screened, "store": counters},
-                                {f"store_{name}": t for name, t in tensors.items()})
-
-        bar = Progress(progress, total=plan.blocks, desc="knng graph")
-        if checkpoint is None and _own_parts_together(frames, store, precision, device, k, include_self):
-            counts.retries += retry_on_oom(lambda: screen_own_parts_together(frames, d, metric, store, k, include_self,
-                                                                             precision, select), device)
-            counts.screened += sum((i1 - i0) ** 2 for i0, i1 in parts)
-            step = len(parts)
-            bar.update(len(parts))
-        for pi in range(step, len(parts)):
-            ids = frames.ids(pi)
-            if step >= done:
-                counts.retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
-                                                                       include_self, select, device,
-                                                                       precision=precision, carry_norms=shared is None,
-                                                                       buffer=buffer), device)
-                counts.screened += ids.numel() ** 2
-                checkpoint_after(step + 1)
-            step += 1
-            bar.update()
-        step = _off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=shared is None,
-                                    buffer=buffer, bar=bar, counts=counts, first_step=step, done=done,
-                                    checkpoint_after=None if checkpoint is None else checkpoint_after,
-                                    checkpoint_due=None if checkpoint is None else checkpoint.due,
-                                    group=plan.group_parts)
-        bar.close()
-        if checkpoint is not None and keep_checkpoint and step > done:
-            checkpoint_after(step, force=True)  # only the finish is left to a run that resumes this
-        out_idx = torch.empty((n, k), dtype=torch.int64, device=device)
-        out_dist = torch.empty((n, k), dtype=torch.float64, device=device)
-        chunk = _finish_rows(plan, device)
-        for r0 in range(0, n, chunk):
-            r1 = min(n, r0 + chunk)
-            out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
-    return out_idx, out_dist, _graph_report(plan, store, counts, checkpoint, done, precision)
-
-
-def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor | None,
+def holding_for(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor | None,
              device: torch.device) -> Holding | None:
     """How the graph's store holds its survivors back (``Options.hold_on``), or None: blocks screened
     in a low precision. With one centre (``norms``: every point's prepared norm in it) the held
@@ -253,14 +100,14 @@ def _holding(plan: EnginePlan, norms: torch.Tensor | None, terms: torch.Tensor |
     return Holding(maxima=maxima, limit=limit)
 
 
-def _finish_rows(plan: EnginePlan, device: torch.device) -> int:
+def finish_rows(plan: EnginePlan, device: torch.device) -> int:
     """Rows the exact finish takes at a time (see :data:`FINISH_BYTES`; its temporaries take about
     64 bytes per store entry, and at most an eighth of the budget)."""
     finish_bytes = min(FINISH_BYTES if device.type == "cpu" else FINISH_BYTES_GPU, plan.budget // 8)
     return max(1, min(plan.n_corpus, finish_bytes // max(1, plan.capacity * 64)))
 
 
-def _graph_report(plan: EnginePlan, store: CandidateStore, counts: "_Counts", checkpoint: Checkpoint | None,
+def graph_report(plan: EnginePlan, store: CandidateStore, counts: "BlockCounts", checkpoint: Checkpoint | None,
                   done: int, precision: ScreenPrecision) -> GraphReport:
     """The report of a finished graph run (store counters are of the whole run, every band's)."""
     exact = ExactStats(rows=plan.n_corpus, exact_evaluations=store.stats.exact_evaluations)
@@ -273,140 +120,14 @@ def _graph_report(plan: EnginePlan, store: CandidateStore, counts: "_Counts", ch
                        checkpoints={} if checkpoint is None else checkpoint.summary(done))
 
 
-def _graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, precision: ScreenPrecision,
-                    centre: torch.Tensor | None,
-                    include_self: bool, select: str, device: torch.device, progress: bool,
-                    checkpoint: Checkpoint | None, keep_checkpoint: bool, lists_folder: str | None
-                    ) -> tuple[torch.Tensor, torch.Tensor, CandidateStore, "_Counts", int]:
-    """The graph with every row's store in a :class:`ListHome` (where ``plan.lists`` says; a disk
-    home in ``lists_folder``), run in bands of ``plan.band_parts`` parts.
-
-    The device store has two bands of slots: the row band A at slot 0, the column band B after
-    it. Units of work go in a fixed order: first each band with itself (its own parts seed its
-    rows' thresholds, then its blocks S(I, J), I < J within it), then every pair of bands A < B
-    (all blocks S(I, J), I in A, J in B), A outermost so that its stores stay on the device while
-    the B bands pass by. Every block of the one-device order is computed once, so each row's
-    answer, its exact top k, is the same bit for bit. Returns (indices, float64 distances, the
-    device store, counters, units a resumed run had done); checkpoints are taken between units,
-    once both bands' stores are back in the home (which then holds the whole state).
-    """
-    n, d, k = plan.n_corpus, plan.d, plan.k
-    parts = frames.parts
-    band_parts = plan.band_parts
-    bands = [list(range(p0, min(len(parts), p0 + band_parts))) for p0 in range(0, len(parts), band_parts)]
-    spans = [(parts[band[0]][0], parts[band[-1]][1]) for band in bands]
-    width = max(r1 - r0 for r0, r1 in spans)
-    norms, terms = frames.shared_norms()
-    slot_ids = torch.zeros(2 * width, dtype=torch.int64, device=device)
-    slot_norms = torch.zeros(2 * width, dtype=torch.float64, device=device)
-    slot_terms = None if terms is None else torch.zeros_like(slot_norms)
-    errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=slot_norms, row_terms=slot_terms,
-                        row_offsets=torch.full_like(slot_norms, 1.0 if metric.normalize else 0.0),
-                        col_norms=norms, col_terms=terms,
-                        centre_norm=0.0 if centre is None else float(torch.linalg.vector_norm(centre)))
-
-    def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return frames.evaluate(metric, slot_ids[rows], cols, device, plan.work_bytes)
-
-    store = CandidateStore(2 * width, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
-                           work_bytes=plan.work_bytes)
-    # A fresh store's row gives the home its arrays: names, shapes, types and initial values.
-    with ListHome(n, store.rows_state(slice(0, 1)), plan.lists, folder=lists_folder,
-                  pin=device.type == "cuda") as home:
-        thresholds = _SharedThresholds.when_uniform(store, norms, terms, [frames.ids(p) for p in range(len(parts))])
-        buffer = ScoreBuffer() if device.type == "cpu" else None
-        placed: dict[int, int] = {}  # band → its first slot
-
-        def place(band: int, at: int) -> None:
-            r0, r1 = spans[band]
-            slot_ids[at:at + r1 - r0] = torch.arange(r0, r1, device=device)
-            slot_norms[at:at + r1 - r0] = norms[r0:r1]
-            if slot_terms is not None and terms is not None:
-                slot_terms[at:at + r1 - r0] = terms[r0:r1]
-            home.load(store, slice(at, at + r1 - r0), slice(r0, r1))
-            placed[band] = at
-
-        def put_back(band: int, *, keep: bool = False) -> None:
-            r0, r1 = spans[band]
-            at = placed[band] if keep else placed.pop(band)
-            home.save(store, slice(at, at + r1 - r0), slice(r0, r1))
-
-        def slots(part: int) -> torch.Tensor:
-            band = part // band_parts
-            i0, i1 = parts[part]
-            at = placed[band] - spans[band][0]
-            return torch.arange(i0 + at, i1 + at, device=device)
-
-        units = [(a, a) for a in range(len(bands))] + [(a, c) for a in range(len(bands))
-                                                       for c in range(a + 1, len(bands))]
-        counts, done = _Counts(), 0
-        if checkpoint is not None and checkpoint.resumed:
-            saved = checkpoint.state
-            assert saved is not None
-            with checkpoint.restoring():
-                done = checkpoint.check_step(len(units))
-                home.restore(checkpoint.arrays())
-                store.stats = StoreStats(**{f: int(v) for f, v in saved["store"].items()})
-                counts = _Counts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
-        bar = Progress(progress, total=plan.blocks, desc="knng graph")
-        row_band = -1
-        for unit, (a, c) in enumerate(units):
-            if unit < done:
-                bar.update(len(bands[a]) * (len(bands[a]) + 1) // 2 if a == c else len(bands[a]) * len(bands[c]))
-                continue
-            if row_band != a:
-                if row_band >= 0:
-                    put_back(row_band)
-                place(a, 0)
-                row_band = a
-            if a == c:
-                for pi in bands[a]:
-                    ids = frames.ids(pi)
-                    counts.retries += retry_on_oom(
-                        lambda: screen_own_part(frames.own(pi), d, metric, store, slots(pi), ids, k, include_self,
-                                                select, device, precision=precision, buffer=buffer), device)
-                    counts.screened += ids.numel() ** 2
-                    bar.update()
-                order = [(i, j) for i in bands[a] for j in bands[a] if j > i]
-            else:
-                place(c, width)
-                order = [(i, j) for i in bands[a] for j in bands[c]]
-            _off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=False,
-                                 buffer=buffer, bar=bar, counts=counts, first_step=0, order=order, slots=slots)
-            store.flush()
-            if a != c:
-                put_back(c)
-            last = unit == len(units) - 1
-            if checkpoint is not None and (checkpoint.due() or (last and keep_checkpoint)):
-                put_back(a, keep=True)  # the home now holds every row's state
-                checkpoint.save({"step": unit + 1, "progress": f"{unit + 1:,} of {len(units):,} band pairs done",
-                                 "retries": counts.retries, "computed": counts.computed, "screened": counts.screened,
-                                 "store": vars(store.stats)}, home.state())
-        bar.close()
-        if row_band >= 0:
-            put_back(row_band)
-        out_idx, out_dist = home.results(k)
-        chunk = min(_finish_rows(plan, device), width)
-        for band in range(len(bands)):
-            place(band, 0)
-            r0, r1 = spans[band]
-            for q0 in range(r0, r1, chunk):
-                q1 = min(r1, q0 + chunk)
-                idx, dist = store.finish(torch.arange(q0 - r0, q1 - r0, device=device))
-                out_idx[q0:q1], out_dist[q0:q1] = idx.cpu(), dist.cpu()
-            counts.note_rows(store, slice(0, r1 - r0), slice(r0, r1), n)
-            placed.pop(band)
-        return out_idx, out_dist, store, counts, done
-
-
 # Options.whole_by_smallest_on: a part's own block, materialised whole, takes each row's
-# survivors from its smallest entries (_smallest_width of them, by float32 key) instead of a
+# survivors from its smallest entries (smallest_width of them, by float32 key) instead of a
 # compare of the whole block against the thresholds those entries seed: one selection does both.
 # From Options.whole_by_smallest_min_k = GPU_CHUNK_SEED_MAX_K + 1 (below, a GPU's seeds are chunk
 # minima, not a selection).
 
 
-def _smallest_width(columns: int, k: int) -> int:
+def smallest_width(columns: int, k: int) -> int:
     """Entries a row selects to hold its survivors: k and a margin for near-ties at the k-th
     (a row whose survivors reach past them is compared whole)."""
     return min(columns, k + max(16, k // 32))
@@ -481,7 +202,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
                     keys = torch.where(seed_cols[strip_cols] == local[:, None], torch.inf, keys)
                 values, positions = strip_candidates(keys, strip_cols, ks)
             elif by_smallest:
-                values, positions = smallest_candidates(scores, _smallest_width(scores.shape[1], ks), select, device)
+                values, positions = smallest_candidates(scores, smallest_width(scores.shape[1], ks), select, device)
             else:
                 values, positions = seed_candidates(scores, min(ks, scores.shape[1]), select, device)
             cols = seed_cols[positions]
@@ -520,7 +241,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
         store.add(row_ids[owner], col_ids[other], keys, _pair_norms(tile, tile, owner, other) if carry_norms else None)
 
 
-def _own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, precision: ScreenPrecision,
+def own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, precision: ScreenPrecision,
                         device: torch.device, k: int, include_self: bool) -> bool:
     """Whether every part's own block runs at once (:func:`screen_own_parts_together`): a store
     that holds its survivors back (of one centre, or pairs with their blocks' norms), blocks
@@ -667,7 +388,7 @@ def _part(values: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | 
     return None if values is None else values[start:stop]
 
 
-class _SharedThresholds:
+class SharedThresholds:
     """Block thresholds of every point at once, for runs whose blocks share one centre.
 
     With one centre a point's prepared norm is the same in every block, so its threshold
@@ -686,7 +407,7 @@ class _SharedThresholds:
 
     @classmethod
     def when_uniform(cls, store: CandidateStore, norms: torch.Tensor, terms: torch.Tensor | None,
-                     parts: list[torch.Tensor]) -> "_SharedThresholds | None":
+                     parts: list[torch.Tensor]) -> "SharedThresholds | None":
         """Shared thresholds when every part's largest norm is within :data:`UNIFORM_NORMS` of the
         corpus's; else None (a few outliers would widen every block's thresholds, not only
         their own blocks')."""
@@ -746,7 +467,7 @@ class _OffDiagonalBlock:
         self.scores: torch.Tensor | None = None
         self.launched: Callable[[], tuple[Survivors, Survivors]] | None = None
 
-    def start(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> None:
+    def start(self, store: CandidateStore, thresholds: "SharedThresholds | None") -> None:
         """Issue the product (where the block is materialised), or the kernel's screen against
         the store's present thresholds (where a kernel screens it; sized by :meth:`screen`)."""
         if screen_kernel_runs(self.queries.device, self.precision):
@@ -758,7 +479,7 @@ class _OffDiagonalBlock:
                                   row_terms=self.rows_tile.terms32, col_terms=self.cols_tile.terms32,
                                   buffer=self.buffer)
 
-    def screen(self, store: CandidateStore, thresholds: "_SharedThresholds | None") -> tuple[Survivors, Survivors]:
+    def screen(self, store: CandidateStore, thresholds: "SharedThresholds | None") -> tuple[Survivors, Survivors]:
         """Both sides' survivors: those of the launch :meth:`start` issued, else against the
         store's current thresholds (the product again if it was dropped, or the launch again,
         after an out-of-memory error)."""
@@ -770,7 +491,7 @@ class _OffDiagonalBlock:
                             None, self.precision, row_terms=self.rows_tile.terms32,
                             col_terms=self.cols_tile.terms32, buffer=self.buffer, scores=scores)
 
-    def _thresholds(self, store: CandidateStore, thresholds: "_SharedThresholds | None"
+    def _thresholds(self, store: CandidateStore, thresholds: "SharedThresholds | None"
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Both sides' thresholds from the store's present τ."""
         rows, cols, rows_tile, cols_tile = self.row_slots, self.col_slots, self.rows_tile, self.cols_tile
@@ -800,7 +521,7 @@ class _OffDiagonalBlock:
 
 
 @dataclass
-class _Counts:
+class BlockCounts:
     """A graph run's counters, carried by its checkpoints: out-of-memory retries, off-diagonal
     blocks computed and score entries screened. A banded run also gathers every row's report
     counters here as its bands finish (its device store holds two bands' rows only)."""
@@ -826,9 +547,9 @@ class _Counts:
         return store.screened_per_row() if self.screened_rows is None else self.screened_rows
 
 
-def _off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric,
-                         precision: ScreenPrecision, thresholds: "_SharedThresholds | None", device: torch.device, *,
-                         carry_norms: bool, buffer: ScoreBuffer | None, bar: Progress, counts: _Counts,
+def off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: CandidateStore, metric: Metric,
+                         precision: ScreenPrecision, thresholds: "SharedThresholds | None", device: torch.device, *,
+                         carry_norms: bool, buffer: ScoreBuffer | None, bar: Progress, counts: BlockCounts,
                          first_step: int, done: int = 0, checkpoint_after: Callable[[int], None] | None = None,
                          checkpoint_due: Callable[[], bool] | None = None,
                          order: Iterable[tuple[int, int]] | None = None,
