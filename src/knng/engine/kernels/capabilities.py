@@ -92,10 +92,14 @@ def device_capabilities(device: torch.device) -> DeviceCapabilities:
     search of K = 128 runs) to learn whether this NVRTC can.
     """
     if device.type != "cuda":
-        return DeviceCapabilities.cpu() if device.type == "cpu" else DeviceCapabilities(device.type)
+        return _off_gpu(device.type)
+    index = device.index
+    found = None if index is None else _FOUND.get(index)  # the engine asks per block: a lookup
+    if found is not None:
+        return found
     if not torch.cuda.is_available():  # a plan for a GPU this machine lacks: no kernel of ours runs
         return DeviceCapabilities("cuda")
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = torch.cuda.current_device() if index is None else index
     found = _FOUND.get(index)
     if found is None:
         capability = _cuda.device_capability(torch.device("cuda", index))
@@ -104,6 +108,12 @@ def device_capabilities(device: torch.device) -> DeviceCapabilities:
             "cuda", capability, triton=triton_installed(), cupy=cupy,
             wgmma=cupy and capability == (9, 0) and cuda_screen.wgmma_compiles(index))
     return found
+
+
+@functools.cache
+def _off_gpu(device_type: str) -> DeviceCapabilities:
+    """A CPU's (or another non-CUDA device's) capabilities, made once."""
+    return DeviceCapabilities.cpu() if device_type == "cpu" else DeviceCapabilities(device_type)
 
 
 def capabilities_of(where: "DeviceCapabilities | torch.device") -> DeviceCapabilities:
