@@ -145,6 +145,7 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
             g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
         return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "columns": report.columns,
+                "stages": sorted(report.stages),
                 "precision": getattr(report.screen_dtype, "name", report.screen_dtype),
                 "tightenings": report.store.tightenings, "overflow": report.store.overflow_rows,
                 "per_rank_blocks": [r["blocks"] for r in report.per_rank]}
@@ -159,7 +160,7 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
             r = knng.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0], distributed=True)
         else:
             r = kd.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0])
-        return {"indices": r.indices, "distances": r.distances}
+        return {"indices": r.indices, "distances": r.distances, "stages": sorted(last_report().stages)}
     if kind == "nan":
         x = make_data("normal", seed).copy()
         x[301, 2] = np.nan  # in one rank's part only

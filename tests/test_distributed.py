@@ -96,6 +96,39 @@ def test_identical_to_one_process(battery, world, name):
             assert got["precision"] == case["precision"], got["precision"]
 
 
+#: The steps every run of the pipeline takes, whatever feeds it (a tensor, a file read in blocks,
+#: a rank's shard): rows prepared, thresholds seeded from a sample, blocks screened, survivors
+#: taken into the stores, the exact finish (``report.stages``).
+PIPELINE = frozenset({"prepare", "seeds.from_block", "screen.product", "store.add", "store.finish"})
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", ["graph-normal-euclidean", "graph-memmap", "search-k10", "search-memmap"])
+def test_every_source_runs_the_pipeline(battery, world, name, tmp_path):
+    """A distributed run, an in-memory run and a run from a file read in blocks (a budget that
+    streams the data) take the pipeline's steps. (The distributed graph does not yet share
+    thresholds between blocks as the single-device graph does: ``graph.shared_thresholds``.)"""
+    seed, ranks, _ = battery[world]
+    case = CASES[name]
+    ref, inputs = _reference(name, seed)
+    in_memory = set(ref.report.stages)
+    path = tmp_path / "data.npy"
+    if case["kind"] == "search":
+        queries, corpus = inputs
+        np.save(path, corpus)
+        from_file = knng.search(queries, np.load(path, mmap_mode="r"), case["k"], metric=case["metric"],
+                                device="cpu", memory_budget="256KB")
+    else:
+        np.save(path, inputs)
+        from_file = knng.graph(np.load(path, mmap_mode="r"), case["k"], metric=case["metric"], device="cpu",
+                               memory_budget="256KB")
+        assert from_file.report.parts > 1
+    np.testing.assert_array_equal(from_file.indices, ref.indices)
+    for source, stages in [("in memory", in_memory), ("from a file", set(from_file.report.stages))] + [
+            (f"rank {r}", set(results[name]["stages"])) for r, results in enumerate(ranks)]:
+        assert PIPELINE <= stages, f"{name}, {source}: {sorted(PIPELINE - stages)} missing from {sorted(stages)}"
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_balanced_blocks_and_overflow_exercised(battery, world):
     seed, ranks, _ = battery[world]
