@@ -5,22 +5,26 @@ exponential of the k-NN distances, the α ("Laplace–Beltrami") normalisation, 
 (Markov) matrix and its leading eigenvectors as coordinates. ``docs/MANIFOLD.md`` has the maths,
 the choices below and where they depart from the papers. In short:
 
-- **kernel** on the union of the k-NN relations plus the diagonal:
+- **kernel** on the union of the w-NN relations plus the diagonal:
   ``K_ij = exp(-s_ij / ε)`` (or ``exp(-s_ij / (σ_i σ_j))``, self-tuning) when ``j`` is among the
-  ``n_neighbors`` nearest of ``i`` or ``i`` among those of ``j``, ``K_ii = 1``; ``s`` is the
-  squared distance (``2 d`` for cosine and Pearson: the squared chord of the unit vectors);
-- **ε "auto"**: the Berry–Giannakis–Harlim / Coifman criterion, the ε that maximises the slope
-  ``d log S / d log ε`` of ``S(ε) = Σ_ij K_ε(i, j)``;
+  ``w`` nearest of ``i`` or ``i`` among those of ``j``, ``K_ii = 1``; ``s`` is the squared distance
+  (``2 d`` for cosine and Pearson: the squared chord of the unit vectors). The width ``w`` follows
+  ε: the fewest columns (at least ``n_neighbors``, at most ``max_kernel_neighbors``) for which what
+  a row leaves out is below ``kernel_tol`` of its largest entry;
+- **ε "auto"**: the 0.97 quantile of the points' squared 5th-neighbour distances (the
+  Berry–Giannakis–Harlim slope, which locks onto the noise floor of noisy data, is ``"bgh"``);
 - **α**: ``K⁽ᵅ⁾ = K / (q_i q_j)^α`` with ``q = K 1``; ``P = D⁻¹ K⁽ᵅ⁾`` with ``D = diag(K⁽ᵅ⁾ 1)``;
   α = 1 (Laplace–Beltrami, the papers' choice) by default;
 - **eigenproblem** on the symmetric conjugate ``A = D^(-1/2) K⁽ᵅ⁾ D^(-1/2)`` (same eigenvalues as
   ``P``; ``ψ = D^(-1/2) v`` normalised so that ``ψ₀ ≡ 1`` and ``Σ_i π_i ψ_k(i)² = 1``): SciPy's
   ``eigsh`` (ARPACK) on the CPU, a thick-restart Lanczos with full reorthogonalisation in torch on
-  a GPU (:func:`lanczos_eigsh`, also runnable on CPU tensors), dense ``eigh`` for tiny sets; true
-  residuals ``‖A v − λ v‖`` are checked and reported;
+  a GPU (:func:`lanczos_eigsh`, also runnable on CPU tensors), dense ``eigh`` for tiny sets; where
+  the iteration does not converge, shift-invert about 1 (:func:`shift_invert_eigsh`); true
+  residuals ``‖A v − λ v‖`` are checked and reported, and embedded eigenvalues at 1 are warned of;
 - the trivial pair (λ₀ = 1, ψ₀ constant) is computed, checked, reported and left out of the
   embedding; each eigenvector's entry of largest magnitude is made positive;
-- a disconnected kernel graph is refused with a message naming ``n_neighbors``;
+- unconnected data are embedded component by component (``component_labels_``), with a warning
+  that says whether the k-NN graph or the kernel fell apart;
 - ``transform`` is the Nyström extension ``ψ_k(x) = λ_k⁻¹ Σ_j p(x, j) ψ_k(j)``, the new points'
   kernel rows found with :func:`knng.search`.
 """
@@ -968,11 +972,14 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     metric : {"euclidean", "sqeuclidean", "cosine", "pearson"}, default="euclidean"
         Distance of the graph. The kernel takes squared Euclidean distances: d², d itself for
         ``sqeuclidean``, and 2d (the squared chord of the unit vectors) for cosine and Pearson.
-    epsilon : "auto", "self_tuning" or float, default="auto"
-        Kernel bandwidth in ``exp(−s/ε)``. "auto": the ε maximising d log S / d log ε with
-        S(ε) = Σ_ij K_ε(i, j) (Berry, Giannakis & Harlim 2015; Coifman et al. 2008). A number: that
-        ε (in squared distance units). "self_tuning": ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance
-        to point i's ``sigma_neighbor``-th neighbour (Zelnik-Manor & Perona 2004).
+    epsilon : "auto", "bgh", "self_tuning" or float, default="auto"
+        Kernel bandwidth in ``exp(−s/ε)``. "auto": the 0.97 quantile of the points' squared
+        distances to their 5th neighbour (robust to pixel noise and to uneven sampling;
+        docs/MANIFOLD.md §1). "bgh": the ε maximising d log S / d log ε with S(ε) = Σ_ij K_ε(i, j)
+        over the k-NN pairs (Berry, Giannakis & Harlim 2015; the default before: it locks onto the
+        noise floor of noisy data). A number: that ε (in squared distance units). "self_tuning":
+        ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance to point i's ``sigma_neighbor``-th neighbour
+        (Zelnik-Manor & Perona 2004).
     alpha : float in [0, 1], default=1.0
         Density normalisation K⁽ᵅ⁾ = K/(q_i q_j)^α, q = K 1: 0 gives the normalised graph
         Laplacian, ½ the Fokker–Planck operator, 1 the Laplace–Beltrami operator, free of the
@@ -981,13 +988,23 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         Diffusion time: coordinates are scaled by λᵗ (t = 0 gives the eigenvectors ψ themselves).
     sigma_neighbor : int, default=7
         The neighbour whose distance is σ_i with ``epsilon="self_tuning"`` (at most n_neighbors).
+    kernel_tol : float in (0, 1], default=1e-4
+        The kernel takes graph columns until every entry it leaves out of a row is below
+        ``kernel_tol`` times the row's largest off-diagonal entry (``report_.kernel_tail`` says
+        what it reached), within ``max_kernel_neighbors``.
+    max_kernel_neighbors : int, default=64
+        The most neighbours a row of the kernel takes (``fit(X)`` computes a graph of
+        ``graph_neighbors(n)`` = max(n_neighbors, this) columns). A measured cap: with a global ε
+        the whole Gaussian tail over-smooths densely sampled regions, and 64 keeps them local
+        (docs/MANIFOLD.md §1).
     eigen_solver : {"auto", "scipy", "torch"}, default="auto"
         "scipy": ARPACK on the host. "torch": thick-restart Lanczos on the device (GPU or CPU).
         "auto": torch on a CUDA device, SciPy on the CPU. Tiny sets are solved densely.
     eigen_tol : float, default=1e-10
         Largest residual ‖A v − λ v‖ accepted for every eigenpair.
     max_iter : int, default=1000
-        Restarts of the Krylov subspace before the solver gives up (RuntimeError).
+        Restarts of the Krylov subspace before the solver turns to shift-invert about 1; only if
+        that fails too does ``fit`` raise (RuntimeError, saying what to change).
     device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device, default="auto"
         Where the graph, the kernel and (with the torch solver) the eigenproblem are computed.
     progress : bool, default=False
@@ -996,9 +1013,18 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     Attributes
     ----------
     embedding_ : ndarray of shape (n_samples, n_components)
-        The coordinates λ_kᵗ ψ_k of the training points, float64.
+        The coordinates λ_kᵗ ψ_k of the training points, float64. With several connected
+        components, each point's coordinates in its own component's map (0 where a component
+        has fewer than n_components + 1 points).
     eigenvalues_ : ndarray of shape (n_components,)
-        λ₁ ≥ … ≥ λ_m, the non-trivial eigenvalues of P (not raised to t).
+        λ₁ ≥ … ≥ λ_m, the non-trivial eigenvalues of P (not raised to t); of the largest
+        component when there are several (``report_.component_eigenvalues`` has them all).
+    component_labels_ : ndarray of shape (n_samples,)
+        Each point's connected component, numbered by size (0 the largest); all 0 when connected.
+    n_components_found_ : int
+        Connected components of the kernel graph, each embedded on its own.
+    kernel_neighbors_ : int
+        Graph columns the kernel took (its width).
     eigenvectors_ : ndarray of shape (n_samples, n_components)
         ψ₁ … ψ_m, right eigenvectors of P normalised so that Σ_i π_i ψ_k(i)² = 1 (π the stationary
         distribution); the entry of largest magnitude of each is positive.
