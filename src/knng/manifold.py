@@ -72,11 +72,12 @@ EPSILON_NEIGHBOR = 5
 DEFAULT_KERNEL_TOL = 1e-4
 #: Default ``max_kernel_neighbors``: the most neighbours per row the kernel takes to reach
 #: ``kernel_tol`` (the graph is computed with this many when fitting from X). A cap, measured
-#: (docs/MANIFOLD.md §1): a global ε wide enough for the sparse half of an unevenly sampled
-#: torus over-smooths its dense half when the kernel keeps its whole Gaussian tail (256
-#: columns: concentration 0.63–0.98 over three samples), and 64 columns restore locality there
-#: (0.988–0.992) while rotations and swiss rolls do not change (to 3e-4).
-DEFAULT_MAX_KERNEL_NEIGHBORS = 64
+#: (docs/MANIFOLD.md §1) between two failures: a global ε wide enough for the sparse half of an
+#: unevenly sampled torus over-smooths its dense half when the kernel keeps its whole Gaussian
+#: tail (256 columns: concentration 0.63–0.98 over three samples; 24 columns: 0.95; 40: 0.98),
+#: and on rotations of ``hubble_deep_field`` 64 columns reach across to other angles (0.991,
+#: against 0.9994 at 24–48).
+DEFAULT_MAX_KERNEL_NEIGHBORS = 40
 #: Eigenvalues within this distance of 1 beyond the trivial one mean a kernel that is
 #: numerically disconnected (parts joined by weights at the rounding level): never returned silently.
 DEGENERATE_GAP = 1e-9
@@ -992,11 +993,11 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         The kernel takes graph columns until every entry it leaves out of a row is below
         ``kernel_tol`` times the row's largest off-diagonal entry (``report_.kernel_tail`` says
         what it reached), within ``max_kernel_neighbors``.
-    max_kernel_neighbors : int, default=64
+    max_kernel_neighbors : int, default=40
         The most neighbours a row of the kernel takes (``fit(X)`` computes a graph of
         ``graph_neighbors(n)`` = max(n_neighbors, this) columns). A measured cap: with a global ε
-        the whole Gaussian tail over-smooths densely sampled regions, and 64 keeps them local
-        (docs/MANIFOLD.md §1).
+        the whole Gaussian tail over-smooths densely sampled regions and reaches across a
+        manifold's folds; 40 keeps rows local (docs/MANIFOLD.md §1).
     eigen_solver : {"auto", "scipy", "torch"}, default="auto"
         "scipy": ARPACK on the host. "torch": thick-restart Lanczos on the device (GPU or CPU).
         "auto": torch on a CUDA device, SciPy on the CPU. Tiny sets are solved densely.
