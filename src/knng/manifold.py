@@ -1275,8 +1275,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         # is that transform changes nothing in the estimator).
         self._reverse_indptr, self._reverse_indices = _reverse_lists(graph, kernel.width)
         rule = {"self_tuning": "self_tuning", "bgh": "bgh (Berry–Giannakis–Harlim max log-log slope)",
-                "auto": f"auto ({EPSILON_QUANTILE:g} quantile of the squared {min(EPSILON_NEIGHBOR, k)}-th-neighbour "
-                        "distances)"
+                "auto": f"auto ({EPSILON_QUANTILE:g} quantile of the squared distances to the "
+                        f"{_ordinal(min(EPSILON_NEIGHBOR, k))} neighbour)"
                 }.get(self.epsilon, "given") if isinstance(self.epsilon, str) else "given"
         sizes = np.bincount(self.component_labels_, minlength=len(parts))
         self.report_ = DiffusionReport(
@@ -1447,6 +1447,10 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         tags.input_tags.sparse = False
         tags.input_tags.allow_nan = False
         return tags
+
+
+def _ordinal(j: int) -> str:
+    return f"{j}{'th' if 10 <= j % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(j % 10, 'th')}"
 
 
 def _reverse_lists(graph: Graph, k: int) -> tuple[np.ndarray, np.ndarray]:
