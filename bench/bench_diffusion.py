@@ -10,6 +10,26 @@ Two parts, in one process:
    ARPACK) on the CPU, and pydiffmap (k = K, ε "bgh", α = 1) when it is installed. Each
    peer's wall time is for ``fit_transform`` from the raw points.
 
+3. **quality** (``--quality``): manifolds whose coordinates are known, each library at its
+   defaults and at n_neighbors 10 / 20 / 40, on the CPU: how well the embedding recovers the
+   hidden coordinates, and how long the fit took. The data (:data:`QUALITY_SETS`):
+   in-plane rotations of scikit-image pictures (grey = mean of the colour channels, the centre
+   square resized to 48 × 48, rotated by 900 random angles, the pixels of the inscribed disc,
+   Gaussian noise 0.01; the five pictures of issue 58 and eight held out from every choice of
+   the default), scikit-learn's swiss roll and S-curve (3,000 points, noise 0.05), a flat torus
+   in R⁴ (circles of radius 1 and 0.6, 3,000 points, the half θ < π sampled 9× more densely)
+   and two unconnected rotation sets (``clock`` and ``coins``, 900 each). Quality: for angles,
+   the circular concentration |mean exp(i(θ̂ ∓ θ))| (1 = the angle recovered up to a rotation
+   and a reflection, 0 = unrelated) of the polar angle θ̂ of the first two coordinates; for the
+   torus, the smaller of the two angles' concentrations, each from the best pair of the first
+   four coordinates; for the roll and the S-curve, |Spearman| of the first coordinate with the
+   roll parameter; for the two rotation sets, the smaller of the two sets' concentrations, each
+   computed on its own points. Peers: scikit-learn's ``SpectralEmbedding``, pydiffmap (k-NN
+   kernel, ε "bgh") and datafold (``PCManifold.optimize_parameters`` then ``DiffusionMaps``),
+   each at its own defaults and with its neighbour count set to 10 / 20 / 40. datafold 2.0.2
+   needs scikit-learn 1.2 and NumPy < 1.27: it runs in a separate interpreter
+   (``--datafold-python``, a venv with ``pip install datafold``), one process per data set.
+
 The data: ``n`` points of a smooth 3-dimensional manifold in ``d`` dimensions (default 64),
 random Fourier features ``cos(W u + b)`` of u uniform in [0, 1]³, plus a little Gaussian noise;
 the same generator and seed for every part. A GPU run first embeds 2 000 points to warm up.
@@ -20,6 +40,9 @@ Usage::
 
     PYTHONPATH=src:tests python bench/bench_diffusion.py --out diffusion.json    # 1M, k=32, 10 components
     PYTHONPATH=src:tests python bench/bench_diffusion.py --quick                 # 2,000 and 1,000 points: a smoke run
+    PYTHONPATH=src:tests:PEERS python bench/bench_diffusion.py --quality --datafold-python VENV/bin/python \
+        --out quality.json                                                      # the quality table (CPU)
+    PYTHONPATH=src:tests python bench/bench_diffusion.py --quality --quick      # two small sets, knng and sklearn
 
 Prints a markdown table and writes the figures as JSON (``--out``).
 """
@@ -28,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 from pathlib import Path
@@ -104,6 +128,272 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------ quality
+
+#: The pictures of issue 58 (where the old default failed) and pictures held out from every
+#: choice of the new default (``cat`` is left out: it is ``chelsea``).
+TUNED_PICTURES = ("astronaut", "camera", "coffee", "chelsea", "rocket")
+HELD_OUT_PICTURES = ("immunohistochemistry", "hubble_deep_field", "retina", "page", "text", "moon", "clock", "coins")
+#: Pictures looked at only after the last choice of the default (the kernel's width was chosen
+#: after seeing ``hubble_deep_field``, so the first held-out set is not fully held out any more).
+#: (``checkerboard`` and ``colorwheel`` are left out: their grey levels repeat under rotations by
+#: 90° and 120°, so the angle is not defined.)
+FRESH_PICTURES = ("brick", "grass", "gravel", "cell", "microaneurysms", "shepp_logan_phantom", "logo")
+#: Neighbour counts every library is run at besides its defaults.
+QUALITY_NEIGHBORS = (10, 20, 40)
+
+
+def grey_picture(name: str, size: int = 48) -> np.ndarray:
+    """scikit-image picture ``name``: grey = mean of the colour channels, in [0, 1], the centre
+    square resized (anti-aliased) to size × size."""
+    from skimage import data, transform
+
+    image = np.asarray(getattr(data, name)(), dtype=np.float64)
+    if image.ndim == 3:
+        image = image[..., :3].mean(axis=2)
+    image = image / (255.0 if image.max() > 1 else 1.0)
+    h, w = image.shape
+    side = min(h, w)
+    image = image[(h - side) // 2:(h - side) // 2 + side, (w - side) // 2:(w - side) // 2 + side]
+    return transform.resize(image, (size, size), anti_aliasing=True)
+
+
+def rotations(name: str, n: int = 900, size: int = 48, noise: float = 0.01, seed: int = 0
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` noisy in-plane rotations of a picture: (pixels of the inscribed disc, float32; angles)."""
+    from skimage import transform
+
+    image = grey_picture(name, size)
+    yy, xx = np.mgrid[:size, :size]
+    centre = (size - 1) / 2
+    disc = (yy - centre) ** 2 + (xx - centre) ** 2 <= (size / 2) ** 2
+    rng = np.random.default_rng(seed)
+    degrees = rng.uniform(0.0, 360.0, n)
+    x = np.stack([transform.rotate(image, a, order=1)[disc] for a in degrees])
+    x += rng.normal(0.0, noise, x.shape)
+    return x.astype(np.float32), np.deg2rad(degrees)
+
+
+def uneven_torus(n: int = 3000, seed: int = 0, ratio: float = 9.0, minor: float = 0.6
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A flat torus in R⁴, (cos θ, sin θ, r cos φ, r sin φ), the half θ < π sampled ``ratio``× as
+    densely as the other: (points, (θ, φ)). Flat, so that its Laplace–Beltrami eigenfunctions are
+    exactly cos/sin of θ (eigenvalue 1) then of φ (1/r² = 2.8 with r = 0.6), before 2θ (4)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.uniform(size=n) < ratio / (ratio + 1.0)
+    theta = np.where(dense, rng.uniform(0.0, np.pi, n), rng.uniform(np.pi, 2 * np.pi, n))
+    phi = rng.uniform(0.0, 2 * np.pi, n)
+    x = np.c_[np.cos(theta), np.sin(theta), minor * np.cos(phi), minor * np.sin(phi)]
+    return x, np.c_[theta, phi]
+
+
+def concentration(truth: np.ndarray, estimate: np.ndarray) -> float:
+    """|mean exp(i(θ̂ ∓ θ))|, the better sign: 1 when θ̂ = ±θ + c."""
+    return float(max(abs(np.mean(np.exp(1j * (estimate - truth)))), abs(np.mean(np.exp(1j * (estimate + truth))))))
+
+
+def _angle_of(e: np.ndarray, i: int = 0, j: int = 1) -> np.ndarray:
+    return np.arctan2(e[:, j], e[:, i])
+
+
+def quality(kind: str, e: np.ndarray, truth: Any) -> float:
+    """How well embedding ``e`` recovers the hidden coordinates (see the module docstring)."""
+    from scipy.stats import spearmanr
+
+    if not np.all(np.isfinite(e)):
+        return float("nan")
+    if kind == "angle":
+        return concentration(truth, _angle_of(e))
+    if kind == "torus":
+        m = min(4, e.shape[1])
+        return min(max(concentration(a, _angle_of(e, i, j)) for i in range(m) for j in range(i + 1, m))
+                   for a in truth.T)
+    if kind == "parameter":
+        return float(abs(spearmanr(e[:, 0], truth).statistic))
+    if kind == "two_angles":
+        labels, angles = truth
+        return min(concentration(angles[labels == c], _angle_of(e[labels == c])) for c in (0, 1))
+    raise ValueError(kind)
+
+
+def quality_sets(quick: bool) -> list[tuple[str, str, int, Callable[[], tuple[np.ndarray, Any]]]]:
+    """(name, kind, n_components, make) of every quality data set."""
+    from sklearn.datasets import make_s_curve, make_swiss_roll
+
+    def two() -> tuple[np.ndarray, Any]:
+        a, ta = rotations("clock", seed=1)
+        b, tb = rotations("coins", seed=2)
+        return np.r_[a, b], (np.r_[np.zeros(len(a), int), np.ones(len(b), int)], np.r_[ta, tb])
+
+    if quick:
+        return [("rotations of moon, 300 angles", "angle", 2, lambda: rotations("moon", n=300)),
+                ("swiss roll, 1,500 points", "parameter", 2, lambda: make_swiss_roll(1500, noise=0.05, random_state=0))]
+    sets: list[tuple[str, str, int, Callable[[], tuple[np.ndarray, Any]]]] = []
+    for name in TUNED_PICTURES + HELD_OUT_PICTURES + FRESH_PICTURES:
+        tag = "" if name in TUNED_PICTURES else " (held out)" if name in HELD_OUT_PICTURES else " (fresh)"
+        sets.append((f"rotations of {name}{tag}", "angle", 2, lambda name=name: rotations(name)))
+    sets += [("swiss roll", "parameter", 2, lambda: make_swiss_roll(3000, noise=0.05, random_state=0)),
+             ("S-curve", "parameter", 2, lambda: make_s_curve(3000, noise=0.05, random_state=0)),
+             ("uneven torus (9×)", "torus", 4, uneven_torus),
+             ("two unconnected rotation sets", "two_angles", 2, two)]
+    return sets
+
+
+def _knng_fit(x: np.ndarray, m: int, k: int | None) -> tuple[np.ndarray, dict[str, Any]]:
+    import warnings
+
+    params = {} if k is None else {"n_neighbors": k}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dm = DiffusionMap(n_components=m, device="cpu", **params).fit(x)
+    r = dm.report_
+    return dm.embedding_, {"epsilon": r.epsilon, "kernel_neighbors": r.kernel_neighbors, "solver": r.solver,
+                           "components": r.components, "warnings": [str(w.message)[:160] for w in caught]}
+
+
+def _sklearn_fit(x: np.ndarray, m: int, k: int | None) -> tuple[np.ndarray, dict[str, Any]]:
+    from sklearn.manifold import SpectralEmbedding
+
+    params = {} if k is None else {"n_neighbors": k}
+    return SpectralEmbedding(n_components=m, random_state=0, **params).fit_transform(x), {}
+
+
+def _pydiffmap_fit(x: np.ndarray, m: int, k: int | None) -> tuple[np.ndarray, dict[str, Any]]:
+    from pydiffmap import diffusion_map
+
+    params = {} if k is None else {"k": k}
+    model = diffusion_map.DiffusionMap.from_sklearn(n_evecs=m, **params)
+    return model.fit_transform(x.astype(np.float64)), {"epsilon": float(model.epsilon_fitted)}
+
+
+#: What the datafold interpreter runs: for each neighbour count, PCManifold.optimize_parameters
+#: (k = that count, or datafold's default) then DiffusionMaps, timed with the host clock.
+_DATAFOLD_SCRIPT = r"""
+import json, sys, time, warnings
+import numpy as np
+warnings.simplefilter("ignore")
+import datafold.pcfold as pfold
+from datafold.dynfold import DiffusionMaps
+x = np.load(sys.argv[1]).astype(np.float64)
+m = int(sys.argv[2])
+out = {}
+for k in json.loads(sys.argv[3]):
+    try:
+        t0 = time.perf_counter()
+        pcm = pfold.PCManifold(x)
+        pcm.optimize_parameters(random_state=0, **({} if k is None else {"k": k}))
+        dmap = DiffusionMaps(kernel=pfold.GaussianKernel(epsilon=pcm.kernel.epsilon, distance=dict(cut_off=pcm.cut_off)),
+                             n_eigenpairs=m + 1).fit(pcm)
+        e = np.asarray(dmap.eigenvectors_)[:, 1:m + 1] * np.asarray(dmap.eigenvalues_)[1:m + 1]
+        seconds = time.perf_counter() - t0
+        np.save(sys.argv[4] + f"-{k}.npy", e)
+        out[str(k)] = {"seconds": seconds, "epsilon": float(pcm.kernel.epsilon), "cut_off": float(pcm.cut_off)}
+    except Exception as exc:
+        out[str(k)] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+print(json.dumps(out))
+"""
+
+
+def _datafold_runs(python: str, x: np.ndarray, m: int, ks: list[int | None]) -> dict[str, Any]:
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "x.npy"
+        np.save(data, x)
+        done = subprocess.run([python, "-c", _DATAFOLD_SCRIPT, str(data), str(m), json.dumps(ks), str(Path(tmp) / "e")],
+                              capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            return {str(k): {"error": done.stderr.strip().splitlines()[-1][:200]} for k in ks}
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        for k in ks:
+            if "error" not in out[str(k)]:
+                out[str(k)]["embedding"] = np.load(Path(tmp) / f"e-{k}.npy")
+        return out
+
+
+def run_quality(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every library at its defaults and at QUALITY_NEIGHBORS on every quality set."""
+    libraries: dict[str, Callable[[np.ndarray, int, int | None], tuple[np.ndarray, dict[str, Any]]]] = {
+        "knng": _knng_fit, "SpectralEmbedding": _sklearn_fit}
+    try:
+        import pydiffmap  # noqa: F401
+
+        libraries["pydiffmap"] = _pydiffmap_fit
+    except ImportError:
+        print("pydiffmap is not importable: left out (pip install pydiffmap, or put it on PYTHONPATH)")
+    if args.libraries:
+        keep = [w.strip() for w in args.libraries.split(",")]
+        libraries = {name: fit for name, fit in libraries.items() if name in keep}
+    ks: list[int | None] = [None] + ([] if args.quick or args.defaults_only else list(QUALITY_NEIGHBORS))
+    rows: list[dict[str, Any]] = []
+    wanted = [w.strip() for w in args.sets.split(",")] if args.sets else None
+    for name, kind, m, make in quality_sets(args.quick):
+        if wanted is not None and not any(w in name for w in wanted):
+            continue
+        x, truth = make()
+        for library, fit in libraries.items():
+            for k in ks:
+                row: dict[str, Any] = {"data": name, "n": len(x), "library": library, "n_neighbors": k}
+                try:
+                    timing = harness.time_call(lambda: fit(x, m, k), device="cpu", warmup=0, repeats=args.repeats)
+                    e, extra = timing.result
+                    row.update(seconds=timing.min, quality=quality(kind, e, truth), **extra)
+                except Exception as exc:  # a library that fails is a result, not the end of the run
+                    row.update(seconds=None, quality=None, error=f"{type(exc).__name__}: {exc}"[:200])
+                rows.append(row)
+                print(_quality_line(row), flush=True)
+        if args.datafold_python:
+            runs = _datafold_runs(args.datafold_python, np.asarray(x), m, ks)
+            for k in ks:
+                got = runs[str(k)]
+                row = {"data": name, "n": len(x), "library": "datafold", "n_neighbors": k}
+                if "error" in got:
+                    row.update(seconds=None, quality=None, error=got["error"])
+                else:
+                    row.update(seconds=got["seconds"], quality=quality(kind, got["embedding"], truth),
+                               epsilon=got["epsilon"], cut_off=got["cut_off"])
+                rows.append(row)
+                print(_quality_line(row), flush=True)
+    return rows
+
+
+def _quality_line(row: dict[str, Any]) -> str:
+    k = "default" if row["n_neighbors"] is None else row["n_neighbors"]
+    if row.get("quality") is None:
+        return f"{row['data']:<40} {row['library']:<18} k={k:<8} failed: {row.get('error')}"
+    note = f" warnings: {len(row['warnings'])}" if row.get("warnings") else ""
+    return f"{row['data']:<40} {row['library']:<18} k={k:<8} quality {row['quality']:.4f}  {row['seconds']:.2f} s{note}"
+
+
+def quality_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: one row per data set, one column per library (default / 10 / 20 / 40)."""
+    libraries = list(dict.fromkeys(r["library"] for r in rows))
+    lines = ["| data | " + " | ".join(libraries) + " |", "|---|" + "---|" * len(libraries)]
+    for data in dict.fromkeys(r["data"] for r in rows):
+        cells = []
+        for library in libraries:
+            mine = [r for r in rows if r["data"] == data and r["library"] == library]
+            cells.append(" / ".join("fail" if r.get("quality") is None else f"{r['quality']:.4f}" for r in mine))
+        lines.append(f"| {data} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def time_table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: seconds per fit at each library's defaults."""
+    libraries = list(dict.fromkeys(r["library"] for r in rows))
+    lines = ["| data (n) | " + " | ".join(libraries) + " |", "|---|" + "---|" * len(libraries)]
+    for data in dict.fromkeys(r["data"] for r in rows):
+        cells = []
+        for library in libraries:
+            mine = [r for r in rows if r["data"] == data and r["library"] == library and r["n_neighbors"] is None]
+            cells.append(" / ".join("fail" if r.get("seconds") is None else f"{r['seconds']:.2f}" for r in mine))
+        n = next(r["n"] for r in rows if r["data"] == data)
+        lines.append(f"| {data} ({n:,}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="points of the large run (default 1,000,000)")
@@ -117,7 +407,31 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2,000 points and a comparison at 1,000: a smoke run")
     ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default torch's; 1 with --quick)")
     ap.add_argument("--out", default=None, help="write the figures to this JSON file")
+    ap.add_argument("--quality", action="store_true",
+                    help="the quality comparison on manifolds with known coordinates (CPU) instead of the scale run")
+    ap.add_argument("--datafold-python", default=None, metavar="PYTHON",
+                    help="with --quality: an interpreter that imports datafold (datafold is left out without it)")
+    ap.add_argument("--repeats", type=int, default=1, help="with --quality: timed fits per case, the minimum kept")
+    ap.add_argument("--sets", default=None, metavar="NAMES",
+                    help="with --quality: only the data sets whose names contain one of these comma-separated words")
+    ap.add_argument("--libraries", default=None, metavar="NAMES",
+                    help="with --quality: only these of knng, SpectralEmbedding, pydiffmap (comma-separated; "
+                         "datafold runs when --datafold-python is given)")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="with --quality: each library at its defaults only (a timing run)")
     args = ap.parse_args()
+    if args.quality:
+        harness.apply_threads(args)
+        info = {"device": platform.processor() or "cpu", "cpus": os.cpu_count(), "torch": torch.__version__,
+                "knng": knng.__version__, "threads": torch.get_num_threads(),
+                "date": datetime.date.today().isoformat(), "args": vars(args)}
+        rows = run_quality(args)
+        print("\nquality (default / n_neighbors " + " / ".join(map(str, QUALITY_NEIGHBORS)) + "):\n")
+        print(quality_table(rows))
+        print("\nseconds per fit at the defaults:\n")
+        print(time_table(rows))
+        harness.write_json(args.out, {"info": info, "results": [{k: v for k, v in r.items()} for r in rows]})
+        return
     if args.quick:
         args.n, args.compare_n = 2000, 1000
     harness.apply_threads(args)

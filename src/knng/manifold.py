@@ -5,22 +5,26 @@ exponential of the k-NN distances, the α ("Laplace–Beltrami") normalisation, 
 (Markov) matrix and its leading eigenvectors as coordinates. ``docs/MANIFOLD.md`` has the maths,
 the choices below and where they depart from the papers. In short:
 
-- **kernel** on the union of the k-NN relations plus the diagonal:
+- **kernel** on the union of the w-NN relations plus the diagonal:
   ``K_ij = exp(-s_ij / ε)`` (or ``exp(-s_ij / (σ_i σ_j))``, self-tuning) when ``j`` is among the
-  ``n_neighbors`` nearest of ``i`` or ``i`` among those of ``j``, ``K_ii = 1``; ``s`` is the
-  squared distance (``2 d`` for cosine and Pearson: the squared chord of the unit vectors);
-- **ε "auto"**: the Berry–Giannakis–Harlim / Coifman criterion, the ε that maximises the slope
-  ``d log S / d log ε`` of ``S(ε) = Σ_ij K_ε(i, j)``;
+  ``w`` nearest of ``i`` or ``i`` among those of ``j``, ``K_ii = 1``; ``s`` is the squared distance
+  (``2 d`` for cosine and Pearson: the squared chord of the unit vectors). The width ``w`` follows
+  ε: the fewest columns (at least ``n_neighbors``, at most ``max_kernel_neighbors``) for which what
+  a row leaves out is below ``kernel_tol`` of its largest entry;
+- **ε "auto"**: the 0.97 quantile of the points' squared 5th-neighbour distances (the
+  Berry–Giannakis–Harlim slope, which locks onto the noise floor of noisy data, is ``"bgh"``);
 - **α**: ``K⁽ᵅ⁾ = K / (q_i q_j)^α`` with ``q = K 1``; ``P = D⁻¹ K⁽ᵅ⁾`` with ``D = diag(K⁽ᵅ⁾ 1)``;
   α = 1 (Laplace–Beltrami, the papers' choice) by default;
 - **eigenproblem** on the symmetric conjugate ``A = D^(-1/2) K⁽ᵅ⁾ D^(-1/2)`` (same eigenvalues as
   ``P``; ``ψ = D^(-1/2) v`` normalised so that ``ψ₀ ≡ 1`` and ``Σ_i π_i ψ_k(i)² = 1``): SciPy's
   ``eigsh`` (ARPACK) on the CPU, a thick-restart Lanczos with full reorthogonalisation in torch on
-  a GPU (:func:`lanczos_eigsh`, also runnable on CPU tensors), dense ``eigh`` for tiny sets; true
-  residuals ``‖A v − λ v‖`` are checked and reported;
+  a GPU (:func:`lanczos_eigsh`, also runnable on CPU tensors), dense ``eigh`` for tiny sets; where
+  the iteration does not converge, shift-invert about 1 (:func:`shift_invert_eigsh`); true
+  residuals ``‖A v − λ v‖`` are checked and reported, and embedded eigenvalues at 1 are warned of;
 - the trivial pair (λ₀ = 1, ψ₀ constant) is computed, checked, reported and left out of the
   embedding; each eigenvector's entry of largest magnitude is made positive;
-- a disconnected kernel graph is refused with a message naming ``n_neighbors``;
+- unconnected data are embedded component by component (``component_labels_``), with a warning
+  that says whether the k-NN graph or the kernel fell apart;
 - ``transform`` is the Nyström extension ``ψ_k(x) = λ_k⁻¹ Σ_j p(x, j) ψ_k(j)``, the new points'
   kernel rows found with :func:`knng.search`.
 """
@@ -47,13 +51,36 @@ from knng.results import Graph
 
 __all__ = [
     "DiffusionMap", "DiffusionKernel", "DiffusionReport", "EigenResult", "diffusion_kernel", "auto_epsilon",
-    "lanczos_eigsh", "solve_eigenproblem", "METRICS", "EPSILON_RULES", "EIGEN_SOLVERS",
+    "quantile_epsilon", "kernel_width", "lanczos_eigsh", "shift_invert_eigsh", "solve_eigenproblem",
+    "DisconnectedWarning", "DegenerateSpectrumWarning", "METRICS", "EPSILON_RULES", "EIGEN_SOLVERS",
 ]
 
 #: Metrics whose values are distances (``inner_product`` is not: it can be negative).
 METRICS = ("euclidean", "sqeuclidean", "cosine", "pearson")
 #: The named bandwidth rules ``epsilon`` accepts besides a positive number.
-EPSILON_RULES = ("auto", "self_tuning")
+EPSILON_RULES = ("auto", "bgh", "self_tuning")
+#: ``epsilon="auto"``: ε is the :data:`EPSILON_QUANTILE` quantile of the points' squared distances
+#: to their :data:`EPSILON_NEIGHBOR`-th neighbour, so that all points but the sparsest 3 % see
+#: that many neighbours within √ε. Chosen on rotations of five pictures, swiss rolls of 1,500
+#: points and tori sampled 9× unevenly (docs/MANIFOLD.md §1 has the grid and what each
+#: choice breaks): a larger ε short-circuits the swiss roll's layers, a smaller one strands the
+#: torus's sparse half.
+EPSILON_QUANTILE = 0.97
+EPSILON_NEIGHBOR = 5
+#: Default ``kernel_tol``: every kernel entry left out of a row is below this fraction of the row's
+#: largest off-diagonal entry (when ``max_kernel_neighbors`` allows).
+DEFAULT_KERNEL_TOL = 1e-4
+#: Default ``max_kernel_neighbors``: the most neighbours per row the kernel takes to reach
+#: ``kernel_tol`` (the graph is computed with this many when fitting from X). A cap, measured
+#: (docs/MANIFOLD.md §1) between two failures: a global ε wide enough for the sparse half of an
+#: unevenly sampled torus over-smooths its dense half when the kernel keeps its whole Gaussian
+#: tail (256 columns: concentration 0.63–0.98 over three samples; 24 columns: 0.95; 40: 0.98),
+#: and on rotations of ``hubble_deep_field`` 64 columns reach across to other angles (0.991,
+#: against 0.9994 at 24–48).
+DEFAULT_MAX_KERNEL_NEIGHBORS = 40
+#: Eigenvalues within this distance of 1 beyond the trivial one mean a kernel that is
+#: numerically disconnected (parts joined by weights at the rounding level): never returned silently.
+DEGENERATE_GAP = 1e-9
 #: ``eigen_solver`` names: "auto" is "torch" on a CUDA device, "scipy" on the CPU.
 EIGEN_SOLVERS = ("auto", "scipy", "torch")
 #: Grid step of the "auto" ε search, in octaves (a factor 2^(1/4) between candidates).
@@ -101,7 +128,7 @@ def check_epsilon(epsilon: Any) -> float | str:
     """``epsilon`` as given: one of :data:`EPSILON_RULES`, or a finite number > 0."""
     if isinstance(epsilon, str):
         if epsilon not in EPSILON_RULES:
-            raise ValueError(f"epsilon must be 'auto', 'self_tuning' or a number > 0, got {epsilon!r}")
+            raise ValueError(f"epsilon must be 'auto', 'bgh', 'self_tuning' or a number > 0, got {epsilon!r}")
         return epsilon
     return _check_real(epsilon, "epsilon", lower=0.0, lower_open=True)
 
@@ -267,6 +294,13 @@ class DiffusionKernel:
     dimension_estimate: float | None
     #: Off-diagonal entries that underflowed to 0 and were dropped.
     dropped: int
+    #: Graph columns the kernel took (the union of the ``width``-NN relations).
+    width: int = 0
+    #: Largest bound over rows of an entry left out, relative to the row's largest off-diagonal
+    #: entry (:func:`kernel_width`); 0 when nothing was left out, None with self-tuning.
+    tail: float | None = None
+    #: Rows whose bound is above ``kernel_tol`` (the graph had too few columns for them).
+    rows_over_tol: int = 0
 
     @property
     def nnz(self) -> int:
@@ -299,24 +333,100 @@ class DiffusionKernel:
         return scipy.sparse.csr_matrix((values.cpu().numpy(), cols, indptr), shape=(self.n, self.n))
 
 
+def quantile_epsilon(sq_graph: torch.Tensor, n_neighbors: int, quantile: float = EPSILON_QUANTILE) -> float:
+    """ε = the ``quantile`` of the points' squared distances to their ``n_neighbors``-th neighbour.
+
+    A global bandwidth at the scale of the sparse regions but the last few %: there every point
+    still has about ``n_neighbors`` neighbours within √ε, so the kernel graph stays connected
+    with weights well above rounding, where a rule fitted to the typical point strands the
+    sparse parts (their eigenvectors then localise there). Measured against the
+    Berry–Giannakis–Harlim slope, which on noisy data locks onto the noise floor, in
+    docs/MANIFOLD.md §1. Zero distances (duplicates) fall back to the largest positive one.
+
+    Parameters
+    ----------
+    sq_graph : torch.Tensor
+        (n, k) squared distances of the k-NN graph, each row ascending, ``k ≥ n_neighbors``.
+    n_neighbors : int
+        Which neighbour's distance: column ``n_neighbors − 1``.
+    quantile : float
+        In (0, 1].
+
+    Returns
+    -------
+    float
+        ε > 0 (1.0 when every distance is zero).
+    """
+    kth = sq_graph[:, n_neighbors - 1].to(torch.float64).cpu().numpy()
+    eps = float(np.quantile(kth, quantile))
+    if eps > 0:
+        return eps
+    top = float(sq_graph.max())
+    return top if top > 0 else 1.0
+
+
+def kernel_width(sq_graph: torch.Tensor, epsilon: float, n_neighbors: int, tol: float,
+                 complete: bool) -> tuple[int, float, int]:
+    """How many graph columns the kernel needs so that what it leaves out is below ``tol``.
+
+    Row i leaves out neighbours beyond its ``w``-th, each of kernel value at most
+    ``exp(−(s_iw − s_i1)/ε)`` times the row's largest off-diagonal entry ``exp(−s_i1/ε)`` (s_i1
+    its nearest neighbour's squared distance: on noisy data every distance carries the noise
+    floor, which the normalisation divides out, so the bound is relative to it). The width is
+    the smallest ``w ≥ n_neighbors`` for which every row's bound is at most ``tol``, or all the
+    graph's columns when no width does.
+
+    Returns
+    -------
+    (width, tail, rows_over)
+        The width, the largest bound over rows at that width (0 when the graph is complete: no
+        entry is left out), and how many rows are over ``tol``.
+    """
+    n, k = sq_graph.shape
+    if complete:
+        return k, 0.0, 0
+    excess = (sq_graph - sq_graph[:, :1]) / epsilon
+    threshold = math.log(1.0 / tol)
+    reached = excess >= threshold
+    reached[:, : n_neighbors - 1] = False  # the width is at least n_neighbors
+    found = reached.any(dim=1)
+    if bool(found.all()):
+        width = int(reached.to(torch.int8).argmax(dim=1).max()) + 1
+    else:
+        width = k
+    tail_rows = torch.exp(-excess[:, width - 1])
+    return width, float(tail_rows.max()), int((tail_rows > tol).sum())
+
+
 def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: float | str = "auto",
-                     alpha: float = 1.0, sigma_neighbor: int = 7,
-                     device: str | torch.device = "cpu") -> DiffusionKernel:
+                     alpha: float = 1.0, sigma_neighbor: int = 7, kernel_tol: float | None = DEFAULT_KERNEL_TOL,
+                     max_width: int | None = None, device: str | torch.device = "cpu") -> DiffusionKernel:
     """The diffusion kernel of a k-NN graph (see the module docstring and ``docs/MANIFOLD.md``).
 
     Parameters
     ----------
     graph : knng.Graph
         A k-NN graph without self edges (``include_self=False``), in any metric of :data:`METRICS`.
+        Its columns beyond ``n_neighbors`` are the kernel's reserve: the kernel takes as many of
+        them as ``kernel_tol`` asks.
     n_neighbors : int, optional
-        Use the first ``n_neighbors`` columns (the n_neighbors-NN graph); default all ``graph.k``.
-    epsilon : "auto", "self_tuning" or float
-        The bandwidth: the Berry–Giannakis–Harlim choice, per-point σ_i σ_j, or this number.
+        The neighbour whose distance sets ε ("auto") and σ ("self_tuning"), and the fewest
+        columns the kernel takes; default all ``graph.k``.
+    epsilon : "auto", "bgh", "self_tuning" or float
+        The bandwidth: :func:`quantile_epsilon`, the Berry–Giannakis–Harlim slope
+        (:func:`auto_epsilon`), per-point σ_i σ_j, or this number.
     alpha : float in [0, 1]
         0: graph Laplacian; ½: Fokker–Planck; 1: Laplace–Beltrami.
     sigma_neighbor : int
         With ``epsilon="self_tuning"``: σ_i is the distance to the ``sigma_neighbor``-th neighbour
         (at most ``n_neighbors``).
+    kernel_tol : float or None
+        The kernel takes the fewest columns (at least ``n_neighbors``) for which every entry left
+        out of a row is below ``kernel_tol`` times the row's largest off-diagonal entry
+        (:func:`kernel_width`); None: exactly ``n_neighbors`` columns. Self-tuning always takes
+        ``n_neighbors``.
+    max_width : int, optional
+        The most columns the kernel takes (default all the graph's); at least ``n_neighbors``.
     device : str or torch.device
         Where to build it.
 
@@ -324,19 +434,32 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
     -------
     DiffusionKernel
     """
-    indices, distances, n, k = _graph_arrays(graph, n_neighbors, device)
+    indices, distances, n, k_all = _graph_arrays(graph, None, device)
+    k = k_all if n_neighbors is None else n_neighbors
+    if k > k_all:
+        raise ValueError(f"n_neighbors={k} is more than the graph's k={k_all}: build the graph with "
+                         f"k ≥ n_neighbors or lower n_neighbors")
     sq_graph = squared_distances(distances, graph.metric)
-    rows, cols, sq = union_edges(indices, sq_graph, n)
     sigma = dimension = None
     eps: float | None = None
+    width, tail, rows_over = k, None, 0
     if epsilon == "self_tuning":
-        sigma = self_tuning_sigma(sq_graph, min(sigma_neighbor, k))
-        kernel = torch.exp(-sq / (sigma[rows] * sigma[cols]))
+        sigma = self_tuning_sigma(sq_graph[:, :k], min(sigma_neighbor, k))
     else:
         if epsilon == "auto":
-            eps, dimension = auto_epsilon(sq[rows != cols], n)
+            eps = quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, k))
+        elif epsilon == "bgh":
+            rows_k, cols_k, sq_k = union_edges(indices[:, :k], sq_graph[:, :k], n)
+            eps, dimension = auto_epsilon(sq_k[rows_k != cols_k], n)
         else:
             eps = float(epsilon)
+        if kernel_tol is not None:
+            cap = k_all if max_width is None else max(k, min(max_width, k_all))
+            width, tail, rows_over = kernel_width(sq_graph[:, :cap], eps, k, kernel_tol, complete=cap >= n - 1)
+    rows, cols, sq = union_edges(indices[:, :width], sq_graph[:, :width], n)
+    if sigma is not None:
+        kernel = torch.exp(-sq / (sigma[rows] * sigma[cols]))
+    else:
         kernel = torch.exp(-sq / eps)
     keep = kernel > 0  # underflowed entries add nothing; the diagonal (1) always stays
     dropped = int((~keep).sum())
@@ -348,7 +471,8 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
     conjugate = weighted / (degree[rows] * degree[cols]).sqrt()
     return DiffusionKernel(n=n, rows=rows, cols=cols, kernel=kernel, conjugate=conjugate, density=density,
                            degree=degree, alpha=float(alpha), epsilon=eps, sigma=sigma,
-                           dimension_estimate=dimension, dropped=dropped)
+                           dimension_estimate=dimension, dropped=dropped, width=width, tail=tail,
+                           rows_over_tol=rows_over)
 
 
 def _graph_arrays(graph: Graph, n_neighbors: int | None,
@@ -393,16 +517,92 @@ def connected_components(kernel: DiffusionKernel) -> tuple[int, np.ndarray]:
     return int(count), labels
 
 
-def _disconnected_message(count: int, labels: np.ndarray, n_neighbors: int, kernel: DiffusionKernel) -> str:
-    sizes = np.sort(np.bincount(labels))[::-1]
+class DisconnectedWarning(UserWarning):
+    """The data fall into several connected components, each embedded on its own."""
+
+
+class DegenerateSpectrumWarning(UserWarning):
+    """Embedded eigenvalues equal 1 to rounding: the kernel is numerically disconnected."""
+
+
+def graph_components(graph: Graph, width: int) -> int:
+    """Connected components of the union of the first ``width`` k-NN relations (the kernel's
+    pattern before any entry underflows)."""
+    import scipy.sparse
+    from scipy.sparse.csgraph import connected_components as components
+
+    idx = torch.as_tensor(graph.indices)[:, :width].cpu().numpy().astype(np.int64)
+    n = graph.n_points
+    pattern = scipy.sparse.csr_matrix((np.ones(idx.size, dtype=np.int8), idx.ravel(),
+                                       np.arange(0, idx.size + 1, idx.shape[1])), shape=(n, n))
+    return int(components(pattern, directed=False)[0])
+
+
+def _relabel_by_size(labels: np.ndarray) -> np.ndarray:
+    """Component labels renumbered largest first (ties: the one holding the smaller point index)."""
+    sizes = np.bincount(labels)
+    first = np.full(sizes.size, labels.size)
+    np.minimum.at(first, labels, np.arange(labels.size))
+    order = np.lexsort((first, -sizes))
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[labels]
+
+
+def _subkernel(kernel: DiffusionKernel, members: np.ndarray) -> DiffusionKernel:
+    """The kernel restricted to one connected component (``members`` ascending).
+
+    No entry crosses components, and the α normalisation and the degrees are row sums, so the
+    restriction is the component's own diffusion kernel, entry for entry.
+    """
+    dev = kernel.rows.device
+    index = torch.full((kernel.n,), -1, dtype=torch.int64, device=dev)
+    index[torch.from_numpy(members).to(dev)] = torch.arange(len(members), device=dev)
+    inside = index[kernel.rows] >= 0
+    local = torch.from_numpy(members).to(dev)
+    return DiffusionKernel(
+        n=len(members), rows=index[kernel.rows[inside]], cols=index[kernel.cols[inside]],
+        kernel=kernel.kernel[inside], conjugate=kernel.conjugate[inside], density=kernel.density[local],
+        degree=kernel.degree[local], alpha=kernel.alpha, epsilon=kernel.epsilon,
+        sigma=None if kernel.sigma is None else kernel.sigma[local], dimension_estimate=kernel.dimension_estimate,
+        dropped=0, width=kernel.width, tail=kernel.tail, rows_over_tol=kernel.rows_over_tol)
+
+
+def _disconnected_message(count: int, labels: np.ndarray, graph_count: int, n_neighbors: int,
+                          kernel: DiffusionKernel, graph: Graph) -> str:
+    """What is disconnected — the k-NN graph itself, or the kernel where its entries underflowed —
+    and what joins it."""
+    sizes = np.bincount(labels)
     shown = ", ".join(f"{s:,}" for s in sizes[:5]) + (", …" if count > 5 else "")
-    text = (f"the k-NN graph with n_neighbors={n_neighbors} falls into {count:,} connected components "
-            f"(sizes {shown}): a diffusion map needs one connected graph. Raise n_neighbors (try "
-            f"{2 * n_neighbors}) until the components join, or embed each component on its own")
-    if kernel.dropped:
-        text += (f"; {kernel.dropped:,} kernel entries underflowed to 0 with epsilon={kernel.epsilon:g}: a larger "
-                 "epsilon (or 'auto') keeps them")
-    return text
+    layout = (f"each is embedded on its own (component_labels_ gives each point's component, 0 the largest; "
+              f"coordinates are not comparable across components, and points of components too small for "
+              f"the coordinates have 0 there)")
+    if graph_count < count and kernel.epsilon is not None:
+        # exp(−s/ε) > 0 in float64 while s/ε < 745; 700 leaves a margin. Every entry of the
+        # pattern then survives, and the kernel has exactly the graph's components.
+        sq = squared_distances(torch.as_tensor(graph.distances)[:, : kernel.width], graph.metric)
+        keeps = float(sq.max()) / 700.0
+        auto = quantile_epsilon(sq, min(EPSILON_NEIGHBOR, n_neighbors))
+        where = "is connected" if graph_count == 1 else f"falls into {graph_count:,} components"
+        return (f"the kernel falls into {count:,} connected components (sizes {shown}), but the k-NN graph it is "
+                f"built on ({kernel.width} neighbours a point) {where}: {kernel.dropped:,} kernel entries "
+                f"underflowed to 0 with epsilon={kernel.epsilon:g}. Use epsilon='auto' (ε = {auto:.4g} on this "
+                f"graph), or at least any epsilon ≥ {keeps:.4g}, which keeps every entry; as it is, {layout}")
+    if graph_count < count:
+        return (f"the self-tuning kernel falls into {count:,} connected components (sizes {shown}) where the k-NN "
+                f"graph has {graph_count:,}: {kernel.dropped:,} entries underflowed to 0; raise sigma_neighbor or "
+                f"use epsilon='auto'. As it is, {layout}")
+    return (f"the data fall into {count:,} connected components (sizes {shown}) of the k-NN graph with "
+            f"{kernel.width} neighbours a point (n_neighbors={n_neighbors}): no diffusion crosses between them, "
+            f"so {layout}. If they belong together, raise n_neighbors until the k-NN graph joins them")
+
+
+def _degenerate_message(count: int, kernel: DiffusionKernel, n_neighbors: int) -> str:
+    eps = "self-tuning σᵢσⱼ" if kernel.epsilon is None else f"epsilon={kernel.epsilon:g}"
+    return (f"{count} embedded eigenvalue(s) equal 1 to within {DEGENERATE_GAP:g}: the kernel ({eps}, "
+            f"n_neighbors={n_neighbors}) is connected only through entries at the rounding level, so these "
+            f"coordinates label pieces of the data rather than its geometry. Use a larger epsilon "
+            f"(epsilon='auto' sets it from the k-th-neighbour distances) or a larger n_neighbors")
 
 
 # --------------------------------------------------------------------------------------------
@@ -540,22 +740,49 @@ def lanczos_eigsh(matvec: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tens
     return theta[:k].clone(), vectors, matvecs, restart, converged
 
 
-#: Why an eigensolver runs out of restarts on a diffusion matrix, and what to do.
-_SLOW_HINT = ("Leading eigenvalues packed against 1 converge slowly; they mean a graph that is barely connected "
-              "(parts joined by a few weak edges): raise n_neighbors or epsilon, or raise max_iter (or "
-              "eigen_tol) to let the solver run longer")
+#: What to change when even the shift-invert fallback fails.
+_SLOW_HINT = ("Leading eigenvalues packed against 1 mean parts joined by a few weak kernel entries: raise "
+              "n_neighbors or epsilon (epsilon='auto' sets it from the k-th-neighbour distances), or raise "
+              "max_iter or eigen_tol to let the solver run longer")
+#: Shift-invert's σ above 1: the top of A's spectrum (at most 1) maps to 1/(λ − σ), and eigenvalues
+#: packed within 1e-6 of 1 come apart by factors instead of by 1e-6.
+SHIFT_ABOVE_ONE = 1e-5
+
+
+def shift_invert_eigsh(matrix: Any, k: int, tol: float, v0: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The ``k`` largest eigenpairs of a sparse symmetric matrix with spectrum ≤ 1, by shift-invert.
+
+    ARPACK on ``(A − σI)⁻¹`` with σ = 1 + :data:`SHIFT_ABOVE_ONE`: the eigenvalues nearest σ, which
+    are the largest, become the best separated, so it converges in a few restarts where the plain
+    iteration stalls on eigenvalues crowded against 1. The price is a sparse LU factorisation of
+    ``A − σI`` (SuperLU), which is why it is the fallback and not the first try.
+
+    Returns
+    -------
+    (values, vectors, factorisations)
+    """
+    import scipy.sparse
+    from scipy.sparse.linalg import eigsh
+
+    sigma = 1.0 + SHIFT_ABOVE_ONE
+    values, vectors = eigsh(scipy.sparse.csc_matrix(matrix), k=k, sigma=sigma, which="LM", v0=v0, tol=tol,
+                            ncv=krylov_size(k), maxiter=DEFAULT_MAX_ITER)
+    return values, vectors, 1
 
 
 def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
                  on_restart: Callable[[int, float], None] | None) -> EigenResult:
-    from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+    return _eigen_host(kernel.to_scipy("conjugate"), k, tol, max_iter, on_restart)
 
-    from scipy.sparse.linalg import LinearOperator
 
-    matrix = kernel.to_scipy("conjugate")
+def _eigen_host(matrix: Any, k: int, tol: float, max_iter: int,
+                on_restart: Callable[[int, float], None] | None, first: str = "scipy (ARPACK eigsh)") -> EigenResult:
+    """ARPACK on the host, then shift-invert where ARPACK does not converge."""
+    from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
+
     matvecs = [0]
-
     basis = krylov_size(k)
+    n = matrix.shape[0]
 
     def product(x: np.ndarray) -> np.ndarray:
         matvecs[0] += 1
@@ -565,16 +792,24 @@ def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
 
     # Through an operator that counts the products (ARPACK does not say how many it ran).
     operator = LinearOperator(matrix.shape, matvec=product, dtype=np.float64)
+    v0 = start_vector(n).numpy()
+    solver = first
     try:
-        values, vectors = eigsh(operator, k=k, which="LA", v0=start_vector(kernel.n).numpy(), tol=tol,
-                                ncv=basis, maxiter=max_iter)
+        values, vectors = eigsh(operator, k=k, which="LA", v0=v0, tol=tol, ncv=basis, maxiter=max_iter)
     except ArpackNoConvergence as exc:
-        raise RuntimeError(f"the eigensolver (ARPACK) did not reach eigen_tol={tol:g} in max_iter={max_iter} "
-                           f"restarts ({len(exc.eigenvalues)} of {k} eigenpairs converged). {_SLOW_HINT}") from None
+        converged = len(exc.eigenvalues)
+        try:
+            values, vectors, _ = shift_invert_eigsh(matrix, k, tol, v0)
+        except (ArpackNoConvergence, MemoryError, RuntimeError) as again:
+            raise RuntimeError(
+                f"the eigensolver did not converge: ARPACK did not reach eigen_tol={tol:g} in max_iter={max_iter} "
+                f"restarts ({converged} of {k} eigenpairs converged), and shift-invert about 1 failed too "
+                f"({type(again).__name__}: {again}). {_SLOW_HINT}") from None
+        solver = f"{first} → shift-invert (ARPACK did not converge in max_iter={max_iter})"
     order = np.argsort(-values, kind="stable")
     values, vectors = values[order], vectors[:, order]
     residuals = np.linalg.norm(matrix @ vectors - vectors * values, axis=0)
-    return EigenResult(values, vectors, residuals, "scipy (ARPACK eigsh)", matvecs[0])
+    return EigenResult(values, vectors, residuals, solver, matvecs[0])
 
 
 def _eigen_torch(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
@@ -588,9 +823,14 @@ def _eigen_torch(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
         matvec, start_vector(kernel.n).to(kernel.conjugate.device), k, tol=tol, max_restarts=max_iter,
         on_restart=on_restart)
     if not converged:
-        raise RuntimeError(f"the eigensolver (torch Lanczos) did not reach eigen_tol={tol:g} in max_iter="
-                           f"{max_iter} restarts (eigenvalues so far: {', '.join(f'{v:.9f}' for v in values[:4])}"
-                           f"…). {_SLOW_HINT}")
+        # The Lanczos stalls where ARPACK does (eigenvalues crowded against 1): finish on the host
+        # by shift-invert, and bring the vectors back to the kernel's device.
+        host = _eigen_host(kernel.to_scipy("conjugate"), k, tol, 1, None,
+                           first=f"torch (thick-restart Lanczos, not converged in max_iter={max_iter})")
+        host.vectors = torch.from_numpy(np.ascontiguousarray(host.vectors)).to(kernel.conjugate.device)
+        host.matvecs += matvecs
+        host.restarts = restarts
+        return host
     residuals = (matrix @ vectors - vectors * values.to(vectors.device)).norm(dim=0).cpu().numpy()
     return EigenResult(values.numpy(), vectors, residuals, "torch (thick-restart Lanczos)", matvecs, restarts)
 
@@ -666,7 +906,16 @@ class DiffusionReport:
     t: float
     kernel_entries: int
     kernel_entries_underflowed: int
+    #: Graph columns the kernel took, the largest relative bound of what it left out of a row
+    #: (None with self-tuning), and the rows over ``kernel_tol``.
+    kernel_neighbors: int
+    kernel_tail: float | None
+    kernel_rows_over_tol: int
+    #: Connected components of the kernel graph (each embedded on its own), their sizes
+    #: (largest first; ``component_labels_`` numbers them so), and of the k-NN graph alone.
     components: int
+    component_sizes: list[int]
+    graph_components: int
     eigenvalues: list[float]
     residuals: list[float]
     #: |λ₀ − 1| and max_i |ψ₀(i) − 1|: how exactly the trivial pair came out.
@@ -679,6 +928,10 @@ class DiffusionReport:
     eigengap: float | None
     matvecs: int
     restarts: int
+    #: The eigenvalues (trivial first) of every component, largest component first.
+    component_eigenvalues: list[list[float]] = field(default_factory=list)
+    #: Warnings issued by the fit (disconnected data, a degenerate spectrum), in words.
+    warnings: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -720,11 +973,14 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     metric : {"euclidean", "sqeuclidean", "cosine", "pearson"}, default="euclidean"
         Distance of the graph. The kernel takes squared Euclidean distances: d², d itself for
         ``sqeuclidean``, and 2d (the squared chord of the unit vectors) for cosine and Pearson.
-    epsilon : "auto", "self_tuning" or float, default="auto"
-        Kernel bandwidth in ``exp(−s/ε)``. "auto": the ε maximising d log S / d log ε with
-        S(ε) = Σ_ij K_ε(i, j) (Berry, Giannakis & Harlim 2015; Coifman et al. 2008). A number: that
-        ε (in squared distance units). "self_tuning": ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance
-        to point i's ``sigma_neighbor``-th neighbour (Zelnik-Manor & Perona 2004).
+    epsilon : "auto", "bgh", "self_tuning" or float, default="auto"
+        Kernel bandwidth in ``exp(−s/ε)``. "auto": the 0.97 quantile of the points' squared
+        distances to their 5th neighbour (robust to pixel noise and to uneven sampling;
+        docs/MANIFOLD.md §1). "bgh": the ε maximising d log S / d log ε with S(ε) = Σ_ij K_ε(i, j)
+        over the k-NN pairs (Berry, Giannakis & Harlim 2015; the default before: it locks onto the
+        noise floor of noisy data). A number: that ε (in squared distance units). "self_tuning":
+        ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance to point i's ``sigma_neighbor``-th neighbour
+        (Zelnik-Manor & Perona 2004).
     alpha : float in [0, 1], default=1.0
         Density normalisation K⁽ᵅ⁾ = K/(q_i q_j)^α, q = K 1: 0 gives the normalised graph
         Laplacian, ½ the Fokker–Planck operator, 1 the Laplace–Beltrami operator, free of the
@@ -733,13 +989,23 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         Diffusion time: coordinates are scaled by λᵗ (t = 0 gives the eigenvectors ψ themselves).
     sigma_neighbor : int, default=7
         The neighbour whose distance is σ_i with ``epsilon="self_tuning"`` (at most n_neighbors).
+    kernel_tol : float in (0, 1], default=1e-4
+        The kernel takes graph columns until every entry it leaves out of a row is below
+        ``kernel_tol`` times the row's largest off-diagonal entry (``report_.kernel_tail`` says
+        what it reached), within ``max_kernel_neighbors``.
+    max_kernel_neighbors : int, default=40
+        The most neighbours a row of the kernel takes (``fit(X)`` computes a graph of
+        ``graph_neighbors(n)`` = max(n_neighbors, this) columns). A measured cap: with a global ε
+        the whole Gaussian tail over-smooths densely sampled regions and reaches across a
+        manifold's folds; 40 keeps rows local (docs/MANIFOLD.md §1).
     eigen_solver : {"auto", "scipy", "torch"}, default="auto"
         "scipy": ARPACK on the host. "torch": thick-restart Lanczos on the device (GPU or CPU).
         "auto": torch on a CUDA device, SciPy on the CPU. Tiny sets are solved densely.
     eigen_tol : float, default=1e-10
         Largest residual ‖A v − λ v‖ accepted for every eigenpair.
     max_iter : int, default=1000
-        Restarts of the Krylov subspace before the solver gives up (RuntimeError).
+        Restarts of the Krylov subspace before the solver turns to shift-invert about 1; only if
+        that fails too does ``fit`` raise (RuntimeError, saying what to change).
     device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device, default="auto"
         Where the graph, the kernel and (with the torch solver) the eigenproblem are computed.
     progress : bool, default=False
@@ -748,9 +1014,18 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     Attributes
     ----------
     embedding_ : ndarray of shape (n_samples, n_components)
-        The coordinates λ_kᵗ ψ_k of the training points, float64.
+        The coordinates λ_kᵗ ψ_k of the training points, float64. With several connected
+        components, each point's coordinates in its own component's map (0 where a component
+        has fewer than n_components + 1 points).
     eigenvalues_ : ndarray of shape (n_components,)
-        λ₁ ≥ … ≥ λ_m, the non-trivial eigenvalues of P (not raised to t).
+        λ₁ ≥ … ≥ λ_m, the non-trivial eigenvalues of P (not raised to t); of the largest
+        component when there are several (``report_.component_eigenvalues`` has them all).
+    component_labels_ : ndarray of shape (n_samples,)
+        Each point's connected component, numbered by size (0 the largest); all 0 when connected.
+    n_components_found_ : int
+        Connected components of the kernel graph, each embedded on its own.
+    kernel_neighbors_ : int
+        Graph columns the kernel took (its width).
     eigenvectors_ : ndarray of shape (n_samples, n_components)
         ψ₁ … ψ_m, right eigenvectors of P normalised so that Σ_i π_i ψ_k(i)² = 1 (π the stationary
         distribution); the entry of largest magnitude of each is positive.
@@ -780,6 +1055,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
 
     def __init__(self, n_components: int = 2, *, n_neighbors: int = 15, metric: str = "euclidean",
                  epsilon: float | str = "auto", alpha: float = 1.0, t: float = 1.0, sigma_neighbor: int = 7,
+                 kernel_tol: float = DEFAULT_KERNEL_TOL, max_kernel_neighbors: int = DEFAULT_MAX_KERNEL_NEIGHBORS,
                  eigen_solver: str = "auto", eigen_tol: float = DEFAULT_EIGEN_TOL, max_iter: int = DEFAULT_MAX_ITER,
                  device: str | torch.device = "auto", progress: bool = False) -> None:
         self.n_components = n_components
@@ -789,6 +1065,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         self.alpha = alpha
         self.t = t
         self.sigma_neighbor = sigma_neighbor
+        self.kernel_tol = kernel_tol
+        self.max_kernel_neighbors = max_kernel_neighbors
         self.eigen_solver = eigen_solver
         self.eigen_tol = eigen_tol
         self.max_iter = max_iter
@@ -805,6 +1083,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         _check_real(self.alpha, "alpha", lower=0.0, lower_open=False, upper=1.0)
         _check_real(self.t, "t", lower=0.0, lower_open=False)
         _check_int(self.sigma_neighbor, "sigma_neighbor", 1)
+        _check_real(self.kernel_tol, "kernel_tol", lower=0.0, lower_open=True, upper=1.0)
+        _check_int(self.max_kernel_neighbors, "max_kernel_neighbors", 1)
         if self.eigen_solver not in EIGEN_SOLVERS:
             raise ValueError(f"eigen_solver must be one of {', '.join(EIGEN_SOLVERS)}, got {self.eigen_solver!r}")
         _check_real(self.eigen_tol, "eigen_tol", lower=0.0, lower_open=True)
@@ -818,6 +1098,26 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
 
     def _n_neighbors_for(self, n: int) -> int:
         return min(self.n_neighbors, n - 1)
+
+    def graph_neighbors(self, n_samples: int) -> int:
+        """The k of the k-NN graph :meth:`fit` computes for ``n_samples`` points.
+
+        ``n_neighbors``, widened to ``max_kernel_neighbors`` for the kernel's reserve (the columns
+        ``kernel_tol`` may ask for; self-tuning takes ``n_neighbors``), at most ``n_samples − 1``.
+        A graph you pass to :meth:`fit` gives the same result when it has at least this k.
+
+        Parameters
+        ----------
+        n_samples : int
+            Number of training points.
+
+        Returns
+        -------
+        int
+        """
+        self._check_params()
+        k = min(self.n_neighbors, n_samples - 1)
+        return k if self.epsilon == "self_tuning" else min(n_samples - 1, max(k, self.max_kernel_neighbors))
 
     def _check_n_components(self, n: int) -> None:
         if self.n_components > n - 1:
@@ -866,7 +1166,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         self._check_n_components(n)
         k = self._n_neighbors_for(n)
         if graph is None:
-            graph = knng_graph(X, k, metric=self.metric, device=dev, progress=bool(self.progress))
+            graph = knng_graph(X, self.graph_neighbors(n), metric=self.metric, device=dev,
+                               progress=bool(self.progress))
         else:
             self._check_graph(graph, n)
         _sync(dev)
@@ -874,21 +1175,32 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
 
         t1 = time.perf_counter()
         kernel = diffusion_kernel(graph, n_neighbors=k, epsilon=self.epsilon, alpha=self.alpha,
-                                  sigma_neighbor=self.sigma_neighbor, device=dev)
+                                  sigma_neighbor=self.sigma_neighbor, kernel_tol=self.kernel_tol,
+                                  max_width=self.max_kernel_neighbors, device=dev)
         count, labels = connected_components(kernel)
+        notes: list[str] = []
+        graph_count = count
         if count > 1:
-            raise ValueError(_disconnected_message(count, labels, k, kernel))
+            labels = _relabel_by_size(labels)
+            graph_count = graph_components(graph, k)
+            notes.append(_disconnected_message(count, labels, graph_count, k, kernel, graph))
+            warnings.warn(notes[-1], DisconnectedWarning, stacklevel=2)
         _sync(dev)
         seconds["kernel"] = time.perf_counter() - t1
 
         t2 = time.perf_counter()
-        n_eigen = min(self.n_components + 2, n)  # the trivial pair, the coordinates, one for the gap
+        parts = []
         with _RestartBar(self.progress) as bar:
-            eig = solve_eigenproblem(kernel, n_eigen, solver=self.eigen_solver, tol=self.eigen_tol,
-                                     max_iter=self.max_iter, on_restart=bar.update)
+            for c in range(count):
+                members = np.flatnonzero(labels == c) if count > 1 else None
+                part = kernel if members is None else _subkernel(kernel, members)
+                n_eigen = min(self.n_components + 2, part.n)  # trivial pair, coordinates, one for the gap
+                eig = solve_eigenproblem(part, n_eigen, solver=self.eigen_solver, tol=self.eigen_tol,
+                                         max_iter=self.max_iter, on_restart=bar.update) if part.n > 1 else None
+                parts.append((members, part, eig))
         _sync(dev)
         seconds["eigensolver"] = time.perf_counter() - t2
-        self._set_embedding(graph, kernel, eig, k, seconds, str(dev))
+        self._set_embedding(graph, kernel, parts, labels, graph_count, k, seconds, str(dev), notes)
         return self
 
     def _check_graph(self, graph: Graph, n: int) -> None:
@@ -899,47 +1211,88 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         if graph.metric != self.metric:
             raise ValueError(f"graph is in metric {graph.metric!r} but metric={self.metric!r}")
 
-    def _set_embedding(self, graph: Graph, kernel: DiffusionKernel, eig: EigenResult, k: int,
-                       seconds: dict[str, float], device: str) -> None:
-        """Eigenvectors of A → ψ = v / √π with fixed signs; the fitted attributes and the report."""
+    def _set_embedding(self, graph: Graph, kernel: DiffusionKernel, parts: list[Any], labels: np.ndarray,
+                       graph_count: int, k: int, seconds: dict[str, float], device: str, notes: list[str]) -> None:
+        """Eigenvectors of A → ψ = v / √π with fixed signs, per component; the attributes and the report."""
         m = self.n_components
-        vectors = eig.vectors.cpu().numpy() if isinstance(eig.vectors, torch.Tensor) else eig.vectors
-        pi = kernel.stationary.cpu().numpy()
-        psi = fix_signs(vectors / np.sqrt(pi)[:, None])
-        values = eig.values
+        n = kernel.n
         t = float(self.t)
-        if t != int(t) and np.any(values[1:m + 1] < 0):
-            raise ValueError(f"t={t:g} is not an integer and some embedded eigenvalues are negative "
-                             f"({values[1:m + 1].min():.3g}): λᵗ is undefined; use an integer t")
+        psi_all = np.zeros((n, m + 1))
+        point_values = np.ones((n, m))  # λ of each point's component (1 where a tiny one has none)
+        component_values: list[list[float]] = []
+        first_eig: EigenResult | None = None
+        matvecs = restarts = 0
+        trivial_vector_error = 0.0
+        for members, part, eig in parts:
+            if eig is None:  # a single point: ψ₀ ≡ 1 and no coordinates
+                psi_all[members, 0] = 1.0
+                component_values.append([1.0])
+                continue
+            vectors = eig.vectors.cpu().numpy() if isinstance(eig.vectors, torch.Tensor) else eig.vectors
+            pi = part.stationary.cpu().numpy()
+            psi = fix_signs(vectors / np.sqrt(pi)[:, None])
+            values = eig.values
+            used = min(m, len(values) - 1)  # a component of p ≤ m points has p − 1 coordinates
+            if t != int(t) and np.any(values[1:used + 1] < 0):
+                raise ValueError(f"t={t:g} is not an integer and some embedded eigenvalues are negative "
+                                 f"({values[1:used + 1].min():.3g}): λᵗ is undefined; use an integer t")
+            rows = slice(None) if members is None else members
+            psi_all[rows, : used + 1] = psi[:, : used + 1]
+            point_values[rows, :used] = values[1:used + 1]
+            component_values.append([float(v) for v in values])
+            matvecs += eig.matvecs
+            restarts += eig.restarts
+            trivial_vector_error = max(trivial_vector_error, float(np.abs(psi[:, 0] - 1.0).max()))
+            if first_eig is None:
+                first_eig = eig
+        assert first_eig is not None  # the largest component has at least 2 points (n ≥ 2, connected pairs)
+        values = first_eig.values
+        degenerate = [float(v) for v in values[1:m + 1] if 1.0 - v < DEGENERATE_GAP]
+        if degenerate:
+            notes.append(_degenerate_message(len(degenerate), kernel, k))
+            warnings.warn(notes[-1], DegenerateSpectrumWarning, stacklevel=3)
         self.graph_ = graph
         self.eigenvalues_ = values[1:m + 1].copy()
-        self.eigenvectors_ = psi[:, 1:m + 1].copy()
-        self.embedding_ = self.eigenvectors_ * self.eigenvalues_ ** t
+        if self.eigenvalues_.size < m:  # the largest component is smaller than the coordinates
+            self.eigenvalues_ = np.r_[self.eigenvalues_, np.zeros(m - self.eigenvalues_.size)]
+        self.eigenvectors_ = psi_all[:, 1:m + 1].copy()
+        self.embedding_ = self.eigenvectors_ * point_values ** t
+        self.component_labels_ = labels.astype(np.int64) if len(parts) > 1 else np.zeros(n, dtype=np.int64)
+        self.n_components_found_ = len(parts)
         self.epsilon_ = kernel.epsilon
         self.n_neighbors_ = k
-        self.n_iter_ = eig.matvecs
+        self.kernel_neighbors_ = kernel.width
+        self.n_iter_ = matvecs
         self._n_features_out = m
-        # What transform needs: the training densities, σ, and each point's k-th squared distance.
+        self._point_values = point_values
+        # What transform needs: the training densities, σ, and each point's reach (its last kernel
+        # neighbour's squared distance: the union rule at the kernel's width).
         self._density = kernel.density.cpu().numpy()
         self._sigma = None if kernel.sigma is None else kernel.sigma.cpu().numpy()
-        distances = torch.as_tensor(graph.distances)[:, k - 1]
+        distances = torch.as_tensor(graph.distances)[:, kernel.width - 1]
         self._reach_sq = squared_distances(distances, graph.metric).cpu().numpy()
         # What transform needs to find reverse neighbours (built here: scikit-learn's contract
         # is that transform changes nothing in the estimator).
-        self._reverse_indptr, self._reverse_indices = _reverse_lists(graph, k)
-        rule = "self_tuning" if self.epsilon == "self_tuning" else (
-            "auto (Berry–Giannakis–Harlim max log-log slope)" if self.epsilon == "auto" else "given")
+        self._reverse_indptr, self._reverse_indices = _reverse_lists(graph, kernel.width)
+        rule = {"self_tuning": "self_tuning", "bgh": "bgh (Berry–Giannakis–Harlim max log-log slope)",
+                "auto": f"auto ({EPSILON_QUANTILE:g} quantile of the squared distances to the "
+                        f"{_ordinal(min(EPSILON_NEIGHBOR, k))} neighbour)"
+                }.get(self.epsilon, "given") if isinstance(self.epsilon, str) else "given"
+        sizes = np.bincount(self.component_labels_, minlength=len(parts))
         self.report_ = DiffusionReport(
-            n=kernel.n, n_neighbors=k, metric=graph.metric, device=device, solver=eig.solver,
+            n=kernel.n, n_neighbors=k, metric=graph.metric, device=device, solver=first_eig.solver,
             epsilon=kernel.epsilon, epsilon_rule=rule, dimension_estimate=kernel.dimension_estimate,
             sigma_neighbor=min(self.sigma_neighbor, k) if kernel.sigma is not None else None,
             alpha=float(self.alpha), t=t, kernel_entries=kernel.nnz, kernel_entries_underflowed=kernel.dropped,
-            components=1, eigenvalues=[float(v) for v in values], residuals=[float(r) for r in eig.residuals],
+            kernel_neighbors=kernel.width, kernel_tail=kernel.tail, kernel_rows_over_tol=kernel.rows_over_tol,
+            components=len(parts), component_sizes=[int(v) for v in sizes], graph_components=int(graph_count),
+            eigenvalues=[float(v) for v in values], residuals=[float(r) for r in first_eig.residuals],
             trivial_eigenvalue_error=abs(float(values[0]) - 1.0),
-            trivial_vector_error=float(np.abs(psi[:, 0] - 1.0).max()),
-            spectral_gap=1.0 - float(values[1]),
+            trivial_vector_error=trivial_vector_error,
+            spectral_gap=1.0 - float(values[1]) if len(values) > 1 else 0.0,
             eigengap=float(values[m] - values[m + 1]) if len(values) > m + 1 else None,
-            matvecs=eig.matvecs, restarts=eig.restarts, seconds=seconds)
+            matvecs=matvecs, restarts=restarts, component_eigenvalues=component_values, warnings=list(notes),
+            seconds=seconds)
 
     def fit_transform(self, X: Any, y: Any = None, **fit_params: Any) -> np.ndarray:
         """Fit, and return the training points' embedding (``embedding_``).
@@ -995,10 +1348,11 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         else:
             X = validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
         n = self._density.shape[0]
-        row_size = min(self.n_neighbors_ + 1, n)
+        row_size = min(self.kernel_neighbors_ + 1, n)
         found = knng_search(X, self._fit_X, row_size, metric=self.metric, device=self._device(X))
         queries, cols, sq, first = self._kernel_rows(X, found.indices, found.distances)
-        return self._nystrom(queries, cols, sq, first, len(found.indices))
+        nearest = torch.as_tensor(found.indices)[:, 0].cpu().numpy().astype(np.int64)
+        return self._nystrom(queries, cols, sq, first, len(found.indices), nearest)
 
     def _kernel_rows(self, X: Any, indices: Any, distances: Any
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -1053,8 +1407,13 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         return out
 
     def _nystrom(self, queries: np.ndarray, cols: np.ndarray, sq: np.ndarray, first: np.ndarray,
-                 nq: int) -> np.ndarray:
-        """ψ(x) = λ⁻¹ Σ_j p(x, j) ψ(j) over the flat kernel rows; returns the scaled coordinates."""
+                 nq: int, nearest: np.ndarray) -> np.ndarray:
+        """ψ(x) = λ⁻¹ Σ_j p(x, j) ψ(j) over the flat kernel rows; returns the scaled coordinates.
+
+        With several components a new point belongs to its nearest training point's component:
+        only that component's points (and eigenvalues) enter its row, since the coordinates of
+        different components are not comparable.
+        """
         if self._sigma is None:
             weights = np.exp(-sq / self.epsilon_)
         else:
@@ -1064,6 +1423,9 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
             sigma_x = np.sqrt(searched[:, min(self.report_.sigma_neighbor, searched.shape[1] - 1)])
             sigma_x = np.where(sigma_x > 0, sigma_x, self._sigma.min())
             weights = np.exp(-sq / (sigma_x[queries] * self._sigma[cols]))
+        if self.n_components_found_ > 1:
+            labels = self.component_labels_
+            weights = np.where(labels[cols] == labels[nearest][queries], weights, 0.0)
         density = np.bincount(queries, weights=weights, minlength=nq)
         if self.alpha:
             weights = weights / (density[queries] * self._density[cols]) ** self.alpha
@@ -1075,13 +1437,20 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         p = weights / total[queries]
         psi = np.zeros((nq, self.n_components))
         np.add.at(psi, queries, p[:, None] * self.eigenvectors_[cols])
-        return psi * self.eigenvalues_ ** (float(self.t) - 1.0)
+        values = self._point_values[nearest]
+        with np.errstate(divide="ignore", invalid="ignore"):  # λ = 0 only where ψ is 0 (tiny components)
+            scaled = psi * values ** (float(self.t) - 1.0)
+        return np.where(np.isfinite(scaled), scaled, 0.0)
 
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = False
         tags.input_tags.allow_nan = False
         return tags
+
+
+def _ordinal(j: int) -> str:
+    return f"{j}{'th' if 10 <= j % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(j % 10, 'th')}"
 
 
 def _reverse_lists(graph: Graph, k: int) -> tuple[np.ndarray, np.ndarray]:

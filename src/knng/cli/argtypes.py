@@ -61,7 +61,7 @@ def epsilon(text: str) -> float | str:
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"must be auto, self_tuning or a number > 0, got {text!r}")
+        raise ValueError(f"must be auto, bgh, self_tuning or a number > 0, got {text!r}")
     return value
 
 

@@ -15,5 +15,5 @@ METRIC_NAMES = ("euclidean", "sqeuclidean", "cosine", "pearson", "inner_product"
 SELECT_NAMES = ("auto", "batch_sort", "bitonic", "grouped", "insertion", "qms", "qms_block", "qms_sampled",
                 "qms_warp", "topk")
 EMBED_METRICS = ("euclidean", "sqeuclidean", "cosine", "pearson")
-EMBED_EPSILON_RULES = ("auto", "self_tuning")
+EMBED_EPSILON_RULES = ("auto", "bgh", "self_tuning")
 EMBED_EIGEN_SOLVERS = ("auto", "scipy", "torch")

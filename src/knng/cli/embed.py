@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,14 +72,18 @@ def _embed_one_process(args: argparse.Namespace, argv: Sequence[str], data: Inpu
     from knng.reports import last_report
 
     t0 = time.perf_counter()
-    # The graph streams DATA from its file; the diffusion map then needs only the graph.
-    graph = knng.graph(data.array, args.k, metric=metric, device=args.device, memory_budget=args.memory_budget,
-                       progress=progress_wanted(args))
-    graph_s = time.perf_counter() - t0
-    graph_report = last_report()
     dm = DiffusionMap(n_components=args.components, n_neighbors=args.k, metric=metric, epsilon=args.epsilon,
                       alpha=args.alpha, t=args.t, sigma_neighbor=args.sigma_neighbor, eigen_solver=args.eigen_solver,
-                      device=args.device, progress=progress_wanted(args)).fit(graph)
+                      device=args.device, progress=progress_wanted(args))
+    # The graph streams DATA from its file; the diffusion map then needs only the graph, with as
+    # many columns as DiffusionMap.fit(X) would compute (the kernel's reserve beyond -k).
+    graph = knng.graph(data.array, dm.graph_neighbors(data.shape[0]), metric=metric, device=args.device,
+                       memory_budget=args.memory_budget, progress=progress_wanted(args))
+    graph_s = time.perf_counter() - t0
+    graph_report = last_report()
+    with warnings.catch_warnings(record=True):  # said below, from the report
+        warnings.simplefilter("always")
+        dm.fit(graph)
     report = dm.report_
     report.seconds["graph"] = graph_s
     n = graph.n_points
@@ -95,8 +100,13 @@ def _embed_one_process(args: argparse.Namespace, argv: Sequence[str], data: Inpu
     say(f"knng embed: {n:,} points, d={data.shape[1]}, k={args.k}, metric {metric}: diffusion map, "
         f"{args.components} coordinates")
     eps = "self-tuning σᵢσⱼ" if report.epsilon is None else f"ε = {report.epsilon:.4g} ({report.epsilon_rule})"
-    say(f"  kernel: {eps}, α = {report.alpha:g}, t = {report.t:g}; {report.kernel_entries:,} entries, one "
-        "connected component")
+    parts = ("one connected component" if report.components == 1 else
+             f"{report.components:,} connected components, each embedded on its own (sizes "
+             f"{', '.join(f'{v:,}' for v in report.component_sizes[:5])}{', …' if report.components > 5 else ''})")
+    say(f"  kernel: {eps}, α = {report.alpha:g}, t = {report.t:g}; {report.kernel_entries:,} entries "
+        f"({report.kernel_neighbors} neighbours a point), {parts}")
+    for note in report.warnings:
+        say(f"  warning: {note}")
     values = ", ".join(f"{v:.6f}" for v in report.eigenvalues[1:args.components + 1])
     say(f"  eigenvalues λ₁…λ_{args.components}: {values}; spectral gap 1 − λ₁ = {report.spectral_gap:.3g}"
         + (f", gap after λ_{args.components}: {report.eigengap:.3g}" if report.eigengap is not None else ""))

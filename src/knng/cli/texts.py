@@ -73,8 +73,8 @@ examples:
 
 EMBED_DESCRIPTION = """\
 Embed DATA with a diffusion map (knng.DiffusionMap) on its exact k-NN graph: a kernel exp(−d²/ε)
-on the union of the k-NN relations (ε chosen by the Berry–Giannakis–Harlim criterion unless
-given), the α normalisation (1: Laplace–Beltrami, the default) and the leading non-trivial
+on the union of the k-NN relations, up to 40 a point (ε from the points' 5th-neighbour distances
+unless given; the Berry–Giannakis–Harlim criterion with --epsilon bgh), the α normalisation (1: Laplace–Beltrami, the default) and the leading non-trivial
 eigenvectors ψ of the diffusion matrix, scaled by λᵗ, as coordinates (docs/MANIFOLD.md). Results
 go to DIR/embedding.npy (float64, n × M), DIR/eigenvalues.npy (λ₁ … λ_M), DIR/knng.json (what
 was run; the report: ε, every computed eigenvalue with its residual, the spectral gap, the time
