@@ -15,6 +15,7 @@ import pytest
 import torch
 from sklearn import neighbors as skn
 from sklearn.utils._param_validation import InvalidParameterError
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from knng.estimators import (
     KNeighborsClassifier,
@@ -302,3 +303,96 @@ def test_sklearn_kneighbors_graph_takes_knng_estimators(mode, include_self):
     with pytest.raises(ValueError, match="metric"):
         skn.kneighbors_graph(NearestNeighbors(metric="euclidean").fit(X), 3)
     skn.kneighbors_graph(NearestNeighbors(metric="euclidean").fit(X), 3, metric="euclidean")
+
+
+# ------------------------------------------------------------------------------------------
+# 6. metric="precomputed"
+# ------------------------------------------------------------------------------------------
+
+
+@parametrize_with_checks(
+    [
+        NearestNeighbors(metric="precomputed"),
+        KNeighborsClassifier(metric="precomputed", weights="distance"),
+        KNeighborsRegressor(metric="precomputed"),
+        KNeighborsTransformer(metric="precomputed"),
+        KNeighborsTransformer(metric="minkowski", p=2, algorithm="kd_tree", leaf_size=5, n_jobs=2),
+    ]
+)
+def test_sklearn_estimator_checks_precomputed_and_keywords(estimator, check):
+    check(estimator)
+
+
+def _precomputed_reference(D: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """k smallest per row by (distance, index), by NumPy's lexsort (the oracle's order)."""
+    cols = np.broadcast_to(np.arange(D.shape[1]), D.shape)
+    ind = np.lexsort((cols, D), axis=1)[:, :k]
+    return ind, np.take_along_axis(D, ind, axis=1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_precomputed_is_the_given_matrix(seed):
+    rng = np.random.default_rng(200 + seed)
+    n = int(rng.integers(2, 40))
+    X, Q = rng.normal(size=(n, 3)), rng.normal(size=(5, 3))
+    if seed % 2:  # adversarial: integer distances, many ties, duplicate points
+        X, Q = rng.integers(0, 2, size=(n, 2)).astype(float), rng.integers(0, 2, size=(5, 2)).astype(float)
+    D, Dq = oracle_search(X, X, 1).full, oracle_search(Q, X, 1).full  # exact float64 distances
+    for k in sorted({1, 2, n}):
+        nn = NearestNeighbors(n_neighbors=k, metric="precomputed").fit(D)
+        assert nn.n_features_in_ == n and nn.effective_metric_ == "precomputed"
+        d, i = nn.kneighbors(Dq)
+        ind, dist = _precomputed_reference(Dq, k)
+        np.testing.assert_array_equal(i, ind)
+        np.testing.assert_array_equal(d, dist)
+        assert d.dtype == np.float64
+        sk = skn.NearestNeighbors(n_neighbors=k, metric="precomputed").fit(D)
+        np.testing.assert_array_equal(d, sk.kneighbors(Dq)[0])  # same distances; ties: see above
+        if not seed % 2:
+            np.testing.assert_array_equal(i, sk.kneighbors(Dq)[1])
+            # and the same neighbours as the data themselves, computed
+            np.testing.assert_array_equal(i, NearestNeighbors(n_neighbors=k).fit(X).kneighbors(Q)[1])
+        if k < n:  # X=None: scikit-learn's rule on the matrix's own rows
+            dg, ig = nn.kneighbors()
+            ind, dist = _precomputed_reference(D, k + 1)
+            mask = ind != np.arange(n)[:, None]
+            mask[:, 0] &= ~mask.all(axis=1)
+            np.testing.assert_array_equal(ig, ind[mask].reshape(n, k))
+            np.testing.assert_array_equal(dg, dist[mask].reshape(n, k))
+            np.testing.assert_array_equal(ig, NearestNeighbors(n_neighbors=k).fit(X).kneighbors()[1])
+    # float32 matrices stay float32, torch stays torch
+    d32 = NearestNeighbors(n_neighbors=1, metric="precomputed").fit(D.astype(np.float32)).kneighbors(
+        Dq.astype(np.float32))[0]
+    assert d32.dtype == np.float32
+    dt, it = NearestNeighbors(n_neighbors=1, metric="precomputed").fit(torch.from_numpy(D)).kneighbors(
+        torch.from_numpy(Dq))
+    assert isinstance(it, torch.Tensor)
+    np.testing.assert_array_equal(it.numpy(), _precomputed_reference(Dq, 1)[0])
+
+
+def test_precomputed_estimators_match_sklearn_and_errors():
+    rng = np.random.default_rng(300)
+    X, Q = rng.normal(size=(50, 4)), rng.normal(size=(10, 4))
+    y = rng.integers(0, 3, size=50)
+    D, Dq = oracle_search(X, X, 1).full, oracle_search(Q, X, 1).full
+    for ours, theirs in (
+        (KNeighborsClassifier(n_neighbors=5, metric="precomputed", weights="distance"),
+         skn.KNeighborsClassifier(n_neighbors=5, metric="precomputed", weights="distance")),
+        (KNeighborsRegressor(n_neighbors=5, metric="precomputed"),
+         skn.KNeighborsRegressor(n_neighbors=5, metric="precomputed")),
+    ):
+        np.testing.assert_allclose(ours.fit(D, y).predict(Dq), theirs.fit(D, y).predict(Dq), rtol=1e-12)
+    for mode in ("distance", "connectivity"):
+        a = KNeighborsTransformer(n_neighbors=4, metric="precomputed", mode=mode).fit_transform(D)
+        b = skn.KNeighborsTransformer(n_neighbors=4, metric="precomputed", mode=mode).fit_transform(D)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.data, b.data)
+    with pytest.raises(ValueError, match="must be square"):
+        NearestNeighbors(metric="precomputed").fit(D[:, :40])
+    with pytest.raises(ValueError, match="Negative values"):
+        NearestNeighbors(metric="precomputed").fit(D - 1.0)
+    nn = NearestNeighbors(metric="precomputed").fit(D)
+    with pytest.raises(ValueError, match="Negative values"):
+        nn.kneighbors(Dq - 1.0)
+    with pytest.raises(ValueError, match="features"):
+        nn.kneighbors(Dq[:, :10])

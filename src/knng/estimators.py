@@ -60,7 +60,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from knng._inputs import as_input
 from knng.api import graph as knng_graph
 from knng.api import search as knng_search
-from knng.engine.exact import exact_pairs_of
+from knng.engine.exact import exact_pairs_of, sort_by_distance_then_index
 from knng.metrics import METRICS, get_metric
 
 __all__ = [
@@ -190,7 +190,7 @@ def _all_zero_row(weights: np.ndarray) -> bool:
 
 def _offered_metrics() -> str:
     """knng's metrics and scikit-learn's names for them, for error messages."""
-    names = [repr(n) for n in sorted(METRICS)] + ["'minkowski' with p=2"]
+    names = [repr(n) for n in sorted(METRICS)] + ["'minkowski' with p=2", "'precomputed'"]
     names += [f"{a!r} (= {b!r})" for a, b in _METRIC_ALIASES.items()]
     return ", ".join(names)
 
@@ -230,7 +230,7 @@ def _resolve_metric(metric: Any, p: Any, metric_params: dict[str, Any] | None, o
             f"The 'metric_params' parameter of {owner}: knng's metric {metric!r} takes no parameters, got "
             f"{sorted(params)}; pass None or {{}}.")
     name = _METRIC_ALIASES.get(metric, metric)
-    if name not in METRICS:
+    if name not in METRICS and name != "precomputed":
         raise InvalidParameterError(
             f"The 'metric' parameter of {owner}: metric={metric!r} is not offered by knng; knng offers "
             f"{_offered_metrics()}.")
@@ -279,6 +279,37 @@ def _exact_float64(metric: str, queries: Any, corpus: Any, indices: Any) -> Any:
     else:
         dist = exact_pairs_of(get_metric(metric), q, rows, c, idx, idx.device)
     return dist if isinstance(indices, torch.Tensor) else dist.cpu().numpy()
+
+
+def _check_precomputed(D: Any, name: str = "X") -> Any:
+    """A validated distance matrix: finite (checked before), no negative entries, as scikit-learn
+    requires of ``metric="precomputed"``; integers become float64 like scikit-learn's."""
+    if isinstance(D, torch.Tensor):
+        if not D.is_floating_point():
+            D = D.to(torch.float64)
+        negative = bool((D < 0).any())
+    else:
+        if D.dtype.kind != "f" or D.dtype == np.float16:
+            D = D.astype(np.float64)
+        negative = bool((D < 0).any())
+    if negative:
+        raise ValueError(f"Negative values in data passed to precomputed distance matrix {name}.")
+    return D
+
+
+def _precomputed_neighbors(D: Any, k: int) -> tuple[Any, Any]:
+    """Each row's k smallest entries of the distance matrix ``D`` by (distance, index).
+
+    Nothing is computed: the given values are the distances, so the answer is exact by
+    definition; a stable sort by value orders ties by the smaller index, knng's total order
+    (the engine's ``sort_by_distance_then_index`` for tensors, which stay on their device;
+    NumPy's stable argsort for arrays, which reads read-only memory maps without a copy).
+    """
+    if isinstance(D, torch.Tensor):
+        cols = torch.arange(D.shape[1], device=D.device).expand(D.shape[0], -1)
+        return sort_by_distance_then_index(D, cols, k)
+    ind = np.argsort(D, axis=1, kind="stable")[:, :k].astype(np.int64)
+    return ind, np.take_along_axis(D, ind, axis=1)
 
 
 def _mask_first_duplicates(indices: Any, distances: Any, k: int) -> tuple[Any, Any]:
@@ -412,6 +443,11 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
                 self._y = encoded.ravel()
         elif y is not None:
             self._y = np.asarray(y)
+        if self._metric == "precomputed":
+            X = _check_precomputed(X)
+            if X.shape[0] != X.shape[1]:
+                raise ValueError(
+                    f"Precomputed matrix must be square. Input is a {X.shape[0]}x{X.shape[1]} matrix.")
         self._fit_X = X
         self.n_samples_fit_ = int(X.shape[0])
         # As scikit-learn: "minkowski" with p = 2 is effectively "euclidean", parameters consumed.
@@ -465,8 +501,12 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
             queries = self._fit_X
             # k + 1 with each point counted, then scikit-learn's rule drops one per row: a graph
             # that excludes each point by index would keep a different duplicate than scikit-learn.
-            result = knng_graph(queries, n_neighbors + 1, include_self=True, **options)
-            indices, distances = _mask_first_duplicates(result.indices, result.distances, n_neighbors)
+            if metric == "precomputed":
+                indices, distances = _precomputed_neighbors(queries, n_neighbors + 1)
+            else:
+                result = knng_graph(queries, n_neighbors + 1, include_self=True, **options)
+                indices, distances = result.indices, result.distances
+            indices, distances = _mask_first_duplicates(indices, distances, n_neighbors)
         else:
             queries = self._validate_query(X)
             if n_neighbors > self.n_samples_fit_:
@@ -475,11 +515,14 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
                     f"n_neighbors = {n_neighbors}, n_samples_fit = {self.n_samples_fit_}, "
                     f"n_samples = {queries.shape[0]}"
                 )
-            result = knng_search(queries, self._fit_X, n_neighbors, **options)
-            indices, distances = result.indices, result.distances
+            if metric == "precomputed":
+                indices, distances = _precomputed_neighbors(_check_precomputed(queries), n_neighbors)
+            else:
+                result = knng_search(queries, self._fit_X, n_neighbors, **options)
+                indices, distances = result.indices, result.distances
         if not return_distance:
             return indices
-        if _is_double(queries) or _is_double(self._fit_X):
+        if metric != "precomputed" and (_is_double(queries) or _is_double(self._fit_X)):
             distances = _exact_float64(metric, queries, self._fit_X, indices)
         return distances, indices
 
@@ -536,6 +579,9 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = False
         tags.input_tags.allow_nan = False
+        # scikit-learn's checks then pass square distance matrices, as to its own estimators.
+        tags.input_tags.pairwise = self.metric == "precomputed"
+        tags.input_tags.positive_only = tags.input_tags.pairwise  # distances are not negative
         tags.target_tags.multi_output = True
         return tags
 
