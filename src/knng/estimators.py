@@ -16,12 +16,19 @@ What differs from scikit-learn, on purpose:
 - ``algorithm``, ``leaf_size`` and ``n_jobs`` are accepted and have no effect: every
   ``algorithm`` runs knng's exact brute force.
 - Metrics are knng's: ``"minkowski"`` with ``p=2`` (= ``"euclidean"``, ``"l2"``),
-  ``"sqeuclidean"``, ``"cosine"``, ``"correlation"`` (= ``"pearson"``) and ``"inner_product"``;
-  any other metric (``p=1``, ``"manhattan"``, callables) is refused with a ``ValueError``.
+  ``"sqeuclidean"``, ``"cosine"``, ``"correlation"`` (= ``"pearson"``), ``"inner_product"`` and
+  ``"precomputed"``; any other (``p=1``, ``"manhattan"``, callables) is refused at ``fit`` with
+  scikit-learn's ``InvalidParameterError`` (a ValueError) naming it and listing these.
+- Exactly tied neighbours (duplicate points, integer data) come in index order; scikit-learn's
+  order among them depends on its ``algorithm``. Its rule for dropping each training point from
+  its own neighbours (``kneighbors()`` with ``X=None``) is followed as it is.
+- ``fit`` also takes a fitted knng or scikit-learn neighbours estimator, a ``KDTree`` or a
+  ``BallTree``, and uses its training data (no tree is built or kept).
 - Training data stay where the user put them: a torch tensor (on any device) is kept as that
   tensor, NumPy input as a validated NumPy array. ``kneighbors`` answers in the kind of the
   queries (torch in, torch out on the same device). ``predict``, ``predict_proba`` and
   ``transform`` always answer with NumPy / SciPy objects, as scikit-learn does.
+- ``metric="precomputed"`` takes dense distance matrices (NumPy or torch), not sparse graphs.
 - Sparse input is refused (knng is a dense engine); ``radius_neighbors`` is not offered.
 - ``weights`` also accepts ``"inverse_square"`` (1/d², the weighting of the k-NN classifier of
   the system knng implements), with the same exact-match rule as ``"distance"``.
@@ -465,8 +472,9 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
-            Query points. If None, the query points are the training points, each without
-            itself, by scikit-learn's rule: of each point's ``n_neighbors + 1`` nearest (itself
+            Query points (with ``metric="precomputed"``: their distances to the training
+            points, (n_queries, n_samples_fit)). If None, the query points are the training
+            points, each without itself, by scikit-learn's rule: of each point's ``n_neighbors + 1`` nearest (itself
             included, tied points ordered by index), the point itself is dropped, or, where
             more than ``n_neighbors`` points coincide with it so that it is not among them, the
             first one ("mask the first duplicates").
@@ -481,6 +489,7 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
             Distances, ascending per row; only when ``return_distance=True``. float64 when the
             queries or the training data are float64 (or integers, which scikit-learn computes
             with in float64): the exact float64 distances. Otherwise float32: those rounded once.
+            With ``metric="precomputed"``: the given entries, in the matrix's dtype.
         neigh_ind : ndarray or torch.Tensor of shape (n_queries, n_neighbors)
             int64 indices into the training data; ties are ordered by the smaller index.
             Both follow the kind of the queries (torch in, torch out on the same device).
@@ -596,8 +605,11 @@ _COMMON_PARAMS_DOC = """
         Distance: ``"minkowski"`` with ``p=2``, ``"euclidean"`` or ``"l2"``: Euclidean;
         ``"sqeuclidean"``; ``"cosine"``: 1 - cosine similarity; ``"correlation"`` or
         ``"pearson"``: 1 - Pearson correlation (a constant vector counts as zero: distance 1);
-        ``"inner_product"``: -x·y (so that ascending means most similar). Other scikit-learn
-        metrics and callables raise ``InvalidParameterError`` (a ValueError) at ``fit``.
+        ``"inner_product"``: -x·y (so that ascending means most similar); ``"precomputed"``:
+        ``X`` is a square, non-negative distance matrix at ``fit`` and an
+        (n_queries, n_samples_fit) one for queries, whose k smallest entries per row are the
+        neighbours (ties by the smaller index). Other scikit-learn metrics and callables raise
+        ``InvalidParameterError`` (a ValueError) at ``fit``.
     p : float, default=2
         Power of the Minkowski metric, used only with ``metric="minkowski"`` (as in
         scikit-learn): ``p=2`` is the Euclidean distance; any other ``p`` (1 = manhattan,
