@@ -282,6 +282,19 @@ def test_fit_from_estimators_and_trees(cls):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("cls", ESTIMATORS)
+def test_no_scikit_learn_computation_is_inherited(cls):
+    # KNeighborsMixin is inherited only to pass scikit-learn's isinstance checks: every method
+    # it has (but its private chunk reducer, which only its own kneighbors calls) must be knng's,
+    # so that a new scikit-learn method in the mixin is noticed here rather than run silently.
+    from sklearn.neighbors._base import KNeighborsMixin, NeighborsBase
+
+    assert issubclass(cls, KNeighborsMixin) and not issubclass(cls, NeighborsBase)
+    for name, value in vars(KNeighborsMixin).items():
+        if callable(value) and not name.startswith("__") and name != "_kneighbors_reduce_func":
+            assert getattr(cls, name) is not value, f"{cls.__name__}.{name} is scikit-learn's"
+
+
 @pytest.mark.parametrize("mode", ["connectivity", "distance"])
 @pytest.mark.parametrize("include_self", [True, False, "auto"])
 def test_sklearn_kneighbors_graph_takes_knng_estimators(mode, include_self):
