@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from oracle import assert_exact, oracle_graph, oracle_search
 from sklearn import neighbors as skn
 from sklearn.utils._param_validation import InvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -23,7 +24,6 @@ from knng.estimators import (
     KNeighborsTransformer,
     NearestNeighbors,
 )
-from oracle import assert_exact, oracle_graph, oracle_search
 
 ESTIMATORS = [NearestNeighbors, KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer]
 
@@ -203,7 +203,9 @@ def test_dtype_rule_mixed_integer_and_torch():
     t64 = NearestNeighbors(n_neighbors=3).fit(torch.from_numpy(X))
     dt, it = t64.kneighbors(torch.from_numpy(Xq))
     assert isinstance(dt, torch.Tensor) and dt.dtype == torch.float64
-    np.testing.assert_array_equal(dt.numpy(), NearestNeighbors(n_neighbors=3).fit(X).kneighbors(Xq)[0])
+    d_np, i_np = NearestNeighbors(n_neighbors=3).fit(X).kneighbors(Xq)
+    np.testing.assert_array_equal(dt.numpy(), d_np)
+    np.testing.assert_array_equal(it.numpy(), i_np)
     t32 = NearestNeighbors(n_neighbors=3).fit(torch.from_numpy(X.astype(np.float32)))
     assert t32.kneighbors(torch.from_numpy(Xq.astype(np.float32)))[0].dtype == torch.float32
     assert t32.kneighbors()[0].dtype == torch.float32
@@ -379,8 +381,9 @@ def test_precomputed_is_the_given_matrix(seed):
     assert d32.dtype == np.float32
     dt, it = NearestNeighbors(n_neighbors=1, metric="precomputed").fit(torch.from_numpy(D)).kneighbors(
         torch.from_numpy(Dq))
-    assert isinstance(it, torch.Tensor)
+    assert isinstance(it, torch.Tensor) and isinstance(dt, torch.Tensor)
     np.testing.assert_array_equal(it.numpy(), _precomputed_reference(Dq, 1)[0])
+    np.testing.assert_array_equal(dt.numpy(), _precomputed_reference(Dq, 1)[1])
 
 
 def test_precomputed_estimators_match_sklearn_and_errors():

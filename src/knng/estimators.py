@@ -38,18 +38,18 @@ from __future__ import annotations
 
 import numbers
 from numbers import Integral, Real
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import scipy.sparse
 import torch
 from sklearn.base import (
     BaseEstimator,
-    _fit_context,
     ClassifierMixin,
     ClassNamePrefixFeaturesOutMixin,
     RegressorMixin,
     TransformerMixin,
+    _fit_context,
     is_classifier,
 )
 from sklearn.exceptions import DataConversionWarning
@@ -354,7 +354,7 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
     replaced here anyway.
     """
 
-    _parameter_constraints: dict = dict(_COMMON_CONSTRAINTS)
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = dict(_COMMON_CONSTRAINTS)
 
     n_neighbors: int
     algorithm: str
@@ -714,7 +714,7 @@ class NearestNeighbors(_KNNGNeighborsBase):
 
 
 class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
-    _parameter_constraints: dict = {
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         **_KNNGNeighborsBase._parameter_constraints,
         "weights": [StrOptions(set(_WEIGHTS)), callable, None],
     }
@@ -871,7 +871,7 @@ class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
 
 
 class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
-    _parameter_constraints: dict = {
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         **_KNNGNeighborsBase._parameter_constraints,
         "weights": [StrOptions(set(_WEIGHTS)), callable, None],
     }
@@ -980,7 +980,7 @@ class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
 
 
 class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _KNNGNeighborsBase):
-    _parameter_constraints: dict = {
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         **_KNNGNeighborsBase._parameter_constraints,
         "mode": [StrOptions(set(_MODES))],
     }
