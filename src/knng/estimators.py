@@ -474,10 +474,10 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
         X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
             Query points (with ``metric="precomputed"``: their distances to the training
             points, (n_queries, n_samples_fit)). If None, the query points are the training
-            points, each without itself, by scikit-learn's rule: of each point's ``n_neighbors + 1`` nearest (itself
-            included, tied points ordered by index), the point itself is dropped, or, where
-            more than ``n_neighbors`` points coincide with it so that it is not among them, the
-            first one ("mask the first duplicates").
+            points, each without itself, by scikit-learn's rule: of each point's
+            ``n_neighbors + 1`` nearest (itself included, tied points ordered by index), the
+            point itself is dropped, or, where more than ``n_neighbors`` points coincide with
+            it so that it is not among them, the first one ("mask the first duplicates").
         n_neighbors : int, default=None
             Neighbours per query; default ``self.n_neighbors``.
         return_distance : bool, default=True
