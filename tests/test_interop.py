@@ -37,15 +37,17 @@ def _same_sparse(a: scipy.sparse.spmatrix, b: scipy.sparse.spmatrix, rtol: float
     b.sort_indices()
     np.testing.assert_array_equal(a.indptr, b.indptr)
     np.testing.assert_array_equal(a.indices, b.indices)
-    np.testing.assert_allclose(a.data, b.data, rtol=rtol, atol=1e-6 if rtol else 0)
+    np.testing.assert_allclose(a.data, b.data, rtol=rtol, atol=1e-6 if rtol >= 1e-6 else 0)
 
 
 def _oracle_transform(x: np.ndarray, n_neighbors: int) -> scipy.sparse.csr_matrix:
     """scikit-learn's KNeighborsTransformer(mode="distance").fit_transform layout from the oracle:
-    each row the point itself (distance 0) and its n_neighbors nearest others, float32 distances."""
+    each row the point itself (distance 0) and its n_neighbors nearest others, with the exact
+    distances (float64 for float64 data, as knng's transformer gives them; float32 otherwise)."""
     oracle = oracle_graph(x, n_neighbors + 1, include_self=True)
     n, k = oracle.indices.shape
-    data = oracle.distances.astype(np.float32).astype(np.float64).ravel()
+    data = oracle.distances if x.dtype == np.float64 else oracle.distances.astype(np.float32)
+    data = data.astype(np.float64).ravel()
     return scipy.sparse.csr_matrix((data, oracle.indices.ravel(), np.arange(n + 1) * k), shape=(n, n))
 
 
@@ -142,7 +144,7 @@ def test_tsne_on_the_knng_transformer_equals_tsne_on_exact_neighbours(cells: np.
     n_neighbors = 3 * perplexity + 1  # what TSNE needs
     ours = knng.KNeighborsTransformer(n_neighbors=n_neighbors).fit_transform(cells)
     exact = _oracle_transform(cells, n_neighbors)
-    _same_sparse(ours, exact, rtol=0)
+    _same_sparse(ours, exact, rtol=1e-14)  # float64 data: float64 distances, to the oracle's rounding
 
     def embed(distances: scipy.sparse.csr_matrix) -> np.ndarray:
         return TSNE(metric="precomputed", perplexity=perplexity, init="random", max_iter=250,

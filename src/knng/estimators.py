@@ -2,19 +2,33 @@
 
 :class:`NearestNeighbors`, :class:`KNeighborsClassifier`, :class:`KNeighborsRegressor` and
 :class:`KNeighborsTransformer` follow the contracts of their namesakes in
-:mod:`sklearn.neighbors` (parameter names, methods, fitted attributes, the layout of
-``kneighbors_graph``, the rules for excluding a training point from its own neighbours) and
-add knng's own ``metric``, ``device``, ``select`` and ``memory_budget``.
+:mod:`sklearn.neighbors` (constructor parameters and their validation, methods, fitted
+attributes, the layout of ``kneighbors_graph``, the rule for excluding a training point from its
+own neighbours) and add knng's own ``device``, ``select`` and ``memory_budget``. They are
+``KNeighborsMixin`` instances, so :func:`sklearn.neighbors.kneighbors_graph` takes them.
 
 What differs from scikit-learn, on purpose:
 
 - Neighbours are exact in knng's sense: the k smallest float64 distances computed by
-  differences, ties broken by the smaller index. ``kneighbors`` returns those distances as
-  float32 (knng's result type); ``kneighbors_graph`` stores them as float64 like scikit-learn.
+  differences, ties broken by the smaller index. Distances are float64 when the training data
+  or the queries are float64 (or integers, which scikit-learn converts to float64), float32
+  otherwise; ``kneighbors_graph`` stores them as float64 like scikit-learn.
+- ``algorithm``, ``leaf_size`` and ``n_jobs`` are accepted and have no effect: every
+  ``algorithm`` runs knng's exact brute force.
+- Metrics are knng's: ``"minkowski"`` with ``p=2`` (= ``"euclidean"``, ``"l2"``),
+  ``"sqeuclidean"``, ``"cosine"``, ``"correlation"`` (= ``"pearson"``), ``"inner_product"`` and
+  ``"precomputed"``; any other (``p=1``, ``"manhattan"``, callables) is refused at ``fit`` with
+  scikit-learn's ``InvalidParameterError`` (a ValueError) naming it and listing these.
+- Exactly tied neighbours (duplicate points, integer data) come in index order; scikit-learn's
+  order among them depends on its ``algorithm``. Its rule for dropping each training point from
+  its own neighbours (``kneighbors()`` with ``X=None``) is followed as it is.
+- ``fit`` also takes a fitted knng or scikit-learn neighbours estimator, a ``KDTree`` or a
+  ``BallTree``, and uses its training data (no tree is built or kept).
 - Training data stay where the user put them: a torch tensor (on any device) is kept as that
   tensor, NumPy input as a validated NumPy array. ``kneighbors`` answers in the kind of the
   queries (torch in, torch out on the same device). ``predict``, ``predict_proba`` and
   ``transform`` always answer with NumPy / SciPy objects, as scikit-learn does.
+- ``metric="precomputed"`` takes dense distance matrices (NumPy or torch), not sparse graphs.
 - Sparse input is refused (knng is a dense engine); ``radius_neighbors`` is not offered.
 - ``weights`` also accepts ``"inverse_square"`` (1/d², the weighting of the k-NN classifier of
   the system knng implements), with the same exact-match rule as ``"distance"``.
@@ -23,7 +37,8 @@ What differs from scikit-learn, on purpose:
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable
+from numbers import Integral, Real
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import scipy.sparse
@@ -34,15 +49,26 @@ from sklearn.base import (
     ClassNamePrefixFeaturesOutMixin,
     RegressorMixin,
     TransformerMixin,
+    _fit_context,
     is_classifier,
 )
 from sklearn.exceptions import DataConversionWarning
+from sklearn.neighbors import BallTree, KDTree
+
+# scikit-learn exports neither KNeighborsMixin nor NeighborsBase from a public module; both have
+# lived in sklearn.neighbors._base since 0.22. KNeighborsMixin is what
+# sklearn.neighbors.kneighbors_graph checks for; NeighborsBase is only recognised (a fitted
+# scikit-learn estimator can be fitted from), never inherited (see _KNNGNeighborsBase).
+from sklearn.neighbors._base import KNeighborsMixin, NeighborsBase
+from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from knng._inputs import as_input
 from knng.api import graph as knng_graph
 from knng.api import search as knng_search
-from knng.metrics import get_metric
+from knng.engine.exact import exact_pairs_of, sort_by_distance_then_index
+from knng.metrics import METRICS, get_metric
 
 __all__ = [
     "NearestNeighbors",
@@ -57,6 +83,28 @@ _NUMPY_DTYPES = [np.float64, np.float32, np.float16, np.uint8, np.int8]
 _TORCH_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.uint8, torch.int8)
 _WEIGHTS = ("uniform", "distance", "inverse_square")
 _MODES = ("connectivity", "distance")
+_ALGORITHMS = ("auto", "ball_tree", "kd_tree", "brute")
+
+#: scikit-learn's names for knng's metrics ("minkowski" is one only with p = 2, see
+#: :func:`_resolve_metric`). scipy's "correlation" is 1 − Pearson correlation, knng's "pearson".
+_METRIC_ALIASES = {"l2": "euclidean", "correlation": "pearson"}
+
+#: Constraints shared by the four estimators, checked by scikit-learn's own parameter
+#: validation at ``fit`` (so a bad value raises its ``InvalidParameterError``, a ValueError and
+#: a TypeError). ``metric`` is only typed here: the names knng accepts depend on ``p`` and get
+#: a message of their own (:func:`_resolve_metric`).
+_COMMON_CONSTRAINTS: dict[str, list[Any]] = {
+    "n_neighbors": [Interval(Integral, 1, None, closed="left"), None],
+    "algorithm": [StrOptions(set(_ALGORITHMS))],
+    "leaf_size": [Interval(Integral, 1, None, closed="left")],
+    "metric": [str, callable],
+    "p": [Interval(Real, 0, None, closed="right"), None],
+    "metric_params": [dict, None],
+    "n_jobs": [Integral, None],
+    "device": [str, torch.device],
+    "select": [str],
+    "memory_budget": [Interval(Real, 0, None, closed="neither"), str, None],
+}
 
 WeightsType = str | Callable[[np.ndarray], np.ndarray] | None
 
@@ -107,15 +155,6 @@ def _get_weights(dist: np.ndarray | None, weights: WeightsType) -> np.ndarray | 
     return w
 
 
-def _check_weights(weights: Any) -> None:
-    if weights is None or callable(weights):
-        return
-    if not isinstance(weights, str) or weights not in _WEIGHTS:
-        raise ValueError(
-            f"weights must be one of {list(_WEIGHTS)} or a callable, got {weights!r}"
-        )
-
-
 def _check_n_neighbors(n_neighbors: Any, name: str = "n_neighbors") -> int:
     if isinstance(n_neighbors, bool) or not isinstance(n_neighbors, numbers.Integral):
         raise TypeError(f"{name} does not take {type(n_neighbors).__name__} value, enter integer value")
@@ -156,16 +195,174 @@ def _all_zero_row(weights: np.ndarray) -> bool:
     return bool(np.any(np.all(weights == 0, axis=1)))
 
 
+def _offered_metrics() -> str:
+    """knng's metrics and scikit-learn's names for them, for error messages."""
+    names = [repr(n) for n in sorted(METRICS)] + ["'minkowski' with p=2", "'precomputed'"]
+    names += [f"{a!r} (= {b!r})" for a, b in _METRIC_ALIASES.items()]
+    return ", ".join(names)
+
+
+def _resolve_metric(metric: Any, p: Any, metric_params: dict[str, Any] | None, owner: str) -> str:
+    """knng's name for scikit-learn's (``metric``, ``p``, ``metric_params``).
+
+    As in scikit-learn, ``p`` (or ``metric_params["p"]``, which overrides it) only matters for
+    ``metric="minkowski"``; there p = 2 is the Euclidean distance. Every other combination is
+    an :class:`InvalidParameterError` (a ValueError) naming the metric and listing what knng
+    computes: knng's distances come from one matrix product plus norms, which serves p = 2 only.
+
+    Raises
+    ------
+    InvalidParameterError
+        For a metric knng does not compute, a callable, or metric parameters it has no use for.
+    """
+    params = dict(metric_params or {})
+    if callable(metric):
+        raise InvalidParameterError(
+            f"The 'metric' parameter of {owner}: callable metrics are not offered by knng (its exact "
+            f"search evaluates distances through matrix products); knng offers {_offered_metrics()}.")
+    if metric == "minkowski":
+        p_eff = params.pop("p", p)
+        if params:
+            raise InvalidParameterError(
+                f"The 'metric_params' parameter of {owner}: knng's 'minkowski' takes only 'p', got "
+                f"{sorted(params)}.")
+        if p_eff == 2 or p_eff is None:  # None: scikit-learn's default p, 2
+            return "euclidean"
+        named = {1: " (manhattan)", np.inf: " (chebyshev)"}.get(p_eff, "")
+        raise InvalidParameterError(
+            f"The 'metric' parameter of {owner}: metric='minkowski' with p={p_eff!r}{named} is not offered by "
+            f"knng, which computes only p=2 (euclidean); knng offers {_offered_metrics()}.")
+    if params:
+        raise InvalidParameterError(
+            f"The 'metric_params' parameter of {owner}: knng's metric {metric!r} takes no parameters, got "
+            f"{sorted(params)}; pass None or {{}}.")
+    name = _METRIC_ALIASES.get(metric, metric)
+    if name not in METRICS and name != "precomputed":
+        raise InvalidParameterError(
+            f"The 'metric' parameter of {owner}: metric={metric!r} is not offered by knng; knng offers "
+            f"{_offered_metrics()}.")
+    return name
+
+
+def _training_data_of(X: Any) -> Any:
+    """The training data held by a fitted estimator or tree, else ``X`` itself.
+
+    scikit-learn fits from a fitted neighbours estimator, a ``KDTree`` or a ``BallTree`` by
+    taking its data; knng takes the same data (a knng estimator's torch tensor stays a tensor)
+    and builds no tree, so the data then go through the usual validation.
+    """
+    if isinstance(X, _KNNGNeighborsBase):
+        check_is_fitted(X)
+        return X._fit_X
+    if isinstance(X, NeighborsBase):
+        check_is_fitted(X)
+        return X._fit_X
+    if isinstance(X, (KDTree, BallTree)):
+        return np.asarray(X.data)
+    return X
+
+
+def _is_double(x: Any) -> bool:
+    """Whether scikit-learn would compute with ``x`` in float64: float64 itself, and integer
+    types, which its validation converts to float64 (knng keeps uint8/int8 native for speed)."""
+    if isinstance(x, torch.Tensor):
+        return x.dtype == torch.float64 or not x.is_floating_point()
+    return x.dtype == np.float64 or x.dtype.kind in "iub"
+
+
+def _exact_float64(metric: str, queries: Any, corpus: Any, indices: Any) -> Any:
+    """float64 distances of each query to its neighbours ``indices``, by knng's exact evaluation.
+
+    The engine ranks by these float64 values but hands out float32 (its result type); the
+    pairs are evaluated again by the same function (``Metric.exact``, by differences), which
+    costs n_queries · k · d, next to nothing beside the search. Same kind and device as
+    ``indices``.
+    """
+    idx = indices if isinstance(indices, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(indices))
+    q, c = as_input(queries, "X"), as_input(corpus, "X")
+    rows = torch.arange(idx.shape[0], device=idx.device)
+    if idx.shape[1] == 0:
+        dist = torch.empty(idx.shape, dtype=torch.float64, device=idx.device)
+    else:
+        dist = exact_pairs_of(get_metric(metric), q, rows, c, idx, idx.device)
+    return dist if isinstance(indices, torch.Tensor) else dist.cpu().numpy()
+
+
+def _check_precomputed(D: Any, name: str = "X") -> Any:
+    """A validated distance matrix: finite (checked before), no negative entries, as scikit-learn
+    requires of ``metric="precomputed"``; integers become float64 like scikit-learn's."""
+    if isinstance(D, torch.Tensor):
+        if not D.is_floating_point():
+            D = D.to(torch.float64)
+        negative = bool((D < 0).any())
+    else:
+        if D.dtype.kind != "f" or D.dtype == np.float16:
+            D = D.astype(np.float64)
+        negative = bool((D < 0).any())
+    if negative:
+        raise ValueError(f"Negative values in data passed to precomputed distance matrix {name}.")
+    return D
+
+
+def _precomputed_neighbors(D: Any, k: int) -> tuple[Any, Any]:
+    """Each row's k smallest entries of the distance matrix ``D`` by (distance, index).
+
+    Nothing is computed: the given values are the distances, so the answer is exact by
+    definition; a stable sort by value orders ties by the smaller index, knng's total order
+    (the engine's ``sort_by_distance_then_index`` for tensors, which stay on their device;
+    NumPy's stable argsort for arrays, which reads read-only memory maps without a copy).
+    """
+    if isinstance(D, torch.Tensor):
+        cols = torch.arange(D.shape[1], device=D.device).expand(D.shape[0], -1)
+        return sort_by_distance_then_index(D, cols, k)
+    ind = np.argsort(D, axis=1, kind="stable")[:, :k].astype(np.int64)
+    return ind, np.take_along_axis(D, ind, axis=1)
+
+
+def _mask_first_duplicates(indices: Any, distances: Any, k: int) -> tuple[Any, Any]:
+    """scikit-learn's rule for ``kneighbors(X=None)`` on each point's k + 1 nearest (itself included).
+
+    Drop the point itself; where it is not among its k + 1 nearest (more than k points coincide
+    with it, and tied neighbours come first by index), drop the first neighbour instead ("mask
+    the first duplicates", ``sklearn.neighbors.KNeighborsMixin.kneighbors``). So
+    ``NearestNeighbors(n_neighbors=1).fit(np.ones((3, 1))).kneighbors()[1]`` is ``[[1], [0], [1]]``.
+    """
+    n = indices.shape[0]
+    if isinstance(indices, torch.Tensor):
+        mask = indices != torch.arange(n, device=indices.device)[:, None]
+        mask[:, 0] &= ~mask.all(dim=1)
+    else:
+        mask = indices != np.arange(n)[:, None]
+        mask[:, 0] &= ~mask.all(axis=1)
+    return indices[mask].reshape(n, k), distances[mask].reshape(n, k)
+
+
 # --------------------------------------------------------------------------------------------
 # shared base
 # --------------------------------------------------------------------------------------------
 
 
-class _KNNGNeighborsBase(BaseEstimator):
-    """Fitting, input handling, ``kneighbors`` and ``kneighbors_graph`` shared by all four."""
+class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
+    """Fitting, input handling, ``kneighbors`` and ``kneighbors_graph`` shared by all four.
+
+    ``KNeighborsMixin`` comes first only to be an instance of it (scikit-learn's
+    ``kneighbors_graph(estimator, ...)`` checks that); this class defines every public method
+    the mixin has (``kneighbors``, ``kneighbors_graph``), so none of scikit-learn's
+    computations runs. ``NeighborsBase`` is not inherited: scikit-learn's own ``fit`` would then
+    take a knng estimator's ``_fit_X`` (possibly a torch tensor on a GPU), ``_tree`` and
+    ``_fit_method`` as its own, and its abstract ``__init__``, ``_fit`` and tags would all be
+    replaced here anyway.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = dict(_COMMON_CONSTRAINTS)
 
     n_neighbors: int
+    algorithm: str
+    leaf_size: int
     metric: str
+    p: float | None
+    metric_params: dict[str, Any] | None
+    n_jobs: int | None
     device: str | torch.device
     select: str
     memory_budget: int | str | None
@@ -173,13 +370,9 @@ class _KNNGNeighborsBase(BaseEstimator):
     # -- validation ---------------------------------------------------------------------------
 
     def _check_params(self) -> None:
-        if self.n_neighbors is not None:
-            _check_n_neighbors(self.n_neighbors)
-        get_metric(self.metric)  # raises ValueError naming ``metric``
-        if hasattr(self, "weights"):
-            _check_weights(self.weights)
-        if hasattr(self, "mode") and self.mode not in _MODES:
-            raise ValueError(f"mode must be 'connectivity' or 'distance', got {self.mode!r}")
+        """knng's metric for (``metric``, ``p``, ``metric_params``); the other parameters were
+        checked against ``_parameter_constraints`` by ``_fit_context`` on ``fit``."""
+        self._metric = _resolve_metric(self.metric, self.p, self.metric_params, type(self).__name__)
 
     def _validate_fit(self, X: Any, y: Any = None) -> tuple[Any, Any]:
         """Validate training data; torch tensors stay torch tensors on their device."""
@@ -226,7 +419,7 @@ class _KNNGNeighborsBase(BaseEstimator):
 
     def _fit(self, X: Any, y: Any = None) -> "_KNNGNeighborsBase":
         self._check_params()
-        X, y = self._validate_fit(X, y)
+        X, y = self._validate_fit(_training_data_of(X), y)
         if y is not None and is_classifier(self):
             y = np.asarray(y)
             if y.ndim == 1 or (y.ndim == 2 and y.shape[1] == 1):
@@ -257,9 +450,15 @@ class _KNNGNeighborsBase(BaseEstimator):
                 self._y = encoded.ravel()
         elif y is not None:
             self._y = np.asarray(y)
+        if self._metric == "precomputed":
+            X = _check_precomputed(X)
+            if X.shape[0] != X.shape[1]:
+                raise ValueError(
+                    f"Precomputed matrix must be square. Input is a {X.shape[0]}x{X.shape[1]} matrix.")
         self._fit_X = X
         self.n_samples_fit_ = int(X.shape[0])
-        self.effective_metric_ = self.metric
+        # As scikit-learn: "minkowski" with p = 2 is effectively "euclidean", parameters consumed.
+        self.effective_metric_ = self._metric
         self.effective_metric_params_: dict[str, Any] = {}
         return self
 
@@ -273,9 +472,12 @@ class _KNNGNeighborsBase(BaseEstimator):
         Parameters
         ----------
         X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
-            Query points. If None, the query points are the training points and each is
-            excluded from its own neighbours (by index: duplicates of it stay neighbours at
-            distance 0), as in scikit-learn.
+            Query points (with ``metric="precomputed"``: their distances to the training
+            points, (n_queries, n_samples_fit)). If None, the query points are the training
+            points, each without itself, by scikit-learn's rule: of each point's
+            ``n_neighbors + 1`` nearest (itself included, tied points ordered by index), the
+            point itself is dropped, or, where more than ``n_neighbors`` points coincide with
+            it so that it is not among them, the first one ("mask the first duplicates").
         n_neighbors : int, default=None
             Neighbours per query; default ``self.n_neighbors``.
         return_distance : bool, default=True
@@ -284,7 +486,10 @@ class _KNNGNeighborsBase(BaseEstimator):
         Returns
         -------
         neigh_dist : ndarray or torch.Tensor of shape (n_queries, n_neighbors)
-            float32 distances, ascending per row; only when ``return_distance=True``.
+            Distances, ascending per row; only when ``return_distance=True``. float64 when the
+            queries or the training data are float64 (or integers, which scikit-learn computes
+            with in float64): the exact float64 distances. Otherwise float32: those rounded once.
+            With ``metric="precomputed"``: the given entries, in the matrix's dtype.
         neigh_ind : ndarray or torch.Tensor of shape (n_queries, n_neighbors)
             int64 indices into the training data; ties are ordered by the smaller index.
             Both follow the kind of the queries (torch in, torch out on the same device).
@@ -293,10 +498,8 @@ class _KNNGNeighborsBase(BaseEstimator):
         if n_neighbors is None:
             n_neighbors = self.n_neighbors
         n_neighbors = _check_n_neighbors(n_neighbors)
-        options = dict(
-            metric=self.metric, device=self.device, select=self.select,
-            memory_budget=self.memory_budget,
-        )
+        metric = self.effective_metric_
+        options = dict(metric=metric, device=self.device, select=self.select, memory_budget=self.memory_budget)
         if X is None:
             if n_neighbors >= self.n_samples_fit_:
                 raise ValueError(
@@ -304,19 +507,33 @@ class _KNNGNeighborsBase(BaseEstimator):
                     f"n_neighbors = {n_neighbors}, n_samples_fit = {self.n_samples_fit_}, "
                     f"n_samples = {self.n_samples_fit_}"
                 )
-            result = knng_graph(self._fit_X, n_neighbors, **options)
+            queries = self._fit_X
+            # k + 1 with each point counted, then scikit-learn's rule drops one per row: a graph
+            # that excludes each point by index would keep a different duplicate than scikit-learn.
+            if metric == "precomputed":
+                indices, distances = _precomputed_neighbors(queries, n_neighbors + 1)
+            else:
+                result = knng_graph(queries, n_neighbors + 1, include_self=True, **options)
+                indices, distances = result.indices, result.distances
+            indices, distances = _mask_first_duplicates(indices, distances, n_neighbors)
         else:
-            X = self._validate_query(X)
+            queries = self._validate_query(X)
             if n_neighbors > self.n_samples_fit_:
                 raise ValueError(
                     "Expected n_neighbors <= n_samples_fit, but "
                     f"n_neighbors = {n_neighbors}, n_samples_fit = {self.n_samples_fit_}, "
-                    f"n_samples = {X.shape[0]}"
+                    f"n_samples = {queries.shape[0]}"
                 )
-            result = knng_search(X, self._fit_X, n_neighbors, **options)
-        if return_distance:
-            return result.distances, result.indices
-        return result.indices
+            if metric == "precomputed":
+                indices, distances = _precomputed_neighbors(_check_precomputed(queries), n_neighbors)
+            else:
+                result = knng_search(queries, self._fit_X, n_neighbors, **options)
+                indices, distances = result.indices, result.distances
+        if not return_distance:
+            return indices
+        if metric != "precomputed" and (_is_double(queries) or _is_double(self._fit_X)):
+            distances = _exact_float64(metric, queries, self._fit_X, indices)
+        return distances, indices
 
     def kneighbors_graph(
         self, X: Any = None, n_neighbors: int | None = None, mode: str = "connectivity"
@@ -371,15 +588,39 @@ class _KNNGNeighborsBase(BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = False
         tags.input_tags.allow_nan = False
+        # scikit-learn's checks then pass square distance matrices, as to its own estimators.
+        tags.input_tags.pairwise = self.metric == "precomputed"
+        tags.input_tags.positive_only = tags.input_tags.pairwise  # distances are not negative
         tags.target_tags.multi_output = True
         return tags
 
 
 _COMMON_PARAMS_DOC = """
-    metric : {"euclidean", "sqeuclidean", "cosine", "pearson", "inner_product"}, \
-default="euclidean"
-        Distance. ``cosine`` is 1 - cosine similarity, ``pearson`` 1 - correlation,
-        ``inner_product`` is -x·y (so that ascending means most similar).
+    algorithm : {"auto", "ball_tree", "kd_tree", "brute"}, default="auto"
+        Accepted for scikit-learn compatibility; every value runs knng's exact brute force
+        (the answer is the same for each: exact neighbours, ties by the smaller index).
+    leaf_size : int, default=30
+        Accepted for scikit-learn compatibility (its trees' leaf size); no effect.
+    metric : str, default="minkowski"
+        Distance: ``"minkowski"`` with ``p=2``, ``"euclidean"`` or ``"l2"``: Euclidean;
+        ``"sqeuclidean"``; ``"cosine"``: 1 - cosine similarity; ``"correlation"`` or
+        ``"pearson"``: 1 - Pearson correlation (a constant vector counts as zero: distance 1);
+        ``"inner_product"``: -x·y (so that ascending means most similar); ``"precomputed"``:
+        ``X`` is a square, non-negative distance matrix at ``fit`` and an
+        (n_queries, n_samples_fit) one for queries, whose k smallest entries per row are the
+        neighbours (ties by the smaller index). Other scikit-learn metrics and callables raise
+        ``InvalidParameterError`` (a ValueError) at ``fit``.
+    p : float, default=2
+        Power of the Minkowski metric, used only with ``metric="minkowski"`` (as in
+        scikit-learn): ``p=2`` is the Euclidean distance; any other ``p`` (1 = manhattan,
+        ``inf`` = chebyshev) raises ``InvalidParameterError`` naming the metric, since knng's
+        distances come from matrix products, which serve p = 2 only.
+    metric_params : dict, default=None
+        None or ``{}``; with ``metric="minkowski"`` also ``{"p": p}``, which overrides ``p``
+        as in scikit-learn. knng's metrics take no other parameters (``InvalidParameterError``).
+    n_jobs : int, default=None
+        Accepted for scikit-learn compatibility; no effect on the answer. knng computes with
+        torch's threads on a CPU (``torch.set_num_threads``) or on a GPU.
     device : {"auto", "cpu", "cuda", "cuda:N"} or torch.device, default="auto"
         Where to compute: "auto" uses the GPU where a GPU tensor lives, else a GPU if there is
         one, else the CPU. Can be changed after fitting (``set_params(device="cuda")``).
@@ -415,7 +656,8 @@ class NearestNeighbors(_KNNGNeighborsBase):
     n_samples_fit_ : int
         Number of training samples.
     effective_metric_ : str
-        The metric used (equal to ``metric``).
+        The metric computed, by knng's name (``"euclidean"`` for ``"minkowski"`` with
+        ``p=2`` and for ``"l2"``, ``"pearson"`` for ``"correlation"``).
 
     Examples
     --------
@@ -431,17 +673,28 @@ class NearestNeighbors(_KNNGNeighborsBase):
         self,
         n_neighbors: int = 5,
         *,
-        metric: str = "euclidean",
+        algorithm: str = "auto",
+        leaf_size: int = 30,
+        metric: str | Callable[..., Any] = "minkowski",
+        p: float | None = 2,
+        metric_params: dict[str, Any] | None = None,
+        n_jobs: int | None = None,
         device: str | torch.device = "auto",
         select: str = "auto",
         memory_budget: int | str | None = None,
     ) -> None:
         self.n_neighbors = n_neighbors
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
         self.metric = metric
+        self.p = p
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
         self.device = device
         self.select = select
         self.memory_budget = memory_budget
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any = None) -> "NearestNeighbors":
         """Fit the nearest neighbours estimator from the training data.
 
@@ -461,6 +714,11 @@ class NearestNeighbors(_KNNGNeighborsBase):
 
 
 class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_KNNGNeighborsBase._parameter_constraints,
+        "weights": [StrOptions(set(_WEIGHTS)), callable, None],
+    }
+
     __doc__ = """Classifier voting among the exact k nearest neighbours, on CPU or GPU.
 
     Drop-in for :class:`sklearn.neighbors.KNeighborsClassifier`: same predictions and
@@ -487,7 +745,7 @@ class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
     n_samples_fit_ : int
         Number of training samples.
     effective_metric_ : str
-        The metric used.
+        The metric computed, by knng's name (see :class:`NearestNeighbors`).
 
     Examples
     --------
@@ -502,18 +760,29 @@ class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
         n_neighbors: int = 5,
         *,
         weights: WeightsType = "uniform",
-        metric: str = "euclidean",
+        algorithm: str = "auto",
+        leaf_size: int = 30,
+        metric: str | Callable[..., Any] = "minkowski",
+        p: float | None = 2,
+        metric_params: dict[str, Any] | None = None,
+        n_jobs: int | None = None,
         device: str | torch.device = "auto",
         select: str = "auto",
         memory_budget: int | str | None = None,
     ) -> None:
         self.n_neighbors = n_neighbors
         self.weights = weights
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
         self.metric = metric
+        self.p = p
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
         self.device = device
         self.select = select
         self.memory_budget = memory_budget
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any) -> "KNeighborsClassifier":
         """Fit the classifier from the training data.
 
@@ -602,6 +871,11 @@ class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
 
 
 class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_KNNGNeighborsBase._parameter_constraints,
+        "weights": [StrOptions(set(_WEIGHTS)), callable, None],
+    }
+
     __doc__ = """Regression by the mean target of the exact k nearest neighbours, on CPU or GPU.
 
     Drop-in for :class:`sklearn.neighbors.KNeighborsRegressor`.
@@ -620,7 +894,7 @@ class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
     n_samples_fit_ : int
         Number of training samples.
     effective_metric_ : str
-        The metric used.
+        The metric computed, by knng's name (see :class:`NearestNeighbors`).
 
     Examples
     --------
@@ -635,18 +909,29 @@ class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
         n_neighbors: int = 5,
         *,
         weights: WeightsType = "uniform",
-        metric: str = "euclidean",
+        algorithm: str = "auto",
+        leaf_size: int = 30,
+        metric: str | Callable[..., Any] = "minkowski",
+        p: float | None = 2,
+        metric_params: dict[str, Any] | None = None,
+        n_jobs: int | None = None,
         device: str | torch.device = "auto",
         select: str = "auto",
         memory_budget: int | str | None = None,
     ) -> None:
         self.n_neighbors = n_neighbors
         self.weights = weights
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
         self.metric = metric
+        self.p = p
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
         self.device = device
         self.select = select
         self.memory_budget = memory_budget
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any) -> "KNeighborsRegressor":
         """Fit the regressor from the training data.
 
@@ -695,6 +980,11 @@ class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
 
 
 class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _KNNGNeighborsBase):
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_KNNGNeighborsBase._parameter_constraints,
+        "mode": [StrOptions(set(_MODES))],
+    }
+
     __doc__ = """Transform X into the sparse graph of its exact k nearest neighbours.
 
     Drop-in for :class:`sklearn.neighbors.KNeighborsTransformer`, to feed estimators that take
@@ -718,7 +1008,7 @@ class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _
     n_samples_fit_ : int
         Number of training samples (the number of columns of the output).
     effective_metric_ : str
-        The metric used.
+        The metric computed, by knng's name (see :class:`NearestNeighbors`).
 
     Examples
     --------
@@ -734,18 +1024,29 @@ class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _
         *,
         mode: str = "distance",
         n_neighbors: int = 5,
-        metric: str = "euclidean",
+        algorithm: str = "auto",
+        leaf_size: int = 30,
+        metric: str | Callable[..., Any] = "minkowski",
+        p: float | None = 2,
+        metric_params: dict[str, Any] | None = None,
+        n_jobs: int | None = None,
         device: str | torch.device = "auto",
         select: str = "auto",
         memory_budget: int | str | None = None,
     ) -> None:
         self.mode = mode
         self.n_neighbors = n_neighbors
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
         self.metric = metric
+        self.p = p
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
         self.device = device
         self.select = select
         self.memory_budget = memory_budget
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any = None) -> "KNeighborsTransformer":
         """Fit the transformer from the training data.
 
