@@ -301,7 +301,9 @@ def test_held_out_rotations_at_any_n_neighbors(rng) -> None:
     from sklearn.manifold import SpectralEmbedding
 
     name = HELD_OUT_PICTURES[int(rng.integers(len(HELD_OUT_PICTURES)))]
-    x, angles = picture_rotations(name, 500, rng)
+    # 900 rotations, the sampling: at 500 the default epsilon mixes the first modes of
+    # hubble_deep_field (docs/MANIFOLD.md, known limits).
+    x, angles = picture_rotations(name, 900, rng)
     k = int(rng.integers(10, 41))
     spectral = concentration(angles, SpectralEmbedding(n_components=2, n_neighbors=k, random_state=0).fit_transform(x))
     for params in ({}, {"n_neighbors": k}):
