@@ -76,7 +76,7 @@ def predict(n: int, d: int, k: int, worlds: list[int], tau: float, eps: float, b
     for world in worlds:
         gpn = min(world, gpus_per_node)
         sizes = rank_sizes(n, d, kc, world, int(budget), metric, screen, torch.device("cuda"), None,
-                           host_budget=int(host_node * 0.5 / gpn))
+                           host_budget=int(host_node * 0.5 / gpn), materialised=False)
         plan = sizes.plan
         parts = plan.n_parts
         b = plan.part_size

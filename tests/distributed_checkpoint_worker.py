@@ -4,7 +4,8 @@
 and a search of the data made from SEED with their checkpoints in ``OUT/graph-ck`` and
 ``OUT/search-ck`` (``checkpoint_interval=0``: a save at every block row and query chunk), with
 ``resume=True`` when PHASE is ``resume``, and rank 0 saves the answers to ``OUT/PHASE.pkl``. A
-crash is made by ``KNNG_TEST_CRASH_AT`` (``os._exit`` at a checkpoint step of every rank).
+crash is made by ``KNNG_TEST_CRASH_AT`` (``os._exit`` at a checkpoint step of every rank), or
+in the search only by ``KNNG_TEST_SEARCH_CRASH_AT``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import numpy as np
 
 #: Query rows per search chunk here (the default, 65,536, would make one chunk of these queries).
 QUERY_CHUNK = 16
+#: ``KNNG_TEST_CRASH_AT`` for the search only, counted from its first step.
+SEARCH_CRASH_ENV = "KNNG_TEST_SEARCH_CRASH_AT"
 
 
 def make_data(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,9 +49,16 @@ def main(rank: int, world: int, port: int, out: str, seed: int, phase: str) -> N
     x, q = make_data(seed)
     resume = phase == "resume"
     results: dict[str, Any] = {}
+    # A crash meant for the search starts counting its steps once the graph is done (whatever
+    # number of block rows the graph's plan has).
+    search_crash = os.environ.pop(SEARCH_CRASH_ENV, None)
     g = knng.graph(x, 6, device="cpu", distributed=True, memory_budget="4MB", checkpoint=tmp / "graph-ck",
                    resume=resume, checkpoint_interval=0)
     results["graph"] = (g.indices, g.distances, kd_report())
+    if search_crash:
+        from knng.io.workarea import CRASH_ENV
+
+        os.environ[CRASH_ENV] = search_crash
     s = kd.search(q, x, 5, device="cpu", checkpoint=tmp / "search-ck", resume=resume, checkpoint_interval=0)
     results["search"] = (s.indices, s.distances, kd_report())
     if rank == 0:

@@ -87,14 +87,16 @@ def test_the_python_api_resumes_a_killed_distributed_graph_and_search_bit_for_bi
     sys.path.insert(0, str(TESTS))
     from distributed_checkpoint_worker import make_data
 
-    def job(phase: str, port: int, crash: str | None) -> subprocess.CompletedProcess:
+    from distributed_checkpoint_worker import SEARCH_CRASH_ENV
+
+    def job(phase: str, port: int, crash: str | None, env: str = CRASH_ENV) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(TESTS / "distributed_checkpoint_worker.py"), "2", str(port),
-                               str(tmp_path), str(seed), phase], env=_env(**({CRASH_ENV: crash} if crash else {})),
+                               str(tmp_path), str(seed), phase], env=_env(**({env: crash} if crash else {})),
                               capture_output=True, text=True, timeout=240)
 
     port = 29000 + seed % 1000
-    # Rank 0 reaches its 12th state write in the search (the graph finished and removed its folder).
-    assert job("first", port, "state-written:12").returncode != 0
+    # Rank 0 reaches the search's 6th state write (the graph finished and removed its folder).
+    assert job("first", port, "state-written:6", SEARCH_CRASH_ENV).returncode != 0
     assert not (tmp_path / "graph-ck").exists() and sorted(p.name for p in (tmp_path / "search-ck").iterdir()) == [
         ".knng-lock", ".knng-work-area", "fingerprint.json", "rank-0-of-2", "rank-1-of-2", "state.json"]
     # The graph runs again from the beginning and dies at its 4th (rank 0) / 4th (rank 1) state write.

@@ -1,6 +1,7 @@
 """The distributed battery on GPUs (NCCL, one process per GPU): identical to one CPU process.
 
-Runs with ``python -m pytest -m gpu`` on a machine with at least two GPUs; the CPU reference
+Runs with ``python -m pytest -m gpu`` on a GPU machine: one rank (the engine's per-rank pipeline
+on NCCL), and two and four where the machine has them; the CPU reference
 (single-device ``knng.graph``/``knng.search`` on the CPU) must equal the GPUs' result bit for
 bit, since both are the exact answer.
 """
@@ -15,13 +16,13 @@ from test_distributed import RESULT_CASES, run_battery
 
 pytestmark = pytest.mark.gpu
 
-GPU_WORLDS = tuple(w for w in (2, 4) if torch.cuda.is_available() and w <= torch.cuda.device_count())
+GPU_WORLDS = tuple(w for w in (1, 2, 4) if torch.cuda.is_available() and w <= torch.cuda.device_count())
 
 
 @pytest.fixture(scope="module")
 def battery(tmp_path_factory):
     if not GPU_WORLDS:
-        pytest.skip("needs at least two CUDA GPUs")
+        pytest.skip("needs a CUDA GPU")
     return run_battery(tmp_path_factory, GPU_WORLDS, device="cuda")
 
 

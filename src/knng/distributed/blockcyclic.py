@@ -9,8 +9,11 @@ Flow on every rank (one way, as in the single-device engine):
    (all-reduced into every point's norm, which the exact finish needs for any candidate);
 3. for each block row I: the all-gather of A_I (every rank reads and prepares 1/R of it; issued
    ``lookahead`` rows ahead, so reads and transfers overlap the products), the blocks S(I, J)
-   of the owned columns J ≥ I — row candidates for part I, column candidates for part J kept
-   locally — then the row candidates gathered to part I's owner;
+   of the owned columns J > I, each screened once for both sides by the single-device engine's
+   block step (:func:`~knng.engine.graph.off_diagonal_blocks`, with its shared thresholds and
+   held survivors) into the rank's one store — row candidates in the row slots, column
+   candidates in the owned parts' slots (:class:`RankSlots`) — then the row candidates
+   gathered to part I's owner;
 4. the owner of part I, once that gather has arrived, merges it with part I's column
    candidates (one store, the smallest τ) and runs the single-device exact finish on part I;
 5. the caller gathers the owned rows to every rank (:func:`gather_rows`) or writes them to a
@@ -22,10 +25,12 @@ hangs stops the others with an error that names it.
 
 from __future__ import annotations
 
+import bisect
+import math
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -39,16 +44,18 @@ from knng.distributed.comm import Comm, agree, check_agreement
 from knng.distributed.plan import BlockPlan
 from knng.distributed.shards import all_gather_rows, common_centre
 from knng.engine import stages
-from knng.engine.common import PreparedCorpus, full_precision, recover_from_oom
+from knng.engine.common import full_precision
 from knng.engine.exact import ExactStats, exact_pairs_of
-from knng.engine.graph import Tile, retry_on_oom, screen_own_part
+from knng.engine.graph import (
+    BlockCounts, GlobalFrames, SharedThresholds, Tile, holding_for, off_diagonal_blocks, retry_on_oom, screen_own_part,
+)
 from knng.engine.plan import (
     BLOCK_BYTES_PER_ELEMENT, MIN_TILE, pending_pairs, resolve_precision, store_capacity,
 )
-from knng.engine.screen import screen_pairs
+from knng.engine.screen import ScoreBuffer
 from knng.engine.store import CandidateStore, PairErrors, StoreStats
-from knng.metrics import METRICS, PRECISIONS, Metric
-from knng.engine.kernels import prepare_rows
+from knng.metrics import METRICS, PRECISIONS, Metric, ScreenPrecision
+from knng.engine.kernels import prepare_rows, screen_kernel_runs
 
 __all__ = ["DistributedGraphReport", "RankRows", "RankSizes", "distributed_graph", "gather_rows", "rank_sizes"]
 
@@ -136,9 +143,10 @@ def _host_budget(world: int) -> int:
 
 def rank_sizes(n: int, d: int, kc: int, world: int, budget: int, metric: Metric, dtype: torch.dtype,
                device: torch.device, part_size: int | None, input_itemsize: int = 4,
-               host_budget: int | None = None) -> RankSizes:
+               host_budget: int | None = None, materialised: bool = True) -> RankSizes:
     """Part size, screen tile height and where the owned columns live, from one rank's budgets
-    (also what ``bench/scaling_model.py`` replays for worlds it has not run)."""
+    (also what ``bench/scaling_model.py`` replays for worlds it has not run). ``materialised``:
+    the screen writes its score blocks (no kernel screens them on some rank)."""
     e = dtype.itemsize
     vec = metric.width(d, device, dtype) * e
     owned_rows = -(-n // world)
@@ -160,13 +168,15 @@ def rank_sizes(n: int, d: int, kc: int, world: int, budget: int, metric: Metric,
              COLUMN_TIERS[3]: 2 * vec}[columns]
     per_row = (LOOKAHEAD + 2) * vec + kc * 25 + (world + 1) * (3 * kc + 1) * 8 * 2 + extra
     on = "cuda" if device.type == "cuda" else "cpu"
-    max_part = max(MIN_TILE, min(MAX_PART[on], remaining // 2 // per_row))
+    block_bytes = BLOCK_BYTES_PER_ELEMENT * max(4, e) // 4  # score blocks are float32 below float64
+    # The engine's block step screens an off-diagonal block whole: where the screen writes it,
+    # a block of two parts takes at most half of what the part buffers leave.
+    by_block = math.isqrt(max(1, remaining // 4 // block_bytes)) if materialised else MAX_PART[on]
+    max_part = max(MIN_TILE, min(MAX_PART[on], remaining // 2 // per_row, by_block))
     plan = BlockPlan(n=n, world=world, part_size=part_size) if part_size else BlockPlan.build(n, world, max_part)
     b = plan.part_size
-    # The score block gets what the part buffers leave: whole parts at once where it fits (each
-    # extra row tile of a block costs another column selection and more lists to merge), else
-    # equal row tiles.
-    block_bytes = BLOCK_BYTES_PER_ELEMENT * max(4, e) // 4  # score blocks are float32 below float64
+    # A part's own block gets what the part buffers leave: the whole part at once where it fits
+    # (each extra row tile costs another column selection), else equal row tiles.
     room = max(remaining - b * per_row, remaining // 4)
     sub = int(min(b, MAX_SUB_ROWS[on], max(MIN_TILE, room // max(1, b * block_bytes))))
     sub = -(-b // -(-b // sub))
@@ -201,7 +211,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                                  "include_self": int(include_self), "cuda": int(device.type == "cuda"),
                                  "itemsize": torch.empty(0, dtype=data.dtype).element_size(),
                                  "budget": budget, "host": _host_budget(world),
-                                 "precision": list(PRECISIONS).index(wanted)})
+                                 "precision": list(PRECISIONS).index(wanted),
+                                 # whether a kernel screens blocks (else they are written whole)
+                                 "kernel": int(screen_kernel_runs(device, PRECISIONS[wanted])),
+                                 "kernel_f32": int(screen_kernel_runs(device, PRECISIONS["float32"]))})
     check_agreement({key: table[key] for key in ("n", "d", "k", "metric", "include_self", "cuda", "itemsize")},
                     {"n": "number of points", "d": "dimension", "k": "k", "metric": "metric (index into "
                      f"{list(METRICS)})", "include_self": "include_self", "cuda": "kind of device (1: a GPU)",
@@ -215,9 +228,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     precision = PRECISIONS[wanted] if len(choices) == 1 else PRECISIONS["float32"]
     dtype = precision.storage
     capacity = store_capacity(k, available)
-    store_pending = pending_pairs(device, budget)
+    kernels = table["kernel"] if len(choices) == 1 else table["kernel_f32"]
     sizes = rank_sizes(n, d, capacity, world, budget, metric, dtype, device, part_size,
-                  input_itemsize=table["itemsize"][0], host_budget=min(table["host"]))
+                       input_itemsize=table["itemsize"][0], host_budget=min(table["host"]),
+                       materialised=not all(kernels))
     done = 0  # block rows a resumed run had finished
     if checkpoint is not None:
         # The saved plan, when resuming: the state is per part (budgets may have changed since).
@@ -230,26 +244,23 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
         done = checkpoint.check_step(sizes.plan.n_parts)
     plan = sizes.plan
     owned = plan.owned(rank)
-    steps = sum(-(-(plan.parts[i][1] - plan.parts[i][0]) // sizes.sub_rows)
-                for i in range(done, plan.n_parts) for _ in range(i, plan.n_parts))
-    comm.set_progress_total(steps + plan.n_parts)
+    P = plan.n_parts
+    # Progress: every rank's off-diagonal blocks, then every part's finish.
+    comm.set_progress_total(sum(P - 1 - i for i in range(done, P)) + P)
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="knng-read")
     stats = ExactStats()
-    oom_retries = 0
+    counts = BlockCounts()
     try:
         with full_precision():
             centre, norms, terms, kept = _prepare_owned(data, metric, plan, owned, comm, device, dtype,
                                                         sizes.columns)
-            pdata = PreparedCorpus.from_norms(data, metric, centre, device, norms, terms, symmetric=True,
-                                              dtype=dtype)
-            terms32 = pdata.terms32
+            source = RankColumns(data, metric, plan.parts, centre, device, dtype, kept,
+                                 prepared=sizes.columns == COLUMN_TIERS[0], reader=reader, norms=norms, terms=terms)
+            frames = GlobalFrames(source, list(plan.parts))
+            centre_norm = 0.0 if centre is None else float(torch.linalg.vector_norm(centre))
+            store, slots = _rank_store(data, metric, precision, plan, owned, norms, terms, centre_norm, k, capacity,
+                                       budget, device)
             results: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (r0, r1) → rows
-
-            def prepared_piece(a: int, b: int, raw: torch.Tensor | None = None) -> torch.Tensor:
-                raw = data.rows(a, b) if raw is None else raw
-                return prepare_rows(metric, raw.to(device, non_blocking=True), centre, side="corpus",
-                                    symmetric=True, dtype=dtype).vectors
-
             width = metric.width(d, device, dtype)
             gathers: dict[int, tuple[Any, torch.Tensor]] = {}
             piece_reads: dict[int, Any] = {}
@@ -263,68 +274,44 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 a, b = plan.piece(part, rank)
                 local = torch.zeros((s, width), dtype=dtype, device=device)
                 if b > a:
-                    local[:b - a] = prepared_piece(a, b, piece_reads.pop(part).result())
+                    local[:b - a] = source.prepare(piece_reads.pop(part).result())
                 else:
                     piece_reads.pop(part, None)
                 buf = torch.empty((world * s, width), dtype=dtype, device=device)
                 gathers[part] = (comm.all_gather(buf, local, f"the all-gather of part {part}"), buf)
 
-            P = plan.n_parts
             for part in range(done, min(P, done + LOOKAHEAD + 2)):
                 read_piece(part)
             for part in range(done, min(P, done + LOOKAHEAD + 1)):
                 start_gather(part)
 
             offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
-
-            def part_store(part: int) -> CandidateStore:
-                """An empty store for the rows of ``part`` (store rows 0.. = the part's rows)."""
-                p0, p1 = plan.parts[part]
-                errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=norms[p0:p1],
-                                    row_terms=None if terms is None else terms[p0:p1], row_offsets=offsets[p0:p1],
-                                    col_norms=norms, col_terms=terms, centre_norm=pdata.centre_norm)
-
-                def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-                    return exact_pairs_of(metric, data, rows + p0, data, cols, device)
-
-                return CandidateStore(p1 - p0, k, capacity, errors, evaluate, device, pending=store_pending)
-
-            def column(j: int) -> torch.Tensor:
-                if sizes.columns == COLUMN_TIERS[0]:
-                    return kept[j]
-                if j in kept:
-                    return prepared_piece(*plan.parts[j], kept[j])
-                fut = streamed.pop(j, None)
-                raw = fut.result() if fut is not None else data.rows(*plan.parts[j])
-                return prepared_piece(*plan.parts[j], raw)
-
-            streamed: dict[int, Any] = {}
             # Thresholds first: every owned part screens its own block S(J, J) (its k best seed
             # τ, as on one device), then one all-reduce gives every rank every point's τ.
-            survivors = StoreStats()
             ready: dict[int, torch.Tensor] = {}
             if done:
                 with checkpoint.restoring():
-                    col_stores, tau, survivors, oom_retries = _restore(checkpoint, part_store, plan.parts, ready,
-                                                                       device)
+                    tau = _restore(checkpoint, store, slots, plan.parts, ready, counts, device)
             else:
-                col_stores = {j: part_store(j) for j in owned}
                 tau = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
             for j in owned if not done else ():
                 j0, j1 = plan.parts[j]
                 comm.status(f"screening block ({j}, {j}): the first thresholds of part {j}")
-                own = Tile(column(j), norms[j0:j1], None if terms is None else terms[j0:j1],
-                           None if terms32 is None else terms32[j0:j1])
-                oom_retries += retry_on_oom(partial(screen_own_part, own, d, metric, col_stores[j],
-                                                    torch.arange(j1 - j0, device=device),
-                                                    torch.arange(j0, j1, device=device), k, include_self, select,
-                                                    device, sizes.sub_rows, precision=precision), device)
-                tau[j0:j1] = col_stores[j].tau
+                own = Tile(source.column(j), norms[j0:j1], None if terms is None else terms[j0:j1],
+                           None if source.terms32 is None else source.terms32[j0:j1])
+                counts.retries += retry_on_oom(partial(screen_own_part, own, d, metric, store, slots.of(j),
+                                                       torch.arange(j0, j1, device=device), k, include_self, select,
+                                                       device, sizes.sub_rows, precision=precision), device)
+                counts.screened += (j1 - j0) ** 2
+                tau[j0:j1] = store.tau[slots.owned(j)]
             if not done:
                 comm.wait(comm.all_reduce(tau, "the exchange of the first thresholds", op=dist.ReduceOp.MIN))
                 for j in owned:
-                    j0, j1 = plan.parts[j]
-                    col_stores[j].tau = torch.minimum(col_stores[j].tau, tau[j0:j1])
+                    store.lower_thresholds(slots.owned(j), tau[slice(*plan.parts[j])])
+            # Every point's threshold against the corpus's largest norm, for every block (one centre).
+            thresholds = SharedThresholds.when_uniform(store, norms, terms, [frames.ids(p) for p in range(P)])
+            buffer = ScoreBuffer() if device.type == "cpu" else None
+            ticks = _Ticks(comm)
             finishing: deque = deque()  # (part, pending gather, buffers) at the owner, until merged
             sends: deque = deque()  # (pending gather, buffer) kept alive until sent
 
@@ -332,12 +319,10 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 """Part ``part``'s candidates are complete: its own store and every rank's row stores."""
                 comm.status(f"finishing part {part}: merging its candidates")
                 comm.wait(pending)
-                store = col_stores.pop(part)
-                ready[part] = store.pack()
+                ready[part] = store.pack(slots.owned(part))
                 for buf in bufs:
                     ready[part] = torch.cat([ready[part][:, :-1], buf[:, :-1],
                                              torch.minimum(ready[part][:, -1:], buf[:, -1:])], dim=1)
-                survivors.add(store.stats)
 
             def drain() -> None:
                 """Wait for every gather of row candidates to owners, and merge what arrived."""
@@ -349,18 +334,17 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
             def save(step: int) -> None:
                 assert checkpoint is not None
                 drain()
-                # A few arrays, whatever the number of parts (a file costs a flush): the column
-                # stores' tensors and the complete parts' candidates, each stacked by rows.
+                # A few arrays, whatever the number of parts (a file costs a flush): the owned
+                # parts' store rows and the complete parts' candidates, each stacked by rows.
                 arrays: dict[str, torch.Tensor] = {"tau": tau}
-                states = {j: col_stores[j].state() for j in sorted(col_stores)}
-                for name in next(iter(states.values()))[0] if states else ():
-                    arrays[f"col_{name}"] = torch.cat([tensors[name] for tensors, _ in states.values()])
+                if owned:
+                    for name, tensor in store.rows_state(slots.every_owned).items():
+                        arrays[f"store_{name}"] = tensor
                 if ready:
                     arrays["ready"] = torch.cat([ready[part] for part in sorted(ready)])
-                counters = {str(j): c for j, (_, c) in states.items()}
-                checkpoint.save(step, {"col_parts": sorted(col_stores), "col_counters": counters,
-                                       "ready_parts": sorted(ready), "survivors": vars(survivors),
-                                       "oom_retries": oom_retries},
+                checkpoint.save(step, {"ready_parts": sorted(ready), "store": vars(store.stats),
+                                       "retries": counts.retries, "computed": counts.computed,
+                                       "screened": counts.screened},
                                 arrays, f"{step:,} of {P:,} block rows done")
 
             saved_at = done
@@ -369,47 +353,21 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 comm.status(f"waiting for the all-gather of part {i}")
                 pending, buf = gathers.pop(i)
                 comm.wait(pending)
-                rows_i = buf[:i1 - i0]
                 if i + LOOKAHEAD + 2 < P:
                     read_piece(i + LOOKAHEAD + 2)
                 if i + LOOKAHEAD + 1 < P:
                     start_gather(i + LOOKAHEAD + 1)
-                row_store = part_store(i)
-                row_store.tau = tau[i0:i1].clone()
-                rows_q = metric.query_layout(rows_i, d)
                 todo = [j for j in plan.row_blocks(rank, i) if j != i]  # S(I, I) came first
-                for pos, j in enumerate(todo):
-                    j0, j1 = plan.parts[j]
-                    cols = column(j)
-                    if pos + 1 < len(todo) and todo[pos + 1] not in kept:
-                        nxt = todo[pos + 1]
-                        streamed[nxt] = reader.submit(data.rows, *plan.parts[nxt])
-                    sub = sizes.sub_rows
-                    r0 = 0
-                    while r0 < i1 - i0:
-                        r1 = min(i1 - i0, r0 + sub)
-                        comm.status(f"screening block ({i}, {j}), rows {i0 + r0}–{i0 + r1}")
-                        local = torch.arange(r0, r1, device=device)
-                        try:
-                            by_row, by_col = screen_pairs(
-                                rows_q[r0:r1], cols, d, row_store.screen_thresholds(local, *pdata.maxima(j0, j1)),
-                                col_stores[j].screen_thresholds(torch.arange(j1 - j0, device=device),
-                                                                *pdata.maxima(i0 + r0, i0 + r1)),
-                                precision, row_terms=None if terms32 is None else terms32[i0 + r0:i0 + r1],
-                                col_terms=None if terms32 is None else terms32[j0:j1])
-                        except Exception as exc:  # noqa: BLE001 - out of memory: smaller tiles
-                            recover_from_oom(exc, device, can_retry=sub > MIN_TILE)
-                            sub, oom_retries = max(MIN_TILE, sub // 2), oom_retries + 1
-                            continue
-                        row_store.add(by_row.owner + r0, by_row.other + j0, by_row.keys)
-                        col_stores[j].add(by_col.owner, by_col.other + i0 + r0, by_col.keys)
-                        comm.tick()
-                        r0 = r1
-                    del cols
-                # Part I's row store from this rank goes to part I's owner.
-                survivors.add(row_store.stats)
-                pack = row_store.pack()
-                del row_store
+                # The row slots take part I's points, their thresholds the first ones.
+                slots.take_row_part(i, tau[i0:i1])
+                source.start_row(i, buf[:i1 - i0], todo)
+                comm.status(f"screening block row {i} (parts {todo[0]}–{todo[-1]})" if todo
+                            else f"block row {i}: no block on this rank")
+                off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=False,
+                                    buffer=buffer, bar=ticks, counts=counts, first_step=0,
+                                    order=[(i, j) for j in todo], slots=slots.of)
+                # Part I's row candidates from this rank go to part I's owner.
+                pack = store.pack(slots.row)
                 owner = plan.owner(i)
                 what = f"the gather of part {i}'s row candidates to rank {owner}"
                 if rank == owner:
@@ -456,10 +414,11 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                 a, b = min(p1 - p0, rank * s_rows), min(p1 - p0, (rank + 1) * s_rows)
                 if b > a:
                     comm.status(f"finishing rows {p0 + a}–{p0 + b}: exact re-rank")
-                    template = part_store(part)
-                    errors = replace(template.errors, row_norms=template.errors.row_norms[a:b],
-                                     row_terms=None if terms is None else template.errors.row_terms[a:b],
-                                     row_offsets=template.errors.row_offsets[a:b])
+                    r0, r1 = p0 + a, p0 + b
+                    errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=norms[r0:r1],
+                                        row_terms=None if terms is None else terms[r0:r1],
+                                        row_offsets=offsets[r0:r1], col_norms=norms, col_terms=terms,
+                                        centre_norm=centre_norm)
 
                     def evaluate(rows: torch.Tensor, cols: torch.Tensor, base: int = p0 + a) -> torch.Tensor:
                         return exact_pairs_of(metric, data, rows + base, data, cols, device)
@@ -477,7 +436,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
-    report = _report(comm, plan, sizes, capacity, precision.name, stats, survivors, oom_retries, seconds, device)
+    report = _report(comm, plan, sizes, capacity, precision.name, stats, store.stats, counts.retries, seconds, device)
     if checkpoint is not None:
         report.checkpoints = checkpoint.summary()
     ranges = sorted(results)
@@ -485,11 +444,163 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                     distances=[results[r][1] for r in ranges]), report
 
 
-def _restore(checkpoint: DistributedCheckpoint, part_store: Any, parts: tuple[tuple[int, int], ...],
-             ready: dict[int, torch.Tensor], device: torch.device
-             ) -> tuple[dict[int, CandidateStore], torch.Tensor, StoreStats, int]:
-    """A resumed rank's state: its owned parts' column stores, its complete owned parts (into
-    ``ready``), the first thresholds, the survivors' counters and out-of-memory retries."""
+class RankSlots:
+    """Where a rank's store keeps each part's rows: slots ``0:`` the row part of the block row in
+    progress (each block row's part in turn, its candidates sent to the part's owner after the
+    row), then the owned parts one after the other (their column candidates, kept to the end)."""
+
+    def __init__(self, parts: tuple[tuple[int, int], ...], owned: list[int], device: torch.device) -> None:
+        self.parts, self.device = parts, device
+        self.row_width = max(p1 - p0 for p0, p1 in parts)
+        self._first: dict[int, int] = {}
+        at = self.row_width
+        for j in owned:
+            self._first[j] = at
+            at += parts[j][1] - parts[j][0]
+        self.n = at
+        #: Every slot's point (the row slots: the row part's, once it is taken).
+        self.ids = torch.full((at,), -1, dtype=torch.int64, device=device)
+        for j in owned:
+            self.ids[self.owned(j)] = torch.arange(*parts[j], device=device)
+        self.every_owned = slice(self.row_width, at)
+        self.row = slice(0, 0)
+        self._row_part = -1
+        self._store: CandidateStore | None = None
+
+    def attach(self, store: CandidateStore) -> None:
+        """The store whose rows these are (its norms per slot follow :meth:`take_row_part`)."""
+        self._store = store
+
+    def owned(self, part: int) -> slice:
+        """The slots of owned part ``part``."""
+        p0, p1 = self.parts[part]
+        return slice(self._first[part], self._first[part] + p1 - p0)
+
+    def of(self, part: int) -> torch.Tensor:
+        """The slots of ``part``'s points: the row slots for the row part, else its owned slots."""
+        if part == self._row_part:
+            return torch.arange(self.row.stop, device=self.device)
+        at = self.owned(part)
+        return torch.arange(at.start, at.stop, device=self.device)
+
+    def take_row_part(self, part: int, tau: torch.Tensor) -> None:
+        """The row slots take ``part``'s points, emptied, with thresholds ``tau``."""
+        assert self._store is not None
+        p0, p1 = self.parts[part]
+        m = p1 - p0
+        errors = self._store.errors
+        self.ids[:m] = torch.arange(p0, p1, device=self.device)
+        errors.row_norms[:m] = errors.col_norms[p0:p1]
+        if errors.row_terms is not None and errors.col_terms is not None:
+            errors.row_terms[:m] = errors.col_terms[p0:p1]
+        first = torch.full((self.row_width,), torch.inf, dtype=torch.float64, device=self.device)
+        first[:m] = tau
+        self._store.flush()  # survivors of the previous blocks (owned parts' own blocks) go in first
+        self._store.clear_rows(slice(0, self.row_width), first)
+        self.row, self._row_part = slice(0, m), part
+
+
+def _rank_store(data: InputArray, metric: Metric, precision: ScreenPrecision, plan: BlockPlan, owned: list[int],
+                norms: torch.Tensor, terms: torch.Tensor | None, centre_norm: float, k: int, capacity: int,
+                budget: int, device: torch.device) -> tuple[CandidateStore, RankSlots]:
+    """The one store of a rank's blocks (rows: :class:`RankSlots`), holding its survivors where
+    the single-device graph's would (:func:`~knng.engine.graph.holding_for`)."""
+    slots = RankSlots(plan.parts, owned, device)
+    slot_norms = norms[slots.ids.clamp_min(0)]
+    slot_terms = None if terms is None else terms[slots.ids.clamp_min(0)]
+    errors = PairErrors(metric=metric, d=data.d, precision=precision, row_norms=slot_norms, row_terms=slot_terms,
+                        row_offsets=torch.full_like(slot_norms, 1.0 if metric.normalize else 0.0),
+                        col_norms=norms, col_terms=terms, centre_norm=centre_norm)
+    ids = slots.ids
+
+    def evaluate(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return exact_pairs_of(metric, data, ids[rows], data, cols, device)
+
+    holding = holding_for(precision, norms, terms, device, n=slots.n, capacity=capacity,
+                          pending=pending_pairs(device, budget), budget=budget)
+    # A store that takes its survivors in as it goes waits for more of them at a time.
+    pending = pending_pairs(device, budget) if holding is not None else pending_pairs(device, budget, updates=True)
+    store = CandidateStore(slots.n, k, capacity, errors, evaluate, device, pending=pending, holding=holding)
+    slots.attach(store)
+    return store, slots
+
+
+class RankColumns:
+    """The prepared rows a rank's blocks read: the source of its
+    :class:`~knng.engine.graph.GlobalFrames`.
+
+    The row part of the block row in progress (gathered from every rank's piece) and the owned
+    column parts, kept where :data:`COLUMN_TIERS` says (prepared, or as read and prepared per
+    block) or read again from the input for every block, the next block's read issued while
+    this one runs.
+    """
+
+    def __init__(self, data: InputArray, metric: Metric, parts: tuple[tuple[int, int], ...],
+                 centre: torch.Tensor | None, device: torch.device, dtype: torch.dtype,
+                 kept: dict[int, torch.Tensor], *, prepared: bool, reader: ThreadPoolExecutor,
+                 norms: torch.Tensor, terms: torch.Tensor | None) -> None:
+        self.corpus, self.metric, self.parts, self.centre = data, metric, parts, centre
+        self.device, self.dtype, self.kept, self.prepared, self.reader = device, dtype, kept, prepared, reader
+        self.norms, self.terms = norms, terms
+        self.terms32 = None if terms is None else terms.to(torch.float32)
+        self._starts = [p0 for p0, _ in parts]
+        self._row: tuple[int, torch.Tensor] | None = None
+        self._order: list[int] = []
+        self._streamed: dict[int, Future] = {}
+
+    def prepare(self, raw: torch.Tensor) -> torch.Tensor:
+        """Rows as read, in the screen's layout around the common centre."""
+        return prepare_rows(self.metric, raw.to(self.device, non_blocking=True), self.centre, side="corpus",
+                            symmetric=True, dtype=self.dtype).vectors
+
+    def start_row(self, part: int, rows: torch.Tensor, columns: list[int]) -> None:
+        """Part ``part``'s prepared rows have arrived; its blocks read ``columns``, in this order."""
+        self._row, self._order = (part, rows), columns
+        self._prefetch(0)
+
+    def tile(self, start: int, stop: int) -> torch.Tensor:
+        """Prepared rows ``start:stop`` (within one part)."""
+        part = bisect.bisect_right(self._starts, start) - 1
+        p0 = self.parts[part][0]
+        if self._row is not None and self._row[0] == part:
+            return self._row[1][start - p0:stop - p0]
+        return self.column(part)[start - p0:stop - p0]
+
+    def column(self, part: int) -> torch.Tensor:
+        """Owned part ``part``, prepared."""
+        if self.prepared:
+            return self.kept[part]
+        if part in self.kept:
+            raw = self.kept[part]
+        else:
+            fetched = self._streamed.pop(part, None)
+            raw = fetched.result() if fetched is not None else self.corpus.rows(*self.parts[part])
+        if part in self._order:
+            self._prefetch(self._order.index(part) + 1)
+        return self.prepare(raw)
+
+    def _prefetch(self, position: int) -> None:
+        if position < len(self._order):
+            part = self._order[position]
+            if part not in self.kept and part not in self._streamed:
+                self._streamed[part] = self.reader.submit(self.corpus.rows, *self.parts[part])
+
+
+class _Ticks:
+    """Blocks done, counted to the job's progress (the engine's block loop updates a bar)."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+
+    def update(self, n: int = 1) -> None:
+        self.comm.tick(n)
+
+
+def _restore(checkpoint: DistributedCheckpoint, store: CandidateStore, slots: RankSlots,
+             parts: tuple[tuple[int, int], ...], ready: dict[int, torch.Tensor], counts: BlockCounts,
+             device: torch.device) -> torch.Tensor:
+    """A resumed rank's state: its owned parts' store rows and the store's counters, its complete
+    owned parts (into ``ready``), its block counters; returns the first thresholds."""
     state, arrays = checkpoint.state, checkpoint.arrays()
     assert state is not None
 
@@ -497,21 +608,18 @@ def _restore(checkpoint: DistributedCheckpoint, part_store: Any, parts: tuple[tu
         # A copy: the saved arrays are read-only memory maps, and torch wants writable memory.
         return torch.from_numpy(np.array(arrays[name][start:stop])).to(device)
 
-    col_stores = {}
-    row = 0
-    for j in state["col_parts"]:
-        store = part_store(j)
-        store.load_state({name[len("col_"):]: rows_of(name, row, row + store.n)
-                          for name in arrays if name.startswith("col_")}, state["col_counters"][str(j)])
-        col_stores[j] = store
-        row += store.n
+    owned = slots.every_owned
+    if owned.stop > owned.start:
+        store.load_rows(owned, {name[len("store_"):]: rows_of(name, 0, owned.stop - owned.start)
+                                for name in arrays if name.startswith("store_")})
+    store.stats = StoreStats(**{f: int(v) for f, v in state["store"].items()})
     row = 0
     for part in state["ready_parts"]:
         p0, p1 = parts[part]
         ready[part] = rows_of("ready", row, row + p1 - p0)
         row += p1 - p0
-    survivors = StoreStats(**{f: int(v) for f, v in state["survivors"].items()})
-    return col_stores, rows_of("tau", 0, len(arrays["tau"])), survivors, int(state["oom_retries"])
+    counts.retries, counts.computed, counts.screened = (int(state[f]) for f in ("retries", "computed", "screened"))
+    return rows_of("tau", 0, len(arrays["tau"]))
 
 
 def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: list[int], comm: Comm,

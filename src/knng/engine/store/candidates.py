@@ -456,15 +456,40 @@ class CandidateStore:
         self.updates += 1
         self._may_hold = True
 
+    def clear_rows(self, slots: slice, tau: torch.Tensor) -> None:
+        """Empty store rows ``slots`` for other points whose thresholds are ``tau`` (bounds proved
+        elsewhere, or +inf); nothing may be pending or held (a store whose rows take turns: a
+        distributed rank's row part). :attr:`updates` counts it, as :meth:`load_rows` does."""
+        if self._pending or self._held:
+            raise RuntimeError("clear_rows with survivors pending or held: flush first")
+        self.keys[slots] = torch.inf
+        self.rad[slots] = torch.inf
+        self.idx[slots] = -1
+        self.dist[slots] = torch.nan
+        self.count[slots] = 0
+        self.tau[slots] = tau
+        self._screened[slots] = 0
+        self._evaluations[slots] = 0
+        self._overflowed[slots] = False
+        self.updates += 1
+
+    def lower_thresholds(self, slots: slice, tau: torch.Tensor) -> None:
+        """τ of store rows ``slots`` ← min(τ, ``tau``): upper bounds of the rows' k-th distances that
+        another store proved (another rank's candidates of the same points)."""
+        self.tau[slots] = torch.minimum(self.tau[slots], tau)
+        self.updates += 1
+
     # ------------------------------------------------------------------------------- exchange
-    def pack(self) -> torch.Tensor:
-        """The whole store as one float64 (n, 3·capacity + 1) array: keys, ids, distances, τ.
+    def pack(self, slots: slice | None = None) -> torch.Tensor:
+        """The store's rows (``slots``, default all) as one float64 (rows, 3·capacity + 1) array:
+        keys, ids, distances, τ.
 
         Column ids stay exact in float64 (below 2⁵³). :meth:`from_packs` rebuilds a store from
         several packs of the same rows (a distributed graph gathers a part's stores so).
         """
         self.flush()
-        return torch.cat([self.keys, self.idx.to(torch.float64), self.dist, self.tau[:, None]], dim=1)
+        at = slice(None) if slots is None else slots
+        return torch.cat([self.keys[at], self.idx[at].to(torch.float64), self.dist[at], self.tau[at, None]], dim=1)
 
     @classmethod
     def from_packs(cls, packs: list[torch.Tensor], k: int, errors: PairErrors, evaluate: Evaluator,
