@@ -368,3 +368,22 @@ def test_checkpointed_runs_fold_and_resume_folded(rng, tmp_path, set_options):
     s = knng.search(q, x, 5, checkpoint=tmp_path / "search-ck")  # folding off: every row searched
     assert last_report().duplicates_folded == 0
     np.testing.assert_array_equal(s.indices, knng.search(q, x, 5).indices)
+
+
+def test_a_large_file_is_read_through_for_groups_only_where_a_sample_repeats_a_row(rng, tmp_path):
+    # Past SAMPLE_BLOCKS blocks of rows a file's sample decides: a large group shows in it and
+    # is found whole; a file without repeats is not read through (its sample has none).
+    n, block = 40_000, 1_000
+    x = rng.standard_normal((n, 3)).astype(np.float32)
+    np.save(tmp_path / "plain.npy", x)
+    plain = knng._inputs.as_input(np.load(tmp_path / "plain.npy", mmap_mode="r"), "data")
+    assert duplicates.find_duplicates_in(plain, 5, torch.device("cpu"), block_rows=block) is None
+    group = rng.permutation(n)[:4_000]
+    x[group] = x[group[0]]
+    np.save(tmp_path / "dup.npy", x)
+    dup = knng._inputs.as_input(np.load(tmp_path / "dup.npy", mmap_mode="r"), "data")
+    groups = duplicates.find_duplicates_in(dup, 5, torch.device("cpu"), block_rows=block)
+    assert groups is not None and int(groups.sizes.max()) == 4_000
+    big = int(torch.argmax(groups.sizes))
+    members = groups.members[groups.starts[big]:groups.starts[big + 1]].numpy()
+    np.testing.assert_array_equal(members, np.sort(group))
