@@ -311,3 +311,79 @@ def test_folding_on_the_gpu(kind, rng):
     g = knng.graph(plain if kind == "numpy" else torch.from_numpy(plain).cuda(), 5, device="cuda")
     assert last_report().duplicates_folded == 0
     assert_exact(g, oracle_graph(plain, 5))
+
+
+@pytest.mark.parametrize("source", ["memmap", "h5py"])
+def test_data_read_from_files_fold_like_data_in_memory(source, rng, tmp_path):
+    # The same groups whether the rows come from memory or from a file read in blocks: the same
+    # rows folded, the same exact graph and search (with a budget that streams the file too).
+    x = _with_groups(rng, 700, 5, (90, 40, 3))
+    q = np.concatenate([x[rng.integers(0, 700, 15)], rng.standard_normal((15, 5)).astype(np.float32)])
+    if source == "memmap":
+        np.save(tmp_path / "x.npy", x)
+        data = np.load(tmp_path / "x.npy", mmap_mode="r")
+    else:
+        h5py = pytest.importorskip("h5py")
+        f = h5py.File(tmp_path / "x.h5", "w")
+        f.create_dataset("x", data=x)
+        data = f["x"]
+    for budget in (None, "256KB"):
+        g = knng.graph(data, 6, memory_budget=budget)
+        assert last_report().duplicates_folded == 89 + 39 + 2
+        assert_exact(g, oracle_graph(x, 6), context=f"budget={budget}")
+        np.testing.assert_array_equal(g.indices, knng.graph(x, 6).indices)
+        res = knng.search(q, data, 6, memory_budget=budget)
+        assert last_report().duplicates_folded == 89 + 39 + 2
+        assert_exact(res, oracle_search(q, x, 6, "euclidean"), context=f"budget={budget}")
+
+
+def test_a_file_with_a_bad_row_names_it_as_the_caller_numbers_it(rng, tmp_path):
+    # Rows before the bad one fold away: the error still names the row of the file.
+    x = _with_groups(rng, 300, 3, (60,))
+    x[250] = np.nan
+    np.save(tmp_path / "x.npy", x)
+    for data in (x, np.load(tmp_path / "x.npy", mmap_mode="r")):
+        with pytest.raises(ValueError, match=r"data contains NaN or Inf \(first in row 250\)"):
+            knng.graph(data, 3)
+
+
+def test_checkpointed_runs_fold_and_resume_folded(rng, tmp_path, set_options):
+    # A checkpointed graph folds; kept after success, it resumes with only the finish to do,
+    # finding the same groups; a run that would not fold may not take that checkpoint over.
+    from knng.io.workarea import CheckpointMismatchError
+
+    x = _with_groups(rng, 500, 4, (70, 30))
+    ref = knng.graph(x, 5)
+    g = knng.graph(x, 5, checkpoint=tmp_path / "ck", keep_checkpoint=True)
+    assert last_report().duplicates_folded == 69 + 29
+    np.testing.assert_array_equal(g.indices, ref.indices)
+    g = knng.graph(x, 5, checkpoint=tmp_path / "ck", resume=True, keep_checkpoint=True)
+    assert last_report().checkpoints["resumed_from"] > 0 and last_report().duplicates_folded == 98
+    np.testing.assert_array_equal(g.indices, ref.indices)
+    np.testing.assert_array_equal(g.distances, ref.distances)
+    set_options(fold_duplicates=False)
+    with pytest.raises(CheckpointMismatchError):
+        knng.graph(x, 5, checkpoint=tmp_path / "ck", resume=True)
+    q = x[:40] + 1e-3
+    s = knng.search(q, x, 5, checkpoint=tmp_path / "search-ck")  # folding off: every row searched
+    assert last_report().duplicates_folded == 0
+    np.testing.assert_array_equal(s.indices, knng.search(q, x, 5).indices)
+
+
+def test_a_large_file_is_read_through_for_groups_only_where_a_sample_repeats_a_row(rng, tmp_path):
+    # Past SAMPLE_BLOCKS blocks of rows a file's sample decides: a large group shows in it and
+    # is found whole; a file without repeats is not read through (its sample has none).
+    n, block = 40_000, 1_000
+    x = rng.standard_normal((n, 3)).astype(np.float32)
+    np.save(tmp_path / "plain.npy", x)
+    plain = knng._inputs.as_input(np.load(tmp_path / "plain.npy", mmap_mode="r"), "data")
+    assert duplicates.find_duplicates_in(plain, 5, torch.device("cpu"), block_rows=block) is None
+    group = rng.permutation(n)[:4_000]
+    x[group] = x[group[0]]
+    np.save(tmp_path / "dup.npy", x)
+    dup = knng._inputs.as_input(np.load(tmp_path / "dup.npy", mmap_mode="r"), "data")
+    groups = duplicates.find_duplicates_in(dup, 5, torch.device("cpu"), block_rows=block)
+    assert groups is not None and int(groups.sizes.max()) == 4_000
+    big = int(torch.argmax(groups.sizes))
+    members = groups.members[groups.starts[big]:groups.starts[big + 1]].numpy()
+    np.testing.assert_array_equal(members, np.sort(group))

@@ -24,7 +24,7 @@ from knng.engine.common import resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
-    EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, make_search_plan,
+    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, make_search_plan,
     resolve_budget, resolve_host_budget,
 )
 from knng.engine.search import exact_search
@@ -116,8 +116,9 @@ def search(
         uint8, int8.
     corpus : array-like, shape (n_corpus, d)
         Same kinds and dtypes. Memory maps and datasets stream through in tiles. Identical
-        rows of an in-memory corpus are folded into one for the run where a group is large
-        enough to matter (the answer is the same; ``report.duplicates_folded``).
+        rows of the corpus (in memory or read from a file, checkpointed or not) are folded into
+        one for the run where a group is large enough to matter (the answer is the same;
+        ``report.duplicates_folded``).
     k : int
         Neighbours per query, 1 ≤ k ≤ n_corpus.
     metric : {"euclidean", "sqeuclidean", "cosine", "pearson", "inner_product"}
@@ -195,22 +196,26 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    rows, groups = _duplicate_groups(c, m, k, dev, budget, checkpoint)
-    if groups is not None:
-        return _search_of_groups(q, c, rows, groups, k, m, dev, select, budget, memory_budget, host_memory_budget,
-                                 progress)
-    c = rows
-    plan = make_search_plan(n_queries=q.n, n_corpus=c.n, d=c.d, k=k, metric=m.name, device=dev, budget=budget,
-                            source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
+    rows, groups = _duplicate_groups(c, m, k, dev, budget)
+    # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
+    reps = rows if groups is None else duplicates.representatives(rows, groups)
+    k_reps = min(k, reps.n)
+    plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=c.d, k=k_reps, metric=m.name, device=dev,
+                            budget=budget, source=budget_source(memory_budget, dev),
+                            host_budget=resolve_host_budget(host_memory_budget),
                             host_source=host_budget_source(host_memory_budget))
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
-                            operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan)
+                            operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan,
+                            **({} if groups is None else {"folded_to": reps.n}))
     if ckpt is not None:
         plan = ckpt.plan(plan)
     _warn_of_slow_plan(plan, stacklevel=2)
     with _running(ckpt):
-        idx, dist, report = exact_search(q, c, k, m, dev, select, plan.budget, progress, plan=plan, checkpoint=ckpt,
-                                         keep_checkpoint=keep_checkpoint)
+        idx, dist, report = exact_search(q, reps, k_reps, m, dev, select, plan.budget, progress, plan=plan,
+                                         checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
+    if groups is not None:
+        idx, dist = duplicates.unfold_search(_groups_on(groups, dev), idx.to(dev), dist.to(dev), k)
+        report = replace(report, duplicates_folded=c.n - reps.n)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)
@@ -232,74 +237,20 @@ def _on_device(x: InputArray, dev: torch.device, budget: int) -> InputArray:
     return as_input(t.to(dev), x.name)
 
 
-def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, budget: int, checkpoint: Any
+def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, budget: int
                       ) -> tuple[InputArray, "duplicates.DuplicateGroups | None"]:
     """The rows the engine reads (``x``, or its copy on the device) and their groups of identical
-    rows where folding them applies and pays (``Options.fold_duplicates``), else None."""
-    if not (get_options().fold_duplicates and checkpoint is None and x.in_memory and duplicates.applies(m)):
+    rows where folding them applies and pays (``Options.fold_duplicates``), else None. Inputs
+    read from files are looked through in blocks (:func:`~knng.engine.duplicates.find_duplicates_in`)."""
+    if not (get_options().fold_duplicates and duplicates.applies(m)):
         return x, None
-    rows = _on_device(x, dev, budget)
-    assert rows.tensor is not None
-    return rows, duplicates.find_duplicates(rows.tensor, k)
+    rows = _on_device(x, dev, budget) if x.in_memory else x
+    return rows, duplicates.find_duplicates_in(rows, k, dev)
 
 
-def _search_of_groups(q: InputArray, c: InputArray, rows: InputArray, groups: "duplicates.DuplicateGroups", k: int,
-                      m: "Metric", dev: torch.device, select: str, budget: int, memory_budget: Any,
-                      host_memory_budget: Any, progress: bool) -> Neighbors:
-    """The search of ``c`` (read as ``rows``) from the search of its groups' representatives
-    (see :mod:`knng.engine.duplicates`)."""
-    reps, groups = _representatives(rows, groups, dev)
-    k_reps = min(k, reps.n)
-    plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=reps.d, k=k_reps, metric=m.name, device=dev,
-                            budget=budget, source=budget_source(memory_budget, dev),
-                            host_budget=resolve_host_budget(host_memory_budget),
-                            host_source=host_budget_source(host_memory_budget))
-    _warn_of_slow_plan(plan, stacklevel=3)
-    idx, dist, report = exact_search(q, reps, k_reps, m, dev, select, plan.budget, progress, plan=plan)
-    idx, dist = duplicates.unfold_search(groups, idx.to(dev), dist.to(dev), k)
-    report = replace(report, duplicates_folded=c.n - reps.n)
-    set_last_report(report)
-    out_idx, out_dist = as_output(q, idx, dist)
-    return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
-
-
-def _representatives(rows: InputArray, groups: "duplicates.DuplicateGroups", dev: torch.device
-                     ) -> tuple[InputArray, "duplicates.DuplicateGroups"]:
-    """The groups' representative rows (where ``rows`` are) and the groups on ``dev``."""
-    assert rows.tensor is not None
-    reps = as_input(rows.tensor[groups.reps.to(rows.tensor.device)], rows.name)
-    return reps, duplicates.DuplicateGroups(*(t.to(dev) for t in (groups.reps, groups.group, groups.members,
-                                                                   groups.starts)))
-
-
-def _graph_of_groups(x: InputArray, rows: InputArray, groups: "duplicates.DuplicateGroups", k: int, m: "Metric",
-                     dev: torch.device, select: str, include_self: bool, budget: int, memory_budget: Any,
-                     host_memory_budget: Any, progress: bool) -> Graph:
-    """The graph of ``x`` (read as ``rows``: the data or their copy on the device) from the graph
-    of its groups' representatives (see :mod:`knng.engine.duplicates`)."""
-    reps, groups = _representatives(rows, groups, dev)
-    u = reps.n
-    k_reps = min(k, u - 1)
-    plan = make_graph_plan(n=u, d=reps.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
-                           include_self=False, source=budget_source(memory_budget, dev),
-                           host_budget=resolve_host_budget(host_memory_budget),
-                           host_source=host_budget_source(host_memory_budget),
-                           slab_gain=slab_gain_of(reps, dev))
-    _warn_of_slow_plan(plan, stacklevel=3)
-    if k_reps >= 1:
-        idx, dist, report = exact_graph(reps, k_reps, m, dev, select, plan.budget, include_self=False,
-                                        progress=progress, plan=plan)
-    else:  # one group: every row's neighbours are its twins
-        idx = torch.empty((u, 0), dtype=torch.int64, device=dev)
-        dist = torch.empty((u, 0), dtype=torch.float64, device=dev)
-        report = GraphReport(plan=plan, oom_retries=0, exact=ExactStats(rows=u))
-    every = torch.arange(u, device=dev)
-    self_dist = exact_pairs_of(m, reps, every, reps, every, dev)
-    idx, dist = duplicates.unfold_graph(groups, idx, dist, self_dist, k, include_self)
-    report = replace(report, duplicates_folded=x.n - u)
-    set_last_report(report)
-    out_idx, out_dist = as_output(x, idx, dist)
-    return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)
+def _groups_on(groups: "duplicates.DuplicateGroups", dev: torch.device) -> "duplicates.DuplicateGroups":
+    return duplicates.DuplicateGroups(*(t.to(dev) for t in (groups.reps, groups.group, groups.members,
+                                                            groups.starts)))
 
 
 def graph(
@@ -340,7 +291,8 @@ def graph(
         Count each point among its own neighbours.
 
         Identical rows (flat image regions, repeated records) are folded into one for the run
-        where a group is large enough to matter, and unfolded after: the answer is the same
+        where a group is large enough to matter, whatever the data's source (a file is looked
+        through in blocks), and unfolded after: the answer is the same
         (``docs/EXACTNESS.md``, "Identical rows folded into one"); ``report.duplicates_folded``
         says how many rows were folded away.
     distributed : bool
@@ -371,23 +323,45 @@ def graph(
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
-    rows, groups = _duplicate_groups(x, m, k, dev, budget, checkpoint)  # rows: what the engine reads
-    if groups is not None:
-        return _graph_of_groups(x, rows, groups, k, m, dev, select, include_self, budget, memory_budget,
-                                host_memory_budget, progress)
-    plan = make_graph_plan(n=x.n, d=x.d, k=k, metric=m.name, device=dev, budget=budget, include_self=include_self,
-                           source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory_budget),
-                           host_source=host_budget_source(host_memory_budget),
-                           slab_gain=slab_gain_of(rows, dev))
+    rows, groups = _duplicate_groups(x, m, k, dev, budget)  # rows: what the engine reads
+    # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
+    reps = rows if groups is None else duplicates.representatives(rows, groups)
+    k_reps = k if groups is None else min(k, reps.n - 1)
+
+    def graph_plan() -> EnginePlan:
+        return make_graph_plan(n=reps.n, d=x.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
+                               include_self=include_self and groups is None, source=budget_source(memory_budget, dev),
+                               host_budget=resolve_host_budget(host_memory_budget),
+                               host_source=host_budget_source(host_memory_budget), slab_gain=slab_gain_of(reps, dev))
+
+    plan = graph_plan()
+    if groups is not None and plan.lists == LISTS_ON_DISK:
+        # Unfolding holds every row's k neighbours in memory at once, which stores that must go
+        # to disk say may not fit: the graph of every row, its results beside the stores.
+        rows, groups, reps, k_reps = x, None, x, k
+        plan = graph_plan()
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
-                            inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self)
+                            inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self,
+                            **({} if groups is None else {"folded_to": reps.n}))
     if ckpt is not None:
         plan = ckpt.plan(plan)
     _warn_of_slow_plan(plan, stacklevel=2)
     with _running(ckpt):
-        idx, dist, report = exact_graph(rows, k, m, dev, select, plan.budget, include_self=include_self,
-                                        progress=progress, plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
-                                        lists_folder=None if ckpt is None else os.fspath(ckpt.area.path))
+        if k_reps >= 1:
+            idx, dist, report = exact_graph(reps, k_reps, m, dev, select, plan.budget,
+                                            include_self=include_self and groups is None, progress=progress,
+                                            plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
+                                            lists_folder=None if ckpt is None else os.fspath(ckpt.area.path))
+        else:  # one group: every row's neighbours are its twins
+            idx = torch.empty((reps.n, 0), dtype=torch.int64, device=dev)
+            dist = torch.empty((reps.n, 0), dtype=torch.float64, device=dev)
+            report = GraphReport(plan=plan, oom_retries=0, exact=ExactStats(rows=reps.n))
+    if groups is not None:
+        every = torch.arange(reps.n, device=dev)
+        self_dist = exact_pairs_of(m, reps, every, reps, every, dev)
+        idx, dist = duplicates.unfold_graph(_groups_on(groups, dev), idx.to(dev), dist.to(dev), self_dist, k,
+                                            include_self)
+        report = replace(report, duplicates_folded=x.n - reps.n)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)

@@ -78,6 +78,10 @@ def plan_lines(title: str, plan: Any) -> list[str]:
                  f"{plan.host_budget_source})")
     if plan.host_budget_note:
         lines.append(f"  warning         {plan.host_budget_note}")
+    if plan.metric != "inner_product":
+        # Groups of identical rows are found as the run reads the data, which this plan has not.
+        lines.append("  duplicates      groups of identical rows, where the run finds some worth folding, are "
+                     "searched as one row each: the run then plans for those rows (its knng.json records that plan)")
     out_bytes = plan.n_queries * plan.k * (8 + 4)
     lines.append(f"  outputs         {plan.n_queries:,} × {plan.k} neighbours: indices int64 + distances float32 "
                  f"= {fmt_bytes(out_bytes)}")
