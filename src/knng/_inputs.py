@@ -93,7 +93,7 @@ class InputArray:
             return self.tensor[index.to(self.tensor.device)]
         idx = index.detach().cpu().numpy().astype(np.int64, copy=False)
         flat = idx.ravel()
-        if isinstance(self.source, np.ndarray):
+        if isinstance(self.source, np.ndarray) or getattr(self.source, "any_rows", False):
             block = np.asarray(self.source[flat])
         else:  # h5py wants increasing, unique indices
             unique, inverse = np.unique(flat, return_inverse=True)

@@ -196,7 +196,7 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    rows, groups = _duplicate_groups(c, m, k, dev, budget)
+    rows, groups = _duplicate_groups(c, m, k, dev, budget, host_memory_budget)
     # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
     k_reps = min(k, reps.n)
@@ -237,15 +237,22 @@ def _on_device(x: InputArray, dev: torch.device, budget: int) -> InputArray:
     return as_input(t.to(dev), x.name)
 
 
-def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, budget: int
+def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, budget: int, host_memory_budget: Any
                       ) -> tuple[InputArray, "duplicates.DuplicateGroups | None"]:
     """The rows the engine reads (``x``, or its copy on the device) and their groups of identical
     rows where folding them applies and pays (``Options.fold_duplicates``), else None. Inputs
     read from files are looked through in blocks (:func:`~knng.engine.duplicates.find_duplicates_in`)."""
     if not (get_options().fold_duplicates and duplicates.applies(m)):
         return x, None
-    rows = _on_device(x, dev, budget) if x.in_memory else x
-    return rows, duplicates.find_duplicates_in(rows, k, dev)
+    if x.in_memory:
+        rows = _on_device(x, dev, budget)
+        return rows, duplicates.find_duplicates_in(rows, k, dev)
+    if host_memory_budget is not None:
+        # A file folded under a budget of the caller's: the folded run held about 1 MB beyond
+        # its plan (a 6,000 × 1,000 file under 4 MB: 3.7 MB against 2.6 MB unfolded; the cause
+        # is not yet found), so a bound the caller set is kept by not folding.
+        return x, None
+    return x, duplicates.find_duplicates_in(x, k, dev, host_budget=resolve_host_budget(host_memory_budget))
 
 
 def _groups_on(groups: "duplicates.DuplicateGroups", dev: torch.device) -> "duplicates.DuplicateGroups":
@@ -323,7 +330,7 @@ def graph(
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
-    rows, groups = _duplicate_groups(x, m, k, dev, budget)  # rows: what the engine reads
+    rows, groups = _duplicate_groups(x, m, k, dev, budget, host_memory_budget)  # rows: what the engine reads
     # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
     k_reps = k if groups is None else min(k, reps.n - 1)

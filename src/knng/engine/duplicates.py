@@ -43,9 +43,12 @@ __all__ = ["DuplicateGroups", "find_duplicates", "find_duplicates_in", "represen
 #: create no ties beyond a row's k nearest, and folding costs a pass over the data and the
 #: unfolding sorts.
 GROUP_MIN = 16
-#: Blocks of consecutive rows a file is sampled in before it is read through for groups
-#: (:func:`find_duplicates_in`; files of more than this many blocks of rows).
+#: Runs of consecutive rows (of :data:`SAMPLE_ROWS` at most) a file is sampled in before it is
+#: read through for groups (:func:`find_duplicates_in`; files of more than four samples' rows).
 SAMPLE_BLOCKS = 16
+SAMPLE_ROWS = 256
+#: The blocks a file is read in for groups take at most this share of the host budget.
+HOST_SHARE = 16
 
 
 @dataclass(frozen=True)
@@ -89,38 +92,51 @@ def find_duplicates(x: torch.Tensor, k: int) -> DuplicateGroups | None:
     return _groups_of(_fingerprints(x), k, lambda rows, firsts: (x[rows] == x[firsts]).all(dim=1))
 
 
-def find_duplicates_in(data: InputArray, k: int, device: torch.device, block_rows: int = 1 << 16
-                       ) -> DuplicateGroups | None:
+def find_duplicates_in(data: InputArray, k: int, device: torch.device, *, host_budget: int | None = None,
+                       block_rows: int | None = None) -> DuplicateGroups | None:
     """:func:`find_duplicates` of an input read in blocks (a memory map, a dataset): the
     fingerprints block by block on ``device``, then only the rows whose key group has another
     row read again and compared with their group's first row (on the device). A file of more
-    than :data:`SAMPLE_BLOCKS` blocks is read through only where a sample of it repeats a row
-    (:func:`_repeats_in_sample`)."""
+    than four samples' rows is read through only where a sample of it repeats a row
+    (:func:`_repeats_in_sample`). ``host_budget``: the bytes of host memory the run may hold,
+    which bounds the blocks read (:func:`read_rows`); ``block_rows``: rows a block instead."""
     if data.tensor is not None:
         rows = data.tensor.to(device)
         check_finite(rows, data.name, 0)  # before folding: an error names the row as the caller numbers it
         return find_duplicates(rows, k)
     if data.n < 2:
         return None
-    if data.n > SAMPLE_BLOCKS * block_rows and not _repeats_in_sample(data, device, block_rows):
+    if block_rows is None:
+        block_rows = read_rows(data.d, host_budget)
+    sample_rows = min(SAMPLE_ROWS, block_rows)
+    if data.n > 4 * SAMPLE_BLOCKS * sample_rows and not _repeats_in_sample(data, device, sample_rows):
         return None
     keys = []
-    for start, block in data.iter_blocks(block_rows, read_ahead=1):
+    for start, block in data.iter_blocks(block_rows):
         block = block.to(device)
         check_finite(block, data.name, start)
         keys.append(_fingerprints(block))
     return _groups_of(torch.cat(keys), k, lambda rows, firsts: _equal_rows(data, rows, firsts, device, block_rows))
 
 
-def _repeats_in_sample(data: InputArray, device: torch.device, block_rows: int) -> bool:
-    """Whether :data:`SAMPLE_BLOCKS` runs of consecutive rows spread over ``data`` hold two rows
-    of one fingerprint: a file is read through for groups only then. Groups that pay for their
+def read_rows(d: int, host_budget: int | None) -> int:
+    """Rows a block of a file read for groups: its copies (as read, on the device, as float, the
+    next read waiting) within 1/:data:`HOST_SHARE` of ``host_budget`` (None: no bound), and at
+    most 65,536."""
+    if host_budget is None:
+        return 1 << 16
+    return int(max(1, min(1 << 16, host_budget // HOST_SHARE // (8 * max(1, d)))))
+
+
+def _repeats_in_sample(data: InputArray, device: torch.device, run_rows: int) -> bool:
+    """Whether :data:`SAMPLE_BLOCKS` runs of ``run_rows`` consecutive rows spread over ``data``
+    hold two rows of one fingerprint: a file is read through for groups only then. Groups that pay for their
     folding are large (each row's ties grow with its group), and a large group shows in such a
     sample; a file without them is then read once less (2M × 128 float32 from a memory map on an
     H200: the whole pass cost 1.4 s of a 15.5 s graph)."""
     stride = data.n // SAMPLE_BLOCKS
-    rows = max(1, block_rows // SAMPLE_BLOCKS)
-    keys = torch.cat([_fingerprints(data.rows(s, s + rows).to(device)) for s in range(0, stride * SAMPLE_BLOCKS, stride)])
+    keys = torch.cat([_fingerprints(data.rows(s, s + run_rows).to(device))
+                      for s in range(0, stride * SAMPLE_BLOCKS, stride)])
     ordered = keys[_lexicographic_order(keys)]
     return bool((ordered[1:] == ordered[:-1]).all(dim=1).any())
 
@@ -189,6 +205,9 @@ class _RowsAt:
         self.base, self.rows = base, rows
         self.shape = (rows.size, *base.shape[1:])
         self.dtype = base.dtype
+        #: Rows in any order, repeats allowed, read in one index (``InputArray.take``), as a
+        #: NumPy array (a memory map) reads them; a dataset wants ascending rows.
+        self.any_rows = isinstance(base, np.ndarray)
 
     def __len__(self) -> int:
         return int(self.rows.size)
