@@ -367,31 +367,31 @@ def _quality_line(row: dict[str, Any]) -> str:
     return f"{row['data']:<40} {row['library']:<18} k={k:<8} quality {row['quality']:.4f}  {row['seconds']:.2f} s{note}"
 
 
+def _library_table(rows: list[dict[str, Any]], first: str, label: Any, keep: Any, cell: Any) -> str:
+    """Markdown: one row per data set (``label(data)``), one column per library, each cell the
+    ``cell`` values of the rows ``keep`` selects, joined by " / "."""
+    libraries = list(dict.fromkeys(r["library"] for r in rows))
+    lines = [f"| {first} | " + " | ".join(libraries) + " |", "|---|" + "---|" * len(libraries)]
+    for data in dict.fromkeys(r["data"] for r in rows):
+        cells = [" / ".join(cell(r) for r in rows if r["data"] == data and r["library"] == library and keep(r))
+                 for library in libraries]
+        lines.append(f"| {label(data)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def quality_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one row per data set, one column per library (default / 10 / 20 / 40)."""
-    libraries = list(dict.fromkeys(r["library"] for r in rows))
-    lines = ["| data | " + " | ".join(libraries) + " |", "|---|" + "---|" * len(libraries)]
-    for data in dict.fromkeys(r["data"] for r in rows):
-        cells = []
-        for library in libraries:
-            mine = [r for r in rows if r["data"] == data and r["library"] == library]
-            cells.append(" / ".join("fail" if r.get("quality") is None else f"{r['quality']:.4f}" for r in mine))
-        lines.append(f"| {data} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _library_table(rows, "data", str, lambda r: True,
+                          lambda r: "fail" if r.get("quality") is None else f"{r['quality']:.4f}")
 
 
 def time_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: seconds per fit at each library's defaults."""
-    libraries = list(dict.fromkeys(r["library"] for r in rows))
-    lines = ["| data (n) | " + " | ".join(libraries) + " |", "|---|" + "---|" * len(libraries)]
-    for data in dict.fromkeys(r["data"] for r in rows):
-        cells = []
-        for library in libraries:
-            mine = [r for r in rows if r["data"] == data and r["library"] == library and r["n_neighbors"] is None]
-            cells.append(" / ".join("fail" if r.get("seconds") is None else f"{r['seconds']:.2f}" for r in mine))
-        n = next(r["n"] for r in rows if r["data"] == data)
-        lines.append(f"| {data} ({n:,}) | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    def label(data: str) -> str:
+        return f"{data} ({next(r['n'] for r in rows if r['data'] == data):,})"
+
+    return _library_table(rows, "data (n)", label, lambda r: r["n_neighbors"] is None,
+                          lambda r: "fail" if r.get("seconds") is None else f"{r['seconds']:.2f}")
 
 
 def main() -> None:

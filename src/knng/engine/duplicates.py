@@ -102,8 +102,10 @@ def find_duplicates_in(data: InputArray, k: int, device: torch.device, *, host_b
     which bounds the blocks read (:func:`read_rows`); ``block_rows``: rows a block instead."""
     if data.tensor is not None:
         rows = data.tensor.to(device)
-        check_finite(rows, data.name, 0)  # before folding: an error names the row as the caller numbers it
-        return find_duplicates(rows, k)
+        groups = find_duplicates(rows, k)
+        if groups is not None:  # folded, the engine's own check would number the representatives
+            check_finite(rows, data.name, 0)
+        return groups
     if data.n < 2:
         return None
     if block_rows is None:
