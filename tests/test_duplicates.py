@@ -9,6 +9,7 @@ import torch
 import knng
 from knng.api import last_report
 from knng.engine import duplicates
+from knng.engine.kernels.unfold import KERNEL_MAX_WIDTH
 from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
 
 pytestmark = pytest.mark.folds
@@ -255,7 +256,7 @@ def test_unfolding_kernel_matches_the_sort(kernel_device, rng):
     sorted_rows = _check_unfolding(rng, 2, n, (16, 9, 5, 3, 2, 2), widths, ks, kernel_device.type)
     assert sorted_rows
     if kernel_device.type == "cuda":  # the kernel's widest rows: 1,001 lists, k = 1,024
-        _check_unfolding(rng, 3, 1300, (16, 9, 5, 3, 2, 2), (1000,), (1000, duplicates.KERNEL_MAX_WIDTH), "cuda")
+        _check_unfolding(rng, 3, 1300, (16, 9, 5, 3, 2, 2), (1000,), (1000, KERNEL_MAX_WIDTH), "cuda")
 
 
 def test_a_fingerprint_collision_only_forgoes_a_fold(rng, monkeypatch):
