@@ -75,9 +75,9 @@ def kd_report() -> dict[str, Any]:
 
 
 def spawn(world: int, port: int, out: str, seed: int, phase: str) -> None:
-    import torch.multiprocessing as mp
+    from distributed_worker import spawn_ranks
 
-    mp.spawn(main, args=(world, port, out, seed, phase), nprocs=world)
+    spawn_ranks(main, (world, port, out, seed, phase), world)
 
 
 if __name__ == "__main__":

@@ -194,10 +194,21 @@ def main(rank: int, world: int, port: int, out: str, seed: int, device: str = "c
     dist.destroy_process_group()
 
 
-def spawn(world: int, port: int, out: str, seed: int, device: str = "cpu", entry: Callable[..., None] = main) -> None:
+def spawn_ranks(entry: Callable[..., None], args: tuple, world: int) -> None:
+    """Run ``entry(rank, *args)`` in ``world`` processes that share this host's cores.
+
+    Each rank gets its share of the cores for torch's threads (as ``knng.distributed.launch``
+    gives its ranks): with every core each, the ranks' threads spin against each other, and a
+    small matrix product on 2 busy cores took 12 ms instead of 44 µs.
+    """
     import torch.multiprocessing as mp
 
-    mp.spawn(entry, args=(world, port, out, seed, device), nprocs=world)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    mp.spawn(entry, args=args, nprocs=world)
+
+
+def spawn(world: int, port: int, out: str, seed: int, device: str = "cpu", entry: Callable[..., None] = main) -> None:
+    spawn_ranks(entry, (world, port, out, seed, device), world)
 
 
 if __name__ == "__main__":

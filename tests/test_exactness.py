@@ -430,7 +430,7 @@ def test_store_tightens_wide_rows_in_groups(rng, seed, set_options):
     # A store update sorts at most REBUILD_ENTRIES entries at once and near-ties are evaluated
     # in padded groups of similar widths; a tiny size forces many ranges and groups (rows of very
     # different widths: a cluster of near-ties among spread points) and the answer stays exact.
-    import knng.engine.store.candidates as store
+    from knng.engine.store.entries import rebuild_groups
 
     set_options(rebuild_entries_cpu=64)
     set_options(pending_cpu=1 << 40)
@@ -445,7 +445,7 @@ def test_store_tightens_wide_rows_in_groups(rng, seed, set_options):
     g = knng.graph(x, 5, device="cpu", memory_budget="64KB")
     assert g.report.store.tightenings > 0 and g.report.store.overflow_rows > 0, g.report
     assert_exact(g, oracle_graph(x, 5), context=f"seed={seed}")
-    groups = store._rebuild_groups(torch.tensor([1, 50, 2, 3, 40, 1]), 4)
+    groups = rebuild_groups(torch.tensor([1, 50, 2, 3, 40, 1]), 4)
     assert sorted(torch.cat(groups).tolist()) == list(range(6)) and len(groups) > 1
     assert all(bool((g[1:] > g[:-1]).all()) for g in groups)
 
@@ -510,22 +510,22 @@ def test_store_row_helpers_equal_their_plain_forms(rng):
     """The store's counts of sorted rows and its transposed interval scan give the plain forms'
     values: counts by index_add_, overlaps by scans along the rows (ties of endpoints, empty
     rows, infinite intervals, rows of one entry)."""
-    from knng.engine.store.candidates import _counts_by_starts, _overlapping_sorted, _overlapping_sorted_columns, _sorted_counts
+    from knng.engine.store.entries import counts_by_starts, overlapping_sorted, overlapping_sorted_columns, sorted_counts
 
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
     n = 1_000
     rows = torch.sort(torch.randint(0, n, (20_000,), generator=gen)).values
     rows = rows[(rows % 7) != 3]  # rows with no entry
     want = torch.zeros(n, dtype=torch.int64).index_add_(0, rows, torch.ones_like(rows))
-    assert torch.equal(_counts_by_starts(rows, n), want)
-    assert torch.equal(_counts_by_starts(rows[:0], n), torch.zeros(n, dtype=torch.int64))
-    assert torch.equal(_sorted_counts(rows, n), want)
+    assert torch.equal(counts_by_starts(rows, n), want)
+    assert torch.equal(counts_by_starts(rows[:0], n), torch.zeros(n, dtype=torch.int64))
+    assert torch.equal(sorted_counts(rows, n), want)
     for m, w in ((500, 1), (300, 7), (64, 40)):
         mid = torch.sort(torch.randint(0, 50, (m, w), generator=gen).double(), dim=1).values
         r = torch.randint(0, 3, (m, w), generator=gen).double() / 2  # touching endpoints tie exactly
         low, high = mid - r, mid + r
         low[:, w // 2 + 1:] = torch.inf
         high[:, w // 2 + 1:] = torch.inf
-        got = _overlapping_sorted_columns(low.t().contiguous(), high.t().contiguous()).t()
-        assert torch.equal(got, _overlapping_sorted(low, high)), (m, w)
+        got = overlapping_sorted_columns(low.t().contiguous(), high.t().contiguous()).t()
+        assert torch.equal(got, overlapping_sorted(low, high)), (m, w)
         assert bool(got.any()) or w == 1

@@ -421,7 +421,7 @@ def test_held_survivors_tighten_without_reading_back(pairs, seed):
     # A holding store's tightening marks the held pairs it keeps and compacts them at their next
     # use: it reads nothing back from the GPU, so the next block's launch, which needs only the
     # new τ, queues behind it (store._settle_held). The answer stays exact.
-    from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms
+    from knng.engine.store import HoldingStore, Holding, PairErrors, PairNorms
     from knng.metrics import PRECISIONS, get_metric
 
     x = _randn((50, 8), seed, dtype=torch.float64)
@@ -434,8 +434,8 @@ def test_held_survivors_tighten_without_reading_back(pairs, seed):
     exact = ((x[:, None] - y[None]) ** 2).sum(-1)
     keys = (exact - (norms[0] ** 2)[:, None]).to(torch.float32)
     holding = Holding(pairs=True) if pairs else Holding(maxima=(float(norms[1].max()), 0.0))
-    store = CandidateStore(50, 5, 8, errors, lambda r, c: ((x[r] if c.dim() == 1 else x[r][:, None]) - y[c]).pow(2).sum(-1),
-                           torch.device("cuda"), pending=10**9, holding=holding)
+    store = HoldingStore(50, 5, 8, errors, lambda r, c: ((x[r] if c.dim() == 1 else x[r][:, None]) - y[c]).pow(2).sum(-1),
+                         torch.device("cuda"), pending=10**9, holding=holding)
     rows = torch.arange(50, device="cuda").repeat_interleave(3000)
     cols = torch.arange(3000, device="cuda").repeat(50)
     for p0 in range(0, rows.numel(), 40_000):

@@ -111,7 +111,11 @@ SUBPACKAGE_ORDER: dict[str, tuple[tuple[str, ...], ...]] = {
         ("runs",),                            # what runs here
         ("fused",),                           # the fused screen's launchers
     ),
-    "store": (("candidates",), ("lists",)),   # the stores; where they live
+    "store": (
+        ("entries", "errors", "stats"),       # flat and padded entries, pairs' error radii, counters
+        ("candidates",),                      # the store that takes its survivors in
+        ("held", "lists"),                    # the store that holds them back; where stores live
+    ),
     "graph": (("frames", "report"), ("blocks", "rows"), ("bands",), ("symmetric",)),  # centres; steps, rows; loops
 }
 

@@ -347,17 +347,17 @@ def test_key_codes_sort_as_the_keys(rng):
 def test_wide_key_codes_sort_and_round_up(rng, shift):
     # A store update sorts (row, upper bound) pairs as one int64 with the row in the top bits:
     # the bound's code keeps 64 − shift bits, in order, and a code rounds up (never down).
-    from knng.engine.store.candidates import _code64_up, _rounded_up
+    from knng.engine.store.entries import code64_up, rounded_up
 
     special = [-np.inf, -1.7e308, -1.0, -5e-324, -0.0, 0.0, 5e-324, 1e-300, 1.0, 1.7e308, np.inf]
     x = torch.from_numpy(np.concatenate([special, rng.standard_normal(20000) * 10.0 ** rng.integers(-300, 300, 20000),
                                          1.0 + np.arange(2000) * 2.0**-52]))
-    codes = _code64_up(x, shift)
+    codes = code64_up(x, shift)
     assert int(codes.min()) >= 0 and int(codes.max()) < 2**(64 - shift)
     order = torch.argsort(x, stable=True)
     assert bool((codes[order][1:] >= codes[order][:-1]).all())  # sorted keys give sorted codes
-    up = _rounded_up(x, shift)
-    assert bool((up >= x).all()) and torch.equal(_code64_up(up, shift), codes)
+    up = rounded_up(x, shift)
+    assert bool((up >= x).all()) and torch.equal(code64_up(up, shift), codes)
     # The packed (row, code) sorts by row first.
     rows = torch.from_numpy(rng.integers(0, 2**(shift - 1), x.numel()))
     packed = rows * 2**(64 - shift) + codes
@@ -396,7 +396,7 @@ def test_a_holding_store_finishes_exactly(how, rng, set_options):
     # distance then index: ties here); one that took pairs in (over its limit, or a checkpoint's
     # state, or the finish's own tightening over the limit) finishes through the store, and
     # answers the same.
-    from knng.engine.store import CandidateStore, Holding, PairErrors
+    from knng.engine.store import HoldingStore, Holding, PairErrors
     from knng.metrics import PRECISIONS, get_metric
 
     x = torch.from_numpy(rng.standard_normal((6, 4)))
@@ -416,8 +416,8 @@ def test_a_holding_store_finishes_exactly(how, rng, set_options):
     rows, cols = torch.arange(6).repeat_interleave(40)[order], torch.arange(40).repeat(6)[order]
     maxima = (float(y.norm(dim=1).max()), 0.0)
     limit = {"taken": 0, "finish takes in": 1}.get(how)
-    store = CandidateStore(6, 3, 8, errors, evaluate, torch.device("cpu"),
-                           pending=10**6 if how == "finish takes in" else 50, holding=Holding(maxima=maxima, limit=limit))
+    store = HoldingStore(6, 3, 8, errors, evaluate, torch.device("cpu"),
+                         pending=10**6 if how == "finish takes in" else 50, holding=Holding(maxima=maxima, limit=limit))
     for p0 in range(0, rows.numel(), 37):
         store.add(rows[p0:p0 + 37], cols[p0:p0 + 37], keys[rows[p0:p0 + 37], cols[p0:p0 + 37]])
         if how == "tightened":
@@ -429,7 +429,7 @@ def test_a_holding_store_finishes_exactly(how, rng, set_options):
         set_options(finish_padding=0)
     if how in ("finish tightens", "finish takes in"):  # as a large run's finish does (a small one evaluates its pairs whole)
         set_options(finish_untightened_pairs=0)
-    assert store._may_hold == (how in ("taken", "state"))
+    assert store._taken_in == (how in ("taken", "state"))
     idx, dist = store.finish()
     want = torch.sort(exact, dim=1, stable=True)
     assert torch.equal(idx, want.indices[:, :3]) and torch.equal(dist, want.values[:, :3])
@@ -444,7 +444,7 @@ def test_held_survivors_tighten_no_sooner_than_the_last_tightening_kept(pairs, r
     # its last tightening kept (each tightening reads them all): here pending = 10, and the
     # pairs a tightening keeps soon outnumber it. Held with maxima (one centre) or with each
     # pair's own norms (Holding.pairs); the answer is exact either way.
-    from knng.engine.store import CandidateStore, Holding, PairErrors, PairNorms
+    from knng.engine.store import HoldingStore, Holding, PairErrors, PairNorms
     from knng.metrics import PRECISIONS, get_metric
 
     x = torch.from_numpy(rng.standard_normal((5, 3)))
@@ -457,11 +457,11 @@ def test_held_survivors_tighten_no_sooner_than_the_last_tightening_kept(pairs, r
     exact = ((x[:, None] - y[None]) ** 2).sum(-1)
     keys = (exact - (norms[0] ** 2)[:, None]).to(torch.float32)
     holding = Holding(pairs=True) if pairs else Holding(maxima=(float(norms[1].max()), 0.0))
-    store = CandidateStore(5, 4, 8, errors, lambda r, c: ((x[r] if c.dim() == 1 else x[r][:, None]) - y[c]).pow(2).sum(-1),
-                           torch.device("cpu"), pending=10, holding=holding)
+    store = HoldingStore(5, 4, 8, errors, lambda r, c: ((x[r] if c.dim() == 1 else x[r][:, None]) - y[c]).pow(2).sum(-1),
+                         torch.device("cpu"), pending=10, holding=holding)
     seen = []
-    real = CandidateStore.tighten_held
-    monkeypatch.setattr(CandidateStore, "tighten_held",
+    real = HoldingStore.tighten_held
+    monkeypatch.setattr(HoldingStore, "tighten_held",
                         lambda self, *a: seen.append((self._held_fresh, self._held_kept)) or real(self, *a))
     rows, cols = torch.arange(5).repeat_interleave(300), torch.arange(300).repeat(5)
     order = torch.randperm(rows.numel(), generator=torch.Generator().manual_seed(3))
@@ -480,7 +480,7 @@ def test_held_survivors_tighten_no_sooner_than_the_last_tightening_kept(pairs, r
 def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, set_options):
     # Median (the lower of an even count), 99th percentile and maximum by the device's sort, as
     # NumPy's partition on the host gives them: ties, several lists, sizes either side of 100.
-    import knng.engine.store.candidates as store
+    import knng.engine.store.stats as store
 
     counts = [torch.from_numpy(rng.integers(0, 7, size=m)) for m in (n // 3, n - n // 3)]
     host = store.summarize_per_row(counts)
@@ -495,7 +495,7 @@ def test_per_row_summaries_on_the_device_equal_the_hosts(n, rng, set_options):
 def test_summaries_in_one_copy_equal_each_alone(rng, set_options):
     # Several summaries read in one copy (some sorted on the device, some on the host, some
     # empty) are each the summary of its own counts.
-    import knng.engine.store.candidates as store
+    import knng.engine.store.stats as store
 
     groups = [[torch.from_numpy(rng.integers(0, 9, size=m)) for m in sizes]
               for sizes in ((5, 0, 17), (), (0,), (1,), (150,), (40, 61))]

@@ -21,7 +21,7 @@ from knng.engine.exact import exact_pairs_of
 from knng.engine.graph import holding_for
 from knng.engine.kernels import prepare_rows
 from knng.engine.plan import pending_pairs
-from knng.engine.store import CandidateStore, PairErrors
+from knng.engine.store import CandidateStore, PairErrors, candidate_store
 from knng.metrics import Metric, ScreenPrecision
 
 __all__ = ["RankColumns", "RankSlots", "rank_store"]
@@ -103,7 +103,7 @@ def rank_store(data: InputArray, metric: Metric, precision: ScreenPrecision, pla
                           pending=pending_pairs(device, budget), budget=budget)
     # A store that takes its survivors in as it goes waits for more of them at a time.
     pending = pending_pairs(device, budget) if holding is not None else pending_pairs(device, budget, updates=True)
-    store = CandidateStore(slots.n, k, capacity, errors, evaluate, device, pending=pending, holding=holding)
+    store = candidate_store(slots.n, k, capacity, errors, evaluate, device, pending=pending, holding=holding)
     slots.attach(store)
     return store, slots
 

@@ -1,6 +1,6 @@
 """Exact float64 distances from the input vectors, and the order of an exact answer.
 
-The engine's screen (``engine/screen.py``) and stores (``engine/store/candidates.py``) decide which pairs
+The engine's screen (``engine/screen.py``) and stores (``engine/store/``) decide which pairs
 a row's proof needs; the pairs are evaluated here, by differences (``Metric.exact``), and an
 answer is ordered by (distance, index).
 """

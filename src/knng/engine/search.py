@@ -31,7 +31,9 @@ from knng.engine.plan import EnginePlan, after_out_of_memory, make_search_plan
 from knng.engine.screen import (
     block_scores, screen_rows, screen_tiles, strip_minima, tile_minima,
 )
-from knng.engine.store import CandidateStore, Holding, PairErrors, StoreStats, summarize_per_row_each
+from knng.engine.store import (
+    CandidateStore, Holding, HoldingStore, PairErrors, StoreStats, candidate_store, summarize_per_row_each,
+)
 from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 from knng._options import get_options
@@ -271,8 +273,8 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
     # Where the tiles tighten the thresholds themselves, the store holds the survivors back and
     # this loop tightens after each tile, against the columns screened so far.
     tightening = device.type in get_options().tighten_on
-    store = CandidateStore(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
-                           work_bytes=plan.work_bytes, holding=Holding(limit=get_options().held_limit) if tightening else None)
+    store = candidate_store(m, k, plan.capacity, errors, evaluate, device, pending=plan.pending_pairs,
+                            work_bytes=plan.work_bytes, holding=Holding(limit=get_options().held_limit) if tightening else None)
     rows = torch.arange(m, device=device)
     if sample is None:
         _screen_tiles_first(store, rows, prep, pcorpus, precision)
@@ -289,7 +291,7 @@ def _screen_chunk(raw: torch.Tensor, pcorpus: PreparedCorpus, sample: SeedSample
         found = screen_rows(prep.vectors, tile, corpus.d, store.screen_thresholds(rows, *maxima), precision,
                             col_terms=None if terms is None else terms[c0:c1])
         store.add(found.owner, found.other + c0, found.keys)
-        if tightening:
+        if isinstance(store, HoldingStore):
             seen = (max(seen[0], maxima[0]), max(seen[1], maxima[1]))
             store.tighten_held(seen)
     return store

@@ -247,7 +247,7 @@ def own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: Candidat
     that holds its survivors back (of one centre, or pairs with their blocks' norms), blocks
     screened by a kernel, each part seeded by the kernel's strip minima of its own sample (2k
     strips or more in the largest part)."""
-    if store.holding is None or not screen_kernel_runs(device, precision):
+    if not store.holds_back or not screen_kernel_runs(device, precision):
         return False
     m = max(i1 - i0 for i0, i1 in frames.parts)
     ks = min(k, m if include_self else m - 1)

@@ -35,7 +35,7 @@ from knng.engine.screen import (
     ScoreBuffer,
 )
 from knng.engine.store import (
-    CandidateStore, PairErrors,
+    PairErrors, candidate_store,
 )
 from knng.metrics import Metric
 from knng.engine.graph.bands import graph_in_bands
@@ -137,8 +137,8 @@ def exact_graph(
                               pending=plan.pending_pairs, budget=plan.budget)
         # A store that takes its survivors in as it goes waits for more of them at a time.
         pending = plan.pending_pairs if holding is not None else pending_pairs(device, plan.budget, updates=True)
-        store = CandidateStore(n, k, plan.capacity, errors, evaluate, device, pending=pending,
-                               work_bytes=plan.work_bytes, holding=holding)
+        store = candidate_store(n, k, plan.capacity, errors, evaluate, device, pending=pending,
+                                work_bytes=plan.work_bytes, holding=holding)
         thresholds = None if shared is None else SharedThresholds.when_uniform(store, norms, terms,
                                                                                  [frames.ids(p) for p in range(len(parts))])
         buffer = ScoreBuffer() if device.type == "cpu" else None
