@@ -218,7 +218,7 @@ def _rows_not_folded(request: pytest.FixtureRequest):
     """Tests of the engine see every row: graphs do not fold exact duplicates into one
     (``Options.fold_duplicates``), which would route their duplicate-heavy data (integer
     ties, flat patches, all-equal rows) around the engine's tie handling. Tests marked
-    ``folds`` (``tests/test_duplicates.py``) keep the default and test the folding."""
+    ``folds`` (``tests/engine/test_duplicates.py``) keep the default and test the folding."""
     if request.node.get_closest_marker("folds") is not None:
         yield
         return

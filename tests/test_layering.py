@@ -43,6 +43,11 @@ rules keep its start-up cheap and the benchmarks outside the package honest:
     name and no private knng module (an underscore in any part of the name); its k-selection
     harness, ``bench/select_harness.py``, imports only the names that ``knng``, ``knng.io`` and
     ``knng.select`` export in ``__all__``.
+
+One rule is about the tests themselves:
+
+(i) ``tests/`` mirrors the packages: every folder in it is named after a package of ``src/knng``
+    (``tests/io``, ``tests/select``, ``tests/engine``, ``tests/distributed``, ``tests/cli``).
 """
 
 from __future__ import annotations
@@ -678,3 +683,21 @@ def test_the_selection_harness_uses_exported_names_only() -> None:
             problems.append(f"{imp.where}: rule (e) the harness imports {what}, which is not exported by "
                             "knng, knng.io or knng.select")
     assert not problems, _report(problems)
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    """Rule (i): every folder of ``tests/`` is named after a package of ``src/knng`` (``tests/engine/``
+    tests ``knng.engine``); tests of top-level modules, of the whole project and the shared helpers
+    (``oracle.py``, ``conftest.py``) stay in ``tests/`` itself. The folders have no ``__init__.py``
+    (pytest's default import mode puts each on ``sys.path``), so every basename must be unique."""
+    tests = ROOT / "tests"
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders <= packages, (f"tests/ folders {sorted(folders - packages)} are named after no package of "
+                                 f"src/knng ({sorted(packages)}): rename or move them")
+    files = sorted(p for p in tests.rglob("*.py") if "__pycache__" not in p.parts)
+    assert not [p for p in files if p.name == "__init__.py"], "tests/ folders are not packages: no __init__.py"
+    seen: dict[str, Path] = {}
+    clashes = [f"{p.relative_to(ROOT)} and {seen[p.name].relative_to(ROOT)}" for p in files
+               if seen.setdefault(p.name, p) != p]
+    assert not clashes, "basenames under tests/ must be unique (no __init__.py):\n  " + "\n  ".join(clashes)

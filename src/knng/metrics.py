@@ -76,7 +76,7 @@ FLOAT16_EXACT_INTEGER = 2048
 #: Integer sums whose terms' absolute values add up to less than this are exact in float32 in any
 #: order and under round-to-nearest or truncation: every product and partial sum is an integer
 #: with at most 24 significant bits, so aligning the terms to the largest one drops no set bit
-#: (``docs/EXACTNESS.md``, "Integer data"; ``tests/test_gpu_fused.py`` checks it at the limit).
+#: (``docs/EXACTNESS.md``, "Integer data"; ``tests/engine/test_gpu_fused.py`` checks it at the limit).
 EXACT_SUM_LIMIT = 2**24
 
 

@@ -3,7 +3,7 @@
 They are copies: :data:`METRIC_NAMES` of ``knng.metrics.METRICS``, :data:`SELECT_NAMES` of
 ``knng.select.available()``, the ``EMBED_*`` names of :mod:`knng.manifold`'s ``METRICS``,
 ``EPSILON_RULES`` and ``EIGEN_SOLVERS``. Importing those modules costs torch (a second) or
-scikit-learn (another), which ``knng --help`` must not pay; ``tests/test_cli.py`` checks that the
+scikit-learn (another), which ``knng --help`` must not pay; ``tests/cli/test_cli.py`` checks that the
 copies agree with the originals.
 """
 

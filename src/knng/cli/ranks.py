@@ -23,7 +23,7 @@ __all__ = ["LAUNCH_DEVICE_ENV", "is_rank", "rank_of_job", "launch_if_asked", "st
 _JOB_VARIABLES = ("RANK", "SLURM_PROCID")
 #: Tells a rank started by ``--gpus``/``--procs`` which kind of device it is for: a copy of
 #: ``knng.distributed.launch.LAUNCH_DEVICE_ENV`` (importing knng.distributed imports torch, which a
-#: plain run must not pay to ask; tests/test_cli.py checks that the two agree).
+#: plain run must not pay to ask; tests/cli/test_cli.py checks that the two agree).
 LAUNCH_DEVICE_ENV = "KNNG_LAUNCH_DEVICE"
 
 

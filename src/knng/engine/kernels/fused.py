@@ -61,7 +61,7 @@ MAX_LIST = 2**31 - 2**24
 # Scaled float16 screens run the CUDA C kernel of :mod:`knng.engine.kernels.cuda_screen` (mma.sync or
 # wgmma tensor-core tiles, survivors appended by warp votes) where CuPy can compile it and
 # ``Options.cuda_screen`` is on, and the Triton kernel elsewhere; both keep what the same bound
-# says (``tests/test_gpu_fused.py``).
+# says (``tests/engine/test_gpu_fused.py``).
 
 #: Survivor-list entries allocated per launch before the first overflow retry, per row of A.
 INITIAL_PER_ROW = 64

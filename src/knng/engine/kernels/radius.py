@@ -17,8 +17,8 @@ an image-patch graph ran it as ~25 launches over 16M float64 values, ~2.5 ms of 
 Their reference is the torch code of those methods, which every other device runs: the kernels
 perform the same IEEE float64 operations in the same order (``triton_radius._row_radius``) and
 are launched without fused multiply-adds (``enable_fp_fusion=False``), so their values are the
-reference's bit for bit (``tests/test_radius.py`` checks every metric and precision in Triton's
-interpreter, and ``tests/test_gpu_fused.py`` on the GPU).
+reference's bit for bit (``tests/engine/test_radius.py`` checks every metric and precision in Triton's
+interpreter, and ``tests/engine/test_gpu_fused.py`` on the GPU).
 """
 
 from __future__ import annotations

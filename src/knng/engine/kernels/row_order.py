@@ -75,7 +75,7 @@ SORT_WARPS = 1
 # ``Options.sort_interpreted``: whether Triton's interpreter runs the sort kernel too. It runs
 # one program at a time, and a row's sort network is hundreds of NumPy steps: engine tests that
 # interpret the kernels ran 1.8× as long with it (CI from ~12 to ~15 min), so there torch sorts,
-# and the kernel's own tests (``tests/test_row_order.py``) set the option.
+# and the kernel's own tests (``tests/engine/test_row_order.py``) set the option.
 
 
 def row_order_runs(idx: torch.Tensor) -> bool:

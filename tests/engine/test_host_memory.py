@@ -26,7 +26,7 @@ from knng.engine.plan import make_graph_plan
 from knng.io.workarea import CRASH_ENV
 from oracle import assert_exact, oracle_graph, oracle_search
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from knng.io.workarea import CRASH_ENV, CheckpointInUseError
 from oracle import assert_exact_chunked
 from output_folders import saved_step, siblings, work_area
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _knng(*argv: str, env: dict[str, str] | None = None, wait: bool = True):

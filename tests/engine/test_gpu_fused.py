@@ -1,7 +1,7 @@
 """GPU tests of the fused screen kernel: its contract, its rounding bound on the hardware, and the
 engine's exactness in every fused precision.
 
-Run on a GPU machine with ``pytest -m gpu tests/test_gpu_fused.py``. Skipped without CUDA and
+Run on a GPU machine with ``pytest -m gpu tests/engine/test_gpu_fused.py``. Skipped without CUDA and
 Triton; the CPU tests of the same kernel (``test_fused.py``) run it in Triton's interpreter.
 """
 

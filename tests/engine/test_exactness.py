@@ -357,7 +357,7 @@ def test_user_matmul_precision_setting(setting, seed):
     from pathlib import Path
 
     code = (_PRECISION_CHILD.replace("SETTING", setting).replace("SEED", str(seed))
-            .replace("TESTS", repr(str(Path(__file__).parent))))
+            .replace("TESTS", repr(str(Path(__file__).resolve().parents[1]))))
     env = dict(os.environ)
     env["PYTHONPATH"] = str(Path(knng.__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -29,8 +29,8 @@ from knng.io.workarea import CRASH_ENV
 from oracle import assert_exact_chunked
 from output_folders import saved_step, siblings, work_area
 
-TESTS = Path(__file__).resolve().parent
-SRC = str(TESTS.parent / "src")
+HERE = Path(__file__).resolve().parent  # tests/distributed/: the worker beside this file
+SRC = str(HERE.parents[1] / "src")
 RESULT_NAMES = {"indices.npy", "distances.npy", "knng.json"}
 
 
@@ -84,13 +84,13 @@ def _assert_graph(out: Path, x: np.ndarray) -> None:
 @pytest.mark.slow
 def test_the_python_api_resumes_a_killed_distributed_graph_and_search_bit_for_bit(tmp_path, seed):
     """Ranks killed (os._exit) during a search, then during a graph; each resumed from its checkpoint."""
-    sys.path.insert(0, str(TESTS))
+    sys.path.insert(0, str(HERE))
     from distributed_checkpoint_worker import make_data
 
     from distributed_checkpoint_worker import SEARCH_CRASH_ENV
 
     def job(phase: str, port: int, crash: str | None, env: str = CRASH_ENV) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(TESTS / "distributed_checkpoint_worker.py"), "2", str(port),
+        return subprocess.run([sys.executable, str(HERE / "distributed_checkpoint_worker.py"), "2", str(port),
                                str(tmp_path), str(seed), phase], env=_env(**({env: crash} if crash else {})),
                               capture_output=True, text=True, timeout=240)
 

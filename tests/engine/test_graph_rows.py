@@ -3,7 +3,7 @@ data for k + 1 neighbours, each point dropped from its own row; and the planner'
 between it and the symmetric blocks (``knng.engine.plan.rows_method_wins``).
 
 On a CPU the planner never takes the rows method; these tests force it (the same engine runs on
-a GPU, where ``tests/test_gpu_fused.py`` runs it on the kernels).
+a GPU, where ``tests/engine/test_gpu_fused.py`` runs it on the kernels).
 """
 
 from __future__ import annotations

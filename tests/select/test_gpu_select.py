@@ -5,7 +5,7 @@ bit for bit up to NaN payloads, indices), and the paper's quick multi-select mus
 *unsorted* output order of :func:`knng.select.reference.qms.quick_multi_select` — which pins the
 ballot/popc partition, the staging and the stack of references, not only the final set.
 
-Run on a GPU machine with ``pytest -m gpu tests/test_gpu_select.py``; skipped without CUDA/CuPy.
+Run on a GPU machine with ``pytest -m gpu tests/select/test_gpu_select.py``; skipped without CUDA/CuPy.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from knng.cli import main
 from knng.io import OutputFolder, OutputFolderError, write_neighbors
 from knng.io.outputs import CRASH_ENV, FREE_BYTES_ENV
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _data(tmp_path: Path, rng: np.random.Generator, n: int = 400) -> Path:

@@ -1,7 +1,7 @@
 """GPU tests: exactness on CUDA at sizes that fill a GPU somewhat, with the float64 oracle
 computed on the GPU by differences, in chunks (``oracle.assert_exact_chunked``).
 
-Run on a GPU machine with ``pytest -m gpu tests/test_gpu.py`` (about 3 minutes on an H100).
+Run on a GPU machine with ``pytest -m gpu tests/engine/test_gpu.py`` (about 3 minutes on an H100).
 Everything here is skipped without CUDA; CI collects the file but runs none of it.
 """
 

@@ -21,7 +21,7 @@ import torch
 from knng.cli import main as knng_main
 from knng.select import registry
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import bench_select  # noqa: E402  (bench/bench_select.py: the harness's command line)

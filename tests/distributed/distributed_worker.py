@@ -212,5 +212,5 @@ def spawn(world: int, port: int, out: str, seed: int, device: str = "cpu", entry
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
     spawn(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])

@@ -1,6 +1,6 @@
 """CPU tests of the quick multi-select reference (``knng.select.reference.qms``), step by step,
 and of the registered kernels' CPU paths. The GPU kernels are held to these references in
-``tests/test_gpu_select.py``."""
+``tests/select/test_gpu_select.py``."""
 
 from __future__ import annotations
 
