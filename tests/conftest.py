@@ -16,6 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# pytest-xdist's workers share the host's cores: each gets its share for torch's threads, which
+# wait passively. With every core each, the workers' threads spun against each other (a small
+# matrix product on 2 busy cores took 12 ms instead of 44 µs). Set before torch is imported.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # tests/oracle.py is imported as a plain module by the test files.
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -213,13 +221,24 @@ def set_options():
         yield lambda **changes: stack.enter_context(knng.options(**changes))
 
 
+#: The engine's tests (``tests/engine/``) run with every row unfolded (marker ``unfolded``).
+ENGINE_TESTS = Path(__file__).parent / "engine"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(ENGINE_TESTS):
+            item.add_marker(pytest.mark.unfolded)
+
+
 @pytest.fixture(autouse=True)
-def _rows_not_folded(request: pytest.FixtureRequest):
-    """Tests of the engine see every row: graphs do not fold exact duplicates into one
-    (``Options.fold_duplicates``), which would route their duplicate-heavy data (integer
-    ties, flat patches, all-equal rows) around the engine's tie handling. Tests marked
-    ``folds`` (``tests/engine/test_duplicates.py``) keep the default and test the folding."""
-    if request.node.get_closest_marker("folds") is not None:
+def _folding_as_users_run_it(request: pytest.FixtureRequest):
+    """Every test runs the defaults users run (graphs fold exact duplicate rows into one,
+    ``Options.fold_duplicates``) but those marked ``unfolded``: the engine's tests and the
+    screen's arithmetic, whose duplicate-heavy data (integer ties, flat patches, all-equal rows)
+    are there to exercise the engine's own tie handling, which folding would route them around.
+    ``folds`` (``tests/engine/test_duplicates.py``) keeps folding on among them."""
+    if request.node.get_closest_marker("unfolded") is None or request.node.get_closest_marker("folds") is not None:
         yield
         return
     import knng

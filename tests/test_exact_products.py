@@ -26,6 +26,9 @@ from knng.engine.common import LATTICE_UNITS, CorpusStats, corpus_stats
 from knng.metrics import EXACT_SUM_LIMIT, PRECISIONS, SAFETY, UNIT_ROUNDOFF_FP32, get_metric, with_exact_products
 from oracle import assert_exact, oracle_graph, smooth_image_patches
 
+# The screen's arithmetic on duplicate-heavy integer data: every row reaches the engine.
+pytestmark = pytest.mark.unfolded
+
 F16 = PRECISIONS["float16"]
 
 

@@ -12,7 +12,6 @@ import knng
 from knng.metrics import PRECISIONS
 
 
-@pytest.mark.folds  # the defaults, as users run them (conftest turns folding off elsewhere)
 def test_defaults_are_the_configuration_users_run():
     o = knng.get_options()
     assert o == knng.Options()
@@ -48,7 +47,7 @@ def test_bad_options_are_refused_naming_them():
             pass
     with pytest.raises(AttributeError):
         knng.get_options().fold_duplicates = False  # frozen
-    assert knng.get_options() == knng.Options(fold_duplicates=False)  # the tests' default (conftest)
+    assert knng.get_options() == knng.Options()  # the defaults: nothing changed them
 
 
 def test_the_screen_precisions_are_the_metrics(rng):
@@ -60,15 +59,15 @@ def test_the_screen_precisions_are_the_metrics(rng):
 def test_the_engine_runs_the_options_in_force(rng):
     x = rng.standard_normal((600, 8)).astype(np.float32)
     x[:40] = x[0]  # a group of identical rows large enough to fold
-    ref = knng.graph(x, 5, device="cpu")
+    with knng.options(fold_duplicates=False):
+        ref = knng.graph(x, 5, device="cpu")
     for precision in ("float64", "float32", "int8x4"):
-        with knng.options(screen_precision=precision):
+        with knng.options(screen_precision=precision, fold_duplicates=False):
             g = knng.graph(x, 5, device="cpu")
         assert g.report.screen_dtype == precision
         np.testing.assert_array_equal(g.indices, ref.indices)
         np.testing.assert_array_equal(g.distances, ref.distances)
-    with knng.options(fold_duplicates=True):
-        folded = knng.graph(x, 5, device="cpu")
+    folded = knng.graph(x, 5, device="cpu")  # the default folds
     assert folded.report.duplicates_folded == 39 and ref.report.duplicates_folded == 0
     np.testing.assert_array_equal(folded.indices, ref.indices)
 

@@ -50,6 +50,10 @@ def run_battery(tmp_path_factory: pytest.TempPathFactory, worlds: tuple[int, ...
     return out
 
 
+# The battery runs once, in one test process, for every test of this module.
+pytestmark = pytest.mark.xdist_group("distributed_battery")
+
+
 @pytest.fixture(scope="module")
 def battery(tmp_path_factory: pytest.TempPathFactory):
     return run_battery(tmp_path_factory, WORLDS)

@@ -14,7 +14,7 @@ import torch
 import test_distributed as cpu_tests
 from test_distributed import RESULT_CASES, run_battery
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("gpu_distributed_battery")]
 
 GPU_WORLDS = tuple(w for w in (1, 2, 4) if torch.cuda.is_available() and w <= torch.cuda.device_count())
 
