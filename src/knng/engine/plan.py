@@ -764,15 +764,6 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     working = store if lists == LISTS_ON_DEVICE else budget // BAND_SHARE
     corpus_bytes = n * vector
     resident = corpus_bytes + working <= budget // 2
-    if (device.type == "cpu" and not resident and precision == "float32" and screen_dtype is None
-            and get_options().screen_precision is None):
-        # A streamed corpus on a CPU screens in float64: every survivor the float32 screen's wider
-        # radii let through is evaluated from the source, in small gathers from the file (a
-        # 6,000 × 1,000 file under 4 MB: 723 evaluations of 68k cdist calls, 20 s of 48, against
-        # 29 in float64; 37 s → 18 s on one thread). The corpus only grows: still not resident.
-        precision, element = "float64", 8
-        vector = d * element + 24
-        corpus_bytes = n * vector
     remaining = max(budget - working - (corpus_bytes if resident else 0), budget // 8)
     side = math.isqrt(max(1, remaining // (BLOCK_BYTES_PER_ELEMENT * element // 4)))
     if not resident:
