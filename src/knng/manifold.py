@@ -574,9 +574,9 @@ def _disconnected_message(count: int, labels: np.ndarray, graph_count: int, n_ne
     and what joins it."""
     sizes = np.bincount(labels)
     shown = ", ".join(f"{s:,}" for s in sizes[:5]) + (", …" if count > 5 else "")
-    layout = (f"each is embedded on its own (component_labels_ gives each point's component, 0 the largest; "
-              f"coordinates are not comparable across components, and points of components too small for "
-              f"the coordinates have 0 there)")
+    layout = ("each is embedded on its own (component_labels_ gives each point's component, 0 the largest; "
+              "coordinates are not comparable across components, and points of components too small for "
+              "the coordinates have 0 there)")
     if graph_count < count and kernel.epsilon is not None:
         # exp(−s/ε) > 0 in float64 while s/ε < 745; 700 leaves a margin. Every entry of the
         # pattern then survives, and the kernel has exactly the graph's components.

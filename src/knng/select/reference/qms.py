@@ -285,7 +285,6 @@ def _plan(n: int, k: int, threads: int) -> tuple[int, int] | None:
     if n <= s:  # the sample is the row itself: the pivot is the exact k-th value
         cap = max(MIN_CAP, next_pow2(k + k // 4))
         return (k - 1, cap) if cap <= MAX_CAP else None
-    mean = k * s / n
     rank = min(s - 1, _safe_rank(s, k / n))
     expected = (rank + 1) * n / s
     spread = n * math.sqrt(rank + 1) / s
