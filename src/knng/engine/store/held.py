@@ -12,9 +12,9 @@ bound the memory with their capacity (the store's other mode, inherited).
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import dataclass
+
+import torch
 
 from knng._options import get_options
 from knng.engine import stages
