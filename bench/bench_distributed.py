@@ -46,12 +46,17 @@ import harness  # noqa: E402
 SHAPES = "1000000x128:10,200000x960:100"
 
 
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    out = []
+def parse_shapes(text: str) -> list[tuple[int, int, int, str | None]]:
+    """``n×d:k`` items (Gaussian points) or ``NAME:k`` items (a data set of ``harness.DATASETS``,
+    its own n and d, filled in when it is loaded: 0 here)."""
+    out: list[tuple[int, int, int, str | None]] = []
     for item in text.split(","):
         nd, k = item.split(":")
+        if nd in harness.DATASETS:
+            out.append((0, 0, int(k), nd))
+            continue
         n, d = nd.lower().split("x")
-        out.append((int(n), int(d), int(k)))
+        out.append((int(n), int(d), int(k), None))
     return out
 
 
@@ -79,10 +84,14 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
     kd.init(device=args.device)
     device = torch.device("cuda", torch.cuda.current_device()) if args.device != "cpu" else torch.device("cpu")
     results = []
-    for n, d, k in parse_shapes(args.shapes):
-        row: dict = {"n": n, "d": d, "k": k, "world": world}
+    for n, d, k, name in parse_shapes(args.shapes):
+        row: dict = {"n": n, "d": d, "k": k, "world": world, "data": name or "gauss"}
         try:
-            x = make_data(n, d, args.seed, device)
+            if name is None:
+                x = make_data(n, d, args.seed, device)
+            else:  # every rank loads the same set (deterministic in the seed)
+                x = torch.from_numpy(harness.load_dataset(name, seed=args.seed)[0]).to(device)
+                row["n"], row["d"] = x.shape
             timing = harness.time_call(lambda x=x: kd.graph(x, k, device=device, timeout=600), device=device,
                                        warmup=1, repeats=args.repeats, before=dist.barrier)
             g, report = timing.result, last_report()
@@ -101,7 +110,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
             row["report"] = {"parts": report.parts, "part_size": report.part_size,
                              "blocks_per_rank": [r["blocks"] for r in report.per_rank],
                              "wait_share": report.wait_share, "per_rank": report.per_rank,
-                             "screen_dtype": report.screen_dtype, "store": vars(report.store)}
+                             "screen_dtype": report.screen_dtype, "store": vars(report.store),
+                             "duplicates_folded": getattr(report, "duplicates_folded", 0)}
             del g
             if world == 1 and not args.no_baseline:
                 base = harness.time_call(lambda x=x: knng.graph(x, k, device=device), device=device, warmup=1,
@@ -132,26 +142,33 @@ def free_port() -> int:
 
 
 def table(rows: list[dict]) -> str:
-    base = {(r["n"], r["d"], r["k"]): r for r in rows if r["world"] == 1 and "single_device_median_s" in r}
+    def key_of(r: dict) -> tuple:
+        return r.get("data", "gauss"), r["n"], r["d"], r["k"]
+
+    def name_of(r: dict) -> str:
+        data = r.get("data", "gauss")
+        return f"{r['n']:,} × {r['d']}" + ("" if data == "gauss" else f" ({data})")
+
+    base = {key_of(r): r for r in rows if r["world"] == 1 and "single_device_median_s" in r}
     lines = ["| graph | k | GPUs | time (s) | speed-up vs 1 GPU | vs distributed W=1 | waiting | communicating "
              "(alone) | blocks per rank | identical |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        key = (r["n"], r["d"], r["k"])
+        key = key_of(r)
         if "error" in r:
-            lines.append(f"| {r['n']:,} × {r['d']} | {r['k']} | {r['world']} | error: {r['error'][:60]} |||||||")
+            lines.append(f"| {name_of(r)} | {r['k']} | {r['world']} | error: {r['error'][:60]} |||||||")
             continue
         b = base.get(key)
-        w1 = next((x for x in rows if x["world"] == 1 and (x["n"], x["d"], x["k"]) == key and "median_s" in x), None)
+        w1 = next((x for x in rows if x["world"] == 1 and key_of(x) == key and "median_s" in x), None)
         if r["world"] == 1 and b is not None:
-            lines.append(f"| {r['n']:,} × {r['d']} | {r['k']} | 1 (knng.graph) | {b['single_device_median_s']:.3f} "
+            lines.append(f"| {name_of(r)} | {r['k']} | 1 (knng.graph) | {b['single_device_median_s']:.3f} "
                          f"| 1.00× | | | | | {b['single_device_digest']} |")
         sp = f"{b['single_device_median_s'] / r['median_s']:.2f}×" if b else ""
         sw = f"{w1['median_s'] / r['median_s']:.2f}×" if w1 else ""
         same = "yes" if b and r["digest"] == b["single_device_digest"] else ("?" if not b else "NO")
         rep = r["report"]
         alone = max(r.get("comm_alone_s", [0.0])) / r["median_s"]
-        lines.append(f"| {r['n']:,} × {r['d']} | {r['k']} | {r['world']} | {r['median_s']:.3f} | {sp} | {sw} "
+        lines.append(f"| {name_of(r)} | {r['k']} | {r['world']} | {r['median_s']:.3f} | {sp} | {sw} "
                      f"| {rep['wait_share']:.1%} | {alone:.1%} | "
                      f"{min(rep['blocks_per_rank'])}–{max(rep['blocks_per_rank'])} of {rep['parts']} parts | {same} |")
     return "\n".join(lines)
@@ -159,7 +176,8 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default=SHAPES, help=f"n×d:k list (default {SHAPES})")
+    p.add_argument("--shapes", default=SHAPES, help=f"n×d:k or DATASET:k list (default {SHAPES}; data sets: "
+                   "bench/harness.py's, e.g. patches8:10)")
     p.add_argument("--worlds", default="1,2,4", help="world sizes (default 1,2,4)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -194,7 +212,7 @@ def main() -> None:
         all_rows += rows
         print(f"world {world}: done in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
     shutil.rmtree(parts, ignore_errors=True)
-    all_rows.sort(key=lambda r: (r["n"], r["d"], r["k"], r["world"]))
+    all_rows.sort(key=lambda r: (r.get("data", "gauss"), r["n"], r["d"], r["k"], r["world"]))
     doc = {
         "date": datetime.date.today().isoformat(),
         "command": "python " + " ".join(sys.argv),
@@ -210,7 +228,8 @@ def main() -> None:
     for r in all_rows:
         for rank, waits in enumerate(r.get("waits", [])):
             top = "; ".join(f"{w[0]} {1e3 * w[1]:.1f} ms at {w[2]:.2f} s" for w in waits[:4])
-            print(f"{r['n']}x{r['d']} W={r['world']} rank {rank} longest waits: {top}", file=sys.stderr)
+            print(f"{r.get('data', 'gauss')} {r['n']}x{r['d']} W={r['world']} rank {rank} longest waits: {top}",
+                  file=sys.stderr)
     for r in all_rows:
         if "traceback" in r:
             print(r["traceback"], file=sys.stderr)

@@ -33,7 +33,6 @@ from knng.metrics import Metric, get_metric
 
 # Re-exported: knng.api.last_report and knng.api.report_as_dict are public, and
 # knng.api._LAST_REPORT is the very same holder dict as knng.reports.LAST_REPORT.
-from knng._options import get_options
 from knng.reports import LAST_REPORT as _LAST_REPORT  # noqa: F401
 from knng.reports import last_report, report_as_dict, set_last_report
 from knng.results import Graph, Neighbors
@@ -214,7 +213,7 @@ def search(
         idx, dist, report = exact_search(q, reps, k_reps, m, dev, select, plan.budget, progress, plan=plan,
                                          checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
     if groups is not None:
-        idx, dist = duplicates.unfold_search(_groups_on(groups, dev), idx.to(dev), dist.to(dev), k)
+        idx, dist = duplicates.unfold_search(groups.to(dev), idx.to(dev), dist.to(dev), k)
         report = replace(report, duplicates_folded=c.n - reps.n)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
@@ -242,7 +241,7 @@ def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, bud
     """The rows the engine reads (``x``, or its copy on the device) and their groups of identical
     rows where folding them applies and pays (``Options.fold_duplicates``), else None. Inputs
     read from files are looked through in blocks (:func:`~knng.engine.duplicates.find_duplicates_in`)."""
-    if not (get_options().fold_duplicates and duplicates.applies(m)):
+    if not duplicates.folds(m):
         return x, None
     if x.in_memory:
         rows = _on_device(x, dev, budget)
@@ -253,11 +252,6 @@ def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, bud
         # is not yet found), so a bound the caller set is kept by not folding.
         return x, None
     return x, duplicates.find_duplicates_in(x, k, dev, host_budget=resolve_host_budget(host_memory_budget))
-
-
-def _groups_on(groups: "duplicates.DuplicateGroups", dev: torch.device) -> "duplicates.DuplicateGroups":
-    return duplicates.DuplicateGroups(*(t.to(dev) for t in (groups.reps, groups.group, groups.members,
-                                                            groups.starts)))
 
 
 def graph(
@@ -366,7 +360,7 @@ def graph(
     if groups is not None:
         every = torch.arange(reps.n, device=dev)
         self_dist = exact_pairs_of(m, reps, every, reps, every, dev)
-        idx, dist = duplicates.unfold_graph(_groups_on(groups, dev), idx.to(dev), dist.to(dev), self_dist, k,
+        idx, dist = duplicates.unfold_graph(groups.to(dev), idx.to(dev), dist.to(dev), self_dist, k,
                                             include_self)
         report = replace(report, duplicates_folded=x.n - reps.n)
     _close_checkpoint(ckpt, keep_checkpoint)

@@ -40,12 +40,19 @@ def make_data(name: str, seed: int, tmp: Path | None = None) -> Any:
         return x[rng.permutation(len(x))]
     if name == "integer_ties":
         return rng.integers(0, 3, size=(300, 3)).astype(np.int8)
+    if name == "flat":  # a flat image region's patches: groups that fold (see knng.engine.duplicates)
+        x = rng.standard_normal((300, 8)).astype(np.float32)
+        x = np.concatenate([x, np.repeat(x[:1], 120, axis=0), np.repeat(x[1:2], 40, axis=0)])
+        return x[rng.permutation(len(x))]
     if name == "identical":
         return np.tile(rng.standard_normal((1, 7)), (50, 1)).astype(np.float32)
     if name == "wide":
         return rng.normal(3.0, 1.0, (400, 64)).astype(np.float32)
     if name == "small":
         return rng.standard_normal((5, 3))
+    if name == "search-flat":
+        corpus = make_data("flat", seed)
+        return np.concatenate([rng.standard_normal((30, 8)), corpus[:10]]).astype(np.float32), corpus
     if name == "search":
         corpus = rng.normal(100.0, 1.0, (1201, 6)).astype(np.float32)
         corpus[1000:1100] = corpus[:100]  # duplicates across shards
@@ -66,7 +73,8 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-offset-k10": _graph_case("offset", 10),
     "graph-offset-kmax": _graph_case("offset", 210),
     **{f"graph-dups-{m}": _graph_case("duplicates", 12, m, memory_budget="64KB") for m in ("euclidean", "cosine")},
-    "graph-dups-f32": _graph_case("duplicates", 3, "euclidean"),
+    # Unfolded, the duplicates' near-ties overflow the stores (folded, they are one row each).
+    "graph-dups-f32": {**_graph_case("duplicates", 3, "euclidean"), "options": {"fold_duplicates": False}},
     "graph-int-ties": _graph_case("integer_ties", 30, "sqeuclidean", memory_budget="200KB"),
     # The digit screen (int8 rows with their scales travel between ranks), forced.
     **{f"graph-digits-{m}": {**_graph_case("offset", 7, m, memory_budget="64KB"), "precision": "int8x4"}
@@ -75,6 +83,14 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-identical-self": _graph_case("identical", 50, "euclidean", include_self=True),
     "graph-identical": _graph_case("identical", 49, "cosine"),
     "graph-small": _graph_case("small", 4, "euclidean"),
+    # Groups of identical rows, folded into one and unfolded after, as on one device.
+    "graph-flat": _graph_case("flat", 10, "euclidean"),
+    "graph-flat-self": _graph_case("flat", 10, "sqeuclidean", include_self=True),
+    "graph-flat-cosine": _graph_case("flat", 12, "cosine", memory_budget="64KB"),
+    "graph-flat-memmap": {**_graph_case("flat", 7), "input": "memmap"},
+    "graph-one-group": _graph_case("identical", 5, "euclidean"),
+    "search-flat": {"kind": "search", "k": 15, "metric": "euclidean", "data": "search-flat"},
+    "search-flat-memmap": {"kind": "search", "k": 100, "metric": "cosine", "data": "search-flat", "input": "memmap"},
     "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),
     # Budgets that keep the owned columns as read (prepared per block), or not at all. They are
     # sized for float32 rows: on a GPU, where the planner may screen small-k graphs in float16
@@ -93,6 +109,9 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-api-flag": {**_graph_case("offset", 3, "euclidean"), "api": True},
     "search-api-flag": {"kind": "search", "k": 3, "metric": "euclidean", "api": True},
     "files": {**_graph_case("offset", 5), "kind": "files"},
+    "files-flat": {**_graph_case("flat", 9), "kind": "files"},
+    # Too small a budget for the representatives' graph gathered on every rank: not folded.
+    "files-flat-budget": {**_graph_case("flat", 9, memory_budget="64KB"), "kind": "files"},
     "nan": {"kind": "nan"},
     "mismatch": {"kind": "mismatch"},
 }
@@ -116,12 +135,11 @@ def _as_input(x: np.ndarray, how: str | None, tmp: Path, tag: str) -> Any:
 
 
 def run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int, tmp: Path) -> dict[str, Any]:
-    forced = case.get("precision") or (case.get("gpu_precision") if DEVICE[0] != "cpu" else None)
-    if forced is None:
-        return _run_case(name, case, rank, world, seed, tmp)
     import knng
 
-    with knng.options(screen_precision=forced):
+    forced = case.get("precision") or (case.get("gpu_precision") if DEVICE[0] != "cpu" else None)
+    options = dict(case.get("options", {}), **({} if forced is None else {"screen_precision": forced}))
+    with knng.options(**options):
         return _run_case(name, case, rank, world, seed, tmp)
 
 
@@ -134,9 +152,9 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
         x = make_data(case["data"], seed)
         data = _as_input(x, case.get("input"), tmp, f"{name}-r{rank}")
         if kind == "files":
-            report = kd.graph_to_files(data, case["k"], tmp / "files-out", metric=case["metric"], device=DEVICE[0],
-                                       metadata={"case": name})
-            return {"report": report.world}
+            report = kd.graph_to_files(data, case["k"], tmp / f"{name}-out", metric=case["metric"],
+                                       device=DEVICE[0], metadata={"case": name}, **case["kw"])
+            return {"report": report.world, "duplicates_folded": report.duplicates_folded}
         if case.get("api"):  # the same through knng.graph(..., distributed=True)
             import knng
 
@@ -145,12 +163,13 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
             g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
         return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "columns": report.columns,
+                "duplicates_folded": report.duplicates_folded,
                 "stages": sorted(report.stages),
                 "precision": getattr(report.screen_dtype, "name", report.screen_dtype),
                 "tightenings": report.store.tightenings, "overflow": report.store.overflow_rows,
                 "per_rank_blocks": [r["blocks"] for r in report.per_rank]}
     if kind == "search":
-        queries, corpus = make_data("search", seed)
+        queries, corpus = make_data(case.get("data", "search"), seed)
         corpus = _as_input(corpus, case.get("input"), tmp, f"{name}-r{rank}")
         if case.get("root_queries") and rank != 0:
             queries = None  # rank 0 sends them
@@ -160,7 +179,8 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
             r = knng.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0], distributed=True)
         else:
             r = kd.search(queries, corpus, case["k"], metric=case["metric"], device=DEVICE[0])
-        return {"indices": r.indices, "distances": r.distances, "stages": sorted(last_report().stages)}
+        return {"indices": r.indices, "distances": r.distances, "stages": sorted(last_report().stages),
+                "duplicates_folded": last_report().duplicates_folded}
     if kind == "nan":
         x = make_data("normal", seed).copy()
         x[301, 2] = np.nan  # in one rank's part only

@@ -62,7 +62,7 @@ def battery(tmp_path_factory: pytest.TempPathFactory):
 def _reference(name: str, seed: int):
     case = CASES[name]
     if case["kind"] == "search":
-        queries, corpus = make_data("search", seed)
+        queries, corpus = make_data(case.get("data", "search"), seed)
         return knng.search(queries, corpus, case["k"], metric=case["metric"], device="cpu"), (queries, corpus)
     x = make_data(case["data"], seed)
     kw = {key: v for key, v in case.get("kw", {}).items() if key == "include_self"}
@@ -94,7 +94,8 @@ def test_identical_to_one_process(battery, world, name):
         assert_exact(knng.Graph(got["indices"], got["distances"], include_self=include_self),
                      oracle_graph(inputs, case["k"], case["metric"], include_self=include_self),
                      context=f"seed={seed}")
-        if world > 1 and len(inputs) >= 4 * world:  # tiny inputs get fewer, non-empty parts
+        computed = len(inputs) - got["duplicates_folded"]  # the rows left once identical rows fold
+        if world > 1 and computed >= 4 * world:  # tiny inputs get fewer, non-empty parts
             assert got["parts"] >= 2 * world, got["parts"]
         if "precision" in case:  # the forced screen ran (exact answers are the same in any)
             assert got["precision"] == case["precision"], got["precision"]
@@ -159,14 +160,40 @@ def test_column_tiers_exercised(battery, world, smallest: str = "read per block"
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_files_written_by_every_rank(battery, world):
+@pytest.mark.parametrize("name", ["files", "files-flat", "files-flat-budget"])
+def test_files_written_by_every_rank(battery, world, name):
     seed, ranks, folder = battery[world]
-    assert all("error" not in r["files"] for r in ranks), [r["files"] for r in ranks]
-    ref = knng.graph(make_data("offset", seed), 5, device="cpu")
-    out = folder / "files-out"
+    assert all("error" not in r[name] for r in ranks), [r[name] for r in ranks]
+    case = CASES[name]
+    x = make_data(case["data"], seed)
+    ref = knng.graph(x, case["k"], device="cpu")
+    out = folder / f"{name}-out"
     np.testing.assert_array_equal(np.load(out / "indices.npy"), ref.indices)
     np.testing.assert_array_equal(np.load(out / "distances.npy"), ref.distances)
     assert sorted(p.name for p in out.iterdir()) == ["distances.npy", "indices.npy", "knng.json"]
+    folded = 0 if name == "files-flat-budget" else ref.report.duplicates_folded
+    assert all(r[name]["duplicates_folded"] == folded for r in ranks), [r[name] for r in ranks]
+    if name.startswith("files-flat"):
+        assert ref.report.duplicates_folded > 0
+        assert_exact(knng.Graph(np.load(out / "indices.npy"), np.load(out / "distances.npy")),
+                     oracle_graph(x, case["k"], case["metric"]), context=f"seed={seed}")
+
+
+FOLDED = ["graph-flat", "graph-flat-self", "graph-flat-cosine", "graph-flat-memmap", "graph-one-group",
+          "search-flat", "search-flat-memmap"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", FOLDED)
+def test_identical_rows_fold_on_every_rank(battery, world, name):
+    """Groups of identical rows fold on several ranks as on one device (answers: see
+    test_identical_to_one_process), whatever the source: every rank reports the same fold."""
+    seed, ranks, _ = battery[world]
+    ref, _ = _reference(name, seed)
+    assert ref.report.duplicates_folded > 0, name
+    for r, results in enumerate(ranks):
+        assert "error" not in results[name], f"seed={seed} rank {r}: {results[name].get('error')}"
+        assert results[name]["duplicates_folded"] == ref.report.duplicates_folded, (r, results[name])
 
 
 @pytest.mark.parametrize("world", WORLDS)

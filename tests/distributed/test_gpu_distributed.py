@@ -33,8 +33,11 @@ def test_gpus_identical_to_one_cpu_process(battery, world, name):
 
 
 @pytest.mark.parametrize("world", GPU_WORLDS or (2,))
-def test_gpus_files_and_bad_input(battery, world):
-    cpu_tests.test_files_written_by_every_rank(battery, world)
+def test_gpus_files_folds_and_bad_input(battery, world):
+    for name in ("files", "files-flat", "files-flat-budget"):
+        cpu_tests.test_files_written_by_every_rank(battery, world, name)
+    for name in cpu_tests.FOLDED:
+        cpu_tests.test_identical_rows_fold_on_every_rank(battery, world, name)
     cpu_tests.test_bad_input_is_a_value_error_on_every_rank(battery, world)
     if world > 1:  # properties of a split: blocks balanced over ranks, columns kept by budget per rank
         cpu_tests.test_balanced_blocks_and_overflow_exercised(battery, world)

@@ -217,6 +217,12 @@ def _check_unfolding(rng, levels: int, n: int, big: tuple[int, ...], widths, ks,
                     want = _unfolded(groups, groups.group, idx, dist, k, own, drop_self)
                     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]), (
                         width, own_value, k, drop_self)
+                    # A range of the rows only (a rank's share of a distributed graph).
+                    a, b = sorted(int(v) for v in rng.integers(0, n + 1, 2))
+                    part = duplicates.unfold_graph(on, idx.to(device), dist.to(device), own.to(device), k,
+                                                   include_self=not drop_self, rows=slice(a, b))
+                    assert torch.equal(part[0].cpu(), want[0][a:b]) and torch.equal(part[1].cpu(), want[1][a:b]), (
+                        width, own_value, k, drop_self, a, b)
         if width == 0:
             continue
         # A search: each query's row of groups (no own group).
@@ -265,7 +271,7 @@ def test_a_fingerprint_collision_only_forgoes_a_fold(rng, monkeypatch):
     # rows identical to row 0 are grouped, every other row (other twins too) stands alone.
     x = _with_groups(rng, 120, 4, (30, 25))
     x[rng.permutation(np.arange(1, 120))[:20]] = x[0]  # row 0 has 20 twins
-    monkeypatch.setattr(duplicates, "_fingerprints", lambda rows: torch.zeros((rows.shape[0], 2)))
+    monkeypatch.setattr(duplicates, "fingerprints", lambda rows: torch.zeros((rows.shape[0], 2)))
     groups = duplicates.find_duplicates(torch.from_numpy(x), 5)
     assert groups is not None
     twins = np.flatnonzero((x == x[0]).all(1))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,10 +94,11 @@ def _device(device: Any, group: Any) -> torch.device:
 def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, select: str, memory_budget: Any,
                progress: bool, timeout: float, heartbeat_timeout: float, group: Any, consume,
                checkpoint: Any = None, resume: bool = False, checkpoint_interval: float = DEFAULT_INTERVAL,
-               keep_checkpoint: bool = False):
+               keep_checkpoint: bool = False, gathered: bool = True):
     from knng.arguments import check_checkpoint_arguments, graph_arguments
     from knng.distributed.blockcyclic import distributed_graph
     from knng.distributed.checkpoint import open_checkpoint
+    from knng.distributed.folding import fold, graph_of_one_group, unfold_graph_rows
     from knng.engine.plan import resolve_budget
     from knng.reports import set_last_report
 
@@ -107,11 +109,25 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
     budget = resolve_budget(memory_budget, dev)
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng graph",
               progress=progress) as comm:
+        # Folded, the ranks compute the graph of the groups' representatives and each unfolds
+        # its own rows of the answer (knng.distributed.folding). A graph `gathered` on every rank
+        # holds the whole answer anyway; one written to files by every rank folds only where the
+        # representatives' graph, gathered, fits the budget.
+        folding = fold(x, k, m, comm, dev, budget=None if gathered else budget)
+        reps = x if folding is None else folding.reps
+        k_reps = k if folding is None else min(k, reps.n - 1)
         ckpt = open_checkpoint(checkpoint, resume, checkpoint_interval, comm, dev, operation="graph",
-                               inputs={"data": x}, k=k, metric=m.name, include_self=include_self)
+                               inputs={"data": x}, k=k, metric=m.name, include_self=include_self,
+                               **({} if folding is None else {"folded_to": reps.n}))
         with contextlib.nullcontext() if ckpt is None else ckpt.running():
-            rows, report = distributed_graph(x, k, m, dev, select, budget, comm, include_self=include_self,
-                                             checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
+            if folding is None or k_reps >= 1:
+                rows, report = distributed_graph(reps, k_reps, m, dev, select, budget, comm,
+                                                 include_self=include_self and folding is None, checkpoint=ckpt,
+                                                 keep_checkpoint=keep_checkpoint)
+            else:  # one group: every row's neighbours are its twins
+                rows, report = graph_of_one_group(folding, comm)
+            if folding is not None:
+                rows, report = unfold_graph_rows(rows, report, folding, k_reps, k, include_self, m, comm, dev)
             result = consume(comm, rows, report, x, k, m, dev)
         if ckpt is not None:
             ckpt.close(keep_checkpoint)
@@ -215,7 +231,8 @@ def graph_to_files(data: Any, k: int, out: str | os.PathLike[str], *, metric: st
         return report
 
     return _run_graph(data, k, metric, include_self, device, select, memory_budget, progress, timeout,
-                      heartbeat_timeout, group, consume, checkpoint, resume, checkpoint_interval, keep_checkpoint)
+                      heartbeat_timeout, group, consume, checkpoint, resume, checkpoint_interval, keep_checkpoint,
+                      gathered=False)
 
 
 def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", device: Any = "auto",
@@ -236,6 +253,7 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     from knng._inputs import as_input, as_output
     from knng.arguments import check_checkpoint_arguments, check_k, check_select
     from knng.distributed.checkpoint import open_checkpoint
+    from knng.distributed.folding import fold, unfold_search
     from knng.distributed.sharded import distributed_search, share_queries
     from knng.engine.plan import resolve_budget
     from knng.metrics import get_metric
@@ -259,11 +277,18 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     with Comm(group, timeout=timeout, heartbeat_timeout=heartbeat_timeout, desc="knng search",
               progress=progress) as comm:
         q = share_queries(q, comm, dev)
+        # Folded, the ranks search the groups' representatives (knng.distributed.folding).
+        folding = fold(c, k, m, comm, dev)
+        reps = c if folding is None else folding.reps
         ckpt = open_checkpoint(checkpoint, resume, checkpoint_interval, comm, dev, operation="search",
-                               inputs={"queries": q, "corpus": c}, k=k, metric=m.name)
+                               inputs={"queries": q, "corpus": c}, k=k, metric=m.name,
+                               **({} if folding is None else {"folded_to": reps.n}))
         with contextlib.nullcontext() if ckpt is None else ckpt.running():
-            idx, dist_, report = distributed_search(q, c, k, m, dev, select, budget, comm, checkpoint=ckpt,
-                                                    keep_checkpoint=keep_checkpoint)
+            idx, dist_, report = distributed_search(q, reps, min(k, reps.n), m, dev, select, budget, comm,
+                                                    checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
+            if folding is not None:
+                idx, dist_ = unfold_search(idx, dist_, folding, k, dev)
+                report = replace(report, duplicates_folded=folding.folded_away)
         if ckpt is not None:
             ckpt.close(keep_checkpoint)
     set_last_report(report)

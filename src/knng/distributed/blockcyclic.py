@@ -57,7 +57,8 @@ from knng.engine.store import CandidateStore, PairErrors, StoreStats
 from knng.metrics import METRICS, PRECISIONS, Metric
 from knng.engine.kernels import prepare_rows, screen_kernel_runs
 
-__all__ = ["DistributedGraphReport", "RankRows", "RankSizes", "distributed_graph", "gather_rows", "rank_sizes"]
+__all__ = ["DistributedGraphReport", "RankRows", "RankSizes", "distributed_graph", "gather_rows", "gather_rows_with",
+           "rank_host_budget", "rank_sizes"]
 
 #: Block rows whose all-gather is issued ahead of the one being computed (double buffering, and
 #: room for a rank whose block rows hold fewer blocks to run ahead of its peers without waiting).
@@ -101,6 +102,8 @@ class DistributedGraphReport:
     waits: list = field(default_factory=list, repr=False)
     #: This rank's pipeline stages and how often they ran (:mod:`knng.engine.stages`).
     stages: dict[str, int] = field(default_factory=dict)
+    #: Rows folded into their group's representative (``knng.distributed.folding``).
+    duplicates_folded: int = 0
 
     @property
     def pairs_saving(self) -> float:
@@ -131,7 +134,7 @@ class RankSizes:
     columns: str
 
 
-def _host_budget(world: int) -> int:
+def rank_host_budget(world: int) -> int:
     """Bytes of host memory one rank may use for raw column parts."""
     import os
 
@@ -156,7 +159,7 @@ def rank_sizes(n: int, d: int, kc: int, world: int, budget: int, metric: Metric,
         columns, on_device = COLUMN_TIERS[0], owned_rows * vec
     elif raw <= budget // 3:
         columns, on_device = COLUMN_TIERS[1], raw
-    elif device.type == "cuda" and raw <= (_host_budget(world) if host_budget is None else host_budget):
+    elif device.type == "cuda" and raw <= (rank_host_budget(world) if host_budget is None else host_budget):
         columns, on_device = COLUMN_TIERS[2], 0
     else:
         columns, on_device = COLUMN_TIERS[3], 0
@@ -210,7 +213,7 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     table = agree(comm, device, {"n": n, "d": d, "k": k, "metric": list(METRICS).index(metric.name),
                                  "include_self": int(include_self), "cuda": int(device.type == "cuda"),
                                  "itemsize": torch.empty(0, dtype=data.dtype).element_size(),
-                                 "budget": budget, "host": _host_budget(world),
+                                 "budget": budget, "host": rank_host_budget(world),
                                  "precision": list(PRECISIONS).index(wanted),
                                  # whether a kernel screens blocks (else they are written whole)
                                  "kernel": int(screen_kernel_runs(device, PRECISIONS[wanted])),
@@ -552,16 +555,30 @@ def _unpack(packed: torch.Tensor, count: int, capacity: int) -> list[torch.Tenso
 def gather_rows(rows: RankRows, n: int, k: int, comm: Comm, device: torch.device
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every rank's owned rows, assembled into the whole (n, k) result on every rank."""
+    indices, distances, _ = gather_rows_with(rows, n, k, comm, device)
+    return indices, distances
+
+
+def gather_rows_with(rows: RankRows, n: int, k: int, comm: Comm, device: torch.device,
+                     extra: list[torch.Tensor] | None = None, width: int = 0
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`gather_rows`, with ``width`` more float64 columns of each owned part (``extra``: one
+    (rows, width) tensor a part, in the order of ``rows.parts``) gathered beside them into
+    (n, width)."""
     comm.status("gathering the results")
-    pack = torch.cat([torch.cat([idx.to(torch.float64), dist,
+    if extra is None:
+        extra = [torch.empty((b - a, 0), dtype=torch.float64, device=device) for a, b in rows.parts]
+    pack = torch.cat([torch.cat([idx.to(torch.float64), dist, more.to(torch.float64),
                                  torch.arange(a, b, device=device, dtype=torch.float64)[:, None]], dim=1)
-                      for (a, b), idx, dist in zip(rows.parts, rows.indices, rows.distances)]
-                     or [torch.empty((0, 2 * k + 1), dtype=torch.float64, device=device)])
+                      for (a, b), idx, dist, more in zip(rows.parts, rows.indices, rows.distances, extra)]
+                     or [torch.empty((0, 2 * k + width + 1), dtype=torch.float64, device=device)])
     out = all_gather_rows(pack, comm, device, "the all-gather of the results")
-    order = out[:, 2 * k].to(torch.int64)
+    order = out[:, 2 * k + width].to(torch.int64)
     indices = torch.empty((n, k), dtype=torch.int64, device=device)
     distances = torch.empty((n, k), dtype=torch.float64, device=device)
+    columns = torch.empty((n, width), dtype=torch.float64, device=device)
     indices[order] = out[:, :k].to(torch.int64)
     distances[order] = out[:, k:2 * k]
-    return indices, distances
+    columns[order] = out[:, 2 * k:2 * k + width]
+    return indices, distances, columns
 

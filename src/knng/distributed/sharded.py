@@ -48,6 +48,8 @@ class DistributedSearchReport:
     checkpoints: dict[str, float] = field(default_factory=dict)
     #: This rank's pipeline stages and how often they ran (:mod:`knng.engine.stages`).
     stages: dict[str, int] = field(default_factory=dict)
+    #: Corpus rows folded into their group's representative (``knng.distributed.folding``).
+    duplicates_folded: int = 0
 
 
 @stages.recorded

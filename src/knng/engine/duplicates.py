@@ -36,8 +36,9 @@ from knng.engine.kernels import unfold_rows, unfold_runs
 from knng.engine.exact import flat_top_by_distance
 from knng.metrics import Metric
 
-__all__ = ["DuplicateGroups", "find_duplicates", "find_duplicates_in", "representatives", "applies", "unfold_graph",
-           "unfold_search", "GROUP_MIN"]
+__all__ = ["DuplicateGroups", "find_duplicates", "find_duplicates_in", "representatives", "applies", "folds",
+           "unfold_graph", "unfold_search", "fingerprints", "groups_of_keys", "equal_rows", "repeats_in_sample",
+           "read_rows", "GROUP_MIN", "SAMPLE_BLOCKS", "SAMPLE_ROWS"]
 
 #: Fold only where some group has more rows than this and more than k + 1: smaller groups
 #: create no ties beyond a row's k nearest, and folding costs a pass over the data and the
@@ -70,11 +71,22 @@ class DuplicateGroups:
     def sizes(self) -> torch.Tensor:
         return self.starts[1:] - self.starts[:-1]
 
+    def to(self, device: torch.device) -> "DuplicateGroups":
+        """The same groups with their tensors on ``device``."""
+        return DuplicateGroups(*(t.to(device) for t in (self.reps, self.group, self.members, self.starts)))
+
 
 def applies(metric: Metric) -> bool:
     """Whether folding is exact for ``metric``: every point at least as near itself as any other
     (the Euclidean family, cosine and Pearson distances; not the inner product)."""
     return metric.name != "inner_product"
+
+
+def folds(metric: Metric) -> bool:
+    """Whether a run of ``metric`` folds identical rows: the options ask for it
+    (``Options.fold_duplicates``) and it is exact for the metric (:func:`applies`). Every path
+    asks this one question (one device, files, several ranks)."""
+    return get_options().fold_duplicates and applies(metric)
 
 
 def find_duplicates(x: torch.Tensor, k: int) -> DuplicateGroups | None:
@@ -89,7 +101,7 @@ def find_duplicates(x: torch.Tensor, k: int) -> DuplicateGroups | None:
     """
     if x.shape[0] < 2:
         return None
-    return _groups_of(_fingerprints(x), k, lambda rows, firsts: (x[rows] == x[firsts]).all(dim=1))
+    return groups_of_keys(fingerprints(x), k, lambda rows, firsts: (x[rows] == x[firsts]).all(dim=1))
 
 
 def find_duplicates_in(data: InputArray, k: int, device: torch.device, *, host_budget: int | None = None,
@@ -98,7 +110,7 @@ def find_duplicates_in(data: InputArray, k: int, device: torch.device, *, host_b
     fingerprints block by block on ``device``, then only the rows whose key group has another
     row read again and compared with their group's first row (on the device). A file of more
     than four samples' rows is read through only where a sample of it repeats a row
-    (:func:`_repeats_in_sample`). ``host_budget``: the bytes of host memory the run may hold,
+    (:func:`repeats_in_sample`). ``host_budget``: the bytes of host memory the run may hold,
     which bounds the blocks read (:func:`read_rows`); ``block_rows``: rows a block instead."""
     if data.tensor is not None:
         rows = data.tensor.to(device)
@@ -111,14 +123,14 @@ def find_duplicates_in(data: InputArray, k: int, device: torch.device, *, host_b
     if block_rows is None:
         block_rows = read_rows(data.d, host_budget)
     sample_rows = min(SAMPLE_ROWS, block_rows)
-    if data.n > 4 * SAMPLE_BLOCKS * sample_rows and not _repeats_in_sample(data, device, sample_rows):
+    if data.n > 4 * SAMPLE_BLOCKS * sample_rows and not repeats_in_sample(data, device, sample_rows):
         return None
     keys = []
     for start, block in data.iter_blocks(block_rows):
         block = block.to(device)
         check_finite(block, data.name, start)
-        keys.append(_fingerprints(block))
-    return _groups_of(torch.cat(keys), k, lambda rows, firsts: _equal_rows(data, rows, firsts, device, block_rows))
+        keys.append(fingerprints(block))
+    return groups_of_keys(torch.cat(keys), k, lambda rows, firsts: equal_rows(data, rows, firsts, device, block_rows))
 
 
 def read_rows(d: int, host_budget: int | None) -> int:
@@ -130,20 +142,20 @@ def read_rows(d: int, host_budget: int | None) -> int:
     return int(max(1, min(1 << 16, host_budget // HOST_SHARE // (8 * max(1, d)))))
 
 
-def _repeats_in_sample(data: InputArray, device: torch.device, run_rows: int) -> bool:
+def repeats_in_sample(data: InputArray, device: torch.device, run_rows: int) -> bool:
     """Whether :data:`SAMPLE_BLOCKS` runs of ``run_rows`` consecutive rows spread over ``data``
     hold two rows of one fingerprint: a file is read through for groups only then. Groups that pay for their
     folding are large (each row's ties grow with its group), and a large group shows in such a
     sample; a file without them is then read once less (2M × 128 float32 from a memory map on an
     H200: the whole pass cost 1.4 s of a 15.5 s graph)."""
     stride = data.n // SAMPLE_BLOCKS
-    keys = torch.cat([_fingerprints(data.rows(s, s + run_rows).to(device))
+    keys = torch.cat([fingerprints(data.rows(s, s + run_rows).to(device))
                       for s in range(0, stride * SAMPLE_BLOCKS, stride)])
     ordered = keys[_lexicographic_order(keys)]
     return bool((ordered[1:] == ordered[:-1]).all(dim=1).any())
 
 
-def _equal_rows(data: InputArray, rows: torch.Tensor, firsts: torch.Tensor, device: torch.device,
+def equal_rows(data: InputArray, rows: torch.Tensor, firsts: torch.Tensor, device: torch.device,
                 block_rows: int) -> torch.Tensor:
     """Whether each of ``rows`` of ``data`` equals the row ``firsts`` at its place, read again."""
     same = torch.empty(rows.numel(), dtype=torch.bool, device=device)
@@ -153,7 +165,7 @@ def _equal_rows(data: InputArray, rows: torch.Tensor, firsts: torch.Tensor, devi
     return same
 
 
-def _groups_of(keys: torch.Tensor, k: int, equal: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+def groups_of_keys(keys: torch.Tensor, k: int, equal: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
                ) -> DuplicateGroups | None:
     """The groups of :func:`find_duplicates` from the rows' fingerprints (n, 2); ``equal(rows,
     firsts)``: whether each row's values equal those of the first row of its key group."""
@@ -219,7 +231,7 @@ class _RowsAt:
         return np.asarray(self.base[self.rows[key]])
 
 
-def _fingerprints(x: torch.Tensor) -> torch.Tensor:
+def fingerprints(x: torch.Tensor) -> torch.Tensor:
     """(n, 2) keys of the rows, equal for rows of equal values wherever the product rounds
     alike: the rows times two fixed random vectors (float64 rows in float64, others float32)."""
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -228,7 +240,7 @@ def _fingerprints(x: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _fingerprint_vectors(d: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """The two fixed random vectors of :func:`_fingerprints`, drawn on the host and copied once
+    """The two fixed random vectors of :func:`fingerprints`, drawn on the host and copied once
     per device (a copy from the host is a synchronisation on a GPU)."""
     gen = torch.Generator(device="cpu").manual_seed(17)
     return torch.randn((d, 2), generator=gen, dtype=torch.float64).to(device, dtype)
@@ -252,15 +264,16 @@ def _lexicographic_order(keys: torch.Tensor) -> torch.Tensor:
 
 
 def unfold_graph(groups: DuplicateGroups, idx: torch.Tensor, dist: torch.Tensor, self_dist: torch.Tensor, k: int,
-                 include_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The graph of every row from the graph of the groups' representatives.
+                 include_self: bool, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+    """The graph of every row (or of the rows ``rows``) from the graph of the groups' representatives.
 
     ``idx``/``dist``: (u, k_u) the representatives' nearest other representatives (positions in
     ``groups.reps``), float64 distances; ``self_dist``: (u,) each representative's exact
     distance to itself. Returns (n, k) int64 row indices and float64 distances, ascending by
-    (distance, index); each row's own index only with ``include_self``.
+    (distance, index); each row's own index only with ``include_self``. ``rows``: a range of
+    the rows, for a caller that writes only those (a rank of a distributed run).
     """
-    return _unfold(groups, groups.group, idx, dist, k, own=self_dist, drop_self=not include_self)
+    return _unfold(groups, groups.group, idx, dist, k, own=self_dist, drop_self=not include_self, answer_rows=rows)
 
 
 def unfold_search(groups: DuplicateGroups, idx: torch.Tensor, dist: torch.Tensor, k: int
@@ -272,12 +285,13 @@ def unfold_search(groups: DuplicateGroups, idx: torch.Tensor, dist: torch.Tensor
 
 
 def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.Tensor, dist: torch.Tensor, k: int,
-            own: torch.Tensor | None = None, drop_self: bool = False, rows_per_chunk: int = 65536
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+            own: torch.Tensor | None = None, drop_self: bool = False, rows_per_chunk: int = 65536,
+            answer_rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
     """Each answer row's candidates — the first members (by index) of its own group
     (``own_group[row]``, at distance ``own[group]``; graphs only) and of each group in its row of
     ``idx`` (−1: none, after the others) at the distance in ``dist`` — sorted by (distance,
     index), the row itself dropped with ``drop_self``, cut at k (see the module's proof).
+    ``answer_rows``: the graph rows answered (a range of ``own_group``'s; all by default).
 
     Most rows are their candidate groups' members laid end to end (on a GPU by one kernel,
     ``kernels.unfold_rows``; else :func:`_unfold_by_slots`: fixed shapes, no sort); the rows
@@ -286,11 +300,15 @@ def _unfold(groups: DuplicateGroups, own_group: torch.Tensor | None, idx: torch.
     Before, every row that was not alone with single-row neighbours expanded k + 1 members of
     each of its groups and sorted them: 42.8 ms of a 330 ms graph there, 5.5 ms now (H200,
     2026-11-26; 18.4 → 3.2 ms on the 16×16 patches)."""
-    m, device = idx.shape[0] if own_group is None else own_group.numel(), idx.device
+    device = idx.device
     position = None
     if own_group is not None and drop_self:  # each row's place among its group's members
         position = torch.empty_like(groups.members)
         position[groups.members] = torch.arange(groups.members.numel(), device=device)
+        position = position[answer_rows]
+    if own_group is not None:  # answer row r is own_group's r-th row of the range
+        own_group = own_group[answer_rows]
+    m = idx.shape[0] if own_group is None else own_group.numel()
     width = idx.shape[1] + (own_group is not None)
     # Rows a chunk: (rows × lists) arrays of at most Options.duplicate_list_entries entries.
     rows_per_chunk = max(1, min(rows_per_chunk, get_options().duplicate_list_entries // max(1, width)))
