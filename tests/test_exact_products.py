@@ -117,10 +117,10 @@ def test_lattice_kernel_matches_the_torch_pass(kernel_device, rng, spy):
     for name, values in cases.items():
         for unit in LATTICE_UNITS:
             block = torch.from_numpy(values)
-            on = common._LatticeExtent(unit, block.shape[1], kernel_device)
+            on = common.LatticeExtent(unit, block.shape[1], kernel_device)
             on.add(block.to(kernel_device))
             with knng.options(kernels={"preparation": False}):
-                ref = common._LatticeExtent(unit, block.shape[1], torch.device("cpu"))
+                ref = common.LatticeExtent(unit, block.shape[1], torch.device("cpu"))
                 ref.add(block)
             found, want = on.found(), ref.found()
             assert (found is None) == (want is None), (name, unit)

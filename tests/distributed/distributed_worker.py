@@ -44,6 +44,10 @@ def make_data(name: str, seed: int, tmp: Path | None = None) -> Any:
         x = rng.standard_normal((300, 8)).astype(np.float32)
         x = np.concatenate([x, np.repeat(x[:1], 120, axis=0), np.repeat(x[1:2], 40, axis=0)])
         return x[rng.permutation(len(x))]
+    if name == "grey":  # image patches' grey levels / 255: a lattice, screened with exact products
+        levels = rng.integers(0, 256, size=(500, 16))
+        levels[:40] = levels[:40, :1]  # flat patches of one level each
+        return (levels / 255).astype(np.float32)
     if name == "identical":
         return np.tile(rng.standard_normal((1, 7)), (50, 1)).astype(np.float32)
     if name == "wide":
@@ -89,6 +93,9 @@ CASES: dict[str, dict[str, Any]] = {
     "graph-flat-cosine": _graph_case("flat", 12, "cosine", memory_budget="64KB"),
     "graph-flat-memmap": {**_graph_case("flat", 7), "input": "memmap"},
     "graph-one-group": _graph_case("identical", 5, "euclidean"),
+    # Grey levels / 255 under the scaled float16 screen: exact products around a lattice point.
+    "graph-lattice": {**_graph_case("grey", 8, "euclidean"), "precision": "float16"},
+    "graph-lattice-sq": {**_graph_case("grey", 30, "sqeuclidean", memory_budget="64KB"), "precision": "float16"},
     "search-flat": {"kind": "search", "k": 15, "metric": "euclidean", "data": "search-flat"},
     "search-flat-memmap": {"kind": "search", "k": 100, "metric": "cosine", "data": "search-flat", "input": "memmap"},
     "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),
@@ -163,7 +170,7 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
             g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
         return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "columns": report.columns,
-                "duplicates_folded": report.duplicates_folded,
+                "duplicates_folded": report.duplicates_folded, "exact_products": report.exact_products,
                 "stages": sorted(report.stages),
                 "precision": getattr(report.screen_dtype, "name", report.screen_dtype),
                 "tightenings": report.store.tightenings, "overflow": report.store.overflow_rows,

@@ -179,6 +179,22 @@ def test_files_written_by_every_rank(battery, world, name):
                      oracle_graph(x, case["k"], case["metric"]), context=f"seed={seed}")
 
 
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("name", ["graph-lattice", "graph-lattice-sq"])
+def test_a_lattice_is_screened_with_exact_products_on_every_rank(battery, world, name):
+    """Grey levels / 255 are found on their lattice by the ranks together (each looks at its own
+    parts; the extents are all-reduced), as on one device: exact products around a lattice point
+    (answers: see test_identical_to_one_process)."""
+    seed, ranks, _ = battery[world]
+    case = CASES[name]
+    with knng.options(screen_precision=case["precision"]):
+        ref = knng.graph(make_data(case["data"], seed), case["k"], metric=case["metric"], device="cpu")
+    assert ref.report.exact_products
+    for r, results in enumerate(ranks):
+        assert "error" not in results[name], f"seed={seed} rank {r}: {results[name].get('error')}"
+        assert results[name]["exact_products"], (r, results[name]["precision"])
+
+
 FOLDED = ["graph-flat", "graph-flat-self", "graph-flat-cosine", "graph-flat-memmap", "graph-one-group",
           "search-flat", "search-flat-memmap"]
 

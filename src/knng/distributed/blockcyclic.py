@@ -29,7 +29,7 @@ import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -44,7 +44,7 @@ from knng.distributed.plan import BlockPlan
 from knng.distributed.rank_store import RankColumns, RankSlots, rank_store
 from knng.distributed.shards import all_gather_rows, common_centre
 from knng.engine import stages
-from knng.engine.common import full_precision
+from knng.engine.common import CorpusStats, LatticeExtent, full_precision
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.graph import (
     BlockCounts, GlobalFrames, SharedThresholds, Tile, off_diagonal_blocks, retry_on_oom, screen_own_part,
@@ -54,7 +54,7 @@ from knng.engine.plan import (
 )
 from knng.engine.screen import ScoreBuffer
 from knng.engine.store import CandidateStore, PairErrors, StoreStats
-from knng.metrics import METRICS, PRECISIONS, Metric
+from knng.metrics import METRICS, PRECISIONS, Metric, ScreenPrecision
 from knng.engine.kernels import prepare_rows, screen_kernel_runs
 
 __all__ = ["DistributedGraphReport", "RankRows", "RankSizes", "distributed_graph", "gather_rows", "gather_rows_with",
@@ -104,6 +104,8 @@ class DistributedGraphReport:
     stages: dict[str, int] = field(default_factory=dict)
     #: Rows folded into their group's representative (``knng.distributed.folding``).
     duplicates_folded: int = 0
+    #: Data on a lattice screened with exact products (:func:`knng.metrics.with_exact_products`).
+    exact_products: bool = False
 
     @property
     def pairs_saving(self) -> float:
@@ -255,8 +257,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     counts = BlockCounts()
     try:
         with full_precision():
-            centre, norms, terms, kept = _prepare_owned(data, metric, plan, owned, comm, device, dtype,
-                                                        sizes.columns)
+            metric, precision, centre, norms, terms, kept = _prepare_owned(data, metric, precision, plan, owned,
+                                                                           comm, device, sizes.columns)
             source = RankColumns(data, metric, plan.parts, centre, device, dtype, kept,
                                  prepared=sizes.columns == COLUMN_TIERS[0], reader=reader, norms=norms, terms=terms)
             frames = GlobalFrames(source, list(plan.parts))
@@ -439,7 +441,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t_start
-    report = _report(comm, plan, sizes, capacity, precision.name, stats, store.stats, counts.retries, seconds, device)
+    report = replace(_report(comm, plan, sizes, capacity, precision.name, stats, store.stats, counts.retries, seconds,
+                             device), exact_products=precision.exact_products)
     if checkpoint is not None:
         report.checkpoints = checkpoint.summary()
     ranges = sorted(results)
@@ -483,20 +486,41 @@ def _restore(checkpoint: DistributedCheckpoint, store: CandidateStore, slots: Ra
     return rows_of("tau", 0, len(arrays["tau"]))
 
 
-def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: list[int], comm: Comm,
-                   device: torch.device, dtype: torch.dtype, columns: str
-                   ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]]:
-    """Finite check and centre over the owned parts, then their prepared form and every norm."""
+def _prepare_owned(data: InputArray, metric: Metric, precision: ScreenPrecision, plan: BlockPlan, owned: list[int],
+                   comm: Comm, device: torch.device, columns: str
+                   ) -> tuple[Metric, ScreenPrecision, torch.Tensor | None, torch.Tensor, torch.Tensor | None,
+                              dict[int, torch.Tensor]]:
+    """Finite check, centre and lattice over the owned parts (all-reduced: the same on every
+    rank), then their prepared form and every norm. Returns the metric and precision the screen
+    runs with: on data on a lattice (integers, grey levels / 255), exact products around a
+    lattice point, as on one device (:meth:`knng.engine.common.CorpusStats.screen`)."""
     n, d = data.n, data.d
+    dtype = precision.storage
+    need_mean = metric.needs_centre(True)
+    lattices = LatticeExtent.every(d, device) if precision.scaled and metric.translation_invariant and need_mean \
+        else []
 
     def owned_blocks():
         for j in owned:
             p0, p1 = plan.parts[j]
-            comm.status(f"reading part {j} (rows {p0}–{p1}): finite check and sums")
+            comm.status(f"reading part {j} (rows {p0}–{p1}): finite check, sums and lattice")
             for s in range(p0, p1, 1 << 16):
-                yield s, data.rows(s, min(p1, s + (1 << 16)))
+                block = data.rows(s, min(p1, s + (1 << 16))).to(device, non_blocking=True)
+                LatticeExtent.add_to(lattices, block)
+                yield s, block
 
-    centre = common_centre(owned_blocks(), n, d, data.name, metric.needs_centre(True), comm, device)
+    centre = common_centre(owned_blocks(), n, d, data.name, need_mean, comm, device)
+
+    def all_reduce(tensor: torch.Tensor, op: str) -> None:
+        reduce_op = dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX
+        comm.wait(comm.all_reduce(tensor, "the exchange of the lattice's extents", op=reduce_op))
+
+    for lattice in lattices:
+        lattice.combine(all_reduce)
+    precision, centre, unit = CorpusStats.of(centre, lattices).screen(precision)
+    if unit is not None and (unit != 1.0 or precision.lattice_error > 0):
+        # Rows rounded onto the lattice (exact integers, centred on integers, already are).
+        metric = replace(metric, lattice=unit)
     norms = torch.zeros(n, dtype=torch.float64, device=device)
     terms = torch.zeros(n, dtype=torch.float64, device=device) if metric.uses_terms else None
     kept: dict[int, torch.Tensor] = {}
@@ -518,8 +542,8 @@ def _prepare_owned(data: InputArray, metric: Metric, plan: BlockPlan, owned: lis
     both = norms if terms is None else torch.stack([norms, terms])
     comm.wait(comm.all_reduce(both, "the exchange of norms"))
     if terms is None:
-        return centre, both, None, kept
-    return centre, both[0].contiguous(), both[1].contiguous(), kept
+        return metric, precision, centre, both, None, kept
+    return metric, precision, centre, both[0].contiguous(), both[1].contiguous(), kept
 
 
 def _report(comm: Comm, plan: BlockPlan, sizes: RankSizes, capacity: int, precision: str, stats: ExactStats,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -19,7 +19,7 @@ from knng.engine.kernels import finite_column_sums, lattice_extent, preparation_
 __all__ = [
     "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
     "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
-    "LATTICE_UNITS", "LATTICE_TOLERANCE",
+    "LATTICE_UNITS", "LATTICE_TOLERANCE", "LatticeExtent",
 ]
 
 
@@ -170,6 +170,17 @@ class CorpusStats:
     lattice: float = 1.0
     lattice_error: float = 0.0
 
+    @staticmethod
+    def of(centre: torch.Tensor | None, lattices: "list[LatticeExtent]") -> "CorpusStats":
+        """The statistics of a corpus of common centre ``centre`` whose blocks went into
+        ``lattices`` (none: lattices not looked for): the first lattice they lie on, if any."""
+        for lattice in lattices:
+            found = lattice.found()
+            if found is not None:
+                spread, error = found
+                return CorpusStats(centre=centre, integer_spread=spread, lattice=lattice.unit, lattice_error=error)
+        return CorpusStats(centre=centre)
+
     def screen(self, precision: ScreenPrecision) -> tuple[ScreenPrecision, torch.Tensor | None, float | None]:
         """The precision, centre and lattice unit a screen of this corpus runs with: ``precision``
         with exact products (:func:`knng.metrics.with_exact_products`) around the centre rounded
@@ -195,7 +206,7 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
     """
     need_mean = metric.needs_centre(symmetric)
     total = torch.zeros(corpus.d, dtype=torch.float64, device=device)
-    lattices = [_LatticeExtent(unit, corpus.d, device) for unit in LATTICE_UNITS] if integers and need_mean else []
+    lattices = LatticeExtent.every(corpus.d, device) if integers and need_mean else []
     for start, block in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
         block = block.to(device, non_blocking=True)
         sums, bad = finite_column_sums(block, sums=need_mean)
@@ -203,21 +214,42 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
             check_finite(block, corpus.name, start)  # raises, naming the first bad row
         if sums is not None:
             total += sums
-        for lattice in lattices if block.is_floating_point() else lattices[:1]:
-            lattice.add(block)
-    centre = total / corpus.n if need_mean else None
-    for lattice in lattices:
-        found = lattice.found()
-        if found is not None:
-            spread, error = found
-            return CorpusStats(centre=centre, integer_spread=spread, lattice=lattice.unit, lattice_error=error)
-    return CorpusStats(centre=centre)
+        LatticeExtent.add_to(lattices, block)
+    return CorpusStats.of(total / corpus.n if need_mean else None, lattices)
 
 
-class _LatticeExtent:
+class LatticeExtent:
     """Blocks of values on the lattice of one unit: each column's smallest and largest lattice
     point (in units), the largest distance of a value from its point in units and absolutely
-    (on the device, read once at the end)."""
+    (on the device, read once at the end). :func:`corpus_stats` keeps one per unit of
+    :data:`LATTICE_UNITS`; a distributed run keeps them per rank and combines them
+    (:meth:`combine`)."""
+
+    @staticmethod
+    def every(d: int, device: torch.device) -> list["LatticeExtent"]:
+        """One extent per unit of :data:`LATTICE_UNITS`, finest last."""
+        return [LatticeExtent(unit, d, device) for unit in LATTICE_UNITS]
+
+    @staticmethod
+    def add_to(lattices: list["LatticeExtent"], block: torch.Tensor) -> None:
+        """Add ``block`` (on the extents' device) to each of ``lattices`` (integers: the unit
+        lattice only)."""
+        for lattice in lattices if block.is_floating_point() else lattices[:1]:
+            lattice.add(block)
+
+    def combine(self, reduce: Callable[[torch.Tensor, str], None]) -> None:
+        """Combine with the same unit's extents of other processes: ``reduce(tensor, op)``
+        reduces ``tensor`` in place over them, ``op`` "min" or "max" (an all-reduce); afterwards
+        every process holds the extent of all their blocks."""
+        lows = torch.stack([self.low, -self.high])
+        reduce(lows, "min")
+        flags = torch.stack([self.off, self.error, torch.tensor(float(self.seen), dtype=torch.float64,
+                                                                device=self.off.device),
+                             torch.tensor(float(self.off_lattice), dtype=torch.float64, device=self.off.device)])
+        reduce(flags, "max")
+        self.low, self.high = lows[0], -lows[1]
+        self.off, self.error = flags[0], flags[1]
+        self.seen, self.off_lattice = bool(flags[2] > 0), bool(flags[3] > 0)
 
     def __init__(self, unit: float, d: int, device: torch.device) -> None:
         self.unit = unit

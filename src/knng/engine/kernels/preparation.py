@@ -96,7 +96,7 @@ def lattice_extent(block: torch.Tensor, unit: float) -> tuple[torch.Tensor, torc
     """One read of a 2-D float ``block`` for the lattice of ``unit``: each column's smallest and
     largest lattice point in units (float64, (d,)), and the largest distance of a value from its
     point in units and absolutely (float64 scalars on the device; reading them is the caller's
-    synchronisation). ``common._LatticeExtent`` holds the torch reference."""
+    synchronisation). ``common.LatticeExtent`` holds the torch reference."""
     kernels = _triton()
     sizes = _sizes()
     m, d = block.shape

@@ -42,7 +42,7 @@ def lattice_extent_kernel(x, low, high, off, err, m, d, stride, unit, ROWS: tl.c
     """Each column's smallest and largest lattice point (in units of ``unit``) over ROWS rows per
     program, and the largest distance of a value from its point, in units and absolutely (one
     partial row or value per program, reduced by the caller), in float64 as
-    ``common._LatticeExtent``'s torch reference: a value's point is ⌊x/unit + ½⌋, its nearest
+    ``common.LatticeExtent``'s torch reference: a value's point is ⌊x/unit + ½⌋, its nearest
     but at an exact half, where both are half a unit away (and the data off the lattice)."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
