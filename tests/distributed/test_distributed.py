@@ -8,6 +8,7 @@ shard lists are tested directly, without processes.
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import subprocess
@@ -33,8 +34,9 @@ def free_port() -> int:
 
 
 def run_battery(tmp_path_factory: pytest.TempPathFactory, worlds: tuple[int, ...], device: str = "cpu"):
-    """world → (seed, [results of rank 0, rank 1, …], folder) for the whole battery."""
-    seed = int(np.random.SeedSequence().entropy % 2**31)
+    """world → (seed, [results of rank 0, rank 1, …], folder) for the whole battery; the seed is
+    fresh each run, or ``KNNG_TEST_SEED`` to replay a failure's."""
+    seed = int(os.environ.get("KNNG_TEST_SEED") or np.random.SeedSequence().entropy % 2**31)
     out = {}
     worker = Path(__file__).with_name("distributed_worker.py")
     for world in worlds:
