@@ -21,7 +21,7 @@ from knng.arguments import check_checkpoint_arguments, check_k, check_select, gr
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine.common import resolve_device
-from knng.engine.exact import ExactStats, exact_pairs_of
+from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
     LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, make_search_plan,
@@ -215,6 +215,7 @@ def search(
     if groups is not None:
         idx, dist = duplicates.unfold_search(groups.to(dev), idx.to(dev), dist.to(dev), k)
         report = replace(report, duplicates_folded=c.n - reps.n)
+    round_as_exact(m, q, torch.arange(q.n, device=idx.device), c, idx, dist)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)
@@ -363,6 +364,7 @@ def graph(
         idx, dist = duplicates.unfold_graph(groups.to(dev), idx.to(dev), dist.to(dev), self_dist, k,
                                             include_self)
         report = replace(report, duplicates_folded=x.n - reps.n)
+    round_as_exact(m, x, torch.arange(x.n, device=idx.device), x, idx, dist)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)

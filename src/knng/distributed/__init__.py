@@ -99,6 +99,7 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
     from knng.distributed.blockcyclic import distributed_graph
     from knng.distributed.checkpoint import open_checkpoint
     from knng.distributed.folding import fold, graph_of_one_group, unfold_graph_rows
+    from knng.engine.exact import round_as_exact
     from knng.engine.plan import resolve_budget
     from knng.reports import set_last_report
 
@@ -128,6 +129,8 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
                 rows, report = graph_of_one_group(folding, comm)
             if folding is not None:
                 rows, report = unfold_graph_rows(rows, report, folding, k_reps, k, include_self, m, comm, dev)
+            for (a, b), idx, dist_ in zip(rows.parts, rows.indices, rows.distances):
+                round_as_exact(m, x, torch.arange(a, b, device=idx.device), x, idx, dist_)
             result = consume(comm, rows, report, x, k, m, dev)
         if ckpt is not None:
             ckpt.close(keep_checkpoint)
@@ -254,6 +257,7 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
     from knng.arguments import check_checkpoint_arguments, check_k, check_select
     from knng.distributed.checkpoint import open_checkpoint
     from knng.distributed.folding import fold, unfold_search
+    from knng.engine.exact import round_as_exact
     from knng.distributed.sharded import distributed_search, share_queries
     from knng.engine.plan import resolve_budget
     from knng.metrics import get_metric
@@ -289,6 +293,7 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
             if folding is not None:
                 idx, dist_ = unfold_search(idx, dist_, folding, k, dev)
                 report = replace(report, duplicates_folded=folding.folded_away)
+            round_as_exact(m, q, torch.arange(q.n, device=idx.device), c, idx, dist_)
         if ckpt is not None:
             ckpt.close(keep_checkpoint)
     set_last_report(report)

@@ -1,15 +1,40 @@
-"""Exact float64 distances from the input vectors, and the order of an exact answer.
+"""Exact float64 distances from the input vectors, the order of an exact answer, and its
+distances rounded to float32 as their exact values round.
 
 The engine's screen (``engine/screen.py``) and stores (``engine/store/``) decide which pairs
 a row's proof needs; the pairs are evaluated here, by differences (``Metric.exact``), and an
 answer is ordered by (distance, index).
+
+Rounded as exact. knng returns float32 distances: the exact distance, evaluated in float64 by
+differences, rounded to the nearest float32. A float64 evaluation errs by a few float64 steps, in
+a direction that depends on the order of its sum, which differs between devices (torch's CPU
+sum, the GPU's pair kernel, a BLAS). That matters only where the exact value lies within those
+steps of a midpoint between two float32 values, and there it decides which float32 comes out.
+Off a lattice that is rare (about d · 2⁻²⁷ of the values); on a lattice it is structural: two
+flat image patches of 16 grey levels L/255 lie exactly 4·|Δ| apart, Δ the difference of two
+float32 inputs, which can be a float32 midpoint itself (0.47058825194835663, between 0.47058824
+and 0.47058827: the CPU's sum gave the first, an H200's pair kernel the second).
+
+:func:`round_as_exact` finds the values of an answer that lie that close to a midpoint and
+settles each from its pair's inputs: the squared differences as exact float64 products and
+their errors (Dekker), whose exact sum ``math.fsum`` rounds correctly, and whose sign against
+the midpoint (or its square) it gives exactly; pairs whose differences float64 cannot hold go
+through exact rationals. The value becomes the exact distance's nearest float64, moved one step
+off the midpoint toward the exact value where it rounded onto it; an exact midpoint stays one,
+and float32 rounding takes it to the even neighbour, as IEEE rounds the exact value. Rows whose
+values moved are ordered again by (distance, index). Metrics: the Euclidean family (the
+similarity family and the inner product keep their float64 evaluation's rounding).
 """
 
 from __future__ import annotations
 
+import decimal
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable
 
+import numpy as np
 import torch
 
 from knng._inputs import InputArray
@@ -17,7 +42,8 @@ from knng.engine import stages
 from knng.engine.kernels import pair_values
 from knng.metrics import Metric
 
-__all__ = ["ExactStats", "exact_pairs", "exact_pairs_of", "sort_by_distance_then_index", "flat_top_by_distance"]
+__all__ = ["ExactStats", "exact_pairs", "exact_pairs_of", "sort_by_distance_then_index", "flat_top_by_distance",
+           "round_as_exact", "near_midpoints", "ROUNDED_METRICS"]
 
 #: Bytes for gathered float64 vectors in one exact re-rank chunk: on a GPU large launches, on a
 #: CPU chunks that stay in cache (640k pairs at d = 64 on 2 cores: 0.10 s in 16 MiB chunks,
@@ -124,3 +150,160 @@ def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor],
             values = metric.exact(x, y)
         out[p0:p1] = values if batched else values[:, 0]
     return out
+
+#: The metrics whose answers :func:`round_as_exact` rounds as their exact values.
+ROUNDED_METRICS = frozenset({"euclidean", "sqeuclidean"})
+#: Digits of the decimal square root a Euclidean distance is computed with before it is rounded
+#: to float64 (far beyond float64's 17: the float64 is the exact root's nearest but for a
+#: double rounding that would need the root within 10⁻⁴⁰ of a float64 midpoint, and the side of
+#: the float32 midpoint is decided exactly anyway).
+SQRT_DIGITS = 60
+#: Float64 values a chunk of the pairs to settle gathers (both sides' vectors).
+PAIR_VALUES = 1 << 22
+#: Dekker's splitting constant, 2²⁷ + 1, and the magnitude below which splitting cannot overflow.
+SPLITTER = 134217729.0
+SPLIT_LIMIT = 2.0**995
+
+
+def near_midpoints(dist: torch.Tensor, d: int) -> torch.Tensor:
+    """Where float64 distances ``dist`` lie so near a float32 rounding midpoint that another
+    float64 evaluation of the same exact value (a sum of ``d`` squares in another order) may
+    round to the other float32: within 2·γ_{d+8}·|value| of it (twice the evaluation's bound)."""
+    v32 = dist.to(torch.float32)
+    toward = torch.where(dist >= v32.to(torch.float64), torch.full_like(v32, torch.inf),
+                         torch.full_like(v32, -torch.inf))
+    mid = (v32.to(torch.float64) + torch.nextafter(v32, toward).to(torch.float64)) / 2
+    tolerance = 4.0 * (d + 8) * 2.0**-53 * dist.abs()
+    return torch.isfinite(dist) & ((dist - mid).abs() <= tolerance)
+
+
+def round_as_exact(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, idx: torch.Tensor,
+                   dist: torch.Tensor, chunk_entries: int = 1 << 22) -> None:
+    """Put an answer's distances on their exact values' sides, in place: ``idx``/``dist`` (m, k)
+    of rows ``left[rows]`` against ``right`` (−1: none), ascending by (distance, index); every
+    distance near a float32 midpoint goes to the side of its exact value (see the module's
+    docstring) and its row is ordered again. Rows are looked at ``chunk_entries`` entries at a
+    time (an answer kept on disk stays there)."""
+    if metric.name not in ROUNDED_METRICS or dist.numel() == 0:
+        return
+    step = max(1, chunk_entries // max(1, dist.shape[1]))
+    for r0 in range(0, dist.shape[0], step):
+        r1 = min(dist.shape[0], r0 + step)
+        _round_rows(metric, left, rows[r0:r1], right, idx[r0:r1], dist[r0:r1])
+
+
+def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, idx: torch.Tensor,
+                dist: torch.Tensor) -> None:
+    """:func:`round_as_exact` of one chunk of rows (views of the answer, written in place)."""
+    near = near_midpoints(dist, left.d) & (idx >= 0)
+    if not bool(near.any()):  # the one synchronisation of most chunks
+        return
+    r, c = torch.nonzero(near, as_tuple=True)
+    old = dist[r, c].cpu().numpy()
+    settled = np.empty_like(old)
+    step = max(1, PAIR_VALUES // max(1, left.d))
+    for p0 in range(0, old.size, step):
+        p1 = min(old.size, p0 + step)
+        x = left.take(rows[r[p0:p1]].to(torch.int64)).cpu().numpy()
+        y = right.take(idx[r[p0:p1], c[p0:p1]]).cpu().numpy()
+        settled[p0:p1] = _settled(metric.name, x, y, old[p0:p1])
+    dist[r, c] = torch.from_numpy(settled).to(dist.device)
+    moved = torch.unique(r)
+    # Ordered again by (distance, index): by index first, then stably by distance.
+    by_index = torch.argsort(torch.where(idx[moved] >= 0, idx[moved], torch.iinfo(torch.int64).max), dim=1,
+                             stable=True)
+    order = by_index.gather(1, torch.argsort(dist[moved].gather(1, by_index), dim=1, stable=True))
+    idx[moved], dist[moved] = idx[moved].gather(1, order), dist[moved].gather(1, order)
+
+
+def _settled(name: str, x: np.ndarray, y: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For pairs (x[p], y[p]) whose float64 evaluations gave ``values``: the float64 to return,
+    the exact distance's nearest (to within a float64 step) on the exact value's side of the
+    float32 midpoint near it, or that midpoint where the exact value is it."""
+    v32 = values.astype(np.float32)
+    other = np.nextafter(v32, np.where(values >= v32, np.float32(np.inf), np.float32(-np.inf)))
+    mids = (v32.astype(np.float64) + other.astype(np.float64)) / 2  # exact: float32s in float64
+    terms = _square_terms(x, y)
+    out = np.empty_like(values)
+    for p in range(values.size):
+        if terms[p] is None:  # differences not exact in float64: exact rationals instead
+            out[p] = _settled_exactly(name, x[p], y[p], float(mids[p]))
+            continue
+        square = math.fsum(terms[p])  # the exact sum's nearest float64
+        target = [mids[p:p + 1]] if name == "sqeuclidean" else list(_two_product(mids[p:p + 1], mids[p:p + 1]))
+        side = math.fsum(terms[p] + [-float(t[0]) for t in target])  # its sign is the exact comparison's
+        nearest = square if name == "sqeuclidean" else math.sqrt(square)
+        out[p] = _off_midpoint(nearest, float(mids[p]), (side > 0) - (side < 0))
+    return out
+
+
+def _off_midpoint(nearest: float, mid: float, side: int) -> float:
+    """``nearest`` moved one float64 step toward the exact value's ``side`` (+1 above the float32
+    midpoint ``mid``, −1 below, 0 on it) where it is not on that side already."""
+    if side == 0:
+        return mid
+    if side > 0 and nearest <= mid:
+        return float(np.nextafter(mid, np.inf))
+    if side < 0 and nearest >= mid:
+        return float(np.nextafter(mid, -np.inf))
+    return nearest
+
+
+def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """a·b as p + e exactly (Dekker's product: float64 values split into 26-bit halves)."""
+    p = a * b
+    a_hi, a_lo = _split(a)
+    b_hi, b_lo = _split(b)
+    e = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+    return p, e
+
+
+def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    c = SPLITTER * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _square_terms(x: np.ndarray, y: np.ndarray) -> list[list[float] | None]:
+    """For each pair of rows, floats whose exact sum is Σ (x_t − y_t)² (each difference exact in
+    float64, each square an exact product and its error), or None where a difference is not
+    exact in float64 or a value too large to split."""
+    a, b = x.astype(np.float64), y.astype(np.float64)
+    diff = a - b
+    # The difference is exact where undoing it gives both inputs back (Sterbenz, and exponents
+    # within float64's 29 spare bits of float32's, cover every float32 pair but extreme ones).
+    exact = ((diff + b) == a) & ((a - diff) == b) & (np.abs(diff) < SPLIT_LIMIT)
+    p, e = _two_product(diff, diff)
+    ok = exact.all(axis=1) & np.isfinite(e).all(axis=1)
+    return [np.concatenate([p[i], e[i]]).tolist() if ok[i] else None for i in range(diff.shape[0])]
+
+
+def _settled_exactly(name: str, x: np.ndarray, y: np.ndarray, mid: float) -> float:
+    """:func:`_settled` of one pair by exact rationals (differences that float64 rounds)."""
+    square = _exact_square(x, y)
+    exact_mid = Fraction(mid)
+    if name == "sqeuclidean":
+        side = (square > exact_mid) - (square < exact_mid)
+        nearest = float(square)
+    else:
+        side = (square > exact_mid * exact_mid) - (square < exact_mid * exact_mid)
+        with decimal.localcontext() as context:
+            context.prec = SQRT_DIGITS
+            nearest = float((decimal.Decimal(square.numerator) / decimal.Decimal(square.denominator)).sqrt())
+    return _off_midpoint(nearest, mid, side)
+
+
+def _exact_square(x: np.ndarray, y: np.ndarray) -> Fraction:
+    """Σ (x_t − y_t)² exactly, for vectors of integers or binary floats (dyadic rationals)."""
+    if x.dtype.kind in "iub":
+        return Fraction(sum((int(a) - int(b)) ** 2 for a, b in zip(x.tolist(), y.tolist())))
+    # Every float is m·2^e with an integer m: scaled by 2^−q (q the least exponent), integers.
+    both = np.concatenate([x, y]).astype(np.float64)
+    mantissa, exponent = np.frexp(both)
+    whole = (mantissa * 2.0**53).astype(np.int64).tolist()
+    exponent = (exponent - 53).tolist()
+    q = min((e for m, e in zip(whole, exponent) if m), default=0)
+    values = [m << (e - q) if m else 0 for m, e in zip(whole, exponent)]
+    d = x.shape[0]
+    total = sum((a - b) * (a - b) for a, b in zip(values[:d], values[d:]))
+    return Fraction(total) * Fraction(2) ** (2 * q)
