@@ -147,3 +147,31 @@ def test_an_integer_distance_on_a_midpoint_goes_to_the_even_float32():
     assert np.float32(dist.item()) == np.float32(16777216.0)
     g = knng.graph(x, 1, metric="sqeuclidean", device="cpu")
     assert g.distances[0, 0] == np.float32(16777216.0)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean"])
+def test_photon_counts_of_many_pixels(rng, metric):
+    # Integer counts over 3,000 pixels (the papers' images have 15,876): values moved onto their
+    # float32 midpoints are settled in double-double arithmetic, exact midpoints on the host.
+    m, d = 10, 3000
+    x = rng.poisson(3.0, size=(m, d)).astype(np.float32)
+    pairs = (np.arange(m)[:, None] + np.arange(1, 4)[None, :]) % m
+    data = as_input(x, "data")
+    root = metric == "euclidean"
+    # Integer counts: the squares' sum is an integer, exact in float64 (so is the oracle here).
+    exact = {(i, int(j)): Fraction(int(((x[i].astype(np.int64) - x[j].astype(np.int64)) ** 2).sum()))
+             for i, row in enumerate(pairs) for j in row}
+    dist = torch.tensor([[float(np.sqrt(float(exact[i, int(j)]))) if root else float(exact[i, int(j)]) for j in row]
+                         for i, row in enumerate(pairs)], dtype=torch.float64)
+    v32 = dist.to(torch.float32)
+    mid = (v32.double() + torch.nextafter(v32, torch.full_like(v32, torch.inf)).double()) / 2
+    dist = torch.where(torch.arange(3)[None, :] == 1, mid, dist)  # every middle entry on a midpoint
+    idx = torch.from_numpy(pairs)
+    order = torch.argsort(dist, dim=1, stable=True)
+    idx, dist = idx.gather(1, order), dist.gather(1, order)
+    round_as_exact(get_metric(metric), data, torch.arange(m), data, idx, dist)
+    for i in range(m):
+        for slot in range(3):
+            j = int(idx[i, slot])
+            assert np.float32(dist[i, slot].item()) == _float32_of(exact[i, j], root), (i, j)
+        assert bool((dist[i, 1:] >= dist[i, :-1]).all())

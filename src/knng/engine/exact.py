@@ -16,10 +16,12 @@ float32 inputs, which can be a float32 midpoint itself (0.47058825194835663, bet
 and 0.47058827: the CPU's sum gave the first, an H200's pair kernel the second).
 
 :func:`round_as_exact` finds the values of an answer that lie that close to a midpoint and
-settles each from its pair's inputs: the squared differences as exact float64 products and
-their errors (Dekker), whose exact sum ``math.fsum`` rounds correctly, and whose sign against
-the midpoint (or its square) it gives exactly; pairs whose differences float64 cannot hold go
-through exact rationals. The value becomes the exact distance's nearest float64, moved one step
+settles each from its pair's inputs, on the answer's device: the squared differences as exact
+float64 products and their errors (Dekker), summed pairwise in double-double arithmetic (about
+2⁻¹⁰⁰ relative), which tells the side of the midpoint (or of its square) wherever the sum is not
+within that accuracy of it. The rest, exact midpoints among them, go to the host: the same terms
+summed exactly by ``math.fsum``, whose sign against the midpoint is the exact comparison's, and
+exact rationals for pairs whose differences float64 cannot hold. The value becomes the exact distance's nearest float64, moved one step
 off the midpoint toward the exact value where it rounded onto it; an exact midpoint stays one,
 and float32 rounding takes it to the even neighbour, as IEEE rounds the exact value. Rows whose
 values moved are ordered again by (distance, index). Metrics: the Euclidean family (the
@@ -199,21 +201,92 @@ def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: Inp
     if not bool(near.any()):  # the one synchronisation of most chunks
         return
     r, c = torch.nonzero(near, as_tuple=True)
-    old = dist[r, c].cpu().numpy()
-    settled = np.empty_like(old)
+    device = dist.device
+    old = dist[r, c]
+    settled = torch.empty_like(old)
     step = max(1, PAIR_VALUES // max(1, left.d))
-    for p0 in range(0, old.size, step):
-        p1 = min(old.size, p0 + step)
-        x = left.take(rows[r[p0:p1]].to(torch.int64)).cpu().numpy()
-        y = right.take(idx[r[p0:p1], c[p0:p1]]).cpu().numpy()
-        settled[p0:p1] = _settled(metric.name, x, y, old[p0:p1])
-    dist[r, c] = torch.from_numpy(settled).to(dist.device)
+    for p0 in range(0, old.numel(), step):
+        p1 = min(old.numel(), p0 + step)
+        x = left.take(rows[r[p0:p1]].to(torch.int64)).to(device)
+        y = right.take(idx[r[p0:p1], c[p0:p1]]).to(device)
+        values, decided = _settled_double_double(metric.name, x, y, old[p0:p1])
+        undecided = torch.nonzero(~decided).flatten()
+        if undecided.numel():  # on the midpoint, or differences float64 cannot hold: on the host, exactly
+            values[undecided] = torch.from_numpy(_settled(metric.name, x[undecided].cpu().numpy(),
+                                                          y[undecided].cpu().numpy(),
+                                                          old[p0:p1][undecided].cpu().numpy())).to(device)
+        settled[p0:p1] = values
+    dist[r, c] = settled
     moved = torch.unique(r)
     # Ordered again by (distance, index): by index first, then stably by distance.
     by_index = torch.argsort(torch.where(idx[moved] >= 0, idx[moved], torch.iinfo(torch.int64).max), dim=1,
                              stable=True)
     order = by_index.gather(1, torch.argsort(dist[moved].gather(1, by_index), dim=1, stable=True))
     idx[moved], dist[moved] = idx[moved].gather(1, order), dist[moved].gather(1, order)
+
+
+def _settled_double_double(name: str, x: torch.Tensor, y: torch.Tensor, values: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_settled` of pairs (x[p], y[p]) on their device, in double-double arithmetic: the
+    squared differences as exact products and errors (Dekker), summed pairwise with error-free
+    additions (about 2⁻¹⁰⁰ relative). Returns the values and whether each pair was decided:
+    not where a difference is no float64, nor where the sum lies too near the midpoint (an
+    exact midpoint among them) for that accuracy to tell its side."""
+    a, b = x.to(torch.float64), y.to(torch.float64)
+    diff = a - b
+    exact = (((diff + b) == a) & ((a - diff) == b) & (diff.abs() < SPLIT_LIMIT)).all(dim=1)
+    hi, lo = _two_product_t(diff, diff)
+    hi, lo = _pairwise_sum(hi, lo)
+    v32 = values.to(torch.float32)
+    toward = torch.where(values >= v32.to(torch.float64), torch.full_like(v32, torch.inf),
+                         torch.full_like(v32, -torch.inf))
+    mid = (v32.to(torch.float64) + torch.nextafter(v32, toward).to(torch.float64)) / 2
+    if name == "sqeuclidean":
+        t_hi, t_lo = mid, torch.zeros_like(mid)
+    else:
+        t_hi, t_lo = _two_product_t(mid, mid)
+    gap_hi, gap_lo = _two_sum_t(hi, -t_hi)
+    gap = gap_hi + (gap_lo + (lo - t_lo))
+    bound = (math.log2(max(2, a.shape[1])) + 8) * 2.0**-100 * hi.abs()
+    decided = exact & (gap.abs() > bound) & torch.isfinite(hi)
+    side = torch.sign(gap)
+    nearest = hi + lo if name == "sqeuclidean" else torch.sqrt(hi + lo)
+    above, below = torch.nextafter(mid, torch.full_like(mid, torch.inf)), torch.nextafter(mid, torch.full_like(mid,
+                                                                                                             -torch.inf))
+    out = torch.where((side > 0) & (nearest <= mid), above, torch.where((side < 0) & (nearest >= mid), below, nearest))
+    return out, decided
+
+
+def _two_product_t(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a·b as p + e exactly (Dekker), on tensors."""
+    p = a * b
+    c = SPLITTER * a
+    a_hi = c - (c - a)
+    a_lo = a - a_hi
+    c = SPLITTER * b
+    b_hi = c - (c - b)
+    b_lo = b - b_hi
+    return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+
+
+def _two_sum_t(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a + b as s + e exactly (Knuth), on tensors."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _pairwise_sum(hi: torch.Tensor, lo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row sums of the double-doubles (hi, lo) (m, d), halving the columns at each step."""
+    while hi.shape[1] > 1:
+        if hi.shape[1] % 2:
+            hi = torch.nn.functional.pad(hi, (0, 1))
+            lo = torch.nn.functional.pad(lo, (0, 1))
+        s, err = _two_sum_t(hi[:, 0::2], hi[:, 1::2])
+        t = (lo[:, 0::2] + lo[:, 1::2]) + err
+        hi = s + t
+        lo = t - (hi - s)
+    return hi[:, 0], lo[:, 0]
 
 
 def _settled(name: str, x: np.ndarray, y: np.ndarray, values: np.ndarray) -> np.ndarray:
