@@ -212,8 +212,9 @@ def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: Inp
         values, decided = _settled_double_double(metric.name, x, y, old[p0:p1])
         undecided = torch.nonzero(~decided).flatten()
         if undecided.numel():  # on the midpoint, or differences float64 cannot hold: on the host, exactly
-            values[undecided] = torch.from_numpy(_settled(metric.name, x[undecided].cpu().numpy(),
-                                                          y[undecided].cpu().numpy(),
+            # float64 holds every input dtype's values exactly (bfloat16 has no NumPy type).
+            values[undecided] = torch.from_numpy(_settled(metric.name, x[undecided].to(torch.float64).cpu().numpy(),
+                                                          y[undecided].to(torch.float64).cpu().numpy(),
                                                           old[p0:p1][undecided].cpu().numpy())).to(device)
         settled[p0:p1] = values
     dist[r, c] = settled
