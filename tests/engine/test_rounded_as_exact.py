@@ -38,6 +38,15 @@ def _float32_of(value: Fraction, root: bool) -> np.float32:
     raise AssertionError(f"no float32 found for {value}")
 
 
+def _rounded(metric: str, data, pairs: np.ndarray, dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The answer of ``pairs`` (row i's columns) at float64 distances ``dist``, ordered by
+    distance, after :func:`round_as_exact`."""
+    order = torch.argsort(dist, dim=1, stable=True)
+    idx, dist = torch.from_numpy(pairs).gather(1, order), dist.gather(1, order)
+    round_as_exact(get_metric(metric), data, torch.arange(pairs.shape[0]), data, idx, dist)
+    return idx, dist
+
+
 def _grey_flat_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     """Flat patches of grey levels / 255: pairs 4·|Δ| apart, which can be float32 midpoints."""
     levels = rng.integers(0, 256, size=(n, 1))
@@ -81,10 +90,7 @@ def test_values_near_midpoints_take_their_exact_side(rng, metric, dtype):
             mid = torch.nextafter(mid, torch.full_like(mid, np.inf * shift))
         near = (dist - mid).abs() <= 4.0 * (d + 8) * 2.0**-53 * dist.abs()
         dist = torch.where(near, mid, dist)
-        idx = torch.from_numpy(pairs)
-        order = torch.argsort(dist, dim=1, stable=True)
-        idx, dist = idx.gather(1, order), dist.gather(1, order)
-        round_as_exact(get_metric(metric), data, torch.arange(m), data, idx, dist)
+        idx, dist = _rounded(metric, data, pairs, dist)
         for i in range(m):
             for slot in range(3):
                 j = int(idx[i, slot])
@@ -166,10 +172,7 @@ def test_photon_counts_of_many_pixels(rng, metric):
     v32 = dist.to(torch.float32)
     mid = (v32.double() + torch.nextafter(v32, torch.full_like(v32, torch.inf)).double()) / 2
     dist = torch.where(torch.arange(3)[None, :] == 1, mid, dist)  # every middle entry on a midpoint
-    idx = torch.from_numpy(pairs)
-    order = torch.argsort(dist, dim=1, stable=True)
-    idx, dist = idx.gather(1, order), dist.gather(1, order)
-    round_as_exact(get_metric(metric), data, torch.arange(m), data, idx, dist)
+    idx, dist = _rounded(metric, data, pairs, dist)
     for i in range(m):
         for slot in range(3):
             j = int(idx[i, slot])

@@ -304,7 +304,8 @@ def _settled(name: str, x: np.ndarray, y: np.ndarray, values: np.ndarray) -> np.
             out[p] = _settled_exactly(name, x[p], y[p], float(mids[p]))
             continue
         square = math.fsum(terms[p])  # the exact sum's nearest float64
-        target = [mids[p:p + 1]] if name == "sqeuclidean" else list(_two_product(mids[p:p + 1], mids[p:p + 1]))
+        mid = torch.tensor(mids[p:p + 1])
+        target = [mid] if name == "sqeuclidean" else list(_two_product_t(mid, mid))
         side = math.fsum(terms[p] + [-float(t[0]) for t in target])  # its sign is the exact comparison's
         nearest = square if name == "sqeuclidean" else math.sqrt(square)
         out[p] = _off_midpoint(nearest, float(mids[p]), (side > 0) - (side < 0))
@@ -323,21 +324,6 @@ def _off_midpoint(nearest: float, mid: float, side: int) -> float:
     return nearest
 
 
-def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """a·b as p + e exactly (Dekker's product: float64 values split into 26-bit halves)."""
-    p = a * b
-    a_hi, a_lo = _split(a)
-    b_hi, b_lo = _split(b)
-    e = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
-    return p, e
-
-
-def _split(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    c = SPLITTER * a
-    hi = c - (c - a)
-    return hi, a - hi
-
-
 def _square_terms(x: np.ndarray, y: np.ndarray) -> list[list[float] | None]:
     """For each pair of rows, floats whose exact sum is Σ (x_t − y_t)² (each difference exact in
     float64, each square an exact product and its error), or None where a difference is not
@@ -347,7 +333,7 @@ def _square_terms(x: np.ndarray, y: np.ndarray) -> list[list[float] | None]:
     # The difference is exact where undoing it gives both inputs back (Sterbenz, and exponents
     # within float64's 29 spare bits of float32's, cover every float32 pair but extreme ones).
     exact = ((diff + b) == a) & ((a - diff) == b) & (np.abs(diff) < SPLIT_LIMIT)
-    p, e = _two_product(diff, diff)
+    p, e = (t.numpy() for t in _two_product_t(torch.from_numpy(diff), torch.from_numpy(diff)))
     ok = exact.all(axis=1) & np.isfinite(e).all(axis=1)
     return [np.concatenate([p[i], e[i]]).tolist() if ok[i] else None for i in range(diff.shape[0])]
 
