@@ -19,9 +19,8 @@ and 0.47058827: the CPU's sum gave the first, an H200's pair kernel the second).
 settles each from its pair's inputs, on the answer's device: the squared differences as exact
 float64 products and their errors (Dekker), summed pairwise in double-double arithmetic (about
 2⁻¹⁰⁰ relative), which tells the side of the midpoint (or of its square) wherever the sum is not
-within that accuracy of it. The rest, exact midpoints among them, go to the host: the same terms
-summed exactly by ``math.fsum``, whose sign against the midpoint is the exact comparison's, and
-exact rationals for pairs whose differences float64 cannot hold. The value becomes the exact distance's nearest float64, moved one step
+within that accuracy of it. The rest — exact midpoints, and pairs whose differences float64
+cannot hold — are compared exactly on the host, as rationals. The value becomes the exact distance's nearest float64, moved one step
 off the midpoint toward the exact value where it rounded onto it; an exact midpoint stays one,
 and float32 rounding takes it to the even neighbour, as IEEE rounds the exact value. Rows whose
 values moved are ordered again by (distance, index). Metrics: the Euclidean family (the
@@ -171,12 +170,17 @@ def near_midpoints(dist: torch.Tensor, d: int) -> torch.Tensor:
     """Where float64 distances ``dist`` lie so near a float32 rounding midpoint that another
     float64 evaluation of the same exact value (a sum of ``d`` squares in another order) may
     round to the other float32: within 2·γ_{d+8}·|value| of it (twice the evaluation's bound)."""
-    v32 = dist.to(torch.float32)
-    toward = torch.where(dist >= v32.to(torch.float64), torch.full_like(v32, torch.inf),
-                         torch.full_like(v32, -torch.inf))
-    mid = (v32.to(torch.float64) + torch.nextafter(v32, toward).to(torch.float64)) / 2
     tolerance = 4.0 * (d + 8) * 2.0**-53 * dist.abs()
-    return torch.isfinite(dist) & ((dist - mid).abs() <= tolerance)
+    return torch.isfinite(dist) & ((dist - _float32_midpoints(dist)).abs() <= tolerance)
+
+
+def _float32_midpoints(values: torch.Tensor) -> torch.Tensor:
+    """The midpoint between each float64 value's float32 rounding and the float32 on the value's
+    other side (exact in float64)."""
+    v32 = values.to(torch.float32)
+    toward = torch.where(values >= v32.to(torch.float64), torch.full_like(v32, torch.inf),
+                         torch.full_like(v32, -torch.inf))
+    return (v32.to(torch.float64) + torch.nextafter(v32, toward).to(torch.float64)) / 2
 
 
 def round_as_exact(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, idx: torch.Tensor,
@@ -202,21 +206,20 @@ def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: Inp
         return
     r, c = torch.nonzero(near, as_tuple=True)
     device = dist.device
-    old = dist[r, c]
-    settled = torch.empty_like(old)
+    mid = _float32_midpoints(dist[r, c])
+    settled = torch.empty_like(mid)
     step = max(1, PAIR_VALUES // max(1, left.d))
-    for p0 in range(0, old.numel(), step):
-        p1 = min(old.numel(), p0 + step)
+    for p0 in range(0, mid.numel(), step):
+        p1 = min(mid.numel(), p0 + step)
         x = left.take(rows[r[p0:p1]].to(torch.int64)).to(device)
         y = right.take(idx[r[p0:p1], c[p0:p1]]).to(device)
-        values, decided = _settled_double_double(metric.name, x, y, old[p0:p1])
-        undecided = torch.nonzero(~decided).flatten()
-        if undecided.numel():  # on the midpoint, or differences float64 cannot hold: on the host, exactly
+        nearest, side, decided = _settled_double_double(metric.name, x, y, mid[p0:p1])
+        undecided = torch.nonzero(~decided).flatten().tolist()
+        for p in undecided:  # on the midpoint, or differences float64 cannot hold: exactly, on the host
             # float64 holds every input dtype's values exactly (bfloat16 has no NumPy type).
-            values[undecided] = torch.from_numpy(_settled(metric.name, x[undecided].to(torch.float64).cpu().numpy(),
-                                                          y[undecided].to(torch.float64).cpu().numpy(),
-                                                          old[p0:p1][undecided].cpu().numpy())).to(device)
-        settled[p0:p1] = values
+            nearest[p], side[p] = _settled_exactly(metric.name, x[p].to(torch.float64).cpu().numpy(),
+                                                   y[p].to(torch.float64).cpu().numpy(), float(mid[p0 + p]))
+        settled[p0:p1] = _off_midpoint(nearest, mid[p0:p1], side)
     dist[r, c] = settled
     moved = torch.unique(r)
     # Ordered again by (distance, index): by index first, then stably by distance.
@@ -226,22 +229,19 @@ def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: Inp
     idx[moved], dist[moved] = idx[moved].gather(1, order), dist[moved].gather(1, order)
 
 
-def _settled_double_double(name: str, x: torch.Tensor, y: torch.Tensor, values: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_settled` of pairs (x[p], y[p]) on their device, in double-double arithmetic: the
-    squared differences as exact products and errors (Dekker), summed pairwise with error-free
-    additions (about 2⁻¹⁰⁰ relative). Returns the values and whether each pair was decided:
-    not where a difference is no float64, nor where the sum lies too near the midpoint (an
-    exact midpoint among them) for that accuracy to tell its side."""
+def _settled_double_double(name: str, x: torch.Tensor, y: torch.Tensor, mid: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pairs (x[p], y[p]) against the float32 midpoints ``mid`` near their distances, on their
+    device, in double-double arithmetic: the squared differences as exact products and errors
+    (Dekker), summed pairwise with error-free additions (about 2⁻¹⁰⁰ relative). Returns each
+    distance's nearest float64, the side of the midpoint its exact value lies on (−1, 0, +1), and
+    whether the pair was decided: not where a difference is no float64, nor where the sum lies
+    too near the midpoint (an exact midpoint among them) for that accuracy to tell its side."""
     a, b = x.to(torch.float64), y.to(torch.float64)
     diff = a - b
+    # The difference is exact where undoing it gives both inputs back.
     exact = (((diff + b) == a) & ((a - diff) == b) & (diff.abs() < SPLIT_LIMIT)).all(dim=1)
-    hi, lo = _two_product_t(diff, diff)
-    hi, lo = _pairwise_sum(hi, lo)
-    v32 = values.to(torch.float32)
-    toward = torch.where(values >= v32.to(torch.float64), torch.full_like(v32, torch.inf),
-                         torch.full_like(v32, -torch.inf))
-    mid = (v32.to(torch.float64) + torch.nextafter(v32, toward).to(torch.float64)) / 2
+    hi, lo = _pairwise_sum(*_two_product_t(diff, diff))
     if name == "sqeuclidean":
         t_hi, t_lo = mid, torch.zeros_like(mid)
     else:
@@ -250,12 +250,18 @@ def _settled_double_double(name: str, x: torch.Tensor, y: torch.Tensor, values: 
     gap = gap_hi + (gap_lo + (lo - t_lo))
     bound = (math.log2(max(2, a.shape[1])) + 8) * 2.0**-100 * hi.abs()
     decided = exact & (gap.abs() > bound) & torch.isfinite(hi)
-    side = torch.sign(gap)
     nearest = hi + lo if name == "sqeuclidean" else torch.sqrt(hi + lo)
-    above, below = torch.nextafter(mid, torch.full_like(mid, torch.inf)), torch.nextafter(mid, torch.full_like(mid,
-                                                                                                             -torch.inf))
+    return nearest, torch.sign(gap), decided
+
+
+def _off_midpoint(nearest: torch.Tensor, mid: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
+    """``nearest`` moved one float64 step off the float32 midpoint ``mid`` toward its exact
+    value's ``side`` (+1 above, −1 below) where it is not on that side already; ``mid`` itself
+    where the exact value is the midpoint (side 0)."""
+    above = torch.nextafter(mid, torch.full_like(mid, torch.inf))
+    below = torch.nextafter(mid, torch.full_like(mid, -torch.inf))
     out = torch.where((side > 0) & (nearest <= mid), above, torch.where((side < 0) & (nearest >= mid), below, nearest))
-    return out, decided
+    return torch.where(side == 0, mid, out)
 
 
 def _two_product_t(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -290,76 +296,23 @@ def _pairwise_sum(hi: torch.Tensor, lo: torch.Tensor) -> tuple[torch.Tensor, tor
     return hi[:, 0], lo[:, 0]
 
 
-def _settled(name: str, x: np.ndarray, y: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """For pairs (x[p], y[p]) whose float64 evaluations gave ``values``: the float64 to return,
-    the exact distance's nearest (to within a float64 step) on the exact value's side of the
-    float32 midpoint near it, or that midpoint where the exact value is it."""
-    v32 = values.astype(np.float32)
-    other = np.nextafter(v32, np.where(values >= v32, np.float32(np.inf), np.float32(-np.inf)))
-    mids = (v32.astype(np.float64) + other.astype(np.float64)) / 2  # exact: float32s in float64
-    terms = _square_terms(x, y)
-    out = np.empty_like(values)
-    for p in range(values.size):
-        if terms[p] is None:  # differences not exact in float64: exact rationals instead
-            out[p] = _settled_exactly(name, x[p], y[p], float(mids[p]))
-            continue
-        square = math.fsum(terms[p])  # the exact sum's nearest float64
-        mid = torch.tensor(mids[p:p + 1])
-        target = [mid] if name == "sqeuclidean" else list(_two_product_t(mid, mid))
-        side = math.fsum(terms[p] + [-float(t[0]) for t in target])  # its sign is the exact comparison's
-        nearest = square if name == "sqeuclidean" else math.sqrt(square)
-        out[p] = _off_midpoint(nearest, float(mids[p]), (side > 0) - (side < 0))
-    return out
-
-
-def _off_midpoint(nearest: float, mid: float, side: int) -> float:
-    """``nearest`` moved one float64 step toward the exact value's ``side`` (+1 above the float32
-    midpoint ``mid``, −1 below, 0 on it) where it is not on that side already."""
-    if side == 0:
-        return mid
-    if side > 0 and nearest <= mid:
-        return float(np.nextafter(mid, np.inf))
-    if side < 0 and nearest >= mid:
-        return float(np.nextafter(mid, -np.inf))
-    return nearest
-
-
-def _square_terms(x: np.ndarray, y: np.ndarray) -> list[list[float] | None]:
-    """For each pair of rows, floats whose exact sum is Σ (x_t − y_t)² (each difference exact in
-    float64, each square an exact product and its error), or None where a difference is not
-    exact in float64 or a value too large to split."""
-    a, b = x.astype(np.float64), y.astype(np.float64)
-    diff = a - b
-    # The difference is exact where undoing it gives both inputs back (Sterbenz, and exponents
-    # within float64's 29 spare bits of float32's, cover every float32 pair but extreme ones).
-    exact = ((diff + b) == a) & ((a - diff) == b) & (np.abs(diff) < SPLIT_LIMIT)
-    p, e = (t.numpy() for t in _two_product_t(torch.from_numpy(diff), torch.from_numpy(diff)))
-    ok = exact.all(axis=1) & np.isfinite(e).all(axis=1)
-    return [np.concatenate([p[i], e[i]]).tolist() if ok[i] else None for i in range(diff.shape[0])]
-
-
-def _settled_exactly(name: str, x: np.ndarray, y: np.ndarray, mid: float) -> float:
-    """:func:`_settled` of one pair by exact rationals (differences that float64 rounds)."""
+def _settled_exactly(name: str, x: np.ndarray, y: np.ndarray, mid: float) -> tuple[float, int]:
+    """One pair (float64 rows) against the float32 midpoint ``mid`` by exact rationals: its
+    distance's nearest float64 and the side of ``mid`` its exact value lies on."""
     square = _exact_square(x, y)
-    exact_mid = Fraction(mid)
+    target = Fraction(mid) if name == "sqeuclidean" else Fraction(mid) ** 2
+    side = (square > target) - (square < target)
     if name == "sqeuclidean":
-        side = (square > exact_mid) - (square < exact_mid)
-        nearest = float(square)
-    else:
-        side = (square > exact_mid * exact_mid) - (square < exact_mid * exact_mid)
-        with decimal.localcontext() as context:
-            context.prec = SQRT_DIGITS
-            nearest = float((decimal.Decimal(square.numerator) / decimal.Decimal(square.denominator)).sqrt())
-    return _off_midpoint(nearest, mid, side)
+        return float(square), side
+    with decimal.localcontext() as context:
+        context.prec = SQRT_DIGITS
+        return float((decimal.Decimal(square.numerator) / decimal.Decimal(square.denominator)).sqrt()), side
 
 
 def _exact_square(x: np.ndarray, y: np.ndarray) -> Fraction:
-    """Σ (x_t − y_t)² exactly, for vectors of integers or binary floats (dyadic rationals)."""
-    if x.dtype.kind in "iub":
-        return Fraction(sum((int(a) - int(b)) ** 2 for a, b in zip(x.tolist(), y.tolist())))
-    # Every float is m·2^e with an integer m: scaled by 2^−q (q the least exponent), integers.
-    both = np.concatenate([x, y]).astype(np.float64)
-    mantissa, exponent = np.frexp(both)
+    """Σ (x_t − y_t)² exactly for float64 rows: every float is m·2^e with an integer m, so scaled
+    by 2^−q (q the least exponent) the values are integers, summed as Python integers."""
+    mantissa, exponent = np.frexp(np.concatenate([x, y]))
     whole = (mantissa * 2.0**53).astype(np.int64).tolist()
     exponent = (exponent - 53).tolist()
     q = min((e for m, e in zip(whole, exponent) if m), default=0)
