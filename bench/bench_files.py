@@ -25,7 +25,15 @@ Usage (repository root)::
     PYTHONPATH=src:tests python bench/bench_files.py --parts inputs --out inputs.json            # GPU: 8×8 patches
     PYTHONPATH=src:tests python bench/bench_files.py --parts checkpoints --device cpu --out ckpt.json
     PYTHONPATH=src:tests python bench/bench_files.py --parts streamed --n 1000000 --d 960 --host-memory 1GB --dir /tmp
+    PYTHONPATH=src:tests python bench/bench_files.py --parts budgets --data gauss --n 2000000 --d 128 --ks 10 --budgets 4GB,512MB
     PYTHONPATH=src:tests python bench/bench_files.py --quick                                   # seconds, any device
+
+``budgets``
+    Issue 54's bar: one graph (``--data``, ``--n``, ``--d``; Gaussian by default) from a tensor
+    on the device (the reference: the in-memory engine), a NumPy array, a memory-mapped ``.npy``
+    and the command line, each with the default budget and under every ``--budgets`` value;
+    with each run's plan (parts, resident corpus, frames) and the file's read bandwidth from
+    the page cache (a warm sequential read).
 
 The distributed resume check (kill -9 a ``--gpus 2`` run part-way, resume, compare) is
 ``bench/resume_gpus.sh`` (two GPUs).
@@ -224,15 +232,112 @@ def part_streamed(args: argparse.Namespace, device: torch.device, work: Path) ->
              "hidden_share": hidden, "host_memory": args.host_memory, "read_rows": getattr(plan, "read_rows", None)}]
 
 
+# ------------------------------------------------------------------------------- budgets
+
+
+def warm_read_bandwidth(path: Path, block: int = 64 << 20) -> float:
+    """Sequential read bandwidth of the file from the page cache (read once to warm, then timed)."""
+    buf = bytearray(block)
+    for timed in (False, True):
+        t0 = time.perf_counter()
+        total = 0
+        with open(path, "rb", buffering=0) as f:
+            while got := f.readinto(buf):
+                total += got
+        elapsed = time.perf_counter() - t0
+    return total / elapsed
+
+
+def plan_summary(result: Any) -> str:
+    """Parts, part size, resident corpus, frames and precision of a graph's plan."""
+    p = result.report.plan
+    return (f"{p.parts} parts of {p.part_size}, {'resident' if p.corpus_resident else 'streamed'}, "
+            f"{p.frames} frames, {p.screen_precision}, stores {p.lists}")
+
+
+def part_budgets(args: argparse.Namespace, device: torch.device, work: Path) -> list[dict[str, Any]]:
+    """One graph from every kind of input, with the default budget and under ``--budgets``."""
+    if args.data == "gauss":
+        n, d = args.n or 2_000_000, args.d or 128
+        x, metric, label = harness.gaussian(n, d, args.seed).numpy(), "euclidean", f"gauss {n:,} × {d}"
+    else:
+        x, spec = harness.load_dataset(args.data, n=args.n, d=args.d, seed=args.seed, pictures=args.pictures)
+        metric, label = spec.metric, args.data
+    path = work / "x.npy"
+    np.save(path, x)
+    bandwidth = warm_read_bandwidth(path)
+    size = path.stat().st_size
+    print(f"budgets: {label}: file {size / 1e9:.2f} GB, page-cache read {bandwidth / 1e9:.2f} GB/s "
+          f"({size / bandwidth:.2f} s)", flush=True)
+    budgets = [None] + [b for b in args.budgets.split(",") if b]
+    rows: list[dict[str, Any]] = []
+    for k in args.ks:
+        ways: dict[str, Any] = {}
+        if device.type == "cuda":
+            ways["tensor on the device"] = lambda: torch.from_numpy(x).to(device)
+        ways["numpy in host memory"] = lambda: x
+        ways["memory-mapped .npy"] = lambda: np.load(path, mmap_mode="r")
+        reference = reference_s = None
+        for budget in budgets:
+            for way, source in ways.items():
+                if budget is not None and way == "numpy in host memory":
+                    continue
+                options = {} if budget is None else {"memory_budget": budget}
+                timing = harness.time_call(lambda: knng.graph(source(), k, metric=metric, device=device, **options),
+                                           device=device, warmup=args.warmup, repeats=args.repeats)
+                g = timing.result
+                if reference is None:
+                    reference, reference_s = g, timing.min
+                row = {"part": "budgets", "data": label, "shape": list(x.shape), "k": k, "input": way,
+                       "memory_budget": budget, **timing.as_dict(), "ratio": timing.min / reference_s,
+                       "identical": same(g, reference), **harness.report_summary(g), "plan_shape": plan_summary(g)}
+                rows.append(row)
+                print(f"budgets k={k} {way:22} budget {budget or 'default':8}: min {timing.min:.3f} s "
+                      f"({row['ratio']:.2f}×); {row['plan_shape']}; identical {row['identical']}", flush=True)
+                del g, timing
+                harness.release(device)
+            out = work / "cli-out"
+            command = [sys.executable, "-m", "knng", "graph", str(path), "-k", str(k), "--metric", metric, "-o",
+                       str(out), "--overwrite", "--no-progress", "--device", str(device)]
+            if budget is not None:
+                command += ["--memory-budget", budget]
+            times = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True)
+                times.append(time.perf_counter() - t0)
+                if done.returncode:
+                    print(f"budgets: the command line failed ({done.returncode}): {done.stderr[-500:]}", flush=True)
+                    break
+            else:
+                identical = bool(np.array_equal(np.load(out / "indices.npy"),
+                                                np.asarray(torch.as_tensor(reference.indices).cpu())))
+                bar = reference_s + size / bandwidth
+                rows.append({"part": "budgets", "data": label, "shape": list(x.shape), "k": k,
+                             "input": "command line (wall clock)", "memory_budget": budget, "times_s": times,
+                             "min_s": min(times), "ratio": min(times) / reference_s,
+                             "ratio_to_memory_plus_read": min(times) / bar, "identical_indices": identical})
+                said = " | ".join(line.strip() for line in (done.stdout + done.stderr).splitlines()
+                                  if "device" in line or "wrote" in line)
+                print(f"budgets k={k} {'command line':22} budget {budget or 'default':8}: min {min(times):.3f} s "
+                      f"({min(times) / reference_s:.2f}×; {min(times) / bar:.2f}× in-memory + page-cache read); "
+                      f"identical indices {identical}; it said: {said}", flush=True)
+        del reference
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.common_arguments(ap, repeats=2)
-    ap.add_argument("--parts", default="inputs,checkpoints,streamed", help="inputs, checkpoints, streamed")
+    ap.add_argument("--parts", default="inputs,checkpoints,streamed",
+                    help="inputs, checkpoints, streamed, budgets (default: the first three)")
     ap.add_argument("--data", default="patches8", help="data set of the inputs part (default patches8)")
     ap.add_argument("--n", type=int, default=None, help="rows (inputs: of --data; checkpoints: 64,009; "
                     "streamed: 1,000,000)")
     ap.add_argument("--d", type=int, default=None, help="dimension (checkpoints: 64; streamed: 960)")
     ap.add_argument("--ks", default="10,100", help="k (inputs: each; the other parts: the first; default 10,100)")
+    ap.add_argument("--budgets", default="4GB,512MB", help="budgets: memory budgets beside the default "
+                    "(default 4GB,512MB)")
     ap.add_argument("--host-memory", default="1GB", help="streamed: the host-memory budget (default 1GB)")
     ap.add_argument("--dir", default=None, help="streamed: folder of the file on local disk, kept for the next run "
                     "(default: a temporary folder, removed)")
@@ -251,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {env['device']}, {env['date']}, torch {env['torch']}, knng {env['knng']}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="knng-bench-files-"))
     rows: list[dict[str, Any]] = []
-    parts = {"inputs": part_inputs, "checkpoints": part_checkpoints, "streamed": part_streamed}
+    parts = {"inputs": part_inputs, "checkpoints": part_checkpoints, "streamed": part_streamed, "budgets": part_budgets}
     try:
         for name in args.parts.split(","):
             if name not in parts:

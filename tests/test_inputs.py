@@ -271,6 +271,49 @@ def test_read_ahead_yields_every_range_in_order_and_stops_cleanly(tmp_path, rng)
         list(failing.iter_blocks(25, read_ahead=2))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu])])
+def test_read_to_copies_every_kind_of_input_whole(tmp_path, rng, device):
+    # A file is read whole by several threads in chunks (into a GPU through pinned buffers on
+    # side streams): every row arrives once, in place, in its own dtype, whatever the chunk
+    # (one row, a partial last chunk, more chunks than threads) and the file's layout.
+    import threading
+
+    from knng._inputs import as_input
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    x = rng.standard_normal((1001, 7)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "be.npy", x.astype(">f8"))
+    np.save(tmp_path / "u8.npy", (x * 40 + 100).astype(np.uint8))
+    mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
+
+    class Rows:  # a row-sliceable dataset (h5py-like): read through InputArray.rows
+        shape, dtype = x.shape, np.dtype(np.float32)
+
+        def __getitem__(self, index):
+            return x[index]
+
+    cases = {
+        "memmap": (mapped, x),
+        "strided memmap": (mapped[:, ::2], x[:, ::2]),
+        "big-endian float64": (np.load(tmp_path / "be.npy", mmap_mode="r"), x.astype(np.float64)),
+        "uint8": (np.load(tmp_path / "u8.npy", mmap_mode="r"), (x * 40 + 100).astype(np.uint8)),
+        "rows": (Rows(), x),
+        "in memory": (x, x),
+    }
+    for name, (source, want) in cases.items():
+        data = as_input(source, "data")
+        for chunk, threads in ((1, 3), (7 * 8 * 100, 4), (1 << 20, 8)):
+            got = data.read_to(torch.device(device), chunk_bytes=chunk, threads=threads)
+            assert got.in_memory and got.tensor.device.type == device and got.shape == want.shape, name
+            assert got.tensor.dtype == data.dtype, name
+            if device == "cuda":
+                torch.cuda.synchronize()
+            np.testing.assert_array_equal(got.tensor.cpu().numpy(), want, err_msg=f"{name}, chunk {chunk}")
+    assert not [t for t in threading.enumerate() if t.name.startswith("knng-read")]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_first_nonfinite_row_whatever_the_sum(dtype):
     # The first row holding a NaN or an Inf, found whether the block's sum is NaN, infinite or

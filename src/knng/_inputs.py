@@ -19,11 +19,17 @@ import numpy as np
 import torch
 
 __all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite", "first_nonfinite_row",
-           "READ_AHEAD"]
+           "READ_AHEAD", "READ_THREADS", "READ_CHUNK_BYTES"]
 
 #: Blocks of a lazy input read ahead by a background thread while the engine works on the
 #: current one (two: one being read, one waiting, as in the papers' double buffering).
 READ_AHEAD = 2
+
+#: Threads that read a file-backed input whole (:meth:`InputArray.read_to`), and the bytes of
+#: rows each reads at a time: enough reads in flight for the page cache or a fast disk, chunks
+#: large enough that a read's fixed costs vanish.
+READ_THREADS = 8
+READ_CHUNK_BYTES = 16 << 20
 
 #: dtypes knng computes with (all converted to float32 for the screen, float64 for exact).
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
@@ -139,6 +145,68 @@ class InputArray:
                 for nxt in itertools.islice(todo, 1):
                     pending.append((*nxt, reader.submit(self._read, *nxt, pin)))
                 yield start, stop, rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole input in its own dtype."""
+        return self.n * self.d * (torch.finfo(self.dtype).bits if self.dtype.is_floating_point else 8) // 8
+
+    def read_to(self, device: torch.device, *, threads: int | None = None,
+                chunk_bytes: int = READ_CHUNK_BYTES) -> "InputArray":
+        """The whole input read once into one tensor on ``device``, as an in-memory input.
+
+        Several threads (``threads``, default :data:`READ_THREADS`) read chunks of about
+        ``chunk_bytes`` consecutive rows; NumPy's copies out of a memory map and torch's copies
+        release the GIL, so the page faults and copies of the chunks proceed together. Into a
+        GPU, each thread reads into its own two pinned staging buffers and copies each to the
+        device on its own stream while it reads the next (the copy of one buffer overlaps the
+        read of the other), so the transfer costs about the read. The caller's stream waits for
+        the copies. An in-memory input is copied with ``Tensor.to``.
+        """
+        if self.tensor is not None:
+            return InputArray(self.name, self.kind, self.shape, self.dtype, device, tensor=self.tensor.to(device),
+                              source=self.source, bf16_view=self.bf16_view)
+        out = torch.empty(self.shape, dtype=self.dtype, device=device)
+        rows_per = max(1, chunk_bytes // max(1, self.nbytes // self.n))
+        ranges = [(s, min(self.n, s + rows_per)) for s in range(0, self.n, rows_per)]
+        workers = max(1, min(threads or READ_THREADS, len(ranges)))
+        direct = (isinstance(self.source, np.ndarray) and self.source.dtype.isnative and not self.bf16_view)
+
+        def fill(target: torch.Tensor, start: int, stop: int) -> None:
+            if direct:  # straight from the map into the target: one copy
+                np.copyto(target.numpy(), self.source[start:stop], casting="no")
+            else:
+                target.copy_(self.rows(start, stop))
+
+        if device.type != "cuda":
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="knng-read") as pool:
+                list(pool.map(lambda r: fill(out[r[0]:r[1]], *r), ranges))
+            return InputArray(self.name, self.kind, self.shape, self.dtype, device, tensor=out, source=self.source,
+                              bf16_view=self.bf16_view)
+
+        def worker(index: int) -> torch.cuda.Stream:
+            stream = torch.cuda.Stream(device)
+            buffers = [torch.empty((rows_per, self.d), dtype=self.dtype, pin_memory=True) for _ in range(2)]
+            copied: list[torch.cuda.Event | None] = [None, None]
+            for step, (start, stop) in enumerate(ranges[index::workers]):
+                slot = step % 2
+                if copied[slot] is not None:
+                    copied[slot].synchronize()  # the buffer's last copy is done: it may be refilled
+                staging = buffers[slot][:stop - start]
+                fill(staging, start, stop)
+                with torch.cuda.stream(stream):
+                    out[start:stop].copy_(staging, non_blocking=True)
+                    copied[slot] = torch.cuda.Event()
+                    copied[slot].record(stream)
+            return stream
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="knng-read") as pool:
+            streams = list(pool.map(worker, range(workers)))
+        current = torch.cuda.current_stream(device)
+        for stream in streams:
+            current.wait_stream(stream)
+        return InputArray(self.name, self.kind, self.shape, self.dtype, device, tensor=out, source=self.source,
+                          bf16_view=self.bf16_view)
 
     def _read(self, start: int, stop: int, pin: bool) -> torch.Tensor:
         rows = self.rows(start, stop)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from knng._inputs import InputArray, as_input, as_output
+from knng._inputs import READ_CHUNK_BYTES, READ_THREADS, InputArray, as_input, as_output
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
@@ -24,8 +24,8 @@ from knng.engine.common import resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
-    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, make_search_plan,
-    resolve_budget, resolve_host_budget,
+    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, copies_input, host_budget_source, make_graph_plan,
+    make_search_plan, resolve_budget, resolve_host_budget,
 )
 from knng.engine.search import exact_search
 from knng.io.workarea import WorkArea
@@ -195,12 +195,13 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    rows, groups = _duplicate_groups(c, m, k, dev, budget, host_memory_budget)
+    rows, budget = _placed(c, dev, budget, host_memory_budget)  # rows: what the engine reads
+    groups = _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
     k_reps = min(k, reps.n)
     plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=c.d, k=k_reps, metric=m.name, device=dev,
-                            budget=budget, source=budget_source(memory_budget, dev),
+                            budget=budget, source=_source_of_budget(memory_budget, dev, c, rows),
                             host_budget=resolve_host_budget(host_memory_budget),
                             host_source=host_budget_source(host_memory_budget))
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
@@ -215,44 +216,47 @@ def search(
     if groups is not None:
         idx, dist = duplicates.unfold_search(groups.to(dev), idx.to(dev), dist.to(dev), k)
         report = replace(report, duplicates_folded=c.n - reps.n)
-    round_as_exact(m, q, torch.arange(q.n, device=idx.device), c, idx, dist)
+    round_as_exact(m, q, torch.arange(q.n, device=idx.device), rows, idx, dist)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
 
-#: Data of at most this share of the device budget are copied to the device before a graph
-#: looks for duplicate rows there (the engine then reads that copy): a host pass over 582,150 ×
-#: 64 float32 rows took 0.3 s on 2 cores, on a GPU it is a few launches.
-DEVICE_COPY_SHARE = 8
+def _placed(x: InputArray, dev: torch.device, budget: int, host_memory_budget: Any) -> tuple[InputArray, int]:
+    """The rows the engine reads and the budget left to plan: ``x`` copied whole to ``dev``
+    where :func:`~knng.engine.plan.copies_input` says so (a file read once, its reads
+    overlapped: :meth:`~knng._inputs.InputArray.read_to`), else ``x`` as it is and the whole budget."""
+    if not copies_input(nbytes=x.nbytes, on_device=x.in_memory and x.device == dev, device=dev,
+                        budget=budget):
+        return x, budget
+    # Two pinned staging buffers a reading thread, within a quarter of the host budget.
+    host = resolve_host_budget(host_memory_budget)
+    chunk = max(1 << 16, min(READ_CHUNK_BYTES, host // (8 * READ_THREADS)))
+    return x.read_to(dev, chunk_bytes=chunk), budget - x.nbytes
 
 
-def _on_device(x: InputArray, dev: torch.device, budget: int) -> InputArray:
-    """``x`` copied to ``dev`` where it is elsewhere and small enough (:data:`DEVICE_COPY_SHARE`)."""
-    assert x.tensor is not None
-    t = x.tensor
-    if t.device == dev or dev.type == "cpu" or t.numel() * t.element_size() * DEVICE_COPY_SHARE > budget:
-        return x
-    return as_input(t.to(dev), x.name)
+def _source_of_budget(memory_budget: Any, dev: torch.device, given: InputArray, rows: InputArray) -> str:
+    """Where the plan's budget comes from, and what the input's copy on the device took of it."""
+    source = budget_source(memory_budget, dev)
+    return source if rows is given else f"{source}, less {given.nbytes:,} bytes of the input copied to the device"
 
 
-def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, budget: int, host_memory_budget: Any
-                      ) -> tuple[InputArray, "duplicates.DuplicateGroups | None"]:
-    """The rows the engine reads (``x``, or its copy on the device) and their groups of identical
-    rows where folding them applies and pays (``Options.fold_duplicates``), else None. Inputs
-    read from files are looked through in blocks (:func:`~knng.engine.duplicates.find_duplicates_in`)."""
+def _duplicate_groups(x: InputArray, m: "Metric", k: int, dev: torch.device, host_memory_budget: Any
+                      ) -> "duplicates.DuplicateGroups | None":
+    """The groups of identical rows of ``x`` (the rows the engine reads) where folding them
+    applies and pays (``Options.fold_duplicates``), else None. Inputs read from files are looked
+    through in blocks (:func:`~knng.engine.duplicates.find_duplicates_in`)."""
     if not duplicates.folds(m):
-        return x, None
+        return None
     if x.in_memory:
-        rows = _on_device(x, dev, budget)
-        return rows, duplicates.find_duplicates_in(rows, k, dev)
+        return duplicates.find_duplicates_in(x, k, dev)
     if host_memory_budget is not None:
         # A file folded under a budget of the caller's: the folded run held about 1 MB beyond
         # its plan (a 6,000 × 1,000 file under 4 MB: 3.7 MB against 2.6 MB unfolded; the cause
         # is not yet found), so a bound the caller set is kept by not folding.
-        return x, None
-    return x, duplicates.find_duplicates_in(x, k, dev, host_budget=resolve_host_budget(host_memory_budget))
+        return None
+    return duplicates.find_duplicates_in(x, k, dev, host_budget=resolve_host_budget(host_memory_budget))
 
 
 def graph(
@@ -325,14 +329,16 @@ def graph(
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
-    rows, groups = _duplicate_groups(x, m, k, dev, budget, host_memory_budget)  # rows: what the engine reads
+    rows, budget = _placed(x, dev, budget, host_memory_budget)  # rows: what the engine reads
+    groups = _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
     k_reps = k if groups is None else min(k, reps.n - 1)
 
     def graph_plan() -> EnginePlan:
         return make_graph_plan(n=reps.n, d=x.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
-                               include_self=include_self and groups is None, source=budget_source(memory_budget, dev),
+                               include_self=include_self and groups is None,
+                               source=_source_of_budget(memory_budget, dev, x, rows),
                                host_budget=resolve_host_budget(host_memory_budget),
                                host_source=host_budget_source(host_memory_budget), slab_gain=slab_gain_of(reps, dev))
 
@@ -340,7 +346,7 @@ def graph(
     if groups is not None and plan.lists == LISTS_ON_DISK:
         # Unfolding holds every row's k neighbours in memory at once, which stores that must go
         # to disk say may not fit: the graph of every row, its results beside the stores.
-        rows, groups, reps, k_reps = x, None, x, k
+        rows, groups, reps, k_reps = rows, None, rows, k
         plan = graph_plan()
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
                             inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self,
@@ -364,7 +370,7 @@ def graph(
         idx, dist = duplicates.unfold_graph(groups.to(dev), idx.to(dev), dist.to(dev), self_dist, k,
                                             include_self)
         report = replace(report, duplicates_folded=x.n - reps.n)
-    round_as_exact(m, x, torch.arange(x.n, device=idx.device), x, idx, dist)
+    round_as_exact(m, rows, torch.arange(x.n, device=idx.device), rows, idx, dist)
     _close_checkpoint(ckpt, keep_checkpoint)
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)

@@ -26,9 +26,9 @@ from knng.engine.kernels import (
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
-    "available_ram",
+    "available_ram", "INPUT_COPY_SHARE", "copies_input",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
-    "SEED_STRIPS_PER_K", "held_pairs_limit",
+    "SEED_STRIPS_PER_K", "strip_seed_count", "held_pairs_limit",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k", "KnngPerformanceWarning", "HOST_BUDGET_SLOWDOWN", "HOST_BUDGET_WITHIN",
     "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text",
@@ -127,6 +127,26 @@ def default_budget(device: torch.device) -> int:
     return int(min(CPU_BUDGET_CAP, available_ram() * CPU_AVAILABLE_SHARE))
 
 
+#: A host input (an array in memory or a file) is copied whole to a GPU, once, where it takes
+#: at most this share of the budget; the engine then reads it as data handed over on the
+#: device, and plans with what the copy leaves. Read in blocks instead, a memory-mapped
+#: 2M × 128 graph took 11.5 s against 2.3 s from the same array in host memory with the same
+#: plan, and 16.1 s under a 4 GB budget against 2.6 s from a tensor on the device (one H200):
+#: the rest of a budget the copy halves still holds a plan of parts as large.
+INPUT_COPY_SHARE = 2
+
+
+def copies_input(*, nbytes: int, on_device: bool, device: torch.device, budget: int) -> bool:
+    """Whether a host input of ``nbytes`` is copied whole to ``device`` (a GPU) before the run
+    (:data:`INPUT_COPY_SHARE`). Never on a CPU: a memory map's blocks are read from the page
+    cache, which is host memory already, and a copy would take the plan's budget (a 40,000 ×
+    32 file under a 32 MB budget: 52 parts and 6.1–6.3 s copied, 40 parts and 5.0 s read in
+    blocks, 2 cores)."""
+    if on_device or device.type != "cuda":
+        return False
+    return nbytes * INPUT_COPY_SHARE <= budget
+
+
 def _current(stats: dict, name: str) -> int:
     """The current bytes of one of the caching allocator's nested statistics (0 before any use)."""
     return int(stats.get(name, {}).get("all", {}).get("current", 0))
@@ -206,6 +226,14 @@ TRIANGLE_SMALL_K = 16
 #: strips: a materialised block, its four float32 passes and a selection of 100 among 8,192
 #: per row) to 25,600.
 SEED_STRIPS_PER_K = 4
+
+
+def strip_seed_count(m: int, k: int) -> int:
+    """Columns of a part of ``m`` whose strip minima seed its rows' k thresholds: at least
+    ``Options.own_part_seed``, and :data:`SEED_STRIPS_PER_K` strips per neighbour (the whole part
+    at most). Strip minima cost a fraction of a materialised sample (no block written, no
+    selection of k among thousands), so at large k the sample grows instead."""
+    return min(m, max(get_options().own_part_seed, SEED_STRIPS_PER_K * k * strip_width()))
 
 
 SAMPLE_PER_K = 16
@@ -686,6 +714,16 @@ BAND_SHARE = 4
 SLOT_BYTES = 32
 
 
+def _seed_row_bytes(caps: "DeviceCapabilities | torch.device", precision: str, k: int, m: int | None = None) -> int:
+    """Bytes a row of a part of ``m`` (unbounded: None) takes while a kernel seeds its own
+    block: the keys and columns of its strip minima where they seed it, else a float32 sample
+    block of ``Options.own_part_seed`` columns."""
+    count = strip_seed_count(m or (1 << 62), k)
+    if strip_seeds_run(caps, precision, count, k):
+        return 8 * -(-count // strip_width())
+    return min(m or (1 << 62), get_options().own_part_seed) * BLOCK_BYTES_PER_ELEMENT
+
+
 def group_parts(*, kernel: bool, resident: bool, lists: str, parts: int, part_size: int) -> int:
     """Column parts one off-diagonal launch of a graph screens (``Options.gpu_kernel_group_columns``
     columns): only where a kernel screens (nothing is materialised, so a launch's memory does
@@ -765,13 +803,19 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     corpus_bytes = n * vector
     resident = corpus_bytes + working <= budget // 2
     remaining = max(budget - working - (corpus_bytes if resident else 0), budget // 8)
-    side = math.isqrt(max(1, remaining // (BLOCK_BYTES_PER_ELEMENT * element // 4)))
+    kernel = PRECISIONS[precision].fused or PRECISIONS[precision].digits
+    kernel = kernel and device.type == "cuda" and triton_runs(caps)
+    ks = min(k, available)
+    if kernel:
+        # A kernel writes no block: what grows with a part is the seed of its own block, per
+        # row a sample of columns (or its strip minima), beside the survivors held back.
+        side = max(1, remaining - budget // HELD_SHARE) // _seed_row_bytes(caps, precision, ks)
+    else:
+        side = math.isqrt(max(1, remaining // (BLOCK_BYTES_PER_ELEMENT * element // 4)))
     if not resident:
         side = min(side, max(MIN_TILE, remaining // 4 // vector))
         # Every block reads its column part through a host buffer.
         side = min(side, max(MIN_TILE, host_budget // 4 // (2 * d * READ_VALUE_BYTES)))
-    kernel = PRECISIONS[precision].fused or PRECISIONS[precision].digits
-    kernel = kernel and device.type == "cuda" and triton_runs(caps)
     if device.type != "cuda":
         cap = get_options().cpu_max_part
     elif not kernel:
@@ -803,7 +847,7 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     slots = store if lists == LISTS_ON_DEVICE else 2 * band_parts * b * (capacity * 25 + 40 + SLOT_BYTES)
     # A kernel screen materialises no block but the float32 sample block that seeds a part's own
     # block (its whole own block when the part is no wider than the sample).
-    blocks_bytes = b * min(b, get_options().own_part_seed) * BLOCK_BYTES_PER_ELEMENT if kernel else b * b * element * 3
+    blocks_bytes = b * _seed_row_bytes(caps, precision, ks, b) if kernel else b * b * element * 3
     # Principal frames whose blocks are centred on their own parts take survivors in as they go
     # where their stores do not hold them (Options.hold_pairs).
     waiting = pending_pairs(device, budget, updates=True) if principal else pending

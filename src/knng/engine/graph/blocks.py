@@ -28,7 +28,7 @@ from knng.engine.exact import ExactStats
 from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
 from knng.engine.graph.report import GraphReport
 from knng.engine.plan import (
-    SEED_STRIPS_PER_K, EnginePlan, held_pairs_limit,
+    EnginePlan, held_pairs_limit, strip_seed_count,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
@@ -40,7 +40,7 @@ from knng.engine.store import (
 from knng.engine.thresholds import seed_candidates, smallest_candidates, strip_candidates
 from knng.metrics import Metric, ScreenPrecision
 from knng._options import get_options
-from knng.engine.kernels import screen_kernel_runs, strip_seeds_run, strip_width
+from knng.engine.kernels import screen_kernel_runs, strip_seeds_run
 
 __all__ = ["screen_own_part", "screen_own_parts_together", "own_parts_together", "off_diagonal_blocks",
            "SharedThresholds", "BlockCounts", "holding_for", "finish_rows", "graph_report", "retry_on_oom",
@@ -161,7 +161,7 @@ def screen_own_part(tile: Tile, d: int, metric: Metric, store: CandidateStore, r
     whole = not (screen_kernel_runs(device, precision) and m > get_options().own_part_seed)
     # Seeds from the kernel's strip minima of a sample where it finds them, 2k strips or more
     # (the sample grows with k, scattered over the part: _strip_seed_columns).
-    by_strips = not whole and strip_seeds_run(device, precision, _strip_seed_count(m, ks), ks)
+    by_strips = not whole and strip_seeds_run(device, precision, strip_seed_count(m, ks), ks)
     # The whole block's survivors from each row's smallest entries (Options.whole_by_smallest_on).
     by_smallest = (whole and device.type in get_options().whole_by_smallest_on
                    and ks >= max(1, get_options().whole_by_smallest_min_k))
@@ -251,7 +251,7 @@ def own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: Candidat
         return False
     m = max(i1 - i0 for i0, i1 in frames.parts)
     ks = min(k, m if include_self else m - 1)
-    return strip_seeds_run(device, precision, _strip_seed_count(m, ks), ks)
+    return strip_seeds_run(device, precision, strip_seed_count(m, ks), ks)
 
 
 def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, metric: Metric, store: CandidateStore,
@@ -291,7 +291,7 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
             continue
         local = torch.arange(m, device=device)
         queries, terms = tile.queries(metric, d), tile.terms32
-        if strip_seeds_run(device, precision, _strip_seed_count(m, ks), ks):
+        if strip_seeds_run(device, precision, strip_seed_count(m, ks), ks):
             at = _strip_seed_columns(m, ks, device)
             keys, strip_cols = strip_minima(queries, tile.vectors[at], d, precision, row_terms=terms,
                                             col_terms=None if terms is None else terms[at])
@@ -344,22 +344,14 @@ def _without_own_columns(scores: torch.Tensor, sample: torch.Tensor, rows: torch
     scores[at] = torch.where(sample[at[1]] == rows, torch.inf, scores[at])
 
 
-def _strip_seed_count(m: int, k: int) -> int:
-    """Columns of a part of ``m`` whose strip minima seed its rows' k thresholds: at least
-    ``Options.own_part_seed``, and :data:`SEED_STRIPS_PER_K` strips per neighbour (the whole part
-    at most). Strip minima cost a fraction of a materialised sample (no block written, no
-    selection of k among thousands), so at large k the sample grows instead."""
-    return min(m, max(get_options().own_part_seed, SEED_STRIPS_PER_K * k * strip_width()))
-
-
 def _strip_seed_columns(m: int, k: int, device: torch.device) -> torch.Tensor:
-    """The positions of :func:`_strip_seed_count` columns of a part of ``m``, scattered so that
+    """The positions of :func:`~knng.engine.plan.strip_seed_count` columns of a part of ``m``, scattered so that
     each strip of consecutive sample columns takes points from all over the part: i·s mod m
     for i < count, s coprime with m near m/φ (distinct: a permutation of the part where count
     is m). Principal slabs sort their points, and neighbours that share a contiguous strip
     give it one minimum between them: sorted strips over a whole 8×8 patch part let p99 4,537
     pairs a row through at k = 100, against 950 from 8,192 evenly spaced columns."""
-    count = _strip_seed_count(m, k)
+    count = strip_seed_count(m, k)
     step = max(1, round(m / SCATTER_RATIO))
     while math.gcd(step, m) != 1:
         step += 1
