@@ -143,13 +143,20 @@ def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor],
         p1 = min(rows.numel(), p0 + step)
         x = take_rows(rows[p0:p1])
         y = right.take(cols[p0:p1].reshape(-1)).to(device, non_blocking=True).view(p1 - p0, width, right.d)
-        if batched and metric.name == "inner_product":
+        # The pair kernel where it runs, as for rows in memory: its sums, in its order, are the
+        # answer's whatever the rows were read from (a file's graph is the array's, bit for bit).
+        pairs = torch.arange((p1 - p0) * width, device=device)
+        values = pair_values(metric, x, torch.arange(p1 - p0, device=device), y.view(-1, right.d),
+                             pairs.view(p1 - p0, width) if batched else pairs, device)
+        if values is not None:
+            out[p0:p1] = values
+        elif batched and metric.name == "inner_product":
             # A batched product sums in an order that depends on the batch's width (BLAS
             # blocking); pair by pair, every pair is summed alike wherever it is evaluated.
-            values = metric.exact(x.repeat_interleave(width, 0), y.reshape(-1, 1, right.d)).view(p1 - p0, width)
+            out[p0:p1] = metric.exact(x.repeat_interleave(width, 0), y.reshape(-1, 1, right.d)).view(p1 - p0, width)
         else:
             values = metric.exact(x, y)
-        out[p0:p1] = values if batched else values[:, 0]
+            out[p0:p1] = values if batched else values[:, 0]
     return out
 
 #: The metrics whose answers :func:`round_as_exact` rounds as their exact values.
