@@ -69,6 +69,23 @@ def same(a: Any, b: Any) -> bool:
 # -------------------------------------------------------------------------------- inputs
 
 
+def command_line_graph(path: Path, k: int, metric: str, device: torch.device, out: Path, repeats: int,
+                       options: list[str] | None = None) -> tuple[list[float], "subprocess.CompletedProcess[str]"]:
+    """``python -m knng graph`` of ``path`` into ``out``, ``repeats`` times in fresh interpreters:
+    the wall-clock times (empty where a run failed, with its error printed) and the last run."""
+    command = [sys.executable, "-m", "knng", "graph", str(path), "-k", str(k), "--metric", metric, "-o", str(out),
+               "--overwrite", "--no-progress", "--device", str(device), *(options or [])]
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if done.returncode:
+            print(f"the command line failed ({done.returncode}): {done.stderr[-500:]}", flush=True)
+            return [], done
+    return times, done
+
+
 def part_inputs(args: argparse.Namespace, device: torch.device, work: Path) -> list[dict[str, Any]]:
     """knng.graph of host, memory-mapped, device and command-line inputs."""
     x, spec = harness.load_dataset(args.data, n=args.n, d=args.d, seed=args.seed, pictures=args.pictures)
@@ -101,17 +118,8 @@ def part_inputs(args: argparse.Namespace, device: torch.device, work: Path) -> l
                 del arg, g, timing
                 harness.release(device)
             out = work / "cli-out"
-            command = [sys.executable, "-m", "knng", "graph", str(path), "-k", str(k), "--metric", metric, "-o", str(out),
-                       "--overwrite", "--no-progress", "--device", str(device)]
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                done = subprocess.run(command, capture_output=True, text=True)
-                times.append(time.perf_counter() - t0)
-                if done.returncode:
-                    print(f"inputs: the command line failed ({done.returncode}): {done.stderr[-500:]}", flush=True)
-                    break
-            else:
+            times, _ = command_line_graph(path, k, metric, device, out, args.repeats)
+            if times:
                 want = np.asarray(torch.as_tensor(reference.indices).cpu())
                 identical = bool(np.array_equal(np.load(out / "indices.npy"), want))
                 rows.append({"part": "inputs", "data": label, "shape": list(data.shape), "k": k,
@@ -297,19 +305,9 @@ def part_budgets(args: argparse.Namespace, device: torch.device, work: Path) -> 
                 del g, timing
                 harness.release(device)
             out = work / "cli-out"
-            command = [sys.executable, "-m", "knng", "graph", str(path), "-k", str(k), "--metric", metric, "-o",
-                       str(out), "--overwrite", "--no-progress", "--device", str(device)]
-            if budget is not None:
-                command += ["--memory-budget", budget]
-            times = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                done = subprocess.run(command, capture_output=True, text=True)
-                times.append(time.perf_counter() - t0)
-                if done.returncode:
-                    print(f"budgets: the command line failed ({done.returncode}): {done.stderr[-500:]}", flush=True)
-                    break
-            else:
+            times, done = command_line_graph(path, k, metric, device, out, args.repeats,
+                                             [] if budget is None else ["--memory-budget", budget])
+            if times:
                 identical = bool(np.array_equal(np.load(out / "indices.npy"),
                                                 np.asarray(torch.as_tensor(reference.indices).cpu())))
                 bar = reference_s + size / bandwidth
