@@ -130,7 +130,9 @@ def search(
         measured for the shape.
     memory_budget : int or str, optional
         Bytes the engine may use on the device (e.g. ``"4GB"``). Default: a safe share of free
-        GPU memory, or of available RAM on a CPU.
+        GPU memory, or of available RAM on a CPU. On a GPU a corpus in host memory or in a file
+        that takes at most half of it is copied there once, first (a file read by several
+        threads), and counts in it (``report.plan.budget_source`` says so).
     host_memory_budget : int or str, optional
         Bytes of host memory the engine may hold besides the results (e.g. ``"20MB"``):
         file-backed inputs (memory maps, datasets) are read in blocks that fit it, through
