@@ -321,3 +321,27 @@ def test_strip_seeds_are_planned_only_where_the_search_runs_them(gpu_planner, se
                                   host_budget=64 * 2**30)
     assert 2 * 500 > -(-50_000 // kernels.strip_width())
     assert p.sample_size * p.query_rows * 4 <= budget // 8 or p.sample_size == 500 * plan_mod.SAMPLE_PER_K
+
+
+def test_a_kernel_plan_under_a_budget_keeps_its_parts_and_stays_within_it(gpu_planner):
+    # A kernel writes no score block: under a budget its parts are bounded by the seed of their
+    # own block (strip minima, or a float32 sample where parts are too small for 2k strips),
+    # the held survivors, the streamed parts and the stores' bands, and the plan fits the budget.
+    kw = dict(n=2_000_000, d=128, metric="euclidean", device=torch.device("cuda", 0), capabilities=HOPPER,
+              include_self=False, host_budget=64 * 2**30)
+    roomy = plan_mod.make_graph_plan(k=10, budget=100 * 2**30, **kw)
+    tight = plan_mod.make_graph_plan(k=10, budget=3 * 10**9, **kw)  # 4 GB less a 1 GB input's copy
+    assert tight.part_size == roomy.part_size and tight.parts == roomy.parts
+    for k in (10, 100):
+        for budget in (3 * 10**9, 512 * 10**6, 256 * 10**6, 64 * 10**6):
+            plan = plan_mod.make_graph_plan(k=k, budget=budget, **kw)
+            assert plan.bytes_expected <= budget, (k, budget, plan.parts, plan.bytes_expected)
+
+
+def test_a_host_input_is_copied_to_a_gpu_where_it_takes_half_its_budget():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    share = plan_mod.INPUT_COPY_SHARE
+    assert plan_mod.copies_input(nbytes=10**9, on_device=False, device=cuda, budget=share * 10**9)
+    assert not plan_mod.copies_input(nbytes=10**9 + 1, on_device=False, device=cuda, budget=share * 10**9)
+    assert not plan_mod.copies_input(nbytes=10**9, on_device=True, device=cuda, budget=10**12)
+    assert not plan_mod.copies_input(nbytes=10**3, on_device=False, device=cpu, budget=10**12)  # the page cache

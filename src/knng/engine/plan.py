@@ -724,6 +724,19 @@ def _seed_row_bytes(caps: "DeviceCapabilities | torch.device", precision: str, k
     return min(m or (1 << 62), get_options().own_part_seed) * BLOCK_BYTES_PER_ELEMENT
 
 
+def _kernel_side(room: int, caps: "DeviceCapabilities | torch.device", precision: str, k: int, stream: int,
+                 limit: int) -> int:
+    """The largest part, at most ``limit``, whose own block's seed and ``stream`` bytes a row fit
+    ``room``: seeded by strip minima where a part that large has 2k strips, else by a float32
+    sample block of ``Options.own_part_seed`` columns (the whole part where it is narrower)."""
+    side = min(limit, room // (_seed_row_bytes(caps, precision, k) + stream))
+    if side * (_seed_row_bytes(caps, precision, k, side) + stream) <= room:
+        return side
+    sample = get_options().own_part_seed
+    wide = room // (sample * BLOCK_BYTES_PER_ELEMENT + stream)
+    return min(limit, wide if wide >= sample else math.isqrt(room // BLOCK_BYTES_PER_ELEMENT))
+
+
 def group_parts(*, kernel: bool, resident: bool, lists: str, parts: int, part_size: int) -> int:
     """Column parts one off-diagonal launch of a graph screens (``Options.gpu_kernel_group_columns``
     columns): only where a kernel screens (nothing is materialised, so a launch's memory does
@@ -806,16 +819,23 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     kernel = PRECISIONS[precision].fused or PRECISIONS[precision].digits
     kernel = kernel and device.type == "cuda" and triton_runs(caps)
     ks = min(k, available)
-    if kernel:
-        # A kernel writes no block: what grows with a part is the seed of its own block, per
-        # row a sample of columns (or its strip minima), beside the survivors held back.
-        side = max(1, remaining - budget // HELD_SHARE) // _seed_row_bytes(caps, precision, ks)
-    else:
-        side = math.isqrt(max(1, remaining // (BLOCK_BYTES_PER_ELEMENT * element // 4)))
+    side = n  # bounded by what each part holds beside its block
+    if lists != LISTS_ON_DEVICE:
+        # Stores paged in bands: a band of one part, two at a time, fits the band's share.
+        side = min(side, max(MIN_TILE, working // (2 * (capacity * 25 + 40 + SLOT_BYTES))))
     if not resident:
         side = min(side, max(MIN_TILE, remaining // 4 // vector))
         # Every block reads its column part through a host buffer.
         side = min(side, max(MIN_TILE, host_budget // 4 // (2 * d * READ_VALUE_BYTES)))
+    if kernel:
+        # A kernel writes no block: what grows with a part is the seed of its own block, per
+        # row a sample of columns (or its strip minima), and the two parts' prepared rows that
+        # stream beside a block where the corpus is not resident; the survivors held back take
+        # their own share.
+        side = _kernel_side(max(1, remaining - budget // HELD_SHARE), caps, precision, ks,
+                            0 if resident else 2 * vector, side)
+    else:
+        side = min(side, math.isqrt(max(1, remaining // (BLOCK_BYTES_PER_ELEMENT * element // 4))))
     if device.type != "cuda":
         cap = get_options().cpu_max_part
     elif not kernel:
