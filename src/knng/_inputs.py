@@ -12,7 +12,7 @@ import warnings
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -149,7 +149,7 @@ class InputArray:
     @property
     def nbytes(self) -> int:
         """Bytes of the whole input in its own dtype."""
-        return self.n * self.d * (torch.finfo(self.dtype).bits if self.dtype.is_floating_point else 8) // 8
+        return self.n * self.d * self.dtype.itemsize
 
     def read_to(self, device: torch.device, *, threads: int | None = None,
                 chunk_bytes: int = READ_CHUNK_BYTES) -> "InputArray":
@@ -164,8 +164,7 @@ class InputArray:
         the copies. An in-memory input is copied with ``Tensor.to``.
         """
         if self.tensor is not None:
-            return InputArray(self.name, self.kind, self.shape, self.dtype, device, tensor=self.tensor.to(device),
-                              source=self.source, bf16_view=self.bf16_view)
+            return replace(self, device=device, tensor=self.tensor.to(device))
         out = torch.empty(self.shape, dtype=self.dtype, device=device)
         rows_per = max(1, chunk_bytes // max(1, self.nbytes // self.n))
         ranges = [(s, min(self.n, s + rows_per)) for s in range(0, self.n, rows_per)]
@@ -181,8 +180,7 @@ class InputArray:
         if device.type != "cuda":
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="knng-read") as pool:
                 list(pool.map(lambda r: fill(out[r[0]:r[1]], *r), ranges))
-            return InputArray(self.name, self.kind, self.shape, self.dtype, device, tensor=out, source=self.source,
-                              bf16_view=self.bf16_view)
+            return replace(self, device=device, tensor=out)
 
         def worker(index: int) -> torch.cuda.Stream:
             stream = torch.cuda.Stream(device)
@@ -205,8 +203,7 @@ class InputArray:
         current = torch.cuda.current_stream(device)
         for stream in streams:
             current.wait_stream(stream)
-        return InputArray(self.name, self.kind, self.shape, self.dtype, device, tensor=out, source=self.source,
-                          bf16_view=self.bf16_view)
+        return replace(self, device=device, tensor=out)
 
     def _read(self, start: int, stop: int, pin: bool) -> torch.Tensor:
         rows = self.rows(start, stop)

@@ -348,7 +348,7 @@ def graph(
     if groups is not None and plan.lists == LISTS_ON_DISK:
         # Unfolding holds every row's k neighbours in memory at once, which stores that must go
         # to disk say may not fit: the graph of every row, its results beside the stores.
-        rows, groups, reps, k_reps = rows, None, rows, k
+        groups, reps, k_reps = None, rows, k
         plan = graph_plan()
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
                             inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self,

@@ -40,7 +40,7 @@ import torch
 
 from knng._inputs import InputArray
 from knng.engine import stages
-from knng.engine.kernels import pair_values
+from knng.engine.kernels import pair_kernel_runs, pair_values
 from knng.metrics import Metric
 
 __all__ = ["ExactStats", "exact_pairs", "exact_pairs_of", "sort_by_distance_then_index", "flat_top_by_distance",
@@ -139,17 +139,17 @@ def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor],
     budget = EXACT_CHUNK_BYTES_CPU if device.type == "cpu" else EXACT_CHUNK_BYTES
     budget = budget if chunk_bytes is None else min(budget, chunk_bytes)
     step = max(1, budget // (right.d * 8 * (width + 2)))
+    # The pair kernel where it runs, as for rows in memory: its sums, in its order, are the
+    # answer's whatever the rows were read from (a file's graph is the array's, bit for bit).
+    by_kernel = pair_kernel_runs(metric, device)
     for p0 in range(0, rows.numel(), step):
         p1 = min(rows.numel(), p0 + step)
         x = take_rows(rows[p0:p1])
         y = right.take(cols[p0:p1].reshape(-1)).to(device, non_blocking=True).view(p1 - p0, width, right.d)
-        # The pair kernel where it runs, as for rows in memory: its sums, in its order, are the
-        # answer's whatever the rows were read from (a file's graph is the array's, bit for bit).
-        pairs = torch.arange((p1 - p0) * width, device=device)
-        values = pair_values(metric, x, torch.arange(p1 - p0, device=device), y.view(-1, right.d),
-                             pairs.view(p1 - p0, width) if batched else pairs, device)
-        if values is not None:
-            out[p0:p1] = values
+        if by_kernel:
+            pairs = torch.arange((p1 - p0) * width, device=device)
+            out[p0:p1] = pair_values(metric, x, torch.arange(p1 - p0, device=device), y.view(-1, right.d),
+                                     pairs.view(p1 - p0, width) if batched else pairs, device)
         elif batched and metric.name == "inner_product":
             # A batched product sums in an order that depends on the batch's width (BLAS
             # blocking); pair by pair, every pair is summed alike wherever it is evaluated.

@@ -39,7 +39,7 @@ from knng.engine.kernels.capabilities import (
 from knng.engine.kernels.fused import (
     Survivors, block_epilogue, group_tile_pairs, screen_block, screen_tiles, select_block, strip_minima, tile_minima,
 )
-from knng.engine.kernels.pairs import pair_values
+from knng.engine.kernels.pairs import pair_kernel_runs, pair_values
 from knng.engine.kernels.preparation import (
     column_sums, finite_column_sums, lattice_extent, preparation_runs, prepare_rows,
 )
@@ -72,5 +72,5 @@ __all__ = [
     "NO_CODE", "decoded", "float32_up", "ordered_code", "row_ends", "row_slots", "smallest_of_rows", "kth_of_rows",
     "kth_of_rows_reference", "KTH_ROW_MAX_WIDTH", "SMALL_ROW_MAX_K", "SMALL_ROW_MAX_WIDTH", "top_by_distance",
     # exact pairs, duplicates
-    "pair_values", "unfold_rows",
+    "pair_kernel_runs", "pair_values", "unfold_rows",
 ]

@@ -13,7 +13,7 @@ from knng.engine import stages
 from knng.engine.kernels.capabilities import interpreting, triton_runs
 from knng.metrics import Metric
 
-__all__ = ["pair_values", "KERNEL_METRICS"]
+__all__ = ["pair_values", "pair_kernel_runs", "KERNEL_METRICS"]
 
 
 def _triton():
@@ -31,6 +31,11 @@ KERNEL_METRICS = frozenset({"euclidean", "sqeuclidean"})
 PAIR_BLOCK, PAIR_DIMS = 16, 128
 
 
+def pair_kernel_runs(metric: Metric, device: torch.device) -> bool:
+    """Whether the pair kernel computes ``metric``'s exact values on ``device``."""
+    return metric.name in KERNEL_METRICS and triton_runs(device)
+
+
 def pair_values(metric: Metric, left: torch.Tensor | None, rows: torch.Tensor, right: torch.Tensor | None,
                cols: torch.Tensor, device: torch.device) -> torch.Tensor | None:
     """The pairs' exact values from the pair kernel (``triton_pairs.pair_squares_kernel``),
@@ -44,7 +49,7 @@ def pair_values(metric: Metric, left: torch.Tensor | None, rows: torch.Tensor, r
     evaluation's error bound (``Metric.oracle_error``) that the stores' radii already carry.
     """
     stages.count("finish.exact_kernel")
-    if metric.name not in KERNEL_METRICS or left is None or right is None or not triton_runs(device):
+    if left is None or right is None or not pair_kernel_runs(metric, device):
         return None
     if left.device != device or right.device != device or left.dim() != 2 or right.dim() != 2:
         return None
