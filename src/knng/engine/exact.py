@@ -146,10 +146,13 @@ def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor],
         p1 = min(rows.numel(), p0 + step)
         x = take_rows(rows[p0:p1])
         y = right.take(cols[p0:p1].reshape(-1)).to(device, non_blocking=True).view(p1 - p0, width, right.d)
+        values = None
         if by_kernel:
             pairs = torch.arange((p1 - p0) * width, device=device)
-            out[p0:p1] = pair_values(metric, x, torch.arange(p1 - p0, device=device), y.view(-1, right.d),
-                                     pairs.view(p1 - p0, width) if batched else pairs, device)
+            values = pair_values(metric, x, torch.arange(p1 - p0, device=device), y.view(-1, right.d),
+                                 pairs.view(p1 - p0, width) if batched else pairs, device)
+        if values is not None:
+            out[p0:p1] = values
         elif batched and metric.name == "inner_product":
             # A batched product sums in an order that depends on the batch's width (BLAS
             # blocking); pair by pair, every pair is summed alike wherever it is evaluated.

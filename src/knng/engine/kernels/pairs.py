@@ -51,6 +51,8 @@ def pair_values(metric: Metric, left: torch.Tensor | None, rows: torch.Tensor, r
     stages.count("finish.exact_kernel")
     if left is None or right is None or not pair_kernel_runs(metric, device):
         return None
+    if device.type == "cuda" and device.index is None:  # "cuda": the current device, as tensors name it
+        device = torch.device("cuda", torch.cuda.current_device())
     if left.device != device or right.device != device or left.dim() != 2 or right.dim() != 2:
         return None
     shape = cols.shape
