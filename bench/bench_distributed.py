@@ -47,13 +47,14 @@ SHAPES = "1000000x128:10,200000x960:100"
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int, str | None]]:
-    """``n×d:k`` items (Gaussian points) or ``NAME:k`` items (a data set of ``harness.DATASETS``,
-    its own n and d, filled in when it is loaded: 0 here)."""
+    """``n×d:k`` items (Gaussian points) or ``NAME:k`` / ``NAME@n:k`` items (a data set of
+    ``harness.DATASETS``, its own size or n rows; n and d filled in when it is loaded: 0 here)."""
     out: list[tuple[int, int, int, str | None]] = []
     for item in text.split(","):
         nd, k = item.split(":")
-        if nd in harness.DATASETS:
-            out.append((0, 0, int(k), nd))
+        name, _, rows = nd.partition("@")
+        if name in harness.DATASETS:
+            out.append((int(rows or 0), 0, int(k), name))
             continue
         n, d = nd.lower().split("x")
         out.append((int(n), int(d), int(k), None))
@@ -90,7 +91,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
             if name is None:
                 x = make_data(n, d, args.seed, device)
             else:  # every rank loads the same set (deterministic in the seed)
-                x = torch.from_numpy(harness.load_dataset(name, seed=args.seed)[0]).to(device)
+                x = torch.from_numpy(harness.load_dataset(name, n=n or None, seed=args.seed)[0]).to(device)
                 row["n"], row["d"] = x.shape
             timing = harness.time_call(lambda x=x: kd.graph(x, k, device=device, timeout=600), device=device,
                                        warmup=1, repeats=args.repeats, before=dist.barrier)

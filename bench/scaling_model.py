@@ -9,7 +9,10 @@ Reads the JSON of ``bench/bench_distributed.py`` runs, fits
 
 and predicts the time of the target graph (default: the papers' 20M × 15,876, k = 256) on 1, 8
 and 64 GPUs of the measured kind, under stated disk and network bandwidths. Prints markdown.
-The part sizes are the block-cyclic planner's own (``knng.distributed.blockcyclic.rank_sizes``).
+Every GPU runs the one-device plan (``knng.engine.plan.make_graph_plan`` for an H200 and the
+budgets given) on its share (``knng.distributed.graph_shares``): every own part, 1/R of the
+off-diagonal blocks, reading the input itself (whole where the plan keeps it resident, else a
+column part for each of its blocks), then the ranks' lists merged over the network.
 
     python bench/scaling_model.py docs/results/distributed/*.json
 """
@@ -26,9 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 
-from knng.distributed.blockcyclic import rank_sizes  # noqa: E402
-from knng.engine.plan import store_capacity  # noqa: E402
-from knng.metrics import get_metric  # noqa: E402
+from knng.engine.kernels import DeviceCapabilities  # noqa: E402
+from knng.engine.plan import make_graph_plan  # noqa: E402
+
+#: An H200 with every kernel knng has (what the planner is asked to plan for).
+H200 = DeviceCapabilities("cuda", compute_capability=(9, 0), triton=True, cupy=True, wgmma=True)
 
 
 def pairs_computed(n: int, parts: int) -> float:
@@ -67,43 +72,32 @@ def fit(rows: list[dict]) -> tuple[dict, list[dict]]:
 
 
 def predict(n: int, d: int, k: int, worlds: list[int], tau: float, eps: float, budget: float, disk_node: float,
-            net_gpu: float, gpus_per_node: int, screen: torch.dtype, host_node: float, pcie: float) -> list[dict]:
-    metric = get_metric("euclidean")
-    kc = store_capacity(k, n - 1)
-    e = screen.itemsize
-    width = metric.width(d, torch.device("cuda"))
+            net_gpu: float, gpus_per_node: int, host_node: float, pcie: float) -> list[dict]:
     out = []
     for world in worlds:
         gpn = min(world, gpus_per_node)
-        sizes = rank_sizes(n, d, kc, world, int(budget), metric, screen, torch.device("cuda"), None,
-                           host_budget=int(host_node * 0.5 / gpn), materialised=False)
-        plan = sizes.plan
-        parts = plan.n_parts
-        b = plan.part_size
-        blocks = plan.total_blocks()
-        per_rank_blocks = math.ceil(blocks / world)
+        plan = make_graph_plan(n=n, d=d, k=k, metric="euclidean", device=torch.device("cuda"), budget=int(budget),
+                               include_self=False, host_budget=int(host_node * 0.5 / gpn), capabilities=H200)
+        parts, b = plan.parts, plan.part_size
+        off_diagonal = parts * (parts - 1) // 2
+        per_rank_blocks = parts + math.ceil(off_diagonal / world)
         raw = d * 4  # float32 input vectors
-        compute = per_rank_blocks * b * b * d / tau
-        if sizes.columns == "raw in host memory":  # each block's column part crosses PCIe first
-            compute += per_rank_blocks * b * raw / pcie
-        compute *= 1.0 + (eps if world > 1 else 0.0)
+        # Every own part on every rank (n·b pairs), 1/R of the others.
+        pairs = n * b + (pairs_computed(n, parts) - n * b) / world
+        compute = pairs * d / tau * (1.0 + (eps if world > 1 else 0.0))
         nodes = max(1, math.ceil(world / gpus_per_node))
-        disk_share = disk_node / gpn  # bytes/s per GPU from its node's storage
-        start = n / world * raw / disk_share  # owned parts: finite check, sums, prepare
-        if sizes.columns == "read per block":  # every block re-reads its column part (prefetched)
-            stream = (n / world + per_rank_blocks * b) * raw / disk_share
-        else:
-            stream = n / world * raw / disk_share  # the pieces of every A_I, once
-        lists_bytes = n * 16 + math.ceil(n / world) * kc * (screen.itemsize + 8) * 4
-        # Every GPU receives every prepared part once (the all-gathers); inside one node over
-        # NVLink (hundreds of GB/s, negligible), across nodes through the GPU's share of the NICs.
-        net = 0.0 if nodes == 1 else n * width * e / net_gpu
-        lists = 2 * n / world * (2 * kc + 1) * 8 * world / max(net_gpu, 1.0) if nodes > 1 else 0.0
-        total = start + max(compute, stream, net + lists)
+        # A node's storage (or page cache) serves its GPUs; past the node's memory, from disk.
+        disk_share = disk_node / gpn
+        if plan.corpus_resident:
+            stream = n * raw / min(disk_share, pcie)
+        else:  # a row part once per block row, a column part for every block
+            stream = (n + per_rank_blocks * b) * raw / min(disk_share if n * raw > host_node else pcie, pcie)
+        # Each rank's lists of every row (k distances and indices) to their owners, (R−1)/R of them.
+        lists = n * k * 16 * (world - 1) / world / net_gpu if nodes > 1 else 0.0
+        total = max(compute, stream) + lists
         out.append({"world": world, "nodes": nodes, "parts": parts, "part_size": b, "blocks_per_rank": per_rank_blocks,
-                    "columns": sizes.columns, "compute_s": compute, "disk_s": start + stream, "net_s": net + lists,
-                    "start_s": start, "total_s": total, "lists_gb": lists_bytes / 1e9,
-                    "fits": lists_bytes < budget * 0.75})
+                    "resident": plan.corpus_resident, "lists": plan.lists, "compute_s": compute, "disk_s": stream,
+                    "net_s": lists, "total_s": total})
     return out
 
 
@@ -131,7 +125,7 @@ def main() -> None:
                    "one 200 Gb/s NIC per GPU)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--host-gb", type=float, default=2048.0, help="host memory per node, GB (default 2048, a DGX "
-                   "H200); half of it may hold raw column parts")
+                   "H200); half of it is the ranks' host budget, and a file that fits it is read from the page cache")
     p.add_argument("--pcie-gbps", type=float, default=25.0, help="host-to-GPU copy rate, GB/s (default 25)")
     args = p.parse_args()
 
@@ -151,18 +145,17 @@ def main() -> None:
           f"ε = {eps:+.3f} (the largest overhead measured at any R > 1, held for every R > 1).\n")
     worlds = [int(w) for w in args.worlds.split(",")]
     preds = predict(args.n, args.d, args.k, worlds, tau, eps, args.budget_gb * 1e9, args.disk_gbps * 1e9,
-                    args.net_gbps * 1e9, args.gpus_per_node, torch.float64, args.host_gb * 1e9, args.pcie_gbps * 1e9)
-    print(f"Prediction: {args.n:,} × {args.d}, k = {args.k}, float64 screen, budget {args.budget_gb:.0f} GB per GPU, "
+                    args.net_gbps * 1e9, args.gpus_per_node, args.host_gb * 1e9, args.pcie_gbps * 1e9)
+    print(f"Prediction: {args.n:,} × {args.d}, k = {args.k}, budget {args.budget_gb:.0f} GB per GPU, "
           f"disk {args.disk_gbps:g} GB/s per node, network {args.net_gbps:g} GB/s per GPU, "
           f"{args.gpus_per_node} GPUs per node, {args.host_gb:g} GB of host memory per node:\n")
-    print("| GPUs | nodes | parts (size) | blocks per GPU | owned columns | candidate lists | screen (compute) "
-          "| disk | network | predicted |")
+    print("| GPUs | nodes | parts (size) | blocks per GPU | input | candidate stores | screen (compute) "
+          "| reads | network (lists) | predicted |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in preds:
-        lists = f"{r['lists_gb']:.0f} GB" + ("" if r["fits"] else " (does not fit)")
         print(f"| {r['world']} | {r['nodes']} | {r['parts']} ({r['part_size']:,}) | {r['blocks_per_rank']:,} | "
-              f"{r['columns']} | {lists} | {fmt_time(r['compute_s'])} | {fmt_time(r['disk_s'])} | "
-              f"{fmt_time(r['net_s'])} | **{fmt_time(r['total_s'])}** |")
+              f"{'resident' if r['resident'] else 'streamed'} | {r['lists']} | {fmt_time(r['compute_s'])} | "
+              f"{fmt_time(r['disk_s'])} | {fmt_time(r['net_s'])} | **{fmt_time(r['total_s'])}** |")
 
 
 if __name__ == "__main__":

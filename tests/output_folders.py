@@ -21,6 +21,18 @@ def saved_step(out: Path) -> int | None:
         return None
 
 
+def ranks_saved_steps(out: Path, world: int) -> list[int | None]:
+    """The step each rank of a distributed graph has saved in its own folder of the work area
+    (None where it has saved none yet): the ranks' steps are their own."""
+    steps: list[int | None] = []
+    for r in range(world):
+        try:
+            steps.append(json.loads((work_area(out) / f"rank-{r}-of-{world}" / "state.json").read_text())["step"])
+        except (FileNotFoundError, ValueError, KeyError):
+            steps.append(None)
+    return steps
+
+
 def siblings(out: Path) -> list[str]:
     """Hidden entries beside ``out`` that belong to it (work area, lock, temporaries)."""
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 __all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite", "first_nonfinite_row",
-           "READ_AHEAD", "READ_THREADS", "READ_CHUNK_BYTES"]
+           "READ_AHEAD", "READ_THREADS", "READ_CHUNK_BYTES", "RangesSource", "rows_subset"]
 
 #: Blocks of a lazy input read ahead by a background thread while the engine works on the
 #: current one (two: one being read, one waiting, as in the papers' double buffering).
@@ -381,3 +381,69 @@ def check_finite(block: torch.Tensor, name: str, start: int) -> None:
     bad = first_nonfinite_row(block)
     if bad is not None:
         raise ValueError(f"{name} contains NaN or Inf (first in row {bad + start}); knng needs finite values")
+
+
+class RangesSource:
+    """Row-sliceable view of the rows ``ranges`` (ascending (start, stop) pairs) of an input.
+
+    Supports what :class:`InputArray` asks of a lazy source: ``shape``, ``dtype``, slices and
+    increasing integer-array indexing.
+    """
+
+    def __init__(self, base: InputArray, ranges: list[tuple[int, int]]) -> None:
+        self.base = base
+        self.ranges = [(int(a), int(b)) for a, b in ranges if b > a]
+        lengths = np.array([b - a for a, b in self.ranges], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.starts = np.array([a for a, _ in self.ranges], dtype=np.int64)
+        self.shape = (int(self.offsets[-1]), base.d)
+        self.dtype = np.dtype(np.uint16) if base.bf16_view else _numpy_dtype(base.source)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def to_global(self, local: np.ndarray) -> np.ndarray:
+        """Global row numbers of local rows."""
+        which = np.searchsorted(self.offsets, local, side="right") - 1
+        return self.starts[which] + (local - self.offsets[which])
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.shape[0])
+            if step != 1:
+                raise IndexError("RangesSource supports contiguous slices only")
+            pieces = []
+            for (a, _b), o0, o1 in zip(self.ranges, self.offsets[:-1], self.offsets[1:]):
+                lo, hi = max(start, int(o0)), min(stop, int(o1))
+                if lo < hi:
+                    pieces.append(np.asarray(self.base.source[a + lo - int(o0):a + hi - int(o0)]))
+            if not pieces:
+                return np.empty((0, self.shape[1]), dtype=self.dtype)
+            return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        local = np.asarray(index, dtype=np.int64)
+        return np.asarray(self.base.source[self.to_global(local)])
+
+
+def _numpy_dtype(source: Any) -> np.dtype:
+    return np.dtype(source.dtype)
+
+
+def rows_subset(base: InputArray, ranges: list[tuple[int, int]], name: str | None = None) -> InputArray:
+    """The rows ``ranges`` of ``base`` (concatenated in order) as an input of their own.
+
+    In-memory inputs give a tensor (a view for one range, a copy of just these rows otherwise);
+    lazy inputs (memory maps, HDF5) give a lazy view that reads only these rows.
+    """
+    ranges = [(a, b) for a, b in ranges if b > a]
+    n = sum(b - a for a, b in ranges)
+    name = name or base.name
+    if base.tensor is not None:
+        if not ranges:
+            tensor = base.tensor[:0]
+        elif len(ranges) == 1:
+            tensor = base.tensor[ranges[0][0]:ranges[0][1]]
+        else:
+            tensor = torch.cat([base.tensor[a:b] for a, b in ranges])
+        return InputArray(name, "torch", (n, base.d), base.dtype, base.device, tensor=tensor)
+    source = RangesSource(base, ranges)
+    return InputArray(name, "rows", (n, base.d), base.dtype, base.device, source=source, bf16_view=base.bf16_view)

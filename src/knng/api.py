@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from knng._inputs import READ_CHUNK_BYTES, READ_THREADS, InputArray, as_input, as_output
+from knng._inputs import InputArray, as_input, as_output
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
@@ -24,7 +24,7 @@ from knng.engine.common import resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
-    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, copies_input, host_budget_source, make_graph_plan,
+    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, place_input,
     make_search_plan, resolve_budget, resolve_host_budget,
 )
 from knng.engine.search import exact_search
@@ -197,7 +197,7 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    rows, budget = _placed(c, dev, budget, host_memory_budget)  # rows: what the engine reads
+    rows, budget = place_input(c, dev, budget, resolve_host_budget(host_memory_budget))  # rows: what the engine reads
     groups = _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
@@ -223,19 +223,6 @@ def search(
     set_last_report(report)
     out_idx, out_dist = as_output(q, idx, dist)
     return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
-
-
-def _placed(x: InputArray, dev: torch.device, budget: int, host_memory_budget: Any) -> tuple[InputArray, int]:
-    """The rows the engine reads and the budget left to plan: ``x`` copied whole to ``dev``
-    where :func:`~knng.engine.plan.copies_input` says so (a file read once, its reads
-    overlapped: :meth:`~knng._inputs.InputArray.read_to`), else ``x`` as it is and the whole budget."""
-    if not copies_input(nbytes=x.nbytes, on_device=x.in_memory and x.device == dev, device=dev,
-                        budget=budget):
-        return x, budget
-    # Two pinned staging buffers a reading thread, within a quarter of the host budget.
-    host = resolve_host_budget(host_memory_budget)
-    chunk = max(1 << 16, min(READ_CHUNK_BYTES, host // (8 * READ_THREADS)))
-    return x.read_to(dev, chunk_bytes=chunk), budget - x.nbytes
 
 
 def _source_of_budget(memory_budget: Any, dev: torch.device, given: InputArray, rows: InputArray) -> str:
@@ -331,7 +318,7 @@ def graph(
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
-    rows, budget = _placed(x, dev, budget, host_memory_budget)  # rows: what the engine reads
+    rows, budget = place_input(x, dev, budget, resolve_host_budget(host_memory_budget))  # rows: what the engine reads
     groups = _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)

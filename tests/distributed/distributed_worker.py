@@ -169,7 +169,9 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
         else:
             g = kd.graph(data, case["k"], metric=case["metric"], device=DEVICE[0], **case["kw"])
         report = last_report()
-        return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "columns": report.columns,
+        return {"indices": g.indices, "distances": g.distances, "parts": report.parts, "method": report.method,
+                "resident": None if report.plan is None else report.plan.corpus_resident,
+                "group": 1 if report.plan is None else report.plan.group_parts,
                 "duplicates_folded": report.duplicates_folded, "exact_products": report.exact_products,
                 "stages": sorted(report.stages),
                 "precision": getattr(report.screen_dtype, "name", report.screen_dtype),

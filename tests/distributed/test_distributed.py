@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from dataclasses import replace
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import torch
 
 import knng
 from distributed_worker import CASES, make_data
-from knng.distributed.plan import BlockPlan, choose_parts, reflected_owner, shard_ranges
+from knng.engine.plan import share_rows
 from oracle import assert_exact, oracle_graph, oracle_search
 
 WORLDS = (2, 3)
@@ -96,9 +97,6 @@ def test_identical_to_one_process(battery, world, name):
         assert_exact(knng.Graph(got["indices"], got["distances"], include_self=include_self),
                      oracle_graph(inputs, case["k"], case["metric"], include_self=include_self),
                      context=f"seed={seed}")
-        computed = len(inputs) - got["duplicates_folded"]  # the rows left once identical rows fold
-        if world > 1 and computed >= 4 * world:  # tiny inputs get fewer, non-empty parts
-            assert got["parts"] >= 2 * world, got["parts"]
         if "precision" in case:  # the forced screen ran (exact answers are the same in any)
             assert got["precision"] == case["precision"], got["precision"]
 
@@ -143,22 +141,21 @@ def test_every_source_runs_the_pipeline(battery, world, name, tmp_path):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_balanced_blocks_and_overflow_exercised(battery, world):
+def test_balanced_blocks(battery, world):
+    """The groups of blocks are dealt to the ranks by load: their blocks differ by less than a group."""
     seed, ranks, _ = battery[world]
-    blocks = ranks[0]["graph-offset-k10"]["per_rank_blocks"]
-    assert max(blocks) - min(blocks) <= 1, blocks
-    # The duplicates' near-ties overflow their stores: those rows are evaluated exactly in place.
-    assert ranks[0]["graph-dups-f32"]["overflow"] > 0, ranks[0]["graph-dups-f32"]
+    got = ranks[0]["graph-offset-k10"]
+    assert max(got["per_rank_blocks"]) - min(got["per_rank_blocks"]) <= got["group"], got["per_rank_blocks"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_column_tiers_exercised(battery, world, smallest: str = "read per block"):
-    """Small budgets keep the owned column parts as read, or read them again per block (on a GPU:
-    in host memory); the results (checked in test_identical_to_one_process) must not change."""
+def test_small_budgets_stream_the_data(battery, world):
+    """Budgets below the data's size make every rank's plan stream it (the results, checked in
+    test_identical_to_one_process, must not change)."""
     _, ranks, _ = battery[world]
-    assert ranks[0]["graph-offset-k10"]["columns"] == "prepared on the device"
-    assert ranks[0]["graph-columns-raw"]["columns"] == "raw on the device", ranks[0]["graph-columns-raw"]["columns"]
-    assert ranks[0]["graph-columns-read"]["columns"] == smallest, ranks[0]["graph-columns-read"]["columns"]
+    assert ranks[0]["graph-offset-k10"]["resident"]
+    for name in ("graph-columns-raw", "graph-columns-read"):
+        assert all(r[name]["resident"] is False for r in ranks), [r[name]["resident"] for r in ranks]
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -225,48 +222,79 @@ def test_bad_input_is_a_value_error_on_every_rank(battery, world):
                                                        "points"), results["mismatch"]
 
 
-# ---------------------------------------------------------------------------------- plan
-@pytest.mark.parametrize("world", [1, 2, 3, 4, 7, 16])
-@pytest.mark.parametrize("m", [1, 2, 5])
-def test_reflected_order_balances_exactly(world, m):
-    plan = BlockPlan(n=2 * world * m * 10, world=world, part_size=10)
-    assert plan.n_parts == 2 * world * m
-    loads = [len(plan.blocks(r)) for r in range(world)]
-    assert len(set(loads)) == 1, loads
-    assert sum(loads) == plan.total_blocks()
-    # The paper's plain J mod R order is unbalanced on the same parts (for more than one rank).
-    plain = [sum(j + 1 for j in range(plan.n_parts) if j % world == r) for r in range(world)]
-    assert world == 1 or max(plain) > min(plain)
+# ------------------------------------------------------------------------- shares of a graph
+@pytest.mark.parametrize("n,count", [(10, 3), (2, 3), (1, 1), (7, 7), (100003, 4)])
+def test_share_rows_split_the_rows_in_order(n, count):
+    ranges = [share_rows(n, i, count) for i in range(count)]
+    assert ranges[0][0] == 0 and ranges[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    sizes = [b - a for a, b in ranges]
+    assert max(sizes) - min(sizes) <= 1
 
 
-@pytest.mark.parametrize("n,world,max_part", [(10, 3, 4), (1, 1, 1), (100000, 4, 65536), (5000, 2, 2048),
-                                               (7, 8, 100), (65537, 1, 65536)])
-def test_choose_parts(n, world, max_part):
-    parts = choose_parts(n, world, max_part)
-    assert 1 <= parts <= n
-    plan = BlockPlan(n=n, world=world, part_size=-(-n // parts))
-    assert plan.part_size <= max(max_part, 1) or parts == n
-    covered = [i for a, b in plan.parts for i in range(a, b)]
-    assert covered == list(range(n))
-    if parts < n and world > 1:
-        assert parts % (2 * world) == 0
+def _graph_of_shares(x, k, count, **plan_args):
+    """The graph of ``count`` shares run one after another on the CPU, their lists merged as
+    the ranks' are (:func:`knng.distributed.shards.merge_exact`); also the blocks each share
+    screened, and the last share's plan."""
+    from knng._inputs import as_input
+    from knng.distributed.shards import merge_exact
+    from knng.engine.graph import exact_graph, slab_gain_of
+    from knng.engine.plan import make_graph_plan
+    from knng.metrics import get_metric
+
+    data, m, dev = as_input(x, "data"), get_metric("euclidean"), torch.device("cpu")
+    lists, blocks = [], []
+    for index in range(count):
+        plan = make_graph_plan(n=data.n, d=data.d, k=k, metric="euclidean", device=dev, include_self=False,
+                               share=(index, count), slab_gain=slab_gain_of(data, dev), **plan_args)
+        idx, dist, report = exact_graph(data, k, m, dev, "auto", plan.budget, plan=plan)
+        lists.append((idx, dist))
+        blocks.append(plan.parts * (plan.parts - 1) // 2 - report.blocks_skipped)
+    values = torch.cat([dist for _, dist in lists], dim=1)
+    ids = torch.cat([idx for idx, _ in lists], dim=1)
+    return merge_exact(values, ids, k, data, data, m, dev), blocks, plan
 
 
-def test_every_block_computed_once():
-    plan = BlockPlan(n=1000, world=3, part_size=77)
-    seen = [b for r in range(3) for b in plan.blocks(r)]
-    assert len(seen) == len(set(seen)) == plan.total_blocks()
-    assert all(i <= j for i, j in seen)
-    for r in range(3):
-        assert all(plan.owner(j) == r for _, j in plan.blocks(r))
-    pieces = [plan.piece(5, r) for r in range(3)]
-    assert pieces[0][0] == plan.parts[5][0] and pieces[-1][1] == plan.parts[5][1]
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("case", ["gaussian", "slabs", "duplicates", "lists off the device", "rows"])
+def test_shares_of_a_graph_merge_into_the_graph(rng, count, case):
+    """Every share screens every own part and its own groups of off-diagonal blocks (by rows:
+    its rows); their lists merged are the one-device graph, bit for bit, and exact."""
+    from knng._inputs import as_input
+    from knng.engine.graph import exact_graph
+    from knng.engine.plan import GRAPH_ROWS, LISTS_ON_DEVICE
+    from knng.metrics import get_metric
 
-
-def test_owner_and_shards():
-    assert [reflected_owner(j, 3) for j in range(8)] == [0, 1, 2, 2, 1, 0, 0, 1]
-    assert shard_ranges(10, 3) == [(0, 4), (4, 8), (8, 10)]
-    assert shard_ranges(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    n, d, k = 1500, 8, 7
+    x = rng.standard_normal((n, d))
+    plan_args: dict = {"budget": 1 << 30, "part_size": 128}
+    if case == "slabs":  # one direction dominates: principal frames, windows, skipped bands
+        x[:, 0] *= 200.0
+    elif case == "duplicates":  # ties everywhere, pairs found by every share (own parts)
+        x = np.round(x, 0)
+        x[::3] = x[0]
+    elif case == "lists off the device":  # stores in a file: the graph runs in bands
+        plan_args = {"budget": 1 << 30, "host_budget": 1 << 20}
+    elif case == "rows":
+        plan_args = {"budget": 1 << 30, "method": GRAPH_ROWS}
+    x = x.astype(np.float32)
+    (idx, dist), blocks, plan = _graph_of_shares(x, k, count, **plan_args)
+    if case == "rows":
+        assert plan.graph_method == GRAPH_ROWS
+    elif case == "lists off the device":
+        assert plan.lists != LISTS_ON_DEVICE and plan.bands > 1
+    else:
+        assert plan.lists == LISTS_ON_DEVICE and plan.parts > 4
+        assert plan.frames == "principal" or case != "slabs"
+    if case != "rows":
+        assert all(b > 0 for b in blocks), blocks  # every share screened some blocks
+    data, dev = as_input(x, "data"), torch.device("cpu")
+    whole_idx, whole_dist, _ = exact_graph(data, k, get_metric("euclidean"), dev, "auto", plan.budget,
+                                           plan=replace(plan, share_index=0, share_count=1, search=None if
+                                                        plan.search is None else replace(plan.search, n_queries=n)))
+    np.testing.assert_array_equal(idx.numpy(), whole_idx.numpy())
+    np.testing.assert_array_equal(dist.numpy().astype(np.float32), whole_dist.numpy().astype(np.float32))
+    assert_exact((idx.numpy(), dist.numpy().astype(np.float32)), oracle_graph(x, k), context=case)
 
 
 # ------------------------------------------------------------------------ the exact merge
@@ -287,14 +315,15 @@ def test_merge_exact_orders_cross_shard_float32_ties_by_true_distance(rng):
     # Screen-like values that order 1 before 0 (both round to 1.0f) and shard lists in odd order.
     values = torch.tensor([[1.0 + 2.0**-45, 5.0, 1.0 + 2.0**-44, 1.0 + 2.0**-43]], dtype=torch.float64)
     ids = torch.tensor([[1, 2, 0, 3]])
-    idx, dist = merge_exact(values, ids, 3, q, as_input(corpus, "corpus"), m, torch.device("cpu"))
+    idx, dist = merge_exact(values, ids, 3, as_input(q, "queries"), as_input(corpus, "corpus"), m,
+                            torch.device("cpu"))
     assert idx.tolist() == [[0, 3, 1]]
     assert dist[0, 0] == 1.0 and dist[0, 1] == 1.0 and dist[0, 2] > 1.0
 
 
 def test_rows_subset_reads_only_its_rows(tmp_path, rng):
     from knng._inputs import as_input
-    from knng.distributed.shards import rows_subset
+    from knng._inputs import rows_subset
 
     x = rng.standard_normal((50, 3)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)

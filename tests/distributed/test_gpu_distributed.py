@@ -39,6 +39,6 @@ def test_gpus_files_folds_and_bad_input(battery, world):
     for name in cpu_tests.FOLDED:
         cpu_tests.test_identical_rows_fold_on_every_rank(battery, world, name)
     cpu_tests.test_bad_input_is_a_value_error_on_every_rank(battery, world)
-    if world > 1:  # properties of a split: blocks balanced over ranks, columns kept by budget per rank
-        cpu_tests.test_balanced_blocks_and_overflow_exercised(battery, world)
-        cpu_tests.test_column_tiers_exercised(battery, world, smallest="raw in host memory")
+    if world > 1:  # properties of a split: blocks balanced over ranks, small budgets streamed on each
+        cpu_tests.test_balanced_blocks(battery, world)
+        cpu_tests.test_small_budgets_stream_the_data(battery, world)

@@ -51,13 +51,12 @@ def exact_line(report: Any) -> str:
             + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
     checkpoints = getattr(report, "checkpoints", None) or {}
     if checkpoints.get("resumed_from"):
-        from knng.distributed.blockcyclic import DistributedGraphReport
+        from knng.distributed.graph_shares import DistributedGraphReport
 
-        # Steps are blocks (one-process graph), rows (a graph by rows), block rows (distributed
-        # graph) or query rows.
+        # Steps are blocks (a graph, or a rank's share of one), rows (a graph by rows) or query rows.
         by_rows = getattr(getattr(report, "plan", None), "graph_method", "") == "rows"
         unit = ("rows" if by_rows else "blocks" if getattr(report, "blocks_skipped", None) is not None
-                else "block rows" if isinstance(report, DistributedGraphReport) else "queries")
+                or isinstance(report, DistributedGraphReport) else "queries")
         text += (f"\n  resumed from a checkpoint with {checkpoints['resumed_from']:,} {unit} done; "
                  f"{checkpoints['saves']} checkpoints saved since ({checkpoints['seconds']:.2f} s)")
     return text

@@ -148,9 +148,12 @@ def _graph_distributed(args: argparse.Namespace, argv: Sequence[str], data: Inpu
             + (", self included" if args.include_self else ""))
         say(ranks_line(world, dev, seconds, n, "points"))
         blocks = [r["blocks"] for r in report.per_rank]
-        say(f"  block-cyclic plan: {report.parts} parts of ≤{report.part_size:,} points, {report.blocks_computed:,} "
-            f"of {report.blocks_full:,} blocks computed ({report.pairs_saving:.0%} of the pair work skipped), "
-            f"{min(blocks)}–{max(blocks)} blocks per rank")
+        if report.method == "rows":
+            say(f"  rows plan: {report.parts} chunks of ≤{report.part_size:,} points, each rank its own rows")
+        else:
+            say(f"  shared plan: {report.parts} parts of ≤{report.part_size:,} points, {report.blocks_computed:,} "
+                f"of {report.blocks_full:,} blocks computed ({report.pairs_saving:.0%} of the pair work skipped), "
+                f"{min(blocks)}–{max(blocks)} blocks per rank (every own part on each)")
         say(wait_line(report))
         say(exact_line(report))
         say(f"  wrote {', '.join(written)}")

@@ -96,7 +96,7 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
                checkpoint: Any = None, resume: bool = False, checkpoint_interval: float = DEFAULT_INTERVAL,
                keep_checkpoint: bool = False, gathered: bool = True):
     from knng.arguments import check_checkpoint_arguments, graph_arguments
-    from knng.distributed.blockcyclic import distributed_graph
+    from knng.distributed.graph_shares import distributed_graph
     from knng.distributed.checkpoint import open_checkpoint
     from knng.distributed.folding import fold, graph_of_one_group, unfold_graph_rows
     from knng.engine.exact import round_as_exact
@@ -118,7 +118,7 @@ def _run_graph(data: Any, k: int, metric: str, include_self: bool, device: Any, 
         reps = x if folding is None else folding.reps
         k_reps = k if folding is None else min(k, reps.n - 1)
         ckpt = open_checkpoint(checkpoint, resume, checkpoint_interval, comm, dev, operation="graph",
-                               inputs={"data": x}, k=k, metric=m.name, include_self=include_self,
+                               inputs={"data": x}, k=k, metric=m.name, include_self=include_self, independent=True,
                                **({} if folding is None else {"folded_to": reps.n}))
         with contextlib.nullcontext() if ckpt is None else ckpt.running():
             if folding is None or k_reps >= 1:
@@ -194,7 +194,7 @@ def graph(data: Any, k: int, *, metric: str = "euclidean", include_self: bool = 
         For bad input, on every rank alike.
     """
     from knng._inputs import as_output
-    from knng.distributed.blockcyclic import gather_rows
+    from knng.distributed.graph_shares import gather_rows
     from knng.results import Graph
 
     def consume(comm, rows, report, x, k, m, dev):

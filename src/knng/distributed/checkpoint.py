@@ -1,4 +1,8 @@
-"""Checkpoints of a distributed run: every rank saves its own state, at steps all ranks agree on.
+"""Checkpoints of a distributed run: every rank saves its own state in its own folder.
+
+A distributed graph's ranks save independently (``independent=True``: each rank's share runs
+as one device's graph and resumes from its own last save). A sharded search's ranks save at
+steps they all agree on, as below.
 
 A distributed run's work area (one folder, on a file system every rank can reach, like the
 output of :func:`knng.distributed.graph_to_files`) holds:
@@ -78,6 +82,11 @@ class DistributedCheckpoint:
         The run's collectives.
     device : torch.device
         Where the agreement's tensors live (the process group's device).
+    independent : bool
+        The ranks' steps are their own (the distributed graph: a rank's share runs as one
+        device's graph, its checkpoints the engine's, in its own folder): no agreement on when
+        to save, and each rank resumes from its own last save. Otherwise (the sharded search)
+        the ranks save the same steps (below).
 
     Attributes
     ----------
@@ -88,7 +97,7 @@ class DistributedCheckpoint:
     """
 
     def __init__(self, folder: Any, fingerprint: Callable[[], dict[str, Any]], resume: bool, comm: Comm,
-                 device: torch.device, interval: float = DEFAULT_INTERVAL) -> None:
+                 device: torch.device, interval: float = DEFAULT_INTERVAL, independent: bool = False) -> None:
         self.comm, self.device = comm, device
         self.top = WorkArea(folder)
         self._decisions: deque = deque()
@@ -116,6 +125,10 @@ class DistributedCheckpoint:
         except (CheckpointError, ValueError) as exc:
             error = exc
         _agree_on_errors(comm, device, error, "opening its own part")
+        if independent:  # each rank's steps are its own: it resumes from its own last save
+            self.state = self.local.state if self.local.resumed else None
+            self.step = 0 if self.state is None else int(self.state.get("step", 0))
+            return
         state = self.local.state
         last = -1 if state is None else int(state.get("step", -1))
         steps = _all_gather_ints(comm, device, [last], "the agreement on the step to resume from")
@@ -239,7 +252,7 @@ class DistributedCheckpoint:
 
 
 def open_checkpoint(folder: Any, resume: bool, interval: float, comm: Comm, device: torch.device, *,
-                    operation: str, inputs: dict[str, InputArray], k: int, metric: str,
+                    operation: str, inputs: dict[str, InputArray], k: int, metric: str, independent: bool = False,
                     **fields: Any) -> DistributedCheckpoint | None:
     """The run's checkpoint in ``folder`` (None without one; collective): every rank must pass
     the same folder (or none) and ``resume``. The fingerprint (made on rank 0) names the inputs,
@@ -258,7 +271,7 @@ def open_checkpoint(folder: Any, resume: bool, interval: float, comm: Comm, devi
         return {"knng": VERSION, "operation": operation, "k": k, "metric": metric, "device": device.type,
                 "inputs": {name: input_fingerprint(x) for name, x in inputs.items()}, **fields}
 
-    return DistributedCheckpoint(folder, fingerprint, resume, comm, device, float(interval))
+    return DistributedCheckpoint(folder, fingerprint, resume, comm, device, float(interval), independent=independent)
 
 
 def _refuse_other_world(area: WorkArea, world: int) -> None:

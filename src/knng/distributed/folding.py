@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 
 from knng._inputs import InputArray, first_nonfinite_row
-from knng.distributed.blockcyclic import (
+from knng.distributed.graph_shares import (
     DistributedGraphReport, RankRows, gather_rows_with, rank_host_budget)
 from knng.distributed.comm import Comm, agree, check_agreement
-from knng.distributed.plan import shard_ranges
+from knng.engine.plan import share_rows
 from knng.distributed.shards import all_gather_rows
 from knng.engine import duplicates
 from knng.engine.exact import ExactStats, exact_pairs_of
@@ -95,7 +95,7 @@ def shared_groups(data: InputArray, k: int, comm: Comm, device: torch.device) ->
         repeats = duplicates.repeats_in_sample(data, device, sample_rows)
         if not any(agree(comm, device, {"repeats": int(repeats)})["repeats"]):
             return None
-    a, b = shard_ranges(n, comm.world)[comm.rank]
+    a, b = share_rows(n, comm.rank, comm.world)
     dtype = torch.float64 if data.dtype == torch.float64 else torch.float32
     keys, bad = [torch.empty((0, 2), dtype=dtype, device=device)], n
     for start in range(a, b, block_rows):
@@ -129,7 +129,7 @@ def graph_of_one_group(folding: Folding, comm: Comm) -> tuple[RankRows, Distribu
     rows = RankRows(parts=[(0, 1)], indices=[empty[0]], distances=[empty[1]]) if comm.rank == 0 else \
         RankRows(parts=[], indices=[], distances=[])
     report = DistributedGraphReport(world=comm.world, part_size=1, parts=1, blocks_computed=0, blocks_full=1,
-                                    capacity=0, screen_dtype="none", columns="none", exact=ExactStats(rows=1),
+                                    capacity=0, screen_dtype="none", method="none", exact=ExactStats(rows=1),
                                     store=StoreStats(), oom_retries=0, seconds=0.0)
     return rows, report
 
@@ -147,7 +147,7 @@ def unfold_graph_rows(rows: RankRows, report: DistributedGraphReport, folding: F
                                 torch.arange(a, b, device=device), device)[:, None] for a, b in rows.parts]
     idx, dist, own = gather_rows_with(rows, reps.n, k_reps, comm, device, self_dist, width=1)
     groups = folding.groups.to(device)
-    a, b = shard_ranges(folding.n, comm.world)[comm.rank]
+    a, b = share_rows(folding.n, comm.rank, comm.world)
     out_idx, out_dist = duplicates.unfold_graph(groups, idx, dist, own[:, 0], k, include_self, rows=slice(a, b))
     unfolded = RankRows(parts=[(a, b)], indices=[out_idx], distances=[out_dist])
     return unfolded, replace(report, duplicates_folded=folding.folded_away)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from knng.distributed.comm import Comm
-from knng.distributed.blockcyclic import RankRows
+from knng.distributed.graph_shares import RankRows
 from knng.io import NEIGHBOR_FILES, OutputFolder, ResultSet, metadata_json
 
 __all__ = ["write_rows"]

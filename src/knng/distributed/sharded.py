@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from knng._inputs import InputArray, check_finite
+from knng._inputs import InputArray, check_finite, rows_subset
 from knng.distributed.checkpoint import DistributedCheckpoint
 from knng.distributed.comm import Comm, agree, check_agreement
-from knng.distributed.plan import shard_ranges
-from knng.distributed.shards import common_centre, merge_across_ranks, rows_subset
+from knng.engine.plan import share_rows
+from knng.distributed.shards import common_centre, merge_across_ranks
 from knng.engine import stages
 from knng.engine.common import PreparedCorpus, full_precision
 from knng.engine.exact import ExactStats
@@ -71,7 +71,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
     check_agreement({key: table[key] for key in ("n", "d", "nq", "k", "metric")},
                     {"n": "corpus size", "d": "dimension", "nq": "number of queries", "k": "k", "metric": "metric"})
     budget = min(table["budget"])
-    s0, s1 = shard_ranges(n, world)[rank]
+    s0, s1 = share_rows(n, rank, world)
     shard = rows_subset(corpus, [(s0, s1)], name=corpus.name)
     ks = min(k, s1 - s0)
     precision = resolve_precision(None, device, max(1, s1 - s0), d, max(1, ks))
@@ -110,14 +110,14 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
             check_finite(raw, queries.name, q0)  # on every rank alike, shard or none
             values = torch.full((q1 - q0, k), torch.inf, dtype=torch.float64, device=device)
             ids = torch.full((q1 - q0, k), -1, dtype=torch.int64, device=device)
+            chunk = InputArray(queries.name, "torch", (q1 - q0, d), raw.dtype, device, tensor=raw)
             if pshard is not None:
-                chunk = InputArray(queries.name, "torch", (q1 - q0, d), raw.dtype, device, tensor=raw)
                 idx, dist, report = exact_search(chunk, shard, ks, metric, device, select, budget, prepared=pshard,
                                                  plan=tiles)
                 stats.add(report.exact)
                 values[:, :ks], ids[:, :ks] = dist, idx + s0
             out_idx[q0:q1], out_dist[q0:q1] = merge_across_ranks(
-                values, ids, k, raw, corpus, metric, comm, device, f"the all-gather of the lists of queries {q0}–{q1}")
+                values, ids, k, chunk, corpus, metric, comm, device, f"the all-gather of the lists of queries {q0}–{q1}")
             comm.tick()
             if checkpoint is not None:
                 done_idx[q0:q1] = out_idx[q0:q1].cpu().numpy()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from knng._inputs import READ_AHEAD
+from knng._inputs import READ_AHEAD, READ_CHUNK_BYTES, READ_THREADS, InputArray
 from knng._units import parse_bytes
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 from knng._options import get_options
@@ -31,7 +31,8 @@ __all__ = [
     "SEED_STRIPS_PER_K", "strip_seed_count", "held_pairs_limit",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k", "KnngPerformanceWarning", "HOST_BUDGET_SLOWDOWN", "HOST_BUDGET_WITHIN",
-    "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text",
+    "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text", "share_rows",
+    "with_share", "place_input",
 ]
 
 #: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.graph.frames`).
@@ -145,6 +146,18 @@ def copies_input(*, nbytes: int, on_device: bool, device: torch.device, budget: 
     if on_device or device.type != "cuda":
         return False
     return nbytes * INPUT_COPY_SHARE <= budget
+
+
+def place_input(x: InputArray, device: torch.device, budget: int, host_budget: int) -> tuple[InputArray, int]:
+    """The rows the engine reads and the budget left to plan: ``x`` copied whole to ``device``
+    where :func:`copies_input` says so (a file read once, its reads overlapped:
+    :meth:`~knng._inputs.InputArray.read_to`, two pinned staging buffers a reading thread within
+    a quarter of ``host_budget``), else ``x`` as it is and the whole budget."""
+    if not copies_input(nbytes=x.nbytes, on_device=x.in_memory and x.device == device, device=device,
+                        budget=budget):
+        return x, budget
+    chunk = max(1 << 16, min(READ_CHUNK_BYTES, host_budget // (8 * READ_THREADS)))
+    return x.read_to(device, chunk_bytes=chunk), budget - x.nbytes
 
 
 def _current(stats: dict, name: str) -> int:
@@ -323,6 +336,13 @@ class EnginePlan:
         minimum and screens only the tiles within it, with no sample (:func:`tiles_first`).
     search : EnginePlan or None
         A graph by rows: the plan of the search of the data against themselves it runs.
+    share_index, share_count : int
+        A graph run as one of ``share_count`` shares of the work (the ranks of a distributed
+        graph): this run screens every own part (each row's first
+        threshold) but only the groups of off-diagonal blocks whose ordinal is ``share_index``
+        modulo ``share_count`` (by rows: only its rows, :func:`share_rows`), and returns every
+        row's exact top k among the pairs it screened. The shares' lists merged give the graph.
+        ``0, 1``: the whole graph.
     """
 
     operation: str
@@ -359,6 +379,8 @@ class EnginePlan:
     host_budget_note: str = ""
     tiles_first: bool = False
     search: "EnginePlan | None" = None
+    share_index: int = 0
+    share_count: int = 1
 
     @property
     def work_bytes(self) -> int:
@@ -755,7 +777,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                     part_size: int | None = None, host_budget: int | None = None,
                     host_source: str = "", method: str | None = None,
                     slab_gain: Callable[[int], float] | None = None,
-                    capabilities: DeviceCapabilities | None = None) -> EnginePlan:
+                    capabilities: DeviceCapabilities | None = None,
+                    share: tuple[int, int] = (0, 1)) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
 
     ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
@@ -780,11 +803,35 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     same = dict(n=n, d=d, k=k, metric=metric, device=device, budget=budget, include_self=include_self, source=source,
                 screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method,
                 capabilities=capabilities)
+    index, count = _checked_share(share)
     plan = _graph_plan(host_budget=host_budget, slab_gain=slab_gain, **same)
-    if host_budget is None:  # the default: nothing to compare with
-        return plan
-    # The plans it is compared with look at no sample of the data (frames change no estimate).
-    return _with_host_budget_note(plan, lambda host: _graph_plan(host_budget=host, **same))
+    if host_budget is not None:
+        # The plans it is compared with look at no sample of the data (frames change no estimate).
+        plan = _with_host_budget_note(plan, lambda host: _graph_plan(host_budget=host, **same))
+    return with_share(plan, index, count)
+
+
+def with_share(plan: EnginePlan, index: int, count: int) -> EnginePlan:
+    """``plan`` (of a whole graph, or of any share of it) run as share ``index`` of ``count``
+    (:attr:`EnginePlan.share_index`): a graph by rows searches that share's rows only."""
+    index, count = _checked_share((index, count))
+    start, stop = share_rows(plan.n_corpus, index, count)
+    search = None if plan.search is None else replace(plan.search, n_queries=stop - start)
+    return replace(plan, share_index=index, share_count=count, search=search)
+
+
+def _checked_share(share: tuple[int, int]) -> tuple[int, int]:
+    index, count = (int(v) for v in share)
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"share must be (index, count) with 0 <= index < count, got {share!r}")
+    return index, count
+
+
+def share_rows(n: int, index: int, count: int) -> tuple[int, int]:
+    """Rows ``start:stop`` of share ``index`` of ``count`` of a graph by rows (nearly equal,
+    contiguous)."""
+    return n * index // count, n * (index + 1) // count
+
 
 
 def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, budget: int, include_self: bool,

@@ -26,7 +26,7 @@ from knng.engine.store import (
 )
 from knng.metrics import Metric, ScreenPrecision
 from knng.engine.graph.blocks import (
-    BlockCounts, SharedThresholds, finish_rows, off_diagonal_blocks, retry_on_oom, screen_own_part,
+    BlockCounts, BlockDealer, SharedThresholds, finish_rows, off_diagonal_blocks, retry_on_oom, screen_own_part,
 )
 
 __all__ = ["graph_in_bands"]
@@ -34,7 +34,7 @@ __all__ = ["graph_in_bands"]
 
 def graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, precision: ScreenPrecision,
                     centre: torch.Tensor | None,
-                    include_self: bool, select: str, device: torch.device, progress: bool,
+                    include_self: bool, select: str, device: torch.device, progress: "bool | Progress",
                     checkpoint: Checkpoint | None, keep_checkpoint: bool, lists_folder: str | None
                     ) -> tuple[torch.Tensor, torch.Tensor, CandidateStore, "BlockCounts", int]:
     """The graph with every row's store in a :class:`ListHome` (where ``plan.lists`` says; a disk
@@ -107,10 +107,14 @@ def graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, preci
                 home.restore(checkpoint.arrays())
                 store.stats = StoreStats(**{f: int(v) for f, v in saved["store"].items()})
                 counts = BlockCounts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
-        bar = Progress(progress, total=plan.blocks, desc="knng graph")
+        bar = progress if isinstance(progress, Progress) else Progress(progress, total=plan.blocks, desc="knng graph")
         row_band = -1
+        dealer = BlockDealer.of(plan)  # one deal over every unit's blocks, those done included
         for unit, (a, c) in enumerate(units):
             if unit < done:
+                blocks = len(bands[a]) * (len(bands[a]) - 1) // 2 if a == c else len(bands[a]) * len(bands[c])
+                for _ in range(blocks if dealer is not None else 0):
+                    dealer.takes(1)
                 bar.update(len(bands[a]) * (len(bands[a]) + 1) // 2 if a == c else len(bands[a]) * len(bands[c]))
                 continue
             if row_band != a:
@@ -131,7 +135,8 @@ def graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, preci
                 place(c, width)
                 order = [(i, j) for i in bands[a] for j in bands[c]]
             off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=False,
-                                 buffer=buffer, bar=bar, counts=counts, first_step=0, order=order, slots=slots)
+                                 buffer=buffer, bar=bar, counts=counts, first_step=0, order=order, slots=slots,
+                                 dealer=dealer)
             store.flush()
             if a != c:
                 put_back(c)

@@ -545,7 +545,8 @@ def off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candida
                          first_step: int, done: int = 0, checkpoint_after: Callable[[int], None] | None = None,
                          checkpoint_due: Callable[[], bool] | None = None,
                          order: Iterable[tuple[int, int]] | None = None,
-                         slots: Callable[[int], torch.Tensor] | None = None, group: int = 1) -> int:
+                         slots: Callable[[int], torch.Tensor] | None = None, group: int = 1,
+                         dealer: "BlockDealer | None" = None) -> int:
     """Every block S(I, J), I < J, whose window is not empty, counted in ``counts``; returns the
     step reached. See :class:`_OffDiagonalBlock` for the order of steps.
 
@@ -558,6 +559,12 @@ def off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candida
     before the next block's window (the window then sees the new thresholds). ``order``: the
     blocks to run, one per launch (default ``frames.block_groups(group)``); ``slots(part)``: the
     store rows of a part's points (default their ids).
+
+    ``dealer``: a share of a graph's run (:attr:`~knng.engine.plan.EnginePlan.share_index`)
+    screens only the groups the dealer deals it, every group dealt in the order above, whatever a
+    checkpoint had done. Every group's window is still found: principal frames stop at the first
+    band of distances where none is live, and this run's thresholds prove that for its own
+    groups and the others' alike.
     """
     step = first_step
     groups = frames.block_groups(group) if order is None else ((i, range(j, j + 1)) for i, j in order)
@@ -567,12 +574,13 @@ def off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candida
         for pi, col_parts in groups:
             here, step = step, step + len(col_parts)
             bar.update(len(col_parts))
+            mine = dealer is None or dealer.takes(len(col_parts))
             if here < done:
                 for pj in col_parts:
                     frames.note_done(pi, pj)
                 continue
             found = span_window(frames, pi, col_parts, store.tau, store.updates)
-            if found is not None:
+            if found is not None and mine:
                 window, members = found
                 yield step - 1, _OffDiagonalBlock(frames, metric, pi, col_parts[0], window, precision,
                                                   carry_norms=carry_norms, buffer=buffer, slots=slots, members=members)
@@ -608,6 +616,27 @@ def off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candida
             counts.screened += 2 * block.window.pairs
         item = following
     return step
+
+
+class BlockDealer:
+    """Deals a graph's groups of off-diagonal blocks to ``count`` shares, each group to the share
+    with the fewest blocks so far (the lowest index among equals): every share's run deals the
+    same sequence of groups alike, so each group goes to exactly one share, and the shares' blocks
+    differ by less than a group."""
+
+    def __init__(self, index: int, count: int) -> None:
+        self.index, self.loads = index, [0] * count
+
+    def takes(self, blocks: int) -> bool:
+        """Deal the next group of ``blocks`` blocks; whether it is this share's."""
+        share = min(range(len(self.loads)), key=lambda s: (self.loads[s], s))
+        self.loads[share] += blocks
+        return share == self.index
+
+    @classmethod
+    def of(cls, plan: EnginePlan) -> "BlockDealer | None":
+        """The dealer of a plan's share (None for a whole graph)."""
+        return None if plan.share_count == 1 else cls(plan.share_index, plan.share_count)
 
 
 def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int = 3) -> int:

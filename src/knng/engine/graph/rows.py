@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from knng._inputs import InputArray
+from knng._inputs import InputArray, rows_subset
 from knng.engine.checkpoint import Checkpoint
-from knng.engine.plan import EnginePlan, graph_search_k
+from knng.engine.common import Progress
+from knng.engine.plan import EnginePlan, graph_search_k, share_rows
 from knng.engine.search import exact_search
 from knng.engine.graph.report import GraphReport
 from knng.metrics import Metric
@@ -20,7 +21,7 @@ __all__ = ["graph_by_rows", "without_self"]
 
 
 def graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
-                   include_self: bool, progress: bool, checkpoint: Checkpoint | None, keep_checkpoint: bool
+                   include_self: bool, progress: "bool | Progress", checkpoint: Checkpoint | None, keep_checkpoint: bool
                    ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
     """The graph by the rows method (``plan.graph_method == "rows"``): the data searched against
     themselves for k + 1 neighbours (k with ``include_self``), each point then dropped from its
@@ -33,23 +34,32 @@ def graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device
     """
     k_search = graph_search_k(k, include_self)
     assert plan.search is not None and plan.search.k == k_search, "a graph by rows is planned with its search"
-    idx, dist, report = exact_search(data, data, k_search, metric, device, select, plan.budget, progress=progress,
+    n = data.n
+    # A share searches its own rows; the others' stay empty (−1, +inf) for the shares' merge.
+    start, stop = share_rows(n, plan.share_index, plan.share_count)
+    queries = data if (start, stop) == (0, n) else rows_subset(data, [(start, stop)])
+    idx, dist, report = exact_search(queries, data, k_search, metric, device, select, plan.budget, progress=progress,
                                      plan=plan.search, checkpoint=checkpoint, keep_checkpoint=keep_checkpoint)
     if not include_self:
-        idx, dist = without_self(idx, dist, k)
-    n = data.n
+        idx, dist = without_self(idx, dist, k, first=start)
+    if (start, stop) != (0, n):
+        whole_idx = torch.full((n, k), -1, dtype=idx.dtype, device=idx.device)
+        whole_dist = torch.full((n, k), torch.inf, dtype=dist.dtype, device=dist.device)
+        whole_idx[start:stop], whole_dist[start:stop] = idx, dist
+        idx, dist = whole_idx, whole_dist
     # All n² entries computed, each pair once from each side: no symmetric saving (pairs_screened
     # counts a symmetric block's entries once per side, so n² entries here count 2n²).
     return idx, dist, GraphReport(plan=plan, oom_retries=report.oom_retries, exact=report.exact, store=report.store,
                                   evaluations_per_row=report.evaluations_per_row,
-                                  screened_per_row=report.screened_per_row, pairs_screened=2 * n * n,
+                                  screened_per_row=report.screened_per_row, pairs_screened=2 * (stop - start) * n,
                                   checkpoints=report.checkpoints, replans=report.replans)
 
 
-def without_self(idx: torch.Tensor, dist: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's first k entries other than the row's own index (rows of k + 1 entries)."""
+def without_self(idx: torch.Tensor, dist: torch.Tensor, k: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's first k entries other than the row's own index (rows of k + 1 entries; row i
+    is point ``first + i``)."""
     n = idx.shape[0]
-    own = idx == torch.arange(n, device=idx.device)[:, None]
+    own = idx == torch.arange(first, first + n, device=idx.device)[:, None]
     keep = ~own
     keep[:, -1] &= own.any(dim=1)  # a row without itself drops its last entry
     return idx[keep].view(n, k), dist[keep].view(n, k)

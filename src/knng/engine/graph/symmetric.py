@@ -40,7 +40,7 @@ from knng.engine.store import (
 from knng.metrics import Metric
 from knng.engine.graph.bands import graph_in_bands
 from knng.engine.graph.blocks import (
-    STORE_ARRAYS, BlockCounts, SharedThresholds, finish_rows, graph_report, holding_for, off_diagonal_blocks,
+    STORE_ARRAYS, BlockCounts, BlockDealer, SharedThresholds, finish_rows, graph_report, holding_for, off_diagonal_blocks,
     own_parts_together, retry_on_oom, screen_own_part, screen_own_parts_together,
 )
 
@@ -56,15 +56,21 @@ def exact_graph(
     select: str,
     budget: int,
     include_self: bool = False,
-    progress: bool = False,
+    progress: "bool | Progress" = False,
     part_size: int | None = None,
     screen_dtype: "torch.dtype | str | None" = None,
     plan: EnginePlan | None = None,
     checkpoint: Checkpoint | None = None,
     keep_checkpoint: bool = False,
     lists_folder: str | None = None,
+    share: tuple[int, int] = (0, 1),
 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
     """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
+
+    ``share`` = (index, count), for a plan made here (a given ``plan`` carries its own): run
+    one share of the graph (:attr:`~knng.engine.plan.EnginePlan.share_index`); every row then
+    holds its exact top k among the pairs this share screened (−1 and +inf past them), and the
+    shares' rows merged by (distance, index) give the graph.
 
     When the plan keeps the candidate stores off the device (``plan.lists``), the run goes in
     bands of parts (:func:`graph_in_bands`), its stores in a :class:`~knng.engine.store.lists.ListHome`
@@ -88,7 +94,10 @@ def exact_graph(
     if plan is None:
         plan = make_graph_plan(n=n, d=d, k=k, metric=metric.name, device=device, budget=budget,
                                include_self=include_self, screen_dtype=screen_dtype, part_size=part_size,
-                               slab_gain=slab_gain_of(data, device))
+                               slab_gain=slab_gain_of(data, device), share=share)
+    elif share != (plan.share_index, plan.share_count) and share != (0, 1):
+        raise ValueError(f"share={share!r} differs from the given plan's "
+                         f"({plan.share_index}, {plan.share_count})")
     if plan.graph_method == GRAPH_ROWS:
         return graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
                               keep_checkpoint)
@@ -162,7 +171,7 @@ def exact_graph(
                                  "screened": counts.screened, "store": counters},
                                 {f"store_{name}": t for name, t in tensors.items()})
 
-        bar = Progress(progress, total=plan.blocks, desc="knng graph")
+        bar = progress if isinstance(progress, Progress) else Progress(progress, total=plan.blocks, desc="knng graph")
         if checkpoint is None and own_parts_together(frames, store, precision, device, k, include_self):
             counts.retries += retry_on_oom(lambda: screen_own_parts_together(frames, d, metric, store, k, include_self,
                                                                              precision, select), device)
@@ -184,7 +193,7 @@ def exact_graph(
                                     buffer=buffer, bar=bar, counts=counts, first_step=step, done=done,
                                     checkpoint_after=None if checkpoint is None else checkpoint_after,
                                     checkpoint_due=None if checkpoint is None else checkpoint.due,
-                                    group=plan.group_parts)
+                                    group=plan.group_parts, dealer=BlockDealer.of(plan))
         bar.close()
         if checkpoint is not None and keep_checkpoint and step > done:
             checkpoint_after(step, force=True)  # only the finish is left to a run that resumes this
