@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.distributed import ReduceOp
 
 from knng._inputs import InputArray, rows_subset
 from knng.distributed.checkpoint import DistributedCheckpoint
@@ -41,7 +42,7 @@ from knng.engine.common import Progress
 from knng.engine.exact import ExactStats
 from knng.engine.graph import exact_graph, slab_gain_of
 from knng.engine.plan import (
-    GRAPH_ROWS, EnginePlan, available_ram, make_graph_plan, place_input, share_rows,
+    GRAPH_ROWS, LISTS_ON_DEVICE, EnginePlan, available_ram, make_graph_plan, place_input, share_rows,
     with_share,
 )
 from knng.engine.store import StoreStats
@@ -174,9 +175,16 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     comm.set_progress_total(world * (n if by_rows else plan.blocks))
     ticks = _RankProgress(comm, f"screening blocks of share {rank} of {world}" if not by_rows
                           else f"screening rows {share_rows(n, rank, world)} of the graph by rows")
+
+    def smallest_thresholds(tau: torch.Tensor) -> torch.Tensor:
+        comm.status("exchanging the first thresholds of the own parts")
+        comm.wait(comm.all_reduce(tau, "the exchange of the first thresholds", op=ReduceOp.MIN))
+        return tau
+
     idx, dist, report = exact_graph(rows, k, metric, device, select, plan.budget, include_self=include_self,
                                     progress=ticks, plan=plan, checkpoint=local, keep_checkpoint=keep_checkpoint,
-                                    lists_folder=None if local is None else os.fspath(local.area.path))
+                                    lists_folder=None if local is None else os.fspath(local.area.path),
+                                    share_thresholds=smallest_thresholds)
     ticks.close()
     # Every rank waits here for the slowest share, in one collective: a rank that stopped while
     # screening is named by all the others (not by those waiting on a rank waiting on it).
@@ -263,24 +271,30 @@ def _merge_lists(idx: torch.Tensor, dist: torch.Tensor, n: int, k: int, data: In
 
 def _report(comm: Comm, plan: EnginePlan, report, seconds: float, device: torch.device) -> DistributedGraphReport:
     """Gather every rank's figures into one report (the same on every rank)."""
-    own = plan.parts if plan.graph_method != GRAPH_ROWS else 0
-    off_diagonal = plan.parts * (plan.parts - 1) // 2 - report.blocks_skipped if own else plan.parts
+    symmetric = plan.graph_method != GRAPH_ROWS
+    # Own parts: each rank's (part p on rank p mod R) where the stores stay on the device (the
+    # thresholds are exchanged), every part on every rank where the graph runs in bands.
+    split = plan.lists == LISTS_ON_DEVICE
+    own = (len(range(comm.rank, plan.parts, comm.world)) if split else plan.parts) if symmetric else 0
+    off_diagonal = plan.parts * (plan.parts - 1) // 2 - report.blocks_skipped if symmetric else plan.parts
     rows = report.exact.rows if plan.graph_method == GRAPH_ROWS else plan.n_corpus
     store = report.store
-    local = torch.tensor([seconds, comm.stats.wait_seconds, comm.stats.bytes, off_diagonal, rows,
+    local = torch.tensor([seconds, comm.stats.wait_seconds, comm.stats.bytes, off_diagonal + own, rows,
                           store.survivors, report.exact.exact_evaluations, store.tightenings, report.oom_retries,
                           store.overflow_rows], dtype=torch.float64, device=device)
     out = torch.empty(comm.world * local.numel(), dtype=torch.float64, device=device)
     comm.wait(comm.all_gather(out, local, "the gather of the run's figures"))
     table = out.view(comm.world, -1).cpu().tolist()
     per_rank = [{"rank": r, "seconds": row[0], "wait_s": row[1], "bytes": int(row[2]),
-                 "blocks": int(row[3]) + own, "rows": int(row[4])} for r, row in enumerate(table)]
+                 "blocks": int(row[3]), "rows": int(row[4])} for r, row in enumerate(table)]
+    own_once = plan.parts if symmetric else 0
+    off_diagonal_all = int(sum(r[3] for r in table)) - (own_once if split else comm.world * own_once)
     exact = ExactStats(rows=plan.n_corpus, exact_evaluations=int(sum(r[6] for r in table)))
     stores = StoreStats(survivors=int(sum(r[5] for r in table)), tightenings=int(sum(r[7] for r in table)),
                         exact_evaluations=exact.exact_evaluations, overflow_rows=int(sum(r[9] for r in table)))
     return DistributedGraphReport(
         world=comm.world, part_size=plan.part_size, parts=plan.parts,
-        blocks_computed=own + int(sum(r[3] for r in table)), blocks_full=plan.parts ** 2, capacity=plan.capacity,
+        blocks_computed=own_once + off_diagonal_all, blocks_full=plan.parts ** 2, capacity=plan.capacity,
         screen_dtype=plan.screen_precision, method=plan.graph_method, exact=exact, store=stores,
         oom_retries=int(sum(r[8] for r in table)), seconds=max(r[0] for r in table), plan=plan, per_rank=per_rank,
         comm_ops=list(comm.stats.ops), waits=sorted(comm.stats.waits, key=lambda w: -w[1])[:8],

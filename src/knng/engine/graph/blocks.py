@@ -255,7 +255,8 @@ def own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: Candidat
 
 
 def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, metric: Metric, store: CandidateStore,
-                              k: int, include_self: bool, precision: ScreenPrecision, select: str = "auto") -> None:
+                              k: int, include_self: bool, precision: ScreenPrecision, select: str = "auto",
+                              parts: "list[int] | None" = None) -> None:
     """Every part's own block S(J, J) in a few launches, instead of :func:`screen_own_part` part by
     part (about 115 launches and two dozen synchronisations each on a GPU: 804 launches and
     34 ms of host time for the seven parts of a 200k-point graph, for 16 ms of GPU work).
@@ -273,18 +274,23 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     Positions are the frames' (principal slabs sort the points), the store's rows and columns
     the points' ids. Parts prepared around centres of their own (principal frames of image-like
     data) seed with their tiles' radii and hand their survivors in with their tiles' norms.
+    ``parts``: only these parts' own blocks (a share of a graph; default every part).
     """
     stages.count("graph.own_parts_together")
     n = frames.n
     device = frames.device
     shared = not (isinstance(frames, PrincipalFrames) and frames.local)
     ids = frames.ids(0, 0, n)
+    chosen = range(len(frames.parts)) if parts is None else parts
+    spans = [frames.parts[p] for p in chosen]
+    if not spans:
+        return
     if shared:
         whole = frames.column(0, 0, 0, n)
-        tiles = [whole.slice(i0, i1) for i0, i1 in frames.parts]  # each part around the one centre
+        tiles = [whole.slice(i0, i1) for i0, i1 in spans]  # each part around the one centre
     else:
-        tiles = [frames.own(p) for p in range(len(frames.parts))]
-    for tile, (i0, i1) in zip(tiles, frames.parts):
+        tiles = [frames.own(p) for p in chosen]
+    for tile, (i0, i1) in zip(tiles, spans):
         m = i1 - i0
         ks = min(k, m if include_self else m - 1)
         if ks < 1:
@@ -316,16 +322,20 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     # launch queued before any list is sized: the store changes only when all are in.
     # (Each part's maxima repeated over its rows by views: sizes copied to the device from the
     # host would wait for every seed's launch to finish first.)
-    max_norms, max_terms = (torch.cat([value.reshape(1).expand(i1 - i0) for value, (i0, i1) in zip(m, frames.parts)])
+    max_norms, max_terms = (torch.cat([value.reshape(1).expand(i1 - i0) for value, (i0, i1) in zip(m, spans)])
                             for m in zip(*(tile.maxima() for tile in tiles)))
     row_norms = torch.cat([tile.norms for tile in tiles])
     row_terms = None if tiles[0].terms is None else torch.cat([tile.terms for tile in tiles])
-    thresholds = store.screen_thresholds(ids, max_norms, max_terms, row_norms=row_norms, row_terms=row_terms)
-    pending = [screen_own_later(tile.queries(metric, d), tile.vectors, d, thresholds[i0:i1], precision,
+    rows = ids if parts is None else torch.cat([ids[i0:i1] for i0, i1 in spans])
+    thresholds = store.screen_thresholds(rows, max_norms, max_terms, row_norms=row_norms, row_terms=row_terms)
+    starts = [0]
+    for i0, i1 in spans:
+        starts.append(starts[-1] + i1 - i0)
+    pending = [screen_own_later(tile.queries(metric, d), tile.vectors, d, thresholds[a:b], precision,
                                 terms=tile.terms32, exclude_diagonal=not include_self)
-               for tile, (i0, i1) in zip(tiles, frames.parts)]
+               for tile, a, b in zip(tiles, starts, starts[1:])]
     owners, others, found_keys, norms = [], [], [], []
-    for sized, tile, (i0, i1) in zip(pending, tiles, frames.parts):
+    for sized, tile, (i0, i1) in zip(pending, tiles, spans):
         found = sized()
         owners.append(ids[i0:i1][found.owner])
         others.append(ids[i0:i1][found.other])

@@ -14,6 +14,7 @@ against themselves (:mod:`knng.engine.graph.rows`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -64,13 +65,19 @@ def exact_graph(
     keep_checkpoint: bool = False,
     lists_folder: str | None = None,
     share: tuple[int, int] = (0, 1),
+    share_thresholds: "Callable[[torch.Tensor], torch.Tensor] | None" = None,
 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
     """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
 
     ``share`` = (index, count), for a plan made here (a given ``plan`` carries its own): run
     one share of the graph (:attr:`~knng.engine.plan.EnginePlan.share_index`); every row then
     holds its exact top k among the pairs this share screened (−1 and +inf past them), and the
-    shares' rows merged by (distance, index) give the graph.
+    shares' rows merged by (distance, index) give the graph. ``share_thresholds``: where the
+    shares run together (the ranks of a distributed graph), each screens only its own parts
+    (part p goes to share p modulo the count) and then calls this with its thresholds τ (n,);
+    it must return every point's smallest τ over the shares (an all-reduce), which this share
+    then takes. Every share calls it exactly once, resumed or not. Without it, every share
+    screens every own part (each row's first threshold).
 
     When the plan keeps the candidate stores off the device (``plan.lists``), the run goes in
     bands of parts (:func:`graph_in_bands`), its stores in a :class:`~knng.engine.store.lists.ListHome`
@@ -172,15 +179,18 @@ def exact_graph(
                                 {f"store_{name}": t for name, t in tensors.items()})
 
         bar = progress if isinstance(progress, Progress) else Progress(progress, total=plan.blocks, desc="knng graph")
+        # A share that exchanges thresholds screens its own parts only (part p: share p mod count).
+        split = share_thresholds is not None and plan.share_count > 1
+        own = [p for p in range(len(parts)) if not split or p % plan.share_count == plan.share_index]
         if checkpoint is None and own_parts_together(frames, store, precision, device, k, include_self):
             counts.retries += retry_on_oom(lambda: screen_own_parts_together(frames, d, metric, store, k, include_self,
-                                                                             precision, select), device)
-            counts.screened += sum((i1 - i0) ** 2 for i0, i1 in parts)
+                                                                             precision, select, parts=own), device)
+            counts.screened += sum((parts[p][1] - parts[p][0]) ** 2 for p in own)
             step = len(parts)
             bar.update(len(parts))
         for pi in range(step, len(parts)):
             ids = frames.ids(pi)
-            if step >= done:
+            if step >= done and pi in own:
                 counts.retries += retry_on_oom(lambda: screen_own_part(frames.own(pi), d, metric, store, ids, ids, k,
                                                                        include_self, select, device,
                                                                        precision=precision, carry_norms=shared is None,
@@ -189,6 +199,9 @@ def exact_graph(
                 checkpoint_after(step + 1)
             step += 1
             bar.update()
+        if split:
+            assert share_thresholds is not None
+            store.lower_thresholds(slice(None), share_thresholds(store.tau.clone()))
         step = off_diagonal_blocks(frames, store, metric, precision, thresholds, device, carry_norms=shared is None,
                                     buffer=buffer, bar=bar, counts=counts, first_step=step, done=done,
                                     checkpoint_after=None if checkpoint is None else checkpoint_after,
