@@ -5,7 +5,8 @@ Reads the JSON of ``bench/bench_distributed.py`` runs, fits
 * τ, the per-GPU screening throughput in pair-dimensions per second (a "pair-dimension" is one
   coordinate of one of the n²(P+1)/(2P) pairs the symmetric plan computes; two flops), from the
   run whose shape is closest to the target (same d and k),
-* ε(R), the measured overhead of R ranks over one distributed rank, T(R)·R/T(1) − 1,
+* ε(R), the measured overhead of R ranks over one distributed rank, T(R)·R/T(1) − 1, taken from
+  the runs with the most parts (the target's regime: its own parts are a sliver of its blocks),
 
 and predicts the time of the target graph (default: the papers' 20M × 15,876, k = 256) on 1, 8
 and 64 GPUs of the measured kind, under stated disk and network bandwidths. Prints markdown.
@@ -67,7 +68,7 @@ def fit(rows: list[dict]) -> tuple[dict, list[dict]]:
         t1, tau = base[key]
         eps = r["median_s"] * r["world"] / t1 - 1.0
         table.append({"n": r["n"], "d": r["d"], "k": r["k"], "world": r["world"], "seconds": r["median_s"],
-                      "tau": tau, "eps": eps, "file": r["file"]})
+                      "tau": tau, "eps": eps, "file": r["file"], "parts": r["report"]["parts"]})
     return base, table
 
 
@@ -140,9 +141,13 @@ def main() -> None:
     same = [t for t in table if t["d"] == args.d and t["k"] == args.k]
     pick = same or table
     tau = min(t["tau"] for t in pick if t["world"] == 1)
-    eps = max(t["eps"] for t in table)
+    # The overhead of the runs nearest the target's regime: the most parts (the target's own
+    # parts are counted in the hundreds; a few parts leave each rank's own parts most of its work).
+    several = [t for t in table if t["world"] > 1]
+    most = max(t["parts"] for t in several)
+    eps = max(t["eps"] for t in several if t["parts"] == most)
     print(f"\nFitted: τ = {tau:.3g} pair-dims/s per GPU (d = {pick[0]['d']}, k = {pick[0]['k']}; the slower run), "
-          f"ε = {eps:+.3f} (the largest overhead measured at any R > 1, held for every R > 1).\n")
+          f"ε = {eps:+.3f} (the overhead of the runs with the most parts, {most}, held for every R > 1).\n")
     worlds = [int(w) for w in args.worlds.split(",")]
     preds = predict(args.n, args.d, args.k, worlds, tau, eps, args.budget_gb * 1e9, args.disk_gbps * 1e9,
                     args.net_gbps * 1e9, args.gpus_per_node, args.host_gb * 1e9, args.pcie_gbps * 1e9)
