@@ -291,10 +291,10 @@ def graph(
         (``docs/EXACTNESS.md``, "Identical rows folded into one"); ``report.duplicates_folded``
         says how many rows were folded away.
     distributed : bool
-        Compute with every rank of the initialised ``torch.distributed`` process group, in the
-        block-cyclic scheme of ``docs/DISTRIBUTED.md``: each rank reads only the parts of
-        ``data`` it needs, every rank must make this call, and every rank gets the whole graph,
-        identical to the one-device result. See :func:`knng.distributed.graph`.
+        Compute with every rank of the initialised ``torch.distributed`` process group, as in
+        ``docs/DISTRIBUTED.md``: each rank runs the one-device engine on its share of one plan
+        and the ranks' exact lists are merged; every rank must make this call, and every rank
+        gets the whole graph, identical to the one-device result. See :func:`knng.distributed.graph`.
     host_memory_budget
         As in :func:`search`. Candidate stores kept on disk go into the ``checkpoint`` folder
         when there is one, else into the temporary folder (``TMPDIR``).

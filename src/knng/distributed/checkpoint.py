@@ -9,7 +9,7 @@ output of :func:`knng.distributed.graph_to_files`) holds:
 
 - ``fingerprint.json``: the run's identity (inputs, k, metric, knng version, kind of device)
   **and the number of ranks**, written by rank 0; a run with other inputs, or with another
-  number of ranks, is refused (a rank's state is its share of the block-cyclic or sharded plan,
+  number of ranks, is refused (a rank's state is its share of the graph's or the sharded search's plan,
   which depends on the number of ranks);
 - ``rank-<r>-of-<R>/``: rank r's own :class:`~knng.io.workarea.WorkArea`, written through an
   engine :class:`~knng.engine.checkpoint.Checkpoint` (generations, growing arrays, the state
