@@ -172,7 +172,9 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
     if local is not None:
         plan = local.plan(plan)  # a resumed rank runs the plan it saved
     by_rows = plan.graph_method == GRAPH_ROWS
-    comm.set_progress_total(world * (n if by_rows else plan.blocks))
+    # Rank 0's bar: every rank's blocks (each counts the groups it deals, its own or not), or
+    # every rank's own rows by rows.
+    comm.set_progress_total(n if by_rows else world * plan.blocks)
     ticks = _RankProgress(comm, f"screening blocks of share {rank} of {world}" if not by_rows
                           else f"screening rows {share_rows(n, rank, world)} of the graph by rows")
 
