@@ -1,8 +1,10 @@
-"""Slurm: a rank finds its job from ``srun``'s variables (knng.distributed.rendezvous).
+"""Several hosts: a rank finds its job from ``srun``'s variables (knng.distributed.rendezvous),
+or from ``torchrun``'s on each of several nodes.
 
 The end-to-end test emulates ``srun --ntasks 2 knng graph ...`` on one host: two processes with
 only the variables Slurm would set (no RANK, WORLD_SIZE, MASTER_ADDR or MASTER_PORT), on CPUs
-through Gloo, and compares the result with the one-process graph bit for bit.
+through Gloo, and compares the result with the one-process graph bit for bit; another runs two
+``torchrun`` agents as two nodes would (a static rendezvous, two ranks each).
 """
 
 from __future__ import annotations
@@ -125,3 +127,34 @@ def test_srun_two_tasks_on_one_host_equal_one_process(tmp_path: Path, rng: np.ra
     np.testing.assert_array_equal(np.load(tmp_path / "out/indices.npy"), ref.indices)
     np.testing.assert_array_equal(np.load(tmp_path / "out/distances.npy"), ref.distances)
     assert json.loads((tmp_path / "out/knng.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_on_one_host_equal_one_process(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Two ``torchrun`` agents, as two hosts would start them (``--nnodes 2 --node-rank 0|1``, a
+    static rendezvous at node 0), each with two ranks: four ranks over two "nodes" on Gloo,
+    whose graph (written by the ranks into one output folder) equals one process's bit for bit."""
+    x = rng.normal(-30.0, 2.0, (700, 12)).astype(np.float32)
+    x[::7] = x[0]  # identical rows: folded across the nodes' ranks
+    np.save(tmp_path / "x.npy", x)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {key: value for key, value in os.environ.items()
+            if key not in TORCH_VARIABLES and not key.startswith("SLURM_") and not key.startswith("TORCHELASTIC")}
+    procs = []
+    for node in range(2):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+                "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                "-m", "knng", "graph", str(tmp_path / "x.npy"), "-k", "5", "-o", str(tmp_path / "out"),
+                "--no-progress", "--timeout", "60"]
+        procs.append(subprocess.Popen(argv, env={**base, "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, f"port {port}: {outputs}"
+    assert "4 ranks" in outputs[0][0], outputs
+    ref = knng.graph(x, 5, device="cpu")
+    np.testing.assert_array_equal(np.load(tmp_path / "out/indices.npy"), ref.indices)
+    np.testing.assert_array_equal(np.load(tmp_path / "out/distances.npy"), ref.distances)
+    assert json.loads((tmp_path / "out/knng.json").read_text())["world_size"] == 4
