@@ -153,7 +153,7 @@ def _graph_distributed(args: argparse.Namespace, argv: Sequence[str], data: Inpu
         else:
             say(f"  shared plan: {report.parts} parts of ≤{report.part_size:,} points, {report.blocks_computed:,} "
                 f"of {report.blocks_full:,} blocks computed ({report.pairs_saving:.0%} of the pair work skipped), "
-                f"{min(blocks)}–{max(blocks)} blocks per rank (every own part on each)")
+                f"{min(blocks)}–{max(blocks)} blocks per rank")
         say(wait_line(report))
         say(exact_line(report))
         say(f"  wrote {', '.join(written)}")
