@@ -21,6 +21,19 @@ def saved_step(out: Path) -> int | None:
         return None
 
 
+def steps_saved(out: Path) -> int:
+    """Every step the work area records: its own state's, or, for a distributed graph (whose
+    ranks save in their own folders, ``rank-R-of-N``), the sum of the ranks' steps."""
+    total = saved_step(out) or 0
+    area = work_area(out)
+    for sub in sorted(area.glob("rank-*-of-*")) if area.is_dir() else ():
+        try:
+            total += int(json.loads((sub / "state.json").read_text())["step"])
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+    return total
+
+
 def ranks_saved_steps(out: Path, world: int) -> list[int | None]:
     """The step each rank of a distributed graph has saved in its own folder of the work area
     (None where it has saved none yet): the ranks' steps are their own."""

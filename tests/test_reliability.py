@@ -29,7 +29,7 @@ from knng.io import (
 )
 from knng.io.workarea import CheckpointInUseError
 from oracle import assert_exact_chunked
-from output_folders import processes_naming, run_knng, saved_step, siblings, work_area
+from output_folders import processes_naming, run_knng, saved_step, siblings, steps_saved, work_area
 
 
 @pytest.fixture
@@ -379,10 +379,10 @@ def _wait_for_module(proc: subprocess.Popen, name: str, seconds: float = 60) -> 
 
 
 def _wait_for_progress(out: Path, proc: subprocess.Popen, seconds: float = 120) -> None:
-    """Until ``proc`` saves a step past the one its work area holds now."""
-    before = saved_step(out) or 0
+    """Until ``proc`` saves a step past those its work area holds now (a rank's, in a distributed run)."""
+    before = steps_saved(out)
     t0 = time.monotonic()
-    while proc.poll() is None and not (saved_step(out) or 0) > before and time.monotonic() - t0 < seconds:
+    while proc.poll() is None and not steps_saved(out) > before and time.monotonic() - t0 < seconds:
         time.sleep(0.02)
 
 
