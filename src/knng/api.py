@@ -20,11 +20,11 @@ from knng._inputs import InputArray, as_input, as_output
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
-from knng.engine.common import resolve_device
+from knng.engine.common import place_input, resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
-    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan, place_input,
+    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan,
     make_search_plan, resolve_budget, resolve_host_budget,
 )
 from knng.engine.search import exact_search

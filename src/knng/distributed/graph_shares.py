@@ -38,11 +38,11 @@ from knng.distributed.checkpoint import DistributedCheckpoint
 from knng.distributed.comm import Comm, agree, check_agreement
 from knng.distributed.shards import all_gather_rows, merge_exact
 from knng.engine import stages
-from knng.engine.common import Progress
+from knng.engine.common import Progress, place_input
 from knng.engine.exact import ExactStats
 from knng.engine.graph import exact_graph, slab_gain_of
 from knng.engine.plan import (
-    GRAPH_ROWS, LISTS_ON_DEVICE, EnginePlan, available_ram, make_graph_plan, place_input, share_rows,
+    GRAPH_ROWS, LISTS_ON_DEVICE, EnginePlan, available_ram, make_graph_plan, share_rows,
     with_share,
 )
 from knng.engine.store import StoreStats

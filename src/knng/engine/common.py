@@ -9,15 +9,15 @@ from typing import Callable, Iterator
 
 import torch
 
-from knng._inputs import READ_AHEAD, InputArray, check_finite
+from knng._inputs import READ_AHEAD, READ_CHUNK_BYTES, READ_THREADS, InputArray, check_finite
 from knng.engine.exact import ExactStats
-from knng.engine.plan import EnginePlan
+from knng.engine.plan import EnginePlan, copies_input
 from knng.engine.store import StoreStats
 from knng.metrics import Metric, Prepared, ScreenPrecision, lattice_point, with_exact_products
 from knng.engine.kernels import finite_column_sums, lattice_extent, preparation_runs, prepare_rows
 
 __all__ = [
-    "resolve_device", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
+    "resolve_device", "place_input", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
     "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
     "LATTICE_UNITS", "LATTICE_TOLERANCE", "LatticeExtent",
 ]
@@ -48,6 +48,18 @@ def resolve_device(device: str | torch.device, *inputs: InputArray) -> torch.dev
     elif dev.type != "cpu":
         raise ValueError(f"device must be 'auto', 'cpu' or a CUDA device, got {device!r}")
     return dev
+
+
+def place_input(x: InputArray, device: torch.device, budget: int, host_budget: int) -> tuple[InputArray, int]:
+    """The rows the engine reads and the budget left to plan: ``x`` copied whole to ``device``
+    where :func:`~knng.engine.plan.copies_input` says so (a file read once, its reads overlapped:
+    :meth:`~knng._inputs.InputArray.read_to`, two pinned staging buffers a reading thread within
+    a quarter of ``host_budget``), else ``x`` as it is and the whole budget."""
+    if not copies_input(nbytes=x.nbytes, on_device=x.in_memory and x.device == device, device=device,
+                        budget=budget):
+        return x, budget
+    chunk = max(1 << 16, min(READ_CHUNK_BYTES, host_budget // (8 * READ_THREADS)))
+    return x.read_to(device, chunk_bytes=chunk), budget - x.nbytes
 
 
 @contextlib.contextmanager
@@ -439,6 +451,12 @@ class Progress:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, desc=desc, unit="blk", dynamic_ncols=True, leave=False)
+
+    @classmethod
+    def of(cls, progress: "bool | Progress", total: int, desc: str) -> "Progress":
+        """``progress`` itself where the caller passes its own (a rank's ticks), else a bar
+        when ``progress`` is true."""
+        return progress if isinstance(progress, Progress) else cls(progress, total, desc)
 
     def update(self, n: int = 1) -> None:
         if self.bar is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from knng._inputs import READ_AHEAD, READ_CHUNK_BYTES, READ_THREADS, InputArray
+from knng._inputs import READ_AHEAD
 from knng._units import parse_bytes
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 from knng._options import get_options
@@ -32,7 +32,7 @@ __all__ = [
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k", "KnngPerformanceWarning", "HOST_BUDGET_SLOWDOWN", "HOST_BUDGET_WITHIN",
     "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text", "share_rows",
-    "with_share", "place_input",
+    "with_share",
 ]
 
 #: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.graph.frames`).
@@ -146,18 +146,6 @@ def copies_input(*, nbytes: int, on_device: bool, device: torch.device, budget: 
     if on_device or device.type != "cuda":
         return False
     return nbytes * INPUT_COPY_SHARE <= budget
-
-
-def place_input(x: InputArray, device: torch.device, budget: int, host_budget: int) -> tuple[InputArray, int]:
-    """The rows the engine reads and the budget left to plan: ``x`` copied whole to ``device``
-    where :func:`copies_input` says so (a file read once, its reads overlapped:
-    :meth:`~knng._inputs.InputArray.read_to`, two pinned staging buffers a reading thread within
-    a quarter of ``host_budget``), else ``x`` as it is and the whole budget."""
-    if not copies_input(nbytes=x.nbytes, on_device=x.in_memory and x.device == device, device=device,
-                        budget=budget):
-        return x, budget
-    chunk = max(1 << 16, min(READ_CHUNK_BYTES, host_budget // (8 * READ_THREADS)))
-    return x.read_to(device, chunk_bytes=chunk), budget - x.nbytes
 
 
 def _current(stats: dict, name: str) -> int:

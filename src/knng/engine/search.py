@@ -124,7 +124,7 @@ def exact_search(
         screened: list[torch.Tensor] = []
         retries = 0
         planned, replans = plan, []
-        bar = progress if isinstance(progress, Progress) else Progress(progress, total=queries.n, desc="knng search")
+        bar = Progress.of(progress, total=queries.n, desc="knng search")
         q0 = 0
         finished = None if checkpoint is None else _FinishedRows(checkpoint, queries.n, k, keep_checkpoint)
         if finished is not None and checkpoint is not None and checkpoint.resumed:

@@ -107,14 +107,14 @@ def graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, preci
                 home.restore(checkpoint.arrays())
                 store.stats = StoreStats(**{f: int(v) for f, v in saved["store"].items()})
                 counts = BlockCounts(*(int(saved[f]) for f in ("retries", "computed", "screened")))
-        bar = progress if isinstance(progress, Progress) else Progress(progress, total=plan.blocks, desc="knng graph")
+        bar = Progress.of(progress, total=plan.blocks, desc="knng graph")
         row_band = -1
         dealer = BlockDealer.of(plan)  # one deal over every unit's blocks, those done included
         for unit, (a, c) in enumerate(units):
             if unit < done:
-                blocks = len(bands[a]) * (len(bands[a]) - 1) // 2 if a == c else len(bands[a]) * len(bands[c])
-                for _ in range(blocks if dealer is not None else 0):
-                    dealer.takes(1)
+                if dealer is not None:  # the unit's blocks, one a launch, dealt as when they ran
+                    for _ in range(len(bands[a]) * (len(bands[a]) - 1) // 2 if a == c else len(bands[a]) * len(bands[c])):
+                        dealer.takes(1)
                 bar.update(len(bands[a]) * (len(bands[a]) + 1) // 2 if a == c else len(bands[a]) * len(bands[c]))
                 continue
             if row_band != a:

@@ -64,15 +64,14 @@ def exact_graph(
     checkpoint: Checkpoint | None = None,
     keep_checkpoint: bool = False,
     lists_folder: str | None = None,
-    share: tuple[int, int] = (0, 1),
     share_thresholds: "Callable[[torch.Tensor], torch.Tensor] | None" = None,
 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport]:
     """Exact k-NN graph of ``data``; returns (indices, float64 distances, report).
 
-    ``share`` = (index, count), for a plan made here (a given ``plan`` carries its own): run
-    one share of the graph (:attr:`~knng.engine.plan.EnginePlan.share_index`); every row then
-    holds its exact top k among the pairs this share screened (−1 and +inf past them), and the
-    shares' rows merged by (distance, index) give the graph. ``share_thresholds``: where the
+    A ``plan`` of a share of the graph (:attr:`~knng.engine.plan.EnginePlan.share_index`) runs
+    that share: every row then holds its exact top k among the pairs this share screened (−1
+    and +inf past them), and the shares' rows merged by (distance, index) give the graph.
+    ``share_thresholds``: where the
     shares run together (the ranks of a distributed graph), each screens only its own parts
     (part p goes to share p modulo the count) and then calls this with its thresholds τ (n,);
     it must return every point's smallest τ over the shares (an all-reduce), which this share
@@ -101,10 +100,7 @@ def exact_graph(
     if plan is None:
         plan = make_graph_plan(n=n, d=d, k=k, metric=metric.name, device=device, budget=budget,
                                include_self=include_self, screen_dtype=screen_dtype, part_size=part_size,
-                               slab_gain=slab_gain_of(data, device), share=share)
-    elif share != (plan.share_index, plan.share_count) and share != (0, 1):
-        raise ValueError(f"share={share!r} differs from the given plan's "
-                         f"({plan.share_index}, {plan.share_count})")
+                               slab_gain=slab_gain_of(data, device))
     if plan.graph_method == GRAPH_ROWS:
         return graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
                               keep_checkpoint)
@@ -178,7 +174,7 @@ def exact_graph(
                                  "screened": counts.screened, "store": counters},
                                 {f"store_{name}": t for name, t in tensors.items()})
 
-        bar = progress if isinstance(progress, Progress) else Progress(progress, total=plan.blocks, desc="knng graph")
+        bar = Progress.of(progress, total=plan.blocks, desc="knng graph")
         # A share that exchanges thresholds screens its own parts only (part p: share p mod count).
         split = share_thresholds is not None and plan.share_count > 1
         own = [p for p in range(len(parts)) if not split or p % plan.share_count == plan.share_index]
