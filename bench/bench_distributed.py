@@ -1,4 +1,4 @@
-"""Scaling of the distributed k-NN graph over the GPUs of one host, against one GPU.
+"""Scaling of the distributed k-NN graph (or sharded search) over the GPUs of one host, against one GPU.
 
 For each world size W (default 1, 2, 4) the script starts W processes (NCCL, one GPU each);
 every rank makes the same data on its GPU from one seed (torch's Philox generator gives the
@@ -16,7 +16,13 @@ overlap the computation), and each rank's longest waits.
 Times: ``harness.time_call`` (CUDA events on a GPU, the host clock on a CPU) from a barrier
 (untimed) to the returned graph, after one warm-up run.
 
+With ``--queries Q`` each Gaussian shape is a corpus instead: ``knng.distributed.search`` of Q
+Gaussian queries (the corpus sharded over the ranks) against ``knng.search`` on one GPU. The
+photon images (``photons@n``) are made on each rank's GPU (``harness.photon_counts``' device
+draws).
+
     PYTHONPATH=src:tests python bench/bench_distributed.py --out bench-dist.json          # 1, 2, 4 GPUs
+    PYTHONPATH=src:tests python bench/bench_distributed.py --queries 100000 --shapes 20000000x128:10
     PYTHONPATH=src:tests python bench/bench_distributed.py --quick                        # CPU (gloo), seconds
 
 Prints a markdown table and writes JSON (``--out``: the device, the date, the command, every run).
@@ -90,39 +96,59 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out_file:
         try:
             if name is None:
                 x = make_data(n, d, args.seed, device)
+            elif name == "photons" and device.type == "cuda":  # NumPy's Poisson draws take minutes at 10⁵
+                x = harness.photon_counts(n or 20_000, args.seed, device=device)
+                row["n"], row["d"] = x.shape
             else:  # every rank loads the same set (deterministic in the seed)
                 x = torch.from_numpy(harness.load_dataset(name, n=n or None, seed=args.seed)[0]).to(device)
                 row["n"], row["d"] = x.shape
-            timing = harness.time_call(lambda x=x: kd.graph(x, k, device=device, timeout=600), device=device,
-                                       warmup=1, repeats=args.repeats, before=dist.barrier)
+            if args.queries:  # a search of a corpus sharded over the ranks
+                q = make_data(args.queries, x.shape[1], args.seed + 1, device)
+                row["queries"] = args.queries
+
+                def run(x=x, q=q):
+                    return kd.search(q, x, k, device=device, timeout=600)
+
+                def single(x=x, q=q):
+                    return knng.search(q, x, k, device=device)
+            else:
+                def run(x=x):
+                    return kd.graph(x, k, device=device, timeout=600)
+
+                def single(x=x):
+                    return knng.graph(x, k, device=device)
+            timing = harness.time_call(run, device=device, warmup=1, repeats=args.repeats, before=dist.barrier)
             g, report = timing.result, last_report()
             row["times_s"] = timing.times
             row["median_s"] = timing.median
             row["timer"] = timing.timer
             row["digest"] = digest(g.indices, g.distances)
-            # The same collectives alone, with nothing to overlap: the communication time.
-            from knng.distributed.comm import replay
+            if args.queries:
+                row["report"] = {"shard_rows": report.shard_rows, "per_rank": report.per_rank,
+                                 "wait_share": max(r["wait_s"] / r["seconds"] for r in report.per_rank),
+                                 "screen_dtype": report.screen_dtype}
+            else:
+                # The same collectives alone, with nothing to overlap: the communication time.
+                from knng.distributed.comm import replay
 
-            alone = replay(report.comm_ops, device)
-            gathered = [None] * world
-            dist.all_gather_object(gathered, {"alone_s": alone, "waits": report.waits})
-            row["comm_alone_s"] = [g["alone_s"] for g in gathered]
-            row["waits"] = [g["waits"] for g in gathered]
-            row["report"] = {"parts": report.parts, "part_size": report.part_size,
-                             "blocks_per_rank": [r["blocks"] for r in report.per_rank],
-                             "wait_share": report.wait_share, "per_rank": report.per_rank,
-                             "screen_dtype": report.screen_dtype, "store": vars(report.store),
-                             "duplicates_folded": getattr(report, "duplicates_folded", 0)}
+                alone = replay(report.comm_ops, device)
+                gathered = [None] * world
+                dist.all_gather_object(gathered, {"alone_s": alone, "waits": report.waits})
+                row["comm_alone_s"] = [g["alone_s"] for g in gathered]
+                row["waits"] = [g["waits"] for g in gathered]
+                row["report"] = {"parts": report.parts, "part_size": report.part_size,
+                                 "blocks_per_rank": [r["blocks"] for r in report.per_rank],
+                                 "wait_share": report.wait_share, "per_rank": report.per_rank,
+                                 "screen_dtype": report.screen_dtype, "store": vars(report.store),
+                                 "duplicates_folded": getattr(report, "duplicates_folded", 0)}
             del g
             if world == 1 and not args.no_baseline:
-                base = harness.time_call(lambda x=x: knng.graph(x, k, device=device), device=device, warmup=1,
-                                         repeats=args.repeats)
+                base = harness.time_call(single, device=device, warmup=1, repeats=args.repeats)
                 ref = base.result
                 row["single_device_times_s"] = base.times
                 row["single_device_median_s"] = base.median
                 row["single_device_digest"] = digest(ref.indices, ref.distances)
-                single = last_report()
-                row["single_device_parts"] = single.parts
+                row["single_device_parts"] = getattr(last_report(), "parts", None)
                 del ref
             del x
         except Exception as exc:  # noqa: BLE001 - record and go on with the next shape
@@ -148,7 +174,8 @@ def table(rows: list[dict]) -> str:
 
     def name_of(r: dict) -> str:
         data = r.get("data", "gauss")
-        return f"{r['n']:,} × {r['d']}" + ("" if data == "gauss" else f" ({data})")
+        search = f"search of {r['queries']:,} queries in " if r.get("queries") else ""
+        return search + f"{r['n']:,} × {r['d']}" + ("" if data == "gauss" else f" ({data})")
 
     base = {key_of(r): r for r in rows if r["world"] == 1 and "single_device_median_s" in r}
     lines = ["| graph | k | GPUs | time (s) | speed-up vs 1 GPU | vs distributed W=1 | waiting | communicating "
@@ -162,16 +189,17 @@ def table(rows: list[dict]) -> str:
         b = base.get(key)
         w1 = next((x for x in rows if x["world"] == 1 and key_of(x) == key and "median_s" in x), None)
         if r["world"] == 1 and b is not None:
-            lines.append(f"| {name_of(r)} | {r['k']} | 1 (knng.graph) | {b['single_device_median_s']:.3f} "
+            lines.append(f"| {name_of(r)} | {r['k']} | 1 (knng.{'search' if r.get('queries') else 'graph'}) | {b['single_device_median_s']:.3f} "
                          f"| 1.00× | | | | | {b['single_device_digest']} |")
         sp = f"{b['single_device_median_s'] / r['median_s']:.2f}×" if b else ""
         sw = f"{w1['median_s'] / r['median_s']:.2f}×" if w1 else ""
         same = "yes" if b and r["digest"] == b["single_device_digest"] else ("?" if not b else "NO")
         rep = r["report"]
         alone = max(r.get("comm_alone_s", [0.0])) / r["median_s"]
+        work = (f"{min(rep['blocks_per_rank'])}–{max(rep['blocks_per_rank'])} of {rep['parts']} parts"
+                if "blocks_per_rank" in rep else f"shards of {min(rep['shard_rows']):,}–{max(rep['shard_rows']):,} rows")
         lines.append(f"| {name_of(r)} | {r['k']} | {r['world']} | {r['median_s']:.3f} | {sp} | {sw} "
-                     f"| {rep['wait_share']:.1%} | {alone:.1%} | "
-                     f"{min(rep['blocks_per_rank'])}–{max(rep['blocks_per_rank'])} of {rep['parts']} parts | {same} |")
+                     f"| {rep['wait_share']:.1%} | {alone:.1%} | {work} | {same} |")
     return "\n".join(lines)
 
 
@@ -184,6 +212,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="cuda: one GPU a rank (NCCL); cpu: gloo (default auto: cuda where there is a GPU)")
+    p.add_argument("--queries", type=int, default=0,
+                   help="time searches of this many Gaussian queries in each shape's points (knng.distributed.search: "
+                        "the corpus sharded over the ranks; baseline knng.search) instead of graphs")
     p.add_argument("--no-baseline", action="store_true", help="skip the single-device knng.graph runs")
     p.add_argument("--quick", action="store_true", help="worlds 1, 2 of a 4,000 × 16 graph, k = 5, one repeat: a smoke run")
     p.add_argument("--out", default=None, help="write the figures to this JSON file")

@@ -123,11 +123,15 @@ def test_graph_every_metric_both_screens(metric, seed, screen):
     _check(x, x, [g], metric, exclude_self=True, seed=seed)
 
 
-def test_graph_blocked_path_small_budget(seed):
-    # A budget too small for the whole score matrix: blocks S(I, J), row and column
-    # selections, merges.
+def test_graph_blocked_path(seed):
+    # Parts smaller than the data: blocks S(I, J), row and column selections, merges. (A budget
+    # no longer forces them: 64 MB holds this graph's one part, since parts are sized by what
+    # the plan holds rather than by a score block it never writes.)
     x = _randn((20_000, 32), seed)
-    g = knng.graph(x, 10, memory_budget="64MB")
+    small = {name: 4096 for name in ("gpu_max_part", "gpu_kernel_max_part", "gpu_triangle_max_part",
+                                     "gpu_triangle_max_part_small_k")}
+    with knng.options(**small):
+        g = knng.graph(x, 10)
     report = last_report()
     assert report.parts > 1, report
     _check(x, x, [g], exclude_self=True, seed=seed)
@@ -263,12 +267,23 @@ def test_second_gpu_keeps_device(seed, monkeypatch):
     # The engine makes the data's GPU the current one: Triton launches its kernels on the
     # current device's stream, and kernels run from cuda:0 on cuda:1's tensors once returned a
     # wrong answer here (unordered with the stream that wrote their inputs).
-    from knng.engine.store import CandidateStore
+    import contextlib
+
+    import knng.engine.graph.symmetric as engine_graph
+    import knng.engine.search as engine_search
 
     current = []
-    finish = CandidateStore.finish
-    monkeypatch.setattr(CandidateStore, "finish",
-                        lambda self, *a, **kw: (current.append(torch.cuda.current_device()), finish(self, *a, **kw))[1])
+
+    def spy(real):  # the current device inside the engine's device context
+        @contextlib.contextmanager
+        def entered(device):
+            with real(device):
+                current.append(torch.cuda.current_device())
+                yield
+        return entered
+
+    for module in (engine_search, engine_graph):
+        monkeypatch.setattr(module, "on_device", spy(module.on_device))
     torch.cuda.set_device(0)
     corpus = _randn((20_000, 32), seed).to("cuda:1")
     queries = _randn((200, 32), seed + 1).to("cuda:1")

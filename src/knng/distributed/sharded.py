@@ -22,7 +22,7 @@ from knng.distributed.comm import Comm, agree, check_agreement
 from knng.engine.plan import share_rows
 from knng.distributed.shards import common_centre, merge_across_ranks
 from knng.engine import stages
-from knng.engine.common import PreparedCorpus, full_precision
+from knng.engine.common import PreparedCorpus, device_block_rows, full_precision
 from knng.engine.exact import ExactStats
 from knng.engine.plan import make_search_plan, resolve_precision
 from knng.engine.search import exact_search
@@ -32,6 +32,8 @@ __all__ = ["DistributedSearchReport", "distributed_search", "share_queries"]
 
 #: Queries screened and merged per round (bounds the all-gathered lists: world · chunk · k).
 QUERY_CHUNK = 1 << 16
+#: Rows a block of the shard's first pass (finite check and sums) reads from a host or a file.
+SHARD_READ_ROWS = 1 << 16
 
 
 @dataclass
@@ -88,16 +90,21 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
                 stats = ExactStats(**{f: int(v) for f, v in checkpoint.state["exact"].items()})
     with full_precision():
         comm.status("reading the shard: finite check and sums")
-        centre = common_centre(((s0 + start, block) for start, block in shard.iter_blocks(1 << 16)), n, d,
+        # A shard already on the GPU is read in a few large blocks (each block of a pass costs
+        # launches and, in the finite check, a synchronisation).
+        read_rows = device_block_rows(shard, device, SHARD_READ_ROWS)
+        centre = common_centre(((s0 + start, block) for start, block in shard.iter_blocks(read_rows)), n, d,
                                corpus.name, metric.needs_centre(False), comm, device)
         pshard = None
         if shard.n:
             tiles = make_search_plan(n_queries=min(queries.n, QUERY_CHUNK), n_corpus=shard.n, d=d, k=ks,
                                      metric=metric.name, device=device, budget=budget, screen_dtype=precision)
             comm.status(f"preparing corpus rows {s0}–{s1}")
+            block_rows = max(tiles.corpus_cols, 4096)
+            if tiles.corpus_resident:
+                block_rows = device_block_rows(shard, device, block_rows)
             pshard = PreparedCorpus(shard, metric, centre, device, resident=tiles.corpus_resident,
-                                    block_rows=max(tiles.corpus_cols, 4096), symmetric=False,
-                                    dtype=tiles.screen_torch_dtype)
+                                    block_rows=block_rows, symmetric=False, dtype=tiles.screen_torch_dtype)
         out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
         out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
         if q_start:

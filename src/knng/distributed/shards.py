@@ -54,8 +54,7 @@ def merge_exact(values: torch.Tensor, ids: torch.Tensor, k: int, rows: InputArra
     (indices int64 (m, k), distances float64 (m, k))
     """
     values = torch.where(ids >= 0, values, torch.inf)
-    values, ids = _without_repeats(values, ids)
-    idx, dist = sort_by_distance_then_index(values, ids, values.shape[1])
+    idx, dist = _sorted_without_repeats(values, ids)
     valid = idx >= 0
     f32 = dist.to(torch.float32)
     same = f32[:, 1:] == f32[:, :-1]
@@ -74,14 +73,23 @@ def merge_exact(values: torch.Tensor, ids: torch.Tensor, k: int, rows: InputArra
     return idx[:, :k], dist[:, :k]
 
 
-def _without_repeats(values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each pair of a row once: its later copies become empty (−1, +inf)."""
+def _sorted_without_repeats(values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's entries by (distance, index), a pair's later copies made empty (−1, +inf).
+
+    One sort by index finds the repeats (adjacent equal indices) and, the distance sort after
+    it being stable, orders equal distances by index: what
+    :func:`~knng.engine.exact.sort_by_distance_then_index` does, without its own index sort.
+    Empty entries (−1, +inf) all come last and are alike.
+    """
     order = torch.argsort(ids, dim=1, stable=True)
-    ordered = ids.gather(1, order)
-    repeat = torch.zeros_like(ordered, dtype=torch.bool)
-    repeat[:, 1:] = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
-    repeat = torch.zeros_like(repeat).scatter_(1, order, repeat)
-    return torch.where(repeat, torch.inf, values), torch.where(repeat, -1, ids)
+    ids = ids.gather(1, order)
+    values = values.gather(1, order)
+    repeat = torch.zeros_like(ids, dtype=torch.bool)
+    repeat[:, 1:] = (ids[:, 1:] == ids[:, :-1]) & (ids[:, 1:] >= 0)
+    values = torch.where(repeat, torch.inf, values)
+    ids = torch.where(repeat, -1, ids)
+    values, order = torch.sort(values, dim=1, stable=True)
+    return ids.gather(1, order), values
 
 
 def merge_across_ranks(values: torch.Tensor, ids: torch.Tensor, k: int, rows: InputArray,

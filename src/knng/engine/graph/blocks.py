@@ -630,12 +630,17 @@ def off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candida
 
 class BlockDealer:
     """Deals a graph's groups of off-diagonal blocks to ``count`` shares, each group to the share
-    with the fewest blocks so far (the lowest index among equals): every share's run deals the
-    same sequence of groups alike, so each group goes to exactly one share, and the shares' blocks
-    differ by less than a group."""
+    with the least work so far (the lowest index among equals): every share's run deals the same
+    sequence of groups alike, so each group goes to exactly one share, and the shares' work
+    differs by less than a group.
 
-    def __init__(self, index: int, count: int) -> None:
-        self.index, self.loads = index, [0] * count
+    Work is counted in blocks; an own part S(I, I) a share screens alone counts as one block
+    (the same P × P product), so the shares that took one more own part take fewer groups.
+    """
+
+    def __init__(self, index: int, count: int, own_parts: list[int] | None = None) -> None:
+        self.index = index
+        self.loads = list(own_parts) if own_parts is not None else [0] * count
 
     def takes(self, blocks: int) -> bool:
         """Deal the next group of ``blocks`` blocks; whether it is this share's."""
@@ -644,9 +649,15 @@ class BlockDealer:
         return share == self.index
 
     @classmethod
-    def of(cls, plan: EnginePlan) -> "BlockDealer | None":
-        """The dealer of a plan's share (None for a whole graph)."""
-        return None if plan.share_count == 1 else cls(plan.share_index, plan.share_count)
+    def of(cls, plan: EnginePlan, own_parts_split: bool = False) -> "BlockDealer | None":
+        """The dealer of a plan's share (None for a whole graph). ``own_parts_split``: the
+        shares screen the own parts p of share p mod count only (else every share screens
+        every own part, and they weigh alike)."""
+        if plan.share_count == 1:
+            return None
+        own = [len(range(s, plan.parts, plan.share_count)) for s in range(plan.share_count)] if own_parts_split \
+            else None
+        return cls(plan.share_index, plan.share_count, own)
 
 
 def retry_on_oom(step: Callable[[], None], device: torch.device, attempts: int = 3) -> int:

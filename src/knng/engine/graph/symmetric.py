@@ -202,7 +202,7 @@ def exact_graph(
                                     buffer=buffer, bar=bar, counts=counts, first_step=step, done=done,
                                     checkpoint_after=None if checkpoint is None else checkpoint_after,
                                     checkpoint_due=None if checkpoint is None else checkpoint.due,
-                                    group=plan.group_parts, dealer=BlockDealer.of(plan))
+                                    group=plan.group_parts, dealer=BlockDealer.of(plan, own_parts_split=split))
         bar.close()
         if checkpoint is not None and keep_checkpoint and step > done:
             checkpoint_after(step, force=True)  # only the finish is left to a run that resumes this
