@@ -32,6 +32,8 @@ where scikit-image is, then carry the file; the peers: ``. .peers/env.sh``, see 
     PYTHONPATH=src:tests python bench/bench_peers.py --device cpu --out cpu.json    # the CPU grid
     PYTHONPATH=src:tests python bench/bench_peers.py --device cpu --graphs 500x128,2000x128,10000x128 \\
         --searches 10000x128:200 --repeats 9                                          # small calls
+    PYTHONPATH=src:tests python bench/bench_peers.py --device cpu --graphs 5000x64 --searches 100000x64:100 \\
+        --ks 10 --repeats 9 --options pipeline        # small calls through the block pipeline (no direct path)
     PYTHONPATH=src:tests python bench/bench_peers.py --quick                          # seconds, any device
 
 Prints a line per case as it goes and a markdown table last; ``--out`` writes every figure as

@@ -247,6 +247,21 @@ def _folding_as_users_run_it(request: pytest.FixtureRequest):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _block_pipeline_in_engine_tests(request: pytest.FixtureRequest):
+    """The engine's tests (marker ``unfolded``) run their small data through the block pipeline,
+    whose paths they are there to reach (``Options.direct_max_scores = 0``); those marked
+    ``direct`` (``tests/engine/test_direct.py``) keep the direct path of small calls, which every
+    other test runs as users do."""
+    if request.node.get_closest_marker("unfolded") is None or request.node.get_closest_marker("direct") is not None:
+        yield
+        return
+    import knng
+
+    with knng.options(direct_max_scores=0):
+        yield
+
+
 def _new_seed() -> int:
     env = os.environ.get("KNNG_TEST_SEED")
     if env:

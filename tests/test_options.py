@@ -67,9 +67,13 @@ def test_the_engine_runs_the_options_in_force(rng):
         assert g.report.screen_dtype == precision
         np.testing.assert_array_equal(g.indices, ref.indices)
         np.testing.assert_array_equal(g.distances, ref.distances)
-    folded = knng.graph(x, 5, device="cpu")  # the default folds
+    with knng.options(direct_max_scores=0):
+        folded = knng.graph(x, 5, device="cpu")  # the pipeline folds by default
     assert folded.report.duplicates_folded == 39 and ref.report.duplicates_folded == 0
     np.testing.assert_array_equal(folded.indices, ref.indices)
+    direct = knng.graph(x, 5, device="cpu")  # a call this small takes the direct path, which does not fold
+    assert direct.report.plan.direct and direct.report.duplicates_folded == 0
+    np.testing.assert_array_equal(direct.indices, ref.indices)
 
 
 def test_options_belong_to_the_thread_that_set_them():

@@ -24,8 +24,8 @@ from knng.engine.common import place_input, resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
-    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, host_budget_source, make_graph_plan,
-    make_search_plan, resolve_budget, resolve_host_budget,
+    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, direct_applies, host_budget_source,
+    make_graph_plan, make_search_plan, resolve_budget, resolve_host_budget,
 )
 from knng.engine.search import exact_search
 from knng.io.workarea import WorkArea
@@ -198,14 +198,17 @@ def search(
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
     rows, budget = place_input(c, dev, budget, resolve_host_budget(host_memory_budget))  # rows: what the engine reads
-    groups = _duplicate_groups(rows, m, k, dev, host_memory_budget)
+    # A small call takes the direct path, which needs no folding (near-ties go to the pipeline).
+    direct = direct_applies(n_queries=q.n, n_corpus=rows.n, d=c.d, metric=m.name, device=dev, budget=budget,
+                            host_budget=resolve_host_budget(host_memory_budget), recorded=checkpoint is not None)
+    groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
     k_reps = min(k, reps.n)
     plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=c.d, k=k_reps, metric=m.name, device=dev,
                             budget=budget, source=_source_of_budget(memory_budget, dev, c, rows),
                             host_budget=resolve_host_budget(host_memory_budget),
-                            host_source=host_budget_source(host_memory_budget))
+                            host_source=host_budget_source(host_memory_budget), recorded=checkpoint is not None)
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
                             operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan,
                             **({} if groups is None else {"folded_to": reps.n}))
@@ -319,7 +322,10 @@ def graph(
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
     rows, budget = place_input(x, dev, budget, resolve_host_budget(host_memory_budget))  # rows: what the engine reads
-    groups = _duplicate_groups(rows, m, k, dev, host_memory_budget)
+    direct = direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev, budget=budget,
+                            host_budget=resolve_host_budget(host_memory_budget), graph=True,
+                            recorded=checkpoint is not None)
+    groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
     k_reps = k if groups is None else min(k, reps.n - 1)
@@ -329,7 +335,8 @@ def graph(
                                include_self=include_self and groups is None,
                                source=_source_of_budget(memory_budget, dev, x, rows),
                                host_budget=resolve_host_budget(host_memory_budget),
-                               host_source=host_budget_source(host_memory_budget), slab_gain=slab_gain_of(reps, dev))
+                               host_source=host_budget_source(host_memory_budget), slab_gain=slab_gain_of(reps, dev),
+                               recorded=checkpoint is not None)
 
     plan = graph_plan()
     if groups is not None and plan.lists == LISTS_ON_DISK:

@@ -21,7 +21,9 @@ __all__ = ["run", "plan_lines"]
 def _make_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, dev: Any, budget: int,
                memory_budget: str | None, host_memory: str | None, symmetric: bool, data: Any = None) -> Any:
     """The engine's plan for this shape: the very planner ``knng.search`` / ``knng.graph`` call
-    (a graph's with a look at a sample of ``data``, as ``knng.graph`` plans it)."""
+    (a graph's with a look at a sample of ``data``, as ``knng.graph`` plans it), for a run that
+    records checkpoints, as the command line's ``graph`` and ``search`` do (so never the direct
+    path of small calls)."""
     from knng.engine.graph import slab_gain_of
     from knng.engine.plan import (
         budget_source, host_budget_source, make_graph_plan, make_search_plan, resolve_host_budget,
@@ -31,9 +33,9 @@ def _make_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, de
                  host_source=host_budget_source(host_memory))
     if symmetric:
         return make_graph_plan(n=n_corpus, d=d, k=k, metric=metric, device=dev, budget=budget, include_self=False,
-                               slab_gain=None if data is None else slab_gain_of(data, dev), **hosts)
+                               slab_gain=None if data is None else slab_gain_of(data, dev), recorded=True, **hosts)
     return make_search_plan(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=dev,
-                            budget=budget, **hosts)
+                            budget=budget, recorded=True, **hosts)
 
 
 def plan_lines(title: str, plan: Any) -> list[str]:

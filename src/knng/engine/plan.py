@@ -24,7 +24,8 @@ from knng.engine.kernels import (
 )
 
 __all__ = [
-    "EnginePlan", "make_search_plan", "make_graph_plan", "choose_screen_precision", "budget_source",
+    "EnginePlan", "make_search_plan", "make_graph_plan", "direct_applies", "DIRECT_METRICS",
+    "choose_screen_precision", "budget_source",
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
     "available_ram", "INPUT_COPY_SHARE", "copies_input",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
@@ -331,6 +332,11 @@ class EnginePlan:
         modulo ``share_count`` (by rows: only its rows, :func:`share_rows`), and returns every
         row's exact top k among the pairs it screened. The shares' lists merged give the graph.
         ``0, 1``: the whole graph.
+    direct : bool
+        A small call runs the direct path (:func:`knng.engine.search.direct_neighbours`, :func:`direct_applies`):
+        every score in one product, each row's best few, a certificate, the exact finish. Rows
+        whose certificate fails (near-ties past the few) run the rest of this plan: a search's
+        rows, or the whole graph.
     """
 
     operation: str
@@ -369,6 +375,7 @@ class EnginePlan:
     search: "EnginePlan | None" = None
     share_index: int = 0
     share_count: int = 1
+    direct: bool = False
 
     @property
     def work_bytes(self) -> int:
@@ -622,10 +629,42 @@ def _store_bytes(rows: int, capacity: int) -> int:
     return rows * (capacity * 25 + 40)  # key, index, distance (8 B each), flags
 
 
+#: Metrics the direct path serves: their score is the expansion ‖c‖² − 2 q·c, whose rounding
+#: its certificate bounds.
+DIRECT_METRICS = frozenset({"euclidean", "sqeuclidean"})
+#: Bytes of the budget the direct path's input copies (the corpus in float64 for its norms) may
+#: take, as a share: the rest is for the score chunks (:attr:`EnginePlan.work_bytes`).
+DIRECT_INPUT_SHARE = 4
+
+
+def direct_applies(*, n_queries: int, n_corpus: int, d: int, metric: str, device: torch.device, budget: int,
+                   host_budget: int | None = None, graph: bool = False,
+                   screen_dtype: "torch.dtype | str | None" = None, part_size: int | None = None,
+                   method: str | None = None, recorded: bool = False) -> bool:
+    """Whether a call runs the direct path (:attr:`EnginePlan.direct`): a device of
+    ``Options.direct_on``, at most ``Options.direct_max_scores`` scores (a ``graph``: n²), a
+    metric of :data:`DIRECT_METRICS`, the corpus within a :data:`DIRECT_INPUT_SHARE`-th of the
+    budget in float64, and of the share of the host budget a plan may hold (``host_budget``,
+    default :func:`resolve_host_budget`'s: the direct path reads the whole corpus). Not where the
+    caller steered the pipeline: a screen precision (``screen_dtype`` or
+    ``Options.screen_precision``), a graph's part size or method (``method`` or
+    ``Options.graph_method``), nor where a checkpoint records the run (``recorded``: the caller
+    asked for steps saved as it goes; the command line always records). The API asks it before
+    folding duplicates, which a direct call skips."""
+    options = get_options()
+    steered = screen_dtype is not None or options.screen_precision is not None or \
+        (graph and (part_size is not None or method is not None or options.graph_method is not None))
+    if steered or recorded or metric not in DIRECT_METRICS or device.type not in options.direct_on:
+        return False
+    host = int((resolve_host_budget(None) if host_budget is None else host_budget) * HOST_PLAN_SHARE)
+    return 0 < n_queries * n_corpus <= options.direct_max_scores and \
+        n_corpus * d * 8 * DIRECT_INPUT_SHARE <= min(budget, host)
+
+
 def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
                      budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                      host_budget: int | None = None, host_source: str = "",
-                     capabilities: DeviceCapabilities | None = None) -> EnginePlan:
+                     capabilities: DeviceCapabilities | None = None, recorded: bool = False) -> EnginePlan:
     """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``.
 
     ``host_budget``: bytes of host memory (default :func:`resolve_host_budget`'s); on a CPU it
@@ -638,6 +677,9 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
                 source=source, screen_dtype=screen_dtype, host_source=host_source,
                 capabilities=capabilities)
     plan = _search_plan(host_budget=host_budget, **same)
+    if direct_applies(n_queries=n_queries, n_corpus=n_corpus, d=d, metric=metric, device=device, budget=budget,
+                      host_budget=host_budget, screen_dtype=screen_dtype, recorded=recorded):
+        plan = replace(plan, direct=True)
     if host_budget is None:  # the default: nothing to compare with
         return plan
     return _with_host_budget_note(plan, lambda host: _search_plan(host_budget=host, **same))
@@ -766,7 +808,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                     host_source: str = "", method: str | None = None,
                     slab_gain: Callable[[int], float] | None = None,
                     capabilities: DeviceCapabilities | None = None,
-                    share: tuple[int, int] = (0, 1)) -> EnginePlan:
+                    share: tuple[int, int] = (0, 1), recorded: bool = False) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
 
     ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
@@ -792,7 +834,19 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                 screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method,
                 capabilities=capabilities)
     index, count = _checked_share(share)
-    plan = _graph_plan(host_budget=host_budget, slab_gain=slab_gain, **same)
+    direct = count == 1 and direct_applies(n_queries=n, n_corpus=n, d=d, metric=metric, device=device, budget=budget,
+                                           host_budget=host_budget, graph=True, screen_dtype=screen_dtype,
+                                           part_size=part_size, method=method,
+                                           recorded=recorded)
+    # A direct graph's blocks never run: it takes no look at the data for principal frames.
+    plan = _graph_plan(host_budget=host_budget, slab_gain=None if direct else slab_gain, **same)
+    if direct:
+        # The rows the direct path cannot certify are searched (k + 1, the point then dropped,
+        # as the rows method does) by this plan.
+        search = plan.search or replace(make_search_plan(
+            n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric, device=device,
+            budget=budget, host_budget=host_budget, capabilities=capabilities), direct=False)
+        plan = replace(plan, direct=True, search=search)
     if host_budget is not None:
         # The plans it is compared with look at no sample of the data (frames change no estimate).
         plan = _with_host_budget_note(plan, lambda host: _graph_plan(host_budget=host, **same))
@@ -805,7 +859,8 @@ def with_share(plan: EnginePlan, index: int, count: int) -> EnginePlan:
     index, count = _checked_share((index, count))
     start, stop = share_rows(plan.n_corpus, index, count)
     search = None if plan.search is None else replace(plan.search, n_queries=stop - start)
-    return replace(plan, share_index=index, share_count=count, search=search)
+    # A share screens its part of the blocks: never the direct path's every pair.
+    return replace(plan, share_index=index, share_count=count, search=search, direct=plan.direct and count == 1)
 
 
 def _checked_share(share: tuple[int, int]) -> tuple[int, int]:

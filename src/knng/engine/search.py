@@ -9,6 +9,10 @@ Tiles first (``plan.tiles_first``: a resident corpus of at most 16,384 tiles of 
 on the wgmma kernel, ``plan.tiles_first``): no sample; each row's minimum key in
 every corpus tile, τ from the k-th smallest of them, then only the tiles whose minimum is within
 the row's threshold are screened (:func:`_screen_tiles_first`).
+
+The direct path (``plan.direct``, small calls: :func:`direct_neighbours`, at the end of the
+module): every score in one product, each row's k + m best, a certificate that they hold its k
+nearest, the exact finish; a small graph runs it too (``knng.engine.graph.rows.direct_graph``).
 """
 
 from __future__ import annotations
@@ -26,13 +30,14 @@ from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
     on_device, recover_from_oom, TF32_EXACT_SAMPLES, tf32_products,
 )
-from knng.engine.exact import ExactStats, exact_pairs
+from knng.engine.exact import ExactStats, exact_pairs, exact_pairs_of, sort_by_distance_then_index
 from knng.engine.plan import EnginePlan, after_out_of_memory, make_search_plan
 from knng.engine.screen import (
     block_scores, screen_rows, screen_tiles, strip_minima, tile_minima,
 )
 from knng.engine.store import (
-    CandidateStore, Holding, HoldingStore, PairErrors, StoreStats, candidate_store, summarize_per_row_each,
+    CandidateStore, Holding, HoldingStore, PairErrors, StoreStats, candidate_store, summarize_per_row,
+    summarize_per_row_each,
 )
 from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
@@ -41,7 +46,8 @@ from knng.engine.kernels import (
     kth_of_rows, kth_seeds_run, prepare_rows, screen_kernel_runs, strip_seeds_run, strip_width,
 )
 
-__all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
+__all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample", "DirectRows",
+           "direct_neighbours", "direct_rounding_bound", "DIRECT_MARGIN", "DIRECT_SLACK"]
 
 # ``Options.tf32_sample``: the sample's product of a TF32 screen runs on TF32 tensor cores: its
 # keys need only the TF32 bound, which the store's radii use anyway (1M × 128, 10k queries,
@@ -102,6 +108,11 @@ def exact_search(
     if plan is None:
         plan = make_search_plan(n_queries=queries.n, n_corpus=corpus.n, d=corpus.d, k=k, metric=metric.name,
                                 device=device, budget=budget, screen_dtype=screen_dtype)
+    if plan.direct:
+        found = _direct_search(queries, corpus, k, metric, device, select, plan, progress)
+        if found is not None:
+            return found
+        plan = replace(plan, direct=False)  # an input that is not finite: the pipeline names it
     dtype = plan.screen_torch_dtype
     with on_device(device), full_precision():
         if not queries.in_memory:
@@ -162,6 +173,29 @@ def exact_search(
     return out_idx, out_dist, SearchReport(planned, retries, exact_stats, store_stats, evaluated, screened_summary,
                                          {} if finished is None else finished.checkpoint.summary(resumed_from),
                                          replans=replans)
+
+
+def _direct_search(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device, select: str,
+                   plan: EnginePlan, progress: "bool | Progress"
+                   ) -> tuple[torch.Tensor, torch.Tensor, SearchReport] | None:
+    """A search by the direct path (:func:`direct_neighbours`); the rows it cannot certify go
+    through the rest of the plan. None where an input is not finite."""
+    with on_device(device), full_precision():
+        found = direct_neighbours(queries, corpus, k, metric, device, plan.work_bytes)
+    if found is None:
+        return None
+    per_row = found.per_row()
+    report = SearchReport(plan, 0, found.stats, evaluations_per_row=per_row, screened_per_row=per_row)
+    if found.failed.numel():
+        rows = found.failed
+        taken = InputArray(queries.name, "torch", (rows.numel(), queries.d), queries.dtype, device,
+                           tensor=queries.take(rows).to(device))
+        idx, dist, rest = exact_search(taken, corpus, k, metric, device, select, plan.budget, progress,
+                                       plan=replace(plan, direct=False, n_queries=rows.numel()))
+        found.indices[rows], found.distances[rows] = idx.to(device), dist.to(device)
+        report.exact.add(rest.exact)
+        report = replace(report, store=rest.store, replans=rest.replans, oom_retries=rest.oom_retries)
+    return found.indices, found.distances, report
 
 
 #: The plan's account of a search's thresholds when its tiles go first.
@@ -361,3 +395,138 @@ class _FinishedRows:
         for field, value in state["store"].items():
             setattr(store_stats, field, int(value))
         return q0, int(state["retries"])
+
+
+# ---------------------------------------------------------------------------- the direct path
+# Small calls in one product: every score, each row's best few, a certificate, the exact finish.
+#
+# Below a few million scores (``Options.direct_max_scores``) the block pipeline's planning,
+# preparation, sampling and per-block steps cost more than the call's arithmetic (a 5,000 × 64
+# graph on a 2-core CPU: tens of milliseconds of them). A call the planner marks
+# :attr:`~knng.engine.plan.EnginePlan.direct` runs here instead, a chunk of rows at a time:
+#
+# 1. the scores ``s = ‖c‖² − 2 q·c`` of every row against every corpus vector, in one product
+#    (float32 for float32, float16 and bfloat16 inputs, float64 otherwise), a graph's own pair
+#    set to +inf where its own point is not counted;
+# 2. each row's ``w = k + m`` smallest scores (:data:`DIRECT_MARGIN`);
+# 3. a certificate: every score is within ``E`` of its exact value (the product's rounding,
+#    below), so where the ``w``-th score exceeds the k-th by more than ``2E``, every vector left
+#    out is farther than k of the candidates, and the row's exact k nearest are among them;
+# 4. the candidates' exact distances (:func:`~knng.engine.exact.exact_pairs_of`, the engine's own
+#    evaluation) and the k first by (distance, index), the engine's order.
+#
+# Rows whose certificate fails (more than ``m`` near-ties at the k-th score: duplicates, integer
+# ties) are returned for the rest of the plan to answer. Non-finite inputs are left to the
+# pipeline too, which names the first bad row.
+#
+# The rounding bound. With ``u`` the unit roundoff of the product's type and ``γ_d = d·u / (1 −
+# d·u)``, a product's dot product is within ``γ_d ‖q‖ ‖c‖`` of the exact one in any order of
+# summation (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1); ``‖c‖²`` comes
+# from its norm in the product's type, squared (within ``(γ_d + 4u) ‖c‖²``: the sum of squares,
+# the root, the square), and the sum is rounded once more, so
+# ``|fl(s) − s| ≤ (γ_d + 5u) ‖c‖² + 2(γ_d + u) ‖q‖ ‖c‖`` up to terms of
+# order u², which :data:`DIRECT_SLACK` covers (:func:`direct_rounding_bound`). The bound of a row
+# takes the corpus's largest ``‖c‖``. The product runs in IEEE arithmetic (``full_precision``: no
+# TF32).
+
+#: Candidates a row keeps beyond its k: ``m = DIRECT_MARGIN + k // 8``. A row fails its certificate only
+#: where more than m scores lie within 2E above its k-th.
+DIRECT_MARGIN = 8
+#: Factor on the first-order rounding bound, for its terms of order u².
+DIRECT_SLACK = 1.25
+#: Scores one chunk of rows holds at most, by device type, besides the plan's work bytes. On a
+#: CPU a chunk's scores stay in the cache for the selection: a 5,000 × 64 graph's product and
+#: selection took 50 ms in chunks of 256–512 rows against 90 ms whole, a search of 100 queries
+#: in 100,000 × 64 24 ms in chunks of 50 rows against 32 ms (2-core CPU, 2026-11-30, torch 2.13).
+DIRECT_CHUNK_SCORES = {"cpu": 1 << 21}
+#: Elsewhere (a GPU): one launch of each step for up to this many scores.
+DIRECT_CHUNK_SCORES_DEVICE = 1 << 25
+
+_SMALL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def direct_rounding_bound(c_max: float, q_norms: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
+    """Each row's bound E on ``|fl(s) − s|`` for the direct path's scores (the section's comment):
+    ``c_max`` the corpus's largest norm, ``q_norms`` the rows' (float64), ``dtype`` the
+    product's. ``‖c‖²`` is its norm in ``dtype``, squared: within ``(γ_d + 4u) ‖c‖²``."""
+    unit = torch.finfo(dtype).eps / 2
+    gamma = d * unit / (1 - d * unit)
+    return DIRECT_SLACK * ((gamma + 5 * unit) * c_max ** 2 + 2 * (gamma + unit) * c_max * q_norms)
+
+
+def _on(x: InputArray, device: torch.device) -> InputArray:
+    """``x`` as a tensor on ``device`` (itself where it is one there already)."""
+    if x.tensor is not None and x.tensor.device == device:
+        return x
+    return InputArray(x.name, "torch", (x.n, x.d), x.dtype, device, tensor=x.rows(0, x.n).to(device))
+
+
+class DirectRows:
+    """What :func:`direct_neighbours` found: every row's k nearest (−1 / +inf where a row failed
+    its certificate), the rows that failed, the exact evaluations made, and the candidates a
+    row kept (``width``: every row's screened pairs and exact evaluations)."""
+
+    def __init__(self, indices: torch.Tensor, distances: torch.Tensor, failed: torch.Tensor, stats: ExactStats,
+                 width: int):
+        self.indices, self.distances, self.failed, self.stats, self.width = indices, distances, failed, stats, width
+
+    def per_row(self) -> dict[str, float]:
+        """The report's per-row summary (median, p99, max): ``width`` for every row (a row that
+        failed its certificate counts its direct pass only)."""
+        return summarize_per_row([torch.full((self.indices.shape[0],), self.width, dtype=torch.int64)])
+
+
+def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device,
+                      work_bytes: int, exclude_self: bool = False) -> DirectRows | None:
+    """Each query's exact k nearest corpus vectors by the direct path (module docstring).
+
+    ``exclude_self``: a graph (``queries`` is ``corpus``) without each point's own pair. Returns
+    None where an input is not finite (the pipeline reports it). ``work_bytes`` bounds a chunk's
+    scores (and :data:`DIRECT_CHUNK_SCORES`).
+    """
+    stages.count("direct")
+    nq, n = queries.n, corpus.n
+    available = n - 1 if exclude_self else n
+    dtype = torch.float32 if queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS else torch.float64
+    # The inputs as tensors on the device (views where they already are): the exact finish
+    # gathers its candidates' rows from them.
+    corpus = _on(corpus, device)
+    queries = corpus if exclude_self else _on(queries, device)
+    c = corpus.tensor.to(dtype)
+    q = c if exclude_self else queries.tensor.to(dtype)
+    c_norms = torch.linalg.vector_norm(c, dim=1)  # in the product's type (float64's took 11 ms of 100k × 64)
+    q_norms = c_norms if exclude_self else torch.linalg.vector_norm(q, dim=1)
+    if not bool(torch.isfinite(c_norms).all() & torch.isfinite(q_norms).all()):
+        return None
+    squares = (c_norms ** 2)[None, :]
+    bound = direct_rounding_bound(float(c_norms.max()) if n else 0.0, q_norms.double(), corpus.d, dtype)
+    w = min(available, k + DIRECT_MARGIN + k // 8)
+    out_idx = torch.full((nq, k), -1, dtype=torch.int64, device=device)
+    out_dist = torch.full((nq, k), torch.inf, dtype=torch.float64, device=device)
+    failed: list[torch.Tensor] = []
+    stats = ExactStats()
+    most = DIRECT_CHUNK_SCORES.get(device.type, DIRECT_CHUNK_SCORES_DEVICE)
+    chunk = max(1, min(nq, most // max(1, n), work_bytes // max(1, 3 * n * c.element_size())))
+    for r0 in range(0, nq, chunk):
+        r1 = min(nq, r0 + chunk)
+        scores = torch.addmm(squares, q[r0:r1], c.T, beta=1, alpha=-2)
+        if exclude_self:
+            scores.diagonal(offset=r0).fill_(torch.inf)
+        values, cand = torch.topk(scores, w, dim=1, largest=False, sorted=True)
+        del scores
+        rows = torch.arange(r0, r1, device=device)
+        if w < available:
+            sure = (values[:, w - 1].double() - values[:, k - 1].double()) > 2 * bound[r0:r1]
+        else:
+            sure = torch.ones(r1 - r0, dtype=torch.bool, device=device)
+        exact = exact_pairs_of(metric, queries, rows, corpus, cand, device)
+        stats.exact_evaluations += exact.numel()
+        idx, dist = sort_by_distance_then_index(exact, cand, k)
+        out_idx[r0:r1] = torch.where(sure[:, None], idx, -1)
+        out_dist[r0:r1] = torch.where(sure[:, None], dist, torch.inf)
+        failed.append(rows[~sure])
+    bad = torch.cat(failed) if failed else torch.empty(0, dtype=torch.int64, device=device)
+    stats.rows = nq - int(bad.numel())
+    if bad.numel():
+        stages.count("direct.uncertified")
+    return DirectRows(out_idx, out_dist, bad, stats, w)

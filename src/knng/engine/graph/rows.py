@@ -3,6 +3,8 @@
 Where the symmetric blocks cost more than they save (a GPU, k ≥ ``Options.graph_rows_min_k``,
 data without principal slabs, or small data whose search takes its tiles first), each point's
 k nearest other points come from a search of the data for k + 1 neighbours.
+
+A small graph (``plan.direct``) goes by rows too, on the direct path (:func:`direct_graph`).
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ import torch
 
 from knng._inputs import InputArray, rows_subset
 from knng.engine.checkpoint import Checkpoint
-from knng.engine.common import Progress
+from knng.engine.common import Progress, full_precision, on_device
 from knng.engine.plan import EnginePlan, graph_search_k, share_rows
-from knng.engine.search import exact_search
+from knng.engine.search import direct_neighbours, exact_search
 from knng.engine.graph.report import GraphReport
 from knng.metrics import Metric
 
-__all__ = ["graph_by_rows", "without_self"]
+__all__ = ["direct_graph", "graph_by_rows", "without_self"]
 
 
 def graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
@@ -55,11 +57,46 @@ def graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device
                                   checkpoints=report.checkpoints, replans=report.replans)
 
 
-def without_self(idx: torch.Tensor, dist: torch.Tensor, k: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def direct_graph(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
+                 include_self: bool, progress: "bool | Progress"
+                 ) -> tuple[torch.Tensor, torch.Tensor, GraphReport] | None:
+    """A small graph by the direct path (:func:`knng.engine.search.direct_neighbours`: each row against every point,
+    its own pair left out unless ``include_self``); the rows it cannot certify are searched by
+    ``plan.search`` for k + 1 neighbours and the point dropped, as :func:`graph_by_rows` does.
+    None where the data are not finite (the pipeline names the row)."""
+    with on_device(device), full_precision():
+        found = direct_neighbours(data, data, k, metric, device, plan.work_bytes, exclude_self=not include_self)
+    if found is None:
+        return None
+    idx, dist, exact, store, replans, retries = found.indices, found.distances, found.stats, None, [], 0
+    if found.failed.numel():
+        points = found.failed
+        assert plan.search is not None, "a direct graph is planned with the search of its uncertified rows"
+        k_search = graph_search_k(k, include_self)
+        taken = InputArray(data.name, "torch", (points.numel(), data.d), data.dtype, device,
+                           tensor=data.take(points).to(device))
+        rows_idx, rows_dist, report = exact_search(taken, data, k_search, metric, device, select, plan.budget,
+                                                   progress=progress, plan=plan.search)
+        if not include_self:
+            rows_idx, rows_dist = without_self(rows_idx, rows_dist, k, points=points)
+        idx[points], dist[points] = rows_idx.to(device), rows_dist.to(device)
+        exact.add(report.exact)
+        store, replans, retries = report.store, report.replans, report.oom_retries
+    extra = {} if store is None else {"store": store}
+    per_row = found.per_row()
+    return idx, dist, GraphReport(plan=plan, oom_retries=retries, exact=exact, replans=replans,
+                                  evaluations_per_row=per_row, screened_per_row=per_row,
+                                  pairs_screened=2 * data.n * data.n, **extra)
+
+
+def without_self(idx: torch.Tensor, dist: torch.Tensor, k: int, first: int = 0,
+                 points: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's first k entries other than the row's own index (rows of k + 1 entries; row i
-    is point ``first + i``)."""
+    is point ``first + i``, or ``points[i]``)."""
     n = idx.shape[0]
-    own = idx == torch.arange(first, first + n, device=idx.device)[:, None]
+    if points is None:
+        points = torch.arange(first, first + n, device=idx.device)
+    own = idx == points.to(idx.device)[:, None]
     keep = ~own
     keep[:, -1] &= own.any(dim=1)  # a row without itself drops its last entry
     return idx[keep].view(n, k), dist[keep].view(n, k)

@@ -27,7 +27,7 @@ from knng.engine.common import (
 )
 from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, slab_gain_of
 from knng.engine.graph.report import GraphReport
-from knng.engine.graph.rows import graph_by_rows
+from knng.engine.graph.rows import direct_graph, graph_by_rows
 from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, PRINCIPAL_FRAMES, EnginePlan, make_graph_plan,
     pending_pairs,
@@ -101,6 +101,11 @@ def exact_graph(
         plan = make_graph_plan(n=n, d=d, k=k, metric=metric.name, device=device, budget=budget,
                                include_self=include_self, screen_dtype=screen_dtype, part_size=part_size,
                                slab_gain=slab_gain_of(data, device))
+    if plan.direct:
+        found = direct_graph(data, k, metric, device, select, plan, include_self, progress)
+        if found is not None:
+            return found
+        plan = replace(plan, direct=False)  # data that are not finite: the pipeline names the row
     if plan.graph_method == GRAPH_ROWS:
         return graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
                               keep_checkpoint)

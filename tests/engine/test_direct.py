@@ -1,0 +1,183 @@
+"""The direct path of small calls (``knng.engine.search.direct_neighbours``): one product, each row's k + m best,
+a certificate, the exact finish; rows the certificate cannot vouch for go through the plan's
+pipeline.
+
+Every answer is checked against the float64 oracle by differences, and against the block
+pipeline's answer (``Options.direct_max_scores = 0``) bit for bit: the direct path must change
+nothing but the time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+from knng.engine import search as engine_search
+from knng.engine.plan import direct_applies, make_graph_plan, make_search_plan
+from oracle import assert_exact, oracle_graph, oracle_search
+
+pytestmark = pytest.mark.direct
+
+PIPELINE = {"direct_max_scores": 0}
+
+
+def _cases(rng: np.random.Generator, name: str, n: int, d: int) -> np.ndarray:
+    x = rng.standard_normal((n, d))
+    if name == "ties":  # integer points: many equal distances, more than the margin at the k-th
+        x = np.round(2 * x)
+    elif name == "duplicates":  # groups of identical rows, one larger than k + m
+        x[n // 2: n // 2 + 40] = x[3]
+        x[1::7] = x[0::7][: len(x[1::7])]
+    elif name == "offset":  # far from the origin: the float32 expansion's rounding is large
+        x = x + 1e4
+    elif name == "flat":  # image patches with flat regions on the grey lattice
+        x = np.clip(np.round(x * 20 + 128), 0, 255)
+        x[: n // 3] = 128
+        x /= 255.0
+    return x.astype(np.float32)
+
+
+def _both(call):
+    """``call()`` on the direct path and through the pipeline, and the direct run's report."""
+    got = call()
+    report = got.report
+    with knng.options(**PIPELINE):
+        ref = call()
+    assert not ref.report.plan.direct
+    return got, ref, report
+
+
+@pytest.mark.parametrize("name", ["gauss", "ties", "duplicates", "offset", "flat"])
+@pytest.mark.parametrize("k, include_self", [(1, False), (7, False), (7, True), (30, False)])
+def test_graph_is_exact_and_the_pipelines(rng, seed, name, k, include_self):
+    x = _cases(rng, name, 601, 9)
+    got, ref, report = _both(lambda: knng.graph(x, k, include_self=include_self, device="cpu"))
+    assert report.plan.direct and report.stages.get("direct") == 1, report.stages
+    assert_exact(got, oracle_graph(x, k, include_self=include_self), context=f"{name} seed={seed}")
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+
+
+@pytest.mark.parametrize("name", ["gauss", "ties", "duplicates", "offset", "flat"])
+@pytest.mark.parametrize("k", [1, 10, 64])
+def test_search_is_exact_and_the_pipelines(rng, seed, name, k):
+    c = _cases(rng, name, 1003, 12)
+    q = np.concatenate([_cases(rng, name, 37, 12), c[:5]])  # some queries are corpus points
+    got, ref, report = _both(lambda: knng.search(q, c, k, device="cpu"))
+    assert report.plan.direct and report.stages.get("direct") == 1, report.stages
+    assert_exact(got, oracle_search(q, c, k), context=f"{name} seed={seed}")
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+
+
+def test_ties_past_the_margin_go_through_the_pipeline(rng):
+    """Integer points whose k-th distance is shared by more than m others cannot be certified:
+    those rows, and only those, are answered by the plan's pipeline."""
+    x = _cases(rng, "ties", 500, 3)
+    got, ref, report = _both(lambda: knng.graph(x, 5, device="cpu"))
+    assert report.stages.get("direct.uncertified") == 1, report.stages
+    assert 0 < report.exact.rows <= 500
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    assert_exact(got, oracle_graph(x, 5))
+
+
+def test_every_candidate_kept_needs_no_certificate(rng):
+    """k = n − 1 (a graph) and k = n (a search): every vector is a candidate."""
+    x = _cases(rng, "ties", 40, 2)
+    g = knng.graph(x, 39, device="cpu")
+    assert g.report.plan.direct and "direct.uncertified" not in g.report.stages
+    assert_exact(g, oracle_graph(x, 39))
+    s = knng.search(x[:3], x, 40, device="cpu")
+    assert_exact(s, oracle_search(x[:3], x, 40))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.uint8, np.int8])
+def test_input_types(rng, dtype):
+    """float64 and integer inputs are multiplied in float64, float16 in float32 (exactly)."""
+    x = rng.standard_normal((300, 6)) * (1 if np.dtype(dtype).kind == "f" else 40)
+    x = (np.abs(x) if dtype == np.uint8 else x).astype(dtype)
+    got, ref, report = _both(lambda: knng.graph(x, 8, device="cpu"))
+    assert report.plan.direct
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+    assert_exact(got, oracle_graph(x.astype(np.float64), 8))
+
+
+def test_sqeuclidean(rng):
+    c = _cases(rng, "gauss", 800, 5)
+    got, ref, report = _both(lambda: knng.search(c[:50] + 0.01, c, 6, metric="sqeuclidean", device="cpu"))
+    assert report.plan.direct
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    assert_exact(got, oracle_search(c[:50] + 0.01, c, 6, metric="sqeuclidean"))
+
+
+@pytest.mark.parametrize("where", ["corpus", "queries"])
+def test_not_finite_input_is_named(rng, where):
+    c = _cases(rng, "gauss", 200, 4)
+    q = c[:10].copy()
+    (c if where == "corpus" else q)[7, 2] = np.nan
+    with pytest.raises(ValueError, match=where):
+        knng.search(q, c, 3, device="cpu")
+
+
+def test_the_certificate_bounds_the_rounding(rng):
+    """Scores of the float32 expansion, computed as the direct path computes them, against their
+    float64 values: every error is within the bound the certificate uses (points far from the
+    origin, where the bound is large, and near it)."""
+    for offset in (1e4, 0.0):
+        c = torch.from_numpy((rng.standard_normal((500, 16)) + offset).astype(np.float32))
+        q = c[:60] + torch.from_numpy(rng.standard_normal((60, 16)).astype(np.float32)) * 1e-3
+        c_norms = torch.linalg.vector_norm(c, dim=1)
+        scores = torch.addmm((c_norms ** 2)[None, :], q, c.T, beta=1, alpha=-2).double()
+        exact = (c.double() ** 2).sum(1)[None, :] - 2 * q.double() @ c.double().T
+        bound = engine_search.direct_rounding_bound(float(c_norms.max()), torch.linalg.vector_norm(q.double(), dim=1),
+                                                    16, torch.float32)
+        assert ((scores - exact).abs() <= bound[:, None]).all(), offset
+        assert ((scores - exact).abs().amax(dim=1) > bound / 100).any(), offset  # the bound is not loose by 100×
+
+
+def test_the_planner_takes_the_direct_path_only_where_it_applies():
+    cpu = torch.device("cpu")
+    common = dict(d=16, k=10, device=cpu, budget=1 << 30)
+    assert make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", **common).direct
+    assert make_graph_plan(n=5000, metric="euclidean", include_self=False, **common).direct
+    assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="cosine", **common).direct
+    assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", screen_dtype="float64",
+                                **common).direct
+    assert not make_graph_plan(n=5000, metric="euclidean", include_self=False, part_size=1000, **common).direct
+    assert not make_graph_plan(n=5000, metric="euclidean", include_self=False, share=(0, 2), **common).direct
+    assert not make_graph_plan(n=5000, metric="euclidean", include_self=False, recorded=True, **common).direct
+    assert not make_graph_plan(n=10_000, metric="euclidean", include_self=False, **common).direct  # 10⁸ scores
+    with knng.options(direct_max_scores=0):
+        assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", **common).direct
+    assert not direct_applies(n_queries=10, n_corpus=10_000, d=1000, metric="euclidean", device=cpu, budget=1 << 20)
+    # The whole corpus is read into memory: a host budget that cannot hold it keeps the pipeline.
+    assert not direct_applies(n_queries=10, n_corpus=6000, d=1000, metric="euclidean", device=cpu, budget=1 << 30,
+                              host_budget=4 << 20)
+    assert not make_search_plan(n_queries=10, n_corpus=6000, metric="euclidean", host_budget=4 << 20,
+                                **{**common, "d": 1000}).direct
+    gpu = torch.device("cuda", 0)  # planned for, not used: a GPU keeps the pipeline unless asked
+    assert not direct_applies(n_queries=100, n_corpus=10_000, d=16, metric="euclidean", device=gpu, budget=1 << 30)
+    with knng.options(direct_on={"cpu", "cuda"}):
+        assert direct_applies(n_queries=100, n_corpus=10_000, d=16, metric="euclidean", device=gpu, budget=1 << 30)
+
+
+def test_a_checkpointed_call_runs_the_pipeline(rng, tmp_path):
+    """A caller who asks for checkpoints gets the steps saved (the command line always asks)."""
+    x = _cases(rng, "gauss", 400, 5)
+    g = knng.graph(x, 5, device="cpu", checkpoint=tmp_path / "ckpt")
+    assert not g.report.plan.direct and "direct" not in g.report.stages
+    assert_exact(g, oracle_graph(x, 5))
+
+
+@pytest.mark.parametrize("include_self", [False, True])
+def test_rows_in_chunks(rng, include_self):
+    """A budget of 1 MB leaves the scores 64 KB a chunk: the rows go about nine at a time."""
+    x = _cases(rng, "duplicates", 601, 9)
+    got, ref, report = _both(lambda: knng.graph(x, 6, include_self=include_self, device="cpu", memory_budget="1MB"))
+    assert report.plan.direct and report.plan.work_bytes // (3 * 601 * 4) < 601
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+    assert_exact(got, oracle_graph(x, 6, include_self=include_self))
