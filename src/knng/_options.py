@@ -121,12 +121,14 @@ class Options:
     holds the measurements); tests shrink them to reach a path on small data, benchmarks vary
     them to measure the choice again. Every value gives the same answer.
 
-    direct_max_scores : int, default 2²⁵
+    direct_max_scores : int, default 2²²
         Calls of at most this many scores (queries × corpus rows; a graph: n²) run the direct
         path (``knng.engine.search.direct_neighbours``: one product, each row's k + m best, a
         certificate, the exact finish) instead of the block pipeline, whose planning,
-        preparation and per-block steps cost more than such a call's arithmetic. 0: never (the
-        engine's tests).
+        preparation and per-block steps cost more than such a call's arithmetic. On a 2-core
+        CPU it won on five kinds of data up to graphs of 2,000 points and searches of 100
+        queries in 20,000, and lost on some at 3,000 points and 50,000 (``docs/BENCHMARKS.md``,
+        "Small calls"). 0: never (the engine's tests).
     direct_on : frozenset of str, default {"cpu"}
         Device types where small calls take the direct path: measured on a CPU only so far (a
         GPU's small calls keep the pipeline's kernels until the direct path is timed there).
@@ -240,7 +242,7 @@ class Options:
     sort_interpreted: bool = False
     kernels: Mapping[str, bool] = field(default_factory=dict)
     # graph parts and blocks
-    direct_max_scores: int = 1 << 25
+    direct_max_scores: int = 1 << 22
     direct_on: frozenset[str] = field(default_factory=lambda: frozenset({"cpu"}))
     cpu_max_part: int = 2048
     gpu_max_part: int = 16384

@@ -123,33 +123,36 @@ def test_not_finite_input_is_named(rng, where):
 
 
 def test_the_certificate_bounds_the_rounding(rng):
-    """Scores of the float32 expansion, computed as the direct path computes them, against their
-    float64 values: every error is within the bound the certificate uses (points far from the
-    origin, where the bound is large, and near it)."""
+    """Scores computed as the direct path computes them (rows centred on the corpus's mean in
+    float32, then the float32 expansion), plus the row's own squared norm, against the float64
+    squared distances of the original rows: every error is within the certificate's bound, on
+    points far from the origin and near it."""
     for offset in (1e4, 0.0):
         c = torch.from_numpy((rng.standard_normal((500, 16)) + offset).astype(np.float32))
         q = c[:60] + torch.from_numpy(rng.standard_normal((60, 16)).astype(np.float32)) * 1e-3
-        c_norms = torch.linalg.vector_norm(c, dim=1)
-        scores = torch.addmm((c_norms ** 2)[None, :], q, c.T, beta=1, alpha=-2).double()
-        exact = (c.double() ** 2).sum(1)[None, :] - 2 * q.double() @ c.double().T
-        bound = engine_search.direct_rounding_bound(float(c_norms.max()), torch.linalg.vector_norm(q.double(), dim=1),
-                                                    16, torch.float32)
-        assert ((scores - exact).abs() <= bound[:, None]).all(), offset
-        assert ((scores - exact).abs().amax(dim=1) > bound / 100).any(), offset  # the bound is not loose by 100×
+        mean = c.mean(dim=0, dtype=torch.float64).float()
+        cc, qc = c - mean, q - mean
+        c_norms, q_norms = torch.linalg.vector_norm(cc, dim=1), torch.linalg.vector_norm(qc, dim=1)
+        scores = torch.addmm((c_norms ** 2)[None, :], qc, cc.T, beta=1, alpha=-2).double()
+        got = scores + (qc.double() ** 2).sum(1)[:, None]
+        exact = ((q.double()[:, None, :] - c.double()[None, :, :]) ** 2).sum(-1)  # by differences
+        bound = engine_search.direct_rounding_bound(float(c_norms.max()), q_norms.double(), 16, torch.float32)
+        assert ((got - exact).abs() <= bound[:, None]).all(), offset
+        assert ((got - exact).abs().amax(dim=1) > bound / 1000).any(), offset  # not loose by 1000×
 
 
 def test_the_planner_takes_the_direct_path_only_where_it_applies():
     cpu = torch.device("cpu")
     common = dict(d=16, k=10, device=cpu, budget=1 << 30)
     assert make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", **common).direct
-    assert make_graph_plan(n=5000, metric="euclidean", include_self=False, **common).direct
+    assert make_graph_plan(n=2000, metric="euclidean", include_self=False, **common).direct
     assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="cosine", **common).direct
     assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", screen_dtype="float64",
                                 **common).direct
-    assert not make_graph_plan(n=5000, metric="euclidean", include_self=False, part_size=1000, **common).direct
-    assert not make_graph_plan(n=5000, metric="euclidean", include_self=False, share=(0, 2), **common).direct
-    assert not make_graph_plan(n=5000, metric="euclidean", include_self=False, recorded=True, **common).direct
-    assert not make_graph_plan(n=10_000, metric="euclidean", include_self=False, **common).direct  # 10⁸ scores
+    assert not make_graph_plan(n=2000, metric="euclidean", include_self=False, part_size=1000, **common).direct
+    assert not make_graph_plan(n=2000, metric="euclidean", include_self=False, share=(0, 2), **common).direct
+    assert not make_graph_plan(n=2000, metric="euclidean", include_self=False, recorded=True, **common).direct
+    assert not make_graph_plan(n=3000, metric="euclidean", include_self=False, **common).direct  # 9M scores > 2²²
     with knng.options(direct_max_scores=0):
         assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", **common).direct
     assert not direct_applies(n_queries=10, n_corpus=10_000, d=1000, metric="euclidean", device=cpu, budget=1 << 20)
