@@ -130,7 +130,7 @@ def test_the_certificate_bounds_the_rounding(rng):
     for offset in (1e4, 0.0):
         c = torch.from_numpy((rng.standard_normal((500, 16)) + offset).astype(np.float32))
         q = c[:60] + torch.from_numpy(rng.standard_normal((60, 16)).astype(np.float32)) * 1e-3
-        mean = c.mean(dim=0, dtype=torch.float64).float()
+        mean = c.mean(dim=0)
         cc, qc = c - mean, q - mean
         c_norms, q_norms = torch.linalg.vector_norm(cc, dim=1), torch.linalg.vector_norm(qc, dim=1)
         scores = torch.addmm((c_norms ** 2)[None, :], qc, cc.T, beta=1, alpha=-2).double()

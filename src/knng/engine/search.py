@@ -504,8 +504,12 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     queries = corpus if exclude_self else _on(queries, device)
     # Centred on the corpus's mean: the rounding bound grows with the norms, and data far from
     # the origin (3-d points 2 km away) would otherwise certify no row.
-    mean = corpus.tensor.mean(dim=0, dtype=torch.float64).to(dtype)
-    c = corpus.tensor.to(dtype) - mean
+    # Any centre serves the bound, which takes the centred norms: the mean in the product's type
+    # (float64's took 1 ms of a 13 ms search of 200 queries in 10,000 × 128). A mean that
+    # overflows leaves the norms non-finite, and the pipeline takes the call.
+    c = corpus.tensor.to(dtype)
+    mean = c.mean(dim=0)
+    c = c - mean
     q = c if exclude_self else queries.tensor.to(dtype) - mean
     c_norms = torch.linalg.vector_norm(c, dim=1)  # in the product's type (float64's took 11 ms of 100k × 64)
     q_norms = c_norms if exclude_self else torch.linalg.vector_norm(q, dim=1)
