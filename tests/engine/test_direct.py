@@ -122,6 +122,20 @@ def test_not_finite_input_is_named(rng, where):
         knng.search(q, c, 3, device="cpu")
 
 
+def test_scores_that_could_overflow_go_through_the_pipeline(rng):
+    """float32 rows of norm 10²⁰ are finite, their squares are not: the direct path declines and
+    the pipeline gives its verdict (an error that says what to do), as it would without it."""
+    x = (rng.standard_normal((300, 4)) * 1e20).astype(np.float32)
+    with pytest.raises(ValueError, match="rescale the data"):
+        knng.graph(x, 3, device="cpu")
+    with pytest.raises(ValueError, match="rescale the data"):
+        knng.search(x[:5], x, 3, device="cpu")
+    # Every point a candidate (k = n − 1): no certificate is asked, so the overflow must be
+    # caught before the product.
+    with pytest.raises(ValueError, match="rescale the data"):
+        knng.graph(x[:12], 11, device="cpu")
+
+
 def test_the_certificate_bounds_the_rounding(rng):
     """Scores computed as the direct path computes them (rows centred on the corpus's mean in
     float32, then the float32 expansion), plus the row's own squared norm, against the float64

@@ -503,20 +503,21 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     corpus = _on(corpus, device)
     queries = corpus if exclude_self else _on(queries, device)
     # Centred on the corpus's mean: the rounding bound grows with the norms, and data far from
-    # the origin (3-d points 2 km away) would otherwise certify no row.
-    # Any centre serves the bound, which takes the centred norms: the mean in the product's type
-    # (float64's took 1 ms of a 13 ms search of 200 queries in 10,000 × 128). A mean that
-    # overflows leaves the norms non-finite, and the pipeline takes the call.
+    # the origin (3-d points 2 km away) would otherwise certify no row. Any centre serves the
+    # bound, which takes the centred norms, so the mean is taken in the product's type
+    # (float64's took 1 ms of a 13 ms search of 200 queries in 10,000 × 128).
     c = corpus.tensor.to(dtype)
     mean = c.mean(dim=0)
     c = c - mean
     q = c if exclude_self else queries.tensor.to(dtype) - mean
     c_norms = torch.linalg.vector_norm(c, dim=1)  # in the product's type (float64's took 11 ms of 100k × 64)
     q_norms = c_norms if exclude_self else torch.linalg.vector_norm(q, dim=1)
-    if not bool(torch.isfinite(c_norms).all() & torch.isfinite(q_norms).all()):
+    # Non-finite inputs (or a mean that overflows), and scores that could overflow, go to the
+    # pipeline: every score is at most (‖q‖ + ‖c‖)² in magnitude.
+    if n == 0 or not bool(torch.isfinite((c_norms.max() + q_norms.max()) ** 2)):
         return None
     squares = (c_norms ** 2)[None, :]
-    bound = direct_rounding_bound(float(c_norms.max()) if n else 0.0, q_norms.double(), corpus.d, dtype)
+    bound = direct_rounding_bound(float(c_norms.max()), q_norms.double(), corpus.d, dtype)
     w = min(available, k + DIRECT_MARGIN + k // 8)
     out_idx = torch.full((nq, k), -1, dtype=torch.int64, device=device)
     out_dist = torch.full((nq, k), torch.inf, dtype=torch.float64, device=device)
