@@ -503,38 +503,25 @@ def photon_counts(n: int, seed: int = 0, side: int = 126, atoms: int = 24, photo
     w, x, y, z = quats.T
     rot = np.stack([np.stack([1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)], -1),
                     np.stack([2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)], -1)], 1)  # (n, 2, 3)
-    if device is not None and torch.device(device).type == "cuda":
-        return _photon_counts_on(torch.device(device), seed, q, form * scale, pos, rot)
-    out = np.empty((n, side * side), dtype=np.float32)
-    qt = torch.from_numpy(q).float()
-    form_t = torch.from_numpy(form * scale).float()
-    one = torch.ones((), dtype=torch.float32)
-    for r0 in range(0, n, 512):
-        r1 = min(n, r0 + 512)
-        p = torch.from_numpy(np.einsum("bij,aj->bia", rot[r0:r1], pos)).float()  # (b, 2, atoms): atoms' x, y
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    where = torch.device(device) if on_gpu else torch.device("cpu")
+    gen = torch.Generator(device=where).manual_seed(seed) if on_gpu else None
+    out = torch.empty((n, side * side), dtype=torch.float32, device=where) if on_gpu else \
+        np.empty((n, side * side), dtype=np.float32)
+    qt = torch.from_numpy(q).float().to(where)
+    form_t = torch.from_numpy(form * scale).float().to(where)
+    one = torch.ones((), dtype=torch.float32, device=where)
+    step = 4096 if on_gpu else 512
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        p = torch.from_numpy(np.einsum("bij,aj->bia", rot[r0:r1], pos)).float().to(where)  # (b, 2, atoms): x, y
         ex = torch.polar(one, qt[None, :, None] * p[:, 0, None, :])  # (b, side, atoms)
         ey = torch.polar(one, qt[None, :, None] * p[:, 1, None, :])
-        intensity = (torch.bmm(ex, ey.transpose(1, 2)).abs() ** 2 * form_t).numpy()
-        out[r0:r1] = rng.poisson(intensity).reshape(r1 - r0, -1)
-    return out
-
-
-def _photon_counts_on(device: torch.device, seed: int, q: np.ndarray, form: np.ndarray, pos: np.ndarray,
-                      rot: np.ndarray) -> torch.Tensor:
-    """:func:`photon_counts`' images made on a GPU (its arguments, prepared)."""
-    n, side = rot.shape[0], q.shape[0]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    out = torch.empty((n, side * side), dtype=torch.float32, device=device)
-    qt = torch.from_numpy(q).float().to(device)
-    form_t = torch.from_numpy(form).float().to(device)
-    one = torch.ones((), dtype=torch.float32, device=device)
-    for r0 in range(0, n, 4096):
-        r1 = min(n, r0 + 4096)
-        p = torch.from_numpy(np.einsum("bij,aj->bia", rot[r0:r1], pos)).float().to(device)
-        ex = torch.polar(one, qt[None, :, None] * p[:, 0, None, :])
-        ey = torch.polar(one, qt[None, :, None] * p[:, 1, None, :])
         intensity = torch.bmm(ex, ey.transpose(1, 2)).abs() ** 2 * form_t
-        out[r0:r1] = torch.poisson(intensity, generator=gen).reshape(r1 - r0, -1)
+        if on_gpu:
+            out[r0:r1] = torch.poisson(intensity, generator=gen).reshape(r1 - r0, -1)
+        else:
+            out[r0:r1] = rng.poisson(intensity.numpy()).reshape(r1 - r0, -1)
     return out
 
 

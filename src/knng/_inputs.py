@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 __all__ = ["InputArray", "as_input", "as_output", "SUPPORTED_DTYPES", "check_finite", "first_nonfinite_row",
-           "READ_AHEAD", "READ_THREADS", "READ_CHUNK_BYTES", "RangesSource", "rows_subset"]
+           "READ_AHEAD", "READ_THREADS", "READ_CHUNK_BYTES", "RangesSource", "rows_subset", "rows_on"]
 
 #: Blocks of a lazy input read ahead by a background thread while the engine works on the
 #: current one (two: one being read, one waiting, as in the papers' double buffering).
@@ -426,6 +426,18 @@ class RangesSource:
 
 def _numpy_dtype(source: Any) -> np.dtype:
     return np.dtype(source.dtype)
+
+
+def rows_on(base: InputArray, device: torch.device, index: torch.Tensor | None = None) -> InputArray:
+    """``base``'s rows (all, or those at ``index``, in its order) as a tensor input on ``device``:
+    ``base`` itself where it is already a whole tensor there."""
+    if index is None:
+        if base.tensor is not None and base.tensor.device == device:
+            return base
+        tensor = base.rows(0, base.n).to(device)
+    else:
+        tensor = base.take(index).to(device)
+    return InputArray(base.name, "torch", (tensor.shape[0], base.d), base.dtype, device, tensor=tensor)
 
 
 def rows_subset(base: InputArray, ranges: list[tuple[int, int]], name: str | None = None) -> InputArray:

@@ -336,7 +336,7 @@ class EnginePlan:
         A small call runs the direct path (:func:`knng.engine.search.direct_neighbours`, :func:`direct_applies`):
         every score in one product, each row's best few, a certificate, the exact finish. Rows
         whose certificate fails (near-ties past the few) run the rest of this plan: a search's
-        rows, or the whole graph.
+        rows its pipeline, a graph's rows a search by ``search``.
     """
 
     operation: str
@@ -632,8 +632,9 @@ def _store_bytes(rows: int, capacity: int) -> int:
 #: Metrics the direct path serves: their score is the expansion ‖c‖² − 2 q·c, whose rounding
 #: its certificate bounds.
 DIRECT_METRICS = frozenset({"euclidean", "sqeuclidean"})
-#: Bytes of the budget the direct path's input copies (the corpus in float64 for its norms) may
-#: take, as a share: the rest is for the score chunks (:attr:`EnginePlan.work_bytes`).
+#: Bytes of the budget the direct path's copies of the corpus (read whole, then centred: at most
+#: 8 B a value each) may take, as a share: the rest is for the score chunks
+#: (:attr:`EnginePlan.work_bytes`).
 DIRECT_INPUT_SHARE = 4
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from knng._inputs import READ_AHEAD, InputArray, check_finite
+from knng._inputs import READ_AHEAD, InputArray, check_finite, rows_on
 from knng.engine import stages
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import (
@@ -188,9 +188,7 @@ def _direct_search(queries: InputArray, corpus: InputArray, k: int, metric: Metr
     report = SearchReport(plan, 0, found.stats, evaluations_per_row=per_row, screened_per_row=per_row)
     if found.failed.numel():
         rows = found.failed
-        taken = InputArray(queries.name, "torch", (rows.numel(), queries.d), queries.dtype, device,
-                           tensor=queries.take(rows).to(device))
-        idx, dist, rest = exact_search(taken, corpus, k, metric, device, select, plan.budget, progress,
+        idx, dist, rest = exact_search(rows_on(queries, device, rows), corpus, k, metric, device, select, plan.budget, progress,
                                        plan=replace(plan, direct=False, n_queries=rows.numel()))
         found.indices[rows], found.distances[rows] = idx.to(device), dist.to(device)
         report.exact.add(rest.exact)
@@ -464,13 +462,6 @@ def direct_rounding_bound(c_max: float, q_norms: torch.Tensor, d: int, dtype: to
     return DIRECT_SLACK * (product + moved * (2 * reach + moved))
 
 
-def _on(x: InputArray, device: torch.device) -> InputArray:
-    """``x`` as a tensor on ``device`` (itself where it is one there already)."""
-    if x.tensor is not None and x.tensor.device == device:
-        return x
-    return InputArray(x.name, "torch", (x.n, x.d), x.dtype, device, tensor=x.rows(0, x.n).to(device))
-
-
 class DirectRows:
     """What :func:`direct_neighbours` found: every row's k nearest (−1 / +inf where a row failed
     its certificate), the rows that failed, the exact evaluations made, and the candidates a
@@ -500,8 +491,8 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     dtype = torch.float32 if queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS else torch.float64
     # The inputs as tensors on the device (views where they already are): the exact finish
     # gathers its candidates' rows from them.
-    corpus = _on(corpus, device)
-    queries = corpus if exclude_self else _on(queries, device)
+    corpus = rows_on(corpus, device)
+    queries = corpus if exclude_self else rows_on(queries, device)
     # Centred on the corpus's mean: the rounding bound grows with the norms, and data far from
     # the origin (3-d points 2 km away) would otherwise certify no row. Any centre serves the
     # bound, which takes the centred norms, so the mean is taken in the product's type

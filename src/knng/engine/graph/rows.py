@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from knng._inputs import InputArray, rows_subset
+from knng._inputs import InputArray, rows_on, rows_subset
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import Progress, full_precision, on_device
 from knng.engine.plan import EnginePlan, graph_search_k, share_rows
@@ -73,9 +73,7 @@ def direct_graph(data: InputArray, k: int, metric: Metric, device: torch.device,
         points = found.failed
         assert plan.search is not None, "a direct graph is planned with the search of its uncertified rows"
         k_search = graph_search_k(k, include_self)
-        taken = InputArray(data.name, "torch", (points.numel(), data.d), data.dtype, device,
-                           tensor=data.take(points).to(device))
-        rows_idx, rows_dist, report = exact_search(taken, data, k_search, metric, device, select, plan.budget,
+        rows_idx, rows_dist, report = exact_search(rows_on(data, device, points), data, k_search, metric, device, select, plan.budget,
                                                    progress=progress, plan=plan.search)
         if not include_self:
             rows_idx, rows_dist = without_self(rows_idx, rows_dist, k, points=points)
