@@ -442,8 +442,12 @@ def assert_exact_chunked(queries, corpus, results, metric: str = "euclidean", *,
     check to a subset of query rows (a LongTensor / array of row numbers). Memory: about
     ``row_chunk × n`` float64 (twice) plus ``chunk_elems`` float64 for the differences.
 
-    Real ties (which must be ordered by index) are taken to be exactly equal float64
-    distances: right for integer data and duplicates, and vanishingly rare otherwise.
+    Real ties (which must be ordered by index) are, as in :func:`oracle_search`, equal float64
+    distances of identical vectors, or of any vectors where the metric's float64 arithmetic is
+    exact (the Euclidean family and the inner product on integers). Elsewhere mathematically
+    equal distances need not be equal in float64: two saturated uint8 patches that differ from
+    a query at different pixels are at one cosine distance, which two summation orders of the
+    normalised vectors round apart (an H200 ordered such a pair against the host's sum).
     """
     import torch
 
@@ -458,6 +462,25 @@ def assert_exact_chunked(queries, corpus, results, metric: str = "euclidean", *,
     dev = torch.device(device) if device is not None else qt.device
     c64 = ct.to(dev, torch.float64)
     n = c64.shape[0]
+    q_all = qt.to(dev, torch.float64)
+
+    def integer_valued(x) -> bool:
+        return bool((x == x.round()).all()) and float(x.abs().max()) < 2**20 if x.numel() else True
+
+    exact_ties = metric in ("euclidean", "sqeuclidean", "inner_product") and integer_valued(q_all) \
+        and integer_valued(c64)
+    del q_all
+
+    def real_ties(mask, left_cols, right_cols):
+        """``mask`` kept where the two columns' vectors tie for real (see the docstring)."""
+        if exact_ties or not bool(mask.any()):
+            return mask
+        r_, j_ = torch.nonzero(mask, as_tuple=True)
+        same = (c64[left_cols[r_, j_]] == c64[right_cols[r_, j_]]).all(dim=1)
+        out = torch.zeros_like(mask)
+        out[r_[same], j_[same]] = True
+        return out
+
     pre = f"[{context}] " if context else ""
     res = []
     for r in results:
@@ -498,7 +521,7 @@ def assert_exact_chunked(queries, corpus, results, metric: str = "euclidean", *,
             if k > 1:
                 a, b = true[:, :-1], true[:, 1:]
                 wrong = a > b + tunc[:, :-1] + tunc[:, 1:]
-                tie = (a == b) & (idx[:, :-1] > idx[:, 1:])
+                tie = real_ties((a == b) & (idx[:, :-1] > idx[:, 1:]), idx[:, :-1], idx[:, 1:])
                 for name, mask in (("not ascending", wrong), ("tie not broken by index", tie)):
                     if bool(mask.any()):
                         r_, j_ = [int(v) for v in torch.nonzero(mask)[0]]
@@ -518,6 +541,7 @@ def assert_exact_chunked(queries, corpus, results, metric: str = "euclidean", *,
                                      f"{float(worst[r_])!r}")
             cols = torch.arange(n, device=dev)[None, :]
             tie_left = (left == worst[:, None]) & (cols < widx[:, None])
+            tie_left = real_ties(tie_left, cols.expand_as(tie_left), widx[:, None].expand_as(tie_left))
             if bool(tie_left.any()):
                 r_, c_ = [int(v) for v in torch.nonzero(tie_left)[0]]
                 raise AssertionError(where + f"row {int(rr[r_])} keeps {int(widx[r_])} over the tied smaller "
