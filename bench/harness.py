@@ -880,7 +880,7 @@ def check_exact(queries: Any, corpus: Any, result: Any, metric: str = "euclidean
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "new": {},
     "old": {},
-    "pipeline": {"direct_max_scores": 0},            # small calls through the block pipeline, not the direct path
+    "pipeline": {"direct_max_scores": 0, "direct_max_scores_gpu": 0},            # small calls through the block pipeline, not the direct path
     # screens: the CUDA C float16 screen's variants, the Triton kernel, the epilogue
     "mmasync": {"wgmma": False},                      # mma.sync, not the wgmma kernel, on a Hopper GPU
     "mmaminima": {"wgmma_minima": False},             # strip minima on the mma.sync kernel

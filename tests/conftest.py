@@ -250,7 +250,7 @@ def _folding_as_users_run_it(request: pytest.FixtureRequest):
 @pytest.fixture(autouse=True)
 def _block_pipeline_in_engine_tests(request: pytest.FixtureRequest):
     """The engine's tests (marker ``unfolded``) run their small data through the block pipeline,
-    whose paths they are there to reach (``Options.direct_max_scores = 0``); those marked
+    whose paths they are there to reach (``Options.direct_max_scores`` and ``direct_max_scores_gpu`` 0); those marked
     ``direct`` (``tests/engine/test_direct.py``) keep the direct path of small calls, which every
     other test runs as users do."""
     if request.node.get_closest_marker("unfolded") is None or request.node.get_closest_marker("direct") is not None:
@@ -258,7 +258,7 @@ def _block_pipeline_in_engine_tests(request: pytest.FixtureRequest):
         return
     import knng
 
-    with knng.options(direct_max_scores=0):
+    with knng.options(direct_max_scores=0, direct_max_scores_gpu=0):
         yield
 
 

@@ -67,7 +67,7 @@ def test_the_engine_runs_the_options_in_force(rng):
         assert g.report.screen_dtype == precision
         np.testing.assert_array_equal(g.indices, ref.indices)
         np.testing.assert_array_equal(g.distances, ref.distances)
-    with knng.options(direct_max_scores=0):
+    with knng.options(direct_max_scores=0, direct_max_scores_gpu=0):
         folded = knng.graph(x, 5, device="cpu")  # the pipeline folds by default
     assert folded.report.duplicates_folded == 39 and ref.report.duplicates_folded == 0
     np.testing.assert_array_equal(folded.indices, ref.indices)

@@ -121,17 +121,16 @@ class Options:
     holds the measurements); tests shrink them to reach a path on small data, benchmarks vary
     them to measure the choice again. Every value gives the same answer.
 
-    direct_max_scores : int, default 2²²
-        Calls of at most this many scores (queries × corpus rows; a graph: n²) run the direct
-        path (``knng.engine.search.direct_neighbours``: one product, each row's k + m best, a
-        certificate, the exact finish) instead of the block pipeline, whose planning,
-        preparation and per-block steps cost more than such a call's arithmetic. On a 2-core
-        CPU it won on five kinds of data up to graphs of 2,000 points and searches of 100
-        queries in 20,000, and lost on some at 3,000 points and 50,000 (``docs/BENCHMARKS.md``,
-        "Small calls"). 0: never (the engine's tests).
-    direct_on : frozenset of str, default {"cpu"}
-        Device types where small calls take the direct path: measured on a CPU only so far (a
-        GPU's small calls keep the pipeline's kernels until the direct path is timed there).
+    direct_max_scores, direct_max_scores_gpu : int, default 2²², 2²⁸
+        Calls of at most this many scores (queries × corpus rows; a graph: n²) on a CPU, on a
+        GPU, run the direct path (``knng.engine.search.direct_neighbours``: one product, each
+        row's k + m best, a certificate, the exact finish) instead of the block pipeline, whose
+        planning, preparation and per-block steps cost more than such a call's arithmetic. On a
+        2-core CPU it won on five kinds of data up to graphs of 2,000 points and searches of 100
+        queries in 20,000, and lost on some at 3,000 points and 50,000. On an H200 it won up to
+        graphs of 16,000 × 128 points (2.6 × 10⁸ scores) and searches of 1,000 queries in 200,000,
+        and lost from graphs of 22,000 points and searches of 300 queries in 1M (3 × 10⁸)
+        (``docs/BENCHMARKS.md``, "Small calls"). 0: never (the engine's tests).
     cpu_max_part : int, default 2048
         Largest graph part on a CPU: 2048² float32 blocks (16 MiB) stay in the cache and have a
         quarter of 1024²'s fixed costs.
@@ -243,7 +242,7 @@ class Options:
     kernels: Mapping[str, bool] = field(default_factory=dict)
     # graph parts and blocks
     direct_max_scores: int = 1 << 22
-    direct_on: frozenset[str] = field(default_factory=lambda: frozenset({"cpu"}))
+    direct_max_scores_gpu: int = 1 << 28
     cpu_max_part: int = 2048
     gpu_max_part: int = 16384
     gpu_kernel_max_part: int = 32768

@@ -197,17 +197,18 @@ def search(
     select = check_select(select)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    rows, budget = place_input(c, dev, budget, resolve_host_budget(host_memory_budget))  # rows: what the engine reads
+    host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
+    rows, budget = place_input(c, dev, budget, host_budget)  # rows: what the engine reads
     # A small call takes the direct path, which needs no folding (near-ties go to the pipeline).
     direct = direct_applies(n_queries=q.n, n_corpus=rows.n, d=c.d, metric=m.name, device=dev, budget=budget,
-                            host_budget=resolve_host_budget(host_memory_budget), recorded=checkpoint is not None)
+                            host_budget=host_budget, recorded=checkpoint is not None)
     groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
     reps = rows if groups is None else duplicates.representatives(rows, groups)
     k_reps = min(k, reps.n)
     plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=c.d, k=k_reps, metric=m.name, device=dev,
                             budget=budget, source=_source_of_budget(memory_budget, dev, c, rows),
-                            host_budget=resolve_host_budget(host_memory_budget),
+                            host_budget=host_budget,
                             host_source=host_budget_source(host_memory_budget), recorded=checkpoint is not None)
     ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
                             operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan,
@@ -321,9 +322,10 @@ def graph(
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
     budget = resolve_budget(memory_budget, dev)
-    rows, budget = place_input(x, dev, budget, resolve_host_budget(host_memory_budget))  # rows: what the engine reads
+    host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
+    rows, budget = place_input(x, dev, budget, host_budget)  # rows: what the engine reads
     direct = direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev, budget=budget,
-                            host_budget=resolve_host_budget(host_memory_budget), graph=True,
+                            host_budget=host_budget, graph=True,
                             recorded=checkpoint is not None)
     groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
     # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
@@ -334,7 +336,7 @@ def graph(
         return make_graph_plan(n=reps.n, d=x.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
                                include_self=include_self and groups is None,
                                source=_source_of_budget(memory_budget, dev, x, rows),
-                               host_budget=resolve_host_budget(host_memory_budget),
+                               host_budget=host_budget,
                                host_source=host_budget_source(host_memory_budget), slab_gain=slab_gain_of(reps, dev),
                                recorded=checkpoint is not None)
 

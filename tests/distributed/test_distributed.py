@@ -119,7 +119,7 @@ def test_every_source_runs_the_pipeline(battery, world, name, tmp_path):
     path = tmp_path / "data.npy"
     # One device's pipeline (these calls are small enough for the direct path, which a rank's
     # share never takes).
-    with knng.options(direct_max_scores=0):
+    with knng.options(direct_max_scores=0, direct_max_scores_gpu=0):
         ref, inputs = _reference(name, seed)
         if case["kind"] == "search":
             queries, corpus = inputs
@@ -170,7 +170,7 @@ def test_files_written_by_every_rank(battery, world, name):
     assert all("error" not in r[name] for r in ranks), [r[name] for r in ranks]
     case = CASES[name]
     x = make_data(case["data"], seed)
-    with knng.options(direct_max_scores=0):  # one device's pipeline folds (its direct path need not)
+    with knng.options(direct_max_scores=0, direct_max_scores_gpu=0):  # one device's pipeline folds (its direct path need not)
         ref = knng.graph(x, case["k"], device="cpu")
     out = folder / f"{name}-out"
     np.testing.assert_array_equal(np.load(out / "indices.npy"), ref.indices)
@@ -210,7 +210,7 @@ def test_identical_rows_fold_on_every_rank(battery, world, name):
     """Groups of identical rows fold on several ranks as on one device (answers: see
     test_identical_to_one_process), whatever the source: every rank reports the same fold."""
     seed, ranks, _ = battery[world]
-    with knng.options(direct_max_scores=0):  # one device's pipeline folds (its direct path need not)
+    with knng.options(direct_max_scores=0, direct_max_scores_gpu=0):  # one device's pipeline folds (its direct path need not)
         ref, _ = _reference(name, seed)
     assert ref.report.duplicates_folded > 0, name
     for r, results in enumerate(ranks):

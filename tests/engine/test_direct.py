@@ -20,7 +20,15 @@ from oracle import assert_exact, oracle_graph, oracle_search
 
 pytestmark = pytest.mark.direct
 
-PIPELINE = {"direct_max_scores": 0}
+PIPELINE = {"direct_max_scores": 0, "direct_max_scores_gpu": 0}
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> str:
+    """Where the call runs: the CPU, or a GPU (``-m gpu``), whose product is TF32's."""
+    if request.param == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    return request.param
 
 
 def _cases(rng: np.random.Generator, name: str, n: int, d: int) -> np.ndarray:
@@ -51,9 +59,9 @@ def _both(call):
 
 @pytest.mark.parametrize("name", ["gauss", "ties", "duplicates", "offset", "flat"])
 @pytest.mark.parametrize("k, include_self", [(1, False), (7, False), (7, True), (30, False)])
-def test_graph_is_exact_and_the_pipelines(rng, seed, name, k, include_self):
+def test_graph_is_exact_and_the_pipelines(rng, seed, name, k, include_self, device):
     x = _cases(rng, name, 601, 9)
-    got, ref, report = _both(lambda: knng.graph(x, k, include_self=include_self, device="cpu"))
+    got, ref, report = _both(lambda: knng.graph(x, k, include_self=include_self, device=device))
     assert report.plan.direct and report.stages.get("direct") == 1, report.stages
     assert_exact(got, oracle_graph(x, k, include_self=include_self), context=f"{name} seed={seed}")
     np.testing.assert_array_equal(got.indices, ref.indices)
@@ -62,25 +70,61 @@ def test_graph_is_exact_and_the_pipelines(rng, seed, name, k, include_self):
 
 @pytest.mark.parametrize("name", ["gauss", "ties", "duplicates", "offset", "flat"])
 @pytest.mark.parametrize("k", [1, 10, 64])
-def test_search_is_exact_and_the_pipelines(rng, seed, name, k):
+def test_search_is_exact_and_the_pipelines(rng, seed, name, k, device):
     c = _cases(rng, name, 1003, 12)
     q = np.concatenate([_cases(rng, name, 37, 12), c[:5]])  # some queries are corpus points
-    got, ref, report = _both(lambda: knng.search(q, c, k, device="cpu"))
+    got, ref, report = _both(lambda: knng.search(q, c, k, device=device))
     assert report.plan.direct and report.stages.get("direct") == 1, report.stages
     assert_exact(got, oracle_search(q, c, k), context=f"{name} seed={seed}")
     np.testing.assert_array_equal(got.indices, ref.indices)
     np.testing.assert_array_equal(got.distances, ref.distances)
 
 
-def test_ties_past_the_margin_go_through_the_pipeline(rng):
-    """Integer points whose k-th distance is shared by more than m others cannot be certified:
-    those rows, and only those, are answered by the plan's pipeline."""
+def test_ties_past_the_margin_take_a_wider_pass(rng, device):
+    """Integer points whose k-th distance is shared by more than m others cannot be certified
+    with k + m candidates: those rows, and only those, go through a second pass with
+    ``DIRECT_WIDER`` times as many, which certifies them."""
     x = _cases(rng, "ties", 500, 3)
-    got, ref, report = _both(lambda: knng.graph(x, 5, device="cpu"))
-    assert report.stages.get("direct.uncertified") == 1, report.stages
-    assert 0 < report.exact.rows <= 500
+    got, ref, report = _both(lambda: knng.graph(x, 5, device=device))
+    assert report.stages.get("direct.wider") == 1 and "direct.uncertified" not in report.stages, report.stages
+    width = 5 + engine_search.DIRECT_MARGIN
+    summary = report.evaluations_per_row
+    assert summary["median"] == width and summary["max"] == width * (1 + engine_search.DIRECT_WIDER), summary
     np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
     assert_exact(got, oracle_graph(x, 5))
+
+
+def test_ties_past_the_wider_pass_go_through_the_pipeline(rng, device):
+    """A group of 300 identical rows: a member's k nearest are its twins, at distance 0 with more
+    twins than either pass keeps; those rows, and only those, are answered by the plan's
+    pipeline."""
+    x = _cases(rng, "gauss", 900, 4)
+    x[100:400] = x[100]
+    got, ref, report = _both(lambda: knng.graph(x, 5, device=device))
+    assert report.stages.get("direct.uncertified") == 1, report.stages
+    assert report.exact.rows >= 600
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+    assert_exact(got, oracle_graph(x, 5))
+
+
+def test_near_ties_within_float32s_reach_are_certified(rng, device):
+    """Ten points at distance 1 from the queries, forty at 1 + 10⁻⁴, the rest at 3: the float32
+    product's bound separates the k-th from the w-th (a TF32 product's would not), and no row
+    reaches the pipeline."""
+    d = 8
+    directions = rng.standard_normal((600, d))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    radius = np.full(600, 3.0)
+    radius[:10], radius[10:50] = 1.0, 1.0 + 1e-4
+    c = (directions * radius[:, None]).astype(np.float32)
+    q = np.zeros((4, d), dtype=np.float32)
+    got, ref, report = _both(lambda: knng.search(q, c, 10, device=device))
+    assert report.plan.direct and "direct.uncertified" not in report.stages, report.stages
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+    assert_exact(got, oracle_search(q, c, 10))
 
 
 def test_every_candidate_kept_needs_no_certificate(rng):
@@ -94,11 +138,11 @@ def test_every_candidate_kept_needs_no_certificate(rng):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float16, np.uint8, np.int8])
-def test_input_types(rng, dtype):
-    """float64 and integer inputs are multiplied in float64, float16 in float32 (exactly)."""
+def test_input_types(rng, dtype, device):
+    """float64 and integer inputs are multiplied in float64, float16 in float32 (exactly; TF32 on a GPU)."""
     x = rng.standard_normal((300, 6)) * (1 if np.dtype(dtype).kind == "f" else 40)
     x = (np.abs(x) if dtype == np.uint8 else x).astype(dtype)
-    got, ref, report = _both(lambda: knng.graph(x, 8, device="cpu"))
+    got, ref, report = _both(lambda: knng.graph(x, 8, device=device))
     assert report.plan.direct
     np.testing.assert_array_equal(got.indices, ref.indices)
     np.testing.assert_array_equal(got.distances, ref.distances)
@@ -114,26 +158,26 @@ def test_sqeuclidean(rng):
 
 
 @pytest.mark.parametrize("where", ["corpus", "queries"])
-def test_not_finite_input_is_named(rng, where):
+def test_not_finite_input_is_named(rng, where, device):
     c = _cases(rng, "gauss", 200, 4)
     q = c[:10].copy()
     (c if where == "corpus" else q)[7, 2] = np.nan
     with pytest.raises(ValueError, match=where):
-        knng.search(q, c, 3, device="cpu")
+        knng.search(q, c, 3, device=device)
 
 
-def test_scores_that_could_overflow_go_through_the_pipeline(rng):
+def test_scores_that_could_overflow_go_through_the_pipeline(rng, device):
     """float32 rows of norm 10²⁰ are finite, their squares are not: the direct path declines and
     the pipeline gives its verdict (an error that says what to do), as it would without it."""
     x = (rng.standard_normal((300, 4)) * 1e20).astype(np.float32)
     with pytest.raises(ValueError, match="rescale the data"):
-        knng.graph(x, 3, device="cpu")
+        knng.graph(x, 3, device=device)
     with pytest.raises(ValueError, match="rescale the data"):
-        knng.search(x[:5], x, 3, device="cpu")
+        knng.search(x[:5], x, 3, device=device)
     # Every point a candidate (k = n − 1): no certificate is asked, so the overflow must be
     # caught before the product.
     with pytest.raises(ValueError, match="rescale the data"):
-        knng.graph(x[:12], 11, device="cpu")
+        knng.graph(x[:12], 11, device=device)
 
 
 def test_the_certificate_bounds_the_rounding(rng):
@@ -175,9 +219,14 @@ def test_the_planner_takes_the_direct_path_only_where_it_applies():
                               host_budget=4 << 20)
     assert not make_search_plan(n_queries=10, n_corpus=6000, metric="euclidean", host_budget=4 << 20,
                                 **{**common, "d": 1000}).direct
-    gpu = torch.device("cuda", 0)  # planned for, not used: a GPU keeps the pipeline unless asked
-    assert not direct_applies(n_queries=100, n_corpus=10_000, d=16, metric="euclidean", device=gpu, budget=1 << 30)
-    with knng.options(direct_on={"cpu", "cuda"}):
+    gpu = torch.device("cuda", 0)  # planned for, not used: a GPU's limit is its own
+    assert direct_applies(n_queries=100, n_corpus=1_000_000, d=16, metric="euclidean", device=gpu, budget=1 << 33)
+    assert not direct_applies(n_queries=1000, n_corpus=1_000_000, d=16, metric="euclidean", device=gpu,
+                              budget=1 << 33)
+    with knng.options(direct_max_scores_gpu=0):
+        assert not direct_applies(n_queries=100, n_corpus=10_000, d=16, metric="euclidean", device=gpu,
+                                  budget=1 << 30)
+    with knng.options(direct_max_scores=0):
         assert direct_applies(n_queries=100, n_corpus=10_000, d=16, metric="euclidean", device=gpu, budget=1 << 30)
 
 

@@ -642,8 +642,8 @@ def direct_applies(*, n_queries: int, n_corpus: int, d: int, metric: str, device
                    host_budget: int | None = None, graph: bool = False,
                    screen_dtype: "torch.dtype | str | None" = None, part_size: int | None = None,
                    method: str | None = None, recorded: bool = False) -> bool:
-    """Whether a call runs the direct path (:attr:`EnginePlan.direct`): a device of
-    ``Options.direct_on``, at most ``Options.direct_max_scores`` scores (a ``graph``: n²), a
+    """Whether a call runs the direct path (:attr:`EnginePlan.direct`): at most
+    ``Options.direct_max_scores`` scores on a CPU, ``direct_max_scores_gpu`` on a GPU (a ``graph``: n²), a
     metric of :data:`DIRECT_METRICS`, the corpus within a :data:`DIRECT_INPUT_SHARE`-th of the
     budget in float64, and of the share of the host budget a plan may hold (``host_budget``,
     default :func:`resolve_host_budget`'s: the direct path reads the whole corpus). Not where the
@@ -655,10 +655,11 @@ def direct_applies(*, n_queries: int, n_corpus: int, d: int, metric: str, device
     options = get_options()
     steered = screen_dtype is not None or options.screen_precision is not None or \
         (graph and (part_size is not None or method is not None or options.graph_method is not None))
-    if steered or recorded or metric not in DIRECT_METRICS or device.type not in options.direct_on:
+    if steered or recorded or metric not in DIRECT_METRICS:
         return False
+    most = options.direct_max_scores if device.type == "cpu" else options.direct_max_scores_gpu
     host = int((resolve_host_budget(None) if host_budget is None else host_budget) * HOST_PLAN_SHARE)
-    return 0 < n_queries * n_corpus <= options.direct_max_scores and \
+    return 0 < n_queries * n_corpus <= most and \
         n_corpus * d * 8 * DIRECT_INPUT_SHARE <= min(budget, host)
 
 
@@ -1234,6 +1235,8 @@ def _with_host_budget_note(plan: EnginePlan, replan: Callable[[int], EnginePlan]
     ``Options.host_budget_min_seconds`` slower than the default host budget's plan, by
     :func:`estimated_seconds`; ``replan(host_budget)`` makes the same call's plan with another
     host budget (a few dozen plans, ~20 µs each)."""
+    if plan.host_budget_source == host_budget_source(None):
+        return plan  # the default host budget itself
     default = resolve_host_budget(None)
     if plan.host_budget >= default:
         return plan

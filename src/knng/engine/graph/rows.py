@@ -65,7 +65,8 @@ def direct_graph(data: InputArray, k: int, metric: Metric, device: torch.device,
     ``plan.search`` for k + 1 neighbours and the point dropped, as :func:`graph_by_rows` does.
     None where the data are not finite (the pipeline names the row)."""
     with on_device(device), full_precision():
-        found = direct_neighbours(data, data, k, metric, device, plan.work_bytes, exclude_self=not include_self)
+        found = direct_neighbours(data, data, k, metric, device, plan.work_bytes, select,
+                                  exclude_self=not include_self)
     if found is None:
         return None
     idx, dist, exact, store, replans, retries = found.indices, found.distances, found.stats, None, [], 0

@@ -17,7 +17,7 @@ from knng.engine.store.candidates import CandidateStore
 from knng.engine.store.errors import PairErrors, PairNorms
 from knng.engine.store.held import Holding, HoldingStore, candidate_store
 from knng.engine.store.lists import ListHome
-from knng.engine.store.stats import StoreStats, summarize_per_row, summarize_per_row_each
+from knng.engine.store.stats import StoreStats, summarize_levels, summarize_per_row, summarize_per_row_each
 
 __all__ = ["CandidateStore", "HoldingStore", "Holding", "candidate_store", "PairErrors", "PairNorms", "StoreStats",
-           "summarize_per_row", "summarize_per_row_each", "ListHome"]
+           "summarize_per_row", "summarize_per_row_each", "summarize_levels", "ListHome"]

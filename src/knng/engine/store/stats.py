@@ -85,6 +85,25 @@ def summarize_per_row_each(summaries: list[list[torch.Tensor]]) -> list[dict[str
     return out
 
 
+def summarize_levels(levels: list[tuple[int, int]]) -> dict[str, float]:
+    """:func:`summarize_per_row` of counts given as ``(count, rows)`` pairs (``rows`` rows have
+    ``count``), on the host: the direct path's rows have one of two widths."""
+    levels = sorted((c, r) for c, r in levels if r > 0)
+    n = sum(r for _, r in levels)
+    if n == 0:
+        return {}
+
+    def at(rank: int) -> float:
+        for count, rows in levels:
+            if rank < rows:
+                return float(count)
+            rank -= rows
+        return float(levels[-1][0])
+
+    median, p99 = _summary_ranks(n)
+    return {"median": at(median), "p99": at(p99), "max": float(levels[-1][0])}
+
+
 def _summary_ranks(n: int) -> tuple[int, int]:
     """0-based ranks of the (lower) median and the 99th percentile of n counts."""
     return (n + 1) // 2 - 1, max(1, min(n, math.ceil(0.99 * n))) - 1
