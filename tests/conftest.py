@@ -400,11 +400,11 @@ def spy(monkeypatch):
 @pytest.fixture
 def oom_once(monkeypatch):
     """``oom_once(message=None)``: the first seeding of a search's thresholds (its sample block,
-    ``knng.engine.search.seed_candidates``) raises a CUDA out-of-memory error once (or a
+    ``knng.engine.search.knn.seed_candidates``) raises a CUDA out-of-memory error once (or a
     ``RuntimeError(message)``); returns ``{"n": calls so far}``."""
     import torch
 
-    import knng.engine.search as search
+    import knng.engine.search.knn as search
 
     def arm(message: str | None = None) -> dict:
         real = search.seed_candidates

@@ -193,6 +193,46 @@ def _as_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def assert_radius_exact(result: Any, queries: Any, corpus: Any, radius: Any, metric: str = "euclidean",
+                        sorted_rows: bool = True, context: str = "") -> None:
+    """Assert that a radius query's answer (``knng.radius``'s :class:`RadiusNeighbors`, or an
+    ``(indptr, indices, distances)`` triple) is exact: each row holds every corpus vector whose
+    float64 distance (by the definition) is within the radius beyond its uncertainty, none
+    beyond it, each once; its distances are the float32 roundings of the oracle's values; its
+    order is (distance, index) where ``sorted_rows``, else by index."""
+    q, c = to_float64(queries), to_float64(corpus)
+    full, unc = _pairwise(q, c, metric)
+    radii = np.broadcast_to(np.asarray(radius, dtype=np.float64), (q.shape[0],))
+    fields = (result.indptr, result.indices, result.distances) if hasattr(result, "indptr") else tuple(result)
+    indptr, indices, distances = (v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v) for v in fields)
+    pre = f"[{context}] " if context else ""
+    assert indptr.shape == (q.shape[0] + 1,) and indptr[0] == 0 and indptr[-1] == indices.shape[0], pre + "indptr"
+    for i in range(q.shape[0]):
+        idx, dist = indices[indptr[i]:indptr[i + 1]], distances[indptr[i]:indptr[i + 1]].astype(np.float64)
+        where = pre + f"row {i}: "
+        assert np.unique(idx).size == idx.size, where + "a neighbour repeats"
+        assert ((idx >= 0) & (idx < c.shape[0])).all(), where + "index out of range"
+        surely_in = np.nonzero(full[i] + unc[i] < radii[i])[0]
+        missing = np.setdiff1d(surely_in, idx)
+        assert missing.size == 0, where + f"misses {missing[:5].tolist()} at {full[i][missing[:5]].tolist()} <= {radii[i]}"
+        outside = idx[full[i][idx] - unc[i][idx] > radii[i]]
+        assert outside.size == 0, where + f"holds {outside[:5].tolist()} beyond the radius {radii[i]}"
+        lo = (full[i][idx] - unc[i][idx]).astype(np.float32).astype(np.float64)
+        hi = (full[i][idx] + unc[i][idx]).astype(np.float32).astype(np.float64)
+        off = (dist < lo) | (dist > hi)
+        assert not off.any(), where + f"distances off: got {dist[off][:3].tolist()}, exact {full[i][idx][off][:3].tolist()}"
+        if sorted_rows:
+            true = full[i][idx]
+            wrong = true[:-1] > true[1:] + unc[i][idx][:-1] + unc[i][idx][1:]
+            assert not wrong.any(), where + "not ascending"
+            # Ordered by the float64 values, which two float32 roundings may hide: ties are the
+            # oracle's (identical vectors and integer data tie in every order of summation).
+            tie = (true[:-1] == true[1:]) & (idx[:-1] > idx[1:])
+            assert not tie.any(), where + "equal distances not ordered by index"
+        else:
+            assert (np.diff(idx) > 0).all(), where + "not ordered by index"
+
+
 def assert_exact(result: Any, oracle: Oracle, rtol: float | None = None, context: str = "") -> None:
     """Assert that ``result`` (Neighbors, Graph or an (indices, distances) pair) is exact.
 

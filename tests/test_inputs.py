@@ -220,7 +220,7 @@ def test_inputs_are_not_modified():
 
 def test_nan_in_lazy_queries_is_found_before_any_screening(tmp_path, monkeypatch, rng):
     """A NaN in the last row of memory-mapped queries is reported before the corpus is screened."""
-    import knng.engine.search as search_module
+    import knng.engine.search.knn as search_module
 
     q = rng.random((3000, 8)).astype(np.float32)
     q[-1, 3] = np.nan

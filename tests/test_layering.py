@@ -27,7 +27,8 @@ Two more rules hold inside the package:
 (g) inside the engine, parts (modules directly in ``knng/engine``, and subpackages) depend
     downwards in the order stated by :data:`ENGINE_ORDER`, and a subpackage's modules in the
     order of :data:`SUBPACKAGE_ORDER` (every import counts);
-(h) the engine's subpackages (the kernel backend ``knng.engine.kernels``, the stores, the graph)
+(h) the engine's subpackages (the kernel backend ``knng.engine.kernels``, the stores, the graph,
+    the searches)
     are doors: every other knng module imports a package's exported names, never its modules
     (:data:`ENGINE_DOORS`).
 
@@ -122,11 +123,12 @@ SUBPACKAGE_ORDER: dict[str, tuple[tuple[str, ...], ...]] = {
         ("held", "lists"),                    # the store that holds them back; where stores live
     ),
     "graph": (("frames", "report"), ("blocks", "rows"), ("bands",), ("symmetric",)),  # centres; steps, rows; loops
+    "search": (("direct",), ("knn", "radius")),  # the direct path; the k-NN search and radius queries
 }
 
 #: The engine's doors (rule (h)): a knng module outside one of these subpackages imports it as
 #: the package (its exported names), never one of its modules.
-ENGINE_DOORS: frozenset[str] = frozenset({"kernels", "store", "graph"})
+ENGINE_DOORS: frozenset[str] = frozenset({"kernels", "store", "graph", "search"})
 
 #: Importers exempt from the layer rule (a). ``knng/__init__.py`` re-exports the public API and
 #: may import from any layer; it is still checked for private names and cycles.

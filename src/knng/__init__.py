@@ -22,7 +22,9 @@ from knng._version import VERSION as __version__
 _LAZY: dict[str, str] = {
     "search": "knng.api",
     "graph": "knng.api",
+    "radius": "knng.api",
     "Neighbors": "knng.results",
+    "RadiusNeighbors": "knng.results",
     "Graph": "knng.results",
     "load_graph": "knng.results",
     "NearestNeighbors": "knng.estimators",
@@ -43,20 +45,20 @@ _SUBMODULES = frozenset({
 })
 
 __all__ = [
-    "search", "graph", "Neighbors", "Graph", "load_graph",
+    "search", "graph", "radius", "Neighbors", "Graph", "RadiusNeighbors", "load_graph",
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
     "DiffusionMap", "KnngPerformanceWarning", "options", "get_options", "Options", "__version__",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from __getattr__
-    from knng.api import graph, search
+    from knng.api import graph, radius, search
     from knng.engine.plan import KnngPerformanceWarning
     from knng._options import Options, get_options, options
     from knng.estimators import (
         KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer, NearestNeighbors,
     )
     from knng.manifold import DiffusionMap
-    from knng.results import Graph, Neighbors, load_graph
+    from knng.results import Graph, Neighbors, RadiusNeighbors, load_graph
 
 
 def __getattr__(name: str) -> Any:

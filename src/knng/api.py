@@ -14,6 +14,7 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from knng._inputs import InputArray, as_input, as_output
@@ -25,9 +26,9 @@ from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.plan import (
     LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, direct_applies, host_budget_source,
-    make_graph_plan, make_search_plan, resolve_budget, resolve_host_budget,
+    make_graph_plan, make_radius_plan, make_search_plan, resolve_budget, resolve_host_budget,
 )
-from knng.engine.search import exact_search
+from knng.engine.search import RADIUS_METRICS, exact_radius, exact_search
 from knng.io.workarea import WorkArea
 from knng.metrics import Metric, get_metric
 
@@ -35,9 +36,9 @@ from knng.metrics import Metric, get_metric
 # knng.api._LAST_REPORT is the very same holder dict as knng.reports.LAST_REPORT.
 from knng.reports import LAST_REPORT as _LAST_REPORT  # noqa: F401
 from knng.reports import last_report, report_as_dict, set_last_report
-from knng.results import Graph, Neighbors
+from knng.results import Graph, Neighbors, RadiusNeighbors
 
-__all__ = ["search", "graph", "last_report", "report_as_dict"]
+__all__ = ["search", "graph", "radius", "last_report", "report_as_dict"]
 
 
 def _open_checkpoint(folder: Any, resume: Any, interval: Any, keep: Any, *, operation: str,
@@ -373,3 +374,104 @@ def graph(
     set_last_report(report)
     out_idx, out_dist = as_output(x, idx, dist)
     return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)
+
+
+def radius(
+    queries: Any,
+    corpus: Any,
+    radius: Any,
+    *,
+    metric: str = "euclidean",
+    device: str | torch.device = "auto",
+    memory_budget: int | str | None = None,
+    sort_results: bool = True,
+) -> RadiusNeighbors:
+    """Every corpus vector within ``radius`` of each query, exactly.
+
+    A pair is in where its distance, computed in float64 directly from the input vectors (by
+    differences, as :func:`search` ranks), is at most the radius (scikit-learn's ``<=``). The
+    products only screen: every pair whose rounded score could be within the radius is
+    evaluated exactly (``knng.engine.radius``), on the CPU or a GPU.
+
+    Parameters
+    ----------
+    queries, corpus : array-like, shape (n_queries, d) and (n, d)
+        As in :func:`search`.
+    radius : float or array-like of shape (n_queries,)
+        The radius, in the metric's units (a squared distance for ``"sqeuclidean"``), one for
+        every query or one each; finite and at least 0.
+    metric : {"euclidean", "sqeuclidean"}
+        The distance (the expansion's rounding bound serves these two).
+    device, memory_budget
+        As in :func:`search`. The pairs found are held on the device until the end, in a quarter
+        of the budget.
+    sort_results : bool, default True
+        Each row by (distance, index); False: by index.
+
+    Returns
+    -------
+    RadiusNeighbors
+        ``indptr``, ``indices`` (int64) and ``distances`` (float32: the exact float64 values
+        rounded, as :func:`search` returns them) in the compressed sparse row layout;
+        ``to_scipy()`` gives scikit-learn's ``radius_neighbors_graph`` matrix. NumPy in gives
+        NumPy out; torch in gives torch out on the queries' device.
+
+    Raises
+    ------
+    ValueError, TypeError
+        For bad input (NaN/Inf, a negative or non-finite radius, a radius array of the wrong
+        length, mismatched dimensions, a metric radius queries do not serve); where the pairs
+        found exceed what the memory budget holds. The message names the argument.
+    """
+    m = get_metric(metric)
+    if m.name not in RADIUS_METRICS:
+        raise ValueError(f"metric={metric!r}: radius queries serve {', '.join(sorted(RADIUS_METRICS))}")
+    q = as_input(queries, "queries")
+    c = as_input(corpus, "corpus")
+    if q.d != c.d:
+        raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
+    if not isinstance(sort_results, bool):
+        raise TypeError(f"sort_results must be True or False, got {sort_results!r}")
+    radii = _radii(radius, q.n)
+    dev = resolve_device(device, q, c)
+    budget = resolve_budget(memory_budget, dev)
+    element = 4 if all(x.dtype in (torch.float32, torch.float16, torch.bfloat16) for x in (q, c)) else 8
+    plan = make_radius_plan(n_queries=q.n, n_corpus=c.n, d=c.d, device=dev, budget=budget, element_bytes=element)
+    indptr, idx, dist, report = exact_radius(q, c, radii, m, dev, plan, sort_results=sort_results)
+    if idx.numel():
+        # Each distance on its exact value's side of a float32 midpoint (pairs as rows of one).
+        rows = torch.repeat_interleave(torch.arange(q.n, device=idx.device), indptr.diff())
+        pairs_idx, pairs_dist = idx[:, None].clone(), dist[:, None].clone()
+        round_as_exact(m, q, rows, c, pairs_idx, pairs_dist)
+        dist = pairs_dist[:, 0]
+        if sort_results:  # values that moved may change a row's order
+            order = torch.argsort(idx, stable=True)
+            order = order[torch.argsort(dist[order], stable=True)]
+            order = order[torch.argsort(rows[order], stable=True)]
+            idx, dist = idx[order], dist[order]
+    set_last_report(report)
+    out_idx, out_dist = as_output(q, idx, dist)
+    indptr = indptr.cpu().numpy() if q.kind in ("numpy", "rows") else indptr.to(q.device)
+    return RadiusNeighbors(indptr=indptr, indices=out_idx, distances=out_dist, n_corpus=c.n, metric=m.name,
+                           report=report)
+
+
+def _radii(radius: Any, n_queries: int) -> torch.Tensor:
+    """``radius`` as one float64 value a query (host tensor), checked: finite, at least 0, one or
+    ``n_queries`` of them."""
+    if isinstance(radius, bool):
+        raise TypeError("radius must be a number or an array of numbers, got a bool")
+    if isinstance(radius, torch.Tensor):
+        values = radius.detach().to("cpu", torch.float64).reshape(-1)
+    else:
+        try:
+            values = torch.from_numpy(np.asarray(radius, dtype=np.float64).reshape(-1).copy())
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"radius must be a number or an array of numbers, got {type(radius).__name__}") from exc
+    if values.numel() == 1:
+        values = values.expand(n_queries).clone()
+    elif values.numel() != n_queries:
+        raise ValueError(f"radius must be one number or one per query ({n_queries}), got {values.numel()}")
+    if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+        raise ValueError("radius must be finite and at least 0")
+    return values

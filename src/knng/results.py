@@ -1,4 +1,5 @@
-"""Result types: :class:`Neighbors` (k-NN search) and :class:`Graph` (k-NN graph).
+"""Result types: :class:`Neighbors` (k-NN search), :class:`Graph` (k-NN graph) and
+:class:`RadiusNeighbors` (radius query: rows of any length, in the compressed sparse row layout).
 
 Both are thin, immutable wrappers around two ``(n_queries, k)`` arrays, ``indices``
 (int64) and ``distances`` (float32, ascending per row, ties broken by the smaller index).
@@ -26,7 +27,7 @@ from knng.io.writers import atomic_write
 if TYPE_CHECKING:
     import scipy.sparse
 
-__all__ = ["Neighbors", "Graph", "load_graph", "FORMAT_VERSION"]
+__all__ = ["Neighbors", "Graph", "RadiusNeighbors", "load_graph", "FORMAT_VERSION"]
 
 #: Version of the ``.npz`` layout written by :meth:`Graph.save`. Bump it when the layout
 #: changes in a way old readers cannot handle; :func:`load_graph` refuses unknown versions
@@ -139,6 +140,103 @@ class Neighbors:
             are detached and copied to the host, NumPy arrays are reused as they are.
         """
         return replace(self, indices=_to_numpy(self.indices), distances=_to_numpy(self.distances))
+
+
+@dataclass(frozen=True, eq=False)
+class RadiusNeighbors:
+    """Every neighbour within a radius of each query, rows of any length (``knng.radius``).
+
+    The layout is scipy's compressed sparse rows: query ``i``'s neighbours are
+    ``indices[indptr[i]:indptr[i + 1]]`` at ``distances[indptr[i]:indptr[i + 1]]``. Iterating
+    yields ``indptr``, ``indices`` then ``distances``.
+
+    Parameters
+    ----------
+    indptr : numpy.ndarray or torch.Tensor
+        ``(n_queries + 1,)`` int64 row offsets, from 0 to the number of pairs.
+    indices : numpy.ndarray or torch.Tensor
+        ``(pairs,)`` int64 indices of the neighbours in the searched corpus.
+    distances : numpy.ndarray or torch.Tensor
+        ``(pairs,)`` float32 distances matching ``indices``: within a row ascending with ties
+        by the smaller index, or by index where the query was asked unsorted.
+    n_corpus : int
+        Vectors in the searched corpus (the columns of :meth:`to_scipy`).
+    metric : str, default "euclidean"
+        Name of the metric the distances are measured in.
+
+    Raises
+    ------
+    TypeError
+        If a field is not an array or tensor, or ``metric`` is not a string.
+    ValueError
+        If a field is not 1-D, ``indices`` and ``distances`` differ in length, or ``indptr``
+        does not end at their length.
+    """
+
+    indptr: Any
+    indices: Any
+    distances: Any
+    n_corpus: int
+    metric: str = "euclidean"
+    #: The engine's report on the run that made this result, or None.
+    report: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("indptr", "indices", "distances"):
+            value = getattr(self, name)
+            if getattr(value, "shape", None) is None or not hasattr(value, "ndim"):
+                raise TypeError(f"{name} must be a NumPy array or a torch tensor, got {type(value).__name__}")
+            if value.ndim != 1:
+                raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
+        if self.indices.shape != self.distances.shape:
+            raise ValueError(f"indices and distances must have the same length, got {tuple(self.indices.shape)} "
+                             f"and {tuple(self.distances.shape)}")
+        if self.indptr.shape[0] < 1 or int(self.indptr[-1]) != self.indices.shape[0]:
+            raise ValueError("indptr must end at the number of pairs")
+        if not isinstance(self.metric, str):
+            raise TypeError(f"metric must be a string, got {type(self.metric).__name__}")
+
+    @property
+    def n_queries(self) -> int:
+        """Number of queries (``len(indptr) - 1``)."""
+        return int(self.indptr.shape[0]) - 1
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self.indptr
+        yield self.indices
+        yield self.distances
+
+    def row(self, i: int) -> tuple[Any, Any]:
+        """Query ``i``'s neighbours: ``(indices, distances)`` views."""
+        a, b = int(self.indptr[i]), int(self.indptr[i + 1])
+        return self.indices[a:b], self.distances[a:b]
+
+    def numpy(self) -> "RadiusNeighbors":
+        """A copy with every field as NumPy arrays (torch tensors copied to the host)."""
+        return replace(self, indptr=_to_numpy(self.indptr), indices=_to_numpy(self.indices),
+                       distances=_to_numpy(self.distances))
+
+    def to_scipy(self, mode: str = "distance") -> "scipy.sparse.csr_matrix":
+        """The ``(n_queries, n_corpus)`` sparse matrix of the neighbours, scikit-learn's
+        ``radius_neighbors_graph`` layout.
+
+        Parameters
+        ----------
+        mode : {"distance", "connectivity"}
+            Stored values: the distances, or ones.
+
+        Returns
+        -------
+        scipy.sparse.csr_matrix
+            float32 distances (a neighbour at distance 0 is stored, not dropped) or float64 ones.
+        """
+        import scipy.sparse
+
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        indptr, indices = _to_numpy(self.indptr), _to_numpy(self.indices)
+        data = _to_numpy(self.distances) if mode == "distance" else np.ones(indices.shape[0])
+        return scipy.sparse.csr_matrix((data, indices, indptr), shape=(self.n_queries, self.n_corpus))
 
 
 @dataclass(frozen=True, eq=False)

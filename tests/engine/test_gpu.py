@@ -270,7 +270,7 @@ def test_second_gpu_keeps_device(seed, monkeypatch):
     import contextlib
 
     import knng.engine.graph.symmetric as engine_graph
-    import knng.engine.search as engine_search
+    import knng.engine.search.knn as engine_search
 
     current = []
 
@@ -382,7 +382,7 @@ def test_select_algorithms_agree(k, seed):
 
 @pytest.mark.parametrize("thresholds", ["sample", "tiles first"])
 def test_oom_retry_on_gpu(thresholds, monkeypatch, seed, set_options):
-    import knng.engine.search as search  # the seeds of τ, or the tiles' minima where they go first
+    import knng.engine.search.knn as search  # the seeds of τ, or the tiles' minima where they go first
 
     set_options(tiles_first=thresholds == "tiles first")  # where the wgmma kernel runs
     name = "_seed_from_sample" if thresholds == "sample" else "_screen_tiles_first"

@@ -519,7 +519,7 @@ def test_tiles_first_never_cuts_a_true_neighbour(data, monkeypatch, rng, seed, s
     # (every tile passes) and a corpus that is not a multiple of the tile run too.
     from knng.engine import plan as plan_mod
     from knng.engine import screen as screen_mod
-    from knng.engine import search
+    from knng.engine.search import knn as search  # the module whose names the search looks up
     from knng.engine.store import CandidateStore
 
     k = 17

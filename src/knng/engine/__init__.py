@@ -17,7 +17,8 @@ states and checks the order):
 ``checkpoint``   a run's progress on disk, to resume
 ``store/``       the candidate stores (τ, survivors, the exact finish) and where they live
 ``common``       the prepared corpus, devices, out-of-memory recovery, reports
-``search``       the search: chunks of queries against the corpus
+``search/``      the searches: k nearest (the block pipeline, the direct path of small
+                 calls), and radius queries
 ``graph/``       the graph: by symmetric blocks, by rows (a search), the blocks' frames
 ================ ===================================================================
 """

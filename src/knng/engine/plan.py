@@ -25,6 +25,7 @@ from knng.engine.kernels import (
 
 __all__ = [
     "EnginePlan", "make_search_plan", "make_graph_plan", "direct_applies", "DIRECT_METRICS",
+    "RadiusPlan", "make_radius_plan",
     "choose_screen_precision", "budget_source",
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
     "available_ram", "INPUT_COPY_SHARE", "copies_input",
@@ -627,6 +628,53 @@ def held_pairs_limit(n: int, capacity: int, pending: int, budget: int) -> int:
 
 def _store_bytes(rows: int, capacity: int) -> int:
     return rows * (capacity * 25 + 40)  # key, index, distance (8 B each), flags
+
+
+@dataclass(frozen=True)
+class RadiusPlan:
+    """How a radius query (:func:`knng.engine.radius.exact_radius`) runs within its budget.
+
+    Attributes
+    ----------
+    query_rows, corpus_cols : int
+        A chunk's queries and a block's corpus vectors: their score block and its candidacy mask
+        take at most a quarter of the budget.
+    corpus_resident : bool
+        Whether the centred corpus is kept on the device (it takes at most a quarter of the
+        budget); else each query chunk reads the corpus again, block by block.
+    max_pairs : int
+        Pairs found that the budget holds (a quarter of it, 24 bytes each: row, column,
+        distance); a query that finds more stops with an error.
+    budget : int
+        The memory budget in bytes the plan was made for.
+    """
+
+    query_rows: int
+    corpus_cols: int
+    corpus_resident: bool
+    max_pairs: int
+    budget: int
+
+
+#: Bytes of a radius query's score block per entry: the score, the mask, and the compare's
+#: temporaries.
+RADIUS_BLOCK_BYTES = 16
+
+
+def make_radius_plan(*, n_queries: int, n_corpus: int, d: int, device: torch.device, budget: int,
+                     element_bytes: int = 4) -> RadiusPlan:
+    """The plan of a radius query of ``n_queries`` against ``n_corpus`` vectors of dimension
+    ``d`` (the product's ``element_bytes`` a value) within ``budget`` bytes (:class:`RadiusPlan`).
+    The query chunks are as long as a GPU's search chunks at most (16,384 rows; 1,024 on a CPU,
+    whose blocks should stay near its caches)."""
+    vector_bytes = d * element_bytes + 8
+    resident = n_corpus * vector_bytes <= budget // 4
+    block = max(1, budget // 4 // RADIUS_BLOCK_BYTES)
+    most_rows = 16384 if device.type == "cuda" else 1024
+    rows = max(1, min(n_queries, most_rows, block // max(1, min(n_corpus, 1 << 16))))
+    cols = max(1, min(n_corpus, block // rows))
+    return RadiusPlan(query_rows=rows, corpus_cols=cols, corpus_resident=resident,
+                      max_pairs=max(1, budget // 4 // 24), budget=budget)
 
 
 #: Metrics the direct path serves: their score is the expansion ‖c‖² − 2 q·c, whose rounding

@@ -10,15 +10,14 @@ on the wgmma kernel, ``plan.tiles_first``): no sample; each row's minimum key in
 every corpus tile, τ from the k-th smallest of them, then only the tiles whose minimum is within
 the row's threshold are screened (:func:`_screen_tiles_first`).
 
-The direct path (``plan.direct``, small calls: :func:`direct_neighbours`, at the end of the
-module): every score in one product, each row's k + m best, a certificate that they hold its k
-nearest, the exact finish; a small graph runs it too (``knng.engine.graph.rows.direct_graph``).
+The direct path (``plan.direct``, small calls: :func:`~knng.engine.search.direct.direct_neighbours`):
+every score in one product, each row's k + m best, a certificate that they hold its k nearest,
+the exact finish; a small graph runs it too (``knng.engine.graph.rows.direct_graph``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -31,25 +30,23 @@ from knng.engine.common import (
     MAX_SCREEN_NORM, EngineReport, PreparedCorpus, Progress, corpus_stats, device_block_rows, full_precision,
     on_device, recover_from_oom, TF32_EXACT_SAMPLES, tf32_products,
 )
-from knng.engine.exact import ExactStats, exact_pairs, exact_pairs_of, sort_by_distance_then_index
+from knng.engine.exact import ExactStats, exact_pairs
 from knng.engine.plan import EnginePlan, after_out_of_memory, make_search_plan
+from knng.engine.search.direct import direct_neighbours
 from knng.engine.screen import (
     block_scores, screen_rows, screen_tiles, strip_minima, tile_minima,
 )
 from knng.engine.store import (
-    CandidateStore, Holding, HoldingStore, PairErrors, StoreStats, candidate_store, summarize_levels,
-    summarize_per_row_each,
+    CandidateStore, Holding, HoldingStore, PairErrors, StoreStats, candidate_store, summarize_per_row_each,
 )
 from knng.engine.thresholds import sample_columns, seed_candidates, strip_candidates
 from knng.metrics import PRECISIONS, Metric, Prepared, ScreenPrecision
 from knng._options import get_options
-from knng.select import resolve as resolve_select
 from knng.engine.kernels import (
     kth_of_rows, kth_seeds_run, prepare_rows, screen_kernel_runs, strip_seeds_run, strip_width,
 )
 
-__all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample", "DirectRows",
-           "direct_neighbours", "direct_rounding_bound", "DIRECT_MARGIN", "DIRECT_SLACK"]
+__all__ = ["SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample"]
 
 # ``Options.tf32_sample``: the sample's product of a TF32 screen runs on TF32 tensor cores: its
 # keys need only the TF32 bound, which the store's radii use anyway (1M × 128, 10k queries,
@@ -395,198 +392,3 @@ class _FinishedRows:
         for field, value in state["store"].items():
             setattr(store_stats, field, int(value))
         return q0, int(state["retries"])
-
-
-# ---------------------------------------------------------------------------- the direct path
-# Small calls in one product: every score, each row's best few, a certificate, the exact finish.
-#
-# Below a few million scores on a CPU, a hundred million on a GPU (``Options.direct_max_scores``,
-# ``direct_max_scores_gpu``), the block pipeline's planning, preparation, sampling and per-block
-# steps cost more than the call's arithmetic (a 5,000 × 64 graph on a 2-core CPU: tens of
-# milliseconds of them; a 5,000 × 128 graph on an H200: 5 ms against 2 of the direct path). A
-# call the planner marks :attr:`~knng.engine.plan.EnginePlan.direct` runs here instead, a chunk
-# of rows at a time:
-#
-# 1. the scores ``s = ‖c‖² − 2 q·c`` of every row against every corpus vector, in one product
-#    (float32 for float32, float16 and bfloat16 inputs, float64 otherwise), a graph's own pair
-#    set to +inf where it is not counted;
-# 2. each row's ``w = k + m`` smallest scores (:data:`DIRECT_MARGIN`), by the call's ``select``;
-# 3. a certificate: every score is within ``E`` of its exact value (the product's rounding,
-#    below), so where the ``w``-th score exceeds the k-th by more than ``2E``, every vector left
-#    out is farther than k of the candidates, and the row's exact k nearest are among them;
-# 4. the candidates' exact distances (:func:`~knng.engine.exact.exact_pairs_of`, the engine's own
-#    evaluation) and the k first by (distance, index), the engine's order.
-#
-# Rows whose certificate fails (more than ``m`` near-ties at the k-th score: duplicates, integer
-# ties) are returned for the rest of the plan to answer. Non-finite inputs are left to the
-# pipeline too, which names the first bad row. A call synchronises twice with the host: for the
-# largest norm (and whether the inputs are finite) and for the rows that failed.
-#
-# The rows are centred first, on the mean of a sample of the corpus (:data:`DIRECT_CENTRE_SAMPLE`
-# rows, in the product's type: one more rounding of each coordinate, in the bound): the
-# rounding bound grows with the norms, and data far from the origin (3-d points 2 km away) would
-# otherwise certify no row. Any centre serves the bound, which takes the centred norms.
-#
-# The rounding bound. With ``u`` the unit roundoff of the product's type and ``γ_d = d·u / (1 −
-# d·u)``, a product's dot product is within ``γ_d ‖q‖ ‖c‖`` of the exact one in any order of
-# summation (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1); ``‖c‖²`` comes
-# from its norm in the product's type, squared (within ``(γ_d + 4u) ‖c‖²``: the sum of squares,
-# the root, the square), and the sum is rounded once more, so
-# ``|fl(s) − s| ≤ (γ_d + 5u) ‖c‖² + 2(γ_d + u) ‖q‖ ‖c‖`` up to terms of order u², which
-# :data:`DIRECT_SLACK` covers (:func:`direct_rounding_bound`). The bound of a row takes the
-# corpus's largest ``‖c‖``. The product runs in IEEE arithmetic (``full_precision``: no TF32,
-# which measured slower here: the rows its wider bound left uncertified needed a second,
-# float32 pass, ``docs/FINDINGS.md``).
-
-#: Candidates a row keeps beyond its k: ``m = DIRECT_MARGIN + k // 8``. A row fails its certificate only
-#: where more than m scores lie within 2E above its k-th.
-DIRECT_MARGIN = 8
-#: The second pass's candidates a row, as a multiple of the first's (k + m): a 100 × 1M search
-#: at k = 10 keeps 19 candidates a row, its uncertified rows 304.
-DIRECT_WIDER = 16
-#: Factor on the first-order rounding bound, for its terms of order u².
-DIRECT_SLACK = 1.25
-#: Scores one chunk of rows holds at most, by device type, besides the plan's work bytes. On a
-#: CPU a chunk's scores stay in the cache for the selection: a 5,000 × 64 graph's product and
-#: selection took 50 ms in chunks of 256–512 rows against 90 ms whole, a search of 100 queries
-#: in 100,000 × 64 24 ms in chunks of 50 rows against 32 ms (2-core CPU, 2026-11-30, torch 2.13).
-DIRECT_CHUNK_SCORES = {"cpu": 1 << 21}
-#: Elsewhere (a GPU): one launch of each step for up to this many scores (512 MB of float32).
-DIRECT_CHUNK_SCORES_DEVICE = 1 << 27
-#: Rows of the corpus whose mean is the centre (every ``n // DIRECT_CENTRE_SAMPLE``-th row): the
-#: whole corpus's mean took 1 ms of a 13 ms search of 200 queries in 10,000 × 128 on a 2-core CPU,
-#: 0.3 ms of a 100 × 1M × 128 search on an H200; any centre serves the bound.
-DIRECT_CENTRE_SAMPLE = 4096
-
-_SMALL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def direct_rounding_bound(c_max: float, q_norms: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
-    """Each row's bound E on ``|fl(s) + ‖q‖² − ‖q − c‖²|`` for the direct path's scores of
-    centred rows (the section's comment): ``c_max`` the largest norm of the centred corpus,
-    ``q_norms`` the centred rows' (float64), ``dtype`` the product's.
-
-    The product's rounding: ``‖c‖²`` is its norm in ``dtype``, squared (within ``(γ_d + 4u)
-    ‖c‖²``), the dot product within ``γ_d ‖q‖ ‖c‖``, the sum rounded once. The centring's: each
-    coordinate of ``q − μ`` and ``c − μ`` is rounded once, which moves a distance by at most
-    ``η = u (‖q‖ + ‖c‖) / (1 − u)`` and its square by ``η (2 (‖q‖ + ‖c‖) + η)``.
-    """
-    unit = torch.finfo(dtype).eps / 2
-    gamma = d * unit / (1 - d * unit)
-    product = (gamma + 5 * unit) * c_max ** 2 + 2 * (gamma + unit) * c_max * q_norms
-    reach = q_norms + c_max
-    moved = unit / (1 - unit) * reach
-    return DIRECT_SLACK * (product + moved * (2 * reach + moved))
-
-
-class DirectRows:
-    """What :func:`direct_neighbours` found: every row's k nearest (−1 / +inf where a row failed
-    its certificate), the rows that failed, the exact evaluations made, the candidates a row
-    kept in each pass (``widths``: the first pass's, and the wider second pass's where one ran)
-    and how many rows the second pass took (``widened``)."""
-
-    def __init__(self, indices: torch.Tensor, distances: torch.Tensor, failed: torch.Tensor, stats: ExactStats,
-                 widths: list[int], widened: int):
-        self.indices, self.distances, self.failed, self.stats = indices, distances, failed, stats
-        self.widths, self.widened = widths, widened
-
-    def per_row(self) -> dict[str, float]:
-        """The report's per-row summary (median, p99, max) of the candidates each row screened and
-        evaluated: the first pass's width, plus the second's for the rows it took (a row that
-        failed both counts its direct passes only)."""
-        rows = self.indices.shape[0]
-        if len(self.widths) == 1:
-            return summarize_levels([(self.widths[0], rows)])
-        return summarize_levels([(self.widths[0], rows - self.widened), (sum(self.widths), self.widened)])
-
-
-def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device,
-                      work_bytes: int, select: str = "auto", exclude_self: bool = False) -> DirectRows | None:
-    """Each query's exact k nearest corpus vectors by the direct path (the section's comment).
-
-    ``exclude_self``: a graph (``queries`` is ``corpus``) without each point's own pair. Returns
-    None where an input is not finite (the pipeline reports it). ``work_bytes`` bounds a chunk's
-    scores (and :data:`DIRECT_CHUNK_SCORES`); ``select`` picks each row's candidates
-    (:func:`knng.select.resolve`).
-    """
-    stages.count("direct")
-    nq, n = queries.n, corpus.n
-    available = n - 1 if exclude_self else n
-    dtype = torch.float32 if queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS else torch.float64
-    # The inputs as tensors on the device (views where they already are): the exact finish
-    # gathers its candidates' rows from them.
-    corpus = rows_on(corpus, device)
-    queries = corpus if exclude_self else rows_on(queries, device)
-    if n == 0:
-        return None
-    c = corpus.tensor.to(dtype)
-    mean = c[::max(1, n // DIRECT_CENTRE_SAMPLE)].mean(dim=0)
-    c = c - mean
-    q = c if exclude_self else queries.tensor.to(dtype) - mean
-    c_norms = torch.linalg.vector_norm(c, dim=1)  # in the product's type (float64's took 11 ms of 100k × 64)
-    q_norms = c_norms if exclude_self else torch.linalg.vector_norm(q, dim=1)
-    # Non-finite inputs (or a centre that overflows), and scores that could overflow, go to the
-    # pipeline: every score is at most (‖q‖ + ‖c‖)² in magnitude. The first synchronisation.
-    c_max, q_max = torch.stack([c_norms.max(), q_norms.max()]).double().tolist()
-    if not math.isfinite((c_max + q_max) ** 2):
-        return None
-    # The scores come out of one product with the squares as its bias, the rows scaled by −2
-    # (exactly: a power of two): a 1-D bias with unit factors is added in the product's epilogue
-    # (cuBLASLt), where a broadcast one is first copied into the output (0.24 ms of a 100 × 1M
-    # search on an H200).
-    squares = c_norms ** 2
-    q_norms64 = q_norms.double()
-    out_idx = torch.empty((nq, k), dtype=torch.int64, device=device)
-    out_dist = torch.empty((nq, k), dtype=torch.float64, device=device)
-    stats = ExactStats()
-    most = DIRECT_CHUNK_SCORES.get(device.type, DIRECT_CHUNK_SCORES_DEVICE)
-    chunk = max(1, min(nq, most // max(1, n), work_bytes // max(1, 3 * n * c.element_size())))
-
-    def certified(rows: torch.Tensor | None, w: int) -> torch.Tensor:
-        """One pass over ``rows`` (all where None) keeping ``w`` candidates a row: their k
-        nearest written out, and the rows of ``rows`` it could not certify (a synchronisation)."""
-        count = nq if rows is None else rows.numel()
-        bound = direct_rounding_bound(c_max, q_norms64 if rows is None else q_norms64[rows], corpus.d, dtype)
-        sure = torch.ones(count, dtype=torch.bool, device=device)
-        # qms and the grouped filter select float32 keys (float64 scores go to torch.topk),
-        # and a small call's selection must not wait for the host (qms reads back the rows it
-        # failed).
-        pick = resolve_select(select if dtype == torch.float32 else "topk", rows=min(chunk, count), cols=n, k=w,
-                              device=device, without_sync=True)
-        for r0 in range(0, count, chunk):
-            r1 = min(count, r0 + chunk)
-            ids = torch.arange(r0, r1, device=device) if rows is None else rows[r0:r1]
-            scores = torch.addmm(squares, (q[r0:r1] if rows is None else q[ids]) * -2, c.T)
-            if exclude_self:
-                scores.scatter_(1, ids[:, None], torch.inf)
-            values, cand = pick(scores, w, sorted=True)
-            del scores
-            if w < available:
-                sure[r0:r1] = (values[:, w - 1].double() - values[:, k - 1].double()) > 2 * bound[r0:r1]
-            exact = exact_pairs_of(metric, queries, ids, corpus, cand, device)
-            stats.exact_evaluations += exact.numel()
-            if rows is None:
-                out_idx[r0:r1], out_dist[r0:r1] = sort_by_distance_then_index(exact, cand, k)
-            else:
-                out_idx[ids], out_dist[ids] = sort_by_distance_then_index(exact, cand, k)
-        if w >= available or bool(sure.all()):
-            return torch.empty(0, dtype=torch.int64, device=device)
-        bad = torch.nonzero(~sure).flatten()
-        return bad if rows is None else rows[bad]
-
-    # The second synchronisation: the rows that failed (most calls: none). They go through a
-    # second pass with :data:`DIRECT_WIDER` candidates, which settles the ties of real data
-    # (zero descriptors, integer photon counts, flat patches) short of the largest groups; the
-    # rows it cannot certify either go to the rest of the plan.
-    w = min(available, k + DIRECT_MARGIN + k // 8)
-    bad = certified(None, w)
-    widths, widened = [w], int(bad.numel())
-    if widened:
-        widths.append(min(available, DIRECT_WIDER * w))
-        stages.count("direct.wider")
-        bad = certified(bad, widths[-1])
-    if bad.numel():
-        out_idx[bad], out_dist[bad] = -1, torch.inf
-        stages.count("direct.uncertified")
-    stats.rows = nq - int(bad.numel())
-    return DirectRows(out_idx, out_dist, bad, stats, widths, widened)
