@@ -295,6 +295,15 @@ def test_no_scikit_learn_computation_is_inherited(cls):
     for name, value in vars(KNeighborsMixin).items():
         if callable(value) and not name.startswith("__") and name != "_kneighbors_reduce_func":
             assert getattr(cls, name) is not value, f"{cls.__name__}.{name} is scikit-learn's"
+    # NearestNeighbors is a RadiusNeighborsMixin too: its radius_neighbors is knng's, and the
+    # mixin's radius_neighbors_graph only lays out what that returns (it computes nothing).
+    from sklearn.neighbors._base import RadiusNeighborsMixin
+
+    if issubclass(cls, RadiusNeighborsMixin):
+        for name, value in vars(RadiusNeighborsMixin).items():
+            if callable(value) and not name.startswith("__") and name not in (
+                    "_radius_neighbors_reduce_func", "radius_neighbors_graph"):
+                assert getattr(cls, name) is not value, f"{cls.__name__}.{name} is scikit-learn's"
 
 
 @pytest.mark.parametrize("mode", ["connectivity", "distance"])
@@ -412,3 +421,81 @@ def test_precomputed_estimators_match_sklearn_and_errors():
         nn.kneighbors(Dq - 1.0)
     with pytest.raises(ValueError, match="features"):
         nn.kneighbors(Dq[:, :10])
+
+
+# ------------------------------------------------------------------------- radius queries
+def _rows_equal(got, want, dist=None, want_dist=None):
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a, b, err_msg=f"row {i}")
+        if dist is not None:
+            np.testing.assert_allclose(dist[i], want_dist[i], rtol=1e-12, atol=0, err_msg=f"row {i}")
+
+
+@pytest.mark.parametrize("data", ["gauss", "duplicates", "integers"])
+@pytest.mark.parametrize("queries", ["train", "given"])
+def test_radius_neighbors_match_scikit_learn(rng, data, queries):
+    """float64 data: the same neighbours as scikit-learn's brute force in each row (by index, or
+    by distance with sort_results where no two tie), and the exact float64 distances."""
+    X = rng.standard_normal((400, 5))
+    if data == "duplicates":
+        X[100:140] = X[7]
+    elif data == "integers":
+        X = np.round(2 * X)
+    Q = None if queries == "train" else X[:30] + (0 if data == "integers" else 0.1)
+    r = 2.0 if data == "integers" else 1.3
+    ours = NearestNeighbors(radius=r, device="cpu").fit(X)
+    ref = skn.NearestNeighbors(radius=r, algorithm="brute").fit(X)
+    dist, ind = ours.radius_neighbors(Q)
+    ref_dist, ref_ind = ref.radius_neighbors(Q)
+    order = [np.argsort(i, kind="stable") for i in ref_ind]  # scikit-learn's unsorted rows, by index
+    _rows_equal(ind, [i[o] for i, o in zip(ref_ind, order)], dist, [d[o] for d, o in zip(ref_dist, order)])
+    assert dist[0].dtype == np.float64 and ind[0].dtype == np.int64
+    # Sorted: by (distance, index) in knng; the oracle decides the order of ties.
+    sdist, sind = ours.radius_neighbors(Q, sort_results=True)
+    for d, i in zip(sdist, sind):
+        assert (np.diff(d) >= 0).all() and not ((np.diff(d) == 0) & (np.diff(i) < 0)).any()
+    A = ours.radius_neighbors_graph(Q, mode="distance")
+    B = ref.radius_neighbors_graph(Q, mode="distance")
+    assert A.shape == B.shape and abs(A - B).max() <= 1e-12 * max(1.0, abs(B).max())
+    assert (ours.radius_neighbors_graph(Q) != ref.radius_neighbors_graph(Q)).nnz == 0
+
+
+def test_radius_neighbors_per_query_radii_float32_and_torch(rng):
+    X = rng.standard_normal((300, 4)).astype(np.float32)
+    radii = np.linspace(0.5, 2.0, 20)
+    dist, ind = NearestNeighbors(device="cpu").fit(X).radius_neighbors(X[:20] + 0.05, radius=radii)
+    ref_dist, ref_ind = skn.NearestNeighbors().fit(X.astype(np.float64)).radius_neighbors(
+        X[:20].astype(np.float64) + np.float32(0.05), radius=radii)
+    assert dist[0].dtype == np.float32
+    for a, b in zip(ind, ref_ind):
+        np.testing.assert_array_equal(a, np.sort(b))
+    tdist, tind = NearestNeighbors(radius=1.0, device="cpu").fit(torch.from_numpy(X)).radius_neighbors(
+        torch.from_numpy(X[:5]))
+    ndist, nind = NearestNeighbors(radius=1.0, device="cpu").fit(X).radius_neighbors(X[:5])
+    _rows_equal(tind, nind, tdist, ndist)
+
+
+def test_radius_neighbors_precomputed_and_errors(rng):
+    X = rng.standard_normal((60, 3))
+    D = np.sqrt(((X[:, None] - X[None]) ** 2).sum(-1))
+    pre = NearestNeighbors(radius=1.0, metric="precomputed").fit(D)
+    ref = skn.NearestNeighbors(radius=1.0, metric="precomputed").fit(D)
+    for Q in (None, D[:10]):
+        dist, ind = pre.radius_neighbors(Q, sort_results=True)
+        rdist, rind = ref.radius_neighbors(Q, sort_results=True)
+        _rows_equal(ind, rind, dist, rdist)
+    with pytest.raises(ValueError, match="return_distance must be True"):
+        pre.radius_neighbors(return_distance=False, sort_results=True)
+    with pytest.raises(ValueError, match="radius queries serve"):
+        NearestNeighbors(metric="cosine", device="cpu").fit(X).radius_neighbors(X[:3])
+    with pytest.raises(InvalidParameterError):
+        NearestNeighbors(radius=-1.0).fit(X)
+
+
+def test_scikit_learns_radius_neighbors_graph_function_takes_knng_estimators(rng):
+    X = rng.standard_normal((200, 3))
+    ours = NearestNeighbors(radius=0.8, device="cpu").fit(X)
+    A = skn.radius_neighbors_graph(ours, 0.8, mode="distance")
+    B = skn.radius_neighbors_graph(X, 0.8, mode="distance")
+    assert abs(A - B).max() <= 1e-12

@@ -59,13 +59,14 @@ from sklearn.neighbors import BallTree, KDTree
 # lived in sklearn.neighbors._base since 0.22. KNeighborsMixin is what
 # sklearn.neighbors.kneighbors_graph checks for; NeighborsBase is only recognised (a fitted
 # scikit-learn estimator can be fitted from), never inherited (see _KNNGNeighborsBase).
-from sklearn.neighbors._base import KNeighborsMixin, NeighborsBase
+from sklearn.neighbors._base import KNeighborsMixin, NeighborsBase, RadiusNeighborsMixin
 from sklearn.utils._param_validation import Interval, InvalidParameterError, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from knng._inputs import as_input
 from knng.api import graph as knng_graph
+from knng.api import radius as knng_radius
 from knng.api import search as knng_search
 from knng.engine.exact import exact_pairs_of, sort_by_distance_then_index
 from knng.metrics import METRICS, get_metric
@@ -317,6 +318,27 @@ def _precomputed_neighbors(D: Any, k: int) -> tuple[Any, Any]:
         return sort_by_distance_then_index(D, cols, k)
     ind = np.argsort(D, axis=1, kind="stable")[:, :k].astype(np.int64)
     return ind, np.take_along_axis(D, ind, axis=1)
+
+
+def _precomputed_within(D: Any, radius: Any, sort_results: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entries of the distance matrix ``D`` at most ``radius`` (one, or one a row): flat
+    rows, columns and values on the host, each row by index, or by (value, index)."""
+    D = _to_numpy(D)
+    r = np.asarray(radius, dtype=np.float64)
+    rows, cols = np.nonzero(D <= (r[:, None] if r.ndim else r))
+    values = D[rows, cols]
+    if sort_results:
+        order = np.lexsort((cols, values, rows))
+        rows, cols, values = rows[order], cols[order], values[order]
+    return rows, cols, values
+
+
+def _object_rows(parts: list[np.ndarray]) -> np.ndarray:
+    """A 1-D object array holding each array of ``parts`` (scikit-learn's radius rows)."""
+    out = np.empty(len(parts), dtype=object)
+    for i, part in enumerate(parts):  # one by one: rows of equal length would make a 2-D array
+        out[i] = part
+    return out
 
 
 def _mask_first_duplicates(indices: Any, distances: Any, k: int) -> tuple[Any, Any]:
@@ -637,15 +659,20 @@ _COMMON_PARAMS_DOC = """
 # --------------------------------------------------------------------------------------------
 
 
-class NearestNeighbors(_KNNGNeighborsBase):
-    __doc__ = """Unsupervised learner for exact k-nearest-neighbour queries, on CPU or GPU.
+class NearestNeighbors(RadiusNeighborsMixin, _KNNGNeighborsBase):
+    __doc__ = """Unsupervised learner for exact k-nearest-neighbour and radius queries, on CPU or GPU.
 
-    Drop-in for :class:`sklearn.neighbors.NearestNeighbors` (k-neighbour queries only).
+    Drop-in for :class:`sklearn.neighbors.NearestNeighbors`. ``RadiusNeighborsMixin`` is
+    inherited so that scikit-learn recognises the radius queries (its
+    ``radius_neighbors_graph`` method is the mixin's, over :meth:`radius_neighbors`).
 
     Parameters
     ----------
     n_neighbors : int, default=5
         Neighbours per query for :meth:`kneighbors`.
+    radius : float, default=1.0
+        The radius of :meth:`radius_neighbors` and :meth:`radius_neighbors_graph` (Euclidean
+        and squared Euclidean metrics, or ``"precomputed"``).
     """ + _COMMON_PARAMS_DOC + """
     Attributes
     ----------
@@ -669,10 +696,16 @@ class NearestNeighbors(_KNNGNeighborsBase):
     array([[1, 0]])
     """
 
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_KNNGNeighborsBase._parameter_constraints,
+        "radius": [Interval(Real, 0, None, closed="left")],
+    }
+
     def __init__(
         self,
         n_neighbors: int = 5,
         *,
+        radius: float = 1.0,
         algorithm: str = "auto",
         leaf_size: int = 30,
         metric: str | Callable[..., Any] = "minkowski",
@@ -684,6 +717,7 @@ class NearestNeighbors(_KNNGNeighborsBase):
         memory_budget: int | str | None = None,
     ) -> None:
         self.n_neighbors = n_neighbors
+        self.radius = radius
         self.algorithm = algorithm
         self.leaf_size = leaf_size
         self.metric = metric
@@ -711,6 +745,63 @@ class NearestNeighbors(_KNNGNeighborsBase):
             The fitted estimator.
         """
         return self._fit(X)
+
+    def radius_neighbors(self, X: Any = None, radius: Any = None, return_distance: bool = True,
+                         sort_results: bool = False) -> Any:
+        """Find the exact neighbours within a radius of each point (``knng.radius``).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
+            Query points (with ``metric="precomputed"``: their distances to the training
+            points). If None, the training points, each without itself (by index: its
+            duplicates stay, as in scikit-learn).
+        radius : float or array-like of shape (n_queries,), default=None
+            The radius; default ``self.radius``. A pair at exactly the radius is in.
+        return_distance : bool, default=True
+            Whether to return the distances too.
+        sort_results : bool, default=False
+            Each row by (distance, index); else by index. Needs ``return_distance=True``.
+
+        Returns
+        -------
+        neigh_dist : ndarray of shape (n_queries,) of arrays
+            Each query's distances (float64 for float64 or integer data: the exact values;
+            float32 otherwise), only when ``return_distance=True``.
+        neigh_ind : ndarray of shape (n_queries,) of arrays
+            Each query's int64 indices into the training data. Host arrays whatever the
+            input's kind (rows of any length).
+        """
+        check_is_fitted(self)
+        if sort_results and not return_distance:
+            raise ValueError("return_distance must be True if sort_results is True.")
+        radius = self.radius if radius is None else radius
+        metric = self.effective_metric_
+        queries = self._fit_X if X is None else self._validate_query(X)
+        if metric == "precomputed":
+            rows, cols, dist = _precomputed_within(queries if X is None else _check_precomputed(queries), radius,
+                                                   sort_results)
+        else:
+            if metric not in ("euclidean", "sqeuclidean"):
+                raise ValueError(f"radius queries serve the metrics 'euclidean' and 'sqeuclidean' (and "
+                                 f"'precomputed'), not {self.metric!r}")
+            found = knng_radius(queries, self._fit_X, radius, metric=metric, device=self.device,
+                                memory_budget=self.memory_budget, sort_results=sort_results).numpy()
+            rows = np.repeat(np.arange(found.n_queries), np.diff(found.indptr))
+            cols, dist = found.indices, found.distances
+            if return_distance and (_is_double(queries) or _is_double(self._fit_X)):
+                pairs = exact_pairs_of(get_metric(metric), as_input(queries, "X"), torch.from_numpy(rows),
+                                       as_input(self._fit_X, "X"), torch.from_numpy(cols), torch.device("cpu"))
+                dist = pairs.cpu().numpy()
+        if X is None:  # each training point without itself
+            keep = cols != rows
+            rows, cols, dist = rows[keep], cols[keep], dist[keep]
+        n_queries = int(queries.shape[0])
+        bounds = np.cumsum(np.bincount(rows, minlength=n_queries))[:-1]
+        neigh_ind = _object_rows(np.split(cols.astype(np.int64, copy=False), bounds))
+        if not return_distance:
+            return neigh_ind
+        return _object_rows(np.split(dist, bounds)), neigh_ind
 
 
 class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
