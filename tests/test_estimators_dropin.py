@@ -23,6 +23,9 @@ from knng.estimators import (
     KNeighborsRegressor,
     KNeighborsTransformer,
     NearestNeighbors,
+    RadiusNeighborsClassifier,
+    RadiusNeighborsRegressor,
+    RadiusNeighborsTransformer,
 )
 
 ESTIMATORS = [NearestNeighbors, KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer]
@@ -341,6 +344,13 @@ def test_sklearn_kneighbors_graph_takes_knng_estimators(mode, include_self):
         KNeighborsRegressor(metric="precomputed"),
         KNeighborsTransformer(metric="precomputed"),
         KNeighborsTransformer(metric="minkowski", p=2, algorithm="kd_tree", leaf_size=5, n_jobs=2),
+        # The radius estimators with scikit-learn's defaults (its checks run its own so), an
+        # outlier label, and precomputed distances.
+        RadiusNeighborsClassifier(device="cpu"),
+        RadiusNeighborsClassifier(outlier_label="most_frequent", weights="distance", device="cpu"),
+        RadiusNeighborsRegressor(device="cpu"),
+        RadiusNeighborsTransformer(device="cpu"),
+        RadiusNeighborsTransformer(metric="precomputed", device="cpu"),
     ]
 )
 def test_sklearn_estimator_checks_precomputed_and_keywords(estimator, check):
@@ -499,3 +509,47 @@ def test_scikit_learns_radius_neighbors_graph_function_takes_knng_estimators(rng
     A = skn.radius_neighbors_graph(ours, 0.8, mode="distance")
     B = skn.radius_neighbors_graph(X, 0.8, mode="distance")
     assert abs(A - B).max() <= 1e-12
+
+
+@pytest.mark.parametrize("weights", ["uniform", "distance"])
+def test_radius_classifier_and_regressor_match_scikit_learn(rng, weights):
+    X = rng.standard_normal((300, 3))
+    y = (X[:, 0] > 0).astype(int) + (X[:, 1] > 0.5)
+    yr = X[:, 0] * 2 + X[:, 2]
+    Q = rng.standard_normal((40, 3)) * 1.5
+    for outlier_label in ("most_frequent", 7):
+        ours = RadiusNeighborsClassifier(radius=0.6, weights=weights, outlier_label=outlier_label, device="cpu")
+        ref = skn.RadiusNeighborsClassifier(radius=0.6, weights=weights, outlier_label=outlier_label)
+        ours.fit(X, y), ref.fit(X, y)
+        with np.errstate(all="ignore"), pytest.warns(UserWarning) if outlier_label == 7 else _no_warning():
+            np.testing.assert_array_equal(ours.predict(Q), ref.predict(Q))
+            np.testing.assert_allclose(ours.predict_proba(Q), ref.predict_proba(Q), rtol=1e-12)
+    with pytest.raises(ValueError, match="No neighbors found"):
+        RadiusNeighborsClassifier(radius=0.01, device="cpu").fit(X, y).predict(Q)
+    reg = RadiusNeighborsRegressor(radius=0.6, weights=weights, device="cpu").fit(X, yr)
+    sk = skn.RadiusNeighborsRegressor(radius=0.6, weights=weights).fit(X, yr)
+    with pytest.warns(UserWarning, match="no neighbors"):
+        got = reg.predict(Q)
+    with pytest.warns(UserWarning):
+        want = sk.predict(Q)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert np.isnan(got).any()
+
+
+def test_radius_transformer_matches_scikit_learn(rng):
+    X = rng.standard_normal((200, 3))
+    for mode in ("distance", "connectivity"):
+        A = RadiusNeighborsTransformer(radius=0.7, mode=mode, device="cpu").fit_transform(X)
+        B = skn.RadiusNeighborsTransformer(radius=0.7, mode=mode).fit_transform(X)
+        assert A.shape == B.shape and abs(A - B).max() <= 1e-12
+        assert (A != 0).nnz <= A.nnz  # the diagonal's zero distances are stored, as scikit-learn's
+
+
+class _no_warning:
+    """A context that expects nothing (pytest.warns' counterpart where no warning is due)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

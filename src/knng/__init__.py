@@ -31,6 +31,9 @@ _LAZY: dict[str, str] = {
     "KNeighborsClassifier": "knng.estimators",
     "KNeighborsRegressor": "knng.estimators",
     "KNeighborsTransformer": "knng.estimators",
+    "RadiusNeighborsClassifier": "knng.estimators",
+    "RadiusNeighborsRegressor": "knng.estimators",
+    "RadiusNeighborsTransformer": "knng.estimators",
     "DiffusionMap": "knng.manifold",
     "KnngPerformanceWarning": "knng.engine.plan",
     "options": "knng._options",
@@ -47,7 +50,7 @@ _SUBMODULES = frozenset({
 __all__ = [
     "search", "graph", "radius", "Neighbors", "Graph", "RadiusNeighbors", "load_graph",
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
-    "DiffusionMap", "KnngPerformanceWarning", "options", "get_options", "Options", "__version__",
+    "RadiusNeighborsClassifier", "RadiusNeighborsRegressor", "RadiusNeighborsTransformer", "DiffusionMap", "KnngPerformanceWarning", "options", "get_options", "Options", "__version__",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from __getattr__
@@ -56,6 +59,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
     from knng._options import Options, get_options, options
     from knng.estimators import (
         KNeighborsClassifier, KNeighborsRegressor, KNeighborsTransformer, NearestNeighbors,
+        RadiusNeighborsClassifier, RadiusNeighborsRegressor, RadiusNeighborsTransformer,
     )
     from knng.manifold import DiffusionMap
     from knng.results import Graph, Neighbors, RadiusNeighbors, load_graph

@@ -76,6 +76,9 @@ __all__ = [
     "KNeighborsClassifier",
     "KNeighborsRegressor",
     "KNeighborsTransformer",
+    "RadiusNeighborsClassifier",
+    "RadiusNeighborsRegressor",
+    "RadiusNeighborsTransformer",
 ]
 
 # NumPy dtypes knng computes with natively; anything else (ints, bools) becomes float64, like
@@ -364,21 +367,17 @@ def _mask_first_duplicates(indices: Any, distances: Any, k: int) -> tuple[Any, A
 # --------------------------------------------------------------------------------------------
 
 
-class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
-    """Fitting, input handling, ``kneighbors`` and ``kneighbors_graph`` shared by all four.
-
-    ``KNeighborsMixin`` comes first only to be an instance of it (scikit-learn's
-    ``kneighbors_graph(estimator, ...)`` checks that); this class defines every public method
-    the mixin has (``kneighbors``, ``kneighbors_graph``), so none of scikit-learn's
-    computations runs. ``NeighborsBase`` is not inherited: scikit-learn's own ``fit`` would then
-    take a knng estimator's ``_fit_X`` (possibly a torch tensor on a GPU), ``_tree`` and
+class _NeighborsFit(BaseEstimator):
+    """Fitting, input handling and tags shared by every estimator (the k-neighbour ones and the
+    radius ones). ``NeighborsBase`` is not inherited: scikit-learn's own ``fit`` would then take
+    a knng estimator's ``_fit_X`` (possibly a torch tensor on a GPU), ``_tree`` and
     ``_fit_method`` as its own, and its abstract ``__init__``, ``_fit`` and tags would all be
     replaced here anyway.
     """
 
-    _parameter_constraints: ClassVar[dict[str, list[Any]]] = dict(_COMMON_CONSTRAINTS)
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        name: rule for name, rule in _COMMON_CONSTRAINTS.items() if name != "n_neighbors"}
 
-    n_neighbors: int
     algorithm: str
     leaf_size: int
     metric: str
@@ -386,7 +385,6 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
     metric_params: dict[str, Any] | None
     n_jobs: int | None
     device: str | torch.device
-    select: str
     memory_budget: int | str | None
 
     # -- validation ---------------------------------------------------------------------------
@@ -483,6 +481,31 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
         self.effective_metric_ = self._metric
         self.effective_metric_params_: dict[str, Any] = {}
         return self
+
+    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        # scikit-learn's checks then pass square distance matrices, as to its own estimators.
+        tags.input_tags.pairwise = self.metric == "precomputed"
+        tags.input_tags.positive_only = tags.input_tags.pairwise  # distances are not negative
+        tags.target_tags.multi_output = True
+        return tags
+
+
+class _KNNGNeighborsBase(KNeighborsMixin, _NeighborsFit):
+    """``kneighbors`` and ``kneighbors_graph``, shared by the four k-neighbour estimators.
+
+    ``KNeighborsMixin`` comes first only to be an instance of it (scikit-learn's
+    ``kneighbors_graph(estimator, ...)`` checks that); this class defines every public method
+    the mixin has (``kneighbors``, ``kneighbors_graph``), so none of scikit-learn's
+    computations runs.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = dict(_COMMON_CONSTRAINTS)
+
+    n_neighbors: int
+    select: str
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -606,17 +629,6 @@ class _KNNGNeighborsBase(KNeighborsMixin, BaseEstimator):
             return _to_numpy(dist).astype(np.float64), _to_numpy(ind)
         return None, _to_numpy(self.kneighbors(X, return_distance=False))
 
-    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
-        tags.input_tags.allow_nan = False
-        # scikit-learn's checks then pass square distance matrices, as to its own estimators.
-        tags.input_tags.pairwise = self.metric == "precomputed"
-        tags.input_tags.positive_only = tags.input_tags.pairwise  # distances are not negative
-        tags.target_tags.multi_output = True
-        return tags
-
-
 _COMMON_PARAMS_DOC = """
     algorithm : {"auto", "ball_tree", "kd_tree", "brute"}, default="auto"
         Accepted for scikit-learn compatibility; every value runs knng's exact brute force
@@ -659,7 +671,72 @@ _COMMON_PARAMS_DOC = """
 # --------------------------------------------------------------------------------------------
 
 
-class NearestNeighbors(RadiusNeighborsMixin, _KNNGNeighborsBase):
+class _RadiusQueries(RadiusNeighborsMixin):
+    """``radius_neighbors`` on ``knng.radius``, for :class:`NearestNeighbors` and the radius
+    estimators. ``RadiusNeighborsMixin`` is inherited so that scikit-learn recognises them; its
+    ``radius_neighbors_graph`` only lays out what this ``radius_neighbors`` returns."""
+
+    radius: float
+
+    def radius_neighbors(self, X: Any = None, radius: Any = None, return_distance: bool = True,
+                         sort_results: bool = False) -> Any:
+        """Find the exact neighbours within a radius of each point (``knng.radius``).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
+            Query points (with ``metric="precomputed"``: their distances to the training
+            points). If None, the training points, each without itself (by index: its
+            duplicates stay, as in scikit-learn).
+        radius : float or array-like of shape (n_queries,), default=None
+            The radius; default ``self.radius``. A pair at exactly the radius is in.
+        return_distance : bool, default=True
+            Whether to return the distances too.
+        sort_results : bool, default=False
+            Each row by (distance, index); else by index. Needs ``return_distance=True``.
+
+        Returns
+        -------
+        neigh_dist : ndarray of shape (n_queries,) of arrays
+            Each query's distances (float64 for float64 or integer data: the exact values;
+            float32 otherwise), only when ``return_distance=True``.
+        neigh_ind : ndarray of shape (n_queries,) of arrays
+            Each query's int64 indices into the training data. Host arrays whatever the
+            input's kind (rows of any length).
+        """
+        check_is_fitted(self)
+        if sort_results and not return_distance:
+            raise ValueError("return_distance must be True if sort_results is True.")
+        radius = self.radius if radius is None else radius
+        metric = self.effective_metric_
+        queries = self._fit_X if X is None else self._validate_query(X)
+        if metric == "precomputed":
+            rows, cols, dist = _precomputed_within(queries if X is None else _check_precomputed(queries), radius,
+                                                   sort_results)
+        else:
+            if metric not in ("euclidean", "sqeuclidean"):
+                raise ValueError(f"radius queries serve the metrics 'euclidean' and 'sqeuclidean' (and "
+                                 f"'precomputed'), not {self.metric!r}")
+            found = knng_radius(queries, self._fit_X, radius, metric=metric, device=self.device,
+                                memory_budget=self.memory_budget, sort_results=sort_results).numpy()
+            rows = np.repeat(np.arange(found.n_queries), np.diff(found.indptr))
+            cols, dist = found.indices, found.distances
+            if return_distance and (_is_double(queries) or _is_double(self._fit_X)):
+                pairs = exact_pairs_of(get_metric(metric), as_input(queries, "X"), torch.from_numpy(rows),
+                                       as_input(self._fit_X, "X"), torch.from_numpy(cols), torch.device("cpu"))
+                dist = pairs.cpu().numpy()
+        if X is None:  # each training point without itself
+            keep = cols != rows
+            rows, cols, dist = rows[keep], cols[keep], dist[keep]
+        n_queries = int(queries.shape[0])
+        bounds = np.cumsum(np.bincount(rows, minlength=n_queries))[:-1]
+        neigh_ind = _object_rows(np.split(cols.astype(np.int64, copy=False), bounds))
+        if not return_distance:
+            return neigh_ind
+        return _object_rows(np.split(dist, bounds)), neigh_ind
+
+
+class NearestNeighbors(_RadiusQueries, _KNNGNeighborsBase):
     __doc__ = """Unsupervised learner for exact k-nearest-neighbour and radius queries, on CPU or GPU.
 
     Drop-in for :class:`sklearn.neighbors.NearestNeighbors`. ``RadiusNeighborsMixin`` is
@@ -745,64 +822,6 @@ class NearestNeighbors(RadiusNeighborsMixin, _KNNGNeighborsBase):
             The fitted estimator.
         """
         return self._fit(X)
-
-    def radius_neighbors(self, X: Any = None, radius: Any = None, return_distance: bool = True,
-                         sort_results: bool = False) -> Any:
-        """Find the exact neighbours within a radius of each point (``knng.radius``).
-
-        Parameters
-        ----------
-        X : array-like or torch.Tensor of shape (n_queries, n_features), default=None
-            Query points (with ``metric="precomputed"``: their distances to the training
-            points). If None, the training points, each without itself (by index: its
-            duplicates stay, as in scikit-learn).
-        radius : float or array-like of shape (n_queries,), default=None
-            The radius; default ``self.radius``. A pair at exactly the radius is in.
-        return_distance : bool, default=True
-            Whether to return the distances too.
-        sort_results : bool, default=False
-            Each row by (distance, index); else by index. Needs ``return_distance=True``.
-
-        Returns
-        -------
-        neigh_dist : ndarray of shape (n_queries,) of arrays
-            Each query's distances (float64 for float64 or integer data: the exact values;
-            float32 otherwise), only when ``return_distance=True``.
-        neigh_ind : ndarray of shape (n_queries,) of arrays
-            Each query's int64 indices into the training data. Host arrays whatever the
-            input's kind (rows of any length).
-        """
-        check_is_fitted(self)
-        if sort_results and not return_distance:
-            raise ValueError("return_distance must be True if sort_results is True.")
-        radius = self.radius if radius is None else radius
-        metric = self.effective_metric_
-        queries = self._fit_X if X is None else self._validate_query(X)
-        if metric == "precomputed":
-            rows, cols, dist = _precomputed_within(queries if X is None else _check_precomputed(queries), radius,
-                                                   sort_results)
-        else:
-            if metric not in ("euclidean", "sqeuclidean"):
-                raise ValueError(f"radius queries serve the metrics 'euclidean' and 'sqeuclidean' (and "
-                                 f"'precomputed'), not {self.metric!r}")
-            found = knng_radius(queries, self._fit_X, radius, metric=metric, device=self.device,
-                                memory_budget=self.memory_budget, sort_results=sort_results).numpy()
-            rows = np.repeat(np.arange(found.n_queries), np.diff(found.indptr))
-            cols, dist = found.indices, found.distances
-            if return_distance and (_is_double(queries) or _is_double(self._fit_X)):
-                pairs = exact_pairs_of(get_metric(metric), as_input(queries, "X"), torch.from_numpy(rows),
-                                       as_input(self._fit_X, "X"), torch.from_numpy(cols), torch.device("cpu"))
-                dist = pairs.cpu().numpy()
-        if X is None:  # each training point without itself
-            keep = cols != rows
-            rows, cols, dist = rows[keep], cols[keep], dist[keep]
-        n_queries = int(queries.shape[0])
-        bounds = np.cumsum(np.bincount(rows, minlength=n_queries))[:-1]
-        neigh_ind = _object_rows(np.split(cols.astype(np.int64, copy=False), bounds))
-        if not return_distance:
-            return neigh_ind
-        return _object_rows(np.split(dist, bounds)), neigh_ind
-
 
 class KNeighborsClassifier(ClassifierMixin, _KNNGNeighborsBase):
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -1188,5 +1207,447 @@ class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _
         -------
         Xt : scipy.sparse.csr_matrix of shape (n_samples, n_samples)
             The neighbour graph of the training set.
+        """
+        return self.fit(X).transform(X)
+
+
+# --------------------------------------------------------------------------------------------
+# radius estimators
+# --------------------------------------------------------------------------------------------
+
+_RADIUS_CONSTRAINTS: dict[str, list[Any]] = {
+    **_NeighborsFit._parameter_constraints,
+    "radius": [Interval(Real, 0, None, closed="left")],
+}
+
+_RADIUS_PARAMS_DOC = """
+    radius : float, default=1.0
+        The radius of the queries: every training point within it (``<=``) is a neighbour,
+        exactly (``knng.radius``). The metric must be Euclidean (``"minkowski"`` with ``p=2``,
+        ``"euclidean"``, ``"l2"``), ``"sqeuclidean"`` (a squared radius) or ``"precomputed"``.
+"""
+
+
+#: The parameters' documentation of the radius estimators: the common one without ``select``
+#: (a radius query selects nothing).
+_RADIUS_FIT_PARAMS_DOC = _COMMON_PARAMS_DOC.replace(
+    _COMMON_PARAMS_DOC[_COMMON_PARAMS_DOC.index("    select :"):_COMMON_PARAMS_DOC.index("    memory_budget :")], "")
+
+
+def _row_weights(dist: np.ndarray, weights: WeightsType) -> list[np.ndarray] | None:
+    """:func:`_get_weights` of each row of an object array of distance rows (None: uniform)."""
+    if weights in (None, "uniform"):
+        return None
+    return [_get_weights(np.asarray(row, dtype=np.float64)[None, :], weights)[0] for row in dist]
+
+
+class RadiusNeighborsClassifier(ClassifierMixin, _RadiusQueries, _NeighborsFit):
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_RADIUS_CONSTRAINTS,
+        "weights": [StrOptions(set(_WEIGHTS)), callable, None],
+        "outlier_label": [Integral, str, "array-like", None],
+    }
+
+    __doc__ = """Classifier voting among the exact neighbours within a radius, on CPU or GPU.
+
+    Drop-in for :class:`sklearn.neighbors.RadiusNeighborsClassifier`: the same predictions and
+    probabilities (ties in the vote go to the smallest class label).
+
+    Parameters
+    ----------""" + _RADIUS_PARAMS_DOC + """    weights : {"uniform", "distance", "inverse_square"}, callable or None, default="uniform"
+        As in :class:`KNeighborsClassifier`.
+    outlier_label : {manual label, "most_frequent"} or None, default=None
+        The label of a query without a neighbour: a label (or one per output), the most
+        frequent training label, or None: such a query raises ``ValueError``.""" + _RADIUS_FIT_PARAMS_DOC + """
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,) or list of such arrays
+        Class labels (one array per output).
+    outlier_label_ : list
+        The label given to queries without neighbours, one per output (None: an error).
+    outputs_2d_ : bool
+        Whether y was 2-D with more than one column at fit.
+    n_samples_fit_ : int
+        Number of training samples.
+    effective_metric_ : str
+        The metric computed, by knng's name.
+
+    Examples
+    --------
+    >>> from knng.estimators import RadiusNeighborsClassifier
+    >>> clf = RadiusNeighborsClassifier(radius=1.5, device="cpu")
+    >>> clf.fit([[0.0], [1.0], [2.0], [3.0]], [0, 0, 1, 1]).predict([[0.4]])
+    array([0])
+    """
+
+    def __init__(
+        self,
+        radius: float = 1.0,
+        *,
+        weights: WeightsType = "uniform",
+        algorithm: str = "auto",
+        leaf_size: int = 30,
+        p: float | None = 2,
+        metric: str | Callable[..., Any] = "minkowski",
+        outlier_label: Any = None,
+        metric_params: dict[str, Any] | None = None,
+        n_jobs: int | None = None,
+        device: str | torch.device = "auto",
+        memory_budget: int | str | None = None,
+    ) -> None:
+        self.radius = radius
+        self.weights = weights
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
+        self.p = p
+        self.metric = metric
+        self.outlier_label = outlier_label
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
+        self.device = device
+        self.memory_budget = memory_budget
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any) -> "RadiusNeighborsClassifier":
+        """Fit the classifier from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Target labels.
+
+        Returns
+        -------
+        self : RadiusNeighborsClassifier
+            The fitted classifier.
+        """
+        self._fit(X, y)
+        classes = self.classes_ if self.outputs_2d_ else [self.classes_]
+        if self.outlier_label is None:
+            labels: list[Any] | None = None
+        elif isinstance(self.outlier_label, str) and self.outlier_label == "most_frequent":
+            y2 = self._y if self.outputs_2d_ else self._y.reshape((-1, 1))
+            labels = [classes[j][np.bincount(y2[:, j]).argmax()] for j in range(len(classes))]
+        else:
+            given = self.outlier_label
+            if np.ndim(given) == 0 or isinstance(given, str):
+                labels = [given] * len(classes)
+            else:
+                labels = list(given)
+                if len(labels) != len(classes):
+                    raise ValueError(f"The length of outlier_label: {given} is inconsistent with the output "
+                                     f"length: {len(classes)}")
+            for label, classes_j in zip(labels, classes):
+                if not (np.ndim(label) == 0 or isinstance(label, str)):
+                    raise TypeError(f"The outlier_label of classes {classes_j} is supposed to be a scalar, got "
+                                    f"{label}.")
+                if np.append(classes_j, label).dtype != classes_j.dtype:
+                    raise TypeError(f"The dtype of outlier_label {label} is inconsistent with classes {classes_j} "
+                                    "in y.")
+        self.outlier_label_ = labels
+        return self
+
+    def predict_proba(self, X: Any) -> np.ndarray | list[np.ndarray]:
+        """Return probability estimates for the test data X.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), or None
+            Test samples; None means the training samples, each without itself.
+
+        Returns
+        -------
+        p : ndarray of shape (n_queries, n_classes), or a list of n_outputs such arrays
+            Class probabilities, columns in the order of ``classes_``; a query without
+            neighbours has probability 1 for the outlier label (0 everywhere where that label
+            is not a training class, with a warning).
+        """
+        check_is_fitted(self)
+        uniform = self.weights in (None, "uniform")
+        if uniform:
+            ind = self.radius_neighbors(X, return_distance=False)
+            weights = None
+        else:
+            dist, ind = self.radius_neighbors(X)
+            weights = _row_weights(dist, self.weights)
+        n_queries = len(ind)
+        outliers = np.flatnonzero([len(row) == 0 for row in ind])
+        if self.outlier_label_ is None and outliers.size:
+            raise ValueError(f"No neighbors found for test samples {outliers!r}, you can try using larger radius, "
+                             "giving a label for outliers, or considering removing them from your dataset.")
+        classes = self.classes_ if self.outputs_2d_ else [self.classes_]
+        y = self._y if self.outputs_2d_ else self._y.reshape((-1, 1))
+        probabilities = []
+        for j, classes_j in enumerate(classes):
+            proba = np.zeros((n_queries, classes_j.size))
+            for i, row in enumerate(ind):
+                if len(row):
+                    proba[i] = np.bincount(y[row, j], None if weights is None else weights[i],
+                                           minlength=classes_j.size)
+            if outliers.size:
+                label = self.outlier_label_[j]
+                at = np.flatnonzero(classes_j == label)
+                if at.size == 1:
+                    proba[outliers, at[0]] = 1.0
+                else:
+                    import warnings
+
+                    warnings.warn(f"Outlier label {label} is not in training classes. All class probabilities of "
+                                  "outliers will be assigned with 0.", stacklevel=2)
+            norm = proba.sum(axis=1)[:, np.newaxis]
+            norm[norm == 0.0] = 1.0
+            probabilities.append(proba / norm)
+        return probabilities if self.outputs_2d_ else probabilities[0]
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predict the class labels for the provided data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), or None
+            Test samples; None means the training samples, each without itself.
+
+        Returns
+        -------
+        y : ndarray of shape (n_queries,) or (n_queries, n_outputs)
+            The most voted class of each query (ties: the smallest label); queries without
+            neighbours get the outlier label.
+        """
+        probabilities = self.predict_proba(X)
+        classes = self.classes_ if self.outputs_2d_ else [self.classes_]
+        probs = probabilities if self.outputs_2d_ else [probabilities]
+        n_queries = probs[0].shape[0]
+        y_pred = np.empty((n_queries, len(classes)), dtype=classes[0].dtype)
+        for j, (proba, classes_j) in enumerate(zip(probs, classes)):
+            y_pred[:, j] = classes_j.take(proba.argmax(axis=1))
+            empty = np.flatnonzero((proba == 0).all(axis=1))
+            if empty.size:
+                y_pred[empty, j] = self.outlier_label_[j]
+        return y_pred if self.outputs_2d_ else y_pred.ravel()
+
+    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = True
+        return tags
+
+
+class RadiusNeighborsRegressor(RegressorMixin, _RadiusQueries, _NeighborsFit):
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_RADIUS_CONSTRAINTS,
+        "weights": [StrOptions(set(_WEIGHTS)), callable, None],
+    }
+
+    __doc__ = """Regression by the mean target of the exact neighbours within a radius, on CPU or GPU.
+
+    Drop-in for :class:`sklearn.neighbors.RadiusNeighborsRegressor`.
+
+    Parameters
+    ----------""" + _RADIUS_PARAMS_DOC + """    weights : {"uniform", "distance", "inverse_square"}, callable or None, default="uniform"
+        As in :class:`KNeighborsClassifier`.""" + _RADIUS_FIT_PARAMS_DOC + """
+    Attributes
+    ----------
+    n_samples_fit_ : int
+        Number of training samples.
+    effective_metric_ : str
+        The metric computed, by knng's name.
+
+    Examples
+    --------
+    >>> from knng.estimators import RadiusNeighborsRegressor
+    >>> reg = RadiusNeighborsRegressor(radius=1.0, device="cpu")
+    >>> reg.fit([[0.0], [1.0], [2.0], [3.0]], [0.0, 0.0, 1.0, 1.0]).predict([[1.5]])
+    array([0.5])
+    """
+
+    def __init__(
+        self,
+        radius: float = 1.0,
+        *,
+        weights: WeightsType = "uniform",
+        algorithm: str = "auto",
+        leaf_size: int = 30,
+        p: float | None = 2,
+        metric: str | Callable[..., Any] = "minkowski",
+        metric_params: dict[str, Any] | None = None,
+        n_jobs: int | None = None,
+        device: str | torch.device = "auto",
+        memory_budget: int | str | None = None,
+    ) -> None:
+        self.radius = radius
+        self.weights = weights
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
+        self.p = p
+        self.metric = metric
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
+        self.device = device
+        self.memory_budget = memory_budget
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any) -> "RadiusNeighborsRegressor":
+        """Fit the regressor from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Targets.
+
+        Returns
+        -------
+        self : RadiusNeighborsRegressor
+            The fitted regressor.
+        """
+        return self._fit(X, y)
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predict the target for the provided data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_queries, n_features), or None
+            Test samples; None means the training samples, each without itself.
+
+        Returns
+        -------
+        y : ndarray of shape (n_queries,) or (n_queries, n_outputs)
+            (Weighted) mean target of the neighbours, float64; NaN, with a warning, for a query
+            without neighbours.
+        """
+        check_is_fitted(self)
+        uniform = self.weights in (None, "uniform")
+        if uniform:
+            ind = self.radius_neighbors(X, return_distance=False)
+            weights = None
+        else:
+            dist, ind = self.radius_neighbors(X)
+            weights = _row_weights(dist, self.weights)
+        y = self._y.reshape((-1, 1)) if self._y.ndim == 1 else self._y
+        empty = np.full(y.shape[1], np.nan)
+        if weights is None:
+            rows = [np.mean(y[row, :], axis=0) if len(row) else empty for row in ind]
+        else:
+            rows = [np.average(y[row, :], axis=0, weights=weights[i]) if len(row) else empty
+                    for i, row in enumerate(ind)]
+        y_pred = np.array(rows, dtype=np.float64).reshape(len(ind), y.shape[1])
+        if np.isnan(y_pred).any():
+            import warnings
+
+            warnings.warn("One or more samples have no neighbors within specified radius; predicting NaN.",
+                          stacklevel=2)
+        return y_pred.ravel() if self._y.ndim == 1 else y_pred
+
+
+class RadiusNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _RadiusQueries, _NeighborsFit):
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        **_RADIUS_CONSTRAINTS,
+        "mode": [StrOptions(set(_MODES))],
+    }
+
+    __doc__ = """Transform X into a sparse graph of its exact neighbours within a radius, on CPU or GPU.
+
+    Drop-in for :class:`sklearn.neighbors.RadiusNeighborsTransformer`.
+
+    Parameters
+    ----------
+    mode : {"distance", "connectivity"}, default="distance"
+        The stored values: distances, or ones.""" + _RADIUS_PARAMS_DOC + \
+        _RADIUS_FIT_PARAMS_DOC + """
+    Attributes
+    ----------
+    n_samples_fit_ : int
+        Number of training samples.
+    effective_metric_ : str
+        The metric computed, by knng's name.
+
+    Examples
+    --------
+    >>> from knng.estimators import RadiusNeighborsTransformer
+    >>> t = RadiusNeighborsTransformer(radius=1.5, device="cpu")
+    >>> t.fit_transform([[0.0], [1.0], [3.0]]).toarray()
+    array([[0., 1., 0.],
+           [1., 0., 0.],
+           [0., 0., 0.]])
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: str = "distance",
+        radius: float = 1.0,
+        algorithm: str = "auto",
+        leaf_size: int = 30,
+        metric: str | Callable[..., Any] = "minkowski",
+        p: float | None = 2,
+        metric_params: dict[str, Any] | None = None,
+        n_jobs: int | None = None,
+        device: str | torch.device = "auto",
+        memory_budget: int | str | None = None,
+    ) -> None:
+        self.mode = mode
+        self.radius = radius
+        self.algorithm = algorithm
+        self.leaf_size = leaf_size
+        self.metric = metric
+        self.p = p
+        self.metric_params = metric_params
+        self.n_jobs = n_jobs
+        self.device = device
+        self.memory_budget = memory_budget
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any = None) -> "RadiusNeighborsTransformer":
+        """Fit the transformer from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        self : RadiusNeighborsTransformer
+            The fitted transformer.
+        """
+        self._fit(X)
+        self._n_features_out = self.n_samples_fit_
+        return self
+
+    def transform(self, X: Any) -> scipy.sparse.csr_matrix:
+        """The graph of each point's neighbours within the radius, sorted by distance.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples_transform, n_features)
+            Sample data.
+
+        Returns
+        -------
+        Xt : scipy.sparse.csr_matrix of shape (n_samples_transform, n_samples_fit)
+            Only neighbours are stored (a point at distance 0 from itself included).
+        """
+        check_is_fitted(self)
+        return self.radius_neighbors_graph(X, mode=self.mode, sort_results=True)
+
+    def fit_transform(self, X: Any, y: Any = None) -> scipy.sparse.csr_matrix:
+        """Fit to X, then transform X.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training set.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        Xt : scipy.sparse.csr_matrix of shape (n_samples, n_samples)
+            The radius graph of the training set.
         """
         return self.fit(X).transform(X)
