@@ -303,9 +303,29 @@ def test_errors():
         NearestNeighbors(metric="manhattan").fit(X)
     with pytest.raises(ValueError, match="weights"):
         KNeighborsClassifier(weights="bogus").fit(X, np.arange(10) % 2)
-    with pytest.raises(TypeError, match="[Ss]parse"):
-        NearestNeighbors().fit(scipy.sparse.csr_matrix(X))
+    with pytest.raises(TypeError, match="sparse.*precomputed"):
+        NearestNeighbors(metric="precomputed").fit(scipy.sparse.csr_matrix(np.abs(X[:, :1] - X[:, :1].T)))
     assert nn.kneighbors(n_neighbors=9)[1].shape == (10, 9)
+
+
+def test_sparse_data_give_the_dense_answer():
+    """CSR data (fit and queries) are read dense a block at a time: the dense data's answer."""
+    rng = np.random.default_rng(5)
+    X = scipy.sparse.random(300, 40, density=0.1, format="csr", random_state=3)
+    dense = X.toarray()
+    for est in (NearestNeighbors(n_neighbors=4, radius=0.9, device="cpu"),):
+        d1, i1 = est.fit(X).kneighbors(X[:20])
+        d2, i2 = est.fit(dense).kneighbors(dense[:20])
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_array_equal(d1, d2)
+        r1 = est.fit(X).radius_neighbors(X[:20])
+        r2 = est.fit(dense).radius_neighbors(dense[:20])
+        for a, b in zip(r1[1], r2[1]):
+            np.testing.assert_array_equal(a, b)
+    y = rng.integers(0, 3, 300)
+    clf_sparse = KNeighborsClassifier(n_neighbors=5, device="cpu").fit(X, y).predict(X[:50])
+    np.testing.assert_array_equal(clf_sparse, KNeighborsClassifier(n_neighbors=5, device="cpu").fit(dense, y)
+                                  .predict(dense[:50]))
 
 
 def test_other_metrics_agree_with_knng_search():

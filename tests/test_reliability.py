@@ -464,15 +464,32 @@ def test_a_closed_pipe_ends_the_output_quietly(tmp_path, small):
     assert proc.returncode == 141 and stderr == "", stderr
 
 
-def test_sparse_input_is_refused_naming_the_argument():
+def test_sparse_input_is_read_dense_block_by_block():
+    """SciPy sparse matrices (any layout) are densified a block of rows at a time: the same
+    answers as their dense arrays, bit for bit, for searches, graphs and radius queries; a
+    NaN is named by its row; a torch sparse tensor is refused, naming the argument."""
     import scipy.sparse as sp
     import torch
 
-    x = sp.random(50, 8, density=0.3, format="csr", random_state=0)
-    with pytest.raises(TypeError, match=r"data is a sparse csr_matrix of shape \(50, 8\).*data.toarray\(\)"):
-        knng.graph(x, 3)
-    with pytest.raises(TypeError, match=r"corpus is a sparse"):
-        knng.search(np.zeros((2, 8), np.float32), x.tocoo(), 3)
+    x = sp.random(400, 30, density=0.1, format="csr", random_state=0, dtype=np.float32)
+    dense = x.toarray()
+    for layout in ("csr", "csc", "coo"):
+        m = x.asformat(layout)
+        for got, want in ((knng.graph(m, 5, device="cpu"), knng.graph(dense, 5, device="cpu")),
+                          (knng.search(m[:9] if layout == "csr" else dense[:9], m, 4, metric="cosine", device="cpu"),
+                           knng.search(dense[:9], dense, 4, metric="cosine", device="cpu"))):
+            np.testing.assert_array_equal(got.indices, want.indices)
+            np.testing.assert_array_equal(got.distances, want.distances)
+            assert isinstance(got.indices, np.ndarray)
+    r, rd = knng.radius(x[:20], x, 0.5, device="cpu"), knng.radius(dense[:20], dense, 0.5, device="cpu")
+    for a, b in zip(r, rd):
+        np.testing.assert_array_equal(a, b)
+    bad = x.tolil()
+    bad[123, 4] = np.nan
+    with pytest.raises(ValueError, match=r"data.*row 123"):
+        knng.graph(bad.tocsr(), 3, device="cpu")
+    with pytest.raises(TypeError, match=r"dtype"):
+        knng.graph(sp.random(50, 8, density=0.3, format="csr", random_state=0, dtype=np.int64), 3)
     with pytest.raises(TypeError, match=r"queries is a sparse .*to_dense"):
         knng.search(torch.eye(8).to_sparse(), np.eye(8, dtype=np.float32), 3)
 

@@ -257,11 +257,11 @@ def as_input(x: Any, name: str) -> InputArray:
     """
     if x is None:
         raise TypeError(f"{name} must be an array of shape (n, d), got None")
-    sparse_tensor = isinstance(x, torch.Tensor) and x.layout != torch.strided
-    if sparse_tensor or type(x).__module__.startswith("scipy.sparse"):
-        dense = f"{name}.to_dense()" if sparse_tensor else f"{name}.toarray()"
-        raise TypeError(f"{name} is a sparse {type(x).__name__} of shape {tuple(x.shape)}: knng computes with dense "
-                        f"vectors; pass {dense} where the dense array fits in memory")
+    if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+        raise TypeError(f"{name} is a sparse {type(x).__name__} of shape {tuple(x.shape)}: knng reads sparse "
+                        f"matrices as SciPy's (CSR); pass {name}.to_dense(), or a scipy.sparse matrix")
+    if type(x).__module__.startswith("scipy.sparse"):
+        return _wrap_rows(SparseRows(x), name)
     if isinstance(x, torch.Tensor):
         return _wrap_tensor(x, name, kind="torch")
     if isinstance(x, np.ndarray):
@@ -348,6 +348,30 @@ def _wrap_numpy(x: np.ndarray, name: str) -> InputArray:
     wrapped = InputArray(name, "numpy", shape, dtype, torch.device("cpu"), source=x, bf16_view=bf16)
     wrapped.tensor = wrapped._from_numpy(x)
     return wrapped
+
+
+class SparseRows:
+    """A SciPy sparse matrix read as dense rows, block by block (the engine's lazy row source).
+
+    The engine reads an input in blocks of rows (``InputArray.rows``, ``take``), so a sparse
+    matrix is densified one block at a time, within the host budget that sizes the blocks, and
+    every distance is computed exactly from the dense values. Kept in CSR (converted once where
+    given in another layout), whose row slices and gathers are cheap.
+    """
+
+    #: Gathers of any rows in any order are fine (``InputArray.take``; h5py needs sorted ones).
+    any_rows = True
+
+    def __init__(self, matrix: Any) -> None:
+        self.matrix = matrix.tocsr()
+        self.shape = tuple(self.matrix.shape)
+        self.dtype = self.matrix.dtype
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return self.matrix[key].toarray()
+
+    def __len__(self) -> int:
+        return self.shape[0]
 
 
 def _wrap_rows(x: Any, name: str) -> InputArray:

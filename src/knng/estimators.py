@@ -294,7 +294,12 @@ def _exact_float64(metric: str, queries: Any, corpus: Any, indices: Any) -> Any:
 
 def _check_precomputed(D: Any, name: str = "X") -> Any:
     """A validated distance matrix: finite (checked before), no negative entries, as scikit-learn
-    requires of ``metric="precomputed"``; integers become float64 like scikit-learn's."""
+    requires of ``metric="precomputed"``; integers become float64 like scikit-learn's. A sparse
+    matrix (scikit-learn's precomputed neighbour graphs) is refused: knng takes dense ones."""
+    if scipy.sparse.issparse(D):
+        raise TypeError(f"{name} is a sparse {type(D).__name__}: with metric='precomputed' knng takes a dense "
+                        f"distance matrix; pass {name}.toarray() (absent entries mean no edge in scikit-learn's "
+                        "precomputed graphs, which knng does not read)")
     if isinstance(D, torch.Tensor):
         if not D.is_floating_point():
             D = D.to(torch.float64)
@@ -416,10 +421,10 @@ class _NeighborsFit(BaseEstimator):
             return X, y
         if requires_y:
             return validate_data(
-                self, X, y, dtype=_NUMPY_DTYPES, order="C", multi_output=True,
+                self, X, y, dtype=_NUMPY_DTYPES, order="C", accept_sparse="csr", multi_output=True,
                 y_numeric=not is_classifier(self),
             )
-        return validate_data(self, X, dtype=_NUMPY_DTYPES, order="C"), None
+        return validate_data(self, X, dtype=_NUMPY_DTYPES, order="C", accept_sparse="csr"), None
 
     def _validate_query(self, X: Any) -> Any:
         if isinstance(X, torch.Tensor):
@@ -433,7 +438,7 @@ class _NeighborsFit(BaseEstimator):
                     f"{self.n_features_in_} features as input."
                 )
             return X
-        return validate_data(self, X, dtype=_NUMPY_DTYPES, order="C", reset=False)
+        return validate_data(self, X, dtype=_NUMPY_DTYPES, order="C", accept_sparse="csr", reset=False)
 
     # -- fitting --------------------------------------------------------------------------------
 
@@ -484,7 +489,9 @@ class _NeighborsFit(BaseEstimator):
 
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        # Sparse (CSR) data are read dense a block of rows at a time (knng.radius, search and
+        # graph take SciPy matrices); a precomputed distance matrix must be dense.
+        tags.input_tags.sparse = self.metric != "precomputed"
         tags.input_tags.allow_nan = False
         # scikit-learn's checks then pass square distance matrices, as to its own estimators.
         tags.input_tags.pairwise = self.metric == "precomputed"
