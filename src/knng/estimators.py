@@ -1096,7 +1096,51 @@ class KNeighborsRegressor(RegressorMixin, _KNNGNeighborsBase):
         return y_pred
 
 
-class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _KNNGNeighborsBase):
+class _GraphTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin):
+    """``fit`` and ``fit_transform`` of the two graph transformers (their ``transform`` differs:
+    k neighbours, or those within a radius)."""
+
+    n_samples_fit_: int
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any = None) -> Any:
+        """Fit the transformer from the training data.
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training data; a torch tensor is kept as it is.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        self
+            The fitted transformer.
+        """
+        self._fit(X)  # type: ignore[attr-defined]
+        self._n_features_out = self.n_samples_fit_
+        return self
+
+    def fit_transform(self, X: Any, y: Any = None) -> scipy.sparse.csr_matrix:
+        """Fit to X, then transform X (each point's row includes itself, at distance 0).
+
+        Parameters
+        ----------
+        X : array-like or torch.Tensor of shape (n_samples, n_features)
+            Training set.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        Xt : scipy.sparse.csr_matrix of shape (n_samples, n_samples)
+            The neighbour graph of the training set.
+        """
+        return self.fit(X).transform(X)  # type: ignore[attr-defined]
+
+
+class KNeighborsTransformer(_GraphTransformer, _KNNGNeighborsBase):
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         **_KNNGNeighborsBase._parameter_constraints,
         "mode": [StrOptions(set(_MODES))],
@@ -1163,26 +1207,6 @@ class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _
         self.select = select
         self.memory_budget = memory_budget
 
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any = None) -> "KNeighborsTransformer":
-        """Fit the transformer from the training data.
-
-        Parameters
-        ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Training data; a torch tensor is kept as it is.
-        y : Ignored
-            Not used, present for API consistency.
-
-        Returns
-        -------
-        self : KNeighborsTransformer
-            The fitted transformer.
-        """
-        self._fit(X)
-        self._n_features_out = self.n_samples_fit_
-        return self
-
     def transform(self, X: Any) -> scipy.sparse.csr_matrix:
         """Compute the (weighted) graph of neighbours for points in X.
 
@@ -1199,23 +1223,6 @@ class KNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _
         check_is_fitted(self)
         add_one = self.mode == "distance"
         return self.kneighbors_graph(X, mode=self.mode, n_neighbors=self.n_neighbors + add_one)
-
-    def fit_transform(self, X: Any, y: Any = None) -> scipy.sparse.csr_matrix:
-        """Fit to X, then transform X (each point's row includes itself in distance mode).
-
-        Parameters
-        ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Training set.
-        y : Ignored
-            Not used, present for API consistency.
-
-        Returns
-        -------
-        Xt : scipy.sparse.csr_matrix of shape (n_samples, n_samples)
-            The neighbour graph of the training set.
-        """
-        return self.fit(X).transform(X)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1549,7 +1556,7 @@ class RadiusNeighborsRegressor(RegressorMixin, _RadiusQueries, _NeighborsFit):
         return y_pred.ravel() if self._y.ndim == 1 else y_pred
 
 
-class RadiusNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMixin, _RadiusQueries, _NeighborsFit):
+class RadiusNeighborsTransformer(_GraphTransformer, _RadiusQueries, _NeighborsFit):
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         **_RADIUS_CONSTRAINTS,
         "mode": [StrOptions(set(_MODES))],
@@ -1606,26 +1613,6 @@ class RadiusNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMix
         self.device = device
         self.memory_budget = memory_budget
 
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any = None) -> "RadiusNeighborsTransformer":
-        """Fit the transformer from the training data.
-
-        Parameters
-        ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Training data; a torch tensor is kept as it is.
-        y : Ignored
-            Not used, present for API consistency.
-
-        Returns
-        -------
-        self : RadiusNeighborsTransformer
-            The fitted transformer.
-        """
-        self._fit(X)
-        self._n_features_out = self.n_samples_fit_
-        return self
-
     def transform(self, X: Any) -> scipy.sparse.csr_matrix:
         """The graph of each point's neighbours within the radius, sorted by distance.
 
@@ -1641,20 +1628,3 @@ class RadiusNeighborsTransformer(ClassNamePrefixFeaturesOutMixin, TransformerMix
         """
         check_is_fitted(self)
         return self.radius_neighbors_graph(X, mode=self.mode, sort_results=True)
-
-    def fit_transform(self, X: Any, y: Any = None) -> scipy.sparse.csr_matrix:
-        """Fit to X, then transform X.
-
-        Parameters
-        ----------
-        X : array-like or torch.Tensor of shape (n_samples, n_features)
-            Training set.
-        y : Ignored
-            Not used, present for API consistency.
-
-        Returns
-        -------
-        Xt : scipy.sparse.csr_matrix of shape (n_samples, n_samples)
-            The radius graph of the training set.
-        """
-        return self.fit(X).transform(X)
