@@ -399,7 +399,7 @@ def radius(
         As in :func:`search`.
     radius : float or array-like of shape (n_queries,)
         The radius, in the metric's units (a squared distance for ``"sqeuclidean"``), one for
-        every query or one each; finite and at least 0.
+        every query or one each; at least 0 (``inf``: every corpus vector).
     metric : {"euclidean", "sqeuclidean"}
         The distance (the expansion's rounding bound serves these two).
     device, memory_budget
@@ -419,7 +419,7 @@ def radius(
     Raises
     ------
     ValueError, TypeError
-        For bad input (NaN/Inf, a negative or non-finite radius, a radius array of the wrong
+        For bad input (NaN/Inf in the data, a negative or NaN radius, a radius array of the wrong
         length, mismatched dimensions, a metric radius queries do not serve); where the pairs
         found exceed what the memory budget holds. The message names the argument.
     """
@@ -472,6 +472,6 @@ def _radii(radius: Any, n_queries: int) -> torch.Tensor:
         values = values.expand(n_queries).clone()
     elif values.numel() != n_queries:
         raise ValueError(f"radius must be one number or one per query ({n_queries}), got {values.numel()}")
-    if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
-        raise ValueError("radius must be finite and at least 0")
+    if bool(torch.isnan(values).any()) or bool((values < 0).any()):
+        raise ValueError("radius must be at least 0 (+inf: every vector), not NaN")
     return values

@@ -482,6 +482,9 @@ class _NeighborsFit(BaseEstimator):
                     f"Precomputed matrix must be square. Input is a {X.shape[0]}x{X.shape[1]} matrix.")
         self._fit_X = X
         self.n_samples_fit_ = int(X.shape[0])
+        # scikit-learn's record of the algorithm run (read by its tests and tools): knng's
+        # exact brute force, whatever ``algorithm`` said.
+        self._fit_method = "brute"
         # As scikit-learn: "minkowski" with p = 2 is effectively "euclidean", parameters consumed.
         self.effective_metric_ = self._metric
         self.effective_metric_params_: dict[str, Any] = {}
@@ -715,6 +718,8 @@ class _RadiusQueries(RadiusNeighborsMixin):
         if sort_results and not return_distance:
             raise ValueError("return_distance must be True if sort_results is True.")
         radius = self.radius if radius is None else radius
+        if radius is None:
+            raise ValueError("radius_neighbors needs a radius: this estimator's radius is None")
         metric = self.effective_metric_
         queries = self._fit_X if X is None else self._validate_query(X)
         if metric == "precomputed":
@@ -782,7 +787,7 @@ class NearestNeighbors(_RadiusQueries, _KNNGNeighborsBase):
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         **_KNNGNeighborsBase._parameter_constraints,
-        "radius": [Interval(Real, 0, None, closed="left")],
+        "radius": [Interval(Real, 0, None, closed="both"), None],  # None: as scikit-learn (Isomap passes it)
     }
 
     def __init__(
@@ -1231,7 +1236,7 @@ class KNeighborsTransformer(_GraphTransformer, _KNNGNeighborsBase):
 
 _RADIUS_CONSTRAINTS: dict[str, list[Any]] = {
     **_NeighborsFit._parameter_constraints,
-    "radius": [Interval(Real, 0, None, closed="left")],
+    "radius": [Interval(Real, 0, None, closed="both")],
 }
 
 _RADIUS_PARAMS_DOC = """

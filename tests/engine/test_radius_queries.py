@@ -124,7 +124,7 @@ def test_too_many_pairs_for_the_budget_is_an_error(rng):
         knng.radius(c, c, 100.0, memory_budget="256KB", device="cpu")
 
 
-@pytest.mark.parametrize("radius, match", [(-1.0, "at least 0"), (float("nan"), "finite"), (np.ones(3), "one per query"),
+@pytest.mark.parametrize("radius, match", [(-1.0, "at least 0"), (float("nan"), "NaN"), (np.ones(3), "one per query"),
                                            ("far", "radius"), (True, "radius")])
 def test_bad_radius_is_named(rng, radius, match):
     c = _data(rng, "gauss", 50, 3)
@@ -144,3 +144,10 @@ def test_bad_input_is_named(rng):
         knng.radius(bad, c, 1.0, device="cpu")
     with pytest.raises(ValueError, match="dimension"):
         knng.radius(c[:5, :2], c, 1.0, device="cpu")
+
+
+def test_an_infinite_radius_holds_every_vector(rng, device):
+    c = _data(rng, "gauss", 200, 3)
+    got = knng.radius(c[:7], c, np.inf, device=device)
+    assert (np.diff(np.asarray(torch.as_tensor(got.indptr).cpu())) == 200).all()
+    assert_radius_exact(got, c[:7], c, np.inf)
