@@ -434,12 +434,12 @@ def test_precomputed_estimators_match_sklearn_and_errors():
 
 
 # ------------------------------------------------------------------------- radius queries
-def _rows_equal(got, want, dist=None, want_dist=None):
+def _rows_equal(got, want, dist=None, want_dist=None, atol=0.0):
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want)):
         np.testing.assert_array_equal(a, b, err_msg=f"row {i}")
         if dist is not None:
-            np.testing.assert_allclose(dist[i], want_dist[i], rtol=1e-12, atol=0, err_msg=f"row {i}")
+            np.testing.assert_allclose(dist[i], want_dist[i], rtol=1e-12, atol=atol, err_msg=f"row {i}")
 
 
 @pytest.mark.parametrize("data", ["gauss", "duplicates", "integers"])
@@ -498,7 +498,12 @@ def test_radius_neighbors_precomputed_and_errors(rng):
     with pytest.raises(ValueError, match="return_distance must be True"):
         pre.radius_neighbors(return_distance=False, sort_results=True)
     with pytest.raises(ValueError, match="radius queries serve"):
-        NearestNeighbors(metric="cosine", device="cpu").fit(X).radius_neighbors(X[:3])
+        NearestNeighbors(metric="correlation", device="cpu").fit(X).radius_neighbors(X[:3])
+    cos = NearestNeighbors(radius=0.1, metric="cosine", device="cpu").fit(X).radius_neighbors(X[:10], sort_results=True)
+    ref = skn.NearestNeighbors(radius=0.1, metric="cosine", algorithm="brute").fit(X).radius_neighbors(
+        X[:10], sort_results=True)
+    # scikit-learn's 1 − cos and knng's ½‖x̂ − ŷ‖² agree to float64's rounding, absolutely.
+    _rows_equal(cos[1], ref[1], cos[0], [d for d in ref[0]], atol=1e-13)
     with pytest.raises(InvalidParameterError):
         NearestNeighbors(radius=-1.0).fit(X)
 

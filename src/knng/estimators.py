@@ -726,8 +726,8 @@ class _RadiusQueries(RadiusNeighborsMixin):
             rows, cols, dist = _precomputed_within(queries if X is None else _check_precomputed(queries), radius,
                                                    sort_results)
         else:
-            if metric not in ("euclidean", "sqeuclidean"):
-                raise ValueError(f"radius queries serve the metrics 'euclidean' and 'sqeuclidean' (and "
+            if metric not in ("euclidean", "sqeuclidean", "cosine"):
+                raise ValueError(f"radius queries serve the metrics 'euclidean', 'sqeuclidean' and 'cosine' (and "
                                  f"'precomputed'), not {self.metric!r}")
             found = knng_radius(queries, self._fit_X, radius, metric=metric, device=self.device,
                                 memory_budget=self.memory_budget, sort_results=sort_results).numpy()
@@ -760,8 +760,8 @@ class NearestNeighbors(_RadiusQueries, _KNNGNeighborsBase):
     n_neighbors : int, default=5
         Neighbours per query for :meth:`kneighbors`.
     radius : float, default=1.0
-        The radius of :meth:`radius_neighbors` and :meth:`radius_neighbors_graph` (Euclidean
-        and squared Euclidean metrics, or ``"precomputed"``).
+        The radius of :meth:`radius_neighbors` and :meth:`radius_neighbors_graph` (Euclidean,
+        squared Euclidean and cosine metrics, or ``"precomputed"``).
     """ + _COMMON_PARAMS_DOC + """
     Attributes
     ----------
@@ -1243,7 +1243,8 @@ _RADIUS_PARAMS_DOC = """
     radius : float, default=1.0
         The radius of the queries: every training point within it (``<=``) is a neighbour,
         exactly (``knng.radius``). The metric must be Euclidean (``"minkowski"`` with ``p=2``,
-        ``"euclidean"``, ``"l2"``), ``"sqeuclidean"`` (a squared radius) or ``"precomputed"``.
+        ``"euclidean"``, ``"l2"``), ``"sqeuclidean"`` (a squared radius), ``"cosine"`` or
+        ``"precomputed"``.
 """
 
 

@@ -35,15 +35,21 @@ def _data(rng: np.random.Generator, name: str, n: int, d: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["gauss", "duplicates", "offset", "flat"])
-@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean"])
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine"])
 def test_radius_is_exact(rng, seed, name, metric, device):
     c = _data(rng, name, 900, 7)
     q = np.concatenate([_data(rng, name, 30, 7), c[:6]])  # some queries are corpus points
+    if metric == "cosine":  # a zero vector (distance 1 from everything) and scaled copies (distance 0)
+        c[11] = 0.0
+        c[40:50] = c[7] * 3.0
+        q[2] = 0.0
     # A radius near the 20th neighbour's distance of the first query: rows of a few to many.
     d0 = np.sort(np.linalg.norm(c.astype(np.float64) - q[0].astype(np.float64), axis=1))
     r = float(d0[20]) * 1.5 + 1e-3
     if metric == "sqeuclidean":
         r = r * r
+    elif metric == "cosine":
+        r = 0.02 if name != "offset" else 1e-9
     got = knng.radius(q, c, r, metric=metric, device=device)
     assert got.report.pairs_found == got.indices.shape[0]
     assert_radius_exact(got, q, c, r, metric, context=f"{name} seed={seed}")
@@ -134,8 +140,8 @@ def test_bad_radius_is_named(rng, radius, match):
 
 def test_bad_input_is_named(rng):
     c = _data(rng, "gauss", 50, 3)
-    with pytest.raises(ValueError, match="cosine"):
-        knng.radius(c[:5], c, 1.0, metric="cosine", device="cpu")
+    with pytest.raises(ValueError, match="pearson"):
+        knng.radius(c[:5], c, 1.0, metric="pearson", device="cpu")
     bad = c.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="corpus"):
@@ -151,3 +157,16 @@ def test_an_infinite_radius_holds_every_vector(rng, device):
     got = knng.radius(c[:7], c, np.inf, device=device)
     assert (np.diff(np.asarray(torch.as_tensor(got.indptr).cpu())) == 200).all()
     assert_radius_exact(got, c[:7], c, np.inf)
+
+
+def test_cosine_zero_vectors_are_at_distance_one(rng, device):
+    """A zero vector is at cosine distance 1 from everything (itself included): in every row of
+    radius 1, in none below it."""
+    c = _data(rng, "gauss", 300, 5)
+    c[17] = 0.0
+    q = np.concatenate([c[:4], np.zeros((1, 5), np.float32)])
+    for r, held in ((1.0, True), (0.999, False)):
+        got = knng.radius(q, c, r, metric="cosine", device=device)
+        for i in range(q.shape[0]):
+            assert (17 in np.asarray(torch.as_tensor(got.row(i)[0]).cpu()).tolist()) == held, (r, i)
+        assert_radius_exact(got, q, c, r, "cosine")

@@ -15,7 +15,8 @@ Flow, a chunk of query rows against a block of corpus columns at a time (:class:
 3. the candidates' exact float64 distances (the engine's own evaluation, by differences), kept
    where at most the radius; each row's neighbours ordered by (distance, index) on request.
 
-Euclidean and squared Euclidean distances (the expansion's bound is theirs). The pairs found are
+Euclidean and squared Euclidean distances (the expansion's bound is theirs), and cosine on float64
+unit vectors (:data:`UNIT_VECTOR_SLACK`). The pairs found are
 held on the device until the end; beyond :attr:`RadiusPlan.max_pairs` (a share of the budget) the
 query stops with an error that says how many were found: a radius that takes most of the corpus
 for every query is a dense graph, better asked as one (``knng.graph`` with a k).
@@ -38,8 +39,13 @@ from knng.metrics import Metric
 __all__ = ["RADIUS_METRICS", "RadiusReport", "exact_radius"]
 
 #: Metrics radius queries serve: their score is the expansion ‖c‖² − 2 q·c, whose rounding the
-#: bound covers.
-RADIUS_METRICS = frozenset({"euclidean", "sqeuclidean"})
+#: bound covers (cosine's on unit vectors: its distance is half their squared distance).
+RADIUS_METRICS = frozenset({"euclidean", "sqeuclidean", "cosine"})
+#: Cosine's screen takes the rows as float64 unit vectors, each within about (d + 2)·u₆₄ of the
+#: exact one; their squared distance then moves by at most 4·(δ_q + δ_c) + (δ_q + δ_c)² (both
+#: unit vectors, at most 2 apart). This many times (d + 4)·u₆₄ covers that, generously: the
+#: screen only leaves out pairs surely beyond the radius, the exact evaluation decides.
+UNIT_VECTOR_SLACK = 16
 
 _SMALL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -73,22 +79,32 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
     report = RadiusReport(plan=plan, exact=ExactStats())
     with on_device(device), full_precision():
         stages.count("radius.query")
-        dtype = torch.float32 if queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS else torch.float64
-        squared = metric.from_distance(radii.to(device, torch.float64))
+        # Cosine screens float64 unit vectors (not centred: their norms are 1), against twice the
+        # radius (its distance is half their squared distance); a zero vector stays zero, whose
+        # screened ½ is below its distance of 1 (a candidate wherever it could be in).
+        unit = metric.name == "cosine"
+        small = queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS and not unit
+        dtype = torch.float32 if small else torch.float64
+        radii64 = radii.to(device, torch.float64)
+        squared = 2 * radii64 if unit else metric.from_distance(radii64)
+        slack = UNIT_VECTOR_SLACK * (corpus.d + 4) * 2.0**-53 if unit else 0.0
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         found_rows: list[torch.Tensor] = []
         found_cols: list[torch.Tensor] = []
         found_dist: list[torch.Tensor] = []
         if nq and n:
-            sample = torch.arange(0, n, max(1, n // DIRECT_CENTRE_SAMPLE), device="cpu")
-            mean = corpus.take(sample).to(device).to(dtype).mean(dim=0)
-            resident = _prepared_block(corpus, 0, n, mean, dtype, device) if plan.corpus_resident else None
+            if unit:
+                mean = torch.zeros(corpus.d, dtype=dtype, device=device)
+            else:
+                sample = torch.arange(0, n, max(1, n // DIRECT_CENTRE_SAMPLE), device="cpu")
+                mean = corpus.take(sample).to(device).to(dtype).mean(dim=0)
+            resident = _prepared_block(corpus, 0, n, mean, dtype, device, unit) if plan.corpus_resident else None
             found = 0
             for q0 in range(0, nq, plan.query_rows):
                 q1 = min(nq, q0 + plan.query_rows)
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                q = raw.to(dtype) - mean
+                q = _screen_rows(raw, mean, dtype, unit)
                 q_norms = torch.linalg.vector_norm(q, dim=1).double()
                 _check_scale(float(q_norms.max()), queries.name, dtype)
                 q_scaled = q * -2  # exactly: the squares go in as the product's 1-D bias
@@ -96,11 +112,11 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
                 for c0 in range(0, n, plan.corpus_cols):
                     c1 = min(n, c0 + plan.corpus_cols)
                     c, c_norms, c_max = resident if resident is not None else \
-                        _prepared_block(corpus, c0, c1, mean, dtype, device)
+                        _prepared_block(corpus, c0, c1, mean, dtype, device, unit)
                     if resident is not None:
                         c, c_norms = c[c0:c1], c_norms[c0:c1]
                     scores = torch.addmm(c_norms.to(dtype) ** 2, q_scaled, c.T)
-                    bound = direct_rounding_bound(c_max, q_norms, corpus.d, dtype)
+                    bound = direct_rounding_bound(c_max, q_norms, corpus.d, dtype) + slack
                     # Rounded up into the scores' type, so that the compare keeps every pair the
                     # float64 test would.
                     limit = _rounded_up(room + bound, dtype)
@@ -112,7 +128,7 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
                     rows, cols = rows + q0, cols + c0
                     dist = exact_pairs_of(metric, queries, rows, corpus, cols, device)
                     report.exact.exact_evaluations += dist.numel()
-                    keep = dist <= radii.to(device, torch.float64)[rows]
+                    keep = dist <= radii64[rows]
                     rows, cols, dist = rows[keep], cols[keep], dist[keep]
                     found += rows.numel()
                     if found > plan.max_pairs:
@@ -140,13 +156,23 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
     return indptr, cols, dist, report
 
 
+def _screen_rows(raw: torch.Tensor, mean: torch.Tensor, dtype: torch.dtype, unit: bool) -> torch.Tensor:
+    """Rows as the screen takes them: centred on ``mean`` in ``dtype``, or (``unit``) as unit
+    vectors (a zero row stays zero)."""
+    x = raw.to(dtype)
+    if unit:
+        norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+        return x / torch.where(norms > 0, norms, torch.ones_like(norms))
+    return x - mean
+
+
 def _prepared_block(corpus: InputArray, c0: int, c1: int, mean: torch.Tensor, dtype: torch.dtype,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Corpus rows ``c0:c1`` centred on ``mean`` in ``dtype`` on ``device``, their norms and the
-    largest of them (a synchronisation)."""
+                    device: torch.device, unit: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Corpus rows ``c0:c1`` as the screen takes them (:func:`_screen_rows`) on ``device``, their
+    norms and the largest of them (a synchronisation)."""
     raw = corpus.rows(c0, c1).to(device, non_blocking=True)
     check_finite(raw, corpus.name, c0)
-    c = raw.to(dtype) - mean
+    c = _screen_rows(raw, mean, dtype, unit)
     norms = torch.linalg.vector_norm(c, dim=1)
     largest = float(norms.max()) if norms.numel() else 0.0
     _check_scale(largest, corpus.name, dtype)
