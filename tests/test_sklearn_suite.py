@@ -1,7 +1,7 @@
 """scikit-learn's own neighbour tests with knng's estimators in place of its own (issue 56).
 
 ``sklearn/neighbors/tests/test_neighbors.py`` and ``test_neighbors_pipeline.py``, as installed
-with scikit-learn, run in a fresh interpreter with ``tests/sklearn_suite/knng_substitute.py``,
+with scikit-learn, run in a fresh interpreter with ``tests/sklearn_substitute.py``,
 which puts knng's seven estimators into ``sklearn.neighbors`` before the tests import them.
 Every test must pass, or fail for one of :data:`KNOWN_DIFFERENCES`: what knng declares it does
 not do, each with its reason (``docs/INTEROP.md``). A failure of any other kind fails this test
@@ -59,11 +59,11 @@ def _sklearn_tests() -> list[Path]:
 def test_scikit_learns_neighbour_tests_pass_with_knng(tmp_path):
     files = _sklearn_tests()
     report = tmp_path / "results.xml"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE / "sklearn_suite"), str(SRC),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(SRC),
                                                         os.environ.get("PYTHONPATH", "")])}
     env.pop("SKLEARN_RUN_FLOAT32_TESTS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "knng_substitute", "-p", "no:cacheprovider", "-n", "0",
+        [sys.executable, "-m", "pytest", "-q", "-p", "sklearn_substitute", "-p", "no:cacheprovider", "-n", "0",
          "--rootdir", str(files[0].parents[2]), f"--junitxml={report}", *map(str, files)],
         env=env, capture_output=True, text=True, timeout=1500)
     assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
