@@ -195,8 +195,10 @@ class Comm:
         culprit = exc.rank if isinstance(exc, DistributedError) and exc.rank is not None else self.rank
         text = f"{type(exc).__name__}: {exc}" if culprit == self.rank else str(exc)
         try:
-            self.store.set(f"error/{self.rank}", text)
+            # The culprit first: a rank that finds this error key reads it at once, and without
+            # it took this rank for the culprit (a relayed failure named the wrong rank).
             self.store.set(f"culprit/{self.rank}", str(culprit))
+            self.store.set(f"error/{self.rank}", text)
             self.store.add("errors", 1)
         except Exception:  # noqa: BLE001 - the store may be gone with rank 0; nothing more to tell
             pass
