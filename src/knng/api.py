@@ -28,7 +28,7 @@ from knng.engine.plan import (
     LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, direct_applies, host_budget_source,
     make_graph_plan, make_radius_plan, make_search_plan, resolve_budget, resolve_host_budget,
 )
-from knng.engine.search import RADIUS_METRICS, exact_radius, exact_search
+from knng.engine.search import RADIUS_METRICS, exact_radius, exact_search, radius_product_dtype
 from knng.io.workarea import WorkArea
 from knng.metrics import Metric, get_metric
 
@@ -190,10 +190,7 @@ def search(
                                    resume=resume, checkpoint_interval=checkpoint_interval,
                                    keep_checkpoint=keep_checkpoint)
     m = get_metric(metric)
-    q = as_input(queries, "queries")
-    c = as_input(corpus, "corpus")
-    if q.d != c.d:
-        raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
+    q, c = _queries_and_corpus(queries, corpus)
     k = check_k(k, c.n, "the corpus size")
     select = check_select(select)
     dev = resolve_device(device, q, c)
@@ -426,16 +423,13 @@ def radius(
     m = get_metric(metric)
     if m.name not in RADIUS_METRICS:
         raise ValueError(f"metric={metric!r}: radius queries serve {', '.join(sorted(RADIUS_METRICS))}")
-    q = as_input(queries, "queries")
-    c = as_input(corpus, "corpus")
-    if q.d != c.d:
-        raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
+    q, c = _queries_and_corpus(queries, corpus)
     if not isinstance(sort_results, bool):
         raise TypeError(f"sort_results must be True or False, got {sort_results!r}")
     radii = _radii(radius, q.n)
     dev = resolve_device(device, q, c)
     budget = resolve_budget(memory_budget, dev)
-    element = 4 if all(x.dtype in (torch.float32, torch.float16, torch.bfloat16) for x in (q, c)) else 8
+    element = torch.finfo(radius_product_dtype(q, c, m)).bits // 8
     plan = make_radius_plan(n_queries=q.n, n_corpus=c.n, d=c.d, device=dev, budget=budget, element_bytes=element)
     indptr, idx, dist, report = exact_radius(q, c, radii, m, dev, plan, sort_results=sort_results)
     if idx.numel():
@@ -454,6 +448,15 @@ def radius(
     indptr = indptr.cpu().numpy() if q.kind in ("numpy", "rows") else indptr.to(q.device)
     return RadiusNeighbors(indptr=indptr, indices=out_idx, distances=out_dist, n_corpus=c.n, metric=m.name,
                            report=report)
+
+
+def _queries_and_corpus(queries: Any, corpus: Any) -> tuple[InputArray, InputArray]:
+    """The validated queries and corpus of a search or radius query, of one dimension."""
+    q = as_input(queries, "queries")
+    c = as_input(corpus, "corpus")
+    if q.d != c.d:
+        raise ValueError(f"queries and corpus must have the same dimension: queries has {q.d}, corpus has {c.d}")
+    return q, c
 
 
 def _radii(radius: Any, n_queries: int) -> torch.Tensor:

@@ -69,6 +69,7 @@ from knng.api import graph as knng_graph
 from knng.api import radius as knng_radius
 from knng.api import search as knng_search
 from knng.engine.exact import exact_pairs_of, sort_by_distance_then_index
+from knng.engine.search import RADIUS_METRICS
 from knng.metrics import METRICS, get_metric
 
 __all__ = [
@@ -726,9 +727,9 @@ class _RadiusQueries(RadiusNeighborsMixin):
             rows, cols, dist = _precomputed_within(queries if X is None else _check_precomputed(queries), radius,
                                                    sort_results)
         else:
-            if metric not in ("euclidean", "sqeuclidean", "cosine"):
-                raise ValueError(f"radius queries serve the metrics 'euclidean', 'sqeuclidean' and 'cosine' (and "
-                                 f"'precomputed'), not {self.metric!r}")
+            if metric not in RADIUS_METRICS:
+                raise ValueError(f"radius queries serve the metrics {', '.join(map(repr, sorted(RADIUS_METRICS)))} "
+                                 f"(and 'precomputed'), not {self.metric!r}")
             found = knng_radius(queries, self._fit_X, radius, metric=metric, device=self.device,
                                 memory_budget=self.memory_budget, sort_results=sort_results).numpy()
             rows = np.repeat(np.arange(found.n_queries), np.diff(found.indptr))
@@ -746,6 +747,15 @@ class _RadiusQueries(RadiusNeighborsMixin):
         if not return_distance:
             return neigh_ind
         return _object_rows(np.split(dist, bounds)), neigh_ind
+
+    def _radius_votes(self, X: Any) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """Each query's neighbours (indices) and their weights (None: uniform), for voting and
+        averaging."""
+        weights_rule = getattr(self, "weights", None)
+        if weights_rule in (None, "uniform"):
+            return self.radius_neighbors(X, return_distance=False), None
+        dist, ind = self.radius_neighbors(X)
+        return ind, _row_weights(dist, weights_rule)
 
 
 class NearestNeighbors(_RadiusQueries, _KNNGNeighborsBase):
@@ -1385,13 +1395,7 @@ class RadiusNeighborsClassifier(ClassifierMixin, _RadiusQueries, _NeighborsFit):
             is not a training class, with a warning).
         """
         check_is_fitted(self)
-        uniform = self.weights in (None, "uniform")
-        if uniform:
-            ind = self.radius_neighbors(X, return_distance=False)
-            weights = None
-        else:
-            dist, ind = self.radius_neighbors(X)
-            weights = _row_weights(dist, self.weights)
+        ind, weights = self._radius_votes(X)
         n_queries = len(ind)
         outliers = np.flatnonzero([len(row) == 0 for row in ind])
         if self.outlier_label_ is None and outliers.size:
@@ -1539,13 +1543,7 @@ class RadiusNeighborsRegressor(RegressorMixin, _RadiusQueries, _NeighborsFit):
             without neighbours.
         """
         check_is_fitted(self)
-        uniform = self.weights in (None, "uniform")
-        if uniform:
-            ind = self.radius_neighbors(X, return_distance=False)
-            weights = None
-        else:
-            dist, ind = self.radius_neighbors(X)
-            weights = _row_weights(dist, self.weights)
+        ind, weights = self._radius_votes(X)
         y = self._y.reshape((-1, 1)) if self._y.ndim == 1 else self._y
         empty = np.full(y.shape[1], np.nan)
         if weights is None:

@@ -12,13 +12,13 @@
 
 from knng.engine.search.direct import (
     DIRECT_CENTRE_SAMPLE, DIRECT_MARGIN, DIRECT_SLACK, DIRECT_WIDER, DirectRows, direct_neighbours,
-    direct_rounding_bound,
+    direct_rounding_bound, product_dtype,
 )
 from knng.engine.search.knn import SearchReport, SeedSample, exact_search, prepare_corpus, seed_sample
-from knng.engine.search.radius import RADIUS_METRICS, RadiusReport, exact_radius
+from knng.engine.search.radius import RADIUS_METRICS, RadiusReport, exact_radius, radius_product_dtype
 
 __all__ = [
     "SearchReport", "SeedSample", "exact_search", "prepare_corpus", "seed_sample",
     "DirectRows", "direct_neighbours", "direct_rounding_bound", "DIRECT_MARGIN", "DIRECT_SLACK", "DIRECT_WIDER",
-    "DIRECT_CENTRE_SAMPLE", "RADIUS_METRICS", "RadiusReport", "exact_radius",
+    "DIRECT_CENTRE_SAMPLE", "product_dtype", "RADIUS_METRICS", "RadiusReport", "exact_radius", "radius_product_dtype",
 ]

@@ -19,8 +19,8 @@ from knng.engine.store import summarize_levels
 from knng.metrics import Metric
 from knng.select import resolve as resolve_select
 
-__all__ = ["DirectRows", "direct_neighbours", "direct_rounding_bound", "DIRECT_MARGIN", "DIRECT_SLACK",
-           "DIRECT_WIDER", "DIRECT_CENTRE_SAMPLE"]
+__all__ = ["DirectRows", "direct_neighbours", "direct_rounding_bound", "product_dtype", "DIRECT_MARGIN",
+           "DIRECT_SLACK", "DIRECT_WIDER", "DIRECT_CENTRE_SAMPLE"]
 
 
 # ---------------------------------------------------------------------------- the direct path
@@ -87,6 +87,12 @@ DIRECT_CENTRE_SAMPLE = 4096
 _SMALL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def product_dtype(queries: InputArray, corpus: InputArray) -> torch.dtype:
+    """The type the direct path (and a radius query) multiplies in: float32 where both inputs
+    are float32, float16 or bfloat16 (exact in it), float64 otherwise."""
+    return torch.float32 if queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS else torch.float64
+
+
 def direct_rounding_bound(c_max: float, q_norms: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
     """Each row's bound E on ``|fl(s) + ‖q‖² − ‖q − c‖²|`` for the direct path's scores of
     centred rows (the section's comment): ``c_max`` the largest norm of the centred corpus,
@@ -138,7 +144,7 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     stages.count("direct")
     nq, n = queries.n, corpus.n
     available = n - 1 if exclude_self else n
-    dtype = torch.float32 if queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS else torch.float64
+    dtype = product_dtype(queries, corpus)
     # The inputs as tensors on the device (views where they already are): the exact finish
     # gathers its candidates' rows from them.
     corpus = rows_on(corpus, device)

@@ -33,10 +33,10 @@ from knng.engine import stages
 from knng.engine.common import full_precision, on_device
 from knng.engine.exact import ExactStats, exact_pairs_of
 from knng.engine.plan import RadiusPlan
-from knng.engine.search.direct import DIRECT_CENTRE_SAMPLE, direct_rounding_bound
+from knng.engine.search.direct import DIRECT_CENTRE_SAMPLE, direct_rounding_bound, product_dtype
 from knng.metrics import Metric
 
-__all__ = ["RADIUS_METRICS", "RadiusReport", "exact_radius"]
+__all__ = ["RADIUS_METRICS", "RadiusReport", "exact_radius", "radius_product_dtype"]
 
 #: Metrics radius queries serve: their score is the expansion ‖c‖² − 2 q·c, whose rounding the
 #: bound covers (cosine's on unit vectors: its distance is half their squared distance).
@@ -47,7 +47,12 @@ RADIUS_METRICS = frozenset({"euclidean", "sqeuclidean", "cosine"})
 #: screen only leaves out pairs surely beyond the radius, the exact evaluation decides.
 UNIT_VECTOR_SLACK = 16
 
-_SMALL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def radius_product_dtype(queries: InputArray, corpus: InputArray, metric: Metric) -> torch.dtype:
+    """The type a radius query screens in: the direct path's (:func:`~knng.engine.search.direct.product_dtype`),
+    float64 under cosine (its unit vectors are normalised in float64)."""
+    return torch.float64 if metric.name == "cosine" else product_dtype(queries, corpus)
 
 
 @dataclass
@@ -83,8 +88,7 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
         # radius (its distance is half their squared distance); a zero vector stays zero, whose
         # screened ½ is below its distance of 1 (a candidate wherever it could be in).
         unit = metric.name == "cosine"
-        small = queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS and not unit
-        dtype = torch.float32 if small else torch.float64
+        dtype = radius_product_dtype(queries, corpus, metric)
         radii64 = radii.to(device, torch.float64)
         squared = 2 * radii64 if unit else metric.from_distance(radii64)
         slack = UNIT_VECTOR_SLACK * (corpus.d + 4) * 2.0**-53 if unit else 0.0
