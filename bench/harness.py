@@ -180,7 +180,8 @@ def time_call(call: Callable[[], Any], *, device: torch.device | str | None = "a
     device : torch.device, str or None
         Where the call's work runs (``"auto"``: :func:`resolve_device`).
     warmup : int
-        Untimed calls first (compilation, caches, the allocator's growth).
+        Untimed calls first (compilation, caches, the allocator's growth); after them, the
+        kernels compiling in the background are waited for (``knng.wait_for_kernels``).
     repeats : int
         Timed calls.
     before : callable or None
@@ -196,6 +197,10 @@ def time_call(call: Callable[[], Any], *, device: torch.device | str | None = "a
         if before is not None:
             before()
         result = call()
+    if warmup:
+        # A warm-up that was the first call of its kind on a GPU ran without compiled kernels, which
+        # compile in the background: the timed calls run with them (an older tree has no such wait).
+        getattr(knng, "wait_for_kernels", lambda: True)()
     synchronize(dev)
     times: list[float] = []
     cuda = dev.type == "cuda"

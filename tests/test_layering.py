@@ -111,7 +111,7 @@ ENGINE_ORDER: tuple[tuple[str, ...], ...] = (
 SUBPACKAGE_ORDER: dict[str, tuple[tuple[str, ...], ...]] = {
     "kernels": (
         ("cuda_screen", "triton_pairs", "triton_preparation", "triton_radius", "triton_rows", "triton_screen",
-         "triton_unfold"),                    # the kernels themselves (CUDA C, Triton)
+         "triton_unfold", "compiling"),       # the kernels themselves (CUDA C, Triton); which are compiled
         ("capabilities",),                    # a device's facts
         ("pairs", "preparation", "radius", "row_kth", "row_order", "unfold"),  # launchers of one topic each
         ("runs",),                            # what runs here

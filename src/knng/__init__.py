@@ -23,6 +23,7 @@ _LAZY: dict[str, str] = {
     "search": "knng.api",
     "graph": "knng.api",
     "radius": "knng.api",
+    "wait_for_kernels": "knng.api",
     "Neighbors": "knng.results",
     "RadiusNeighbors": "knng.results",
     "Graph": "knng.results",
@@ -48,13 +49,13 @@ _SUBMODULES = frozenset({
 })
 
 __all__ = [
-    "search", "graph", "radius", "Neighbors", "Graph", "RadiusNeighbors", "load_graph",
+    "search", "graph", "radius", "wait_for_kernels", "Neighbors", "Graph", "RadiusNeighbors", "load_graph",
     "NearestNeighbors", "KNeighborsClassifier", "KNeighborsRegressor", "KNeighborsTransformer",
     "RadiusNeighborsClassifier", "RadiusNeighborsRegressor", "RadiusNeighborsTransformer", "DiffusionMap", "KnngPerformanceWarning", "options", "get_options", "Options", "__version__",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from __getattr__
-    from knng.api import graph, radius, search
+    from knng.api import graph, radius, search, wait_for_kernels
     from knng.engine.plan import KnngPerformanceWarning
     from knng._options import Options, get_options, options
     from knng.estimators import (

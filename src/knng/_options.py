@@ -117,6 +117,18 @@ class Options:
         use this to reach those paths on a CPU. ``{"triangle": False}`` screens a graph part's
         own block whole instead of as its upper triangle (to compare).
 
+    compiled_kernels : bool, default True
+        On a GPU, the engine runs its compiled kernels (Triton's, and the CUDA C screens through
+        CuPy) where they apply. False: it runs as if neither Triton nor CuPy were installed,
+        with torch's operations only, which need no compilation (and no probe of what compiles).
+        A first call of a kind sets it while its kernels compile in the background.
+    background_compile : bool, default True
+        The first call of a kind (operation, device, dimension, dtype, metric, k) in a process,
+        up to ``uncompiled_max_scores`` scores on a GPU, runs with ``compiled_kernels=False`` and
+        its kernels compile in a background thread (``knng.engine.kernels.compiling``; a first
+        search of 10,000 queries in 1M × 128 on an H200 with empty kernel caches: 8.4 s with
+        its kernels compiled first). False: a first call compiles before it runs.
+
     The sizes below are the planner's and the engine's measured choices (``docs/FINDINGS.md``
     holds the measurements); tests shrink them to reach a path on small data, benchmarks vary
     them to measure the choice again. Every value gives the same answer.
@@ -131,6 +143,12 @@ class Options:
         graphs of 16,000 × 128 points (2.6 × 10⁸ scores) and searches of 1,000 queries in 200,000,
         and lost from graphs of 22,000 points and searches of 300 queries in 1M (3 × 10⁸)
         (``docs/BENCHMARKS.md``, "Small calls"). 0: never (the engine's tests).
+    uncompiled_max_scores : int, default 2³⁶
+        Calls of at most this many scores (queries × corpus rows; a graph: n²) may run their
+        first call of a kind without compiled kernels (``background_compile``). Torch's
+        operations took 3–13 times the kernels' time (H200: a graph of 262,144 × 64, 2³⁶ scores,
+        578 ms against 44; ``docs/STARTUP.md``), under the 1.8–8.6 s a first call with its
+        kernels took with warm and empty caches.
     cpu_max_part : int, default 2048
         Largest graph part on a CPU: 2048² float32 blocks (16 MiB) stay in the cache and have a
         quarter of 1024²'s fixed costs.
@@ -240,9 +258,12 @@ class Options:
     mark_candidates: bool = True
     sort_interpreted: bool = False
     kernels: Mapping[str, bool] = field(default_factory=dict)
+    compiled_kernels: bool = True
+    background_compile: bool = True
     # graph parts and blocks
     direct_max_scores: int = 1 << 22
     direct_max_scores_gpu: int = 1 << 28
+    uncompiled_max_scores: int = 1 << 36
     cpu_max_part: int = 2048
     gpu_max_part: int = 16384
     gpu_kernel_max_part: int = 32768

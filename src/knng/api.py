@@ -1,9 +1,12 @@
-"""The public entry points: :func:`search` and :func:`graph`.
+"""The public entry points: :func:`search`, :func:`graph` and :func:`radius`.
 
 Each validates its arguments (:mod:`knng.arguments`, shared with :mod:`knng.distributed`),
 resolves the device, metric, selection algorithm and memory budget, runs the single-device engine
 and wraps the result in the user's array kind. :func:`last_report` and :func:`report_as_dict` are
-re-exported from :mod:`knng.reports`.
+re-exported from :mod:`knng.reports`, :func:`wait_for_kernels` from ``knng.engine.kernels``.
+
+The first call of a kind on a GPU may run without compiled kernels while they compile in the
+background (:func:`_first_calls_compile`; ``docs/STARTUP.md``).
 """
 
 from __future__ import annotations
@@ -12,21 +15,24 @@ import contextlib
 import os
 import warnings
 from dataclasses import replace
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from knng._inputs import InputArray, as_input, as_output
+from knng._options import get_options, options
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
 from knng.engine.common import place_input, resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
+from knng.engine.kernels import compile_in_background, mark_ready, wait_for_kernels
 from knng.engine.plan import (
-    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, direct_applies, host_budget_source,
-    make_graph_plan, make_radius_plan, make_search_plan, resolve_budget, resolve_host_budget,
+    LISTS_ON_DISK, EnginePlan, KnngPerformanceWarning, budget_source, call_kind, direct_applies,
+    first_call_uncompiled, host_budget_source, make_graph_plan, make_radius_plan, make_search_plan, resolve_budget, resolve_host_budget,
 )
 from knng.engine.search import RADIUS_METRICS, exact_radius, exact_search, radius_product_dtype
 from knng.io.workarea import WorkArea
@@ -38,7 +44,7 @@ from knng.reports import LAST_REPORT as _LAST_REPORT  # noqa: F401
 from knng.reports import last_report, report_as_dict, set_last_report
 from knng.results import Graph, Neighbors, RadiusNeighbors
 
-__all__ = ["search", "graph", "radius", "last_report", "report_as_dict"]
+__all__ = ["search", "graph", "radius", "wait_for_kernels", "last_report", "report_as_dict"]
 
 
 def _open_checkpoint(folder: Any, resume: Any, interval: Any, keep: Any, *, operation: str,
@@ -81,6 +87,31 @@ def _warn_of_slow_plan(plan: EnginePlan, stacklevel: int) -> None:
     as a KnngPerformanceWarning pointing ``stacklevel`` frames up (the caller of knng.search/graph)."""
     if plan.host_budget_note:
         warnings.warn(plan.host_budget_note, KnngPerformanceWarning, stacklevel=stacklevel + 1)
+
+
+#: Frames from a warning in a call's run (``run`` in :func:`search`, :func:`graph`) up to the user's
+#: code: run, :func:`_first_calls_compile`, the public function.
+_USER_FRAME = 3
+
+Result = TypeVar("Result", Neighbors, Graph, RadiusNeighbors)
+
+
+def _first_calls_compile(kind: tuple, scores: int, dev: torch.device, recorded: bool,
+                         run: Callable[[bool], Result]) -> Result:
+    """``run(False)``: the call, without compiled kernels where it is the first of its ``kind``
+    in the process and small (:func:`~knng.engine.plan.first_call_uncompiled`); then its kernels
+    compile in the background by ``run(True)`` (the same call again, with them, its answer
+    discarded: ``knng.engine.kernels.compiling``). A call that ran with its kernels on a GPU
+    marks its kind's compiled."""
+    if not first_call_uncompiled(kind, scores=scores, device=dev, recorded=recorded):
+        found = run(False)
+        if dev.type == "cuda" and get_options().compiled_kernels:
+            mark_ready(kind)
+        return found
+    with options(compiled_kernels=False):
+        found = run(False)
+    compile_in_background(kind, lambda: run(True))
+    return found
 
 
 def _check_distributed(distributed: Any) -> bool:
@@ -194,37 +225,45 @@ def search(
     k = check_k(k, c.n, "the corpus size")
     select = check_select(select)
     dev = resolve_device(device, q, c)
-    budget = resolve_budget(memory_budget, dev)
-    host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
-    rows, budget = place_input(c, dev, budget, host_budget)  # rows: what the engine reads
-    # A small call takes the direct path, which needs no folding (near-ties go to the pipeline).
-    direct = direct_applies(n_queries=q.n, n_corpus=rows.n, d=c.d, metric=m.name, device=dev, budget=budget,
-                            host_budget=host_budget, recorded=checkpoint is not None)
-    groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
-    # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
-    reps = rows if groups is None else duplicates.representatives(rows, groups)
-    k_reps = min(k, reps.n)
-    plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=c.d, k=k_reps, metric=m.name, device=dev,
-                            budget=budget, source=_source_of_budget(memory_budget, dev, c, rows),
-                            host_budget=host_budget,
-                            host_source=host_budget_source(host_memory_budget), recorded=checkpoint is not None)
-    ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
-                            operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan,
-                            **({} if groups is None else {"folded_to": reps.n}))
-    if ckpt is not None:
-        plan = ckpt.plan(plan)
-    _warn_of_slow_plan(plan, stacklevel=2)
-    with _running(ckpt):
-        idx, dist, report = exact_search(q, reps, k_reps, m, dev, select, plan.budget, progress, plan=plan,
-                                         checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
-    if groups is not None:
-        idx, dist = duplicates.unfold_search(groups.to(dev), idx.to(dev), dist.to(dev), k)
-        report = replace(report, duplicates_folded=c.n - reps.n)
-    round_as_exact(m, q, torch.arange(q.n, device=idx.device), rows, idx, dist)
-    _close_checkpoint(ckpt, keep_checkpoint)
-    set_last_report(report)
-    out_idx, out_dist = as_output(q, idx, dist)
-    return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
+
+    def run(replay: bool) -> Neighbors:  # replay: again in the background, to compile its kernels
+        budget = resolve_budget(memory_budget, dev)
+        host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
+        rows, budget = place_input(c, dev, budget, host_budget)  # rows: what the engine reads
+        # A small call takes the direct path, which needs no folding (near-ties go to the pipeline).
+        direct = direct_applies(n_queries=q.n, n_corpus=rows.n, d=c.d, metric=m.name, device=dev, budget=budget,
+                                host_budget=host_budget, recorded=checkpoint is not None)
+        groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
+        # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
+        reps = rows if groups is None else duplicates.representatives(rows, groups)
+        k_reps = min(k, reps.n)
+        plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=c.d, k=k_reps, metric=m.name, device=dev,
+                                budget=budget, source=_source_of_budget(memory_budget, dev, c, rows),
+                                host_budget=host_budget,
+                                host_source=host_budget_source(host_memory_budget), recorded=checkpoint is not None)
+        ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
+                                operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan,
+                                **({} if groups is None else {"folded_to": reps.n}))
+        if ckpt is not None:
+            plan = ckpt.plan(plan)
+        if not replay:
+            _warn_of_slow_plan(plan, stacklevel=_USER_FRAME)
+        with _running(ckpt):
+            idx, dist, report = exact_search(q, reps, k_reps, m, dev, select, plan.budget, progress and not replay,
+                                             plan=plan,
+                                             checkpoint=ckpt, keep_checkpoint=keep_checkpoint)
+        if groups is not None:
+            idx, dist = duplicates.unfold_search(groups.to(dev), idx.to(dev), dist.to(dev), k)
+            report = replace(report, duplicates_folded=c.n - reps.n)
+        round_as_exact(m, q, torch.arange(q.n, device=idx.device), rows, idx, dist)
+        _close_checkpoint(ckpt, keep_checkpoint)
+        out_idx, out_dist = as_output(q, idx, dist)
+        return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
+
+    found = _first_calls_compile(call_kind("search", dev, c.d, c.dtype, m.name, k), q.n * c.n, dev,
+                                 checkpoint is not None, run)
+    set_last_report(found.report)
+    return found
 
 
 def _source_of_budget(memory_budget: Any, dev: torch.device, given: InputArray, rows: InputArray) -> str:
@@ -319,58 +358,64 @@ def graph(
                                   keep_checkpoint=keep_checkpoint)
     m, x, k, select = graph_arguments(data, k, metric, include_self, select)
     dev = resolve_device(device, x)
-    budget = resolve_budget(memory_budget, dev)
-    host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
-    rows, budget = place_input(x, dev, budget, host_budget)  # rows: what the engine reads
-    direct = direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev, budget=budget,
-                            host_budget=host_budget, graph=True,
-                            recorded=checkpoint is not None)
-    groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
-    # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
-    reps = rows if groups is None else duplicates.representatives(rows, groups)
-    k_reps = k if groups is None else min(k, reps.n - 1)
 
-    def graph_plan() -> EnginePlan:
-        return make_graph_plan(n=reps.n, d=x.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
-                               include_self=include_self and groups is None,
-                               source=_source_of_budget(memory_budget, dev, x, rows),
-                               host_budget=host_budget,
-                               host_source=host_budget_source(host_memory_budget), slab_gain=slab_gain_of(reps, dev),
-                               recorded=checkpoint is not None)
+    def run(replay: bool) -> Graph:  # replay: again in the background, to compile its kernels
+        budget = resolve_budget(memory_budget, dev)
+        host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
+        rows, budget = place_input(x, dev, budget, host_budget)  # rows: what the engine reads
+        direct = direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev, budget=budget,
+                                host_budget=host_budget, graph=True,
+                                recorded=checkpoint is not None)
+        groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
+        # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
+        reps = rows if groups is None else duplicates.representatives(rows, groups)
+        k_reps = k if groups is None else min(k, reps.n - 1)
 
-    plan = graph_plan()
-    if groups is not None and plan.lists == LISTS_ON_DISK:
-        # Unfolding holds every row's k neighbours in memory at once, which stores that must go
-        # to disk say may not fit: the graph of every row, its results beside the stores.
-        groups, reps, k_reps = None, rows, k
+        def graph_plan() -> EnginePlan:
+            return make_graph_plan(n=reps.n, d=x.d, k=max(1, k_reps), metric=m.name, device=dev, budget=budget,
+                                   include_self=include_self and groups is None,
+                                   source=_source_of_budget(memory_budget, dev, x, rows),
+                                   host_budget=host_budget, host_source=host_budget_source(host_memory_budget),
+                                   slab_gain=slab_gain_of(reps, dev), recorded=checkpoint is not None)
+
         plan = graph_plan()
-    ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
-                            inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self,
-                            **({} if groups is None else {"folded_to": reps.n}))
-    if ckpt is not None:
-        plan = ckpt.plan(plan)
-    _warn_of_slow_plan(plan, stacklevel=2)
-    with _running(ckpt):
-        if k_reps >= 1:
-            idx, dist, report = exact_graph(reps, k_reps, m, dev, select, plan.budget,
-                                            include_self=include_self and groups is None, progress=progress,
-                                            plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
-                                            lists_folder=None if ckpt is None else os.fspath(ckpt.area.path))
-        else:  # one group: every row's neighbours are its twins
-            idx = torch.empty((reps.n, 0), dtype=torch.int64, device=dev)
-            dist = torch.empty((reps.n, 0), dtype=torch.float64, device=dev)
-            report = GraphReport(plan=plan, oom_retries=0, exact=ExactStats(rows=reps.n))
-    if groups is not None:
-        every = torch.arange(reps.n, device=dev)
-        self_dist = exact_pairs_of(m, reps, every, reps, every, dev)
-        idx, dist = duplicates.unfold_graph(groups.to(dev), idx.to(dev), dist.to(dev), self_dist, k,
-                                            include_self)
-        report = replace(report, duplicates_folded=x.n - reps.n)
-    round_as_exact(m, rows, torch.arange(x.n, device=idx.device), rows, idx, dist)
-    _close_checkpoint(ckpt, keep_checkpoint)
-    set_last_report(report)
-    out_idx, out_dist = as_output(x, idx, dist)
-    return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)
+        if groups is not None and plan.lists == LISTS_ON_DISK:
+            # Unfolding holds every row's k neighbours in memory at once, which stores that must go
+            # to disk say may not fit: the graph of every row, its results beside the stores.
+            groups, reps, k_reps = None, rows, k
+            plan = graph_plan()
+        ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint, operation="graph",
+                                inputs={"data": x}, k=k, metric=m.name, plan=plan, include_self=include_self,
+                                **({} if groups is None else {"folded_to": reps.n}))
+        if ckpt is not None:
+            plan = ckpt.plan(plan)
+        if not replay:
+            _warn_of_slow_plan(plan, stacklevel=_USER_FRAME)
+        with _running(ckpt):
+            if k_reps >= 1:
+                idx, dist, report = exact_graph(reps, k_reps, m, dev, select, plan.budget,
+                                                include_self=include_self and groups is None,
+                                                progress=progress and not replay, plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
+                                                lists_folder=None if ckpt is None else os.fspath(ckpt.area.path))
+            else:  # one group: every row's neighbours are its twins
+                idx = torch.empty((reps.n, 0), dtype=torch.int64, device=dev)
+                dist = torch.empty((reps.n, 0), dtype=torch.float64, device=dev)
+                report = GraphReport(plan=plan, oom_retries=0, exact=ExactStats(rows=reps.n))
+        if groups is not None:
+            every = torch.arange(reps.n, device=dev)
+            self_dist = exact_pairs_of(m, reps, every, reps, every, dev)
+            idx, dist = duplicates.unfold_graph(groups.to(dev), idx.to(dev), dist.to(dev), self_dist, k,
+                                                include_self)
+            report = replace(report, duplicates_folded=x.n - reps.n)
+        round_as_exact(m, rows, torch.arange(x.n, device=idx.device), rows, idx, dist)
+        _close_checkpoint(ckpt, keep_checkpoint)
+        out_idx, out_dist = as_output(x, idx, dist)
+        return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)
+
+    found = _first_calls_compile(call_kind("graph", dev, x.d, x.dtype, m.name, k), x.n * x.n, dev,
+                                 checkpoint is not None, run)
+    set_last_report(found.report)
+    return found
 
 
 def radius(
@@ -428,26 +473,31 @@ def radius(
         raise TypeError(f"sort_results must be True or False, got {sort_results!r}")
     radii = _radii(radius, q.n)
     dev = resolve_device(device, q, c)
-    budget = resolve_budget(memory_budget, dev)
-    element = torch.finfo(radius_product_dtype(q, c, m)).bits // 8
-    plan = make_radius_plan(n_queries=q.n, n_corpus=c.n, d=c.d, device=dev, budget=budget, element_bytes=element)
-    indptr, idx, dist, report = exact_radius(q, c, radii, m, dev, plan, sort_results=sort_results)
-    if idx.numel():
-        # Each distance on its exact value's side of a float32 midpoint (pairs as rows of one).
-        rows = torch.repeat_interleave(torch.arange(q.n, device=idx.device), indptr.diff())
-        pairs_idx, pairs_dist = idx[:, None].clone(), dist[:, None].clone()
-        round_as_exact(m, q, rows, c, pairs_idx, pairs_dist)
-        dist = pairs_dist[:, 0]
-        if sort_results:  # values that moved may change a row's order
-            order = torch.argsort(idx, stable=True)
-            order = order[torch.argsort(dist[order], stable=True)]
-            order = order[torch.argsort(rows[order], stable=True)]
-            idx, dist = idx[order], dist[order]
-    set_last_report(report)
-    out_idx, out_dist = as_output(q, idx, dist)
-    indptr = indptr.cpu().numpy() if q.kind in ("numpy", "rows") else indptr.to(q.device)
-    return RadiusNeighbors(indptr=indptr, indices=out_idx, distances=out_dist, n_corpus=c.n, metric=m.name,
-                           report=report)
+
+    def run(replay: bool) -> RadiusNeighbors:  # replay: again in the background, to compile its kernels
+        budget = resolve_budget(memory_budget, dev)
+        element = torch.finfo(radius_product_dtype(q, c, m)).bits // 8
+        plan = make_radius_plan(n_queries=q.n, n_corpus=c.n, d=c.d, device=dev, budget=budget, element_bytes=element)
+        indptr, idx, dist, report = exact_radius(q, c, radii, m, dev, plan, sort_results=sort_results)
+        if idx.numel():
+            # Each distance on its exact value's side of a float32 midpoint (pairs as rows of one).
+            rows = torch.repeat_interleave(torch.arange(q.n, device=idx.device), indptr.diff())
+            pairs_idx, pairs_dist = idx[:, None].clone(), dist[:, None].clone()
+            round_as_exact(m, q, rows, c, pairs_idx, pairs_dist)
+            dist = pairs_dist[:, 0]
+            if sort_results:  # values that moved may change a row's order
+                order = torch.argsort(idx, stable=True)
+                order = order[torch.argsort(dist[order], stable=True)]
+                order = order[torch.argsort(rows[order], stable=True)]
+                idx, dist = idx[order], dist[order]
+        out_idx, out_dist = as_output(q, idx, dist)
+        indptr = indptr.cpu().numpy() if q.kind in ("numpy", "rows") else indptr.to(q.device)
+        return RadiusNeighbors(indptr=indptr, indices=out_idx, distances=out_dist, n_corpus=c.n, metric=m.name,
+                               report=report)
+
+    found = _first_calls_compile(call_kind("radius", dev, c.d, c.dtype, m.name, 0), q.n * c.n, dev, False, run)
+    set_last_report(found.report)
+    return found
 
 
 def _queries_and_corpus(queries: Any, corpus: Any) -> tuple[InputArray, InputArray]:

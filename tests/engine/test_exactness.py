@@ -506,6 +506,72 @@ def test_tf32_products_last_only_for_their_block():
         assert torch.get_float32_matmul_precision() == before == "highest"
 
 
+@pytest.mark.parametrize("api", ["legacy", "backends"])
+def test_runs_overlapping_in_threads_keep_ieee_products_and_restore_the_users_setting(api):
+    """knng in two threads at once (a caller's threads, or a compilation in the background beside
+    the caller's call): the user's TF32 setting comes back only when both have left, and one
+    thread's TF32 section never turns TF32 on while the other is inside (its products then stay
+    IEEE); a thread that comes in during a TF32 section waits for its end."""
+    import threading
+
+    from knng.engine.common import full_precision, tf32_products
+
+    def setting():
+        return torch.get_float32_matmul_precision() if api == "legacy" else torch.backends.cuda.matmul.fp32_precision
+
+    def user(tf32: bool):
+        if api == "legacy":
+            torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        else:
+            torch.backends.cuda.matmul.fp32_precision = "tf32" if tf32 else "ieee"
+
+    ieee, tf32 = ("highest", "high") if api == "legacy" else ("ieee", "tf32")
+    user(True)
+    try:
+        inside, leave, seen = threading.Event(), threading.Event(), {}
+
+        def other():
+            with full_precision():
+                inside.set()
+                assert leave.wait(30)
+
+        thread = threading.Thread(target=other)
+        with full_precision():
+            thread.start()
+            assert inside.wait(30)
+            with tf32_products():  # the other thread is inside: no TF32
+                seen["shared"] = setting()
+            leave.set()
+            thread.join(30)
+            assert setting() == ieee  # the other thread left: not the user's setting yet
+            with tf32_products():  # alone now
+                seen["alone"] = setting()
+            seen["after"] = setting()
+        assert seen == {"shared": ieee, "alone": tf32, "after": ieee}
+        assert setting() == tf32  # the user's, once both left
+
+        # A thread that comes in during another's TF32 section waits for its end.
+        order = []
+
+        def comes_in():
+            with full_precision():
+                order.append(("in", setting()))
+
+        with full_precision():
+            with tf32_products():
+                late = threading.Thread(target=comes_in)
+                late.start()
+                late.join(0.2)
+                order.append("tf32 section ends")
+            late.join(30)
+        assert order == ["tf32 section ends", ("in", ieee)]
+        assert setting() == tf32
+    finally:
+        user(False)
+        if api == "legacy":
+            torch.set_float32_matmul_precision("highest")
+
+
 def test_store_row_helpers_equal_their_plain_forms(rng):
     """The store's counts of sorted rows and its transposed interval scan give the plain forms'
     values: counts by index_add_, overlaps by scans along the rows (ties of endpoints, empty

@@ -13,7 +13,7 @@ import torch
 
 import knng
 from knng.api import last_report
-from oracle import METRICS, assert_exact_chunked, assert_output_kind, smooth_image_patches
+from oracle import METRICS, assert_exact_chunked, assert_output_kind, assert_radius_exact, smooth_image_patches
 
 pytestmark = [
     pytest.mark.gpu,
@@ -467,3 +467,82 @@ def test_held_survivors_tighten_without_reading_back(pairs, seed):
     idx, dist = store.finish()
     want = torch.sort(exact, dim=1, stable=True)
     assert torch.equal(idx, want.indices[:, :5]) and torch.equal(dist, want.values[:, :5])
+
+
+# ------------------------------------------------------- first calls without compiled kernels
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_without_compiled_kernels_answers_are_exact(metric, seed, set_options):
+    """``compiled_kernels=False``: what a first call of a kind runs while its kernels compile
+    (torch's operations only, on the GPU); Gaussian data and uint8 patches with their ties."""
+    set_options(compiled_kernels=False)
+    rng = np.random.default_rng(seed)
+    patches = torch.from_numpy(smooth_image_patches(rng, 40_500)).cuda()
+    for corpus, queries in ((_randn((200_000, 128), seed), _randn((1_000, 128), seed + 1)),
+                            (patches[:40_000], patches[40_000:])):
+        results = [knng.search(queries, corpus, k, metric=metric) for k in (1, 10)]
+        assert all(r.report.plan.uncompiled for r in results)
+        assert not any("kernel" in name for r in results for name in r.report.stages), results[0].report.stages
+        _check(queries, corpus, results, metric, seed=seed)
+        x = corpus[:12_000]
+        g = knng.graph(x, 10, metric=metric)
+        assert g.report.plan.uncompiled
+        _check(x, x, [g], metric, exclude_self=True, seed=seed)
+    if metric in ("euclidean", "sqeuclidean", "cosine"):
+        q, c = patches[40_000:40_050], patches[:20_000]
+        radius = float(knng.search(q, c, 5, metric=metric).distances[:, -1].median())
+        assert_radius_exact(knng.radius(q, c, radius, metric=metric), q, c, radius, metric, context=f"seed={seed}")
+
+
+_FRESH_PROCESS = r"""
+import json, sys, time
+import torch
+import knng
+
+torch.manual_seed(0)
+x = torch.randn(200_000, 128, device="cuda")
+q = torch.randn(2_000, 128, device="cuda")
+torch.cuda.synchronize()
+out = {}
+
+def timed(name, call):
+    t = time.perf_counter()
+    result = call()
+    torch.cuda.synchronize()
+    out[name] = time.perf_counter() - t
+    return result
+
+first = timed("search_first", lambda: knng.search(q, x, 10))
+graph_first = timed("graph_first", lambda: knng.graph(x[:30_000], 10))
+radius_first = timed("radius_first", lambda: knng.radius(q[:100], x, 14.0))
+out["waited"] = knng.wait_for_kernels(timeout=600)
+second = timed("search_second", lambda: knng.search(q, x, 10))
+graph_second = timed("graph_second", lambda: knng.graph(x[:30_000], 10))
+radius_second = timed("radius_second", lambda: knng.radius(q[:100], x, 14.0))
+out["uncompiled"] = [r.report.plan.uncompiled for r in (first, graph_first, second, graph_second)]
+out["same"] = [bool(torch.equal(a.indices, b.indices) and torch.equal(a.distances, b.distances))
+               for a, b in ((first, second), (graph_first, graph_second), (radius_first, radius_second))]
+from knng.engine.kernels import compile_failures
+out["failures"] = [str(v) for v in compile_failures().values()]
+print(json.dumps(out))
+"""
+
+
+def test_a_fresh_process_runs_its_first_calls_while_their_kernels_compile(tmp_path):
+    """A fresh process with empty kernel caches: the first search, graph and radius query of a
+    kind run without compiled kernels, the kernels compile in the background (into the caches
+    the environment names), and the calls after them run with the kernels, to the same answers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), CUPY_CACHE_DIR=str(tmp_path / "cupy"))
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["waited"] and not out["failures"], out
+    assert out["uncompiled"] == [True, True, False, False], out
+    assert out["same"] == [True, True, True], out
+    assert any((tmp_path / "triton").rglob("*.cubin")), "no Triton kernel was compiled into the cache"

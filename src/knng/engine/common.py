@@ -4,6 +4,7 @@ pass, prepared-corpus access, out-of-memory detection, progress and the run repo
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -14,7 +15,7 @@ from knng.engine.exact import ExactStats
 from knng.engine.plan import EnginePlan, copies_input
 from knng.engine.store import StoreStats
 from knng.metrics import Metric, Prepared, ScreenPrecision, lattice_point, with_exact_products
-from knng.engine.kernels import finite_column_sums, lattice_extent, preparation_runs, prepare_rows
+from knng.engine.kernels import finite_column_sums, in_background, lattice_extent, preparation_runs, prepare_rows
 
 __all__ = [
     "resolve_device", "place_input", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
@@ -96,35 +97,84 @@ def device_block_rows(data: InputArray, device: torch.device, block_rows: int) -
     return block_rows
 
 
-@contextlib.contextmanager
-def full_precision() -> Iterator[None]:
-    """Force IEEE float32 matrix products (no TF32/bf16 shortcuts) while the engine runs.
+class _MatmulPrecision:
+    """torch's float32 product precision, one process-wide setting, shared by the threads that run
+    knng (a caller's threads; the background compilations, ``knng.engine.kernels.compiling``).
 
-    The rounding-error bound assumes float32 inputs; a user's global
-    ``torch.set_float32_matmul_precision("high")`` (or ``fp32_precision = "tf32"`` in the newer
-    API) would silently void it. Whichever API the user set is restored afterwards.
+    The first thread in saves the user's setting and sets IEEE products; the last one out
+    restores it, so that runs overlapping in several threads never restore each other's IEEE
+    setting as the user's. A TF32 section (:func:`tf32_products`) turns TF32 on only while its
+    thread is the only one inside, and not in the background (the caller's own products run
+    beside a background run); a thread that comes in meanwhile waits for the section's end, so
+    that its products never run in TF32.
     """
-    try:
-        previous = torch.get_float32_matmul_precision()
-    except RuntimeError:  # the user set the newer per-backend API; the legacy getter refuses
-        previous = None
-    if previous is not None:
-        torch.set_float32_matmul_precision("highest")
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(previous)
-        return
-    backends = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
-    saved = [b.fp32_precision for b in backends]
-    for b in backends:
-        b.fp32_precision = "ieee"
-    try:
-        yield
-    finally:
-        for b, value in zip(backends, saved):
-            b.fp32_precision = value
 
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.depth: dict[int, int] = {}  # thread ident -> nesting depth inside full_precision
+        self.saved: tuple | None = None  # the user's setting while any thread is inside
+        self.tf32_owner: int | None = None
+
+    @staticmethod
+    def read() -> tuple:
+        try:
+            return "legacy", torch.get_float32_matmul_precision()
+        except RuntimeError:  # the user set the newer per-backend API; the legacy getter refuses
+            return "backends", (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+
+    @staticmethod
+    def write(setting: tuple) -> None:
+        api, value = setting
+        if api == "legacy":
+            torch.set_float32_matmul_precision(value)
+        else:
+            torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = value
+
+    def ieee(self) -> tuple:
+        return ("legacy", "highest") if self.saved is not None and self.saved[0] == "legacy" else \
+            ("backends", ("ieee", "ieee"))
+
+    def tf32(self) -> tuple:
+        return ("legacy", "high") if self.saved is not None and self.saved[0] == "legacy" else \
+            ("backends", ("tf32", torch.backends.mkldnn.matmul.fp32_precision))
+
+    def enter(self) -> None:
+        me = threading.get_ident()
+        with self.changed:
+            self.changed.wait_for(lambda: self.tf32_owner is None or self.tf32_owner == me)
+            if not self.depth:
+                self.saved = self.read()
+                self.write(self.ieee())
+            self.depth[me] = self.depth.get(me, 0) + 1
+
+    def leave(self) -> None:
+        me = threading.get_ident()
+        with self.changed:
+            self.depth[me] -= 1
+            if not self.depth[me]:
+                del self.depth[me]
+            if not self.depth and self.saved is not None:
+                self.write(self.saved)
+                self.saved = None
+            self.changed.notify_all()
+
+    def enter_tf32(self, allowed: bool) -> bool:
+        me = threading.get_ident()
+        with self.changed:
+            if not allowed or set(self.depth) != {me} or self.tf32_owner is not None:
+                return False  # another thread's products need IEEE: these stay IEEE (exact all the same)
+            self.tf32_owner = me
+            self.write(self.tf32())
+            return True
+
+    def leave_tf32(self) -> None:
+        with self.changed:
+            self.write(self.ieee())
+            self.tf32_owner = None
+            self.changed.notify_all()
+
+
+_MATMUL = _MatmulPrecision()
 
 #: The screens whose seed products (a search's sample, a graph part's sampled own block) may run
 #: on TF32 tensor cores: TF32's own, and scaled float16, whose stored values (11 significant
@@ -133,29 +183,35 @@ TF32_EXACT_SAMPLES = frozenset({"tf32", "float16"})
 
 
 @contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """Force IEEE float32 matrix products (no TF32/bf16 shortcuts) while the engine runs.
+
+    The rounding-error bound assumes float32 inputs; a user's global
+    ``torch.set_float32_matmul_precision("high")`` (or ``fp32_precision = "tf32"`` in the newer
+    API) would silently void it. Whichever API the user set is restored afterwards, once no
+    thread runs knng any more (:class:`_MatmulPrecision`).
+    """
+    _MATMUL.enter()
+    try:
+        yield
+    finally:
+        _MATMUL.leave()
+
+
+@contextlib.contextmanager
 def tf32_products() -> Iterator[None]:
     """Let float32 matrix products on a GPU run in TF32 inside :func:`full_precision`.
 
     Only for products whose error the plan's bound already covers with TF32's input roundoff
-    (a TF32 screen's own blocks); the setting before is restored, by whichever API set it.
+    (a TF32 screen's own blocks); IEEE products are within it too, and run instead where another
+    thread is inside knng or this one runs in the background (:class:`_MatmulPrecision`).
     """
-    try:
-        previous = torch.get_float32_matmul_precision()
-    except RuntimeError:
-        previous = None
-    if previous is not None:
-        torch.set_float32_matmul_precision("high")
-        try:
-            yield
-        finally:
-            torch.set_float32_matmul_precision(previous)
-        return
-    saved = torch.backends.cuda.matmul.fp32_precision
-    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    owner = _MATMUL.enter_tf32(allowed=not in_background())
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.fp32_precision = saved
+        if owner:
+            _MATMUL.leave_tf32()
 
 
 #: The lattices a corpus's values are tried on, finest last: integers, and grey levels divided by

@@ -19,8 +19,8 @@ from knng._units import parse_bytes
 from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
 from knng._options import get_options
 from knng.engine.kernels import (
-    KTH_ROW_MAX_WIDTH, TILE, DeviceCapabilities, capabilities_of, strip_seeds_run, tiles_first_runs,
-    triangle_runs, triton_runs, strip_width,
+    KTH_ROW_MAX_WIDTH, TILE, DeviceCapabilities, capabilities_of, kernels_installed, kind_ready, strip_seeds_run,
+    tiles_first_runs, triangle_runs, triton_runs, strip_width,
 )
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k", "KnngPerformanceWarning", "HOST_BUDGET_SLOWDOWN", "HOST_BUDGET_WITHIN",
     "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text", "share_rows",
-    "with_share",
+    "with_share", "call_kind", "first_call_uncompiled",
 ]
 
 #: :attr:`EnginePlan.frames` values (see :mod:`knng.engine.graph.frames`).
@@ -338,6 +338,10 @@ class EnginePlan:
         every score in one product, each row's best few, a certificate, the exact finish. Rows
         whose certificate fails (near-ties past the few) run the rest of this plan: a search's
         rows its pipeline, a graph's rows a search by ``search``.
+    uncompiled : bool
+        On a GPU, the run uses torch's operations only, none of knng's compiled kernels
+        (``Options.compiled_kernels`` off): the first call of its kind in the process, whose
+        kernels compile in the background meanwhile (:func:`first_call_uncompiled`).
     """
 
     operation: str
@@ -377,6 +381,7 @@ class EnginePlan:
     share_index: int = 0
     share_count: int = 1
     direct: bool = False
+    uncompiled: bool = False
 
     @property
     def work_bytes(self) -> int:
@@ -721,6 +726,37 @@ def direct_applies(*, n_queries: int, n_corpus: int, d: int, metric: str, device
         n_corpus * d * 8 * DIRECT_INPUT_SHARE <= min(budget, host)
 
 
+def _uncompiled(device: torch.device) -> bool:
+    """Whether a plan for ``device`` runs without compiled kernels (:attr:`EnginePlan.uncompiled`)."""
+    return device.type == "cuda" and not get_options().compiled_kernels
+
+
+def call_kind(operation: str, device: torch.device, d: int, dtype: object, metric: str, k: int) -> tuple:
+    """What decides which kernels (and which of their specialisations) a call compiles on
+    ``device``: its kind, for :func:`first_call_uncompiled` and ``knng.engine.kernels.compiling``.
+    Sizes are left out: the kernels do not specialise on sizes that follow the data
+    (``knng.engine.kernels``), and those the plan fixes seldom change what compiles."""
+    return operation, str(device), int(d), str(dtype), metric, int(k)
+
+
+def first_call_uncompiled(kind: tuple, *, scores: int, device: torch.device, recorded: bool = False) -> bool:
+    """Whether a call of ``kind`` with ``scores`` scores (queries × corpus rows) runs without
+    compiled kernels (``Options.compiled_kernels`` off), its kernels compiled in the background
+    (``knng.engine.kernels.compiling``): on a GPU where knng's kernels are installed, the first
+    call of its kind in the process (none compiled, none ran), up to
+    ``Options.uncompiled_max_scores`` scores, where ``Options.background_compile`` is on and
+    no checkpoint records the run (a resumed run must take the recorded plan).
+
+    A first call compiles its kernels before it runs, otherwise: several seconds with empty
+    kernel caches, about one second to load them from warm ones (``docs/STARTUP.md``), where
+    torch's operations take about ten times the kernels' time.
+    """
+    options = get_options()
+    return (device.type == "cuda" and not recorded and options.background_compile and options.compiled_kernels
+            and 0 < scores <= options.uncompiled_max_scores and kernels_installed()
+            and not kind_ready(kind))
+
+
 def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
                      budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                      host_budget: int | None = None, host_source: str = "",
@@ -807,7 +843,7 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
         corpus_cols=tiles.corpus_cols, corpus_resident=tiles.corpus_resident, parts=0, part_size=0, blocks=0,
         frames=GLOBAL_FRAMES, bytes_expected=int(expected), budget=budget, budget_source=source or "given",
         host_budget=given_host, host_budget_source=host_source or "given", read_rows=read_rows,
-        host_bytes_expected=int(host))
+        host_bytes_expected=int(host), uncompiled=_uncompiled(device))
     # Tiles first where the screen tightens its own thresholds (a GPU's: Options.tighten_on) and
     # the tiles pay (tiles_first): then no sample.
     if device.type in get_options().tighten_on and tiles_first(plan, caps):
@@ -1039,7 +1075,8 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
         bytes_expected=int(expected), budget=budget, budget_source=source or "given", host_budget=given_host,
         host_budget_source=host_source or "given", read_rows=read_rows, lists=lists, band_parts=band_parts,
         host_bytes_expected=int(host),
-        group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b))
+        group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b),
+        uncompiled=_uncompiled(device))
     if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE)):
         return symmetric
     if method not in (None, GRAPH_ROWS):

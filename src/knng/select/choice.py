@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from knng._options import get_options
 from knng.select import cuda, qms, topk  # noqa: F401  (registered: "qms", "topk")
 from knng.select.grouped import choose_group
 from knng.select.registry import SelectFn, get
@@ -32,7 +33,7 @@ def resolve(name: str, *, rows: int, cols: int, k: int, device: torch.device, wi
     ``without_sync``: ``"auto"`` leaves out ``qms``, which reads back the rows its sampled pass
     failed (a synchronisation with the host): a small call's selection must not stall the host's
     launches behind it (a 5,000 × 128 graph by the direct path, H200: 3.1 ms with qms, 2.1 with
-    ``torch.topk``).
+    ``torch.topk``). With ``Options.compiled_kernels`` off, ``"auto"`` leaves out qms too.
     """
     if not isinstance(name, str):
         raise TypeError(f"select must be a string naming an algorithm, got {type(name).__name__}")
@@ -44,7 +45,8 @@ def resolve(name: str, *, rows: int, cols: int, k: int, device: torch.device, wi
         # 1M × 128, k = 10: 98 against 103 ms); qms wins for larger k (k = 1024: 151 against 166).
         long_rows_small_k = cols > LONG_ROW and k <= 128 and choose_group(cols, k)
         fits = qms.filter_applies(cols, k)  # type: ignore[attr-defined]
-        if not without_sync and cuda.available() and fits and not long_rows_small_k:
+        compiled = get_options().compiled_kernels  # qms is compiled through CuPy's NVRTC
+        if not without_sync and compiled and cuda.available() and fits and not long_rows_small_k:
             return qms
         if choose_group(cols, k):
             return get("grouped")

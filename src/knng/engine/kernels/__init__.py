@@ -11,6 +11,8 @@ checks it), never from its modules. By topic, each launcher beside its kernels:
 
 ==================== =================================================================
 ``capabilities``     a device's facts; whether Triton's kernels run (``triton_runs``)
+``compiling``        the kinds of call whose kernels are compiled; the background worker
+                     that compiles the others (a small first call runs without them)
 ``runs``             what runs here: the screen's kernels, the triangle, strip and tile
                      minima, tiles first, k-th seeds
 ``fused``            the fused screen (product, threshold test, survivor lists) in Triton,
@@ -34,7 +36,11 @@ A graph of new points every call with empty caches compiled 4 kernels in its sev
 """
 
 from knng.engine.kernels.capabilities import (
-    DeviceCapabilities, block_width, capabilities_of, device_capabilities, interpreting, triton_runs,
+    DeviceCapabilities, block_width, capabilities_of, device_capabilities, interpreting, kernels_installed,
+    triton_runs,
+)
+from knng.engine.kernels.compiling import (
+    compile_failures, compile_in_background, compiling, in_background, kind_ready, mark_ready, wait_for_kernels,
 )
 from knng.engine.kernels.fused import (
     Survivors, block_epilogue, group_tile_pairs, screen_block, screen_tiles, select_block, strip_minima, tile_minima,
@@ -60,7 +66,10 @@ __all__ = [
     "DeviceCapabilities", "device_capabilities", "capabilities_of", "interpreting", "triton_runs", "cuda_screen_runs", "wgmma_runs",
     "triangle_runs", "strip_minima_runs", "gathered_runs", "screen_kernel_runs", "strip_seeds_run",
     "tiles_first_runs", "kth_seeds_run", "preparation_runs", "radius_runs", "pair_radius_runs", "row_kth_runs",
-    "row_order_runs", "row_sort_runs", "unfold_runs", "strip_width", "TILE", "block_width",
+    "row_order_runs", "row_sort_runs", "unfold_runs", "strip_width", "TILE", "block_width", "kernels_installed",
+    # kernels compiled in the background
+    "kind_ready", "mark_ready", "compiling", "in_background", "compile_in_background", "wait_for_kernels",
+    "compile_failures",
     # the screen
     "Survivors", "screen_block", "select_block", "strip_minima", "tile_minima", "screen_tiles", "group_tile_pairs",
     "block_epilogue",

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import torch
 
 from knng import _cuda
-from knng._options import kernel_forced
+from knng._options import get_options, kernel_forced
 from knng.engine.kernels import cuda_screen
 
 __all__ = ["DeviceCapabilities", "device_capabilities", "triton_installed", "interpreting", "triton_runs",
-           "capabilities_of", "block_width", "ieee_options"]
+           "capabilities_of", "block_width", "ieee_options", "kernels_installed"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,17 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def kernels_installed() -> bool:
+    """Whether any of knng's GPU kernels can compile here: Triton or CuPy is installed (looked
+    up without importing either)."""
+    return triton_installed() or _cupy_installed()
+
+
+@functools.cache
+def _cupy_installed() -> bool:
+    return importlib.util.find_spec("cupy") is not None
+
+
 def interpreting() -> bool:
     """Whether Triton's kernels run in its interpreter (``TRITON_INTERPRET=1``: CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -89,10 +100,17 @@ def device_capabilities(device: torch.device) -> DeviceCapabilities:
     """The capabilities of ``device``, asked of the machine once per GPU (a CPU's are cheap).
 
     On a Hopper GPU with CuPy the first call compiles the wgmma screen once (the variant a
-    search of K = 128 runs) to learn whether this NVRTC can.
+    search of K = 128 runs) to learn whether this NVRTC can. With
+    ``Options.compiled_kernels`` off, a GPU offers neither Triton nor CuPy (nothing compiles,
+    nothing is probed).
     """
     if device.type != "cuda":
         return _off_gpu(device.type)
+    if not get_options().compiled_kernels:
+        if not torch.cuda.is_available():
+            return DeviceCapabilities("cuda")
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return DeviceCapabilities("cuda", _cuda.device_capability(torch.device("cuda", index)))
     index = device.index
     found = None if index is None else _FOUND.get(index)  # the engine asks per block: a lookup
     if found is not None:
@@ -117,8 +135,13 @@ def _off_gpu(device_type: str) -> DeviceCapabilities:
 
 
 def capabilities_of(where: "DeviceCapabilities | torch.device") -> DeviceCapabilities:
-    """``where`` itself, or the capabilities of the device ``where``."""
-    return where if isinstance(where, DeviceCapabilities) else device_capabilities(where)
+    """``where`` itself, or the capabilities of the device ``where``; a GPU's without Triton and
+    CuPy where ``Options.compiled_kernels`` is off."""
+    if not isinstance(where, DeviceCapabilities):
+        return device_capabilities(where)
+    if where.device_type == "cuda" and not get_options().compiled_kernels:
+        return DeviceCapabilities("cuda", where.compute_capability)
+    return where
 
 
 def triton_runs(where: "DeviceCapabilities | torch.device") -> bool:

@@ -48,7 +48,6 @@ def pair_values(metric: Metric, left: torch.Tensor | None, rows: torch.Tensor, r
     registers; the sums differ from the reference's only in their order, within the float64
     evaluation's error bound (``Metric.oracle_error``) that the stores' radii already carry.
     """
-    stages.count("finish.exact_kernel")
     if left is None or right is None or not pair_kernel_runs(metric, device):
         return None
     if device.type == "cuda" and device.index is None:  # "cuda": the current device, as tensors name it
@@ -61,6 +60,7 @@ def pair_values(metric: Metric, left: torch.Tensor | None, rows: torch.Tensor, r
     left = left if left.stride(1) == 1 else left.contiguous()
     right = right if right.stride(1) == 1 else right.contiguous()
     out = torch.empty(pair_cols.numel(), dtype=torch.float64, device=device)
+    stages.count("finish.exact_kernel")
     block, dims = (16, 16) if interpreting() else (PAIR_BLOCK, PAIR_DIMS)
     if out.numel():
         _triton().pair_squares_kernel[(-(-out.numel() // block),)](
