@@ -89,9 +89,9 @@ def _warn_of_slow_plan(plan: EnginePlan, stacklevel: int) -> None:
         warnings.warn(plan.host_budget_note, KnngPerformanceWarning, stacklevel=stacklevel + 1)
 
 
-#: Frames from a warning in a call's run (``run`` in :func:`search`, :func:`graph`) up to the user's
-#: code: run, :func:`_first_calls_compile`, the public function.
-_USER_FRAME = 3
+#: Frames from :func:`_warn_of_slow_plan`'s caller (``run`` in :func:`search`, :func:`graph`) to
+#: the user's code: run, :func:`_first_calls_compile`, the public function, the user's line.
+_USER_FRAME = 4
 
 Result = TypeVar("Result", Neighbors, Graph, RadiusNeighbors)
 

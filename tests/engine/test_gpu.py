@@ -546,3 +546,25 @@ def test_a_fresh_process_runs_its_first_calls_while_their_kernels_compile(tmp_pa
     assert out["uncompiled"] == [True, True, False, False], out
     assert out["same"] == [True, True, True], out
     assert any((tmp_path / "triton").rglob("*.cubin")), "no Triton kernel was compiled into the cache"
+
+
+def test_calls_complete_with_most_of_the_card_held_by_the_caller(seed):
+    """The caller's own tensors hold all of the card but 24 GB: the default budget follows the
+    free memory, and a search, a graph of integer patches at k = 100 and a radius query complete,
+    exact, with no out-of-memory error reaching the caller (issue 55)."""
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    hold = torch.empty(max(0, free - 24 * 10**9), dtype=torch.uint8, device="cuda")
+    try:
+        corpus, queries = _randn((1_000_000, 128), seed), _randn((2_000, 128), seed + 1)
+        found = knng.search(queries, corpus, 10)
+        _check(queries, corpus, [found], seed=seed, rows=torch.arange(0, 2_000, 7))
+        rng = np.random.default_rng(seed)
+        patches = torch.from_numpy(smooth_image_patches(rng, 60_000)).cuda()
+        g = knng.graph(patches, 100)
+        _check(patches, patches, [g], exclude_self=True, seed=seed, rows=torch.arange(0, 60_000, 97))
+        few, part = queries[:20], corpus[:20_000]
+        radius = float(knng.search(few, part, 5).distances[:, -1].max())
+        assert_radius_exact(knng.radius(few, part, radius), few, part, radius, context=f"seed={seed}")
+    finally:
+        del hold

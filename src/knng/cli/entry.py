@@ -24,7 +24,6 @@ import time
 import warnings
 
 from knng import _interrupts
-from knng._options import options
 from knng.cli.errors import EXIT_USAGE, INPUT_ERRORS, message
 from knng.cli.parser import build_parser
 
@@ -86,6 +85,7 @@ def _main(argv: list[str] | None) -> int:
             # abort the interpreter): an interruption waits for it, and every command needs it.
             importlib.import_module("torch")
             command = importlib.import_module(f"knng.cli.{args.command_module}")
+            from knng._options import options  # not at module level: `knng --help` imports nothing heavy
         # A command's process ends after its call: kernels compiled in the background (for the
         # calls after a first one, knng.engine.kernels.compiling) would only delay its exit.
         with warnings.catch_warnings(), options(background_compile=False):

@@ -99,14 +99,14 @@ def device_block_rows(data: InputArray, device: torch.device, block_rows: int) -
 
 class _MatmulPrecision:
     """torch's float32 product precision, one process-wide setting, shared by the threads that run
-    knng (a caller's threads; the background compilations, ``knng.engine.kernels.compiling``).
+    knng (a caller's threads; not the background compilations, ``knng.engine.kernels.compiling``,
+    which leave it alone).
 
     The first thread in saves the user's setting and sets IEEE products; the last one out
     restores it, so that runs overlapping in several threads never restore each other's IEEE
     setting as the user's. A TF32 section (:func:`tf32_products`) turns TF32 on only while its
-    thread is the only one inside, and not in the background (the caller's own products run
-    beside a background run); a thread that comes in meanwhile waits for the section's end, so
-    that its products never run in TF32.
+    thread is the only one inside; a thread that comes in meanwhile waits for the section's end,
+    so that its products never run in TF32.
     """
 
     def __init__(self) -> None:
@@ -158,10 +158,10 @@ class _MatmulPrecision:
                 self.saved = None
             self.changed.notify_all()
 
-    def enter_tf32(self, allowed: bool) -> bool:
+    def enter_tf32(self) -> bool:
         me = threading.get_ident()
         with self.changed:
-            if not allowed or set(self.depth) != {me} or self.tf32_owner is not None:
+            if set(self.depth) != {me} or self.tf32_owner is not None:
                 return False  # another thread's products need IEEE: these stay IEEE (exact all the same)
             self.tf32_owner = me
             self.write(self.tf32())
@@ -189,8 +189,13 @@ def full_precision() -> Iterator[None]:
     The rounding-error bound assumes float32 inputs; a user's global
     ``torch.set_float32_matmul_precision("high")`` (or ``fp32_precision = "tf32"`` in the newer
     API) would silently void it. Whichever API the user set is restored afterwards, once no
-    thread runs knng any more (:class:`_MatmulPrecision`).
+    thread runs knng any more (:class:`_MatmulPrecision`). A run in the background (a call run
+    again to compile its kernels, its answer discarded) leaves the setting alone: the caller's
+    own code runs beside it, with the caller's setting.
     """
+    if in_background():
+        yield
+        return
     _MATMUL.enter()
     try:
         yield
@@ -204,9 +209,9 @@ def tf32_products() -> Iterator[None]:
 
     Only for products whose error the plan's bound already covers with TF32's input roundoff
     (a TF32 screen's own blocks); IEEE products are within it too, and run instead where another
-    thread is inside knng or this one runs in the background (:class:`_MatmulPrecision`).
+    thread is inside knng (:class:`_MatmulPrecision`). A background run changes nothing.
     """
-    owner = _MATMUL.enter_tf32(allowed=not in_background())
+    owner = not in_background() and _MATMUL.enter_tf32()
     try:
         yield
     finally:
