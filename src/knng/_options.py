@@ -31,7 +31,7 @@ from typing import Any
 __all__ = ["Options", "options", "get_options", "kernel_forced", "SCREEN_PRECISIONS", "KERNELS"]
 
 #: The names :attr:`Options.screen_precision` takes (``knng.metrics``' precisions).
-SCREEN_PRECISIONS = frozenset({"float64", "float32", "tf32", "tf32x3", "float16", "bfloat16", "int8x4"})
+SCREEN_PRECISIONS = frozenset({"float64", "float32", "tf32", "tf32x3", "float16", "bfloat16", "int8x4", "int8"})
 
 #: The kernels :attr:`Options.kernels` may force on or off (where the engine asks "does it run
 #: here?"): ``triton`` every Triton kernel (on a CPU: in Triton's interpreter,

@@ -28,7 +28,9 @@ __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPreci
            "DIGIT_BASE", "DIGIT_MAX", "DIGIT_REFERENCE_ERROR", "digit_width", "digit_blocks", "digit_scales",
            "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
            "scaled_alphas", "scaled_row_factors", "scaled_row_scales", "TINY", "ORACLE_RELATIVE", "ORACLE_CONSTANT",
-           "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products", "lattice_point"]
+           "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products", "lattice_point",
+           "INTEGER_LOW", "INTEGER_HIGH", "INTEGER_MAX_D", "INTEGER_TAIL", "integer_width", "integer_blocks",
+           "integer_terms", "integer_rows_fit", "integer_centre"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -78,6 +80,16 @@ FLOAT16_EXACT_INTEGER = 2048
 #: with at most 24 significant bits, so aligning the terms to the largest one drops no set bit
 #: (``docs/EXACTNESS.md``, "Integer data"; ``tests/engine/test_gpu_fused.py`` checks it at the limit).
 EXACT_SUM_LIMIT = 2**24
+#: Integer rows (precision ``int8``): each centred value is an integer in [INTEGER_LOW,
+#: INTEGER_HIGH], stored as int8, so a column's values may span up to 255 (uint8 pixels, photon
+#: counts up to 255 above a column's smallest).
+INTEGER_LOW, INTEGER_HIGH = -128, 127
+#: Largest d of integer rows: the squared distance of two of them is at most d·255², an int32
+#: below 2³¹ (and every intermediate of the kernel's q + r − 2·aᵀb, at most d·2¹⁵, fits too).
+INTEGER_MAX_D = (2**31 - 1) // 255**2
+#: Integer rows end in a tail of this many bytes: the row's squared norm as an int32 (4 used),
+#: keeping rows a multiple of 16 bytes for 16-byte loads.
+INTEGER_TAIL = 16
 
 
 @dataclass(frozen=True)
@@ -123,6 +135,14 @@ class ScreenPrecision:
         by α·s_a and s_b, exactly (powers of two). Its ``input_roundoff`` is float16's 2⁻¹¹ (plus
         the float64 → float32 → float16 double rounding); the subnormal range adds √d·2⁻²⁸ in
         :meth:`Metric.bound_coefficients`. float16 has TF32's bound at bfloat16's speed.
+    integers : bool
+        True for integer rows (``int8``): data whose every value is an integer and whose
+        every column spans at most 255 (:func:`integer_rows_fit`), centred on an integer point
+        of each column's range so that every value is an int8. The int8 tensor cores' products
+        are summed in int32, exactly, and the kernel forms the key q + r − 2·aᵀb (the squared
+        distance itself, q = ‖a‖² included on both sides) in int32, exactly: the float32 key is
+        that integer rounded once, exact below 2²⁴, and within :attr:`key_roundoff` of it
+        above. No product bound: ``Metric.bound_coefficients`` are 0.
     """
 
     name: str
@@ -134,6 +154,14 @@ class ScreenPrecision:
     scaled: bool = False
     exact_products: bool = False
     lattice_error: float = 0.0
+    integers: bool = False
+
+    @property
+    def key_roundoff(self) -> float:
+        """How far a screened key may sit from the exact score relative to the key itself: 2u₃₂
+        for integer rows (|fl(D) − D| ≤ u₃₂·D ≤ 2u₃₂·fl(D)), else 0 (their bound is in the
+        norms). The error model adds it to the keys' conversion slack."""
+        return 2.0 * UNIT_ROUNDOFF_FP32 if self.integers else 0.0
 
 
 #: Every screen precision the engine knows. float32 and float64 run as torch products of the
@@ -148,7 +176,27 @@ PRECISIONS: dict[str, ScreenPrecision] = {
     # Integer products are exact: the digits are the error (relative, d-dependent: see
     # Metric.bound_coefficients); float32 for the scaling after the products.
     "int8x4": ScreenPrecision("int8x4", torch.int8, 0.0, 2.0**-24, fused=False, digits=True),
+    # Integer data: exact int8 products and an exact int32 key, rounded once to float32.
+    "int8": ScreenPrecision("int8", torch.int8, 0.0, 0.0, fused=True, exact_products=True, integers=True),
 }
+
+
+def integer_rows_fit(d: int, spread: "torch.Tensor | None") -> bool:
+    """Whether data of dimension ``d`` whose every value is an integer, each column's largest
+    minus smallest being ``spread`` (None: not known to be integers), fit integer rows: d ≤
+    :data:`INTEGER_MAX_D` and every column spans at most 255 (so that an integer centre puts
+    every value in int8's range)."""
+    if spread is None or not 0 < d <= INTEGER_MAX_D:
+        return False
+    return not spread.numel() or float(spread.max()) <= INTEGER_HIGH - INTEGER_LOW
+
+
+def integer_centre(mean: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """The integer centre of integer rows (float64, one per column): each column's rounded mean,
+    moved into [high − 127, low + 128] so that every value v − c is an int8 (columns spanning at
+    most 255: :func:`integer_rows_fit`). Any integer centre gives the same distances; the mean
+    keeps the squared norms, and the int32 terms, small."""
+    return torch.minimum(torch.maximum(torch.round(mean), high - INTEGER_HIGH), low - INTEGER_LOW)
 
 
 def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor | None,
@@ -283,6 +331,22 @@ def digit_row_factors(rows: torch.Tensor) -> torch.Tensor:
             ).to(torch.float32)
 
 
+def integer_width(d: int) -> int:
+    """Columns of the value block of an integer row of dimension ``d`` (the product's K)."""
+    return _aligned_width(d, 0, 16)
+
+
+def integer_blocks(rows: torch.Tensor) -> int:
+    """Columns of the value block of prepared integer rows."""
+    return rows.shape[1] - INTEGER_TAIL
+
+
+def integer_terms(rows: torch.Tensor) -> torch.Tensor:
+    """The int32 squared norm of every prepared integer row (a copy, one per row, contiguous)."""
+    w = integer_blocks(rows)
+    return rows[:, w:w + 4].contiguous().view(torch.int32)[:, 0].contiguous()
+
+
 def scaled_width(d: int) -> int:
     """Columns of the value block of a scaled float16 row of dimension ``d`` (the product's K)."""
     return _aligned_width(d, 0, 16)
@@ -408,6 +472,9 @@ class Metric:
         integer number of units, and the unit rides in the row's scale
         (:func:`with_exact_products`). None: the rows hold the values as they are (exact
         integers need no rounding either).
+    integers : bool
+        True where int8 rows are integer rows (precision ``int8``: the centred values
+        themselves and the int32 squared norm, :func:`integer_rows_fit`), not digits.
     """
 
     name: str
@@ -418,6 +485,7 @@ class Metric:
     normalize: bool = False
     centre_rows: bool = False
     lattice: float | None = None
+    integers: bool = False
 
     # ----------------------------------------------------------------------------- preparation
     def needs_centre(self, symmetric: bool) -> bool:
@@ -443,7 +511,7 @@ class Metric:
     def width(self, d: int, device: torch.device, dtype: torch.dtype = torch.float32) -> int:
         """Columns of a prepared block for input dimension ``d`` on ``device`` (storage ``dtype``)."""
         if dtype == torch.int8:
-            return 3 * digit_width(d) + DIGIT_ALIGN
+            return integer_width(d) + INTEGER_TAIL if self.integers else 3 * digit_width(d) + DIGIT_ALIGN
         if dtype == torch.float16:
             return scaled_width(d) + SCALED_TAIL
         multiple = GPU_ROW_MULTIPLE if device.type == "cuda" else CPU_ROW_MULTIPLE
@@ -471,8 +539,11 @@ class Metric:
         symmetric : bool
             True for a graph (data against itself): queries also carry the row term q = ‖a‖².
         dtype : torch.dtype
-            The screen's storage type (``ScreenPrecision.storage``); int8 for the digit screen.
+            The screen's storage type (``ScreenPrecision.storage``); int8 for the digit screen,
+            or for integer rows where :attr:`integers` (``centre`` then an integer point).
         """
+        if dtype == torch.int8 and self.integers:
+            return self._integer_rows(x, centre, side=side, symmetric=symmetric)
         x64 = x.to(torch.float64)
         if self.centre_rows:
             x64 = _centre_rows(x64)
@@ -525,6 +596,34 @@ class Metric:
             if self.uses_terms:
                 out[:, d] = terms
                 out[:, d + 1] = 1.0
+        return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
+
+    def _integer_rows(self, x: torch.Tensor, centre: torch.Tensor | None, *, side: str, symmetric: bool) -> Prepared:
+        """Integer rows ``[v | ‖v‖² (int32) | 0…]`` of integer inputs ``x`` (any dtype, every
+        value an integer) centred on the integer point ``centre``: every v an int8, or an error.
+
+        The key is the squared distance itself on both sides (the row term ‖a‖² in the kernel's
+        int32 sum), so a search's rows carry their term and no offset."""
+        if not (self.translation_invariant and self.shifts(side, symmetric)) or centre is None:
+            raise ValueError(f"integer rows need a translation-invariant metric and a centre ({self.name})")
+        m, d = x.shape
+        # int32 holds every value: the data are integers within 255 of the centre (or refused).
+        values = x.to(torch.int32)
+        values -= centre.to(device=x.device, dtype=torch.int32)
+        if m and d:
+            low, high = torch.aminmax(values)
+            if int(low) < INTEGER_LOW or int(high) > INTEGER_HIGH:
+                raise ValueError("integer rows need every centred value in [-128, 127]: these data are not "
+                                 "integers whose every column spans at most 255 (screen_dtype='int8')")
+        squares = values.to(torch.int64).square_().sum(dim=1)  # exact: below d·2¹⁴
+        out = torch.zeros((m, integer_width(d) + INTEGER_TAIL), dtype=torch.int8, device=x.device)
+        out[:, :d] = values
+        del values
+        w = integer_width(d)
+        out[:, w:w + 4].view(torch.int32)[:, 0] = squares.to(torch.int32)
+        terms = squares.to(torch.float64)  # exact
+        norms = torch.sqrt(terms)
+        offsets = torch.zeros(m, dtype=torch.float64, device=x.device) if side == "query" else None
         return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
 
     def terms_and_offsets(self, x: torch.Tensor, norms: torch.Tensor, centre: torch.Tensor | None, *, side: str,
@@ -583,6 +682,10 @@ class Metric:
         alpha = abs(self.alpha)
         if precision is not None and precision.digits:
             return self._digit_coefficients(d)
+        if precision is not None and precision.integers:
+            # The key is an exact integer rounded once: its error is relative to the key
+            # (ScreenPrecision.key_roundoff, in the error model's slack), not to the norms.
+            return 0.0, 0.0, 0.0
         if precision is not None and precision.exact_products:
             return self._exact_coefficients(d, precision.lattice_error)
         if precision is not None and precision.fused:

@@ -14,11 +14,15 @@ from knng._inputs import READ_AHEAD, READ_CHUNK_BYTES, READ_THREADS, InputArray,
 from knng.engine.exact import ExactStats
 from knng.engine.plan import EnginePlan, copies_input
 from knng.engine.store import StoreStats
-from knng.metrics import Metric, Prepared, ScreenPrecision, lattice_point, with_exact_products
+from knng.metrics import (
+    INTEGER_MAX_D, Metric, Prepared, ScreenPrecision, integer_centre, integer_rows_fit, lattice_point,
+    with_exact_products,
+)
 from knng.engine.kernels import finite_column_sums, in_background, lattice_extent, preparation_runs, prepare_rows
 
 __all__ = [
     "resolve_device", "place_input", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
+    "integer_rows_fit_data",
     "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
     "LATTICE_UNITS", "LATTICE_TOLERANCE", "LatticeExtent",
 ]
@@ -242,6 +246,7 @@ class CorpusStats:
     integer_spread: torch.Tensor | None = None
     lattice: float = 1.0
     lattice_error: float = 0.0
+    integer_low: torch.Tensor | None = None  # each column's smallest lattice point, in units
 
     @staticmethod
     def of(centre: torch.Tensor | None, lattices: "list[LatticeExtent]") -> "CorpusStats":
@@ -251,7 +256,8 @@ class CorpusStats:
             found = lattice.found()
             if found is not None:
                 spread, error = found
-                return CorpusStats(centre=centre, integer_spread=spread, lattice=lattice.unit, lattice_error=error)
+                return CorpusStats(centre=centre, integer_spread=spread, lattice=lattice.unit, lattice_error=error,
+                                   integer_low=lattice.low)
         return CorpusStats(centre=centre)
 
     def screen(self, precision: ScreenPrecision) -> tuple[ScreenPrecision, torch.Tensor | None, float | None]:
@@ -259,6 +265,8 @@ class CorpusStats:
         with exact products (:func:`knng.metrics.with_exact_products`) around the centre rounded
         to a lattice point, and the lattice's unit, when the corpus lies on a lattice small
         enough; else ``precision`` around :attr:`centre`, and None."""
+        if precision.integers:
+            return precision, self.integer_centre(), 1.0
         if self.centre is None:
             return precision, self.centre, None
         exact = with_exact_products(precision, self.integer_spread, self.lattice_error, self.lattice)
@@ -267,6 +275,47 @@ class CorpusStats:
         # The rounded mean is a lattice point inside the data's bounding box: every centred
         # value stays within its column's extent (c·m is exact in float64: 24 + 11 bits).
         return exact, lattice_point(self.centre, self.lattice), self.lattice
+
+
+    @property
+    def integers(self) -> bool:
+        """Whether the corpus fits integer rows (precision ``int8``): every value an integer,
+        every column spanning at most 255 (:func:`knng.metrics.integer_rows_fit`)."""
+        return (self.centre is not None and self.lattice == 1.0 and self.lattice_error == 0.0
+                and integer_rows_fit(self.centre.numel(), self.integer_spread))
+
+    def integer_centre(self) -> torch.Tensor:
+        """The integer point integer rows are centred on (:func:`knng.metrics.integer_centre`);
+        a clear error where the corpus does not fit them."""
+        if not self.integers:
+            raise ValueError("screen_dtype='int8' screens integer data only: every value an integer and every "
+                             f"column spanning at most 255, in at most {INTEGER_MAX_D:,} dimensions")
+        assert self.centre is not None and self.integer_spread is not None and self.integer_low is not None
+        return integer_centre(self.centre, self.integer_low, self.integer_low + self.integer_spread)
+
+
+def integer_rows_fit_data(data: InputArray, metric: Metric, device: torch.device) -> bool:
+    """Whether ``data`` fit integer rows (precision ``int8``) under ``metric`` on ``device``,
+    found cheaply and certainly before planning: uint8 and int8 data always do; data of other
+    types only where they already lie on the GPU, by one read of them (every value an integer,
+    every column spanning at most 255); data read from a host or a file are not looked at here
+    (their screen keeps its planned precision). Only a GPU's planner uses integer rows, so
+    elsewhere this is False without a look."""
+    if device.type != "cuda" or not metric.translation_invariant or not 0 < data.d <= INTEGER_MAX_D:
+        return False
+    if data.dtype in (torch.uint8, torch.int8):
+        return True
+    tensor = data.tensor
+    if tensor is None or tensor.device.type != "cuda" or tensor.is_complex():
+        return False
+    lattice = LatticeExtent(1.0, data.d, tensor.device)
+    step = device_block_rows(data, device, 1)
+    for start in range(0, data.n, step):
+        lattice.add(tensor[start:start + step])
+        if lattice.off_lattice:
+            return False
+    found = lattice.found()
+    return found is not None and found[1] == 0.0 and integer_rows_fit(data.d, found[0])
 
 
 def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, symmetric: bool,

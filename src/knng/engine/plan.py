@@ -16,7 +16,7 @@ import torch
 
 from knng._inputs import READ_AHEAD
 from knng._units import parse_bytes
-from knng.metrics import PRECISIONS, ScreenPrecision, get_metric, get_precision
+from knng.metrics import INTEGER_MAX_D, INTEGER_TAIL, PRECISIONS, ScreenPrecision, get_metric, get_precision
 from knng._options import get_options
 from knng.engine.kernels import (
     KTH_ROW_MAX_WIDTH, TILE, DeviceCapabilities, capabilities_of, kernels_installed, kind_ready, strip_seeds_run,
@@ -261,7 +261,7 @@ class EnginePlan:
         The shape of the problem (a graph has ``n_queries == n_corpus``).
     metric : str
     device : str
-    screen_precision : {"float32", "float64", "tf32", "tf32x3", "float16", "bfloat16", "int8x4"}
+    screen_precision : {"float32", "float64", "tf32", "tf32x3", "float16", "bfloat16", "int8x4", "int8"}
         Precision of the matrix products of the screen (:data:`knng.metrics.PRECISIONS`): it
         changes the rounding bound, hence how many pairs reach the exact finish, never the
         result. The last three run in the fused kernel (``knng.engine.kernels.fused``).
@@ -477,8 +477,14 @@ CPU_FLOAT64_ROWS_PER_K = 100
 
 
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search",
-                            capabilities: DeviceCapabilities | None = None) -> str:
+                            capabilities: DeviceCapabilities | None = None, integers: bool = False) -> str:
     """The screen precision that makes the exact answer cheapest.
+
+    ``integers``: the data fit integer rows under the metric (integer values, every column
+    spanning at most 255, a translation-invariant metric: :func:`knng.metrics.integer_rows_fit`).
+    Then, on a GPU where the fused kernel runs, ``int8``: exact products on the int8 tensor
+    cores and exact keys, whatever k and d (up to ``INTEGER_MAX_D``) — the cheapest product and
+    the tightest screen there is (the photon-count images of the seed papers).
 
     On a GPU where the fused kernel runs, scaled float16 for a search from d ≥
     :data:`FLOAT16_SEARCH_MIN_D`, at any k. Otherwise float64 on GPUs whose float64 products run
@@ -505,6 +511,8 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     """
     caps = device if capabilities is None else capabilities  # asked of the device only where needed
     if device.type == "cuda":
+        if integers and 0 < d <= INTEGER_MAX_D and triton_runs(caps):
+            return "int8"
         # A search from d = 64 screens in float16 at any k (FLOAT16_SEARCH_MIN_D: measured
         # against float64 where the float64 rule held); the float64 rule is for the rest.
         if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and triton_runs(caps):
@@ -520,13 +528,15 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
 
 
 def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.device, n_corpus: int, d: int,
-                      k: int, operation: str = "search", capabilities: DeviceCapabilities | None = None) -> str:
+                      k: int, operation: str = "search", capabilities: DeviceCapabilities | None = None,
+                      integers: bool = False) -> str:
     """The precision a plan runs: the caller's (a name or torch dtype), ``Options.screen_precision``,
-    or the planner's choice."""
+    or the planner's choice (``integers``: as :func:`choose_screen_precision`)."""
     if screen_dtype is None:
         screen_dtype = get_options().screen_precision
     if screen_dtype is None:
-        return choose_screen_precision(device, n_corpus, d, k, operation=operation, capabilities=capabilities)
+        return choose_screen_precision(device, n_corpus, d, k, operation=operation, capabilities=capabilities,
+                                       integers=integers)
     return get_precision(screen_dtype).name
 
 
@@ -904,8 +914,14 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                     host_source: str = "", method: str | None = None,
                     slab_gain: Callable[[int], float] | None = None,
                     capabilities: DeviceCapabilities | None = None,
-                    share: tuple[int, int] = (0, 1), recorded: bool = False) -> EnginePlan:
+                    share: tuple[int, int] = (0, 1), recorded: bool = False,
+                    integers: bool = False) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
+
+    ``integers``: the data are integers whose every column spans at most 255
+    (:func:`knng.metrics.integer_rows_fit`; ``knng.engine.common.integer_rows_fit_data`` looks): under a
+    translation-invariant metric they are screened as integer rows (``int8``,
+    :func:`choose_screen_precision`), by symmetric blocks around one integer centre.
 
     ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
     default ``Options.graph_method``, else the planner's choice (:func:`rows_method_wins`). Where principal frames could run,
@@ -928,9 +944,11 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         method = get_options().graph_method
     same = dict(n=n, d=d, k=k, metric=metric, device=device, budget=budget, include_self=include_self, source=source,
                 screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method,
-                capabilities=capabilities)
+                capabilities=capabilities, integers=integers and get_metric(metric).translation_invariant)
     index, count = _checked_share(share)
-    direct = count == 1 and direct_applies(n_queries=n, n_corpus=n, d=d, metric=metric, device=device, budget=budget,
+    integer_rows = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=capabilities,
+                                     integers=same["integers"]) == "int8"
+    direct = count == 1 and not integer_rows and direct_applies(n_queries=n, n_corpus=n, d=d, metric=metric, device=device, budget=budget,
                                            host_budget=host_budget, graph=True, screen_dtype=screen_dtype,
                                            part_size=part_size, method=method,
                                            recorded=recorded)
@@ -978,7 +996,7 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
                 screen_dtype: "torch.dtype | str | None" = None,
                 part_size: int | None = None, host_budget: int | None = None,
                 host_source: str = "", method: str | None = None,
-                slab_gain: Callable[[int], float] | None = None) -> EnginePlan:
+                slab_gain: Callable[[int], float] | None = None, integers: bool = False) -> EnginePlan:
     """:func:`make_graph_plan` without its host budget's note."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
@@ -987,10 +1005,12 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
         budget = min(budget, host_budget)
     available = n if include_self else n - 1
     caps = device if capabilities is None else capabilities  # asked of the device only where needed
-    precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=capabilities)
+    precision = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=capabilities,
+                                  integers=integers)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = store_capacity(k, available)
-    vector = d * element + 24
+    integer_rows = PRECISIONS[precision].integers
+    vector = d + INTEGER_TAIL + 16 if integer_rows else d * element + 24
     store = _store_bytes(n, capacity)
     results = n * k * 16  # the engine's int64 indices and float64 distances
     if device.type == "cuda":
@@ -1043,8 +1063,9 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     # Principal frames keep, beside the prepared parts, their query layouts and a sorted copy
     # of the inputs (at most as large as the prepared corpus again); their windows read every
     # row's threshold, so the stores must stay on the device.
+    # (Not for integer rows: they need one integer centre that puts every value in int8's range.)
     principal = (parts > 1 and get_metric(metric).translation_invariant and lists == LISTS_ON_DEVICE
-                 and 3 * corpus_bytes + store <= budget // 2)
+                 and 3 * corpus_bytes + store <= budget // 2 and not integer_rows)
     # Where a sample of the data says their slabs gain little (Gaussian-like data), one centre
     # and the parts in their own order (``Options.principal_min_gain``).
     gain = slab_gain(parts) if principal and slab_gain is not None else None
@@ -1077,7 +1098,8 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
         host_bytes_expected=int(host),
         group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b),
         uncompiled=_uncompiled(device))
-    if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE)):
+    if method == GRAPH_SYMMETRIC or (method is None and (device.type != "cuda" or lists != LISTS_ON_DEVICE
+                                                         or integer_rows)):
         return symmetric
     if method not in (None, GRAPH_ROWS):
         raise ValueError(f"method must be {GRAPH_SYMMETRIC!r} or {GRAPH_ROWS!r}, got {method!r}")

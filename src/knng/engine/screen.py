@@ -24,8 +24,8 @@ import torch
 
 from knng.engine import stages
 from knng.metrics import (
-    DIGIT_BASE, DIGIT_MAX, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales, scaled_row_factors,
-    scaled_scales, scaled_width,
+    DIGIT_BASE, DIGIT_MAX, INTEGER_LOW, ScreenPrecision, digit_blocks, digit_row_factors, digit_scales,
+    integer_blocks, integer_terms, scaled_row_factors, scaled_scales, scaled_width,
 )
 from knng._options import get_options
 from knng.engine import kernels
@@ -35,7 +35,7 @@ from knng.engine.kernels import (
 )
 
 __all__ = ["Survivors", "ScoreBuffer", "row_survivors", "survivors_of_smallest", "column_survivors",
-           "block_survivors", "block_scores", "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later",
+           "block_survivors", "block_scores", "integer_scores", "screen_rows", "screen_rows_later", "screen_pairs", "screen_pairs_later",
            "pair_scores", "strip_minima", "strip_minima_of", 
            "screen_own_later", "own_block_survivors", "tile_minima", "screen_tiles"]
 
@@ -255,6 +255,9 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     ``Options.symmetric_min_rows`` rows (:func:`_banded_product`).
     """
     stages.count("screen.product")
+    if precision.integers:
+        # The terms are inside the integer key (the rows' own int32 squared norms).
+        return integer_scores(a, b, buffer)
     if not precision.fused and not precision.digits:
         out = None if buffer is None else buffer.take(a.shape[0], b.shape[0], a.dtype, a.device)
         options = get_options()
@@ -315,19 +318,34 @@ def digit_scores(a: torch.Tensor, b: torch.Tensor, buffer: ScoreBuffer | None = 
     return scores
 
 
+def integer_scores(a: torch.Tensor, b: torch.Tensor, buffer: ScoreBuffer | None = None) -> torch.Tensor:
+    """The integer screen's float32 keys of prepared integer rows ``[v | ‖v‖² | 0…]``
+    (``knng.metrics``, precision ``int8``): q_i + r_j − 2·a_iᵀb_j computed exactly in int32 (the
+    product's sums, q + r and 2·aᵀb are below 2³¹ for d ≤ ``INTEGER_MAX_D``, and so is the
+    squared distance they give), then rounded to float32 once. This is the arithmetic the
+    integer kernel does, bit for bit."""
+    w = integer_blocks(a)
+    keys = _integer_products(a[:, :w], b[:, :w], largest=-INTEGER_LOW).to(torch.int32)
+    keys.mul_(-2).add_(integer_terms(b)[None, :]).add_(integer_terms(a)[:, None])
+    if buffer is None:
+        return keys.to(torch.float32)
+    out = buffer.take(a.shape[0], b.shape[0], torch.float32, a.device)
+    return out.copy_(keys)
+
+
 #: Whether ``torch._int_mm`` ran on this kind of device (a failure falls back to float64 products,
 #: once per process and device type).
 _INT_MM_WORKS: dict[str, bool] = {}
 
 
-def _integer_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a · bᵀ`` of int8 matrices, exactly: int32 from ``torch._int_mm`` (oneDNN on a CPU,
-    cuBLASLt on a GPU), or float64 products of the digits where it cannot run (small or
-    unaligned GPU blocks, builds without it, sums that could pass 2³¹): every partial sum is
-    an integer below 2⁵³."""
+def _integer_products(a: torch.Tensor, b: torch.Tensor, largest: int = DIGIT_MAX) -> torch.Tensor:
+    """``a · bᵀ`` of int8 matrices whose values are at most ``largest`` in magnitude, exactly:
+    int32 from ``torch._int_mm`` (oneDNN on a CPU, cuBLASLt on a GPU), or float64 products of
+    the digits where it cannot run (small or unaligned GPU blocks, builds without it, sums that
+    could pass 2³¹): every partial sum is an integer below 2⁵³."""
     kind = a.device.type
     fits = kind == "cpu" or (a.shape[0] > 16 and a.shape[1] % 8 == 0 and b.shape[0] % 8 == 0)
-    fits = fits and a.shape[1] * DIGIT_MAX**2 < 2**31  # int32 sums cannot wrap
+    fits = fits and a.shape[1] * largest**2 < 2**31  # int32 sums cannot wrap
     if fits and _INT_MM_WORKS.get(kind, True):
         try:
             # A GPU's int8 product is given plain row-major operands (the digit blocks are

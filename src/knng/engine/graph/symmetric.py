@@ -116,7 +116,8 @@ def exact_graph(
         # from them whatever the blocks.
         read_rows = device_block_rows(data, device, plan.read_rows) if plan.corpus_resident else plan.read_rows
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows,
-                             integers=plan.precision.scaled and metric.translation_invariant)
+                             integers=(plan.precision.scaled or plan.precision.integers)
+                             and metric.translation_invariant)
         offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
         # Data on a lattice (integers, grey levels / 255): exact products around lattice points
         # (CorpusStats.screen), the rows holding the values in the lattice's units.
@@ -124,6 +125,8 @@ def exact_graph(
         if unit is not None and (unit != 1.0 or precision.lattice_error > 0):
             # Rows rounded onto the lattice (exact integers, centred on integers, already are).
             metric = replace(metric, lattice=unit)
+        if precision.integers:
+            metric = replace(metric, integers=True)  # int8 rows hold the centred integers
         frames: GlobalFrames | PrincipalFrames
         if plan.frames == PRINCIPAL_FRAMES:
             assert centre is not None

@@ -43,7 +43,8 @@ from knng.engine.kernels import cuda_screen
 from knng.engine.kernels.capabilities import ieee_options, interpreting, triton_runs
 from knng.engine.kernels.runs import TILE, cuda_screen_runs, gathered_runs, strip_minima_runs, triangle_runs
 from knng.metrics import (
-    digit_blocks, digit_row_factors, digit_scales, get_precision, scaled_row_factors, scaled_scales, scaled_width,
+    digit_blocks, digit_row_factors, digit_scales, get_precision, integer_blocks, integer_terms, scaled_row_factors,
+    scaled_scales, scaled_width,
 )
 
 __all__ = ["screen_block", "select_block", "strip_minima", "Survivors", "DOT_PRECISION", "SELECT_TILE",
@@ -117,7 +118,8 @@ def _kernel(interpret: bool):
     """The jitted kernels (screen, select, digit), imported on first use: Triton reads
     ``TRITON_INTERPRET`` when it jits, so the interpreter is chosen before the first call."""
     triton_screen = _triton()
-    return triton_screen.screen_kernel, triton_screen.select_kernel, triton_screen.digit_kernel
+    return triton_screen.screen_kernel, triton_screen.select_kernel, triton_screen.digit_kernel, \
+        triton_screen.integer_kernel
 
 
 def _tile_config(precision: str, interpret: bool) -> dict:
@@ -192,6 +194,8 @@ def screen_block(a: torch.Tensor, b: torch.Tensor, k_dims: int, row_thr: torch.T
     if precision in DIGIT_PRECISIONS:
         result = _screen_digits(a, b, row_thr, col_thr, row_terms, col_terms, exclude_diagonal, capacity_hint)
         return (lambda: result) if later else result
+    if precision in INTEGER_PRECISIONS:
+        return _screen_integers(a, b, row_thr, col_thr, exclude_diagonal, capacity_hint, later)
     interpret = interpreting()
     m, n = a.shape[0], b.shape[0]
     if a.stride(1) != 1 or b.stride(1) != 1:
@@ -372,6 +376,48 @@ def _screen_digits(a: torch.Tensor, b: torch.Tensor, row_thr: torch.Tensor, col_
         )
 
     return _collect(launch, "digits", m, n, capacity_hint, symmetric, torch.float32, a.device)
+
+
+#: Screen precisions of integer rows (``knng.metrics``, the integer layout): the integer kernel.
+INTEGER_PRECISIONS = frozenset({"int8"})
+
+
+def _integer_tile_config(interpret: bool) -> dict:
+    """Tiles of the integer kernel: int8 operands, so K steps of 128 bytes as float16's 64."""
+    if interpret:
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, GROUP_M=4, num_warps=4, num_stages=1)
+    return dict(INTEGER_TILE)
+
+
+#: The integer kernel's tiles on a GPU (``_integer_tile_config``).
+INTEGER_TILE = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3)
+
+
+def _screen_integers(a: torch.Tensor, b: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None,
+                     exclude_diagonal: int | None, capacity_hint: int | None, later: bool):
+    """:func:`screen_block` for integer rows ``[v | ‖v‖² | 0…]``: the integer kernel, whose keys
+    are :func:`knng.engine.screen.integer_scores`' bit for bit (the terms are the rows' own)."""
+    stages.count("screen.integers")
+    interpret = interpreting()
+    kernel = _kernel(interpret)[3]
+    m, n = a.shape[0], b.shape[0]
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("screen_block needs rows stored contiguously")
+    row_terms, col_terms = integer_terms(a), integer_terms(b)
+    cfg, grid, extra = _launch_shape(_integer_tile_config(interpret), m, n, interpret)
+    symmetric = col_thr is not None
+    dummy = row_thr
+
+    def launch(lists, counters, capacity):
+        kernel[grid](
+            a, b, row_terms, col_terms, row_thr, col_thr if symmetric else dummy,
+            *lists[0], *lists[-1], counters, m, n, integer_blocks(a), a.stride(0), b.stride(0), capacity,
+            0 if exclude_diagonal is None else exclude_diagonal,
+            SYMMETRIC=symmetric, EXCLUDE_DIAG=exclude_diagonal is not None, FEW=get_options().few_per_tile,
+            **cfg, **extra,
+        )
+
+    return _collect(launch, "integers", m, n, capacity_hint, symmetric, torch.float32, a.device, later)
 
 
 def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None,

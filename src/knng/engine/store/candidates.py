@@ -41,7 +41,7 @@ from knng.engine.kernels import (
 from knng.engine.store.entries import (
     Block, Entries, code64_up, compact, overlapping_sorted, pad, rebuild_groups, rounded_up, sorted_counts,
 )
-from knng.engine.store.errors import CONVERSION_SLACK, PairErrors, PairNorms
+from knng.engine.store.errors import PairErrors, PairNorms
 from knng.engine.store.stats import StoreStats
 
 __all__ = ["CandidateStore", "Evaluator", "DEFAULT_PENDING"]
@@ -264,7 +264,7 @@ class CandidateStore:
                 and radius_runs(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets,
                                           errors.col_norms, errors.col_terms)):
             # The radii, the bounds and the update in one launch (knng.engine.kernels.radius): the same values.
-            seed_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK, rows, cols,
+            seed_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, errors.slack, rows, cols,
                              keys, self.tau, errors.row_norms, errors.row_terms, errors.row_offsets, errors.col_norms,
                              errors.col_terms)
             self.updates += 1
@@ -317,7 +317,7 @@ class CandidateStore:
                 and not isinstance(max_col_term, torch.Tensor)
                 and radius_runs(self.tau, errors.row_norms, errors.row_terms, errors.row_offsets)):
             # What follows, in one launch (knng.engine.kernels.radius): the same values.
-            tighten_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, CONVERSION_SLACK,
+            tighten_rows(errors.metric, errors.d, errors.precision, errors.centre_norm, errors.slack,
                                 first, kth, counts, self.k, self.tau, tightened, errors.row_norms,
                                 errors.row_terms, errors.row_offsets, max_col_norm, max_col_term)
         else:
@@ -701,6 +701,14 @@ class CandidateStore:
         self._count_tile_tightenings()
         rows = torch.arange(self.n, device=self.device) if rows is None else rows
         block = Block(self.keys[rows], self.rad[rows], self.idx[rows], self.dist[rows])
+        metric = self.errors.metric
+        offsets = self.errors.row_offsets[rows][:, None]
+        # Keys that are their pair's exact score (integer rows) give the exact distance as the
+        # float64 evaluation would: no evaluation, no interval.
+        known = (block.idx >= 0) & torch.isnan(block.dist) & self.errors.exact_keys(block.keys)
+        if self.errors.precision.integers and bool(known.any()):
+            block = self._exact_block(rows, block, known,
+                                      torch.where(known, metric.to_distance(block.keys + offsets), block.dist))
         lo, hi = self._bounds(block)
         k = self.k
         tau = torch.minimum(self.tau[rows], torch.kthvalue(hi, k, dim=1).values) if hi.shape[1] >= k else self.tau[rows]
@@ -708,8 +716,6 @@ class CandidateStore:
         # A screened entry whose interval rounds to one float32 distance and meets no other
         # needed entry's interval has a certain value and rank (common after a float64
         # screen); every other needed entry is evaluated exactly.
-        metric = self.errors.metric
-        offsets = self.errors.row_offsets[rows][:, None]
         mid = (lo + hi) / 2
         order = torch.argsort(torch.where(needed, mid, torch.inf), dim=1, stable=True)
         # Needed entries come first in every row: the columns past the widest row's needed ones

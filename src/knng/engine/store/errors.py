@@ -20,6 +20,8 @@ __all__ = ["PairErrors", "PairNorms", "CONVERSION_SLACK"]
 UNIT_ROUNDOFF_FP64 = 2.0**-53
 #: Relative slack for quantities rounded a few times in float64 (key ↔ distance conversions).
 CONVERSION_SLACK = 8 * UNIT_ROUNDOFF_FP64
+#: Integer keys below this are exact in float32 (24-bit significands).
+EXACT_INTEGER_KEY = 2.0**24
 
 
 @dataclass
@@ -44,13 +46,27 @@ class PairErrors:
     col_terms: torch.Tensor | None
     centre_norm: float
 
+    @property
+    def slack(self) -> float:
+        """The relative slack on a screened key and its offset: the float64 conversions', plus
+        the screen's own rounding of the key where it is relative to the key
+        (``ScreenPrecision.key_roundoff``: integer rows)."""
+        return CONVERSION_SLACK + self.precision.key_roundoff
+
+    def exact_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """Which screened ``keys`` are their pair's exact score: integer rows' keys below 2²⁴
+        (an exact integer rounded to float32 is itself there), none for other precisions."""
+        if not self.precision.integers:
+            return torch.zeros_like(keys, dtype=torch.bool)
+        return (keys >= 0) & (keys < EXACT_INTEGER_KEY)
+
     def err(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Error radius of screened ``keys`` for store rows ``rows`` and global columns ``cols``."""
         if (self.row_norms is not None and self.col_norms is not None
                 and pair_radius_runs(self.row_norms, self.col_norms, self.row_terms, self.col_terms,
                                                self.row_offsets)):
             # The norms gathered and the radius computed in one launch (knng.engine.kernels.radius).
-            return pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+            return pair_radius(self.metric, self.d, self.precision, self.centre_norm, self.slack, rows,
                                       keys, self.row_offsets, self.row_norms, self.col_norms, self.row_terms,
                                       self.col_terms, cols=cols)
         return self.radius(*self.norms_of(rows, cols), keys, rows)
@@ -71,7 +87,7 @@ class PairErrors:
         own), for store rows ``rows``: one launch where the radius kernel runs
         (:func:`knng.engine.kernels.radius.pair_radius`, the same values), else :meth:`radius_reference`."""
         if pair_radius_runs(a, b, a_terms, b_terms, self.row_offsets):
-            return pair_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+            return pair_radius(self.metric, self.d, self.precision, self.centre_norm, self.slack, rows,
                                       keys, self.row_offsets, a, b, a_terms, b_terms)
         return self.radius_reference(a, b, a_terms, b_terms, keys, rows)
 
@@ -112,7 +128,7 @@ class PairErrors:
                 raise RuntimeError("block thresholds need the rows' norms in the block's frame")
             row_norms, row_terms = self.row_norms, self.row_terms
         if radius_runs(tau, row_norms, row_terms, self.row_offsets):
-            return block_radius(self.metric, self.d, self.precision, self.centre_norm, CONVERSION_SLACK, rows,
+            return block_radius(self.metric, self.d, self.precision, self.centre_norm, self.slack, rows,
                                        tau, tau_indexed, row_norms, row_terms, indexed, self.row_offsets,
                                        max_col_norm, max_col_term, add_tau)
         if tau_indexed:
@@ -137,7 +153,7 @@ class PairErrors:
                      a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         finite = torch.where(torch.isfinite(keys), keys, torch.zeros_like(keys))
         value = finite + offsets
-        return (bound + CONVERSION_SLACK * (finite.abs() + offsets.abs())
+        return (bound + self.slack * (finite.abs() + offsets.abs())
                 + self.metric.oracle_error(value, a, b, self.d, self.centre_norm))
 
     def exact_key(self, rows: torch.Tensor, dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

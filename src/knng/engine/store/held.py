@@ -282,14 +282,12 @@ class HoldingStore(CandidateStore):
         p = rows.numel()
         per_row = torch.zeros(n, dtype=torch.int64, device=device).index_add_(0, rows, torch.ones_like(rows))
         self.stats.survivors += p
-        self.stats.exact_evaluations += p
-        self._evaluations += per_row
         self.updates += 1
         width = max(k, int(per_row.max()) if p else 0)  # the one synchronisation
         # The pairs are evaluated in the order the screen found them (a tile's pairs share their
         # vectors). Before, a stable sort by row and two gathers grouped them first (68M pairs in
         # an 8×8 patch graph at k = 100).
-        dist = self.evaluate(rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
+        dist = self._held_distances(held, rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
         options = get_options()
         padded = self.rebuild_entries if options.finish_padded_entries is None else options.finish_padded_entries
         if width * n <= max(padded, options.finish_padding * p):
@@ -311,6 +309,29 @@ class HoldingStore(CandidateStore):
         idx, out = flat_top_by_distance(rows, cols, dist, n, k, per_row=per_row, narrow=narrow)
         self._count_tile_tightenings()
         return idx, out
+
+
+    def _held_distances(self, held: list, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The exact distances of the held pairs (``rows``, ``cols``: the lists of ``held``
+        joined): each evaluated, except where its key is the exact score (integer rows,
+        ``PairErrors.exact_keys``), whose distance is that key's, as the evaluation would give it."""
+        evaluated = None
+        if self.errors.precision.integers:
+            keys = torch.cat([h[2] for h in held]) if len(held) > 1 else held[0][2]
+            known = self.errors.exact_keys(keys)
+            dist = self.errors.metric.to_distance(keys.to(torch.float64) + self.errors.row_offsets[rows])
+            evaluated = torch.nonzero(~known).flatten()
+            if evaluated.numel():
+                dist[evaluated] = self.evaluate(rows[evaluated], cols[evaluated])
+        else:
+            dist = self.evaluate(rows, cols)
+        per_row = self._per_row(rows if evaluated is None else rows[evaluated])
+        self.stats.exact_evaluations += int(rows.numel() if evaluated is None else evaluated.numel())
+        self._evaluations += per_row
+        return dist
+
+    def _per_row(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(self.n, dtype=torch.int64, device=self.device).index_add_(0, rows, torch.ones_like(rows))
 
 
 def candidate_store(n: int, k: int, capacity: int, errors: PairErrors, evaluate: Evaluator, device: torch.device,

@@ -1,0 +1,280 @@
+"""Integer rows (precision ``int8``): integer data screened with exact int8 products and exact keys.
+
+Data whose every value is an integer and whose every column spans at most 255 (uint8 pixels,
+photon counts) are centred on an integer point of each column's range, so that every value is an
+int8; the product of two rows is then an exact int32 sum, and the key q + r − 2·aᵀb — the squared
+distance itself — an exact int32 too, rounded to float32 once. Checked here: the rule at its
+limits (a column spanning 255 and 256, d at the int32 limit), the reference's and the interpreted
+kernel's keys against exact integer arithmetic (bit for bit), graphs of adversarial integer data
+against the float64 oracle (flat regions, duplicates, negative values, huge offsets, keys past
+2²⁴ where float32 rounds them, k = 1 and k = n − 1), the planner's choice and the clear error
+where the data do not fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import knng
+from knng.api import last_report
+from knng.engine import screen
+from knng.engine.common import CorpusStats, LatticeExtent, integer_rows_fit_data
+from knng.engine.kernels import fused
+from knng.engine.kernels.capabilities import DeviceCapabilities
+from knng.engine.plan import make_graph_plan
+from knng._inputs import as_input
+from knng.metrics import (
+    INTEGER_HIGH, INTEGER_LOW, INTEGER_MAX_D, PRECISIONS, get_metric, integer_centre, integer_rows_fit,
+    integer_terms,
+)
+from oracle import assert_exact, oracle_graph, smooth_image_patches
+
+# Duplicate-heavy integer data: every row reaches the engine.
+pytestmark = pytest.mark.unfolded
+
+INT8 = PRECISIONS["int8"]
+METRIC = get_metric("sqeuclidean")
+
+
+def _rows(x: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
+    integer = METRIC.__class__(**{**METRIC.__dict__, "integers": True})
+    return integer.prepare(x, centre, side="corpus", symmetric=True, dtype=torch.int8).vectors
+
+
+def _exact_keys(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Squared distances of integer rows in int64 arithmetic, rounded to float32 once (as float64)."""
+    a64, b64 = a.to(torch.int64), b.to(torch.int64)
+    d2 = (a64 * a64).sum(1)[:, None] + (b64 * b64).sum(1)[None, :] - 2 * (a64 @ b64.T)
+    return d2.to(torch.float32).to(torch.float64)
+
+
+def _extreme(rng: np.random.Generator, m: int, d: int) -> torch.Tensor:
+    """Values at both ends of a column's 255 range (0 and 255), and some in between."""
+    x = rng.choice(np.array([0, 255, 1, 254, 128]), size=(m, d), p=[0.4, 0.4, 0.05, 0.05, 0.1])
+    return torch.from_numpy(x.astype(np.float64))
+
+
+def test_the_rule_at_its_limits():
+    assert integer_rows_fit(4, torch.tensor([255.0, 0.0, 3.0, 255.0]))
+    assert not integer_rows_fit(4, torch.tensor([256.0, 0.0, 3.0, 0.0]))
+    assert not integer_rows_fit(3, None)  # not integers
+    assert integer_rows_fit(INTEGER_MAX_D, torch.full((INTEGER_MAX_D,), 255.0))
+    assert not integer_rows_fit(INTEGER_MAX_D + 1, torch.full((INTEGER_MAX_D + 1,), 255.0))
+    assert INTEGER_MAX_D * 255**2 < 2**31 <= (INTEGER_MAX_D + 1) * 255**2
+
+
+def test_the_integer_centre_puts_every_value_in_int8(rng):
+    low = torch.from_numpy(rng.integers(-1000, 1000, 50).astype(np.float64))
+    spread = torch.from_numpy(rng.integers(0, 256, 50).astype(np.float64))
+    spread[:3] = torch.tensor([0.0, 255.0, 255.0])
+    mean = low + spread * torch.from_numpy(rng.choice([0.0, 0.01, 0.5, 0.99, 1.0], 50))
+    centre = integer_centre(mean, low, low + spread)
+    assert torch.equal(centre, torch.round(centre))
+    assert ((low - centre) >= INTEGER_LOW).all() and ((low + spread - centre) <= INTEGER_HIGH).all()
+
+
+def test_corpus_stats_find_integer_rows(rng):
+    x = torch.from_numpy(rng.integers(0, 256, (40, 7)).astype(np.float32))
+    lattice = LatticeExtent(1.0, 7, torch.device("cpu"))
+    lattice.add(x)
+    stats = CorpusStats.of(x.double().mean(0), [lattice])
+    assert stats.integers
+    centre = stats.integer_centre()
+    assert ((x.double() - centre) >= INTEGER_LOW).all() and ((x.double() - centre) <= INTEGER_HIGH).all()
+    wide = x.clone()
+    wide[0, 3] = 300.0  # a column spanning more than 255
+    lattice = LatticeExtent(1.0, 7, torch.device("cpu"))
+    lattice.add(wide)
+    stats = CorpusStats.of(wide.double().mean(0), [lattice])
+    assert not stats.integers
+    with pytest.raises(ValueError, match="screen_dtype='int8' screens integer data only"):
+        stats.integer_centre()
+
+
+@pytest.mark.parametrize("d", [1, 5, 64, 200, 4099])
+def test_reference_keys_are_exact_integers_rounded_once(rng, d):
+    a, b = _extreme(rng, 37, d), _extreme(rng, 29, d)
+    centre = torch.full((d,), 128.0)
+    pa, pb = _rows(a, centre), _rows(b, centre)
+    assert pa.dtype == torch.int8 and pa.shape[1] % 16 == 0
+    assert torch.equal(integer_terms(pa).long(), ((a - centre) ** 2).sum(1).long())
+    keys = screen.block_scores(pa, pb, d, INT8)
+    assert keys.dtype == torch.float32
+    assert torch.equal(keys.double(), _exact_keys(a - centre, b - centre))
+    if d == 4099:
+        assert (keys.double() >= 2**24).any()  # some keys past float32's integers: rounded once
+
+
+def test_reference_keys_at_the_int32_limit(rng):
+    """d = INTEGER_MAX_D with values at both ends: squared distances just below 2³¹."""
+    d = INTEGER_MAX_D
+    a = torch.zeros((3, d), dtype=torch.float64)
+    b = torch.full((2, d), 255.0, dtype=torch.float64)
+    a[1, ::2] = 255.0
+    a[2] = torch.from_numpy(rng.integers(0, 256, d).astype(np.float64))
+    centre = torch.full((d,), 128.0)
+    keys = screen.block_scores(_rows(a, centre), _rows(b, centre), d, INT8)
+    assert float(keys[0, 0]) == float(np.float32(d * 255**2))
+    assert torch.equal(keys.double(), _exact_keys(a - centre, b - centre))
+
+
+def test_values_out_of_int8_range_are_refused():
+    x = torch.tensor([[0.0, 1.0], [256.0, 1.0]])
+    with pytest.raises(ValueError, match=r"\[-128, 127\]"):
+        _rows(x, torch.zeros(2))
+
+
+@pytest.fixture
+def interpret():
+    if not fused.interpreting():
+        pytest.skip("Triton's interpreter is chosen at start only without a GPU (test_gpu_fused.py runs there)")
+
+
+@pytest.mark.parametrize("d", [3, 64, 300])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_interpreted_kernel_keys_are_the_reference(interpret, rng, d, symmetric):
+    a, b = _extreme(rng, 37, d), _extreme(rng, 45, d)
+    centre = torch.full((d,), 128.0)
+    pa, pb = _rows(a, centre), _rows(b, centre)
+    inf_rows, inf_cols = torch.full((37,), torch.inf), torch.full((45,), torch.inf)
+    by_row, by_col = fused.screen_block(pa, pb, d, inf_rows, inf_cols if symmetric else None, None, None, "int8",
+                                        capacity_hint=37 * 45)
+    expect = screen.block_scores(pa, pb, d, INT8).double()
+    for found, transpose in [(by_row, False)] + ([(by_col, True)] if symmetric else []):
+        dense = torch.full((37, 45), torch.nan, dtype=torch.float64)
+        rows, cols = (found.other, found.owner) if transpose else (found.owner, found.other)
+        dense[rows.long(), cols.long()] = found.keys.double()
+        assert torch.equal(dense, expect)
+
+
+def test_interpreted_kernel_tests_thresholds_and_the_diagonal(interpret, rng):
+    d = 20
+    x = _extreme(rng, 40, d)
+    p = _rows(x, torch.full((d,), 128.0))
+    keys = screen.block_scores(p, p, d, INT8)
+    thr = keys.kthvalue(5, dim=1).values  # ties included: ≤ keeps them all
+    by_row, _ = fused.screen_block(p, p, d, thr, None, None, None, "int8", exclude_diagonal=0, capacity_hint=1600)
+    keep = keys <= thr[:, None]
+    keep.fill_diagonal_(False)
+    expect = sorted(zip(*(t.tolist() for t in torch.nonzero(keep, as_tuple=True))))
+    assert sorted(zip(by_row.owner.tolist(), by_row.other.tolist())) == expect
+
+
+@pytest.fixture
+def int8_screen(set_options):
+    """Graphs screened with integer rows on the CPU (the torch reference of the kernel), in
+    several parts: off-diagonal blocks too."""
+    set_options(screen_precision="int8", cpu_max_part=64)
+
+
+def _graph(x, k: int, include_self: bool = False):
+    g = knng.graph(x, k, include_self=include_self)
+    report = last_report()
+    assert report.screen_dtype == "int8"
+    assert_exact(g, oracle_graph(x, k, include_self=include_self))
+    return report
+
+
+@pytest.mark.parametrize("k,include_self", [(1, False), (7, False), (7, True)])
+def test_pixel_graphs(int8_screen, rng, k, include_self):
+    x = smooth_image_patches(rng, 300, side=4)  # uint8, flat regions, near-duplicates
+    _graph(x, k, include_self)
+    _graph(x.astype(np.float32), k, include_self)
+
+
+@pytest.mark.parametrize("name", ["int8", "offset", "duplicates", "flat", "past_2_24", "odd"])
+def test_integer_graphs(int8_screen, rng, name):
+    n = 230
+    if name == "int8":  # negative values, the full int8 range
+        x = rng.integers(-128, 128, (n, 6)).astype(np.int8)
+    elif name == "offset":  # integers far from the origin
+        x = (1e6 + rng.integers(0, 256, (n, 5))).astype(np.float64)
+    elif name == "duplicates":  # many exact ties
+        x = rng.integers(0, 3, (n, 4)).astype(np.uint8)
+        x[50:120] = x[3]
+    elif name == "flat":  # one value everywhere but a few rows
+        x = np.full((n, 9), 200, dtype=np.uint8)
+        x[::17, 2] = 0
+    elif name == "past_2_24":  # keys up to 700·255²: float32 rounds them, the finish evaluates
+        x = (255 * rng.integers(0, 2, (n, 700))).astype(np.uint8)
+        x[:, :3] = rng.integers(0, 256, (n, 3))
+    else:  # odd sizes
+        x = rng.integers(0, 256, (97, 33)).astype(np.uint8)
+    _graph(x, 5)
+    _graph(x, 1)
+
+
+def test_k_is_every_other_point(int8_screen, rng):
+    x = smooth_image_patches(rng, 70, side=3)
+    _graph(x, 69)
+
+
+def test_exact_keys_need_no_evaluation(int8_screen, rng):
+    """Keys below 2²⁴ are the exact squared distances: the finish takes them as they are."""
+    x = rng.integers(0, 256, (300, 16)).astype(np.uint8)  # distinct rows, no ties at the k-th
+    report = _graph(x, 5)
+    assert report.store.exact_evaluations == 0
+
+
+def test_data_that_do_not_fit_are_refused(int8_screen, rng):
+    x = rng.integers(0, 256, (100, 4)).astype(np.float32)
+    x[0, 0], x[1, 0] = 256.0, 0.0  # a column spanning 256
+    with pytest.raises(ValueError, match="screen_dtype='int8' screens integer data only"):
+        knng.graph(x, 3)
+    with pytest.raises(ValueError, match="screen_dtype='int8' screens integer data only"):
+        knng.graph(x[:, 1:] + 0.5, 3)  # not integers
+
+
+HOPPER = DeviceCapabilities.hopper()
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.parametrize("n,d,k", [(300_000, 15_876, 100), (16_384, 4_096, 1_024), (50_000, 64, 10)])
+def test_the_planner_takes_integer_rows_where_the_data_fit(n, d, k):
+    plan = make_graph_plan(n=n, d=d, k=k, metric="euclidean", device=CUDA, budget=64 * 2**30, include_self=False,
+                           capabilities=HOPPER, integers=True)
+    assert plan.screen_precision == "int8" and plan.graph_method == "symmetric" and plan.frames == "global"
+    assert not plan.direct
+    other = make_graph_plan(n=n, d=d, k=k, metric="euclidean", device=CUDA, budget=64 * 2**30, include_self=False,
+                            capabilities=HOPPER)
+    assert other.screen_precision != "int8"
+    cosine = make_graph_plan(n=n, d=d, k=k, metric="cosine", device=CUDA, budget=64 * 2**30, include_self=False,
+                             capabilities=HOPPER, integers=True)
+    assert cosine.screen_precision != "int8"  # not translation-invariant: the integers do not help
+    too_wide = make_graph_plan(n=1000, d=INTEGER_MAX_D + 1, k=5, metric="euclidean", device=CUDA,
+                               budget=64 * 2**30, include_self=False, capabilities=HOPPER, integers=True)
+    assert too_wide.screen_precision != "int8"
+
+
+def test_only_a_gpu_looks_for_integer_rows(rng):
+    x = as_input(rng.integers(0, 256, (30, 4)).astype(np.uint8), "data")
+    assert not integer_rows_fit_data(x, get_metric("euclidean"), torch.device("cpu"))
+
+
+def test_graphs_through_the_kernel(kernel_device, set_options, rng):
+    """The whole engine with the integer kernel (Triton's interpreter on a CPU, or a GPU)."""
+    set_options(screen_precision="int8", cpu_max_part=64, gpu_kernel_max_part=64)
+    x = smooth_image_patches(rng, 200, side=4)
+    x[40:60] = x[3]
+    for k in (1, 6):
+        g = knng.graph(torch.from_numpy(x).to(kernel_device), k)
+        assert last_report().screen_dtype == "int8"
+        assert_exact(g, oracle_graph(x, k))
+
+
+@pytest.mark.gpu
+def test_a_gpu_screens_integer_data_with_integer_rows(rng):
+    """No option: uint8 data, and integer-valued float32 data already on the GPU, take integer
+    rows; the same values off the integers do not."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    x = smooth_image_patches(rng, 3000, side=8)
+    for data, expect in [(x, "int8"), (torch.from_numpy(x).cuda(), "int8"),
+                         (torch.from_numpy(x).float().cuda(), "int8"),
+                         (torch.from_numpy(x).float().cuda() + 0.5, None)]:
+        g = knng.graph(data, 10)
+        report = last_report()
+        assert (report.screen_dtype == "int8") == (expect == "int8"), report.screen_dtype
+        assert_exact(g, oracle_graph(x if expect else x + 0.5, 10))
