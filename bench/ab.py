@@ -37,7 +37,8 @@ CASES (comma-separated; default ``p8,p16,g200k,s128``):
 * ``gN_D_K``: a graph of N × D Gaussian points at k = K; ``qN_D_K``: 10k queries against them;
 * ``wide``: the 16,384 × 4,096 graph at k = 1,024;
 * ``SET[@N]:K[,K...]``: a graph of a data set of ``harness.DATASETS`` (its metric), e.g.
-  ``descriptors:10,100``, ``photons@5000:10``, ``embeddings@200000:10``;
+  ``descriptors:10,100``, ``photons@5000:10``, ``embeddings@200000:10`` (photons, and the same counts as
+  uint8, ``photons_u8``, are drawn on the GPU there);
 * any other name (``s128``): 10k queries against 1M × 128 points at k = 10 and 100.
 
 Min and all of 3 calls after a warm-up (5 for searches; ``--repeats``). ``--stages`` adds the
@@ -84,8 +85,7 @@ def case_inputs(name: str, device: torch.device, pictures: str | None, queries: 
     if ":" in name:  # SET[@N]:K[,K...]
         head, ks = name.split(":", 1)
         set_name, _, size = head.partition("@")
-        x, spec = harness.load_dataset(set_name, n=int(size) if size else None, pictures=pictures)
-        xt = torch.from_numpy(x).to(device)
+        xt, spec = harness.dataset_on(set_name, device, n=int(size) if size else None, pictures=pictures)
         return [(int(k), xt, None, spec.metric) for k in ks.split(",")]
     if name in harness.PATCH_SHAPES:
         side, stride, count = harness.PATCH_SHAPES[name]

@@ -71,7 +71,7 @@ __all__ = [
     "ROOT", "Timing", "time_call", "resolve_device", "synchronize", "release", "gpu_or_exit",
     "PICTURES", "PATCH_SHAPES", "DEFAULT_PICTURES", "save_pictures", "load_pictures", "patches",
     "gaussian", "dense_descriptors", "embeddings", "point_cloud", "photon_counts", "camera_patches",
-    "DataSet", "DATASETS", "load_dataset", "flat_rows",
+    "DataSet", "DATASETS", "load_dataset", "dataset_on", "flat_rows",
     "Peer", "peers", "peer_graph", "recall", "torch_search",
     "oracle_rows", "check_exact",
     "OPTION_SETS", "parse_option_set", "option_context", "alternate",
@@ -548,6 +548,9 @@ class DataSet:
         Rows when no size is asked for (None: the whole set, for picture-made sets).
     pictures : bool
         Whether it is made from the pictures (:func:`load_pictures`).
+    make_on : callable or None
+        ``make_on(n, seed, device)`` → a tensor of the same set made on ``device`` (a GPU draws
+        what a CPU takes minutes for), or None: :func:`dataset_on` copies ``make``'s array.
     """
 
     name: str
@@ -556,6 +559,7 @@ class DataSet:
     make: Callable[[int | None, int, int, Any], np.ndarray]
     size: int | None
     pictures: bool = False
+    make_on: Callable[[int, int, torch.device], torch.Tensor] | None = None
 
 
 def _patch_set(key: str, pixels: str) -> Callable[[int | None, int, int, Any], np.ndarray]:
@@ -588,8 +592,31 @@ DATASETS: dict[str, DataSet] = {s.name: s for s in (
     DataSet("points", "euclidean", "3-D points of a scanned scene about 2 km from the origin, millimetre steps",
             lambda n, d, seed, pictures: point_cloud(n, seed), 1_000_000),
     DataSet("photons", "euclidean", "photon counts of diffraction snapshots on a 126 × 126 detector (15,876-d)",
-            lambda n, d, seed, pictures: photon_counts(n, seed), 20_000),
+            lambda n, d, seed, pictures: photon_counts(n, seed), 20_000,
+            make_on=lambda n, seed, device: photon_counts(n, seed, device=device)),
+    DataSet("photons_u8", "euclidean", "the photon counts as uint8 (integer images in their own type)",
+            lambda n, d, seed, pictures: _as_uint8(photon_counts(n, seed)), 20_000,
+            make_on=lambda n, seed, device: _as_uint8(photon_counts(n, seed, device=device))),
 )}
+
+
+def _as_uint8(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    """Integer counts as uint8, refused where a count would not fit."""
+    if float(x.max()) > 255 or float(x.min()) < 0:
+        raise ValueError("counts outside 0..255 do not fit uint8")
+    return x.astype(np.uint8) if isinstance(x, np.ndarray) else x.to(torch.uint8)
+
+
+def dataset_on(name: str, device: torch.device | str, n: int | None = None, d: int | None = None, seed: int = 0,
+               pictures: str | os.PathLike[str] | None = None) -> tuple[torch.Tensor, DataSet]:
+    """:func:`load_dataset` as a tensor on ``device``: made there where the set can be
+    (``DataSet.make_on``, on a GPU), else made as an array and copied."""
+    device = torch.device(device)
+    spec = DATASETS.get(name)
+    if spec is not None and spec.make_on is not None and device.type == "cuda":
+        return spec.make_on(n if n is not None else spec.size, seed, device), spec
+    x, spec = load_dataset(name, n=n, d=d, seed=seed, pictures=pictures)
+    return torch.from_numpy(x).to(device), spec
 
 
 def load_dataset(name: str, n: int | None = None, d: int | None = None, seed: int = 0,

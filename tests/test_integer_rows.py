@@ -20,16 +20,16 @@ import torch
 import knng
 from knng.api import last_report
 from knng.engine import screen
-from knng.engine.common import CorpusStats, LatticeExtent, integer_rows_fit_data
+from knng.engine.common import CorpusStats, LatticeExtent, integer_extent_of
 from knng.engine.kernels import fused
 from knng.engine.kernels.capabilities import DeviceCapabilities
 from knng.engine.plan import make_graph_plan
 from knng._inputs import as_input
 from knng.metrics import (
-    INTEGER_HIGH, INTEGER_LOW, INTEGER_MAX_D, PRECISIONS, get_metric, integer_centre, integer_rows_fit,
-    integer_terms,
+    INTEGER_HIGH, INTEGER_LOW, INTEGER_MAX_D, PRECISIONS, IntegerExtent, get_metric, integer_centre,
+    integer_rows_fit, integer_terms,
 )
-from oracle import assert_exact, oracle_graph, smooth_image_patches
+from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
 
 # Duplicate-heavy integer data: every row reaches the engine.
 pytestmark = pytest.mark.unfolded
@@ -231,26 +231,45 @@ HOPPER = DeviceCapabilities.hopper()
 CUDA = torch.device("cuda")
 
 
-@pytest.mark.parametrize("n,d,k", [(300_000, 15_876, 100), (16_384, 4_096, 1_024), (50_000, 64, 10)])
+U8 = IntegerExtent.of_dtype  # uint8 data: 255 a column, known without a look
+
+
+def _plan(n: int, d: int, k: int, metric: str = "euclidean", integers: IntegerExtent | None = None):
+    return make_graph_plan(n=n, d=d, k=k, metric=metric, device=CUDA, budget=64 * 2**30, include_self=False,
+                           capabilities=HOPPER, integers=integers)
+
+
+@pytest.mark.parametrize("n,d,k", [(300_000, 15_876, 100), (16_384, 4_096, 1_024), (130_000, 576, 10),
+                                   (30_000, 2_304, 100)])
 def test_the_planner_takes_integer_rows_where_the_data_fit(n, d, k):
-    plan = make_graph_plan(n=n, d=d, k=k, metric="euclidean", device=CUDA, budget=64 * 2**30, include_self=False,
-                           capabilities=HOPPER, integers=True)
+    plan = _plan(n, d, k, integers=U8(d, torch.uint8))
     assert plan.screen_precision == "int8" and plan.graph_method == "symmetric" and plan.frames == "global"
     assert not plan.direct
-    other = make_graph_plan(n=n, d=d, k=k, metric="euclidean", device=CUDA, budget=64 * 2**30, include_self=False,
-                            capabilities=HOPPER)
-    assert other.screen_precision != "int8"
-    cosine = make_graph_plan(n=n, d=d, k=k, metric="cosine", device=CUDA, budget=64 * 2**30, include_self=False,
-                             capabilities=HOPPER, integers=True)
-    assert cosine.screen_precision != "int8"  # not translation-invariant: the integers do not help
-    too_wide = make_graph_plan(n=1000, d=INTEGER_MAX_D + 1, k=5, metric="euclidean", device=CUDA,
-                               budget=64 * 2**30, include_self=False, capabilities=HOPPER, integers=True)
-    assert too_wide.screen_precision != "int8"
+    assert _plan(n, d, k).screen_precision != "int8"  # not known to be integers
+    # Not translation-invariant: the integers do not help.
+    assert _plan(n, d, k, "cosine", integers=U8(d, torch.uint8)).screen_precision != "int8"
+
+
+@pytest.mark.parametrize("n,d,k", [(580_000, 64, 10), (250_000, 256, 100)])
+def test_exact_float16_keeps_its_tuned_kernel(n, d, k, monkeypatch):
+    """uint8 data of d ≤ 258 have exact float16 products (d·255² < 2²⁴), which the wgmma kernel
+    screens faster than integer rows at d ≤ 256; wider extents than float16 holds take int8."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # planned for a Hopper GPU, whose CUDA kernels run
+    assert _plan(n, d, k, integers=U8(d, torch.uint8)).screen_precision == "float16"
+    wide = IntegerExtent(255.0, 2.0**24)  # the squared extents at float16's limit
+    assert _plan(n, d, k, integers=wide).screen_precision == "int8"
+
+
+def test_integer_rows_have_limits():
+    assert _plan(1000, INTEGER_MAX_D + 1, 5, integers=IntegerExtent(1.0, INTEGER_MAX_D + 1.0)).screen_precision != "int8"
+    assert _plan(1000, 600, 5, integers=IntegerExtent(256.0, 600 * 256.0**2)).screen_precision != "int8"
+    assert IntegerExtent.of_dtype(8, torch.float32) is None
+    assert IntegerExtent.of(torch.tensor([3.0, 4.0])) == IntegerExtent(4.0, 25.0)
 
 
 def test_only_a_gpu_looks_for_integer_rows(rng):
     x = as_input(rng.integers(0, 256, (30, 4)).astype(np.uint8), "data")
-    assert not integer_rows_fit_data(x, get_metric("euclidean"), torch.device("cpu"))
+    assert integer_extent_of(x, get_metric("euclidean"), torch.device("cpu")) is None
 
 
 def test_graphs_through_the_kernel(kernel_device, set_options, rng):
@@ -270,7 +289,7 @@ def test_a_gpu_screens_integer_data_with_integer_rows(rng):
     rows; the same values off the integers do not."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    x = smooth_image_patches(rng, 3000, side=8)
+    x = smooth_image_patches(rng, 3000, side=24)  # d = 576: float16 cannot hold the products exactly
     for data, expect in [(x, "int8"), (torch.from_numpy(x).cuda(), "int8"),
                          (torch.from_numpy(x).float().cuda(), "int8"),
                          (torch.from_numpy(x).float().cuda() + 0.5, None)]:
@@ -278,3 +297,46 @@ def test_a_gpu_screens_integer_data_with_integer_rows(rng):
         report = last_report()
         assert (report.screen_dtype == "int8") == (expect == "int8"), report.screen_dtype
         assert_exact(g, oracle_graph(x if expect else x + 0.5, 10))
+
+
+@pytest.fixture
+def int8_search(set_options):
+    set_options(screen_precision="int8", cpu_sample=64)
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_searches(int8_search, rng, k):
+    """Queries centred on the corpus's integer point: their values may lie outside the corpus's
+    own extents (within 255 of every corpus value), which the centre then makes room for."""
+    corpus = smooth_image_patches(rng, 400, side=4)
+    corpus[100:140] = corpus[7]
+    queries = rng.integers(0, 256, (57, 16)).astype(np.uint8)
+    queries[:5] = corpus[7]  # ties among the corpus's copies
+    queries[5:8] = 0
+    queries[8:11] = 255
+    found = knng.search(queries, corpus, k)
+    assert last_report().screen_dtype == "int8"
+    assert_exact(found, oracle_search(queries, corpus, k))
+    as_float = knng.search(queries.astype(np.float32) - 1000, corpus.astype(np.float64) - 1000, k)
+    assert_exact(as_float, oracle_search(queries.astype(np.float32) - 1000, corpus.astype(np.float64) - 1000, k))
+
+
+def test_searches_whose_queries_do_not_fit_are_refused(int8_search, rng):
+    corpus = rng.integers(100, 200, (300, 5)).astype(np.float32)
+    queries = corpus[:10].copy()
+    queries[0, 0] = -60.0  # 259 below the corpus's largest value of that column
+    corpus[0, 0] = 199.0
+    with pytest.raises(ValueError, match="screen_dtype='int8' screens integer data only"):
+        knng.search(queries, corpus, 3)
+
+
+def test_the_search_planner_takes_integer_rows(monkeypatch):
+    from knng.engine.plan import make_search_plan
+
+    kw = dict(n_queries=10_000, n_corpus=1_000_000, d=784, k=10, metric="euclidean", device=CUDA,
+              budget=64 * 2**30, capabilities=HOPPER)
+    plan = make_search_plan(**kw, integers=U8(784, torch.uint8))
+    assert plan.screen_precision == "int8" and not plan.direct and not plan.tiles_first
+    assert make_search_plan(**kw).screen_precision != "int8"
+    small = make_search_plan(**{**kw, "n_queries": 10, "n_corpus": 1000}, integers=U8(784, torch.uint8))
+    assert small.screen_precision == "int8" and not small.direct

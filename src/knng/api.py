@@ -26,7 +26,7 @@ from knng._options import get_options, options
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
-from knng.engine.common import integer_rows_fit_data, place_input, resolve_device
+from knng.engine.common import integer_extent_of, place_input, resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.kernels import compile_in_background, mark_ready, wait_for_kernels
@@ -240,7 +240,8 @@ def search(
         plan = make_search_plan(n_queries=q.n, n_corpus=reps.n, d=c.d, k=k_reps, metric=m.name, device=dev,
                                 budget=budget, source=_source_of_budget(memory_budget, dev, c, rows),
                                 host_budget=host_budget,
-                                host_source=host_budget_source(host_memory_budget), recorded=checkpoint is not None)
+                                host_source=host_budget_source(host_memory_budget), recorded=checkpoint is not None,
+                                integers=integer_extent_of(rows, m, dev, also=q))
         ckpt = _open_checkpoint(checkpoint, resume, checkpoint_interval, keep_checkpoint,
                                 operation="search", inputs={"queries": q, "corpus": c}, k=k, metric=m.name, plan=plan,
                                 **({} if groups is None else {"folded_to": reps.n}))
@@ -363,11 +364,9 @@ def graph(
         budget = resolve_budget(memory_budget, dev)
         host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
         rows, budget = place_input(x, dev, budget, host_budget)  # rows: what the engine reads
-        # Integer data (a look the planner uses: int8 products) take the block pipeline.
-        integers = integer_rows_fit_data(rows, m, dev)
-        direct = not integers and direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev,
-                                                 budget=budget, host_budget=host_budget, graph=True,
-                                                 recorded=checkpoint is not None)
+        direct = direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev, budget=budget,
+                                host_budget=host_budget, graph=True, recorded=checkpoint is not None)
+        integers = integer_extent_of(rows, m, dev)  # what the planner may know of integer data
         groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
         # Folded, the engine makes the graph of the groups' representatives (knng.engine.duplicates).
         reps = rows if groups is None else duplicates.representatives(rows, groups)

@@ -30,7 +30,7 @@ __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPreci
            "scaled_alphas", "scaled_row_factors", "scaled_row_scales", "TINY", "ORACLE_RELATIVE", "ORACLE_CONSTANT",
            "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products", "lattice_point",
            "INTEGER_LOW", "INTEGER_HIGH", "INTEGER_MAX_D", "INTEGER_TAIL", "integer_width", "integer_blocks",
-           "integer_terms", "integer_rows_fit", "integer_centre"]
+           "integer_terms", "integer_rows_fit", "integer_centre", "IntegerExtent"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -157,6 +157,12 @@ class ScreenPrecision:
     integers: bool = False
 
     @property
+    def kernel(self) -> bool:
+        """Whether a kernel of ``knng.engine.kernels.fused`` screens it (the fused, digit and
+        integer kernels) where Triton runs, rather than torch's product of augmented layouts."""
+        return self.fused or self.digits or self.integers
+
+    @property
     def key_roundoff(self) -> float:
         """How far a screened key may sit from the exact score relative to the key itself: 2u₃₂
         for integer rows (|fl(D) − D| ≤ u₃₂·D ≤ 2u₃₂·fl(D)), else 0 (their bound is in the
@@ -177,18 +183,53 @@ PRECISIONS: dict[str, ScreenPrecision] = {
     # Metric.bound_coefficients); float32 for the scaling after the products.
     "int8x4": ScreenPrecision("int8x4", torch.int8, 0.0, 2.0**-24, fused=False, digits=True),
     # Integer data: exact int8 products and an exact int32 key, rounded once to float32.
-    "int8": ScreenPrecision("int8", torch.int8, 0.0, 0.0, fused=True, exact_products=True, integers=True),
+    "int8": ScreenPrecision("int8", torch.int8, 0.0, 0.0, fused=False, exact_products=True, integers=True),
 }
+
+
+@dataclass(frozen=True)
+class IntegerExtent:
+    """What a planner knows of data whose every value is an integer: the largest extent of a
+    column (largest minus smallest value) and the sum of the columns' squared extents, exact or
+    bounds (uint8 and int8 data: 255 each, :meth:`of_dtype`)."""
+
+    largest: float
+    squares: float
+
+    @staticmethod
+    def of(spread: torch.Tensor) -> "IntegerExtent":
+        """The extent of data whose columns span ``spread`` (float64; sums of squares of integers
+        below 2⁵³ are exact in float64)."""
+        if not spread.numel():
+            return IntegerExtent(0.0, 0.0)
+        spread = spread.to(torch.float64)
+        return IntegerExtent(float(spread.max()), float((spread * spread).sum()))
+
+    @staticmethod
+    def of_dtype(d: int, dtype: torch.dtype) -> "IntegerExtent | None":
+        """A bound of the extent of any data of ``dtype`` in ``d`` columns, known without a look
+        at them (uint8 and int8: 255 a column), or None."""
+        if dtype not in (torch.uint8, torch.int8):
+            return None
+        span = float(INTEGER_HIGH - INTEGER_LOW)
+        return IntegerExtent(span, d * span * span)
+
+    def fit_integer_rows(self, d: int) -> bool:
+        """Whether the data fit integer rows (precision ``int8``): d ≤ :data:`INTEGER_MAX_D` and
+        every column spans at most 255, so that an integer centre puts every value in int8's range."""
+        return 0 < d <= INTEGER_MAX_D and self.largest <= INTEGER_HIGH - INTEGER_LOW
+
+    def exact_in_float16(self) -> bool:
+        """Whether scaled float16 rows hold the centred values and their products' sums exactly
+        (:func:`with_exact_products`): every extent at most 2,048, the squared extents below 2²⁴."""
+        return self.largest <= FLOAT16_EXACT_INTEGER and self.squares < EXACT_SUM_LIMIT
 
 
 def integer_rows_fit(d: int, spread: "torch.Tensor | None") -> bool:
     """Whether data of dimension ``d`` whose every value is an integer, each column's largest
-    minus smallest being ``spread`` (None: not known to be integers), fit integer rows: d ≤
-    :data:`INTEGER_MAX_D` and every column spans at most 255 (so that an integer centre puts
-    every value in int8's range)."""
-    if spread is None or not 0 < d <= INTEGER_MAX_D:
-        return False
-    return not spread.numel() or float(spread.max()) <= INTEGER_HIGH - INTEGER_LOW
+    minus smallest being ``spread`` (None: not known to be integers), fit integer rows
+    (:meth:`IntegerExtent.fit_integer_rows`)."""
+    return spread is not None and IntegerExtent.of(spread).fit_integer_rows(d)
 
 
 def integer_centre(mean: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -223,9 +264,7 @@ def with_exact_products(precision: ScreenPrecision, integer_spread: torch.Tensor
     spread = integer_spread.to(torch.float64)
     if math.sqrt(max(1, spread.numel())) * lattice_error > unit / 4:
         return precision  # the bound's argument needs every nonzero lattice vector longer than its error
-    # Integers below 2⁵³: the sum of squares is exact in float64, so the test is exact.
-    if spread.numel() and (float(spread.max()) > FLOAT16_EXACT_INTEGER
-                           or float((spread * spread).sum()) >= EXACT_SUM_LIMIT):
+    if not IntegerExtent.of(spread).exact_in_float16():
         return precision
     return replace(precision, input_roundoff=0.0, accumulate_roundoff=0.0, exact_products=True,
                    lattice_error=float(lattice_error))

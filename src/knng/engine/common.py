@@ -15,14 +15,14 @@ from knng.engine.exact import ExactStats
 from knng.engine.plan import EnginePlan, copies_input
 from knng.engine.store import StoreStats
 from knng.metrics import (
-    INTEGER_MAX_D, Metric, Prepared, ScreenPrecision, integer_centre, integer_rows_fit, lattice_point,
-    with_exact_products,
+    INTEGER_MAX_D, IntegerExtent, Metric, Prepared, ScreenPrecision, integer_centre, integer_rows_fit,
+    lattice_point, with_exact_products,
 )
 from knng.engine.kernels import finite_column_sums, in_background, lattice_extent, preparation_runs, prepare_rows
 
 __all__ = [
     "resolve_device", "place_input", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
-    "integer_rows_fit_data",
+    "integer_extent_of",
     "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
     "LATTICE_UNITS", "LATTICE_TOLERANCE", "LatticeExtent",
 ]
@@ -294,37 +294,54 @@ class CorpusStats:
         return integer_centre(self.centre, self.integer_low, self.integer_low + self.integer_spread)
 
 
-def integer_rows_fit_data(data: InputArray, metric: Metric, device: torch.device) -> bool:
-    """Whether ``data`` fit integer rows (precision ``int8``) under ``metric`` on ``device``,
-    found cheaply and certainly before planning: uint8 and int8 data always do; data of other
-    types only where they already lie on the GPU, by one read of them (every value an integer,
-    every column spanning at most 255); data read from a host or a file are not looked at here
-    (their screen keeps its planned precision). Only a GPU's planner uses integer rows, so
-    elsewhere this is False without a look."""
+#: Host rows (a search's queries) that :func:`integer_extent_of` looks at, at most: copied to the
+#: GPU and read there (larger host data keep the planner's other choices).
+INTEGER_LOOK_HOST_BYTES = 64 * 2**20
+
+
+def integer_extent_of(data: InputArray, metric: Metric, device: torch.device,
+                      also: InputArray | None = None) -> IntegerExtent | None:
+    """What the planner may know of ``data`` (and ``also``: a search's queries, taken together
+    with them) as integers under ``metric`` on ``device`` (:class:`knng.metrics.IntegerExtent`),
+    found cheaply and certainly before planning: uint8 and int8 data are bounded by their type,
+    without a look; data of other types are looked at in one read where they already lie on the
+    GPU or are small host arrays (:data:`INTEGER_LOOK_HOST_BYTES`): every value an integer, and
+    each column's extent; other data (from a file, large host arrays) are not (None: the screen
+    keeps the planner's other choices). Only a GPU's planner uses integer rows, so elsewhere
+    this is None without a look, as it is for metrics that are not translation-invariant."""
+    arrays = [data] if also is None else [data, also]
     if device.type != "cuda" or not metric.translation_invariant or not 0 < data.d <= INTEGER_MAX_D:
-        return False
-    if data.dtype in (torch.uint8, torch.int8):
-        return True
-    tensor = data.tensor
-    if tensor is None or tensor.device.type != "cuda" or tensor.is_complex():
-        return False
-    lattice = LatticeExtent(1.0, data.d, tensor.device)
-    step = device_block_rows(data, device, 1)
-    for start in range(0, data.n, step):
-        lattice.add(tensor[start:start + step])
-        if lattice.off_lattice:
-            return False
+        return None
+    if len({a.dtype for a in arrays}) == 1:
+        bound = IntegerExtent.of_dtype(data.d, data.dtype)
+        if bound is not None:
+            return bound
+    for array in arrays:
+        tensor = array.tensor
+        if (tensor is None or tensor.is_complex()
+                or (tensor.device.type != "cuda" and array.nbytes > INTEGER_LOOK_HOST_BYTES)):
+            return None
+    lattice = LatticeExtent(1.0, data.d, device)
+    for array in arrays:
+        tensor = array.tensor
+        assert tensor is not None
+        step = device_block_rows(array, device, 1) if tensor.device.type == "cuda" else array.n
+        for start in range(0, array.n, step):
+            lattice.add(tensor[start:start + step].to(device, non_blocking=True))
     found = lattice.found()
-    return found is not None and found[1] == 0.0 and integer_rows_fit(data.d, found[0])
+    if found is None or found[1] != 0.0:  # off the integers, or near them only
+        return None
+    return IntegerExtent.of(found[0])
 
 
 def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, symmetric: bool,
-                 block_rows: int, integers: bool = False) -> CorpusStats:
+                 block_rows: int, integers: bool = False, also: InputArray | None = None) -> CorpusStats:
     """Check the corpus is finite and, where the metric centres, compute its float64 mean.
 
     ``integers``: also find whether the values lie on a lattice (:class:`CorpusStats`), for a
     screen that may run with exact products (a translation-invariant metric whose both sides
-    are centred: the caller's to say).
+    are centred: the caller's to say). ``also``: other rows (a search's queries) whose values
+    join the lattice's extents, not the mean: a centre found from the extents then suits them too.
     """
     need_mean = metric.needs_centre(symmetric)
     total = torch.zeros(corpus.d, dtype=torch.float64, device=device)
@@ -337,6 +354,9 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
         if sums is not None:
             total += sums
         LatticeExtent.add_to(lattices, block)
+    if lattices and also is not None:
+        for _, block in also.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
+            LatticeExtent.add_to(lattices, block.to(device, non_blocking=True))
     return CorpusStats.of(total / corpus.n if need_mean else None, lattices)
 
 

@@ -16,11 +16,13 @@ import torch
 
 from knng._inputs import READ_AHEAD
 from knng._units import parse_bytes
-from knng.metrics import INTEGER_MAX_D, INTEGER_TAIL, PRECISIONS, ScreenPrecision, get_metric, get_precision
+from knng.metrics import (
+    INTEGER_TAIL, PRECISIONS, IntegerExtent, ScreenPrecision, get_metric, get_precision, scaled_width,
+)
 from knng._options import get_options
 from knng.engine.kernels import (
     KTH_ROW_MAX_WIDTH, TILE, DeviceCapabilities, capabilities_of, kernels_installed, kind_ready, strip_seeds_run,
-    tiles_first_runs, triangle_runs, triton_runs, strip_width,
+    tiles_first_runs, triangle_runs, triton_runs, strip_width, wgmma_runs,
 )
 
 __all__ = [
@@ -264,7 +266,8 @@ class EnginePlan:
     screen_precision : {"float32", "float64", "tf32", "tf32x3", "float16", "bfloat16", "int8x4", "int8"}
         Precision of the matrix products of the screen (:data:`knng.metrics.PRECISIONS`): it
         changes the rounding bound, hence how many pairs reach the exact finish, never the
-        result. The last three run in the fused kernel (``knng.engine.kernels.fused``).
+        result (``int8``: integer data only). tf32, tf32x3, float16 and bfloat16 run in the fused
+        kernel, int8x4 and int8 in kernels of their own (``knng.engine.kernels.fused``).
     unit_roundoff : float
         The screen's input unit roundoff in the bound of ``docs/EXACTNESS.md``.
     thresholds : str
@@ -477,14 +480,21 @@ CPU_FLOAT64_ROWS_PER_K = 100
 
 
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search",
-                            capabilities: DeviceCapabilities | None = None, integers: bool = False) -> str:
+                            capabilities: DeviceCapabilities | None = None,
+                            integers: IntegerExtent | None = None) -> str:
     """The screen precision that makes the exact answer cheapest.
 
-    ``integers``: the data fit integer rows under the metric (integer values, every column
-    spanning at most 255, a translation-invariant metric: :func:`knng.metrics.integer_rows_fit`).
-    Then, on a GPU where the fused kernel runs, ``int8``: exact products on the int8 tensor
-    cores and exact keys, whatever k and d (up to ``INTEGER_MAX_D``) — the cheapest product and
-    the tightest screen there is (the photon-count images of the seed papers).
+    ``integers``: what is known of integer data under a translation-invariant metric
+    (:class:`knng.metrics.IntegerExtent`; None for other data). Where they fit integer rows, on
+    a GPU where the fused kernel runs, ``int8`` (exact products on the int8 tensor cores, exact
+    keys: no bound, no evaluation below keys of 2²⁴) — except where the planner's choice for
+    other data is scaled float16, the wgmma kernel runs at this d and float16 holds these
+    products exactly (``IntegerExtent.exact_in_float16``): that tuned kernel won there. H200,
+    2026-11-30 (``.carry`` experiment, graphs of uint8 patches of real pictures): 8×8 and 16×16
+    patches at k = 10 / 100, exact float16 163 / 291 and 70 / 131 ms against int8 897 / 1,778
+    and 269 / 432; 24×24 (d = 576) 208 / 250 against int8 112 / 198; 32×32 114 / 180 against 76
+    / 110; 48×48 39 / 80 against 38 / 44; 300k photon-count images (d = 15,876) at k = 100,
+    float64 28.2 s against int8 3.2 s.
 
     On a GPU where the fused kernel runs, scaled float16 for a search from d ≥
     :data:`FLOAT16_SEARCH_MIN_D`, at any k. Otherwise float64 on GPUs whose float64 products run
@@ -511,8 +521,10 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     """
     caps = device if capabilities is None else capabilities  # asked of the device only where needed
     if device.type == "cuda":
-        if integers and 0 < d <= INTEGER_MAX_D and triton_runs(caps):
-            return "int8"
+        if integers is not None and integers.fit_integer_rows(d) and triton_runs(caps):
+            other = choose_screen_precision(device, n_corpus, d, k, operation, capabilities)
+            tuned = PRECISIONS[other].scaled and wgmma_runs(caps, scaled_width(d)) and integers.exact_in_float16()
+            return other if tuned else "int8"
         # A search from d = 64 screens in float16 at any k (FLOAT16_SEARCH_MIN_D: measured
         # against float64 where the float64 rule held); the float64 rule is for the rest.
         if operation == "search" and d >= FLOAT16_SEARCH_MIN_D and triton_runs(caps):
@@ -529,7 +541,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
 
 def resolve_precision(screen_dtype: "torch.dtype | str | None", device: torch.device, n_corpus: int, d: int,
                       k: int, operation: str = "search", capabilities: DeviceCapabilities | None = None,
-                      integers: bool = False) -> str:
+                      integers: IntegerExtent | None = None) -> str:
     """The precision a plan runs: the caller's (a name or torch dtype), ``Options.screen_precision``,
     or the planner's choice (``integers``: as :func:`choose_screen_precision`)."""
     if screen_dtype is None:
@@ -770,8 +782,13 @@ def first_call_uncompiled(kind: tuple, *, scores: int, device: torch.device, rec
 def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
                      budget: int, source: str = "", screen_dtype: "torch.dtype | str | None" = None,
                      host_budget: int | None = None, host_source: str = "",
-                     capabilities: DeviceCapabilities | None = None, recorded: bool = False) -> EnginePlan:
+                     capabilities: DeviceCapabilities | None = None, recorded: bool = False,
+                     integers: IntegerExtent | None = None) -> EnginePlan:
     """The plan of a search of ``n_queries`` against ``n_corpus`` vectors of dimension ``d``.
+
+    ``integers``: what is known of the queries and the corpus together as integer data
+    (:class:`knng.metrics.IntegerExtent`; None for other data), as in :func:`make_graph_plan`:
+    where :func:`choose_screen_precision` takes integer rows, no direct path.
 
     ``host_budget``: bytes of host memory (default :func:`resolve_host_budget`'s); on a CPU it
     caps ``budget``, on a GPU it caps the streamed tiles (read through pinned buffers). Where it
@@ -781,9 +798,9 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
     """
     same = dict(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=device, budget=budget,
                 source=source, screen_dtype=screen_dtype, host_source=host_source,
-                capabilities=capabilities)
+                capabilities=capabilities, integers=integers if get_metric(metric).translation_invariant else None)
     plan = _search_plan(host_budget=host_budget, **same)
-    if direct_applies(n_queries=n_queries, n_corpus=n_corpus, d=d, metric=metric, device=device, budget=budget,
+    if not plan.precision.integers and direct_applies(n_queries=n_queries, n_corpus=n_corpus, d=d, metric=metric, device=device, budget=budget,
                       host_budget=host_budget, screen_dtype=screen_dtype, recorded=recorded):
         plan = replace(plan, direct=True)
     if host_budget is None:  # the default: nothing to compare with
@@ -794,7 +811,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
 def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, device: torch.device,
                  budget: int, capabilities: DeviceCapabilities | None, source: str = "",
                  screen_dtype: "torch.dtype | str | None" = None, host_budget: int | None = None,
-                 host_source: str = "") -> EnginePlan:
+                 host_source: str = "", integers: IntegerExtent | None = None) -> EnginePlan:
     """:func:`make_search_plan` without its host budget's note."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
@@ -802,7 +819,8 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
     if device.type == "cpu":
         budget = min(budget, host_budget)
     caps = device if capabilities is None else capabilities  # asked of the device only where needed
-    precision = resolve_precision(screen_dtype, device, n_corpus, d, k, capabilities=capabilities)
+    precision = resolve_precision(screen_dtype, device, n_corpus, d, k, capabilities=capabilities,
+                                  integers=integers)
     element = 8 if precision == "float64" else 4  # score blocks are float32 below float64
     capacity = search_capacity(k, n_corpus, device)
     max_cols = get_options().gpu_search_cols if device.type == "cuda" else None
@@ -811,7 +829,8 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
         max_cols = max(MIN_TILE, min(max_cols, _read_rows(host_budget, d, max_cols)))
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
                        element_bytes=element, max_cols=max_cols)
-    kernel = device.type == "cuda" and PRECISIONS[precision].fused and triton_runs(caps)
+    kernel = device.type == "cuda" and (PRECISIONS[precision].fused or PRECISIONS[precision].integers) \
+        and triton_runs(caps)
     base = min(get_options().gpu_sample, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else get_options().cpu_sample
     vector = d * element + 24
     # The sample's prepared vectors and its score block take at most an eighth of the budget. The
@@ -915,13 +934,13 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                     slab_gain: Callable[[int], float] | None = None,
                     capabilities: DeviceCapabilities | None = None,
                     share: tuple[int, int] = (0, 1), recorded: bool = False,
-                    integers: bool = False) -> EnginePlan:
+                    integers: IntegerExtent | None = None) -> EnginePlan:
     """The plan of the k-NN graph of ``n`` vectors: parts, blocks, stores and both budgets.
 
-    ``integers``: the data are integers whose every column spans at most 255
-    (:func:`knng.metrics.integer_rows_fit`; ``knng.engine.common.integer_rows_fit_data`` looks): under a
-    translation-invariant metric they are screened as integer rows (``int8``,
-    :func:`choose_screen_precision`), by symmetric blocks around one integer centre.
+    ``integers``: what is known of integer data (:class:`knng.metrics.IntegerExtent`,
+    ``knng.engine.common.integer_extent_of`` looks; None for other data): under a
+    translation-invariant metric, where :func:`choose_screen_precision` takes integer rows
+    (``int8``), the graph runs by symmetric blocks around one integer centre.
 
     ``method``: :data:`GRAPH_SYMMETRIC` or :data:`GRAPH_ROWS` (see :attr:`EnginePlan.graph_method`);
     default ``Options.graph_method``, else the planner's choice (:func:`rows_method_wins`). Where principal frames could run,
@@ -944,7 +963,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         method = get_options().graph_method
     same = dict(n=n, d=d, k=k, metric=metric, device=device, budget=budget, include_self=include_self, source=source,
                 screen_dtype=screen_dtype, part_size=part_size, host_source=host_source, method=method,
-                capabilities=capabilities, integers=integers and get_metric(metric).translation_invariant)
+                capabilities=capabilities,
+                integers=integers if get_metric(metric).translation_invariant else None)
     index, count = _checked_share(share)
     integer_rows = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=capabilities,
                                      integers=same["integers"]) == "int8"
@@ -996,7 +1016,8 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
                 screen_dtype: "torch.dtype | str | None" = None,
                 part_size: int | None = None, host_budget: int | None = None,
                 host_source: str = "", method: str | None = None,
-                slab_gain: Callable[[int], float] | None = None, integers: bool = False) -> EnginePlan:
+                slab_gain: Callable[[int], float] | None = None,
+                integers: IntegerExtent | None = None) -> EnginePlan:
     """:func:`make_graph_plan` without its host budget's note."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
@@ -1022,7 +1043,7 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     corpus_bytes = n * vector
     resident = corpus_bytes + working <= budget // 2
     remaining = max(budget - working - (corpus_bytes if resident else 0), budget // 8)
-    kernel = PRECISIONS[precision].fused or PRECISIONS[precision].digits
+    kernel = PRECISIONS[precision].kernel
     kernel = kernel and device.type == "cuda" and triton_runs(caps)
     ks = min(k, available)
     side = n  # bounded by what each part holds beside its block

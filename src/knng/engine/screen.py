@@ -258,7 +258,7 @@ def block_scores(a: torch.Tensor, b: torch.Tensor, d: int, precision: ScreenPrec
     if precision.integers:
         # The terms are inside the integer key (the rows' own int32 squared norms).
         return integer_scores(a, b, buffer)
-    if not precision.fused and not precision.digits:
+    if not precision.kernel:
         out = None if buffer is None else buffer.take(a.shape[0], b.shape[0], a.dtype, a.device)
         options = get_options()
         if symmetric and a.shape[0] >= options.symmetric_min_rows and options.symmetric_bands > 1:

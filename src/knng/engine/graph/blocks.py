@@ -89,7 +89,7 @@ def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: t
     (or four flushes' worth; within a share of the budget: :func:`held_pairs_limit`) they are
     taken in, whose capacity bounds near-ties. ``n``, ``capacity``, ``pending``, ``budget``: the
     store's rows, candidates a row keeps, survivors it takes in at a time, and the device budget."""
-    if device.type not in get_options().hold_on or not (precision.fused or precision.digits):
+    if device.type not in get_options().hold_on or not precision.kernel:
         return None
     limit = get_options().held_limit
     if limit is None:

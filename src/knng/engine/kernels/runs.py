@@ -77,9 +77,9 @@ def gathered_runs(where: DeviceCapabilities | torch.device, precision: "ScreenPr
 
 
 def screen_kernel_runs(where: DeviceCapabilities | torch.device, precision: "ScreenPrecision | str") -> bool:
-    """Whether a kernel (the fused one, or the digit one) runs ``precision``'s screen."""
+    """Whether a kernel (the fused one, the digit one or the integer one) runs ``precision``'s screen."""
     p = _precision(precision)
-    return (p.fused or p.digits) and triton_runs(where)
+    return p.kernel and triton_runs(where)
 
 
 def strip_seeds_run(where: DeviceCapabilities | torch.device, precision: "ScreenPrecision | str", columns: int,

@@ -112,15 +112,15 @@ def exact_search(
         if found is not None:
             return found
         plan = replace(plan, direct=False)  # an input that is not finite: the pipeline names it
-    dtype = plan.screen_torch_dtype
     with on_device(device), full_precision():
         if not queries.in_memory:
             # Lazy queries (memory maps, datasets) are checked up front, so that a NaN in the
             # last row is reported before the work rather than after it.
             for start, block in queries.iter_blocks(plan.read_rows, read_ahead=READ_AHEAD):
                 check_finite(block, queries.name, start)
-        pcorpus = prepared or prepare_corpus(corpus, metric, device, dtype, plan.corpus_resident,
-                                             block_rows=plan.read_rows)
+        pcorpus = prepared or prepare_corpus(corpus, metric, device, plan.precision, plan.corpus_resident,
+                                             block_rows=plan.read_rows, queries=queries)
+        metric = pcorpus.metric  # integer rows: the metric that prepares them
         if plan.tiles_first:
             if pcorpus.resident is None:
                 raise ValueError("a tiles-first plan needs the corpus prepared on the device (a resident corpus)")
@@ -197,18 +197,27 @@ def _direct_search(queries: InputArray, corpus: InputArray, k: int, metric: Metr
 
 #: The plan's account of a search's thresholds when its tiles go first.
 
-def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, dtype: torch.dtype,
-                   resident: bool, block_rows: int) -> PreparedCorpus:
-    """One pass for the finite check and the centre, then the corpus in the screen's layout.
+def prepare_corpus(corpus: InputArray, metric: Metric, device: torch.device, precision: ScreenPrecision,
+                   resident: bool, block_rows: int, queries: InputArray | None = None) -> PreparedCorpus:
+    """One pass for the finite check and the centre, then the corpus in the layout of the screen
+    of ``precision``.
 
     A corpus that already lies on the GPU and stays there goes in the larger blocks of
-    :func:`~knng.engine.common.device_block_rows`, not the plan's reads.
+    :func:`~knng.engine.common.device_block_rows`, not the plan's reads. Integer rows
+    (``int8``) are centred on an integer point that puts the corpus's and the ``queries``'
+    values in int8's range (a clear error where they do not fit), and prepared by the metric
+    with ``integers`` (the prepared corpus's ``metric``, which the queries' preparation takes).
     """
     if resident:
         block_rows = device_block_rows(corpus, device, block_rows)
-    stats = corpus_stats(corpus, metric, device, symmetric=False, block_rows=block_rows)
-    return PreparedCorpus(corpus, metric, stats.centre, device, resident=resident, block_rows=block_rows,
-                          symmetric=False, dtype=dtype)
+    stats = corpus_stats(corpus, metric, device, symmetric=False, block_rows=block_rows,
+                         integers=precision.integers, also=queries if precision.integers else None)
+    centre = stats.centre
+    if precision.integers:
+        centre = stats.integer_centre()
+        metric = replace(metric, integers=True)
+    return PreparedCorpus(corpus, metric, centre, device, resident=resident, block_rows=block_rows,
+                          symmetric=False, dtype=precision.storage)
 
 
 @dataclass
