@@ -26,7 +26,7 @@ from knng.engine.kernels.capabilities import DeviceCapabilities
 from knng.engine.plan import make_graph_plan
 from knng._inputs import as_input
 from knng.metrics import (
-    INTEGER_HIGH, INTEGER_LOW, INTEGER_MAX_D, PRECISIONS, IntegerExtent, get_metric, integer_centre,
+    INTEGER_HIGH, INTEGER_LOW, INTEGER_MAGNITUDE, INTEGER_MAX_D, PRECISIONS, IntegerExtent, get_metric, integer_centre,
     integer_rows_fit, integer_terms,
 )
 from oracle import assert_exact, oracle_graph, oracle_search, smooth_image_patches
@@ -57,11 +57,18 @@ def _extreme(rng: np.random.Generator, m: int, d: int) -> torch.Tensor:
 
 
 def test_the_rule_at_its_limits():
-    assert integer_rows_fit(4, torch.tensor([255.0, 0.0, 3.0, 255.0]))
-    assert not integer_rows_fit(4, torch.tensor([256.0, 0.0, 3.0, 0.0]))
-    assert not integer_rows_fit(3, None)  # not integers
-    assert integer_rows_fit(INTEGER_MAX_D, torch.full((INTEGER_MAX_D,), 255.0))
-    assert not integer_rows_fit(INTEGER_MAX_D + 1, torch.full((INTEGER_MAX_D + 1,), 255.0))
+    low = torch.zeros(4)
+    assert integer_rows_fit(4, torch.tensor([255.0, 0.0, 3.0, 255.0]), low)
+    assert not integer_rows_fit(4, torch.tensor([256.0, 0.0, 3.0, 0.0]), low)
+    assert not integer_rows_fit(3, None, None)  # not integers
+    assert integer_rows_fit(INTEGER_MAX_D, torch.full((INTEGER_MAX_D,), 255.0), torch.zeros(INTEGER_MAX_D))
+    assert not integer_rows_fit(INTEGER_MAX_D + 1, torch.full((INTEGER_MAX_D + 1,), 255.0),
+                                torch.zeros(INTEGER_MAX_D + 1))
+    # Values beyond int32's reach (the rows are made in int32 arithmetic), at either end.
+    f64 = dict(dtype=torch.float64)
+    assert integer_rows_fit(4, torch.full((4,), 3.0, **f64), torch.full((4,), INTEGER_MAGNITUDE - 3.0, **f64))
+    assert not integer_rows_fit(4, torch.full((4,), 3.0, **f64), torch.full((4,), INTEGER_MAGNITUDE - 2.0, **f64))
+    assert not integer_rows_fit(4, torch.full((4,), 3.0, **f64), torch.full((4,), -INTEGER_MAGNITUDE - 1.0, **f64))
     assert INTEGER_MAX_D * 255**2 < 2**31 <= (INTEGER_MAX_D + 1) * 255**2
 
 
@@ -218,6 +225,35 @@ def test_exact_keys_need_no_evaluation(int8_screen, rng):
     assert report.store.exact_evaluations == 0
 
 
+def test_integers_beyond_int32_take_another_screen(int8_screen, rng):
+    x = 3e9 + rng.integers(0, 5, (100, 4)).astype(np.float64)  # integers, a narrow extent, too large
+    with pytest.raises(ValueError, match="screen_dtype='int8' screens integer data only"):
+        knng.graph(x, 3)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "float32", "float64"])
+def test_the_preparation_kernel_is_the_reference(kernel_device, rng, dtype):
+    """Integer rows made by the kernel (Triton's interpreter on a CPU, or a GPU) are the
+    reference's, byte for byte, norms and terms included; values out of range are refused."""
+    low, high = {"uint8": (0, 256), "int8": (-128, 128), "float32": (-70, 186), "float64": (10**6, 10**6 + 256)}[dtype]
+    x = torch.from_numpy(rng.integers(low, high, (77, 45)).astype(dtype)).to(kernel_device)
+    centre = torch.full((45,), float((low + high) // 2), dtype=torch.float64, device=kernel_device)
+    integer = get_metric("euclidean").__class__(**{**get_metric("euclidean").__dict__, "integers": True})
+    from knng.engine.kernels.preparation import prepare_rows
+
+    for side, symmetric in [("corpus", True), ("query", False), ("corpus", False)]:
+        got = prepare_rows(integer, x, centre, side=side, symmetric=symmetric, dtype=torch.int8)
+        want = integer.prepare(x, centre, side=side, symmetric=symmetric, dtype=torch.int8)
+        assert torch.equal(got.vectors, want.vectors) and torch.equal(got.norms, want.norms)
+        assert torch.equal(got.terms, want.terms)
+        assert (got.offsets is None) == (want.offsets is None)
+    wide = x.to(torch.float64)
+    wide[3, 7] = high + 1  # out of int8's range around the centre, above and below
+    wide[4, 8] = low - 2
+    with pytest.raises(ValueError, match=r"\[-128, 127\]"):
+        prepare_rows(integer, wide, centre, side="corpus", symmetric=True, dtype=torch.int8)
+
+
 def test_data_that_do_not_fit_are_refused(int8_screen, rng):
     x = rng.integers(0, 256, (100, 4)).astype(np.float32)
     x[0, 0], x[1, 0] = 256.0, 0.0  # a column spanning 256
@@ -264,7 +300,8 @@ def test_integer_rows_have_limits():
     assert _plan(1000, INTEGER_MAX_D + 1, 5, integers=IntegerExtent(1.0, INTEGER_MAX_D + 1.0)).screen_precision != "int8"
     assert _plan(1000, 600, 5, integers=IntegerExtent(256.0, 600 * 256.0**2)).screen_precision != "int8"
     assert IntegerExtent.of_dtype(8, torch.float32) is None
-    assert IntegerExtent.of(torch.tensor([3.0, 4.0])) == IntegerExtent(4.0, 25.0)
+    assert IntegerExtent.of(torch.tensor([3.0, 4.0]), torch.tensor([-7.0, 1.0])) == IntegerExtent(4.0, 25.0, 7.0)
+    assert not IntegerExtent.of(torch.tensor([3.0, 4.0])).fit_integer_rows(2)  # magnitude unknown
 
 
 def test_only_a_gpu_looks_for_integer_rows(rng):
@@ -340,3 +377,16 @@ def test_the_search_planner_takes_integer_rows(monkeypatch):
     assert make_search_plan(**kw).screen_precision != "int8"
     small = make_search_plan(**{**kw, "n_queries": 10, "n_corpus": 1000}, integers=U8(784, torch.uint8))
     assert small.screen_precision == "int8" and not small.direct
+
+
+@pytest.mark.parametrize("d", [7, 130])
+def test_the_block_kernel_is_the_reference(kernel_device, rng, d):
+    """A part's seed block by the integer block kernel (interpreted, or on a GPU) is the torch
+    reference's, bit for bit, keys past 2²⁴ included."""
+    a, b = _extreme(rng, 41, d).to(kernel_device), _extreme(rng, 53, d).to(kernel_device)
+    centre = torch.full((d,), 128.0, dtype=torch.float64, device=kernel_device)
+    pa, pb = _rows(a, centre), _rows(b, centre)
+    got = screen.integer_scores(pa, pb, kernel=True)
+    want = screen.integer_scores(pa, pb, kernel=False)
+    assert torch.equal(got, want)
+    assert torch.equal(want.double().cpu(), _exact_keys((a - centre).cpu(), (b - centre).cpu()))

@@ -29,7 +29,7 @@ __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPreci
            "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
            "scaled_alphas", "scaled_row_factors", "scaled_row_scales", "TINY", "ORACLE_RELATIVE", "ORACLE_CONSTANT",
            "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products", "lattice_point",
-           "INTEGER_LOW", "INTEGER_HIGH", "INTEGER_MAX_D", "INTEGER_TAIL", "integer_width", "integer_blocks",
+           "INTEGER_LOW", "INTEGER_HIGH", "INTEGER_MAX_D", "INTEGER_MAGNITUDE", "INTEGER_TAIL", "integer_width", "integer_blocks",
            "integer_terms", "integer_rows_fit", "integer_centre", "IntegerExtent"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
@@ -87,6 +87,9 @@ INTEGER_LOW, INTEGER_HIGH = -128, 127
 #: Largest d of integer rows: the squared distance of two of them is at most d·255², an int32
 #: below 2³¹ (and every intermediate of the kernel's q + r − 2·aᵀb, at most d·2¹⁵, fits too).
 INTEGER_MAX_D = (2**31 - 1) // 255**2
+#: Largest magnitude of a value of integer rows' inputs: centred in int32 arithmetic, with room
+#: for a centre 255 away.
+INTEGER_MAGNITUDE = 2**31 - 256
 #: Integer rows end in a tail of this many bytes: the row's squared norm as an int32 (4 used),
 #: keeping rows a multiple of 16 bytes for 16-byte loads.
 INTEGER_TAIL = 16
@@ -190,20 +193,24 @@ PRECISIONS: dict[str, ScreenPrecision] = {
 @dataclass(frozen=True)
 class IntegerExtent:
     """What a planner knows of data whose every value is an integer: the largest extent of a
-    column (largest minus smallest value) and the sum of the columns' squared extents, exact or
-    bounds (uint8 and int8 data: 255 each, :meth:`of_dtype`)."""
+    column (largest minus smallest value), the sum of the columns' squared extents and the
+    largest magnitude of a value, exact or bounds (uint8 and int8 data by their type,
+    :meth:`of_dtype`)."""
 
     largest: float
     squares: float
+    magnitude: float = 0.0
 
     @staticmethod
-    def of(spread: torch.Tensor) -> "IntegerExtent":
-        """The extent of data whose columns span ``spread`` (float64; sums of squares of integers
-        below 2⁵³ are exact in float64)."""
+    def of(spread: torch.Tensor, low: torch.Tensor | None = None) -> "IntegerExtent":
+        """The extent of data whose columns span ``spread`` from ``low`` (float64; sums of squares
+        of integers below 2⁵³ are exact in float64). Without ``low`` the magnitude is unknown:
+        taken as infinite (no integer rows)."""
         if not spread.numel():
             return IntegerExtent(0.0, 0.0)
         spread = spread.to(torch.float64)
-        return IntegerExtent(float(spread.max()), float((spread * spread).sum()))
+        magnitude = math.inf if low is None else float(torch.maximum(low.abs(), (low + spread).abs()).max())
+        return IntegerExtent(float(spread.max()), float((spread * spread).sum()), magnitude)
 
     @staticmethod
     def of_dtype(d: int, dtype: torch.dtype) -> "IntegerExtent | None":
@@ -212,12 +219,15 @@ class IntegerExtent:
         if dtype not in (torch.uint8, torch.int8):
             return None
         span = float(INTEGER_HIGH - INTEGER_LOW)
-        return IntegerExtent(span, d * span * span)
+        return IntegerExtent(span, d * span * span, 255.0 if dtype == torch.uint8 else 128.0)
 
     def fit_integer_rows(self, d: int) -> bool:
-        """Whether the data fit integer rows (precision ``int8``): d ≤ :data:`INTEGER_MAX_D` and
-        every column spans at most 255, so that an integer centre puts every value in int8's range."""
-        return 0 < d <= INTEGER_MAX_D and self.largest <= INTEGER_HIGH - INTEGER_LOW
+        """Whether the data fit integer rows (precision ``int8``): d ≤ :data:`INTEGER_MAX_D`,
+        every column spans at most 255, so that an integer centre puts every value in int8's
+        range, and every value is below :data:`INTEGER_MAGNITUDE` in magnitude (the rows are
+        made in int32 arithmetic)."""
+        return (0 < d <= INTEGER_MAX_D and self.largest <= INTEGER_HIGH - INTEGER_LOW
+                and self.magnitude <= INTEGER_MAGNITUDE)
 
     def exact_in_float16(self) -> bool:
         """Whether scaled float16 rows hold the centred values and their products' sums exactly
@@ -225,11 +235,11 @@ class IntegerExtent:
         return self.largest <= FLOAT16_EXACT_INTEGER and self.squares < EXACT_SUM_LIMIT
 
 
-def integer_rows_fit(d: int, spread: "torch.Tensor | None") -> bool:
-    """Whether data of dimension ``d`` whose every value is an integer, each column's largest
-    minus smallest being ``spread`` (None: not known to be integers), fit integer rows
+def integer_rows_fit(d: int, spread: "torch.Tensor | None", low: "torch.Tensor | None") -> bool:
+    """Whether data of dimension ``d`` whose every value is an integer, each column spanning
+    ``spread`` from ``low`` (None: not known to be integers), fit integer rows
     (:meth:`IntegerExtent.fit_integer_rows`)."""
-    return spread is not None and IntegerExtent.of(spread).fit_integer_rows(d)
+    return spread is not None and low is not None and IntegerExtent.of(spread, low).fit_integer_rows(d)
 
 
 def integer_centre(mean: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:

@@ -282,7 +282,7 @@ class CorpusStats:
         """Whether the corpus fits integer rows (precision ``int8``): every value an integer,
         every column spanning at most 255 (:func:`knng.metrics.integer_rows_fit`)."""
         return (self.centre is not None and self.lattice == 1.0 and self.lattice_error == 0.0
-                and integer_rows_fit(self.centre.numel(), self.integer_spread))
+                and integer_rows_fit(self.centre.numel(), self.integer_spread, self.integer_low))
 
     def integer_centre(self) -> torch.Tensor:
         """The integer point integer rows are centred on (:func:`knng.metrics.integer_centre`);
@@ -331,7 +331,7 @@ def integer_extent_of(data: InputArray, metric: Metric, device: torch.device,
     found = lattice.found()
     if found is None or found[1] != 0.0:  # off the integers, or near them only
         return None
-    return IntegerExtent.of(found[0])
+    return IntegerExtent.of(found[0], lattice.low)
 
 
 def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, symmetric: bool,

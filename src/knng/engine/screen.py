@@ -318,12 +318,20 @@ def digit_scores(a: torch.Tensor, b: torch.Tensor, buffer: ScoreBuffer | None = 
     return scores
 
 
-def integer_scores(a: torch.Tensor, b: torch.Tensor, buffer: ScoreBuffer | None = None) -> torch.Tensor:
+def integer_scores(a: torch.Tensor, b: torch.Tensor, buffer: ScoreBuffer | None = None, *,
+                   kernel: bool | None = None) -> torch.Tensor:
     """The integer screen's float32 keys of prepared integer rows ``[v | ‖v‖² | 0…]``
     (``knng.metrics``, precision ``int8``): q_i + r_j − 2·a_iᵀb_j computed exactly in int32 (the
     product's sums, q + r and 2·aᵀb are below 2³¹ for d ≤ ``INTEGER_MAX_D``, and so is the
     squared distance they give), then rounded to float32 once. This is the arithmetic the
-    integer kernel does, bit for bit."""
+    integer kernel does, bit for bit. ``kernel``: whether the block kernel writes the block
+    (``knng.engine.kernels.integer_block``; default: where Triton runs); the torch steps here
+    are its reference."""
+    if kernel is None:
+        kernel = triton_runs(a.device)
+    if kernel:
+        out = None if buffer is None else buffer.take(a.shape[0], b.shape[0], torch.float32, a.device)
+        return kernels.integer_block(a, b, out)
     w = integer_blocks(a)
     keys = _integer_products(a[:, :w], b[:, :w], largest=-INTEGER_LOW).to(torch.int32)
     keys.mul_(-2).add_(integer_terms(b)[None, :]).add_(integer_terms(a)[:, None])

@@ -43,7 +43,8 @@ from knng.engine.kernels.compiling import (
     compile_failures, compile_in_background, compiling, in_background, kind_ready, mark_ready, wait_for_kernels,
 )
 from knng.engine.kernels.fused import (
-    Survivors, block_epilogue, group_tile_pairs, screen_block, screen_tiles, select_block, strip_minima, tile_minima,
+    Survivors, block_epilogue, group_tile_pairs, integer_block, screen_block, screen_tiles, select_block, strip_minima,
+    tile_minima,
 )
 from knng.engine.kernels.pairs import pair_kernel_runs, pair_values
 from knng.engine.kernels.preparation import (
@@ -72,7 +73,7 @@ __all__ = [
     "compile_failures",
     # the screen
     "Survivors", "screen_block", "select_block", "strip_minima", "tile_minima", "screen_tiles", "group_tile_pairs",
-    "block_epilogue",
+    "block_epilogue", "integer_block",
     # preparation
     "column_sums", "finite_column_sums", "lattice_extent", "prepare_rows",
     # radii

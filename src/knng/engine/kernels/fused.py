@@ -48,7 +48,7 @@ from knng.metrics import (
 )
 
 __all__ = ["screen_block", "select_block", "strip_minima", "Survivors", "DOT_PRECISION", "SELECT_TILE",
-           "tile_minima", "screen_tiles", "group_tile_pairs", "block_epilogue"]
+           "tile_minima", "screen_tiles", "group_tile_pairs", "block_epilogue", "integer_block"]
 
 #: Triton's ``input_precision`` for each screen precision with float32 storage; the
 #: 16-bit precisions store their inputs in that type and need none.
@@ -119,7 +119,7 @@ def _kernel(interpret: bool):
     ``TRITON_INTERPRET`` when it jits, so the interpreter is chosen before the first call."""
     triton_screen = _triton()
     return triton_screen.screen_kernel, triton_screen.select_kernel, triton_screen.digit_kernel, \
-        triton_screen.integer_kernel
+        triton_screen.integer_kernel, triton_screen.integer_block_kernel
 
 
 def _tile_config(precision: str, interpret: bool) -> dict:
@@ -418,6 +418,26 @@ def _screen_integers(a: torch.Tensor, b: torch.Tensor, row_thr: torch.Tensor, co
         )
 
     return _collect(launch, "integers", m, n, capacity_hint, symmetric, torch.float32, a.device, later)
+
+
+def integer_block(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 keys of every pair of prepared integer rows ``a`` × ``b``, as a block (m, n):
+    the integer kernel's keys, bit for bit, written instead of tested (a graph part's seeds).
+    ``knng.engine.screen.integer_scores`` is the reference; cuBLASLt's int8 product took 55 ms
+    for a part's 32,768-row seed block of photon images where a Triton tile runs near the int8
+    tensor cores' peak. ``out``: a float32 block of unit column stride to write."""
+    stages.count("screen.integer_block")
+    interpret = interpreting()
+    m, n = a.shape[0], b.shape[0]
+    if a.stride(1) != 1 or b.stride(1) != 1:
+        raise ValueError("integer_block needs rows stored contiguously")
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.float32, device=a.device)
+    if m and n:
+        cfg, grid, extra = _launch_shape(_integer_tile_config(interpret), m, n, interpret)
+        _kernel(interpret)[4][grid](a, b, integer_terms(a), integer_terms(b), out, m, n, integer_blocks(a),
+                                    a.stride(0), b.stride(0), out.stride(0), **cfg, **extra)
+    return out
 
 
 def select_block(scores: torch.Tensor, row_thr: torch.Tensor, col_thr: torch.Tensor | None,

@@ -104,3 +104,27 @@ def scaled_rows_kernel(x, centre, scale, out, m, d, width, stride, out_stride, H
         v = tl.where(ok, v / s[:, None], 0.0)
         tl.store(out + rows[:, None].to(tl.int64) * out_stride + cols[None, :], v.to(tl.float32).to(tl.float16),
                  mask=row_ok[:, None] & (cols < width)[None, :])
+
+
+@triton.jit
+def integer_rows_kernel(x, centre, out, squares, bad, m, d, width, stride, out_stride, BLOCK_R: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """out[:, :width] = int8(x − c) (zeros past column d) and squares = Σ(x − c)² per row (int32,
+    exact: at most d·2¹⁴), for integer inputs and an integer centre ``c`` (int32); ``bad`` counts
+    the centred values outside int8's range (none are stored right then: the caller refuses)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows < m
+    ss = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    wrong = tl.zeros((BLOCK_R,), dtype=tl.int32)
+    for c0 in range(0, width, BLOCK_D):
+        cols = c0 + tl.arange(0, BLOCK_D)
+        ok = row_ok[:, None] & (cols < d)[None, :]
+        v = tl.load(x + rows[:, None].to(tl.int64) * stride + cols[None, :], mask=ok, other=0).to(tl.int32)
+        v = tl.where(ok, v - tl.load(centre + cols, mask=cols < d, other=0)[None, :], 0)
+        wrong += tl.sum(((v < -128) | (v > 127)).to(tl.int32), axis=1)
+        v = tl.minimum(tl.maximum(v, -128), 127)
+        ss += tl.sum(v * v, axis=1)
+        tl.store(out + rows[:, None].to(tl.int64) * out_stride + cols[None, :], v.to(tl.int8),
+                 mask=row_ok[:, None] & (cols < width)[None, :])
+    tl.store(squares + rows, ss, mask=row_ok)
+    tl.atomic_add(bad + tl.zeros((BLOCK_R,), tl.int32), wrong, mask=row_ok & (wrong > 0))

@@ -262,6 +262,28 @@ def integer_kernel(
 
 
 @triton.jit
+def integer_block_kernel(A, B, row_terms, col_terms, out, m, n, K, stride_a, stride_b, stride_out,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # integer_kernel's keys written to a score block (a graph part's seed sample): its product,
+    # its int32 key and its one rounding to float32, no test and no lists.
+    row0, col0, rm, rn, row_ok, col_ok = _tile(m, n, BLOCK_M, BLOCK_N, GROUP_M)
+    rk = tl.arange(0, BLOCK_K)
+    a_ptr = A + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
+    b_ptr = B + rn[None, :].to(tl.int64) * stride_b + rk[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptr, mask=row_ok[:, None] & (rk[None, :] + k0 < K), other=0)
+        b = tl.load(b_ptr, mask=col_ok[None, :] & (rk[:, None] + k0 < K), other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        a_ptr += BLOCK_K
+        b_ptr += BLOCK_K
+    q = tl.load(row_terms + rm, mask=row_ok, other=0)
+    r = tl.load(col_terms + rn, mask=col_ok, other=0)
+    key = ((q[:, None] + r[None, :]) - 2 * acc).to(tl.float32)
+    tl.store(out + rm[:, None].to(tl.int64) * stride_out + rn[None, :], key, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
 def block_epilogue_kernel(scores, row_factors, col_scales, col_terms, row_terms, m, n, stride,
                           SCALE: tl.constexpr, COL_TERMS: tl.constexpr, ROW_TERMS: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
