@@ -390,3 +390,23 @@ def test_the_block_kernel_is_the_reference(kernel_device, rng, d):
     want = screen.integer_scores(pa, pb, kernel=False)
     assert torch.equal(got, want)
     assert torch.equal(want.double().cpu(), _exact_keys((a - centre).cpu(), (b - centre).cpu()))
+
+
+def test_a_graph_read_from_a_file_in_parts(int8_screen, rng, tmp_path):
+    """A memory-mapped uint8 file under a small budget: its parts prepared from the file as the
+    screen reads them (no resident corpus), the same exact graph."""
+    x = smooth_image_patches(rng, 2000, side=8)
+    np.save(tmp_path / "x.npy", x)
+    g = knng.graph(np.load(tmp_path / "x.npy", mmap_mode="r"), 6, memory_budget=200_000)
+    report = last_report()
+    assert report.screen_dtype == "int8" and not report.plan.corpus_resident
+    assert_exact(g, oracle_graph(x, 6))
+
+
+def test_a_graph_resumes_from_its_checkpoint(int8_screen, rng, tmp_path):
+    x = smooth_image_patches(rng, 300, side=4)
+    first = knng.graph(x, 5, checkpoint=tmp_path / "ck", keep_checkpoint=True)
+    again = knng.graph(x, 5, checkpoint=tmp_path / "ck", resume=True)
+    assert last_report().screen_dtype == "int8"
+    np.testing.assert_array_equal(first.indices, again.indices)
+    assert_exact(again, oracle_graph(x, 5))

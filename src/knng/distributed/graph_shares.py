@@ -38,7 +38,7 @@ from knng.distributed.checkpoint import DistributedCheckpoint
 from knng.distributed.comm import Comm, agree, check_agreement
 from knng.distributed.shards import all_gather_rows, merge_exact
 from knng.engine import stages
-from knng.engine.common import Progress, place_input
+from knng.engine.common import Progress, integer_extent_of, place_input
 from knng.engine.exact import ExactStats
 from knng.engine.graph import exact_graph, slab_gain_of
 from knng.engine.plan import (
@@ -166,7 +166,8 @@ def distributed_graph(data: InputArray, k: int, metric: Metric, device: torch.de
                                include_self=include_self, source=f"the smallest of {world} ranks' budgets",
                                screen_dtype=screen_dtype, part_size=part_size, host_budget=host_budget,
                                host_source=f"{HOST_SHARE:.0%} of available memory shared by a host's ranks",
-                               slab_gain=slab_gain_of(rows, device))
+                               slab_gain=slab_gain_of(rows, device),
+                               integers=integer_extent_of(rows, metric, device))
     plan = with_share(_broadcast_plan(plan, comm, device), rank, world)
     local = None if checkpoint is None else checkpoint.local
     if local is not None:

@@ -228,18 +228,12 @@ def digit_kernel(
 
 
 @triton.jit
-def integer_kernel(
-    A, B, row_terms, col_terms, row_thr, col_thr,
-    row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters,
-    m, n, K, stride_a, stride_b, capacity, diag,
-    SYMMETRIC: tl.constexpr, EXCLUDE_DIAG: tl.constexpr, FEW: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-):
-    # The integer screen (knng.engine.screen.integer_scores is its reference and contract):
-    # int8 rows of K values, their product summed in int32 (exact), the key q + r − 2·aᵀb
-    # formed in int32 (exact: every intermediate is below 2³¹ for K ≤ INTEGER_MAX_D) and
-    # rounded to float32 once; then the test and the lists of screen_kernel.
-    row0, col0, rm, rn, row_ok, col_ok = _tile(m, n, BLOCK_M, BLOCK_N, GROUP_M)
+def _integer_keys(A, B, row_terms, col_terms, rm, rn, row_ok, col_ok, K, stride_a, stride_b,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A tile's keys of integer rows (knng.engine.screen.integer_scores is the reference): int8
+    rows of K values, their product summed in int32 (exact), the key q + r − 2·aᵀb formed in
+    int32 (exact: every intermediate is below 2³¹ for K ≤ INTEGER_MAX_D) and rounded to float32
+    once."""
     rk = tl.arange(0, BLOCK_K)
     a_ptr = A + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
     b_ptr = B + rn[None, :].to(tl.int64) * stride_b + rk[:, None]
@@ -252,7 +246,22 @@ def integer_kernel(
         b_ptr += BLOCK_K
     q = tl.load(row_terms + rm, mask=row_ok, other=0)
     r = tl.load(col_terms + rn, mask=col_ok, other=0)
-    key = ((q[:, None] + r[None, :]) - 2 * acc).to(tl.float32)
+    return ((q[:, None] + r[None, :]) - 2 * acc).to(tl.float32)
+
+
+@triton.jit
+def integer_kernel(
+    A, B, row_terms, col_terms, row_thr, col_thr,
+    row_owner, row_other, row_keys, col_owner, col_other, col_keys, counters,
+    m, n, K, stride_a, stride_b, capacity, diag,
+    SYMMETRIC: tl.constexpr, EXCLUDE_DIAG: tl.constexpr, FEW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # The integer screen: a tile's exact keys (_integer_keys), then the test and the lists of
+    # screen_kernel.
+    row0, col0, rm, rn, row_ok, col_ok = _tile(m, n, BLOCK_M, BLOCK_N, GROUP_M)
+    key = _integer_keys(A, B, row_terms, col_terms, rm, rn, row_ok, col_ok, K, stride_a, stride_b,
+                        BLOCK_M, BLOCK_N, BLOCK_K)
     valid = row_ok[:, None] & col_ok[None, :]
     if EXCLUDE_DIAG:
         valid = valid & (rm[:, None] != rn[None, :] + diag)
@@ -264,22 +273,10 @@ def integer_kernel(
 @triton.jit
 def integer_block_kernel(A, B, row_terms, col_terms, out, m, n, K, stride_a, stride_b, stride_out,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    # integer_kernel's keys written to a score block (a graph part's seed sample): its product,
-    # its int32 key and its one rounding to float32, no test and no lists.
+    # integer_kernel's keys written to a score block (a graph part's seed sample): no test, no lists.
     row0, col0, rm, rn, row_ok, col_ok = _tile(m, n, BLOCK_M, BLOCK_N, GROUP_M)
-    rk = tl.arange(0, BLOCK_K)
-    a_ptr = A + rm[:, None].to(tl.int64) * stride_a + rk[None, :]
-    b_ptr = B + rn[None, :].to(tl.int64) * stride_b + rk[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        a = tl.load(a_ptr, mask=row_ok[:, None] & (rk[None, :] + k0 < K), other=0)
-        b = tl.load(b_ptr, mask=col_ok[None, :] & (rk[:, None] + k0 < K), other=0)
-        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        a_ptr += BLOCK_K
-        b_ptr += BLOCK_K
-    q = tl.load(row_terms + rm, mask=row_ok, other=0)
-    r = tl.load(col_terms + rn, mask=col_ok, other=0)
-    key = ((q[:, None] + r[None, :]) - 2 * acc).to(tl.float32)
+    key = _integer_keys(A, B, row_terms, col_terms, rm, rn, row_ok, col_ok, K, stride_a, stride_b,
+                        BLOCK_M, BLOCK_N, BLOCK_K)
     tl.store(out + rm[:, None].to(tl.int64) * stride_out + rn[None, :], key, mask=row_ok[:, None] & col_ok[None, :])
 
 
