@@ -591,6 +591,10 @@ DATASETS: dict[str, DataSet] = {s.name: s for s in (
             lambda n, d, seed, pictures: embeddings(n, d or 384, seed), 200_000),
     DataSet("points", "euclidean", "3-D points of a scanned scene about 2 km from the origin, millimetre steps",
             lambda n, d, seed, pictures: point_cloud(n, seed), 1_000_000),
+    DataSet("far", "euclidean", "N(1000, 1) points, float32 (n × d): far from the origin (the README's example)",
+            lambda n, d, seed, pictures: _far(n, d or 128, seed), 100_000),
+    DataSet("far_cosine", "cosine", "the same points compared by cosine (the README's first example)",
+            lambda n, d, seed, pictures: _far(n, d or 128, seed), 100_000),
     DataSet("photons", "euclidean", "photon counts of diffraction snapshots on a 126 × 126 detector (15,876-d)",
             lambda n, d, seed, pictures: photon_counts(n, seed), 20_000,
             make_on=lambda n, seed, device: photon_counts(n, seed, device=device)),
@@ -598,6 +602,11 @@ DATASETS: dict[str, DataSet] = {s.name: s for s in (
             lambda n, d, seed, pictures: _as_uint8(photon_counts(n, seed)), 20_000,
             make_on=lambda n, seed, device: _as_uint8(photon_counts(n, seed, device=device))),
 )}
+
+
+def _far(n: int, d: int, seed: int) -> np.ndarray:
+    """N(1000, 1) points in float32, drawn as the README's first example draws them."""
+    return np.random.default_rng(seed).normal(1000, 1, (n, d)).astype(np.float32)
 
 
 def _as_uint8(x: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:

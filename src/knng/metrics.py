@@ -6,15 +6,19 @@ Every metric is screened in the same form (float32 inputs, float32 accumulation)
 
     s̃_ij = fl( α · a_iᵀ b_j + r_j [+ q_i] )
 
-where ``a``/``b`` are the prepared query/corpus vectors, ``α`` is −2 (Euclidean family) or −1
-(the similarity family) and ``r``/``q`` are optional per-vector terms (‖b‖² and ‖a‖² for the
-Euclidean family). The row term ``q`` only shifts a row by a constant, so search omits it; the
-graph keeps it so that the block is symmetric and one block serves rows and columns alike.
+where ``a``/``b`` are the prepared query/corpus vectors, ``α`` is −2 (Euclidean family, cosine
+and Pearson) or −1 (the inner product) and ``r``/``q`` are optional per-vector terms (‖b‖² and
+‖a‖²). The row term ``q`` only shifts a row by a constant, so search omits it; the graph keeps
+it so that the block is symmetric and one block serves rows and columns alike.
 
 Why preparation matters: the float32 expansion ‖x‖² + ‖y‖² − 2xᵀy cancels catastrophically far
 from the origin. Euclidean distances ignore translation, so both sides are centred on the corpus
-mean (computed in float64) before rounding to float32; the inner product is centred on the corpus
-side only, which shifts each query row by the constant xᵀμ and leaves its ranking unchanged.
+mean (computed in float64) before rounding to float32. Cosine and Pearson distances are half the
+squared Euclidean distance of the unit vectors (Pearson's centred on their own means first),
+which are screened the same way, centred on the unit vectors' mean: data far from the origin,
+whose unit vectors all but coincide, then screen as sharply as under the Euclidean metric. The
+inner product is centred on the corpus side only, which shifts each query row by the constant
+xᵀμ and leaves its ranking unchanged.
 """
 
 from __future__ import annotations
@@ -507,7 +511,8 @@ class Metric:
         Scale of the dot product in the screening score (−2 or −1; powers of two so that the
         scaling is exact in floating point).
     uses_terms : bool
-        Whether scores carry the per-vector squared-norm terms (Euclidean family).
+        Whether scores carry the per-vector squared-norm terms (Euclidean family, cosine and
+        Pearson).
     centre_queries, centre_corpus : bool
         Whether each side is shifted by the common centre before rounding to float32.
     normalize : bool
@@ -593,19 +598,14 @@ class Metric:
         """
         if dtype == torch.int8 and self.integers:
             return self._integer_rows(x, centre, side=side, symmetric=symmetric)
-        x64 = x.to(torch.float64)
-        if self.centre_rows:
-            x64 = _centre_rows(x64)
-        if self.normalize:
-            norm = torch.linalg.vector_norm(x64, dim=1, keepdim=True)
-            # Zero vectors keep similarity 0 with everything (distance 1), as scikit-learn does.
-            x64 = x64 / torch.where(norm > 0, norm, torch.ones_like(norm))
+        x64 = self.unit_rows(x.to(torch.float64))
+        zero = self.zero_rows(x64)
         if self.shifts(side, symmetric) and centre is not None:
             x64 = x64 - centre
         m, d = x64.shape
         norms = torch.linalg.vector_norm(x64, dim=1)
         out = torch.zeros((m, self.width(d, x64.device, dtype)), dtype=dtype, device=x64.device)
-        terms, offsets = self.terms_and_offsets(x64, norms, centre, side=side, symmetric=symmetric)
+        terms, offsets = self.terms_and_offsets(x64, norms, centre, side=side, symmetric=symmetric, zero=zero)
         if dtype == torch.int8:
             scale, hi, lo = _digits(x64)
             w = digit_width(d)
@@ -675,23 +675,45 @@ class Metric:
         offsets = torch.zeros(m, dtype=torch.float64, device=x.device) if side == "query" else None
         return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
 
+    def unit_rows(self, x64: torch.Tensor) -> torch.Tensor:
+        """float64 rows as the metric compares them before any shift: each vector centred on its
+        own mean (Pearson), then scaled to unit length (cosine, Pearson; zero vectors stay zero);
+        the rows themselves for the other metrics. The common centre is the mean of these."""
+        if self.centre_rows:
+            x64 = _centre_rows(x64)
+        if self.normalize:
+            norm = torch.linalg.vector_norm(x64, dim=1, keepdim=True)
+            x64 = x64 / torch.where(norm > 0, norm, torch.ones_like(norm))
+        return x64
+
+    def zero_rows(self, unit: torch.Tensor) -> torch.Tensor | None:
+        """For the unit rows of a normalising metric (:meth:`unit_rows`), 1.0 where a row is zero
+        (a zero vector, or a constant one under Pearson) and 0.0 elsewhere, float64: added to the
+        row's term, it gives a zero vector similarity 0 with everything (distance 1), as
+        scikit-learn does: ‖x̂ − ŷ‖² + z_x + z_y = 2 − 2x̂ᵀŷ for rows of norm 0 or 1. None for
+        the other metrics."""
+        if not self.normalize:
+            return None
+        return (~unit.ne(0).any(dim=1)).to(torch.float64)
+
     def terms_and_offsets(self, x: torch.Tensor, norms: torch.Tensor, centre: torch.Tensor | None, *, side: str,
-                          symmetric: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                          symmetric: bool, zero: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The per-vector terms and (query side) offsets of a block (see :class:`Prepared`),
         the same for every storage type: ``norms`` the float64 norms of its prepared vectors,
         ``x`` the vectors (any dtype) where an offset needs them (the query side of an inner
-        product, which is never shifted)."""
+        product, which is never shifted); ``zero`` the zero rows of a normalising metric
+        (:meth:`zero_rows`), whose terms and offsets take 1 more."""
+        squares = norms * norms if zero is None else norms * norms + zero
         if side != "query":
-            return (norms * norms if self.uses_terms else None), None
+            return (squares if self.uses_terms else None), None
         terms = None
         offsets = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
         if self.uses_terms:
             if symmetric:
-                terms = norms * norms
+                terms = squares
             else:
-                offsets = norms * norms
-        elif self.normalize:
-            offsets += 1.0  # distance 1 − cos = 1 + score
+                offsets = squares
         elif centre is not None and self.centre_corpus and not symmetric:
             offsets = -(x.to(torch.float64) @ centre)  # −xᵀy = −xᵀ(y − μ) − xᵀμ
         return terms, offsets
@@ -808,15 +830,20 @@ class Metric:
         return bound
 
     def to_distance(self, value: torch.Tensor) -> torch.Tensor:
-        """Map ``score + offset`` (squared units for the Euclidean family) to the distance."""
+        """Map ``score + offset`` (squared units for the Euclidean family; ‖x̂ − ŷ‖², twice the
+        distance, for cosine and Pearson) to the distance."""
         if self.name == "euclidean":
             return torch.sqrt(value.clamp_min(0.0))
+        if self.normalize:
+            return value.clamp_min(0.0) * 0.5  # exact: a power of two
         return value
 
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`to_distance`: a distance back in the units of ``score + offset``."""
         if self.name == "euclidean":
             return dist * dist
+        if self.normalize:
+            return dist * 2.0
         return dist
 
     def oracle_error(self, value: torch.Tensor, row_norms: torch.Tensor, col_norms: torch.Tensor,
@@ -840,10 +867,12 @@ class Metric:
         (``ORACLE_NORMS``), with γ = γ_d (a few γ_d for the constant). The threshold kernel
         (:mod:`knng.engine.kernels.radius`) computes the same from it."""
         gamma = 2.0 * (d + 8) * 2.0**-53
+        if self.normalize:
+            # ½‖x̂ − ŷ‖² from float64 unit vectors errs absolutely (each unit vector's rounding),
+            # a few γ in distance units, twice that in the units of ‖x̂ − ŷ‖².
+            return ORACLE_CONSTANT, 8.0 * gamma
         if self.uses_terms:
             return ORACLE_RELATIVE, gamma
-        if self.normalize:
-            return ORACLE_CONSTANT, 4.0 * gamma
         return ORACLE_NORMS, gamma
 
     def exact(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -903,9 +932,12 @@ def _cdist(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 METRICS: dict[str, Metric] = {
     "euclidean": Metric("euclidean", alpha=-2.0, uses_terms=True, centre_queries=True, centre_corpus=True),
     "sqeuclidean": Metric("sqeuclidean", alpha=-2.0, uses_terms=True, centre_queries=True, centre_corpus=True),
-    "cosine": Metric("cosine", alpha=-1.0, uses_terms=False, centre_queries=False, centre_corpus=False,
+    # Cosine and Pearson: the Euclidean screen of the unit vectors (½‖x̂ − ŷ‖² = 1 − cos), centred
+    # on their mean, so that data far from the origin (whose unit vectors all but coincide)
+    # screen as sharply as under the Euclidean metric.
+    "cosine": Metric("cosine", alpha=-2.0, uses_terms=True, centre_queries=True, centre_corpus=True,
                      normalize=True),
-    "pearson": Metric("pearson", alpha=-1.0, uses_terms=False, centre_queries=False, centre_corpus=False,
+    "pearson": Metric("pearson", alpha=-2.0, uses_terms=True, centre_queries=True, centre_corpus=True,
                       normalize=True, centre_rows=True),
     "inner_product": Metric("inner_product", alpha=-1.0, uses_terms=False, centre_queries=False,
                             centre_corpus=True),

@@ -94,7 +94,7 @@ def distributed_search(queries: InputArray, corpus: InputArray, k: int, metric: 
         # launches and, in the finite check, a synchronisation).
         read_rows = device_block_rows(shard, device, SHARD_READ_ROWS)
         centre = common_centre(((s0 + start, block) for start, block in shard.iter_blocks(read_rows)), n, d,
-                               corpus.name, metric.needs_centre(False), comm, device)
+                               corpus.name, metric, comm, device)
         pshard = None
         if shard.n:
             tiles = make_search_plan(n_queries=min(queries.n, QUERY_CHUNK), n_corpus=shard.n, d=d, k=ks,

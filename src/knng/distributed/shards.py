@@ -115,21 +115,26 @@ def merge_across_ranks(values: torch.Tensor, ids: torch.Tensor, k: int, rows: In
     return merge_exact(values, ids, k, rows, corpus, metric, device)
 
 
-def common_centre(blocks: Iterable[tuple[int, torch.Tensor]], n: int, d: int, name: str, need_mean: bool,
+def common_centre(blocks: Iterable[tuple[int, torch.Tensor]], n: int, d: int, name: str, metric: Metric,
                   comm: "Comm", device: torch.device) -> torch.Tensor | None:
-    """Finite check and the float64 mean of all ranks' rows together.
+    """Finite check and the float64 mean of all ranks' rows together, as ``metric`` centres them
+    (``Metric.needs_centre`` of a search; the mean of the unit vectors, ``Metric.unit_rows``,
+    for cosine and Pearson).
 
     ``blocks`` yields this rank's rows as (global index of the first row, rows). Every rank raises
     the same ``ValueError`` naming the first non-finite row of the whole input (an all-reduced
     minimum), so a bad value in one rank's rows stops every rank alike.
     """
+    need_mean = metric.needs_centre(False)
     total = torch.zeros(d, dtype=torch.float64, device=device)
     first_bad = n
     for start, block in blocks:
         block = block.to(device, non_blocking=True)
-        sums, bad = finite_column_sums(block, sums=need_mean)
+        sums, bad = finite_column_sums(block, sums=need_mean and not metric.normalize)
         if bad is not None:
             first_bad = min(first_bad, start + bad)
+        elif need_mean and metric.normalize:
+            sums = metric.unit_rows(block.to(torch.float64)).sum(dim=0)
         if sums is not None:
             total += sums
     bad = torch.tensor([float(first_bad)], dtype=torch.float64, device=device)

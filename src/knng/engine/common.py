@@ -348,9 +348,11 @@ def corpus_stats(corpus: InputArray, metric: Metric, device: torch.device, *, sy
     lattices = LatticeExtent.every(corpus.d, device) if integers and need_mean else []
     for start, block in corpus.iter_blocks(block_rows, read_ahead=READ_AHEAD, pin=device.type == "cuda"):
         block = block.to(device, non_blocking=True)
-        sums, bad = finite_column_sums(block, sums=need_mean)
+        sums, bad = finite_column_sums(block, sums=need_mean and not metric.normalize)
         if bad is not None:
             check_finite(block, corpus.name, start)  # raises, naming the first bad row
+        if need_mean and metric.normalize:  # the mean of the unit vectors
+            sums = metric.unit_rows(block.to(torch.float64)).sum(dim=0)
         if sums is not None:
             total += sums
         LatticeExtent.add_to(lattices, block)

@@ -60,7 +60,7 @@ def graph_in_bands(frames: GlobalFrames, plan: EnginePlan, metric: Metric, preci
     slot_norms = torch.zeros(2 * width, dtype=torch.float64, device=device)
     slot_terms = None if terms is None else torch.zeros_like(slot_norms)
     errors = PairErrors(metric=metric, d=d, precision=precision, row_norms=slot_norms, row_terms=slot_terms,
-                        row_offsets=torch.full_like(slot_norms, 1.0 if metric.normalize else 0.0),
+                        row_offsets=torch.zeros_like(slot_norms),
                         col_norms=norms, col_terms=terms,
                         centre_norm=0.0 if centre is None else float(torch.linalg.vector_norm(centre)))
 

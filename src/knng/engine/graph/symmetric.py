@@ -118,7 +118,7 @@ def exact_graph(
         stats = corpus_stats(data, metric, device, symmetric=True, block_rows=read_rows,
                              integers=(plan.precision.scaled or plan.precision.integers)
                              and metric.translation_invariant)
-        offsets = torch.full((n,), 1.0 if metric.normalize else 0.0, dtype=torch.float64, device=device)
+        offsets = torch.zeros(n, dtype=torch.float64, device=device)  # a graph's keys carry both terms
         # Data on a lattice (integers, grey levels / 255): exact products around lattice points
         # (CorpusStats.screen), the rows holding the values in the lattice's units.
         precision, centre, unit = stats.screen(plan.precision)
