@@ -25,7 +25,7 @@ from knng._inputs import InputArray, as_input, as_output
 from knng._options import get_options, options
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
-from knng.engine.checkpoint import DEFAULT_INTERVAL, Checkpoint, input_fingerprint
+from knng.engine.checkpoint import DEFAULT_INTERVAL, STATE_FORMAT, Checkpoint, input_fingerprint
 from knng.engine.common import integer_extent_of, place_input, resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
@@ -56,8 +56,8 @@ def _open_checkpoint(folder: Any, resume: Any, interval: Any, keep: Any, *, oper
         return None
     from knng._version import VERSION as __version__
 
-    fingerprint = {"knng": __version__, "operation": operation, "k": k, "metric": metric,
-                   "screen_precision": plan.screen_precision, "device": torch.device(plan.device).type,
+    fingerprint = {"knng": __version__, "state_format": STATE_FORMAT, "operation": operation, "k": k,
+                   "metric": metric, "screen_precision": plan.screen_precision, "device": torch.device(plan.device).type,
                    "inputs": {name: input_fingerprint(x) for name, x in inputs.items()}, **fields}
     return Checkpoint(WorkArea(folder), fingerprint, resume, float(interval))
 

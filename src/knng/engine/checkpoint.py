@@ -46,8 +46,13 @@ from knng.io.workarea import (
     CheckpointDamagedError, CheckpointError, CheckpointMismatchError, CheckpointWriteError, WorkArea, damaged_error,
 )
 
-__all__ = ["Checkpoint", "input_fingerprint", "checkpoint_bytes", "DEFAULT_INTERVAL", "FULL_HASH_BYTES",
+__all__ = ["STATE_FORMAT", "Checkpoint", "input_fingerprint", "checkpoint_bytes", "DEFAULT_INTERVAL", "FULL_HASH_BYTES",
            "useless_after"]
+
+#: What a saved store's keys mean, in the fingerprint beside the version: raised whenever a
+#: metric's keys change form, so that a checkpoint of the older form is refused, not misread.
+#: 2: cosine and Pearson keys are ‖x̂ − ŷ‖² of centred unit vectors (before: −x̂ᵀŷ).
+STATE_FORMAT = 2
 
 #: Seconds between checkpoints at least (a run shorter than this writes only its start).
 DEFAULT_INTERVAL = 60.0
