@@ -79,7 +79,8 @@ def test_graph_include_self_equals_search(metric, k, rng, seed, screen):
 # --------------------------------------------------------------------------------- budgets
 @pytest.mark.parametrize("metric,kind", [("euclidean", "memmap"), ("sqeuclidean", "numpy"), ("cosine", "numpy"),
                                          ("pearson", "memmap"), ("inner_product", "numpy")])
-def test_graph_identical_across_budgets_many_parts(metric, kind, rng, seed, as_kind, screen):
+def test_graph_identical_across_budgets_many_parts(metric, kind, rng, seed, as_kind, screen, set_options):
+    set_options(graph_method="symmetric")  # the blocks' pipeline (an inner product's graph goes by rows)
     n, k = 211, 10
     data = as_kind(random_values(rng, (n, 16), "float32") + 2.0, kind, "float32")
     outs, reports = [], []
@@ -171,6 +172,7 @@ def test_own_blocks_in_row_bands(bands, metric, rng, seed, set_options):
 
     set_options(symmetric_bands=bands)
     set_options(symmetric_min_rows=1)
+    set_options(graph_method="symmetric")  # own blocks (an inner product's graph goes by rows)
     x = (1e4 + rng.standard_normal((301, 6))).astype(np.float32)
     x[150:170] = x[:20]  # duplicates in other bands
     m = get_metric(metric)
