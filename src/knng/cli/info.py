@@ -24,16 +24,21 @@ def _make_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, de
     (a graph's with a look at a sample of ``data``, as ``knng.graph`` plans it), for a run that
     records checkpoints, as the command line's ``graph`` and ``search`` do (so never the direct
     path of small calls)."""
+    from knng.engine.common import integer_extent_of
     from knng.engine.graph import slab_gain_of
     from knng.engine.plan import (
         budget_source, host_budget_source, make_graph_plan, make_search_plan, resolve_host_budget,
     )
+    from knng.metrics import get_metric
 
     hosts = dict(source=budget_source(memory_budget, dev), host_budget=resolve_host_budget(host_memory),
                  host_source=host_budget_source(host_memory))
     if symmetric:
+        # What the run's planner knows of integer data (uint8 and int8 files by their type).
+        integers = None if data is None else integer_extent_of(data, get_metric(metric), dev)
         return make_graph_plan(n=n_corpus, d=d, k=k, metric=metric, device=dev, budget=budget, include_self=False,
-                               slab_gain=None if data is None else slab_gain_of(data, dev), recorded=True, **hosts)
+                               slab_gain=None if data is None else slab_gain_of(data, dev), recorded=True,
+                               integers=integers, **hosts)
     return make_search_plan(n_queries=n_queries, n_corpus=n_corpus, d=d, k=k, metric=metric, device=dev,
                             budget=budget, recorded=True, **hosts)
 
