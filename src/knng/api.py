@@ -231,7 +231,7 @@ def search(
         host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
         rows, budget = place_input(c, dev, budget, host_budget)  # rows: what the engine reads
         # A small call takes the direct path, which needs no folding (near-ties go to the pipeline).
-        direct = direct_applies(n_queries=q.n, n_corpus=rows.n, d=c.d, metric=m.name, device=dev, budget=budget,
+        direct = direct_applies(n_queries=q.n, n_corpus=rows.n, d=c.d, metric=m.name, device=dev, budget=budget, k=k,
                                 host_budget=host_budget, recorded=checkpoint is not None)
         groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)
         # Folded, the engine searches the groups' representatives (see knng.engine.duplicates).
@@ -364,7 +364,7 @@ def graph(
         budget = resolve_budget(memory_budget, dev)
         host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
         rows, budget = place_input(x, dev, budget, host_budget)  # rows: what the engine reads
-        direct = direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev, budget=budget,
+        direct = direct_applies(n_queries=x.n, n_corpus=x.n, d=x.d, metric=m.name, device=dev, budget=budget, k=k,
                                 host_budget=host_budget, graph=True, recorded=checkpoint is not None)
         integers = integer_extent_of(rows, m, dev)  # what the planner may know of integer data
         groups = None if direct else _duplicate_groups(rows, m, k, dev, host_memory_budget)

@@ -228,6 +228,13 @@ def test_the_planner_takes_the_direct_path_only_where_it_applies():
                                   budget=1 << 30)
     with knng.options(direct_max_scores=0):
         assert direct_applies(n_queries=100, n_corpus=10_000, d=16, metric="euclidean", device=gpu, budget=1 << 30)
+    # Where k·d outweighs the row length a GPU's pipeline screens in float64 and evaluates few
+    # pairs; the direct path would evaluate all its k + m candidates a row.
+    wide = dict(n_queries=16_384, n_corpus=16_384, d=4_096, metric="euclidean", device=gpu, budget=1 << 36, graph=True)
+    assert not direct_applies(k=1_024, **wide)
+    assert direct_applies(k=1, **wide)
+    small = {**wide, "n_queries": 2_000, "n_corpus": 2_000, "device": cpu}
+    assert direct_applies(k=1_024, **small)  # a CPU's direct path was measured without this rule
 
 
 def test_a_checkpointed_call_runs_the_pipeline(rng, tmp_path):
