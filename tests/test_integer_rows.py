@@ -218,11 +218,18 @@ def test_k_is_every_other_point(int8_screen, rng):
     _graph(x, 69)
 
 
-def test_exact_keys_need_no_evaluation(int8_screen, rng):
-    """Keys below 2²⁴ are the exact squared distances: the finish takes them as they are."""
+@pytest.mark.parametrize("held", [False, True])
+def test_exact_keys_need_no_evaluation(int8_screen, rng, set_options, held):
+    """Keys below 2²⁴ are the exact squared distances: the finish takes them as they are, in the
+    store's tables and from survivors held back (a GPU's way, here on the CPU)."""
+    if held:
+        set_options(hold_on=frozenset({"cpu"}))
     x = rng.integers(0, 256, (300, 16)).astype(np.uint8)  # distinct rows, no ties at the k-th
     report = _graph(x, 5)
     assert report.store.exact_evaluations == 0
+    assert bool(report.stages.get("store.finish_held")) == held
+    wide = (255 * rng.integers(0, 2, (300, 700))).astype(np.uint8)  # keys past 2²⁴: evaluated
+    assert _graph(wide, 5).store.exact_evaluations > 0
 
 
 def test_integers_beyond_int32_take_another_screen(int8_screen, rng):

@@ -705,8 +705,8 @@ class CandidateStore:
         offsets = self.errors.row_offsets[rows][:, None]
         # Keys that are their pair's exact score (integer rows) give the exact distance as the
         # float64 evaluation would: no evaluation, no interval.
-        known = (block.idx >= 0) & torch.isnan(block.dist) & self.errors.exact_keys(block.keys)
-        if self.errors.precision.integers and bool(known.any()):
+        if self.errors.precision.integers:
+            known = (block.idx >= 0) & torch.isnan(block.dist) & self.errors.exact_keys(block.keys)
             block = self._exact_block(rows, block, known,
                                       torch.where(known, metric.to_distance(block.keys + offsets), block.dist))
         lo, hi = self._bounds(block)

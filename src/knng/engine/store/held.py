@@ -287,7 +287,8 @@ class HoldingStore(CandidateStore):
         # The pairs are evaluated in the order the screen found them (a tile's pairs share their
         # vectors). Before, a stable sort by row and two gathers grouped them first (68M pairs in
         # an 8×8 patch graph at k = 100).
-        dist = self._held_distances(held, rows, cols) if p else torch.zeros(0, dtype=torch.float64, device=device)
+        dist = self._held_distances(held, rows, cols, per_row) if p else torch.zeros(0, dtype=torch.float64,
+                                                                                      device=device)
         options = get_options()
         padded = self.rebuild_entries if options.finish_padded_entries is None else options.finish_padded_entries
         if width * n <= max(padded, options.finish_padding * p):
@@ -310,28 +311,24 @@ class HoldingStore(CandidateStore):
         self._count_tile_tightenings()
         return idx, out
 
-
-    def _held_distances(self, held: list, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    def _held_distances(self, held: list, rows: torch.Tensor, cols: torch.Tensor, per_row: torch.Tensor
+                        ) -> torch.Tensor:
         """The exact distances of the held pairs (``rows``, ``cols``: the lists of ``held``
-        joined): each evaluated, except where its key is the exact score (integer rows,
+        joined; ``per_row``: how many each store row holds), counted as evaluations: each pair
+        evaluated, except where its key is the exact score (integer rows,
         ``PairErrors.exact_keys``), whose distance is that key's, as the evaluation would give it."""
-        evaluated = None
-        if self.errors.precision.integers:
-            keys = torch.cat([h[2] for h in held]) if len(held) > 1 else held[0][2]
-            known = self.errors.exact_keys(keys)
-            dist = self.errors.metric.to_distance(keys.to(torch.float64) + self.errors.row_offsets[rows])
-            evaluated = torch.nonzero(~known).flatten()
-            if evaluated.numel():
-                dist[evaluated] = self.evaluate(rows[evaluated], cols[evaluated])
-        else:
-            dist = self.evaluate(rows, cols)
-        per_row = self._per_row(rows if evaluated is None else rows[evaluated])
-        self.stats.exact_evaluations += int(rows.numel() if evaluated is None else evaluated.numel())
-        self._evaluations += per_row
+        if not self.errors.precision.integers:
+            self.stats.exact_evaluations += rows.numel()
+            self._evaluations += per_row
+            return self.evaluate(rows, cols)
+        keys = torch.cat([h[2] for h in held]) if len(held) > 1 else held[0][2]
+        dist = self.errors.metric.to_distance(keys.to(torch.float64) + self.errors.row_offsets[rows])
+        evaluated = torch.nonzero(~self.errors.exact_keys(keys)).flatten()
+        self.stats.exact_evaluations += evaluated.numel()
+        if evaluated.numel():
+            dist[evaluated] = self.evaluate(rows[evaluated], cols[evaluated])
+            self._evaluations.index_add_(0, rows[evaluated], torch.ones_like(evaluated))
         return dist
-
-    def _per_row(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(self.n, dtype=torch.int64, device=self.device).index_add_(0, rows, torch.ones_like(rows))
 
 
 def candidate_store(n: int, k: int, capacity: int, errors: PairErrors, evaluate: Evaluator, device: torch.device,
