@@ -226,7 +226,9 @@ BOUND_CASES = [("gauss", 16), ("gauss", 1024), ("offset", 64), ("offset", 4096),
 def _prepared_pair(metric, q, c, *, symmetric, centred, dtype):
     mt = KNNG_METRICS[metric]
     qt, ct = torch.from_numpy(q), torch.from_numpy(c)
-    centre = ct.mean(0) if centred and mt.needs_centre(symmetric) else None
+    # The engine's centre: the mean of the rows as the metric compares them (cosine's and
+    # Pearson's unit vectors).
+    centre = mt.unit_rows(ct).mean(0) if centred and mt.needs_centre(symmetric) else None
     if symmetric:
         pq = mt.prepare(qt, centre, side="corpus", symmetric=True, dtype=dtype)
         pc = mt.prepare(ct, centre, side="corpus", symmetric=True, dtype=dtype)
@@ -370,6 +372,7 @@ def test_tiny_capacity_forces_tightening_and_overflow(metric, rng, seed, set_opt
     # tightens many times, and duplicated points overflow into exact evaluation.
 
     set_options(store_extra=0)
+    set_options(graph_method="symmetric")  # the blocks' stores (an inner product's graph goes by rows)
     x = rng.integers(0, 4, size=(700, 6)).astype(np.float32)  # integer data: dense exact ties
     x[600:] = x[:100]  # and duplicates
     for k in (1, 5, 40):
