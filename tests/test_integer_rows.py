@@ -311,9 +311,31 @@ def test_integer_rows_have_limits():
     assert not IntegerExtent.of(torch.tensor([3.0, 4.0])).fit_integer_rows(2)  # magnitude unknown
 
 
-def test_only_a_gpu_looks_for_integer_rows(rng):
-    x = as_input(rng.integers(0, 256, (30, 4)).astype(np.uint8), "data")
-    assert integer_extent_of(x, get_metric("euclidean"), torch.device("cpu")) is None
+def test_the_look_before_planning(rng):
+    """uint8 data by their type; integer-valued floats by a look; other floats after a probe of
+    their first rows; nothing for a metric that is not translation-invariant."""
+    cpu, euclidean = torch.device("cpu"), get_metric("euclidean")
+    x = rng.integers(0, 256, (3000, 4)).astype(np.uint8)
+    assert integer_extent_of(as_input(x, "data"), euclidean, cpu) == IntegerExtent.of_dtype(4, torch.uint8)
+    found = integer_extent_of(as_input(x.astype(np.float32) - 300, "data"), euclidean, cpu)
+    assert found is not None and found.largest <= 255 and found.magnitude == 300
+    late = x.astype(np.float64)
+    late[2500, 1] += 0.5  # past the probe's rows: the whole look finds it
+    assert integer_extent_of(as_input(late, "data"), euclidean, cpu) is None
+    assert integer_extent_of(as_input(x + 0.25, "data"), euclidean, cpu) is None
+    assert integer_extent_of(as_input(x, "data"), get_metric("cosine"), cpu) is None
+    queries = np.full((5, 4), 255.0, dtype=np.float32)
+    queries[0] = -1.0  # a query past 255 from the corpus's values
+    both = integer_extent_of(as_input(x.astype(np.float32), "data"), euclidean, cpu, also=as_input(queries, "queries"))
+    assert both is not None and both.largest == 256 and not both.fit_integer_rows(4)
+
+
+def test_a_cpu_takes_integer_rows_from_d_128():
+    cpu = torch.device("cpu")
+    for d, expect in [(64, False), (127, False), (128, True), (576, True)]:
+        plan = make_graph_plan(n=20_000, d=d, k=10, metric="euclidean", device=cpu, budget=2**30, include_self=False,
+                               integers=U8(d, torch.uint8))
+        assert (plan.screen_precision == "int8") == expect, (d, plan.screen_precision)
 
 
 def test_graphs_through_the_kernel(kernel_device, set_options, rng):

@@ -294,8 +294,8 @@ class CorpusStats:
         return integer_centre(self.centre, self.integer_low, self.integer_low + self.integer_spread)
 
 
-#: Host rows (a search's queries) that :func:`integer_extent_of` looks at, at most: copied to the
-#: GPU and read there (larger host data keep the planner's other choices).
+#: Host rows that :func:`integer_extent_of` looks at, at most, for a GPU (copied there and read) or
+#: a CPU (larger host data keep the planner's other choices).
 INTEGER_LOOK_HOST_BYTES = 64 * 2**20
 
 
@@ -305,12 +305,13 @@ def integer_extent_of(data: InputArray, metric: Metric, device: torch.device,
     with them) as integers under ``metric`` on ``device`` (:class:`knng.metrics.IntegerExtent`),
     found cheaply and certainly before planning: uint8 and int8 data are bounded by their type,
     without a look; data of other types are looked at in one read where they already lie on the
-    GPU or are small host arrays (:data:`INTEGER_LOOK_HOST_BYTES`): every value an integer, and
-    each column's extent; other data (from a file, large host arrays) are not (None: the screen
-    keeps the planner's other choices). Only a GPU's planner uses integer rows, so elsewhere
-    this is None without a look, as it is for metrics that are not translation-invariant."""
+    GPU or are small host arrays (:data:`INTEGER_LOOK_HOST_BYTES`), after a probe of their first
+    rows: every value an integer, and each column's extent; other data (from a file, large host
+    arrays) are not (None: the screen
+    keeps the planner's other choices). None without a look for metrics that are not
+    translation-invariant and on devices that are neither a GPU nor a CPU."""
     arrays = [data] if also is None else [data, also]
-    if device.type != "cuda" or not metric.translation_invariant or not 0 < data.d <= INTEGER_MAX_D:
+    if device.type not in ("cuda", "cpu") or not metric.translation_invariant or not 0 < data.d <= INTEGER_MAX_D:
         return None
     if len({a.dtype for a in arrays}) == 1:
         bound = IntegerExtent.of_dtype(data.d, data.dtype)

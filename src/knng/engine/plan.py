@@ -479,6 +479,16 @@ FLOAT16_GRAPH_MIN_D = 32
 CPU_FLOAT64_ROWS_PER_K = 100
 
 
+#: Smallest d from which a CPU screens integer data as integer rows (oneDNN's int8 products, exact
+#: keys, no evaluation). 2-core CPU (AMX), 2026-11-30, graphs at k = 10 of uint8 patches of the
+#: pictures (15,000 rows) and Gaussian values rounded to uint8, float32 screen against int8:
+#: d = 64 0.35 / 0.42 s, 144 0.50 / 0.50, 128 (Gaussian) 0.59 / 0.46, 256 0.81 / 0.55, 512
+#: (Gaussian) 0.57 / 0.20, 576 2.06 / 0.62, photon images (3,000 × 15,876) 5.13 / 3.78; searches
+#: of 1,000 queries in 60,000 patches: d = 64 0.163 / 0.193 s, 128 0.184 / 0.150, 256 0.364 /
+#: 0.283, 576 0.938 / 0.538.
+CPU_INTEGER_MIN_D = 128
+
+
 def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int, operation: str = "search",
                             capabilities: DeviceCapabilities | None = None,
                             integers: IntegerExtent | None = None) -> str:
@@ -494,7 +504,7 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
     patches at k = 10 / 100, exact float16 163 / 291 and 70 / 131 ms against int8 897 / 1,778
     and 269 / 432; 24×24 (d = 576) 208 / 250 against int8 112 / 198; 32×32 114 / 180 against 76
     / 110; 48×48 39 / 80 against 38 / 44; 300k photon-count images (d = 15,876) at k = 100,
-    float64 28.2 s against int8 3.2 s.
+    float64 28.2 s against int8 3.2 s. On a CPU, ``int8`` from d = :data:`CPU_INTEGER_MIN_D`.
 
     On a GPU where the fused kernel runs, scaled float16 for a search from d ≥
     :data:`FLOAT16_SEARCH_MIN_D`, at any k. Otherwise float64 on GPUs whose float64 products run
@@ -536,6 +546,8 @@ def choose_screen_precision(device: torch.device, n_corpus: int, d: int, k: int,
         if operation == "graph" and k <= FLOAT16_GRAPH_MAX_K and d >= FLOAT16_GRAPH_MIN_D and triton_runs(caps):
             return "float16"
         return "float32"
+    if integers is not None and integers.fit_integer_rows(d) and d >= CPU_INTEGER_MIN_D:
+        return "int8"
     return "float64" if CPU_FLOAT64_ROWS_PER_K * k >= n_corpus else "float32"
 
 
@@ -806,7 +818,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
                 source=source, screen_dtype=screen_dtype, host_source=host_source,
                 capabilities=capabilities, integers=integers if get_metric(metric).translation_invariant else None)
     plan = _search_plan(host_budget=host_budget, **same)
-    if not plan.precision.integers and direct_applies(n_queries=n_queries, n_corpus=n_corpus, d=d, metric=metric,
+    if (not plan.precision.integers or device.type == "cpu") and direct_applies(n_queries=n_queries, n_corpus=n_corpus, d=d, metric=metric,
                                                       device=device, budget=budget, k=k,
                       host_budget=host_budget, screen_dtype=screen_dtype, recorded=recorded):
         plan = replace(plan, direct=True)
@@ -975,7 +987,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
     index, count = _checked_share(share)
     integer_rows = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=capabilities,
                                      integers=same["integers"]) == "int8"
-    direct = count == 1 and not integer_rows and direct_applies(n_queries=n, n_corpus=n, d=d, metric=metric,
+    # A GPU's integer rows beat its direct path; a CPU's small calls keep theirs.
+    direct = count == 1 and (not integer_rows or device.type == "cpu") and direct_applies(n_queries=n, n_corpus=n, d=d, metric=metric,
                                                                 device=device, budget=budget, k=k,
                                            host_budget=host_budget, graph=True, screen_dtype=screen_dtype,
                                            part_size=part_size, method=method,
