@@ -48,6 +48,11 @@ def make_data(name: str, seed: int, tmp: Path | None = None) -> Any:
         levels = rng.integers(0, 256, size=(500, 16))
         levels[:40] = levels[:40, :1]  # flat patches of one level each
         return (levels / 255).astype(np.float32)
+    if name == "pixels":  # uint8 rows of d = 128: the planner screens them as integer rows (int8)
+        x = rng.integers(0, 256, size=(400, 128)).astype(np.uint8)
+        x[50:80] = x[3]  # duplicates
+        x[100:140] = 17  # flat rows
+        return x
     if name == "identical":
         return np.tile(rng.standard_normal((1, 7)), (50, 1)).astype(np.float32)
     if name == "wide":
@@ -96,6 +101,8 @@ CASES: dict[str, dict[str, Any]] = {
     # Grey levels / 255 under the scaled float16 screen: exact products around a lattice point.
     "graph-lattice": {**_graph_case("grey", 8, "euclidean"), "precision": "float16"},
     "graph-lattice-sq": {**_graph_case("grey", 30, "sqeuclidean", memory_budget="64KB"), "precision": "float16"},
+    # uint8 data of d = 128: integer rows, chosen by rank 0's planner (on a CPU from d = 128).
+    "graph-integer-rows": _graph_case("pixels", 10, "euclidean", memory_budget="64KB"),
     "search-flat": {"kind": "search", "k": 15, "metric": "euclidean", "data": "search-flat"},
     "search-flat-memmap": {"kind": "search", "k": 100, "metric": "cosine", "data": "search-flat", "input": "memmap"},
     "graph-tiny-budget": _graph_case("normal", 5, "euclidean", memory_budget="16KB"),

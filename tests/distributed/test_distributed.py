@@ -200,6 +200,17 @@ def test_a_lattice_is_screened_with_exact_products_on_every_rank(battery, world,
         assert results[name]["exact_products"], (r, results[name]["precision"])
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_integer_rows_on_every_rank(battery, world):
+    """uint8 data are screened as integer rows on every rank, the plan rank 0 made knowing their
+    type (answers: see test_identical_to_one_process)."""
+    seed, ranks, _ = battery[world]
+    for r, results in enumerate(ranks):
+        got = results["graph-integer-rows"]
+        assert "error" not in got, f"seed={seed} rank {r}: {got.get('error')}"
+        assert got["precision"] == "int8", (r, got["precision"])
+
+
 FOLDED = ["graph-flat", "graph-flat-self", "graph-flat-cosine", "graph-flat-memmap", "graph-one-group",
           "search-flat", "search-flat-memmap"]
 
