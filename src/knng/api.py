@@ -57,7 +57,8 @@ def _open_checkpoint(folder: Any, resume: Any, interval: Any, keep: Any, *, oper
     from knng._version import VERSION as __version__
 
     fingerprint = {"knng": __version__, "state_format": STATE_FORMAT, "operation": operation, "k": k,
-                   "metric": metric, "screen_precision": plan.screen_precision, "device": torch.device(plan.device).type,
+                   "metric": metric, "screen_precision": plan.screen_precision,
+                   "device": torch.device(plan.device).type,
                    "inputs": {name: input_fingerprint(x) for name, x in inputs.items()}, **fields}
     return Checkpoint(WorkArea(folder), fingerprint, resume, float(interval))
 

@@ -33,8 +33,9 @@ __all__ = ["Metric", "get_metric", "METRICS", "UNIT_ROUNDOFF_FP32", "ScreenPreci
            "digit_alphas", "digit_row_factors", "SCALED_TAIL", "SCALED_TOP", "scaled_width", "scaled_scales",
            "scaled_alphas", "scaled_row_factors", "scaled_row_scales", "TINY", "ORACLE_RELATIVE", "ORACLE_CONSTANT",
            "ORACLE_NORMS", "FLOAT16_EXACT_INTEGER", "EXACT_SUM_LIMIT", "with_exact_products", "lattice_point",
-           "INTEGER_LOW", "INTEGER_HIGH", "INTEGER_MAX_D", "INTEGER_MAGNITUDE", "INTEGER_TAIL", "integer_width", "integer_blocks",
-           "integer_terms", "integer_rows_fit", "integer_centre", "IntegerExtent"]
+           "INTEGER_LOW", "INTEGER_HIGH", "INTEGER_MAX_D", "INTEGER_MAGNITUDE", "INTEGER_TAIL", "integer_width",
+           "integer_blocks", "integer_terms", "integer_rows_fit", "integer_centre", "IntegerExtent",
+           "INTEGER_RANGE_MESSAGE", "integer_prepared"]
 
 #: Unit roundoff of IEEE float32 (round to nearest).
 UNIT_ROUNDOFF_FP32 = 2.0**-24
@@ -237,6 +238,24 @@ class IntegerExtent:
         """Whether scaled float16 rows hold the centred values and their products' sums exactly
         (:func:`with_exact_products`): every extent at most 2,048, the squared extents below 2²⁴."""
         return self.largest <= FLOAT16_EXACT_INTEGER and self.squares < EXACT_SUM_LIMIT
+
+
+#: The error of values that integer rows cannot hold (screen_dtype='int8' forced on other data).
+INTEGER_RANGE_MESSAGE = ("integer rows need every centred value in [-128, 127]: these data are not integers whose "
+                         "every column spans at most 255 (screen_dtype='int8')")
+
+
+def integer_prepared(out: torch.Tensor, squares: torch.Tensor, side: str) -> Prepared:
+    """Prepared integer rows from their value blocks ``out`` (int8, zero-padded, tail not yet
+    written) and each row's squared norm ``squares`` (int32): the norm goes into the tail, and
+    the float64 norms and terms (exact) and a query side's zero offsets (the key is the whole
+    squared distance) come with them. Every preparation of integer rows ends here."""
+    w = integer_blocks(out)
+    out[:, w:].zero_()
+    out[:, w:w + 4].view(torch.int32)[:, 0] = squares
+    terms = squares.to(torch.float64)
+    offsets = torch.zeros(out.shape[0], dtype=torch.float64, device=out.device) if side == "query" else None
+    return Prepared(vectors=out, norms=torch.sqrt(terms), terms=terms, offsets=offsets)
 
 
 def integer_rows_fit(d: int, spread: "torch.Tensor | None", low: "torch.Tensor | None") -> bool:
@@ -653,8 +672,8 @@ class Metric:
 
         The key is the squared distance itself on both sides (the row term ‖a‖² in the kernel's
         int32 sum), so a search's rows carry their term and no offset."""
-        if not (self.translation_invariant and self.shifts(side, symmetric)) or centre is None:
-            raise ValueError(f"integer rows need a translation-invariant metric and a centre ({self.name})")
+        self.check_integer_rows(side, symmetric, centre)
+        assert centre is not None
         m, d = x.shape
         # int32 holds every value: the data are integers within 255 of the centre (or refused).
         values = x.to(torch.int32)
@@ -662,18 +681,17 @@ class Metric:
         if m and d:
             low, high = torch.aminmax(values)
             if int(low) < INTEGER_LOW or int(high) > INTEGER_HIGH:
-                raise ValueError("integer rows need every centred value in [-128, 127]: these data are not "
-                                 "integers whose every column spans at most 255 (screen_dtype='int8')")
-        squares = values.to(torch.int64).square_().sum(dim=1)  # exact: below d·2¹⁴
+                raise ValueError(INTEGER_RANGE_MESSAGE)
+        squares = values.to(torch.int64).square_().sum(dim=1).to(torch.int32)  # exact: below d·2¹⁴
         out = torch.zeros((m, integer_width(d) + INTEGER_TAIL), dtype=torch.int8, device=x.device)
         out[:, :d] = values
-        del values
-        w = integer_width(d)
-        out[:, w:w + 4].view(torch.int32)[:, 0] = squares.to(torch.int32)
-        terms = squares.to(torch.float64)  # exact
-        norms = torch.sqrt(terms)
-        offsets = torch.zeros(m, dtype=torch.float64, device=x.device) if side == "query" else None
-        return Prepared(vectors=out, norms=norms, terms=terms, offsets=offsets)
+        return integer_prepared(out, squares, side)
+
+    def check_integer_rows(self, side: str, symmetric: bool, centre: torch.Tensor | None) -> None:
+        """Refuse integer rows (:attr:`integers`) for a metric that does not shift ``side`` by a
+        common centre, or without one: their key is a squared distance around an integer point."""
+        if not (self.translation_invariant and self.shifts(side, symmetric)) or centre is None:
+            raise ValueError(f"integer rows need a translation-invariant metric and a centre ({self.name})")
 
     def unit_rows(self, x64: torch.Tensor) -> torch.Tensor:
         """float64 rows as the metric compares them before any shift: each vector centred on its

@@ -276,7 +276,6 @@ class CorpusStats:
         # value stays within its column's extent (c·m is exact in float64: 24 + 11 bits).
         return exact, lattice_point(self.centre, self.lattice), self.lattice
 
-
     @property
     def integers(self) -> bool:
         """Whether the corpus fits integer rows (precision ``int8``): every value an integer,
@@ -307,9 +306,9 @@ def integer_extent_of(data: InputArray, metric: Metric, device: torch.device,
     without a look; data of other types are looked at in one read where they already lie on the
     GPU or are small host arrays (:data:`INTEGER_LOOK_HOST_BYTES`), after a probe of their first
     rows: every value an integer, and each column's extent; other data (from a file, large host
-    arrays) are not (None: the screen
-    keeps the planner's other choices). None without a look for metrics that are not
-    translation-invariant and on devices that are neither a GPU nor a CPU."""
+    arrays) are not (None: the screen keeps the planner's other choices). None without a look
+    for metrics that are not translation-invariant and on devices that are neither a GPU nor a
+    CPU."""
     arrays = [data] if also is None else [data, also]
     if device.type not in ("cuda", "cpu") or not metric.translation_invariant or not 0 < data.d <= INTEGER_MAX_D:
         return None

@@ -26,8 +26,8 @@ from knng._options import kernel_forced
 from knng.engine import stages
 from knng.engine.kernels.capabilities import block_width, ieee_options, interpreting, triton_runs
 from knng.metrics import (
-    INTEGER_TAIL, SCALED_TAIL, Metric, Prepared, integer_width, scaled_alphas, scaled_row_scales, scaled_scales,
-    scaled_width,
+    INTEGER_RANGE_MESSAGE, INTEGER_TAIL, SCALED_TAIL, Metric, Prepared, integer_prepared, integer_width,
+    scaled_alphas, scaled_row_scales, scaled_scales, scaled_width,
 )
 
 __all__ = ["preparation_runs", "column_sums", "finite_column_sums", "lattice_extent", "prepare_rows"]
@@ -192,8 +192,8 @@ def _integer_rows(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, 
     to int32, shifts, checks and squares in int64 in half a dozen passes (300k × 15,876 photon
     images: about 150 ms of an H200's time)."""
     stages.count("prepare.integer_kernel")
-    if not (metric.translation_invariant and metric.shifts(side, symmetric)) or centre is None:
-        raise ValueError(f"integer rows need a translation-invariant metric and a centre ({metric.name})")
+    metric.check_integer_rows(side, symmetric, centre)
+    assert centre is not None
     sizes = _sizes()
     x = x if x.stride(1) == 1 else x.contiguous()
     m, d = x.shape
@@ -208,10 +208,5 @@ def _integer_rows(metric: Metric, x: torch.Tensor, centre: torch.Tensor | None, 
             x, c, out, squares, bad, m, d, width, x.stride(0), out.stride(0), BLOCK_R=sizes["ROW_BLOCK"],
             BLOCK_D=sizes["COLUMN_BLOCK"])
         if int(bad):
-            raise ValueError("integer rows need every centred value in [-128, 127]: these data are not "
-                             "integers whose every column spans at most 255 (screen_dtype='int8')")
-    out[:, width:].zero_()
-    out[:, width:width + 4].view(torch.int32)[:, 0] = squares
-    terms = squares.to(torch.float64)
-    offsets = torch.zeros(m, dtype=torch.float64, device=x.device) if side == "query" else None
-    return Prepared(vectors=out, norms=torch.sqrt(terms), terms=terms, offsets=offsets)
+            raise ValueError(INTEGER_RANGE_MESSAGE)
+    return integer_prepared(out, squares, side)
