@@ -738,8 +738,7 @@ DIRECT_INPUT_SHARE = 4
 def direct_applies(*, n_queries: int, n_corpus: int, d: int, metric: str, device: torch.device, budget: int,
                    host_budget: int | None = None, graph: bool = False,
                    screen_dtype: "torch.dtype | str | None" = None, part_size: int | None = None,
-                   method: str | None = None, recorded: bool = False, k: int = 1,
-                   integer_rows: bool = False) -> bool:
+                   method: str | None = None, recorded: bool = False, k: int = 1) -> bool:
     """Whether a call runs the direct path (:attr:`EnginePlan.direct`): at most
     ``Options.direct_max_scores`` scores on a CPU, ``direct_max_scores_gpu`` on a GPU (a ``graph``: n²), a
     metric of :data:`DIRECT_METRICS`, the corpus within a :data:`DIRECT_INPUT_SHARE`-th of the
@@ -752,16 +751,15 @@ def direct_applies(*, n_queries: int, n_corpus: int, d: int, metric: str, device
     2·n_corpus: there the pipeline screens in float64 (:func:`choose_screen_precision`), which
     pins most distances by itself, while the direct path evaluates every one of its k + m
     candidates a row from the inputs (the 16,384 × 4,096 graph at k = 1,024, H200: 143–148 ms by
-    the direct path on 2026-11-30 against 46–48 by the pipeline on 2026-11-29), nor where a GPU
-    screens integer rows (``integer_rows``: the plan's precision is ``int8``), which beat it; a
-    CPU's small calls keep it. The API asks it before folding duplicates, which a direct call
-    skips."""
+    the direct path on 2026-11-30 against 46–48 by the pipeline on 2026-11-29). Integer data take
+    it as any data (the same rule; the API asks it before it looks for integer data). The API
+    asks it before folding duplicates, which a direct call skips."""
     options = get_options()
     steered = screen_dtype is not None or options.screen_precision is not None or \
         (graph and (part_size is not None or method is not None or options.graph_method is not None))
     if steered or recorded or metric not in DIRECT_METRICS:
         return False
-    if device.type == "cuda" and (integer_rows or k * d >= 2 * n_corpus):
+    if device.type == "cuda" and k * d >= 2 * n_corpus:
         return False
     most = options.direct_max_scores if device.type == "cpu" else options.direct_max_scores_gpu
     host = int((resolve_host_budget(None) if host_budget is None else host_budget) * HOST_PLAN_SHARE)
@@ -822,7 +820,7 @@ def make_search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: s
                 capabilities=capabilities, integers=integers if get_metric(metric).translation_invariant else None)
     plan = _search_plan(host_budget=host_budget, **same)
     if direct_applies(n_queries=n_queries, n_corpus=n_corpus, d=d, metric=metric, device=device, budget=budget,
-                      k=k, integer_rows=plan.precision.integers, host_budget=host_budget,
+                      k=k, host_budget=host_budget,
                       screen_dtype=screen_dtype, recorded=recorded):
         plan = replace(plan, direct=True)
     if host_budget is None:  # the default: nothing to compare with
@@ -988,10 +986,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                 capabilities=capabilities,
                 integers=integers if get_metric(metric).translation_invariant else None)
     index, count = _checked_share(share)
-    integer_rows = resolve_precision(screen_dtype, device, n, d, k, operation="graph", capabilities=capabilities,
-                                     integers=same["integers"]) == "int8"
     direct = count == 1 and direct_applies(n_queries=n, n_corpus=n, d=d, metric=metric, device=device, budget=budget,
-                                           k=k, integer_rows=integer_rows, host_budget=host_budget, graph=True,
+                                           k=k, host_budget=host_budget, graph=True,
                                            screen_dtype=screen_dtype, part_size=part_size, method=method,
                                            recorded=recorded)
     # A direct graph's blocks never run: it takes no look at the data for principal frames.
