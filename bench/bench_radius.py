@@ -2,8 +2,10 @@
 
 On a CPU the peers are scikit-learn (``NearestNeighbors(algorithm="brute").radius_neighbors``)
 and faiss-cpu (``IndexFlatL2.range_search``, whose test is strict: ``<``), on a GPU torch's
-float32 expansion, a matrix product and a compare by blocks of queries (inexact); torch on a CPU
-on request (``--peers``). The radius of each data set is the median distance of its queries'
+float32 expansion, a matrix product and a compare by blocks of queries (inexact), and FAISS's
+GPU emulation ``faiss.contrib.exhaustive_search.range_search_gpu`` (``faiss-gpu``: a GPU k-NN
+search with k four times the typical neighbour count, rows it cannot settle by FAISS's CPU
+range search; FAISS has no GPU range search); torch on a CPU on request (``--peers``). The radius of each data set is the median distance of its queries'
 ``--neighbours``-th nearest corpus vector (``knng.search`` of 256 of them), so that a query has
 about that many neighbours.
 
@@ -17,6 +19,7 @@ Usage (repository root)::
     PYTHONPATH=src:tests python bench/bench_radius.py --device cpu --corpus 100000 --d 64 --queries 1000
     PYTHONPATH=src:tests python bench/bench_radius.py --device cpu --sets descriptors,points --queries 500
     PYTHONPATH=src:tests python bench/bench_radius.py --device cuda --corpus 1000000 --d 128 --queries 10000
+    PYTHONPATH=src:tests python bench/bench_radius.py --device cuda --peers torch,faiss-gpu --sets gauss,patches8
     PYTHONPATH=src:tests python bench/bench_radius.py --quick
 """
 
@@ -50,8 +53,11 @@ def pair_set(indptr: np.ndarray, indices: np.ndarray) -> set[tuple[int, int]]:
 
 
 def peer_calls(names: list[str], device: torch.device, queries: torch.Tensor, corpus: torch.Tensor,
-               radius: float) -> tuple[dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]], list[str]]:
-    """Each available peer's radius query as a call returning CSR ``(indptr, indices)``."""
+               radius: float, gpu_k: int = 1024
+               ) -> tuple[dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]], list[str]]:
+    """Each available peer's radius query as a call returning CSR ``(indptr, indices)``; ``gpu_k``:
+    the k of FAISS's GPU emulation (rows whose k-th neighbour is within the radius go to its CPU
+    range search)."""
     calls: dict[str, Callable[[], tuple[np.ndarray, np.ndarray]]] = {}
     notes = []
     q_np, c_np = queries.cpu().numpy(), corpus.cpu().numpy()
@@ -82,6 +88,25 @@ def peer_calls(names: list[str], device: torch.device, queries: torch.Tensor, co
             calls["faiss"] = faiss_call
         except ImportError:
             notes.append("faiss not importable")
+    if "faiss-gpu" in names:
+        try:
+            import faiss
+            from faiss.contrib.exhaustive_search import range_search_gpu
+
+            resources = faiss.StandardGpuResources()
+            on_gpu = faiss.GpuIndexFlatL2(resources, c_np.shape[1])
+            on_gpu.add(np.ascontiguousarray(c_np))
+            on_host = faiss.IndexFlatL2(c_np.shape[1])
+            on_host.add(np.ascontiguousarray(c_np))
+
+            def faiss_gpu_call() -> tuple[np.ndarray, np.ndarray]:
+                lims, _, ids = range_search_gpu(np.ascontiguousarray(q_np), radius * radius, on_gpu, on_host,
+                                                gpu_k=gpu_k)
+                return lims.astype(np.int64), ids.astype(np.int64)
+
+            calls["faiss-gpu"] = faiss_gpu_call
+        except (ImportError, AttributeError) as exc:
+            notes.append(f"faiss-gpu not usable: {exc}")
     if "torch" in names:
         squares = (corpus * corpus).sum(1)
 
@@ -126,7 +151,9 @@ def run_set(name: str, corpus: torch.Tensor, queries: torch.Tensor, args: argpar
         "radius": radius, "pairs": len(truth), "knng": {"median_ms": statistics.median(timing.times) * 1e3,
                                                        "min_ms": min(timing.times) * 1e3, "exact": exact,
                                                        "stages": found.report.stages}}
-    calls, notes = peer_calls(peers, device, queries, corpus, radius)
+    # FAISS's k-NN emulation needs k above a row's neighbours: four times the typical count, a power of 2.
+    gpu_k = min(2048, 1 << max(5, (4 * args.neighbours - 1).bit_length()))
+    calls, notes = peer_calls(peers, device, queries, corpus, radius, gpu_k)
     for peer, call in calls.items():
         t = harness.time_call(call, device=device, warmup=warmup, repeats=repeats)
         got = pair_set(*t.result)

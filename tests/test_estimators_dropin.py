@@ -498,12 +498,14 @@ def test_radius_neighbors_precomputed_and_errors(rng):
     with pytest.raises(ValueError, match="return_distance must be True"):
         pre.radius_neighbors(return_distance=False, sort_results=True)
     with pytest.raises(ValueError, match="radius queries serve"):
-        NearestNeighbors(metric="correlation", device="cpu").fit(X).radius_neighbors(X[:3])
-    cos = NearestNeighbors(radius=0.1, metric="cosine", device="cpu").fit(X).radius_neighbors(X[:10], sort_results=True)
-    ref = skn.NearestNeighbors(radius=0.1, metric="cosine", algorithm="brute").fit(X).radius_neighbors(
-        X[:10], sort_results=True)
-    # scikit-learn's 1 − cos and knng's ½‖x̂ − ŷ‖² agree to float64's rounding, absolutely.
-    _rows_equal(cos[1], ref[1], cos[0], [d for d in ref[0]], atol=1e-13)
+        NearestNeighbors(metric="inner_product", device="cpu").fit(X).radius_neighbors(X[:3])
+    for metric in ("cosine", "correlation"):
+        ours = NearestNeighbors(radius=0.1, metric=metric, device="cpu").fit(X).radius_neighbors(
+            X[:10], sort_results=True)
+        ref = skn.NearestNeighbors(radius=0.1, metric=metric, algorithm="brute").fit(X).radius_neighbors(
+            X[:10], sort_results=True)
+        # scikit-learn's 1 − cos and knng's ½‖x̂ − ŷ‖² agree to float64's rounding, absolutely.
+        _rows_equal(ours[1], ref[1], ours[0], [d for d in ref[0]], atol=1e-13)
     with pytest.raises(InvalidParameterError):
         NearestNeighbors(radius=-1.0).fit(X)
 

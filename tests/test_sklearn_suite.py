@@ -38,8 +38,6 @@ KNOWN_DIFFERENCES: tuple[tuple[str, str, str], ...] = (
      "accepted where scikit-learn refuses them"),
     ("metric_params_interface", r"DID NOT WARN",
      "metric_params={'p': 3}: knng refuses p ≠ 2 before scikit-learn's warning would be due"),
-    ("", r"radius queries serve the metrics",
-     "radius queries under correlation (Pearson) are not offered yet"),
     ("auto_algorithm", r"assert 'brute' == ",
      "algorithm='auto' records 'brute' (_fit_method): knng runs its brute force whatever the algorithm"),
 )

@@ -445,8 +445,9 @@ def radius(
     radius : float or array-like of shape (n_queries,)
         The radius, in the metric's units (a squared distance for ``"sqeuclidean"``), one for
         every query or one each; at least 0 (``inf``: every corpus vector).
-    metric : {"euclidean", "sqeuclidean", "cosine"}
-        The distance (the expansion's rounding bound serves these; cosine's on unit vectors).
+    metric : {"euclidean", "sqeuclidean", "cosine", "pearson"}
+        The distance (the expansion's rounding bound serves these; cosine's and Pearson's on
+        unit vectors, Pearson's centred on each vector's own mean first).
     device, memory_budget
         As in :func:`search`. The pairs found are held on the device until the end, in a quarter
         of the budget.

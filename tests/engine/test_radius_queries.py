@@ -35,7 +35,7 @@ def _data(rng: np.random.Generator, name: str, n: int, d: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["gauss", "duplicates", "offset", "flat"])
-@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine"])
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "pearson"])
 def test_radius_is_exact(rng, seed, name, metric, device):
     c = _data(rng, name, 900, 7)
     q = np.concatenate([_data(rng, name, 30, 7), c[:6]])  # some queries are corpus points
@@ -43,6 +43,10 @@ def test_radius_is_exact(rng, seed, name, metric, device):
         c[11] = 0.0
         c[40:50] = c[7] * 3.0
         q[2] = 0.0
+    elif metric == "pearson":  # constant vectors (distance 1) and scaled, shifted copies (distance 0)
+        c[11] = 5.0
+        c[40:50] = c[7] * 3.0 - 2.0
+        q[2] = -1.0
     # A radius near the 20th neighbour's distance of the first query: rows of a few to many.
     d0 = np.sort(np.linalg.norm(c.astype(np.float64) - q[0].astype(np.float64), axis=1))
     r = float(d0[20]) * 1.5 + 1e-3
@@ -50,6 +54,8 @@ def test_radius_is_exact(rng, seed, name, metric, device):
         r = r * r
     elif metric == "cosine":
         r = 0.02 if name != "offset" else 1e-9
+    elif metric == "pearson":
+        r = 0.3
     got = knng.radius(q, c, r, metric=metric, device=device)
     assert got.report.pairs_found == got.indices.shape[0]
     assert_radius_exact(got, q, c, r, metric, context=f"{name} seed={seed}")
@@ -140,8 +146,8 @@ def test_bad_radius_is_named(rng, radius, match):
 
 def test_bad_input_is_named(rng):
     c = _data(rng, "gauss", 50, 3)
-    with pytest.raises(ValueError, match="pearson"):
-        knng.radius(c[:5], c, 1.0, metric="pearson", device="cpu")
+    with pytest.raises(ValueError, match="inner_product"):
+        knng.radius(c[:5], c, 1.0, metric="inner_product", device="cpu")
     bad = c.copy()
     bad[7, 1] = np.nan
     with pytest.raises(ValueError, match="corpus"):
@@ -170,3 +176,17 @@ def test_cosine_zero_vectors_are_at_distance_one(rng, device):
         for i in range(q.shape[0]):
             assert (17 in np.asarray(torch.as_tensor(got.row(i)[0]).cpu()).tolist()) == held, (r, i)
         assert_radius_exact(got, q, c, r, "cosine")
+
+
+def test_pearson_rows_far_from_the_origin_with_little_spread(rng, device):
+    """Rows of mean 10⁶ and spread 10⁻³ (a relative spread of 10⁻⁹): their centring's rounding is
+    far above float64's, the screen widens by it and the answer stays exact, constant rows
+    (distance 1 from everything) included; a radius of 1 holds them, one below it does not."""
+    c = 1e6 + rng.standard_normal((400, 16)) * 1e-3
+    c[5] = 1e6
+    q = np.concatenate([c[:8], 1e6 + rng.standard_normal((4, 16)) * 1e-3])
+    for r in (0.05, 0.999, 1.0):
+        got = knng.radius(q, c, r, metric="pearson", device=device)
+        assert_radius_exact(got, q, c, r, "pearson", context=f"r={r}")
+        held = [5 in np.asarray(torch.as_tensor(got.row(i)[0]).cpu()).tolist() for i in range(q.shape[0])]
+        assert all(held) == (r >= 1.0) and (any(held) == (r >= 1.0)), (r, held)

@@ -15,8 +15,9 @@ Flow, a chunk of query rows against a block of corpus columns at a time (:class:
 3. the candidates' exact float64 distances (the engine's own evaluation, by differences), kept
    where at most the radius; each row's neighbours ordered by (distance, index) on request.
 
-Euclidean and squared Euclidean distances (the expansion's bound is theirs), and cosine on float64
-unit vectors (:data:`UNIT_VECTOR_SLACK`). The pairs found are
+Euclidean and squared Euclidean distances (the expansion's bound is theirs), and cosine and Pearson
+on float64 unit vectors (:data:`UNIT_VECTOR_SLACK`; Pearson's rows centred on their own means
+first, whose rounding grows with a row's mean against its spread). The pairs found are
 held on the device until the end; beyond :attr:`RadiusPlan.max_pairs` (a share of the budget) the
 query stops with an error that says how many were found: a radius that takes most of the corpus
 for every query is a dense graph, better asked as one (``knng.graph`` with a k).
@@ -39,20 +40,23 @@ from knng.metrics import Metric
 __all__ = ["RADIUS_METRICS", "RadiusReport", "exact_radius", "radius_product_dtype"]
 
 #: Metrics radius queries serve: their score is the expansion ‖c‖² − 2 q·c, whose rounding the
-#: bound covers (cosine's on unit vectors: its distance is half their squared distance).
-RADIUS_METRICS = frozenset({"euclidean", "sqeuclidean", "cosine"})
-#: Cosine's screen takes the rows as float64 unit vectors, each within about (d + 2)·u₆₄ of the
-#: exact one; their squared distance then moves by at most 4·(δ_q + δ_c) + (δ_q + δ_c)² (both
-#: unit vectors, at most 2 apart). This many times (d + 4)·u₆₄ covers that, generously: the
-#: screen only leaves out pairs surely beyond the radius, the exact evaluation decides.
+#: bound covers (cosine's and Pearson's on unit vectors: the distance is half their squared
+#: distance).
+RADIUS_METRICS = frozenset({"euclidean", "sqeuclidean", "cosine", "pearson"})
+#: Cosine's screen takes the rows as float64 unit vectors, each within δ = (d + 4)/2·u₆₄ of the
+#: exact one (Pearson's: plus its centring's error, :func:`_unit_rows`); their squared distance
+#: then moves by at most 4·(δ_q + δ_c) + (δ_q + δ_c)² (both unit vectors, at most 2 apart), and
+#: the exact evaluation's value, from unit vectors of its own, by as much again. This many times
+#: δ_q + δ_c covers that, generously: the screen only leaves out pairs surely beyond the radius,
+#: the exact evaluation decides.
 UNIT_VECTOR_SLACK = 16
 
 
 
 def radius_product_dtype(queries: InputArray, corpus: InputArray, metric: Metric) -> torch.dtype:
     """The type a radius query screens in: the direct path's (:func:`~knng.engine.search.direct.product_dtype`),
-    float64 under cosine (its unit vectors are normalised in float64)."""
-    return torch.float64 if metric.name == "cosine" else product_dtype(queries, corpus)
+    float64 under cosine and Pearson (their unit vectors are made in float64)."""
+    return torch.float64 if metric.normalize else product_dtype(queries, corpus)
 
 
 @dataclass
@@ -84,14 +88,14 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
     report = RadiusReport(plan=plan, exact=ExactStats())
     with on_device(device), full_precision():
         stages.count("radius.query")
-        # Cosine screens float64 unit vectors (not centred: their norms are 1), against twice the
-        # radius (its distance is half their squared distance); a zero vector stays zero, whose
-        # screened ½ is below its distance of 1 (a candidate wherever it could be in).
-        unit = metric.name == "cosine"
+        # Cosine and Pearson screen float64 unit vectors (not centred on a common point: their
+        # norms are 1), against twice the radius (the distance is half their squared distance); a
+        # zero vector (or a constant one under Pearson) stays zero, whose screened ½ is below its
+        # distance of 1 (a candidate wherever it could be in).
+        unit = metric.normalize
         dtype = radius_product_dtype(queries, corpus, metric)
         radii64 = radii.to(device, torch.float64)
         squared = 2 * radii64 if unit else metric.from_distance(radii64)
-        slack = UNIT_VECTOR_SLACK * (corpus.d + 4) * 2.0**-53 if unit else 0.0
         empty = torch.zeros(0, dtype=torch.int64, device=device)
         found_rows: list[torch.Tensor] = []
         found_cols: list[torch.Tensor] = []
@@ -102,25 +106,27 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
             else:
                 sample = torch.arange(0, n, max(1, n // DIRECT_CENTRE_SAMPLE), device="cpu")
                 mean = corpus.take(sample).to(device).to(dtype).mean(dim=0)
-            resident = _prepared_block(corpus, 0, n, mean, dtype, device, unit) if plan.corpus_resident else None
+            resident = _prepared_block(corpus, 0, n, mean, dtype, device, metric) if plan.corpus_resident else None
             found = 0
             for q0 in range(0, nq, plan.query_rows):
                 q1 = min(nq, q0 + plan.query_rows)
                 raw = queries.rows(q0, q1).to(device, non_blocking=True)
                 check_finite(raw, queries.name, q0)
-                q = _screen_rows(raw, mean, dtype, unit)
+                q, q_error = _screen_rows(raw, mean, dtype, metric)
                 q_norms = torch.linalg.vector_norm(q, dim=1).double()
                 _check_scale(float(q_norms.max()), queries.name, dtype)
                 q_scaled = q * -2  # exactly: the squares go in as the product's 1-D bias
                 room = squared[q0:q1] - q_norms ** 2
                 for c0 in range(0, n, plan.corpus_cols):
                     c1 = min(n, c0 + plan.corpus_cols)
-                    c, c_norms, c_max = resident if resident is not None else \
-                        _prepared_block(corpus, c0, c1, mean, dtype, device, unit)
-                    if resident is not None:
+                    c, c_norms, c_max, c_error = resident if resident is not None else \
+                        _prepared_block(corpus, c0, c1, mean, dtype, device, metric)
+                    if resident is not None:  # its largest norm and error: the whole corpus's
                         c, c_norms = c[c0:c1], c_norms[c0:c1]
                     scores = torch.addmm(c_norms.to(dtype) ** 2, q_scaled, c.T)
-                    bound = direct_rounding_bound(c_max, q_norms, corpus.d, dtype) + slack
+                    bound = direct_rounding_bound(c_max, q_norms, corpus.d, dtype)
+                    if unit:
+                        bound = bound + UNIT_VECTOR_SLACK * (q_error + c_error)
                     # Rounded up into the scores' type, so that the compare keeps every pair the
                     # float64 test would.
                     limit = _rounded_up(room + bound, dtype)
@@ -160,27 +166,50 @@ def exact_radius(queries: InputArray, corpus: InputArray, radii: torch.Tensor, m
     return indptr, cols, dist, report
 
 
-def _screen_rows(raw: torch.Tensor, mean: torch.Tensor, dtype: torch.dtype, unit: bool) -> torch.Tensor:
-    """Rows as the screen takes them: centred on ``mean`` in ``dtype``, or (``unit``) as unit
-    vectors (a zero row stays zero)."""
-    x = raw.to(dtype)
-    if unit:
-        norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-        return x / torch.where(norms > 0, norms, torch.ones_like(norms))
-    return x - mean
+def _screen_rows(raw: torch.Tensor, mean: torch.Tensor, dtype: torch.dtype, metric: Metric
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rows as the screen takes them: centred on ``mean`` in ``dtype``, or, for a normalising
+    metric, as float64 unit vectors (:func:`_unit_rows`) with each one's error bound (None for
+    the others)."""
+    if metric.normalize:
+        return _unit_rows(raw, metric)
+    return raw.to(dtype) - mean, None
+
+
+def _unit_rows(raw: torch.Tensor, metric: Metric) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 unit vectors of ``raw`` as ``metric`` compares them (:meth:`Metric.unit_rows`:
+    Pearson's centred on their own means first; zero and constant vectors stay zero), and for
+    each a bound δ on its distance to the exact unit vector: (d + 4)/2 roundings for the scaling, and under Pearson the centring's, whose error is that of the
+    mean, √d·d·u₆₄·max|x|, against the centred vector's norm (large for rows far from the origin
+    with little spread: their screen widens, the evaluation decides)."""
+    x = raw.to(torch.float64)
+    unit = metric.unit_rows(x)
+    d = x.shape[1]
+    u = 2.0**-53
+    error = torch.full((x.shape[0],), (d + 4) / 2 * u, dtype=torch.float64, device=x.device)
+    if metric.centre_rows and x.shape[0]:
+        centred = x - x.mean(dim=1, keepdim=True)
+        spread = torch.linalg.vector_norm(centred, dim=1)
+        largest = x.abs().amax(dim=1)
+        ratio = largest / torch.where(spread > 0, spread, torch.ones_like(spread))
+        # A relative error ε of a vector moves its direction by at most 2ε.
+        error = error + 2 * ((d + 2) * d**0.5 * u * ratio + u)
+    return unit, torch.where(unit.ne(0).any(dim=1), error, torch.zeros_like(error))
 
 
 def _prepared_block(corpus: InputArray, c0: int, c1: int, mean: torch.Tensor, dtype: torch.dtype,
-                    device: torch.device, unit: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+                    device: torch.device, metric: Metric) -> tuple[torch.Tensor, torch.Tensor, float, float]:
     """Corpus rows ``c0:c1`` as the screen takes them (:func:`_screen_rows`) on ``device``, their
-    norms and the largest of them (a synchronisation)."""
+    norms, the largest of them and the largest unit-vector error (0 unless the metric
+    normalises; both synchronisations)."""
     raw = corpus.rows(c0, c1).to(device, non_blocking=True)
     check_finite(raw, corpus.name, c0)
-    c = _screen_rows(raw, mean, dtype, unit)
+    c, errors = _screen_rows(raw, mean, dtype, metric)
     norms = torch.linalg.vector_norm(c, dim=1)
     largest = float(norms.max()) if norms.numel() else 0.0
     _check_scale(largest, corpus.name, dtype)
-    return c, norms, largest
+    largest_error = float(errors.max()) if errors is not None and errors.numel() else 0.0
+    return c, norms, largest, largest_error
 
 
 def _check_scale(largest: float, name: str, dtype: torch.dtype) -> None:
