@@ -178,3 +178,49 @@ def test_photon_counts_of_many_pixels(rng, metric):
             j = int(idx[i, slot])
             assert np.float32(dist[i, slot].item()) == _float32_of(exact[i, j], root), (i, j)
         assert bool((dist[i, 1:] >= dist[i, :-1]).all())
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean"])
+def test_exact_midpoints_of_grey_levels_are_decided_without_rationals(rng, metric):
+    """Flat grey patches (levels / 255, float32; integer counts above 2²⁴ for squared distances)
+    whose distance lies exactly on a float32 midpoint: every step of the double-double sum is
+    error-free there, so the pair is decided on its device, as exactly as the host's rationals
+    decide it (which are not asked)."""
+    from knng.engine import exact as engine_exact
+
+    if metric == "euclidean":
+        x = _grey_flat_rows(rng, 400, 16)
+        x[200:] += rng.integers(-3, 4, size=(200, 16)).astype(np.float32) / 255  # textured rows too
+    else:  # odd squared distances above 2²⁴ lie on float32 midpoints
+        x = rng.integers(0, 2000, size=(400, 16)).astype(np.float32)
+    data = as_input(x, "data")
+    pairs = (np.arange(400)[:, None] + np.arange(1, 9)[None, :]) % 400
+    exact = [[_exact_square(x[i], x[j]) for j in row] for i, row in enumerate(pairs)]
+    root = metric == "euclidean"
+    want = np.array([[_float32_of(e, root) for e in row] for row in exact])
+    dist = torch.tensor([[float(np.sqrt(float(e))) if root else float(e) for e in row] for row in exact],
+                        dtype=torch.float64)
+    v32 = dist.to(torch.float32)
+    mid = (v32.double() + torch.nextafter(v32, torch.full_like(v32, torch.inf)).double()) / 2
+    on_midpoint = torch.tensor([[(Fraction(float(m)) ** 2 if root else Fraction(float(m))) == e
+                                 for m, e in zip(mrow, erow)] for mrow, erow in zip(mid.tolist(), exact)])
+    assert int(on_midpoint.sum()) > 0  # the data hold exact midpoints
+    asked = []
+
+    def no_rationals(name, xs, ys, m):
+        asked.append(m)
+        return engine_exact._settled_exactly.__wrapped__(name, xs, ys, m)
+
+    dist = torch.where(torch.arange(8)[None, :] % 2 == 0, mid, dist)  # half the entries moved onto a midpoint
+    original = engine_exact._settled_exactly
+    no_rationals.__wrapped__ = original  # type: ignore[attr-defined]
+    engine_exact._settled_exactly = no_rationals
+    try:
+        idx, dist = _rounded(metric, data, pairs, dist)
+    finally:
+        engine_exact._settled_exactly = original
+    assert not asked
+    got = {(i, int(j)): np.float32(v) for i in range(400) for j, v in zip(idx[i].tolist(), dist[i].tolist())}
+    for i, row in enumerate(pairs):
+        for j, w in zip(row, want[i]):
+            assert got[i, int(j)] == w, (i, int(j), got[i, int(j)], w)

@@ -174,6 +174,9 @@ PAIR_VALUES = 1 << 22
 #: Dekker's splitting constant, 2²⁷ + 1, and the magnitude below which splitting cannot overflow.
 SPLITTER = 134217729.0
 SPLIT_LIMIT = 2.0**995
+#: Differences above which a square's rounding error (Dekker's e, 2⁻¹⁰⁶ of it and below) cannot
+#: fall under float64's least subnormal.
+SQUARE_EXACT_LIMIT = 2.0**-480
 
 
 def near_midpoints(dist: torch.Tensor, d: int) -> torch.Tensor:
@@ -224,11 +227,15 @@ def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: Inp
         x = left.take(rows[r[p0:p1]].to(torch.int64)).to(device)
         y = right.take(idx[r[p0:p1], c[p0:p1]]).to(device)
         nearest, side, decided = _settled_double_double(metric.name, x, y, mid[p0:p1])
-        undecided = torch.nonzero(~decided).flatten().tolist()
-        for p in undecided:  # on the midpoint, or differences float64 cannot hold: exactly, on the host
-            # float64 holds every input dtype's values exactly (bfloat16 has no NumPy type).
-            nearest[p], side[p] = _settled_exactly(metric.name, x[p].to(torch.float64).cpu().numpy(),
-                                                   y[p].to(torch.float64).cpu().numpy(), float(mid[p0 + p]))
+        undecided = torch.nonzero(~decided).flatten()
+        if undecided.numel():  # differences float64 cannot hold, or sums too near: exactly, on the host
+            # float64 holds every input dtype's values exactly (bfloat16 has no NumPy type); the
+            # pairs go to the host together (one copy, not one a pair).
+            xs, ys = (v[undecided].to(torch.float64).cpu().numpy() for v in (x, y))
+            mids = mid[p0:p1][undecided].cpu().tolist()
+            exact = [_settled_exactly(metric.name, xs[i], ys[i], mids[i]) for i in range(len(mids))]
+            nearest[undecided] = torch.tensor([e[0] for e in exact], dtype=nearest.dtype).to(device)
+            side[undecided] = torch.tensor([float(e[1]) for e in exact], dtype=side.dtype).to(device)
         settled[p0:p1] = _off_midpoint(nearest, mid[p0:p1], side)
     dist[r, c] = settled
     moved = torch.unique(r)
@@ -249,17 +256,25 @@ def _settled_double_double(name: str, x: torch.Tensor, y: torch.Tensor, mid: tor
     too near the midpoint (an exact midpoint among them) for that accuracy to tell its side."""
     a, b = x.to(torch.float64), y.to(torch.float64)
     diff = a - b
-    # The difference is exact where undoing it gives both inputs back.
-    exact = (((diff + b) == a) & ((a - diff) == b) & (diff.abs() < SPLIT_LIMIT)).all(dim=1)
-    hi, lo = _pairwise_sum(*_two_product_t(diff, diff))
+    # The difference is exact where undoing it gives both inputs back; its square is exactly
+    # p + e (Dekker) where neither overflows nor e underflows.
+    size = diff.abs()
+    exact = (((diff + b) == a) & ((a - diff) == b) & (size < SPLIT_LIMIT)).all(dim=1)
+    squares_exact = exact & ((size == 0) | (size > SQUARE_EXACT_LIMIT)).all(dim=1)
+    hi, lo, sum_exact = _pairwise_sum(*_two_product_t(diff, diff))
     if name == "sqeuclidean":
         t_hi, t_lo = mid, torch.zeros_like(mid)
     else:
         t_hi, t_lo = _two_product_t(mid, mid)
     gap_hi, gap_lo = _two_sum_t(hi, -t_hi)
-    gap = gap_hi + (gap_lo + (lo - t_lo))
+    low, e1 = _two_sum_t(lo, -t_lo)
+    rest, e2 = _two_sum_t(gap_lo, low)
+    gap, e3 = _two_sum_t(gap_hi, rest)
+    # Every step error-free: the gap is the exact square's distance from the midpoint's, its
+    # sign exact even where it is 0 (a distance exactly on the midpoint: flat grey patches).
+    all_exact = squares_exact & sum_exact & (e1 == 0) & (e2 == 0) & (e3 == 0) & torch.isfinite(gap)
     bound = (math.log2(max(2, a.shape[1])) + 8) * 2.0**-100 * hi.abs()
-    decided = exact & (gap.abs() > bound) & torch.isfinite(hi)
+    decided = exact & ((gap.abs() > bound) | all_exact) & torch.isfinite(hi)
     nearest = hi + lo if name == "sqeuclidean" else torch.sqrt(hi + lo)
     return nearest, torch.sign(gap), decided
 
@@ -293,17 +308,20 @@ def _two_sum_t(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return s, (a - (s - bb)) + (b - bb)
 
 
-def _pairwise_sum(hi: torch.Tensor, lo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row sums of the double-doubles (hi, lo) (m, d), halving the columns at each step."""
+def _pairwise_sum(hi: torch.Tensor, lo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row sums of the double-doubles (hi, lo) (m, d), halving the columns at each step, and
+    whether each row's sum is exact (no addition of its low parts rounded)."""
+    exact = torch.ones(hi.shape[0], dtype=torch.bool, device=hi.device)
     while hi.shape[1] > 1:
         if hi.shape[1] % 2:
             hi = torch.nn.functional.pad(hi, (0, 1))
             lo = torch.nn.functional.pad(lo, (0, 1))
         s, err = _two_sum_t(hi[:, 0::2], hi[:, 1::2])
-        t = (lo[:, 0::2] + lo[:, 1::2]) + err
-        hi = s + t
-        lo = t - (hi - s)
-    return hi[:, 0], lo[:, 0]
+        low, e1 = _two_sum_t(lo[:, 0::2], lo[:, 1::2])
+        t, e2 = _two_sum_t(low, err)
+        hi, lo = _two_sum_t(s, t)
+        exact &= ((e1 == 0) & (e2 == 0)).all(dim=1)
+    return hi[:, 0], lo[:, 0], exact
 
 
 def _settled_exactly(name: str, x: np.ndarray, y: np.ndarray, mid: float) -> tuple[float, int]:
