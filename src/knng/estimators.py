@@ -738,6 +738,9 @@ class _RadiusQueries(RadiusNeighborsMixin):
                 pairs = exact_pairs_of(get_metric(metric), as_input(queries, "X"), torch.from_numpy(rows),
                                        as_input(self._fit_X, "X"), torch.from_numpy(cols), torch.device("cpu"))
                 dist = pairs.cpu().numpy()
+                if sort_results:  # a GPU's evaluation may order equal distances by a last bit
+                    order = np.lexsort((cols, dist, rows))
+                    rows, cols, dist = rows[order], cols[order], dist[order]
         if X is None:  # each training point without itself
             keep = cols != rows
             rows, cols, dist = rows[keep], cols[keep], dist[keep]
