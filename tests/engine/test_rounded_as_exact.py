@@ -14,6 +14,7 @@ import torch
 
 import knng
 from knng._inputs import as_input
+from knng.engine import stages
 from knng.engine.exact import near_midpoints, round_as_exact
 from knng.metrics import get_metric
 from oracle import assert_exact, oracle_graph
@@ -140,8 +141,10 @@ def test_differences_float64_rounds_are_settled_by_rationals(metric):
     v32 = np.float32(value)
     mid = (float(v32) + float(np.nextafter(v32, np.float32(np.inf)))) / 2
     dist = torch.tensor([[mid]], dtype=torch.float64)  # an evaluation on the midpoint
-    round_as_exact(get_metric(metric), data, torch.tensor([0]), data, torch.tensor([[1]]), dist)
+    with stages.recording() as counts:
+        round_as_exact(get_metric(metric), data, torch.tensor([0]), data, torch.tensor([[1]]), dist)
     assert np.float32(dist.item()) == want
+    assert counts["finish.midpoints_by_rationals"] == 1, counts
 
 
 def test_an_integer_distance_on_a_midpoint_goes_to_the_even_float32():
@@ -186,8 +189,6 @@ def test_exact_midpoints_of_grey_levels_are_decided_without_rationals(rng, metri
     whose distance lies exactly on a float32 midpoint: every step of the double-double sum is
     error-free there, so the pair is decided on its device, as exactly as the host's rationals
     decide it (which are not asked)."""
-    from knng.engine import exact as engine_exact
-
     if metric == "euclidean":
         x = _grey_flat_rows(rng, 400, 16)
         x[200:] += rng.integers(-3, 4, size=(200, 16)).astype(np.float32) / 255  # textured rows too
@@ -205,21 +206,10 @@ def test_exact_midpoints_of_grey_levels_are_decided_without_rationals(rng, metri
     on_midpoint = torch.tensor([[(Fraction(float(m)) ** 2 if root else Fraction(float(m))) == e
                                  for m, e in zip(mrow, erow)] for mrow, erow in zip(mid.tolist(), exact)])
     assert int(on_midpoint.sum()) > 0  # the data hold exact midpoints
-    asked = []
-
-    def no_rationals(name, xs, ys, m):
-        asked.append(m)
-        return engine_exact._settled_exactly.__wrapped__(name, xs, ys, m)
-
     dist = torch.where(torch.arange(8)[None, :] % 2 == 0, mid, dist)  # half the entries moved onto a midpoint
-    original = engine_exact._settled_exactly
-    no_rationals.__wrapped__ = original  # type: ignore[attr-defined]
-    engine_exact._settled_exactly = no_rationals
-    try:
+    with stages.recording() as counts:
         idx, dist = _rounded(metric, data, pairs, dist)
-    finally:
-        engine_exact._settled_exactly = original
-    assert not asked
+    assert counts["finish.midpoints"] >= 400 and counts["finish.midpoints_by_rationals"] == 0, counts
     got = {(i, int(j)): np.float32(v) for i in range(400) for j, v in zip(idx[i].tolist(), dist[i].tolist())}
     for i, row in enumerate(pairs):
         for j, w in zip(row, want[i]):

@@ -228,7 +228,9 @@ def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: Inp
         y = right.take(idx[r[p0:p1], c[p0:p1]]).to(device)
         nearest, side, decided = _settled_double_double(metric.name, x, y, mid[p0:p1])
         undecided = torch.nonzero(~decided).flatten()
+        stages.count("finish.midpoints", p1 - p0)
         if undecided.numel():  # differences float64 cannot hold, or sums too near: exactly, on the host
+            stages.count("finish.midpoints_by_rationals", int(undecided.numel()))
             # float64 holds every input dtype's values exactly (bfloat16 has no NumPy type); the
             # pairs go to the host together (one copy, not one a pair).
             xs, ys = (v[undecided].to(torch.float64).cpu().numpy() for v in (x, y))
