@@ -4,8 +4,8 @@ On a CPU the peers are scikit-learn (``NearestNeighbors(algorithm="brute").radiu
 and faiss-cpu (``IndexFlatL2.range_search``, whose test is strict: ``<``), on a GPU torch's
 float32 expansion, a matrix product and a compare by blocks of queries (inexact), and FAISS's
 GPU emulation ``faiss.contrib.exhaustive_search.range_search_gpu`` (``faiss-gpu``: a GPU k-NN
-search with k four times the typical neighbour count, rows it cannot settle by FAISS's CPU
-range search; FAISS has no GPU range search); torch on a CPU on request (``--peers``). The radius of each data set is the median distance of its queries'
+search with k the power of 2 above the 99th percentile of a row's neighbour count, at most
+2,048, rows it cannot settle by FAISS's CPU range search; FAISS has no GPU range search); torch on a CPU on request (``--peers``). The radius of each data set is the median distance of its queries'
 ``--neighbours``-th nearest corpus vector (``knng.search`` of 256 of them), so that a query has
 about that many neighbours.
 
@@ -151,8 +151,12 @@ def run_set(name: str, corpus: torch.Tensor, queries: torch.Tensor, args: argpar
         "radius": radius, "pairs": len(truth), "knng": {"median_ms": statistics.median(timing.times) * 1e3,
                                                        "min_ms": min(timing.times) * 1e3, "exact": exact,
                                                        "stages": found.report.stages}}
-    # FAISS's k-NN emulation needs k above a row's neighbours: four times the typical count, a power of 2.
-    gpu_k = min(2048, 1 << max(5, (4 * args.neighbours - 1).bit_length()))
+    # FAISS's k-NN emulation settles on the GPU the rows with fewer than k neighbours; tuned for
+    # it here from knng's answer: k the power of 2 above the 99th percentile of a row's count
+    # (at most 2,048, FAISS's GPU limit).
+    p99 = int(np.percentile(np.diff(indptr), 99)) if indptr.size > 1 else 0
+    gpu_k = min(2048, 1 << max(5, p99.bit_length()))
+    out["faiss_gpu_k"] = gpu_k
     calls, notes = peer_calls(peers, device, queries, corpus, radius, gpu_k)
     for peer, call in calls.items():
         t = harness.time_call(call, device=device, warmup=warmup, repeats=repeats)
