@@ -314,6 +314,37 @@ def test_held_out_rotations_at_any_n_neighbors(rng) -> None:
         assert got >= 0.99 and got >= spectral - 0.002, f"{name}, {params}: {got:.4f} (SpectralEmbedding {spectral:.4f})"
 
 
+def test_auto_epsilon_is_at_least_what_the_width_reaches(rng) -> None:
+    # epsilon="auto" is the larger of the 5th neighbour's 0.97 quantile and the median of
+    # (s_iw − s_i1) / EPSILON_REACH over the kernel's widest column w: here squared distances
+    # grow with the rank (s_ij = j², plus a per-point offset), so the second is the larger one.
+    from knng.manifold import EPSILON_REACH, quantile_epsilon, reach_epsilon
+
+    n, w = 300, 40
+    sq = torch.arange(1, w + 1, dtype=torch.float64)[None, :] ** 2 + torch.from_numpy(rng.uniform(0, 1, (n, 1)))
+    assert reach_epsilon(sq) == pytest.approx((w * w - 1) / EPSILON_REACH)
+    assert quantile_epsilon(sq, 5) < reach_epsilon(sq)
+    assert reach_epsilon(sq[:, :1]) == 0.0
+    x = rng.standard_normal((n, 3))
+    graph = knng.graph(x, w)
+    dm = DiffusionMap(n_components=2, device="cpu").fit(graph)
+    squares = torch.as_tensor(graph.distances, dtype=torch.float64) ** 2
+    assert dm.report_.epsilon == pytest.approx(max(quantile_epsilon(squares, 5), reach_epsilon(squares)))
+
+
+def test_smooth_pictures_use_the_whole_width(rng) -> None:
+    # Rotations of a smooth picture, whose squared distances grow fast with a neighbour's rank:
+    # with the quantile alone the kernel fell to e⁻⁹ by its 40th column and the angle came out
+    # at 0.9974; with ε reaching the width, above SpectralEmbedding's best setting.
+    pytest.importorskip("skimage")
+    from sklearn.manifold import SpectralEmbedding
+
+    x, angles = picture_rotations("coffee", 900, rng)
+    got = concentration(angles, DiffusionMap(n_components=2, device="cpu").fit(x).embedding_)
+    spectral = concentration(angles, SpectralEmbedding(n_components=2, n_neighbors=20, random_state=0).fit_transform(x))
+    assert got >= 0.999 and got > spectral, (got, spectral)
+
+
 @pytest.mark.slow  # 3,000 points: 0.6 s with one torch thread, 8 s with two on a busy 2-core CPU
 def test_uneven_torus(rng) -> None:
     # A flat torus in R⁴ sampled 9× more densely on the half θ < π: both angles come out (each

@@ -51,7 +51,7 @@ from knng.results import Graph
 
 __all__ = [
     "DiffusionMap", "DiffusionKernel", "DiffusionReport", "EigenResult", "diffusion_kernel", "auto_epsilon",
-    "quantile_epsilon", "kernel_width", "lanczos_eigsh", "shift_invert_eigsh", "solve_eigenproblem",
+    "quantile_epsilon", "reach_epsilon", "kernel_width", "lanczos_eigsh", "shift_invert_eigsh", "solve_eigenproblem",
     "DisconnectedWarning", "DegenerateSpectrumWarning", "METRICS", "EPSILON_RULES", "EIGEN_SOLVERS",
 ]
 
@@ -67,6 +67,15 @@ EPSILON_RULES = ("auto", "bgh", "self_tuning")
 #: torus's sparse half.
 EPSILON_QUANTILE = 0.97
 EPSILON_NEIGHBOR = 5
+#: ``epsilon="auto"`` is also at least the median over points of (s_iw − s_i1) / this, with w the
+#: kernel's widest column (``max_kernel_neighbors``) and s_i1 the nearest neighbour's squared
+#: distance: in a typical row the kernel's last column keeps e⁻⁵ (0.7 %) of the nearest's weight,
+#: so ε does not make the kernel narrower than the width cap lets it be. Where distances grow
+#: fast with the neighbour's rank (rotations of smooth pictures: the kernel fell to e⁻⁶–e⁻⁹ by
+#: the 40th column) the quantile alone left the embedding at 0.997–0.998; data whose kernel
+#: still holds e⁻¹–e⁻⁵ there (sharp pictures, the rolls, the uneven torus) keep the quantile's
+#: ε, which a larger one would over-smooth (docs/MANIFOLD.md §1).
+EPSILON_REACH = 5.0
 #: Default ``kernel_tol``: every kernel entry left out of a row is below this fraction of the row's
 #: largest off-diagonal entry (when ``max_kernel_neighbors`` allows).
 DEFAULT_KERNEL_TOL = 1e-4
@@ -365,6 +374,17 @@ def quantile_epsilon(sq_graph: torch.Tensor, n_neighbors: int, quantile: float =
     return top if top > 0 else 1.0
 
 
+def reach_epsilon(sq_graph: torch.Tensor, reach: float = EPSILON_REACH) -> float:
+    """The ε at which a typical row's kernel keeps e^−``reach`` of its nearest neighbour's weight
+    at its last column: the median over rows of (s_iw − s_i1) / ``reach`` for the (n, w) squared
+    distances ``sq_graph`` (each row ascending). ``epsilon="auto"`` takes at least this (see
+    :data:`EPSILON_REACH`); 0 for a graph of one column."""
+    if sq_graph.shape[1] < 2 or sq_graph.shape[0] == 0:
+        return 0.0
+    spread = (sq_graph[:, -1] - sq_graph[:, 0]).to(torch.float64)
+    return float(spread.median()) / reach
+
+
 def kernel_width(sq_graph: torch.Tensor, epsilon: float, n_neighbors: int, tol: float,
                  complete: bool) -> tuple[int, float, int]:
     """How many graph columns the kernel needs so that what it leaves out is below ``tol``.
@@ -446,15 +466,15 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
     if epsilon == "self_tuning":
         sigma = self_tuning_sigma(sq_graph[:, :k], min(sigma_neighbor, k))
     else:
+        cap = k if kernel_tol is None else k_all if max_width is None else max(k, min(max_width, k_all))
         if epsilon == "auto":
-            eps = quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, k))
+            eps = max(quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, k)), reach_epsilon(sq_graph[:, :cap]))
         elif epsilon == "bgh":
             rows_k, cols_k, sq_k = union_edges(indices[:, :k], sq_graph[:, :k], n)
             eps, dimension = auto_epsilon(sq_k[rows_k != cols_k], n)
         else:
             eps = float(epsilon)
         if kernel_tol is not None:
-            cap = k_all if max_width is None else max(k, min(max_width, k_all))
             width, tail, rows_over = kernel_width(sq_graph[:, :cap], eps, k, kernel_tol, complete=cap >= n - 1)
     rows, cols, sq = union_edges(indices[:, :width], sq_graph[:, :width], n)
     if sigma is not None:
@@ -582,7 +602,7 @@ def _disconnected_message(count: int, labels: np.ndarray, graph_count: int, n_ne
         # pattern then survives, and the kernel has exactly the graph's components.
         sq = squared_distances(torch.as_tensor(graph.distances)[:, : kernel.width], graph.metric)
         keeps = float(sq.max()) / 700.0
-        auto = quantile_epsilon(sq, min(EPSILON_NEIGHBOR, n_neighbors))
+        auto = max(quantile_epsilon(sq, min(EPSILON_NEIGHBOR, n_neighbors)), reach_epsilon(sq))
         where = "is connected" if graph_count == 1 else f"falls into {graph_count:,} components"
         return (f"the kernel falls into {count:,} connected components (sizes {shown}), but the k-NN graph it is "
                 f"built on ({kernel.width} neighbours a point) {where}: {kernel.dropped:,} kernel entries "
