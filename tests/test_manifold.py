@@ -364,7 +364,7 @@ def test_auto_epsilon_is_the_quantile_of_the_fifth_neighbour(rng) -> None:
     dm = DiffusionMap(n_neighbors=int(rng.integers(5, 30)), device="cpu").fit(x)
     fifth = np.asarray(dm.graph_.distances, dtype=np.float64)[:, 4] ** 2
     assert dm.epsilon_ == pytest.approx(np.quantile(fifth, manifold.EPSILON_QUANTILE), rel=1e-12)
-    assert "0.97 quantile of the squared distances to the 5th neighbour" in dm.report_.epsilon_rule
+    assert "0.97 quantile of the squared distances to the 5th neighbour and the width's reach" in dm.report_.epsilon_rule
     # Fewer neighbours than 5: the n_neighbors-th.
     dm = DiffusionMap(n_neighbors=3, device="cpu").fit(x)
     third = np.asarray(dm.graph_.distances, dtype=np.float64)[:, 2] ** 2

@@ -11,8 +11,9 @@ the choices below and where they depart from the papers. In short:
   (``2 d`` for cosine and Pearson: the squared chord of the unit vectors). The width ``w`` follows
   ε: the fewest columns (at least ``n_neighbors``, at most ``max_kernel_neighbors``) for which what
   a row leaves out is below ``kernel_tol`` of its largest entry;
-- **ε "auto"**: the 0.97 quantile of the points' squared 5th-neighbour distances (the
-  Berry–Giannakis–Harlim slope, which locks onto the noise floor of noisy data, is ``"bgh"``);
+- **ε "auto"**: the 0.97 quantile of the points' squared 5th-neighbour distances, or where larger
+  the ε at which a typical row's kernel keeps e⁻⁵ of its nearest's weight at its widest column
+  (the Berry–Giannakis–Harlim slope, which locks onto the noise floor of noisy data, is ``"bgh"``);
 - **α**: ``K⁽ᵅ⁾ = K / (q_i q_j)^α`` with ``q = K 1``; ``P = D⁻¹ K⁽ᵅ⁾`` with ``D = diag(K⁽ᵅ⁾ 1)``;
   α = 1 (Laplace–Beltrami, the papers' choice) by default;
 - **eigenproblem** on the symmetric conjugate ``A = D^(-1/2) K⁽ᵅ⁾ D^(-1/2)`` (same eigenvalues as
@@ -995,8 +996,9 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         ``sqeuclidean``, and 2d (the squared chord of the unit vectors) for cosine and Pearson.
     epsilon : "auto", "bgh", "self_tuning" or float, default="auto"
         Kernel bandwidth in ``exp(−s/ε)``. "auto": the 0.97 quantile of the points' squared
-        distances to their 5th neighbour (robust to pixel noise and to uneven sampling;
-        docs/MANIFOLD.md §1). "bgh": the ε maximising d log S / d log ε with S(ε) = Σ_ij K_ε(i, j)
+        distances to their 5th neighbour (robust to pixel noise and to uneven sampling), or,
+        where larger, the ε at which a typical row's kernel keeps e⁻⁵ of its nearest's weight at
+        its widest column (``max_kernel_neighbors``; docs/MANIFOLD.md §1). "bgh": the ε maximising d log S / d log ε with S(ε) = Σ_ij K_ε(i, j)
         over the k-NN pairs (Berry, Giannakis & Harlim 2015; the default before: it locks onto the
         noise floor of noisy data). A number: that ε (in squared distance units). "self_tuning":
         ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance to point i's ``sigma_neighbor``-th neighbour
@@ -1295,8 +1297,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         # is that transform changes nothing in the estimator).
         self._reverse_indptr, self._reverse_indices = _reverse_lists(graph, kernel.width)
         rule = {"self_tuning": "self_tuning", "bgh": "bgh (Berry–Giannakis–Harlim max log-log slope)",
-                "auto": f"auto ({EPSILON_QUANTILE:g} quantile of the squared distances to the "
-                        f"{_ordinal(min(EPSILON_NEIGHBOR, k))} neighbour)"
+                "auto": f"auto (the larger of the {EPSILON_QUANTILE:g} quantile of the squared distances to "
+                        f"the {_ordinal(min(EPSILON_NEIGHBOR, k))} neighbour and the width's reach)"
                 }.get(self.epsilon, "given") if isinstance(self.epsilon, str) else "given"
         sizes = np.bincount(self.component_labels_, minlength=len(parts))
         self.report_ = DiffusionReport(
