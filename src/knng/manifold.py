@@ -469,7 +469,10 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
     else:
         cap = k if kernel_tol is None else k_all if max_width is None else max(k, min(max_width, k_all))
         if epsilon == "auto":
-            eps = max(quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, k)), reach_epsilon(sq_graph[:, :cap]))
+            # The reach is read at the width cap (``max_width``), not at a larger n_neighbors: a
+            # kernel asked to span more columns keeps the cap's locality.
+            reach = cap if max_width is None else min(cap, max_width)
+            eps = max(quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, k)), reach_epsilon(sq_graph[:, :reach]))
         elif epsilon == "bgh":
             rows_k, cols_k, sq_k = union_edges(indices[:, :k], sq_graph[:, :k], n)
             eps, dimension = auto_epsilon(sq_k[rows_k != cols_k], n)
