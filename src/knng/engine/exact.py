@@ -19,8 +19,10 @@ and 0.47058827: the CPU's sum gave the first, an H200's pair kernel the second).
 settles each from its pair's inputs, on the answer's device: the squared differences as exact
 float64 products and their errors (Dekker), summed pairwise in double-double arithmetic (about
 2⁻¹⁰⁰ relative), which tells the side of the midpoint (or of its square) wherever the sum is not
-within that accuracy of it. The rest — exact midpoints, and pairs whose differences float64
-cannot hold — are compared exactly on the host, as rationals. The value becomes the exact distance's nearest float64, moved one step
+within that accuracy of it, and everywhere its every step was error-free (then the sum is the
+exact one: exact midpoints of grey levels and integer counts are decided there too). The rest —
+sums that rounded near the midpoint, and pairs whose differences float64 cannot hold — are
+compared exactly on the host, as rationals, in one copy. The value becomes the exact distance's nearest float64, moved one step
 off the midpoint toward the exact value where it rounded onto it; an exact midpoint stays one,
 and float32 rounding takes it to the even neighbour, as IEEE rounds the exact value. Rows whose
 values moved are ordered again by (distance, index). Metrics: the Euclidean family (the
@@ -255,7 +257,9 @@ def _settled_double_double(name: str, x: torch.Tensor, y: torch.Tensor, mid: tor
     (Dekker), summed pairwise with error-free additions (about 2⁻¹⁰⁰ relative). Returns each
     distance's nearest float64, the side of the midpoint its exact value lies on (−1, 0, +1), and
     whether the pair was decided: not where a difference is no float64, nor where the sum lies
-    too near the midpoint (an exact midpoint among them) for that accuracy to tell its side."""
+    too near the midpoint for that accuracy to tell its side — unless every step was error-free
+    (each addition's error 0, no square's error underflowing), where the sum is exact and its
+    side is known, 0 on an exact midpoint."""
     a, b = x.to(torch.float64), y.to(torch.float64)
     diff = a - b
     # The difference is exact where undoing it gives both inputs back; its square is exactly
