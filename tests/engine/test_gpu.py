@@ -7,6 +7,8 @@ Everything here is skipped without CUDA; CI collects the file but runs none of i
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -407,6 +409,10 @@ def test_oom_retry_on_gpu(thresholds, monkeypatch, seed, set_options):
 
 def test_real_out_of_memory_shrinks_tiles(seed, set_options):
     """An over-generous budget: the first blocks do not fit; knng must shrink and finish."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        # Its hog is sized from the free memory, which other workers on the GPU change (under
+        # four workers it once found room and no out-of-memory error to recover from).
+        pytest.skip("needs the GPU to itself: run it without pytest-xdist workers (-n 0)")
     # The seeds from the materialised sample block (the kernel's strip minima write none, and
     # then nothing of this search outgrows 1 GB; nor do the tiles' minima where they go first).
 
