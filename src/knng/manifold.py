@@ -52,7 +52,8 @@ from knng.results import Graph
 
 __all__ = [
     "DiffusionMap", "DiffusionKernel", "DiffusionReport", "EigenResult", "diffusion_kernel", "auto_epsilon",
-    "quantile_epsilon", "reach_epsilon", "kernel_width", "lanczos_eigsh", "shift_invert_eigsh", "solve_eigenproblem",
+    "quantile_epsilon", "reach_epsilon", "default_epsilon", "kernel_width", "lanczos_eigsh", "shift_invert_eigsh",
+    "solve_eigenproblem",
     "DisconnectedWarning", "DegenerateSpectrumWarning", "METRICS", "EPSILON_RULES", "EIGEN_SOLVERS",
 ]
 
@@ -386,6 +387,14 @@ def reach_epsilon(sq_graph: torch.Tensor, reach: float = EPSILON_REACH) -> float
     return float(spread.median()) / reach
 
 
+def default_epsilon(sq_graph: torch.Tensor, n_neighbors: int, reach_columns: int) -> float:
+    """``epsilon="auto"``: the larger of :func:`quantile_epsilon` (the :data:`EPSILON_NEIGHBOR`-th
+    neighbour, at most ``n_neighbors``) and :func:`reach_epsilon` over the first
+    ``reach_columns`` columns (the width cap)."""
+    return max(quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, n_neighbors)),
+               reach_epsilon(sq_graph[:, :reach_columns]))
+
+
 def kernel_width(sq_graph: torch.Tensor, epsilon: float, n_neighbors: int, tol: float,
                  complete: bool) -> tuple[int, float, int]:
     """How many graph columns the kernel needs so that what it leaves out is below ``tol``.
@@ -434,7 +443,7 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
         The neighbour whose distance sets ε ("auto") and σ ("self_tuning"), and the fewest
         columns the kernel takes; default all ``graph.k``.
     epsilon : "auto", "bgh", "self_tuning" or float
-        The bandwidth: :func:`quantile_epsilon`, the Berry–Giannakis–Harlim slope
+        The bandwidth: :func:`default_epsilon`, the Berry–Giannakis–Harlim slope
         (:func:`auto_epsilon`), per-point σ_i σ_j, or this number.
     alpha : float in [0, 1]
         0: graph Laplacian; ½: Fokker–Planck; 1: Laplace–Beltrami.
@@ -471,8 +480,7 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
         if epsilon == "auto":
             # The reach is read at the width cap (``max_width``), not at a larger n_neighbors: a
             # kernel asked to span more columns keeps the cap's locality.
-            reach = cap if max_width is None else min(cap, max_width)
-            eps = max(quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, k)), reach_epsilon(sq_graph[:, :reach]))
+            eps = default_epsilon(sq_graph, k, cap if max_width is None else min(cap, max_width))
         elif epsilon == "bgh":
             rows_k, cols_k, sq_k = union_edges(indices[:, :k], sq_graph[:, :k], n)
             eps, dimension = auto_epsilon(sq_k[rows_k != cols_k], n)
@@ -606,7 +614,7 @@ def _disconnected_message(count: int, labels: np.ndarray, graph_count: int, n_ne
         # pattern then survives, and the kernel has exactly the graph's components.
         sq = squared_distances(torch.as_tensor(graph.distances)[:, : kernel.width], graph.metric)
         keeps = float(sq.max()) / 700.0
-        auto = max(quantile_epsilon(sq, min(EPSILON_NEIGHBOR, n_neighbors)), reach_epsilon(sq))
+        auto = default_epsilon(sq, n_neighbors, sq.shape[1])
         where = "is connected" if graph_count == 1 else f"falls into {graph_count:,} components"
         return (f"the kernel falls into {count:,} connected components (sizes {shown}), but the k-NN graph it is "
                 f"built on ({kernel.width} neighbours a point) {where}: {kernel.dropped:,} kernel entries "
@@ -1001,8 +1009,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         Kernel bandwidth in ``exp(−s/ε)``. "auto": the 0.97 quantile of the points' squared
         distances to their 5th neighbour (robust to pixel noise and to uneven sampling), or,
         where larger, the ε at which a typical row's kernel keeps e⁻⁵ of its nearest's weight at
-        its widest column (``max_kernel_neighbors``; docs/MANIFOLD.md §1). "bgh": the ε maximising d log S / d log ε with S(ε) = Σ_ij K_ε(i, j)
-        over the k-NN pairs (Berry, Giannakis & Harlim 2015; the default before: it locks onto the
+        its widest column (``max_kernel_neighbors``; docs/MANIFOLD.md §1). "bgh": the ε
+        maximising d log S / d log ε with S(ε) = Σ_ij K_ε(i, j) over the k-NN pairs (Berry, Giannakis & Harlim 2015; the default before: it locks onto the
         noise floor of noisy data). A number: that ε (in squared distance units). "self_tuning":
         ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance to point i's ``sigma_neighbor``-th neighbour
         (Zelnik-Manor & Perona 2004).

@@ -693,12 +693,17 @@ class Metric:
         if not (self.translation_invariant and self.shifts(side, symmetric)) or centre is None:
             raise ValueError(f"integer rows need a translation-invariant metric and a centre ({self.name})")
 
+    def centred_rows(self, x64: torch.Tensor) -> torch.Tensor:
+        """float64 rows each centred on its own mean under Pearson (a constant row exactly zero);
+        the rows themselves for the other metrics."""
+        return _centre_rows(x64) if self.centre_rows else x64
+
     def unit_rows(self, x64: torch.Tensor) -> torch.Tensor:
         """float64 rows as the metric compares them before any shift: each vector centred on its
-        own mean (Pearson), then scaled to unit length (cosine, Pearson; zero vectors stay zero);
-        the rows themselves for the other metrics. The common centre is the mean of these."""
-        if self.centre_rows:
-            x64 = _centre_rows(x64)
+        own mean (Pearson, :meth:`centred_rows`), then scaled to unit length (cosine, Pearson; zero
+        vectors stay zero); the rows themselves for the other metrics. The common centre is the
+        mean of these."""
+        x64 = self.centred_rows(x64)
         if self.normalize:
             norm = torch.linalg.vector_norm(x64, dim=1, keepdim=True)
             x64 = x64 / torch.where(norm > 0, norm, torch.ones_like(norm))

@@ -109,8 +109,9 @@ def _add_embed_options(p: argparse.ArgumentParser) -> None:
                    help=f"{', '.join(EMBED_METRICS)} (default: euclidean, or what an ann-benchmarks file declares)")
     p.add_argument("--epsilon", type=argument_type(epsilon), default="auto", metavar="EPS",
                    help="kernel bandwidth in exp(−d²/ε): auto (the 0.97 quantile of the squared 5th-neighbour "
-                        "distances, or the larger ε that the kernel's widest column reaches), bgh (Berry–Giannakis–Harlim), self_tuning (exp(−d²/σᵢσⱼ), σ the distance "
-                        "to the --sigma-neighbor-th neighbour) or a number (default: auto)")
+                        "distances, or the larger ε that the kernel's widest column reaches), bgh "
+                        "(Berry–Giannakis–Harlim), self_tuning (exp(−d²/σᵢσⱼ), σ the distance to the "
+                        "--sigma-neighbor-th neighbour) or a number (default: auto)")
     p.add_argument("--alpha", type=argument_type(alpha), default=1.0, metavar="A",
                    help="density normalisation: 0 graph Laplacian, 0.5 Fokker–Planck, 1 Laplace–Beltrami "
                         "(default: 1)")

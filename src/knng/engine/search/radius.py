@@ -179,22 +179,23 @@ def _screen_rows(raw: torch.Tensor, mean: torch.Tensor, dtype: torch.dtype, metr
 def _unit_rows(raw: torch.Tensor, metric: Metric) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 unit vectors of ``raw`` as ``metric`` compares them (:meth:`Metric.unit_rows`:
     Pearson's centred on their own means first; zero and constant vectors stay zero), and for
-    each a bound δ on its distance to the exact unit vector: (d + 4)/2 roundings for the scaling, and under Pearson the centring's, whose error is that of the
-    mean, √d·d·u₆₄·max|x|, against the centred vector's norm (large for rows far from the origin
-    with little spread: their screen widens, the evaluation decides)."""
+    each a bound δ on its distance to the exact unit vector: (d + 4)/2 roundings for the
+    scaling, and under Pearson the centring's, whose error is that of the mean, √d·d·u₆₄·max|x|,
+    against the centred vector's norm (large for rows far from the origin with little spread:
+    their screen widens, the evaluation decides)."""
     x = raw.to(torch.float64)
-    unit = metric.unit_rows(x)
+    centred = metric.centred_rows(x)
+    norms = torch.linalg.vector_norm(centred, dim=1, keepdim=True)
+    unit = centred / torch.where(norms > 0, norms, torch.ones_like(norms))
     d = x.shape[1]
     u = 2.0**-53
     error = torch.full((x.shape[0],), (d + 4) / 2 * u, dtype=torch.float64, device=x.device)
     if metric.centre_rows and x.shape[0]:
-        centred = x - x.mean(dim=1, keepdim=True)
-        spread = torch.linalg.vector_norm(centred, dim=1)
-        largest = x.abs().amax(dim=1)
-        ratio = largest / torch.where(spread > 0, spread, torch.ones_like(spread))
+        spread = norms[:, 0]
+        ratio = x.abs().amax(dim=1) / torch.where(spread > 0, spread, torch.ones_like(spread))
         # A relative error ε of a vector moves its direction by at most 2ε.
         error = error + 2 * ((d + 2) * d**0.5 * u * ratio + u)
-    return unit, torch.where(unit.ne(0).any(dim=1), error, torch.zeros_like(error))
+    return unit, torch.where(norms[:, 0] > 0, error, torch.zeros_like(error))
 
 
 def _prepared_block(corpus: InputArray, c0: int, c1: int, mean: torch.Tensor, dtype: torch.dtype,
