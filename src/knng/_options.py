@@ -205,7 +205,7 @@ class Options:
         Candidates a store holds per row beyond k before it tightens (None: max(8, k // 4)).
     held_limit : int or None, default None
         Survivors a holding store holds back before it takes them in (None: the planner's,
-        a share of the budget for a graph, no limit for a search).
+        as many as the store's own entries for a graph, no limit for a search).
     duplicate_list_entries, duplicate_sort_entries : int, default 2²², 2²⁵
         Entries of one chunk's (rows × lists) arrays, and candidates one sort expands, at
         most, when a graph's folded duplicates are unfolded.

@@ -22,6 +22,7 @@ from knng.api import last_report
 from knng.engine import screen
 from knng.engine import kernels
 from knng.engine.kernels import DeviceCapabilities, cuda_screen, fused
+from knng.engine.graph.blocks import OWN_PARTS_IN_FLIGHT
 from knng.metrics import (
     PRECISIONS, SCALED_TAIL, get_metric, scaled_alphas, scaled_row_factors, scaled_scales, scaled_width,
 )
@@ -371,6 +372,14 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
     stages = last_report().stages
     assert stages.get("graph.own_parts_together") == 1 and stages.get("store.hold_pairs") and not stages.get(
         "store.hold"), "the slabs' own blocks were not screened together with their norms"
+    # More parts than launches in flight (graph.blocks.OWN_PARTS_IN_FLIGHT): the later parts are
+    # launched as the earlier ones' survivors go in, against the thresholds of the one pass.
+    x = smooth_image_patches(rng, 480, side=3)
+    x[300:320] = x[:20]
+    g = knng.graph(x, k, include_self=include_self)
+    assert_exact(g, oracle_graph(x, k, include_self=include_self))
+    assert last_report().parts > OWN_PARTS_IN_FLIGHT + 1
+    assert last_report().stages.get("graph.own_parts_together") == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks of a GPU this machine lacks")

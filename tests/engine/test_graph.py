@@ -401,16 +401,16 @@ def test_own_part_seed_positions_are_distinct_and_span_the_part():
                 assert int(at[-1]) == m - 1
 
 
-def test_held_pairs_stay_within_a_share_of_the_budget():
+def test_held_pairs_are_taken_in_beyond_the_stores_own_entries():
     # A GPU graph's holding store takes its held survivors in beyond as many as its own entries,
-    # within a quarter of the budget, and never below four flushes' worth.
+    # and never below four flushes' worth, whatever the budget: taking them in sooner costs more
+    # memory than holding them (plan.held_pairs_limit).
     import knng.engine.plan as plan
 
     pending = 1 << 22
     assert plan.held_pairs_limit(10**6, 18, pending, 80 << 30) == 18 * 10**6  # the store's size
-    small = plan.held_pairs_limit(10**8, 125, pending, 8 << 30)
-    assert small == (8 << 30) // plan.HELD_SHARE // DEFAULTS.pending_pair_bytes < 125 * 10**8
-    assert plan.held_pairs_limit(10**8, 125, pending, 1 << 20) == 4 * pending
+    assert plan.held_pairs_limit(10**6, 18, pending, 8 << 30) == 18 * 10**6
+    assert plan.held_pairs_limit(10**5, 18, pending, 1 << 20) == 4 * pending
 
 
 @pytest.mark.parametrize("select", ["topk", "qms", "batch_sort"])

@@ -652,17 +652,26 @@ def pending_pairs(device: torch.device, budget: int, search: bool = False, updat
     return int(max(1024, min(best, budget // 8 // get_options().pending_pair_bytes)))
 
 
-#: Survivors a GPU graph's store holds back (``knng.engine.graph``) take at most this share of
-#: the budget (``Options.pending_pair_bytes`` each: the pair, its radius, and their copies while
-#: they tighten); beyond it they are taken into the store, whose capacity bounds them.
+#: The share of the budget a GPU graph's planner leaves, beside its parts, for the survivors its
+#: store holds back (``knng.engine.graph``; ``Options.pending_pair_bytes`` each: the pair, its
+#: radius, and their copies while they tighten); beyond :func:`held_pairs_limit` they are taken
+#: into the store, whose capacity bounds them.
 HELD_SHARE = 4
 
 
 def held_pairs_limit(n: int, capacity: int, pending: int, budget: int) -> int:
     """Held survivors beyond which a graph's holding store takes them in: as many as its own
-    entries (``n`` rows of ``capacity``), within 1/:data:`HELD_SHARE` of the budget, and never
-    fewer than four flushes' worth (``pending`` each)."""
-    return int(max(4 * pending, min(n * capacity, budget // HELD_SHARE // get_options().pending_pair_bytes)))
+    entries (``n`` rows of ``capacity``), and never fewer than four flushes' worth (``pending``
+    each).
+
+    Not a share of the budget (``budget`` is not used): taking survivors in does not save memory
+    where they are about as many as the store's entries. The tables it then makes (32 bytes an
+    entry) and the update's copies of the pairs took more than holding them: an 8×8 patch graph
+    at k = 100 (582k points, 67.5M entries) peaked at 12.4 GB under an 8 GB budget, whose
+    quarter (the limit before) had it take in 31M pairs, and at 6.0 GB holding all of them (one
+    H200, ``bench/bench_memory.py``). What the limit bounds is a row's near-ties (thousands of
+    duplicates), which the tables' capacity and exact evaluation keep to a row's capacity."""
+    return int(max(4 * pending, n * capacity))
 
 
 def _store_bytes(rows: int, capacity: int) -> int:

@@ -12,6 +12,7 @@ the distributed graph screens its own blocks with :func:`screen_own_part`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 from dataclasses import dataclass
@@ -74,6 +75,10 @@ FINISH_BYTES_GPU = 2 << 30
 # processes alternating, min of 3, taken in / held, ms): 8×8 patches k = 10 249, 299 / 240,
 # 241; k = 100 733, 769 / 599, 623; 16×16 k = 10 144, 162 / 120, 128; k = 100 314, 312 / 269,
 # 275 (before that, held pairs lost at k = 100: ``docs/FINDINGS.md``, "Stores and survivors").
+#: Own parts' screens queued ahead of the one whose survivors the store takes
+#: (:func:`screen_own_parts_together`): enough to keep the GPU busy while the host hands a part
+#: over, few enough that their survivor lists stay a small part of the peak.
+OWN_PARTS_IN_FLIGHT = 3
 #: The stride of a scattered seed sample is the part's size over this (the golden ratio: any
 #: run of consecutive sample columns lands all over the part).
 SCATTER_RATIO = (1 + 5**0.5) / 2
@@ -86,7 +91,7 @@ def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: t
     pairs tighten against the corpus's largest norm and term; with blocks centred on their own
     parts (``norms`` None: principal slabs of image-like data) every survivor brings its
     block's norms and the held pairs tighten with their own radii. Beyond the store's own size
-    (or four flushes' worth; within a share of the budget: :func:`held_pairs_limit`) they are
+    (or four flushes' worth: :func:`~knng.engine.plan.held_pairs_limit`) they are
     taken in, whose capacity bounds near-ties. ``n``, ``capacity``, ``pending``, ``budget``: the
     store's rows, candidates a row keeps, survivors it takes in at a time, and the device budget."""
     if device.type not in get_options().hold_on or not precision.kernel:
@@ -331,16 +336,26 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     starts = [0]
     for i0, i1 in spans:
         starts.append(starts[-1] + i1 - i0)
-    pending = [screen_own_later(tile.queries(metric, d), tile.vectors, d, thresholds[a:b], precision,
-                                terms=tile.terms32, exclude_diagonal=not include_self)
-               for tile, a, b in zip(tiles, starts, starts[1:])]
     # Each part's survivors go to the store as they are read: all parts' at once were 158M pairs
     # of an 8×8 patch graph at k = 100 (nine parts of 65,536), their copies 29 GB at the peak
-    # whatever the budget; the store holds, tightens and takes in within its own limit.
-    for sized, tile, (i0, i1) in zip(pending, tiles, spans):
-        found = sized()
+    # whatever the budget; the store holds, tightens and takes in within its own limit. At most
+    # OWN_PARTS_IN_FLIGHT launches are queued ahead of the part being read: each holds survivor
+    # lists of at least 2²⁴ entries a side (384 MB), and all nine queued at once were 3.4 GB of
+    # that graph's 12.6 GB peak. The thresholds were computed above, so a part launched after
+    # an earlier part's survivors went in keeps what it would have kept launched with them.
+    def launch(at: int) -> Callable[[], Survivors]:
+        tile, a, b = tiles[at], starts[at], starts[at + 1]
+        return screen_own_later(tile.queries(metric, d), tile.vectors, d, thresholds[a:b], precision,
+                                terms=tile.terms32, exclude_diagonal=not include_self)
+
+    in_flight = collections.deque(launch(at) for at in range(min(len(tiles), OWN_PARTS_IN_FLIGHT)))
+    for at, (tile, (i0, i1)) in enumerate(zip(tiles, spans)):
+        found = in_flight.popleft()()  # (the launch's lists are released with it)
+        if at + OWN_PARTS_IN_FLIGHT < len(tiles):
+            in_flight.append(launch(at + OWN_PARTS_IN_FLIGHT))
         store.add(ids[i0:i1][found.owner], ids[i0:i1][found.other], found.keys,
                   None if shared else _pair_norms(tile, tile, found.owner, found.other))
+        del found
 
 
 def _without_own_columns(scores: torch.Tensor, sample: torch.Tensor, rows: torch.Tensor, first: int) -> None:

@@ -87,12 +87,8 @@ class CandidateStore:
         # exact evaluation of near-ties), within four times the work bytes (a quarter of the
         # budget: the CPU's default budget keeps Options.rebuild_entries_cpu).
         self.rebuild_entries = entries if work_bytes is None else int(max(capacity, min(entries, 4 * work_bytes // 80)))
-        self.keys = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
-        # Each entry's error radius (screen keys) or conversion slack (exact keys), kept so
-        # that a tightening need not recompute the bounds of what the store already holds.
-        self.rad = torch.full((n, capacity), torch.inf, dtype=torch.float64, device=device)
-        self.idx = torch.full((n, capacity), -1, dtype=torch.int64, device=device)
-        self.dist = torch.full((n, capacity), torch.nan, dtype=torch.float64, device=device)
+        # The tables (keys, rad, idx, dist: n × capacity each) are made at their first use
+        # (:meth:`__getattr__`).
         self.count = torch.zeros(n, dtype=torch.int64, device=device)
         self.tau = torch.full((n,), torch.inf, dtype=torch.float64, device=device)
         self.stats = StoreStats()
@@ -119,6 +115,23 @@ class CandidateStore:
 
     #: Whether the store holds its survivors back as flat lists (:class:`~knng.engine.store.held.HoldingStore`).
     holds_back = False
+
+    #: The candidate tables, n × capacity each, and what an empty entry holds: ``keys`` (the
+    #: screened or exact keys), ``rad`` (each entry's error radius, or an exact key's conversion
+    #: slack, kept so that a tightening need not recompute the bounds of what the store holds),
+    #: ``idx`` (column ids), ``dist`` (exact distances once evaluated).
+    TABLES = {"keys": (torch.inf, torch.float64), "rad": (torch.inf, torch.float64), "idx": (-1, torch.int64),
+              "dist": (torch.nan, torch.float64)}
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        """The candidate tables (:data:`TABLES`), made at their first use: 32 bytes an entry,
+        which a store that holds its survivors back and finishes from them never uses (2 GB of
+        a 582k-point patch graph's peak at k = 100)."""
+        if name not in CandidateStore.TABLES or "capacity" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        for table, (empty, dtype) in CandidateStore.TABLES.items():
+            setattr(self, table, torch.full((self.n, self.capacity), empty, dtype=dtype, device=self.device))
+        return self.__dict__[name]
 
     # ----------------------------------------------------------------------------- checkpoints
     #: The tensors a checkpoint saves: the candidates, thresholds and per-row report counters.

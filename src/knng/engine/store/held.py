@@ -189,10 +189,12 @@ class HoldingStore(CandidateStore):
             raise ValueError("tighten_held needs the columns' maxima (the holding has none)")
         held = self._held
         rows, cols, keys = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(3))
+        # The lists just joined are released before the tightening's temporaries are made.
+        self._held = [(rows, cols, keys, None)]
+        del held
         self.tighten(rows, keys, *maxima)
         if self._every is None or self._every.device != rows.device:
             self._every = torch.arange(self.n, device=rows.device)
-        self._held = [(rows, cols, keys, None)]
         self._held_keep = keys <= self.screen_thresholds(self._every, *maxima)[rows]
         self._held_fresh = 0
 
@@ -206,15 +208,18 @@ class HoldingStore(CandidateStore):
         stages.count("store.tighten_held_pairs")
         held = self._held
         rows, cols, keys, rad = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(4))
-        keys64 = keys.to(torch.float64)
+        # The memory of these steps is the graph's peak (an 8×8 patch graph at k = 100 holds
+        # up to 72M pairs here, 28 bytes each): the joined lists are released first, and each
+        # float64 temporary is made when it is needed, in place where it can be.
+        self._held = [(rows, cols, keys, rad)]
+        del held
         if rows.numel() >= self.k:
-            _, kth, counts = row_ends(rows, keys64 + rad, self.n, self.k)
+            _, kth, counts = row_ends(rows, keys.to(torch.float64).add_(rad), self.n, self.k)
             upper = decoded(kth).to(torch.float64)
             upper = torch.where((counts >= self.k) & ~upper.isnan(), upper, torch.inf)
             torch.minimum(self.tau, upper, out=self.tau)
             self.updates += 1
-        self._held = [(rows, cols, keys, rad)]
-        self._held_keep = keys64 - rad <= self.tau[rows]
+        self._held_keep = keys.to(torch.float64).sub_(rad) <= self.tau[rows]
         self._held_fresh = 0
 
     def _settle_held(self) -> None:
@@ -275,10 +280,16 @@ class HoldingStore(CandidateStore):
         held, self._held = self._held, []
         self._held_size = self._held_fresh = self._held_kept = 0
         k, n, device = self.k, self.n, self.device
+        keys = None
         if held:
             rows, cols = (torch.cat([h[f] for h in held]) if len(held) > 1 else held[0][f] for f in range(2))
+            if self.errors.precision.integers:  # (their keys are the exact scores: _held_distances)
+                keys = torch.cat([h[2] for h in held]) if len(held) > 1 else held[0][2]
         else:
             rows = cols = torch.zeros(0, dtype=torch.int64, device=device)
+        # The held keys and radii are released before the finish's temporaries are made
+        # (12 of the 28 bytes a held pair takes).
+        del held
         p = rows.numel()
         per_row = torch.zeros(n, dtype=torch.int64, device=device).index_add_(0, rows, torch.ones_like(rows))
         self.stats.survivors += p
@@ -287,8 +298,9 @@ class HoldingStore(CandidateStore):
         # The pairs are evaluated in the order the screen found them (a tile's pairs share their
         # vectors). Before, a stable sort by row and two gathers grouped them first (68M pairs in
         # an 8×8 patch graph at k = 100).
-        dist = self._held_distances(held, rows, cols, per_row) if p else torch.zeros(0, dtype=torch.float64,
+        dist = self._held_distances(keys, rows, cols, per_row) if p else torch.zeros(0, dtype=torch.float64,
                                                                                       device=device)
+        del keys
         options = get_options()
         padded = self.rebuild_entries if options.finish_padded_entries is None else options.finish_padded_entries
         if width * n <= max(padded, options.finish_padding * p):
@@ -311,17 +323,17 @@ class HoldingStore(CandidateStore):
         self._count_tile_tightenings()
         return idx, out
 
-    def _held_distances(self, held: list, rows: torch.Tensor, cols: torch.Tensor, per_row: torch.Tensor
-                        ) -> torch.Tensor:
-        """The exact distances of the held pairs (``rows``, ``cols``: the lists of ``held``
-        joined; ``per_row``: how many each store row holds), counted as evaluations: each pair
-        evaluated, except where its key is the exact score (integer rows,
-        ``PairErrors.exact_keys``), whose distance is that key's, as the evaluation would give it."""
-        if not self.errors.precision.integers:
+    def _held_distances(self, keys: torch.Tensor | None, rows: torch.Tensor, cols: torch.Tensor,
+                        per_row: torch.Tensor) -> torch.Tensor:
+        """The exact distances of the held pairs (``rows``, ``cols``, and their screen ``keys``
+        where the screen's products are exact; ``per_row``: how many each store row holds),
+        counted as evaluations: each pair evaluated, except where its key is the exact score
+        (integer rows, ``PairErrors.exact_keys``), whose distance is that key's, as the
+        evaluation would give it."""
+        if keys is None:
             self.stats.exact_evaluations += rows.numel()
             self._evaluations += per_row
             return self.evaluate(rows, cols)
-        keys = torch.cat([h[2] for h in held]) if len(held) > 1 else held[0][2]
         dist = self.errors.metric.to_distance(keys.to(torch.float64) + self.errors.row_offsets[rows])
         evaluated = torch.nonzero(~self.errors.exact_keys(keys)).flatten()
         self.stats.exact_evaluations += evaluated.numel()
