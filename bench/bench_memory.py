@@ -11,6 +11,7 @@ compared with the first budget's, bit for bit::
 
     PYTHONPATH=src:tests python bench/bench_memory.py --data patches8 --k 100 --budgets ,8GB,4GB --sites 6
     PYTHONPATH=src:tests python bench/bench_memory.py --data gauss --n 1000000 --budgets , --held 100
+    PYTHONPATH=src:tests python bench/bench_memory.py --budgets 4GB --options graph_method=symmetric
 
 A budget of "" is the default (``memory_budget=None``). Old and new trees: run the script with each
 tree's ``src`` first on ``PYTHONPATH`` (it imports knng from there).
@@ -90,6 +91,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sites", type=int, default=0, help="call sites live at the peak to print (last call)")
     parser.add_argument("--held", type=float, default=0.0, help="GB of the card the caller holds first")
+    parser.add_argument("--options", default="", help="an option set of bench/harness.py (ab.py --list), "
+                        "e.g. graph_method=symmetric")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -97,7 +100,19 @@ def main() -> None:
     data, _ = harness.load_dataset(args.data, args.n)
     x = torch.from_numpy(data).cuda()
     held = torch.empty(int(args.held * 1e9), dtype=torch.uint8, device="cuda") if args.held else None
-    rows, reference = [], None
+    rows: list[dict] = []
+    with harness.option_context(harness.parse_option_set(args.options)):
+        run_budgets(args, x, rows)
+    del held
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, options=args.options,
+                           rows=rows), f, indent=1)
+
+
+def run_budgets(args: argparse.Namespace, x: torch.Tensor, rows: list[dict]) -> None:
+    """Every budget of ``args``: a warm-up, then the measured calls (their rows appended to ``rows``)."""
+    reference = None
     for budget in (b.strip() or None for b in args.budgets.split(",")):
         knng.graph(x, args.k, memory_budget=budget)  # warm-up: kernels, caches
         knng.wait_for_kernels()
@@ -108,7 +123,7 @@ def main() -> None:
                 reference = graph
             row["same_as_first"] = bool(torch.equal(graph.indices, reference.indices)
                                         and torch.equal(graph.distances, reference.distances))
-            row.update(data=args.data, n=x.shape[0], d=x.shape[1], k=args.k, held_gb=args.held)
+            row.update(data=args.data, n=x.shape[0], d=x.shape[1], k=args.k, held_gb=args.held, options=args.options)
             rows.append(row)
             print(f"MEM {args.data} k={args.k} budget={row['budget']} ({row['planned_budget'] / 2**30:.1f} GiB planned)"
                   f": {row['seconds']:.3f} s, peak {row['peak'] / 2**30:.2f} GiB; {row['method']}, {row['parts']} parts"
@@ -118,10 +133,6 @@ def main() -> None:
                 print(f"MEM   {site['gib']:6.2f} GiB in {site['blocks']:3d} blocks  {site['site']}", flush=True)
             del graph
             torch.cuda.empty_cache()
-    del held
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -279,6 +279,33 @@ def test_graph_oom_in_a_block_is_retried_without_counting_twice(monkeypatch, rng
         assert_exact(g, oracle_graph(x, 10), context=f"seed={seed} fail={fail}")
 
 
+@pytest.mark.parametrize("fail", [1, 2, 5])
+def test_held_survivors_taken_in_after_an_out_of_memory_error_are_not_lost(monkeypatch, rng, seed, fail,
+                                                                          set_options):
+    # A holding store over its limit takes its held survivors in a flush's worth at a time
+    # (HoldingStore._take_held); an out-of-memory error in one of those updates leaves what was
+    # not taken in pending, the block is retried, and the graph is exact.
+    from knng.engine.store import CandidateStore
+
+    set_options(hold_on=frozenset({"cpu", "cuda"}), screen_precision="tf32", cpu_max_part=70,
+                pending_cpu=200, held_limit=0)
+    x = rng.standard_normal((333, 6))
+    x[100:150] = x[:50]
+    real_take = CandidateStore._take
+    state = {"n": 0}
+
+    def take(self, *args, **kwargs):
+        state["n"] += 1
+        if state["n"] == fail:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+        return real_take(self, *args, **kwargs)
+
+    monkeypatch.setattr(CandidateStore, "_take", take)
+    g = knng.graph(x, 7, device="cpu")
+    assert g.report.oom_retries == 1 and "store.take_held" in g.report.stages, g.report.stages
+    assert_exact(g, oracle_graph(x, 7), context=f"seed={seed} fail={fail}")
+
+
 def test_graph_parts_use_the_budget():
     # Planning only (no GPU needed): what exact_graph would do on a GPU.
     from knng.engine.plan import make_graph_plan

@@ -140,6 +140,19 @@ def test_the_planner_takes_rows_for_large_k_on_data_without_slabs(gpu_planner):
     assert gpu_planner.plan(100, metric="cosine").graph_method == "rows" and gpu_planner.calls == calls
 
 
+def test_image_like_data_keep_the_blocks_where_the_budget_denies_their_slabs(gpu_planner):
+    # Principal frames need the corpus three times and the stores within half the budget; under
+    # less, image-like data still keep the symmetric blocks (about one centre), which beat the
+    # rows method's one centre on them in time and memory (plan.rows_method_wins). Data without
+    # slabs go by rows as before.
+    gpu_planner.value = 2 * DEFAULTS.local_centre_gain
+    roomy, tight = gpu_planner.plan(100, n=582_150), gpu_planner.plan(100, n=582_150, budget=4 * 2**30)
+    assert roomy.graph_method == "symmetric" and roomy.frames == "principal"
+    assert tight.graph_method == "symmetric" and tight.frames == "global"
+    gpu_planner.value = 1.0
+    assert gpu_planner.plan(100, n=582_150, budget=4 * 2**30).graph_method == "rows"
+
+
 def test_the_planner_takes_rows_at_small_k_where_their_tiles_go_first(gpu_planner, set_options):
     # Where the search takes its tiles first (plan.tiles_first: the wgmma kernel, 2k to 4,096
     # tiles of 128 columns, the budget) a graph of at most GRAPH_ROWS_TILES_FIRST_MAX_ND values

@@ -652,26 +652,32 @@ def pending_pairs(device: torch.device, budget: int, search: bool = False, updat
     return int(max(1024, min(best, budget // 8 // get_options().pending_pair_bytes)))
 
 
-#: The share of the budget a GPU graph's planner leaves, beside its parts, for the survivors its
-#: store holds back (``knng.engine.graph``; ``Options.pending_pair_bytes`` each: the pair, its
-#: radius, and their copies while they tighten); beyond :func:`held_pairs_limit` they are taken
-#: into the store, whose capacity bounds them.
+#: Survivors a GPU graph's store holds back (``knng.engine.graph``) take at most this share of
+#: the budget (``Options.pending_pair_bytes`` each: the pair, its radius, and their copies while
+#: they tighten); beyond it they are taken into the store, whose capacity bounds them.
 HELD_SHARE = 4
 
 
 def held_pairs_limit(n: int, capacity: int, pending: int, budget: int) -> int:
     """Held survivors beyond which a graph's holding store takes them in: as many as its own
     entries (``n`` rows of ``capacity``), and never fewer than four flushes' worth (``pending``
-    each).
+    each). What the limit bounds is a row's near-ties (thousands of duplicates), which the
+    store's tables keep to a row's capacity.
 
-    Not a share of the budget (``budget`` is not used): taking survivors in does not save memory
-    where they are about as many as the store's entries. The tables it then makes (32 bytes an
-    entry) and the update's copies of the pairs took more than holding them: an 8×8 patch graph
-    at k = 100 (582k points, 67.5M entries) peaked at 12.4 GB under an 8 GB budget, whose
-    quarter (the limit before) had it take in 31M pairs, and at 6.0 GB holding all of them (one
-    H200, ``bench/bench_memory.py``). What the limit bounds is a row's near-ties (thousands of
-    duplicates), which the tables' capacity and exact evaluation keep to a row's capacity."""
+    Not a share of the budget (``budget`` is not used): where the held survivors are about as
+    many as the store's entries, taking them in costs more memory and time than holding them
+    (the tables, 32 bytes an entry, and each update's copies). One H200, ``bench/bench_memory.py``,
+    the limit a quarter of the budget against this one: 582k 8×8 patches at k = 100 under
+    8 GB peaked at 14.6 GB in 0.44 s (8.6 GB in 0.56–0.65 s with the take-in a flush at a time)
+    against 6.0 GB in 0.32–0.36 s; 1M × 128 Gaussian points at k = 10 under 1 GB 3.3 GB in
+    1.15 s against 2.7 GB in 0.70 s."""
     return int(max(4 * pending, n * capacity))
+
+
+#: Bytes a held survivor takes while the held lists tighten (the joined lists, 28 bytes; the
+#: float64 upper bounds and their float32 rounding; the float64 keys of the keep test): the
+#: 582k-point patch graph at k = 100 peaked at 6.0 GB holding 72M pairs, 3.6 GB of it theirs.
+HELD_PAIR_BYTES = 56
 
 
 def _store_bytes(rows: int, capacity: int) -> int:
@@ -1112,11 +1118,13 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     # of the inputs (at most as large as the prepared corpus again); their windows read every
     # row's threshold, so the stores must stay on the device.
     # (Not for integer rows: they need one integer centre that puts every value in int8's range.)
-    principal = (parts > 1 and get_metric(metric).translation_invariant and lists == LISTS_ON_DEVICE
-                 and 3 * corpus_bytes + store <= budget // 2 and not integer_rows)
+    slabs = (parts > 1 and get_metric(metric).translation_invariant and lists == LISTS_ON_DEVICE
+             and not integer_rows)
+    principal = slabs and 3 * corpus_bytes + store <= budget // 2
     # Where a sample of the data says their slabs gain little (Gaussian-like data), one centre
-    # and the parts in their own order (``Options.principal_min_gain``).
-    gain = slab_gain(parts) if principal and slab_gain is not None else None
+    # and the parts in their own order (``Options.principal_min_gain``). Read also where the
+    # budget denies the slabs: the rows method's choice needs it (:func:`rows_method_wins`).
+    gain = slab_gain(parts) if slabs and slab_gain is not None else None
     principal = principal and (gain is None or gain >= get_options().principal_min_gain)
     frames = PRINCIPAL_FRAMES if principal else GLOBAL_FRAMES
     slots = store if lists == LISTS_ON_DEVICE else 2 * band_parts * b * (capacity * 25 + 40 + SLOT_BYTES)
@@ -1127,9 +1135,12 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     # where their stores do not hold them (Options.hold_pairs).
     waiting = pending_pairs(device, budget, updates=True) if principal else pending
     # A GPU graph screened by a kernel holds its survivors back, up to held_pairs_limit.
+    # Its store's tables are made only where the held survivors outgrow them (near-ties): the
+    # held pairs or the tables, not both.
     held = held_pairs_limit(n, capacity, pending, budget) if kernel and lists == LISTS_ON_DEVICE else 0
-    expected = (slots + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
-                + max(pending, waiting, held) * get_options().pending_pair_bytes + (2 * corpus_bytes if principal else 0))
+    pairs_bytes = max(pending, waiting) * get_options().pending_pair_bytes
+    expected = (max(slots, held * HELD_PAIR_BYTES) + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
+                + pairs_bytes + (2 * corpus_bytes if principal else 0))
     read_rows = _read_rows(host_budget, d, max(b, READ_ROWS))
     reads = (READ_AHEAD + 2) * d * READ_VALUE_BYTES * read_rows
     off_device = store if lists == LISTS_IN_HOST else 0
@@ -1224,10 +1235,14 @@ def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, where: DeviceCa
                      gain: float | None) -> bool:
     """Whether the planner takes the rows method (from ``Options.graph_rows_min_k``, or at any k where
     its search takes its tiles first and the data are small: :data:`GRAPH_ROWS_TILES_FIRST_MAX_ND`): ``by_rows`` is the
-    search it would run, ``symmetric`` the symmetric plan it would replace. Where that plan has
-    principal frames, the data's slab gain (``knng.engine.graph.frames.slab_gain``, None where
-    no sample was read) says whether their slabs pay: image-like data keep the blocks centred
-    on their row parts. A graph the graph's rule screens in float64 keeps its blocks: the rows
+    search it would run, ``symmetric`` the symmetric plan it would replace. The data's slab gain
+    (``knng.engine.graph.frames.slab_gain``, None where no sample was read) says whether they are
+    image-like: those keep the symmetric blocks, centred on their row parts, and also where the
+    budget leaves them one centre: the rows method's one centre and loose first thresholds let
+    thousands of pairs a row through (582k 8×8 patches at k = 100 under 4 GB, one H200: by rows
+    3.2 s and a 53 GB peak, 690M survivors in one chunk's store; symmetric blocks about one
+    centre 0.44 s and 6.9 GB; 16×16 patches under 2 GB 0.58 against 0.17 s). A graph the
+    graph's rule screens in float64 keeps its blocks: the rows
     method's search would screen in float16 (searches take it at every k from d = 64) where the
     graph's rule found float64 cheaper (the 16,384 × 4,096 graph at k = 1,024: 58 ms against 110
     by rows in float16)."""
@@ -1239,7 +1254,7 @@ def rows_method_wins(by_rows: EnginePlan, symmetric: EnginePlan, where: DeviceCa
         return False
     if symmetric.screen_precision == "float64":
         return False
-    return symmetric.frames != PRINCIPAL_FRAMES or gain is None or gain < get_options().local_centre_gain
+    return gain is None or gain < get_options().local_centre_gain
 
 
 # ------------------------------------------------------------------ what a host budget costs

@@ -625,7 +625,12 @@ def off_diagonal_blocks(frames: "GlobalFrames | PrincipalFrames", store: Candida
         last, block = item  # the last step of the block's group
         by_row, by_col = screen(block)
         saving = checkpoint_due is not None and checkpoint_due()
-        if saving or store.would_flush(by_row.owner.numel() + by_col.owner.numel()):
+        # (Asking may take held survivors in, which may run out of memory: retried as a block's
+        # steps are, what was not taken in waiting for the next update.)
+        flushing: list[bool] = []
+        counts.retries += retry_on_oom(
+            lambda: flushing.append(store.would_flush(by_row.owner.numel() + by_col.owner.numel())), device)
+        if saving or flushing[-1]:
             counts.retries += retry_on_oom(lambda: block.add(store, by_row, by_col), device)
             counts.computed += block.members
             counts.screened += 2 * block.window.pairs
