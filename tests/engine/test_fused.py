@@ -382,6 +382,35 @@ def test_patch_graph_own_parts_screened_together(kernel_on_cpu, rng, include_sel
     assert last_report().stages.get("graph.own_parts_together") == 1
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_own_parts_retried_after_an_out_of_memory_error_hand_no_survivor_over_twice(
+        kernel_on_cpu, rng, where, monkeypatch, set_options):
+    """An out-of-memory error while the own parts' survivors go to the store, part by part, retries
+    the step (graph.screen_own_parts_together); the parts already handed over are not handed again
+    (a pair held twice would count twice among its row's k upper bounds), whether the error came
+    before the failing part's pairs were held or after (in the tightening they started)."""
+    from knng.engine.store import HoldingStore
+
+    _strip_minima_by_reference(monkeypatch, set_options)
+    set_options(hold_on=frozenset({"cpu", "cuda"}), cpu_max_part=100, own_part_seed=96, pending_cpu=64)
+    x = smooth_image_patches(rng, 480, side=3)
+    x[300:320] = x[:20]
+    state = {"n": 0}
+    name, fail = ("_hold", 3) if where == "before" else ("tighten_held", 1)
+    real = getattr(HoldingStore, name)
+
+    def failing(self, *args, **kwargs):
+        state["n"] += 1
+        if state["n"] == fail:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(HoldingStore, name, failing)
+    g = knng.graph(x, 7)
+    assert state["n"] > fail and g.report.oom_retries == 1 and g.report.stages.get("graph.own_parts_together") == 2
+    assert_exact(g, oracle_graph(x, 7))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks of a GPU this machine lacks")
 def test_a_gpu_this_machine_lacks_offers_no_kernel():
     """Planning for a GPU the machine lacks asks nothing of CUDA: its capabilities run no kernel of

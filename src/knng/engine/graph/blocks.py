@@ -261,7 +261,7 @@ def own_parts_together(frames: "GlobalFrames | PrincipalFrames", store: Candidat
 
 def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, metric: Metric, store: CandidateStore,
                               k: int, include_self: bool, precision: ScreenPrecision, select: str = "auto",
-                              parts: "list[int] | None" = None) -> None:
+                              parts: "list[int] | None" = None, handed: "set[int] | None" = None) -> None:
     """Every part's own block S(J, J) in a few launches, instead of :func:`screen_own_part` part by
     part (about 115 launches and two dozen synchronisations each on a GPU: 804 launches and
     34 ms of host time for the seven parts of a 200k-point graph, for 16 ms of GPU work).
@@ -280,6 +280,10 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     the points' ids. Parts prepared around centres of their own (principal frames of image-like
     data) seed with their tiles' radii and hand their survivors in with their tiles' norms.
     ``parts``: only these parts' own blocks (a share of a graph; default every part).
+    ``handed``: the parts whose survivors the store already has, filled as they go in. The
+    caller keeps it across a retry after an out-of-memory error: the seeds are made again (they
+    only lower τ), but a part's survivors are never handed over twice — a pair held twice would
+    count twice among its row's k upper bounds and could tighten τ below the k-th distance.
     """
     stages.count("graph.own_parts_together")
     n = frames.n
@@ -343,18 +347,27 @@ def screen_own_parts_together(frames: "GlobalFrames | PrincipalFrames", d: int, 
     # lists of at least 2²⁴ entries a side (384 MB), and all nine queued at once were 3.4 GB of
     # that graph's 12.6 GB peak. The thresholds were computed above, so a part launched after
     # an earlier part's survivors went in keeps what it would have kept launched with them.
+    handed = set() if handed is None else handed
+    todo = [at for at, part in enumerate(chosen) if part not in handed]
+
     def launch(at: int) -> Callable[[], Survivors]:
         tile, a, b = tiles[at], starts[at], starts[at + 1]
         return screen_own_later(tile.queries(metric, d), tile.vectors, d, thresholds[a:b], precision,
                                 terms=tile.terms32, exclude_diagonal=not include_self)
 
-    in_flight = collections.deque(launch(at) for at in range(min(len(tiles), OWN_PARTS_IN_FLIGHT)))
-    for at, (tile, (i0, i1)) in enumerate(zip(tiles, spans)):
+    in_flight = collections.deque(launch(at) for at in todo[:OWN_PARTS_IN_FLIGHT])
+    for step, at in enumerate(todo):
+        tile, (i0, i1) = tiles[at], spans[at]
         found = in_flight.popleft()()  # (the launch's lists are released with it)
-        if at + OWN_PARTS_IN_FLIGHT < len(tiles):
-            in_flight.append(launch(at + OWN_PARTS_IN_FLIGHT))
-        store.add(ids[i0:i1][found.owner], ids[i0:i1][found.other], found.keys,
-                  None if shared else _pair_norms(tile, tile, found.owner, found.other))
+        if step + OWN_PARTS_IN_FLIGHT < len(todo):
+            in_flight.append(launch(todo[step + OWN_PARTS_IN_FLIGHT]))
+        before = store.pairs_handed_in
+        try:
+            store.add(ids[i0:i1][found.owner], ids[i0:i1][found.other], found.keys,
+                      None if shared else _pair_norms(tile, tile, found.owner, found.other))
+        finally:
+            if store.pairs_handed_in != before or found.owner.numel() == 0:
+                handed.add(chosen[at])
         del found
 
 

@@ -187,8 +187,10 @@ def exact_graph(
         split = share_thresholds is not None and plan.share_count > 1
         own = [p for p in range(len(parts)) if not split or p % plan.share_count == plan.share_index]
         if checkpoint is None and own_parts_together(frames, store, precision, device, k, include_self):
+            handed: set[int] = set()  # kept across a retry: no part's survivors go in twice
             counts.retries += retry_on_oom(lambda: screen_own_parts_together(frames, d, metric, store, k, include_self,
-                                                                             precision, select, parts=own), device)
+                                                                             precision, select, parts=own,
+                                                                             handed=handed), device)
             counts.screened += sum((parts[p][1] - parts[p][0]) ** 2 for p in own)
             step = len(parts)
             bar.update(len(parts))

@@ -104,6 +104,10 @@ class CandidateStore:
         # computed (held pairs taken in), or None for the store's own norms).
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, PairNorms | torch.Tensor | None]] = []
         self._pending_size = 0
+        #: Survivors handed in so far (:meth:`add`), counted once they are the store's, whether
+        #: pending, held or taken in: a caller whose hand-over raised (out of memory) reads from
+        #: it whether the pairs went in before the error, so that a retry does not hand them twice.
+        self.pairs_handed_in = 0
         #: Flushes so far: thresholds change only at a flush or a seed.
         self.updates = 0
         self._interrupted = False  # a flush failed part-way; the next one drops repeats
@@ -376,6 +380,7 @@ class CandidateStore:
         self._taken_in = True
         self._pending.append((rows, cols, keys.to(torch.float64), norms))
         self._pending_size += rows.numel()
+        self.pairs_handed_in += rows.numel()
         if self._pending_size >= self.flush_size:
             self.flush()
 

@@ -146,10 +146,11 @@ class HoldingStore(CandidateStore):
         stages.count("store.hold" if norms is None else "store.hold_pairs")
         rad = None if norms is None else self.errors.radius(*norms, keys.to(torch.float64), rows)
         self._settle_held()
+        self._screened.index_add_(0, rows, torch.ones_like(rows))
         self._held.append((rows, cols, keys, rad))
         self._held_size += rows.numel()
         self._held_fresh += rows.numel()
-        self._screened.index_add_(0, rows, torch.ones_like(rows))
+        self.pairs_handed_in += rows.numel()
         if self._tighten_due(0):
             self.tighten_held()
 
