@@ -26,7 +26,7 @@ from knng._options import get_options, options
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, STATE_FORMAT, Checkpoint, input_fingerprint
-from knng.engine.common import integer_extent_of, place_input, resolve_device
+from knng.engine.common import integer_extent_of, is_out_of_memory, place_input, resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.kernels import compile_in_background, mark_ready, wait_for_kernels
@@ -93,6 +93,9 @@ def _warn_of_slow_plan(plan: EnginePlan, stacklevel: int) -> None:
 #: Frames from :func:`_warn_of_slow_plan`'s caller (``run`` in :func:`search`, :func:`graph`) to
 #: the user's code: run, :func:`_first_calls_compile`, the public function, the user's line.
 _USER_FRAME = 4
+#: The smallest budget a graph that ran out of memory is planned again with (halving from its
+#: own): below it the error is the caller's to see.
+MIN_REPLAN_BUDGET = 16 << 20
 
 Result = TypeVar("Result", Neighbors, Graph, RadiusNeighbors)
 
@@ -396,10 +399,30 @@ def graph(
             _warn_of_slow_plan(plan, stacklevel=_USER_FRAME)
         with _running(ckpt):
             if k_reps >= 1:
-                idx, dist, report = exact_graph(reps, k_reps, m, dev, select, plan.budget,
-                                                include_self=include_self and groups is None,
-                                                progress=progress and not replay, plan=plan, checkpoint=ckpt, keep_checkpoint=keep_checkpoint,
-                                                lists_folder=None if ckpt is None else os.fspath(ckpt.area.path))
+                replans: list[EnginePlan] = []
+                while True:
+                    try:
+                        idx, dist, report = exact_graph(
+                            reps, k_reps, m, dev, select, plan.budget, include_self=include_self and groups is None,
+                            progress=progress and not replay, plan=plan, checkpoint=ckpt,
+                            keep_checkpoint=keep_checkpoint,
+                            lists_folder=None if ckpt is None else os.fspath(ckpt.area.path))
+                        break
+                    except Exception as exc:  # noqa: BLE001 - only out-of-memory is planned again
+                        # What the blocks' own retries did not overcome (memory another part of
+                        # the process took meanwhile, survivors beyond the plan's): the planner
+                        # plans the graph again with half the budget, from the start (smaller
+                        # parts; in the end the stores off the device). A checkpoint's plan is
+                        # the checkpoint's.
+                        if not is_out_of_memory(exc) or ckpt is not None or budget // 2 < MIN_REPLAN_BUDGET:
+                            raise
+                        if dev.type == "cuda":
+                            torch.cuda.empty_cache()
+                        budget //= 2
+                        plan = graph_plan()
+                        replans.append(plan)
+                if replans:
+                    report = replace(report, replans=replans + list(report.replans))
             else:  # one group: every row's neighbours are its twins
                 idx = torch.empty((reps.n, 0), dtype=torch.int64, device=dev)
                 dist = torch.empty((reps.n, 0), dtype=torch.float64, device=dev)

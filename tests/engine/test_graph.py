@@ -279,6 +279,42 @@ def test_graph_oom_in_a_block_is_retried_without_counting_twice(monkeypatch, rng
         assert_exact(g, oracle_graph(x, 10), context=f"seed={seed} fail={fail}")
 
 
+def test_a_graph_out_of_memory_after_its_retries_is_planned_again_smaller(monkeypatch, rng, seed):
+    # An out-of-memory error the blocks' retries did not overcome never escapes a graph that could
+    # run with a smaller budget: the planner plans it again with half (then a quarter of) the
+    # budget, the report records each plan, and the answer is exact. Below MIN_REPLAN_BUDGET, and
+    # for other errors, the error is the caller's.
+    import knng.api as api
+
+    x = rng.standard_normal((500, 8)).astype(np.float32)
+    x[200:220] = x[:20]
+    real = api.exact_graph
+    budgets: list[int] = []
+
+    def exact_graph(*args, plan, **kwargs):
+        budgets.append(plan.budget)
+        if len(budgets) <= 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(*args, plan=plan, **kwargs)
+
+    monkeypatch.setattr(api, "exact_graph", exact_graph)
+    g = knng.graph(x, 9, memory_budget="256MB", device="cpu")
+    assert budgets[1] == budgets[0] // 2 and budgets[2] == budgets[0] // 4
+    assert [p.budget for p in g.report.replans] == budgets[1:]
+    assert_exact(g, oracle_graph(x, 9), context=f"seed={seed}")
+    budgets.clear()
+    with pytest.raises(torch.OutOfMemoryError):
+        knng.graph(x, 9, memory_budget=3 * api.MIN_REPLAN_BUDGET, device="cpu")
+    assert len(budgets) == 2  # planned again once, at half; a quarter would be below the floor
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("not a memory error")
+
+    monkeypatch.setattr(api, "exact_graph", fails)
+    with pytest.raises(RuntimeError, match="not a memory error"):
+        knng.graph(x, 9, device="cpu")
+
+
 @pytest.mark.parametrize("fail", [1, 2, 5])
 def test_held_survivors_taken_in_after_an_out_of_memory_error_are_not_lost(monkeypatch, rng, seed, fail,
                                                                           set_options):
