@@ -282,6 +282,28 @@ def test_a_fingerprint_collision_only_forgoes_a_fold(rng, monkeypatch):
     assert_exact(g, oracle_graph(x, 5))
 
 
+def test_large_data_are_looked_through_for_groups_only_where_a_sample_repeats_a_row(rng, monkeypatch):
+    # Data of more than four samples' rows, in memory as in a file, are looked through for groups
+    # only where SAMPLE_BLOCKS runs of rows repeat a row: without groups no whole check runs (it
+    # was a fifth of a small CPU search); a group large enough to pay for folding shows in the
+    # sample, and then every group is found.
+    calls: list[int] = []
+    real = duplicates.find_duplicates
+    monkeypatch.setattr(duplicates, "find_duplicates", lambda rows, k: calls.append(rows.shape[0]) or real(rows, k))
+    n = 4 * duplicates.SAMPLE_BLOCKS * duplicates.SAMPLE_ROWS + 1_003
+    plain = rng.standard_normal((n, 4)).astype(np.float32)
+    q = rng.standard_normal((300, 4)).astype(np.float32)  # 300 × n scores: past the direct path
+    res = knng.search(q, plain, 5)
+    assert not last_report().plan.direct and calls == [] and last_report().duplicates_folded == 0
+    x = plain.copy()
+    x[rng.permutation(n)[:400]] = x[7]  # a group of 401 rows (or 400, where row 7 was drawn)
+    x[n - 30:] = x[11]  # and one of 31 at the end
+    res = knng.search(q, x, 5)
+    twins = int((x == x[7]).all(1).sum()) + int((x == x[11]).all(1).sum())
+    assert calls == [n] and last_report().duplicates_folded == twins - 2
+    assert_exact(res, oracle_search(q, x, 5))
+
+
 def test_nan_rows_are_still_refused(rng):
     x = _with_groups(rng, 100, 3, (40,))
     x[5] = np.nan
