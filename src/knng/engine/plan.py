@@ -658,13 +658,13 @@ def pending_pairs(device: torch.device, budget: int, search: bool = False, updat
 HELD_SHARE = 4
 
 
-def held_pairs_limit(n: int, capacity: int, pending: int, budget: int) -> int:
+def held_pairs_limit(n: int, capacity: int, pending: int) -> int:
     """Held survivors beyond which a graph's holding store takes them in: as many as its own
     entries (``n`` rows of ``capacity``), and never fewer than four flushes' worth (``pending``
     each). What the limit bounds is a row's near-ties (thousands of duplicates), which the
     store's tables keep to a row's capacity.
 
-    Not a share of the budget (``budget`` is not used): where the held survivors are about as
+    Not a share of the budget: where the held survivors are about as
     many as the store's entries, taking them in costs more memory and time than holding them
     (the tables, 32 bytes an entry, and each update's copies). One H200, ``bench/bench_memory.py``,
     the limit a quarter of the budget against this one: 582k 8×8 patches at k = 100 under
@@ -1137,7 +1137,7 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     # A GPU graph screened by a kernel holds its survivors back, up to held_pairs_limit.
     # Its store's tables are made only where the held survivors outgrow them (near-ties): the
     # held pairs or the tables, not both.
-    held = held_pairs_limit(n, capacity, pending, budget) if kernel and lists == LISTS_ON_DEVICE else 0
+    held = held_pairs_limit(n, capacity, pending) if kernel and lists == LISTS_ON_DEVICE else 0
     pairs_bytes = max(pending, waiting) * get_options().pending_pair_bytes
     expected = (max(slots, held * HELD_PAIR_BYTES) + (corpus_bytes if resident else 2 * b * vector) + blocks_bytes
                 + pairs_bytes + (2 * corpus_bytes if principal else 0))

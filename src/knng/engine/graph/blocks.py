@@ -85,20 +85,20 @@ SCATTER_RATIO = (1 + 5**0.5) / 2
 
 
 def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: torch.Tensor | None,
-                device: torch.device, *, n: int, capacity: int, pending: int, budget: int) -> Holding | None:
+                device: torch.device, *, n: int, capacity: int, pending: int) -> Holding | None:
     """How the graph's store holds its survivors back (``Options.hold_on``), or None: blocks screened
     in a low precision. With one centre (``norms``: every point's prepared norm in it) the held
     pairs tighten against the corpus's largest norm and term; with blocks centred on their own
     parts (``norms`` None: principal slabs of image-like data) every survivor brings its
     block's norms and the held pairs tighten with their own radii. Beyond the store's own size
     (or four flushes' worth: :func:`~knng.engine.plan.held_pairs_limit`) they are
-    taken in, whose capacity bounds near-ties. ``n``, ``capacity``, ``pending``, ``budget``: the
-    store's rows, candidates a row keeps, survivors it takes in at a time, and the device budget."""
+    taken in, whose capacity bounds near-ties. ``n``, ``capacity``, ``pending``: the store's
+    rows, candidates a row keeps, and survivors it takes in at a time."""
     if device.type not in get_options().hold_on or not precision.kernel:
         return None
     limit = get_options().held_limit
     if limit is None:
-        limit = held_pairs_limit(n, capacity, pending, budget)
+        limit = held_pairs_limit(n, capacity, pending)
     if norms is None:
         return Holding(limit=limit, pairs=True) if get_options().hold_pairs else None
     maxima = (float(norms.max()), 0.0 if terms is None else float(terms.abs().max()))

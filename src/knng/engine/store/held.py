@@ -261,14 +261,11 @@ class HoldingStore(CandidateStore):
         self._held_size = self._held_fresh = self._held_kept = 0
         self._taken_in = True
         step = self.flush_size
-
-        def slices():
-            while held:
-                rows, cols, keys, rad = held.pop(0)
-                for a in range(0, rows.numel(), step):
-                    at = slice(a, a + step)
-                    yield rows[at], cols[at], keys[at], None if rad is None else rad[at]
-                del rows, cols, keys, rad
+        # A flush's worth of each list at a time (views: nothing is copied until taken in).
+        parts = [(rows[a:a + step], cols[a:a + step], keys[a:a + step], None if rad is None else rad[a:a + step])
+                 for rows, cols, keys, rad in held for a in range(0, rows.numel(), step)]
+        del held
+        waiting = 0  # parts handed to the pending list
 
         def wait(rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor, rad: torch.Tensor | None) -> None:
             keys64 = keys.to(torch.float64)  # (what may fail comes before the store changes)
@@ -277,20 +274,18 @@ class HoldingStore(CandidateStore):
             self._pending.append((rows, cols, keys64, rad))
             self._pending_size += rows.numel()
 
-        left = slices()
-        current = None  # the slice being handed to the pending list
         try:
-            for current in left:
-                wait(*current)
-                current = None
+            for part in parts:
+                wait(*part)
+                waiting += 1
                 if self._pending_size >= step:
                     CandidateStore.flush(self)
             CandidateStore.flush(self)
         except BaseException:
             # As the base store's flush leaves its pending pairs after an error (out of memory),
             # what was not taken in waits for the next flush, which the retried step makes.
-            for pairs in ([current] if current is not None else []) + list(left):
-                wait(*pairs)
+            for part in parts[waiting:]:
+                wait(*part)
             raise
 
     def _finish_held(self) -> tuple[torch.Tensor, torch.Tensor]:
