@@ -802,33 +802,56 @@ def shift_invert_eigsh(matrix: Any, k: int, tol: float, v0: np.ndarray) -> tuple
     return values, vectors, 1
 
 
+def trivial_vector(kernel: DiffusionKernel) -> torch.Tensor:
+    """√π, the conjugate's eigenvector of eigenvalue 1 (unit length: π sums to 1)."""
+    return kernel.stationary.sqrt()
+
+
+def _with_trivial_pair(matrix_times: Callable[[Any], Any], trivial: Any, values: Any, vectors: Any,
+                       cat: Callable[..., Any]) -> tuple[Any, Any]:
+    """The known trivial pair (√π, its Rayleigh quotient) ahead of the deflated solver's pairs."""
+    value = (trivial * matrix_times(trivial)).sum()
+    return cat([value.reshape(1), values]), cat([trivial.reshape(-1, 1), vectors], 1)
+
+
 def _eigen_scipy(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
                  on_restart: Callable[[int, float], None] | None) -> EigenResult:
-    return _eigen_host(kernel.to_scipy("conjugate"), k, tol, max_iter, on_restart)
+    return _eigen_host(kernel.to_scipy("conjugate"), k, tol, max_iter, on_restart,
+                       trivial=trivial_vector(kernel).cpu().numpy())
 
 
 def _eigen_host(matrix: Any, k: int, tol: float, max_iter: int,
-                on_restart: Callable[[int, float], None] | None, first: str = "scipy (ARPACK eigsh)") -> EigenResult:
-    """ARPACK on the host, then shift-invert where ARPACK does not converge."""
+                on_restart: Callable[[int, float], None] | None, first: str = "scipy (ARPACK eigsh)",
+                trivial: np.ndarray | None = None) -> EigenResult:
+    """ARPACK on the host, then shift-invert where ARPACK does not converge.
+
+    With ``trivial`` (√π) ARPACK looks for the other ``k − 1`` pairs in the deflated operator
+    (see :func:`solve_eigenproblem`); shift-invert, which factorises the sparse matrix itself,
+    solves for all ``k``.
+    """
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
     matvecs = [0]
-    basis = krylov_size(k)
+    wanted = k if trivial is None else k - 1
+    basis = krylov_size(wanted)
     n = matrix.shape[0]
 
     def product(x: np.ndarray) -> np.ndarray:
         matvecs[0] += 1
         if on_restart is not None and matvecs[0] % basis == 0:
             on_restart(matvecs[0] // basis, math.nan)  # ARPACK does not say its residuals
-        return matrix @ x
+        if trivial is None:
+            return matrix @ x
+        return matrix @ x - 2.0 * trivial * (trivial @ x)
 
     # Through an operator that counts the products (ARPACK does not say how many it ran).
     operator = LinearOperator(matrix.shape, matvec=product, dtype=np.float64)
     v0 = start_vector(n).numpy()
     solver = first
     try:
-        values, vectors = eigsh(operator, k=k, which="LA", v0=v0, tol=tol, ncv=basis, maxiter=max_iter)
+        values, vectors = eigsh(operator, k=wanted, which="LA", v0=v0, tol=tol, ncv=basis, maxiter=max_iter)
     except ArpackNoConvergence as exc:
+        trivial = None  # shift-invert below solves for all k
         converged = len(exc.eigenvalues)
         try:
             values, vectors, _ = shift_invert_eigsh(matrix, k, tol, v0)
@@ -840,6 +863,8 @@ def _eigen_host(matrix: Any, k: int, tol: float, max_iter: int,
         solver = f"{first} → shift-invert (ARPACK did not converge in max_iter={max_iter})"
     order = np.argsort(-values, kind="stable")
     values, vectors = values[order], vectors[:, order]
+    if trivial is not None:  # first, even where a degenerate λ₁ rounds above its λ₀
+        values, vectors = _with_trivial_pair(lambda x: matrix @ x, trivial, values, vectors, np.concatenate)
     residuals = np.linalg.norm(matrix @ vectors - vectors * values, axis=0)
     return EigenResult(values, vectors, residuals, solver, matvecs[0])
 
@@ -851,10 +876,18 @@ def _eigen_torch(kernel: DiffusionKernel, k: int, tol: float, max_iter: int,
     def matvec(x: torch.Tensor) -> torch.Tensor:
         return (matrix @ x.unsqueeze(1)).squeeze(1)
 
+    trivial = trivial_vector(kernel)
+
+    def deflated(x: torch.Tensor) -> torch.Tensor:  # see solve_eigenproblem
+        return matvec(x) - 2.0 * trivial * (trivial @ x)
+
     values, vectors, matvecs, restarts, converged = lanczos_eigsh(
-        matvec, start_vector(kernel.n).to(kernel.conjugate.device), k, tol=tol, max_restarts=max_iter,
+        deflated, start_vector(kernel.n).to(kernel.conjugate.device), k - 1, tol=tol, max_restarts=max_iter,
         on_restart=on_restart)
-    if not converged:
+    if converged:
+        values, vectors = _with_trivial_pair(matvec, trivial, values.to(trivial.device), vectors, torch.cat)
+        values = values.cpu()
+    else:
         # The Lanczos stalls where ARPACK does (eigenvalues crowded against 1): finish on the host
         # by shift-invert, and bring the vectors back to the kernel's device.
         host = _eigen_host(kernel.to_scipy("conjugate"), k, tol, 1, None,
@@ -893,6 +926,14 @@ def solve_eigenproblem(kernel: DiffusionKernel, k: int, *, solver: str = "auto",
     ``on_restart(count, residual)`` follows the iterations: torch calls it after each restart with
     the largest wanted Ritz residual, SciPy every ``ncv`` products with NaN (ARPACK keeps its
     residuals to itself).
+
+    The trivial pair is known before any iteration: A √π = √π (π the stationary distribution), with
+    λ₀ = 1. The iterative solvers take it as given and look for the other ``k − 1`` pairs in the
+    deflated operator A − 2 √π √πᵀ, where √π has eigenvalue −1, at the bottom. Without it a
+    spectrum degenerate at 1 (parts joined only by entries at the rounding level) hides from a
+    Krylov method: a single start vector sees one direction of an eigenspace, the solver returns
+    one eigenvalue 1 where there are two, and the trivial vector it returns is a mixture of the
+    parts, not constant.
     """
     if solver not in EIGEN_SOLVERS:
         raise ValueError(f"eigen_solver must be one of {', '.join(EIGEN_SOLVERS)}, got {solver!r}")
