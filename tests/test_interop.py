@@ -92,9 +92,11 @@ def test_diffusion_map_on_scanpys_neighbours(cells: np.ndarray) -> None:
     graph = knng.Graph.from_scipy(adata.obsp["distances"])
     assert graph.k == 15
     on_scanpys = knng.DiffusionMap(n_components=3, n_neighbors=15).fit(graph)
-    # fit(X) widens its graph to max_kernel_neighbors for the kernel's tail; a graph of 15 has
-    # only these 15, so the comparison caps fit(X) at them too.
-    on_its_own = knng.DiffusionMap(n_components=3, n_neighbors=15, max_kernel_neighbors=15).fit(adata.obsm["X_pca"])
+    # By default a graph passed to fit gives the kernel all its columns (up to 40).
+    by_default = knng.DiffusionMap(n_components=3).fit(graph)
+    assert by_default.n_neighbors_ == 15
+    np.testing.assert_array_equal(by_default.embedding_, on_scanpys.embedding_)
+    on_its_own = knng.DiffusionMap(n_components=3, n_neighbors=15).fit(adata.obsm["X_pca"])
     np.testing.assert_allclose(on_scanpys.eigenvalues_, on_its_own.eigenvalues_, rtol=1e-5)
     np.testing.assert_allclose(on_scanpys.embedding_, on_its_own.embedding_, rtol=1e-4, atol=1e-6)
     # And back into scanpy: the embedding is a representation like any other.

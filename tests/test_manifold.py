@@ -152,8 +152,8 @@ def test_dense_path_for_tiny_sets(rng) -> None:
 
 def test_bgh_epsilon_maximises_the_log_log_slope(rng) -> None:
     x = blob(rng, 300, 3)
-    # kernel_tol=1 keeps the kernel on the 10-NN union the criterion is computed over.
-    dm = DiffusionMap(n_neighbors=10, epsilon="bgh", kernel_tol=1.0, device="cpu").fit(x)
+    # A kernel_tol no row reaches keeps the kernel on the 10-NN union the criterion is computed over.
+    dm = DiffusionMap(n_neighbors=10, epsilon="bgh", kernel_tol=1e-300, device="cpu").fit(x)
     d = np.asarray(dm.graph_.distances, dtype=np.float64)[:, :10]
     s = np.full((300, 300), np.inf)
     s[np.repeat(np.arange(300), 10), np.asarray(dm.graph_.indices)[:, :10].ravel()] = (d * d).ravel()
@@ -376,6 +376,40 @@ def test_uneven_torus(rng) -> None:
         assert best >= 0.95, best
 
 
+def test_n_neighbors_decides_how_local_the_kernel_is(rng) -> None:
+    # A closed curve that nearly covers a circle twice: the point at θ + π lies 2δ = 0.2 from
+    # the point at θ, farther than its 10 nearest along the curve (5 steps of 4π/900 each
+    # side) but nearer than its 40th. With 10 neighbours the kernel follows the curve and the
+    # leading pair gives θ; with 40 it jumps across and gives 2θ (rotations of a picture
+    # nearly symmetric under a half turn behave so: docs/MANIFOLD.md).
+    n = 900
+    theta = rng.permutation((np.arange(n) + rng.uniform(size=n)) * (2 * np.pi / n))
+    x = np.c_[np.cos(2 * theta), np.sin(2 * theta), 0.1 * np.cos(theta), 0.1 * np.sin(theta)]
+    local = DiffusionMap(n_neighbors=10, device="cpu").fit(x)
+    assert local.graph_.k == 10 and local.kernel_neighbors_ <= 10 and local.n_neighbors_ == 10
+    assert concentration(theta, local.embedding_) >= 0.99
+    wide = DiffusionMap(device="cpu").fit(x)
+    assert wide.graph_.k == manifold.DEFAULT_N_NEIGHBORS == wide.n_neighbors_
+    assert concentration(2 * theta, wide.embedding_) >= 0.99
+
+
+@pytest.mark.parametrize("k", [3, 12, 40, 55])
+def test_a_wider_graph_gives_the_kernel_its_first_n_neighbors(k, rng) -> None:
+    # fit(graph) with more columns than n_neighbors equals fit(X): the kernel, ε and the width
+    # are read from the first n_neighbors columns only; by default from all, up to 40.
+    x = blob(rng, int(rng.integers(150, 250)), 3) + rng.normal(0, 0.01, (1, 3))
+    graph = knng.graph(x, 60, device="cpu")
+    on_graph = DiffusionMap(n_components=3, n_neighbors=k, device="cpu").fit(graph)
+    on_points = DiffusionMap(n_components=3, n_neighbors=k, device="cpu").fit(x)
+    assert on_points.graph_.k == k and on_graph.kernel_neighbors_ == on_points.kernel_neighbors_ <= k
+    assert on_graph.epsilon_ == on_points.epsilon_
+    assert_close_relative(on_graph.embedding_, on_points.embedding_, rtol=1e-9, what="graph of 60 against fit(X)")
+    if k == 40:
+        default = DiffusionMap(n_components=3, device="cpu").fit(graph)
+        assert default.n_neighbors_ == 40 and default.epsilon_ == on_graph.epsilon_
+        np.testing.assert_array_equal(default.embedding_, on_graph.embedding_)
+
+
 def test_auto_epsilon_is_the_quantile_of_the_fifth_neighbour(rng) -> None:
     x = blob(rng, int(rng.integers(200, 400)), 3)
     dm = DiffusionMap(n_neighbors=int(rng.integers(5, 30)), device="cpu").fit(x)
@@ -391,21 +425,21 @@ def test_auto_epsilon_is_the_quantile_of_the_fifth_neighbour(rng) -> None:
 @pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-8])
 def test_kernel_width_leaves_out_only_what_kernel_tol_allows(tol, rng) -> None:
     x = blob(rng, 300, 3) + rng.normal(0, 0.01, (300, 3))
-    cap = int(rng.integers(20, 120))
-    dm = DiffusionMap(n_neighbors=8, kernel_tol=tol, max_kernel_neighbors=cap, device="cpu").fit(x)
+    cap = int(rng.integers(8, 120))
+    dm = DiffusionMap(n_neighbors=cap, kernel_tol=tol, device="cpu").fit(x)
     w, eps = dm.kernel_neighbors_, dm.epsilon_
     sq = np.asarray(dm.graph_.distances, dtype=np.float64) ** 2
-    assert 8 <= w <= cap and dm.graph_.k == min(299, cap)
+    assert 1 <= w <= cap and dm.graph_.k == min(299, cap)
     bound = np.exp(-(sq[:, w - 1] - sq[:, 0]) / eps)  # what row i leaves out, relative to its nearest
     assert dm.report_.kernel_tail == pytest.approx(bound.max(), rel=1e-9)
     assert dm.report_.kernel_rows_over_tol == int((bound > tol).sum())
     if w < cap:  # the tolerance was reached, and not one column earlier
         assert bound.max() <= tol
         earlier = np.exp(-(sq[:, w - 2] - sq[:, 0]) / eps)
-        assert w == 8 or earlier.max() > tol
+        assert w == 1 or earlier.max() > tol
     else:
         assert dm.report_.kernel_rows_over_tol >= 0
-    assert dm.report_.kernel_entries >= 300 + 300 * 8  # at least the diagonal and the 8-NN
+    assert dm.report_.kernel_entries >= 300 + 300 * w  # at least the diagonal and the w-NN
 
 
 def test_shift_invert_takes_over_where_arpack_stalls(rng) -> None:
@@ -547,8 +581,8 @@ def test_unconnected_manifolds_are_embedded_component_by_component(rng) -> None:
     for blob_points in (a, b):
         rows = np.flatnonzero((np.abs(x[:, None, :] - blob_points[None]).sum(axis=2) == 0).any(axis=1))
         assert len(set(labels[rows])) == 1
-        alone = DiffusionMap(n_components=3, n_neighbors=8, epsilon=dm.epsilon_, kernel_tol=1e-300,
-                             max_kernel_neighbors=dm.kernel_neighbors_, device="cpu").fit(blob_points)
+        alone = DiffusionMap(n_components=3, n_neighbors=dm.kernel_neighbors_, epsilon=dm.epsilon_,
+                             kernel_tol=1e-300, device="cpu").fit(blob_points)
         assert_close_relative(np.abs(dm.embedding_[rows]), np.abs(alone.embedding_), rtol=1e-6,
                               what="a component's coordinates against the component fitted alone")
     # The lone points have no coordinates (a component of one point): zeros, not NaN.
@@ -613,7 +647,6 @@ def test_a_degenerate_spectrum_is_never_silent(solver, rng) -> None:
     ({"alpha": -0.1}, "alpha"), ({"t": -1}, "t must"), ({"metric": "inner_product"}, "metric"),
     ({"eigen_solver": "lobpcg"}, "eigen_solver"), ({"eigen_tol": 0}, "eigen_tol"), ({"max_iter": 0}, "max_iter"),
     ({"sigma_neighbor": 0}, "sigma_neighbor"), ({"kernel_tol": 0.0}, "kernel_tol"), ({"kernel_tol": 2.0}, "kernel_tol"),
-    ({"max_kernel_neighbors": 0}, "max_kernel_neighbors"),
 ])
 def test_bad_parameters_name_the_argument(params, match, rng) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
@@ -678,6 +711,17 @@ def _roll_file(tmp_path: Path, n: int = 600) -> tuple[str, np.ndarray, np.ndarra
     x = x.astype(np.float32)
     np.save(tmp_path / "roll.npy", x)
     return str(tmp_path / "roll.npy"), x, t
+
+
+def test_embed_command_without_k_takes_the_default(tmp_path, capsys) -> None:
+    data, x, _ = _roll_file(tmp_path)
+    out = tmp_path / "out"
+    assert main(["embed", data, "-o", str(out), "--no-progress", "--device", "cpu"]) == 0, capsys.readouterr().out
+    ref = DiffusionMap(device="cpu").fit(x)
+    np.testing.assert_array_equal(np.load(out / "embedding.npy"), ref.embedding_)
+    meta = json.loads((out / "knng.json").read_text())
+    assert meta["k"] == manifold.DEFAULT_N_NEIGHBORS == ref.n_neighbors_
+    assert f"k={manifold.DEFAULT_N_NEIGHBORS}," in capsys.readouterr().out
 
 
 def test_embed_command_writes_the_set(tmp_path, capsys) -> None:

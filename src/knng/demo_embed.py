@@ -84,10 +84,10 @@ def circular_correlation(a: np.ndarray, b: np.ndarray) -> float:
     return float(cross / np.sqrt(own_a * own_b))
 
 
-def _embed(x: np.ndarray, n_neighbors: int, device: str) -> Any:
+def _embed(x: np.ndarray, device: str) -> Any:
     from knng.manifold import DiffusionMap
 
-    return DiffusionMap(n_components=2, n_neighbors=n_neighbors, device=device).fit(x)
+    return DiffusionMap(n_components=2, device=device).fit(x)  # the defaults, as a new user's first call
 
 
 def _rotation(out: Path, device: str, emit: Callable[..., Any], n: int, seed: int, plots: bool) -> dict[str, Any]:
@@ -95,14 +95,14 @@ def _rotation(out: Path, device: str, emit: Callable[..., Any], n: int, seed: in
     emit(f"\n== rotation: {n} snapshots of skimage camera (32×32, disc of {x.shape[1]} pixels) rotated through "
          "360°, pixel noise σ=0.05 ==")
     t0 = time.perf_counter()
-    dm = _embed(x, 20, device)
+    dm = _embed(x, device)
     seconds = time.perf_counter() - t0
     e = dm.embedding_
     recovered = np.arctan2(e[:, 1], e[:, 0])
     rho = circular_correlation(angles, recovered)
     radius = np.hypot(e[:, 0], e[:, 1])
     report = dm.report_
-    emit(f"DiffusionMap(k=20, ε auto = {report.epsilon:.3g}, α=1): {seconds:.2f} s; eigenvalues λ₁, λ₂ = "
+    emit(f"DiffusionMap(k={report.n_neighbors}, ε auto = {report.epsilon:.3g}, α=1): {seconds:.2f} s; eigenvalues λ₁, λ₂ = "
          f"{dm.eigenvalues_[0]:.6f}, {dm.eigenvalues_[1]:.6f} (a near-degenerate pair: cos θ and sin θ), "
          f"residuals ≤ {max(report.residuals):.1e}")
     emit(f"check: the polar angle of (ψ₁, ψ₂) against the rotation angle: circular correlation "
@@ -121,10 +121,10 @@ def _roll(out: Path, device: str, emit: Callable[..., Any], n: int, seed: int, p
     x, t = swiss_roll(n, seed=seed)
     emit(f"\n== swiss roll: {n} points of sklearn make_swiss_roll (noise 0.05) ==")
     t0 = time.perf_counter()
-    dm = _embed(x, 15, device)
+    dm = _embed(x, device)
     seconds = time.perf_counter() - t0
     rho = float(spearmanr(dm.embedding_[:, 0], t).statistic)
-    emit(f"DiffusionMap(k=15, ε auto = {dm.report_.epsilon:.3g}, α=1): {seconds:.2f} s; λ₁, λ₂ = "
+    emit(f"DiffusionMap(k={dm.report_.n_neighbors}, ε auto = {dm.report_.epsilon:.3g}, α=1): {seconds:.2f} s; λ₁, λ₂ = "
          f"{dm.eigenvalues_[0]:.6f}, {dm.eigenvalues_[1]:.6f}")
     emit(f"check: ψ₁ against the roll parameter: Spearman ρ {rho:+.4f} (|ρ| ≥ {ROLL_BAR}: "
          f"{'passed' if abs(rho) >= ROLL_BAR else 'FAILED'})")

@@ -9,8 +9,8 @@ the choices below and where they depart from the papers. In short:
   ``K_ij = exp(-s_ij / ε)`` (or ``exp(-s_ij / (σ_i σ_j))``, self-tuning) when ``j`` is among the
   ``w`` nearest of ``i`` or ``i`` among those of ``j``, ``K_ii = 1``; ``s`` is the squared distance
   (``2 d`` for cosine and Pearson: the squared chord of the unit vectors). The width ``w`` follows
-  ε: the fewest columns (at least ``n_neighbors``, at most ``max_kernel_neighbors``) for which what
-  a row leaves out is below ``kernel_tol`` of its largest entry;
+  ε: the fewest columns (at most ``n_neighbors``, 40 by default) for which what a row leaves out
+  is below ``kernel_tol`` of its largest entry;
 - **ε "auto"**: the 0.97 quantile of the points' squared 5th-neighbour distances, or where larger
   the ε at which a typical row's kernel keeps e⁻⁵ of its nearest's weight at its widest column
   (the Berry–Giannakis–Harlim slope, which locks onto the noise floor of noisy data, is ``"bgh"``);
@@ -70,7 +70,7 @@ EPSILON_RULES = ("auto", "bgh", "self_tuning")
 EPSILON_QUANTILE = 0.97
 EPSILON_NEIGHBOR = 5
 #: ``epsilon="auto"`` is also at least the median over points of (s_iw − s_i1) / this, with w the
-#: kernel's widest column (``max_kernel_neighbors``) and s_i1 the nearest neighbour's squared
+#: kernel's widest column (``n_neighbors``, at most :data:`DEFAULT_N_NEIGHBORS`) and s_i1 the nearest neighbour's squared
 #: distance: in a typical row the kernel's last column keeps e⁻⁵ (0.7 %) of the nearest's weight,
 #: so ε does not make the kernel narrower than the width cap lets it be. Where distances grow
 #: fast with the neighbour's rank (rotations of smooth pictures: the kernel fell to e⁻⁶–e⁻⁹ by
@@ -79,16 +79,16 @@ EPSILON_NEIGHBOR = 5
 #: ε, which a larger one would over-smooth (docs/MANIFOLD.md §1).
 EPSILON_REACH = 5.0
 #: Default ``kernel_tol``: every kernel entry left out of a row is below this fraction of the row's
-#: largest off-diagonal entry (when ``max_kernel_neighbors`` allows).
+#: largest off-diagonal entry (when ``n_neighbors`` allows).
 DEFAULT_KERNEL_TOL = 1e-4
-#: Default ``max_kernel_neighbors``: the most neighbours per row the kernel takes to reach
-#: ``kernel_tol`` (the graph is computed with this many when fitting from X). A cap, measured
-#: (docs/MANIFOLD.md §1) between two failures: a global ε wide enough for the sparse half of an
-#: unevenly sampled torus over-smooths its dense half when the kernel keeps its whole Gaussian
-#: tail (256 columns: concentration 0.63–0.98 over three samples; 24 columns: 0.95; 40: 0.98),
-#: and on rotations of ``hubble_deep_field`` 64 columns reach across to other angles (0.991,
-#: against 0.9994 at 24–48).
-DEFAULT_MAX_KERNEL_NEIGHBORS = 40
+#: Default ``n_neighbors``: the most neighbours a row of the kernel takes to reach ``kernel_tol``
+#: (the graph is computed with this many when fitting from X). A cap, measured (docs/MANIFOLD.md
+#: §1) between two failures: a global ε wide enough for the sparse half of an unevenly sampled
+#: torus over-smooths its dense half when the kernel keeps its whole Gaussian tail (256 columns:
+#: concentration 0.63–0.98 over three samples; 24 columns: 0.95; 40: 0.98), and on rotations of
+#: ``hubble_deep_field`` 64 columns reach across to other angles (0.991, against 0.9994 at
+#: 24–48). Also the widest column :data:`EPSILON_REACH` is read at when ``n_neighbors`` is larger.
+DEFAULT_N_NEIGHBORS = 40
 #: Eigenvalues within this distance of 1 beyond the trivial one mean a kernel that is
 #: numerically disconnected (parts joined by weights at the rounding level): never returned silently.
 DEGENERATE_GAP = 1e-9
@@ -387,24 +387,25 @@ def reach_epsilon(sq_graph: torch.Tensor, reach: float = EPSILON_REACH) -> float
     return float(spread.median()) / reach
 
 
-def default_epsilon(sq_graph: torch.Tensor, n_neighbors: int, reach_columns: int) -> float:
+def default_epsilon(sq_graph: torch.Tensor, n_neighbors: int) -> float:
     """``epsilon="auto"``: the larger of :func:`quantile_epsilon` (the :data:`EPSILON_NEIGHBOR`-th
-    neighbour, at most ``n_neighbors``) and :func:`reach_epsilon` over the first
-    ``reach_columns`` columns (the width cap)."""
+    neighbour, at most ``n_neighbors``) and :func:`reach_epsilon` at the kernel's widest column,
+    ``n_neighbors`` but at most :data:`DEFAULT_N_NEIGHBORS`: a kernel allowed more columns keeps
+    the default's ε (on swiss rolls the reach of a 100th column crosses the layers), and so
+    spends them on the Gaussian tail that ``kernel_tol`` asks for."""
     return max(quantile_epsilon(sq_graph, min(EPSILON_NEIGHBOR, n_neighbors)),
-               reach_epsilon(sq_graph[:, :reach_columns]))
+               reach_epsilon(sq_graph[:, :min(n_neighbors, DEFAULT_N_NEIGHBORS)]))
 
 
-def kernel_width(sq_graph: torch.Tensor, epsilon: float, n_neighbors: int, tol: float,
-                 complete: bool) -> tuple[int, float, int]:
+def kernel_width(sq_graph: torch.Tensor, epsilon: float, tol: float, complete: bool) -> tuple[int, float, int]:
     """How many graph columns the kernel needs so that what it leaves out is below ``tol``.
 
     Row i leaves out neighbours beyond its ``w``-th, each of kernel value at most
     ``exp(−(s_iw − s_i1)/ε)`` times the row's largest off-diagonal entry ``exp(−s_i1/ε)`` (s_i1
     its nearest neighbour's squared distance: on noisy data every distance carries the noise
     floor, which the normalisation divides out, so the bound is relative to it). The width is
-    the smallest ``w ≥ n_neighbors`` for which every row's bound is at most ``tol``, or all the
-    graph's columns when no width does.
+    the smallest ``w`` for which every row's bound is at most ``tol``, or all the columns of
+    ``sq_graph`` (the ``n_neighbors`` the kernel may take) when no width does.
 
     Returns
     -------
@@ -418,7 +419,6 @@ def kernel_width(sq_graph: torch.Tensor, epsilon: float, n_neighbors: int, tol: 
     excess = (sq_graph - sq_graph[:, :1]) / epsilon
     threshold = math.log(1.0 / tol)
     reached = excess >= threshold
-    reached[:, : n_neighbors - 1] = False  # the width is at least n_neighbors
     found = reached.any(dim=1)
     if bool(found.all()):
         width = int(reached.to(torch.int8).argmax(dim=1).max()) + 1
@@ -430,18 +430,16 @@ def kernel_width(sq_graph: torch.Tensor, epsilon: float, n_neighbors: int, tol: 
 
 def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: float | str = "auto",
                      alpha: float = 1.0, sigma_neighbor: int = 7, kernel_tol: float | None = DEFAULT_KERNEL_TOL,
-                     max_width: int | None = None, device: str | torch.device = "cpu") -> DiffusionKernel:
+                     device: str | torch.device = "cpu") -> DiffusionKernel:
     """The diffusion kernel of a k-NN graph (see the module docstring and ``docs/MANIFOLD.md``).
 
     Parameters
     ----------
     graph : knng.Graph
         A k-NN graph without self edges (``include_self=False``), in any metric of :data:`METRICS`.
-        Its columns beyond ``n_neighbors`` are the kernel's reserve: the kernel takes as many of
-        them as ``kernel_tol`` asks.
     n_neighbors : int, optional
-        The neighbour whose distance sets ε ("auto") and σ ("self_tuning"), and the fewest
-        columns the kernel takes; default all ``graph.k``.
+        The most graph columns a row of the kernel takes (its first ``n_neighbors``), of which
+        ε ("auto") and σ ("self_tuning") are read; default all ``graph.k``.
     epsilon : "auto", "bgh", "self_tuning" or float
         The bandwidth: :func:`default_epsilon`, the Berry–Giannakis–Harlim slope
         (:func:`auto_epsilon`), per-point σ_i σ_j, or this number.
@@ -451,12 +449,9 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
         With ``epsilon="self_tuning"``: σ_i is the distance to the ``sigma_neighbor``-th neighbour
         (at most ``n_neighbors``).
     kernel_tol : float or None
-        The kernel takes the fewest columns (at least ``n_neighbors``) for which every entry left
-        out of a row is below ``kernel_tol`` times the row's largest off-diagonal entry
-        (:func:`kernel_width`); None: exactly ``n_neighbors`` columns. Self-tuning always takes
-        ``n_neighbors``.
-    max_width : int, optional
-        The most columns the kernel takes (default all the graph's); at least ``n_neighbors``.
+        The kernel takes the fewest of those columns for which every entry left out of a row is
+        below ``kernel_tol`` times the row's largest off-diagonal entry (:func:`kernel_width`);
+        None: all ``n_neighbors``. Self-tuning always takes ``n_neighbors``.
     device : str or torch.device
         Where to build it.
 
@@ -476,18 +471,15 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
     if epsilon == "self_tuning":
         sigma = self_tuning_sigma(sq_graph[:, :k], min(sigma_neighbor, k))
     else:
-        cap = k if kernel_tol is None else k_all if max_width is None else max(k, min(max_width, k_all))
         if epsilon == "auto":
-            # The reach is read at the width cap (``max_width``), not at a larger n_neighbors: a
-            # kernel asked to span more columns keeps the cap's locality.
-            eps = default_epsilon(sq_graph, k, cap if max_width is None else min(cap, max_width))
+            eps = default_epsilon(sq_graph[:, :k], k)
         elif epsilon == "bgh":
             rows_k, cols_k, sq_k = union_edges(indices[:, :k], sq_graph[:, :k], n)
             eps, dimension = auto_epsilon(sq_k[rows_k != cols_k], n)
         else:
             eps = float(epsilon)
         if kernel_tol is not None:
-            width, tail, rows_over = kernel_width(sq_graph[:, :cap], eps, k, kernel_tol, complete=cap >= n - 1)
+            width, tail, rows_over = kernel_width(sq_graph[:, :k], eps, kernel_tol, complete=k >= n - 1)
     rows, cols, sq = union_edges(indices[:, :width], sq_graph[:, :width], n)
     if sigma is not None:
         kernel = torch.exp(-sq / (sigma[rows] * sigma[cols]))
@@ -612,9 +604,9 @@ def _disconnected_message(count: int, labels: np.ndarray, graph_count: int, n_ne
     if graph_count < count and kernel.epsilon is not None:
         # exp(−s/ε) > 0 in float64 while s/ε < 745; 700 leaves a margin. Every entry of the
         # pattern then survives, and the kernel has exactly the graph's components.
-        sq = squared_distances(torch.as_tensor(graph.distances)[:, : kernel.width], graph.metric)
-        keeps = float(sq.max()) / 700.0
-        auto = default_epsilon(sq, n_neighbors, sq.shape[1])
+        sq = squared_distances(torch.as_tensor(graph.distances)[:, :n_neighbors], graph.metric)
+        keeps = float(sq.max()) / 700.0  # of every column the kernel may take: the width grows with ε
+        auto = default_epsilon(sq, n_neighbors)
         where = "is connected" if graph_count == 1 else f"falls into {graph_count:,} components"
         return (f"the kernel falls into {count:,} connected components (sizes {shown}), but the k-NN graph it is "
                 f"built on ({kernel.width} neighbours a point) {where}: {kernel.dropped:,} kernel entries "
@@ -1039,10 +1031,17 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     ----------
     n_components : int, default=2
         Coordinates m (the trivial constant eigenvector is not one of them); at most n − 1.
-    n_neighbors : int, default=15
-        Neighbours per point in the k-NN graph; sets of n ≤ n_neighbors points use n − 1 (every
-        pair, the classical dense diffusion map). The kernel is symmetric: the union of the k-NN
-        relations (an edge when either point is among the other's neighbours), plus the diagonal.
+    n_neighbors : int, optional
+        The most neighbours a point's row of the kernel takes: ``fit(X)`` computes a k-NN graph
+        of ``n_neighbors`` columns, of which the kernel takes the fewest that ``kernel_tol``
+        asks. Default 40 (:data:`DEFAULT_N_NEIGHBORS`, a measured cap: with a global ε the whole
+        Gaussian tail over-smooths densely sampled regions and reaches across a manifold's folds;
+        docs/MANIFOLD.md §1), or all the columns of a graph passed to :meth:`fit` with fewer.
+        Fewer neighbours keep the kernel more local: rotations of a picture nearly symmetric
+        under a half turn give the angle θ at 10 and 2θ at 20–40. Sets of n ≤ n_neighbors points
+        use n − 1 (every pair, the classical dense diffusion map). The kernel is symmetric: the
+        union of the k-NN relations (an edge when either point is among the other's
+        neighbours), plus the diagonal.
     metric : {"euclidean", "sqeuclidean", "cosine", "pearson"}, default="euclidean"
         Distance of the graph. The kernel takes squared Euclidean distances: d², d itself for
         ``sqeuclidean``, and 2d (the squared chord of the unit vectors) for cosine and Pearson.
@@ -1050,7 +1049,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         Kernel bandwidth in ``exp(−s/ε)``. "auto": the 0.97 quantile of the points' squared
         distances to their 5th neighbour (robust to pixel noise and to uneven sampling), or,
         where larger, the ε at which a typical row's kernel keeps e⁻⁵ of its nearest's weight at
-        its widest column (``max_kernel_neighbors``; docs/MANIFOLD.md §1). "bgh": the ε
+        its widest column (``n_neighbors``, at most 40; docs/MANIFOLD.md §1). "bgh": the ε
         maximising d log S / d log ε with S(ε) = Σ_ij K_ε(i, j) over the k-NN pairs (Berry, Giannakis & Harlim 2015; the default before: it locks onto the
         noise floor of noisy data). A number: that ε (in squared distance units). "self_tuning":
         ``exp(−s_ij/(σ_i σ_j))``, σ_i the distance to point i's ``sigma_neighbor``-th neighbour
@@ -1066,12 +1065,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     kernel_tol : float in (0, 1], default=1e-4
         The kernel takes graph columns until every entry it leaves out of a row is below
         ``kernel_tol`` times the row's largest off-diagonal entry (``report_.kernel_tail`` says
-        what it reached), within ``max_kernel_neighbors``.
-    max_kernel_neighbors : int, default=40
-        The most neighbours a row of the kernel takes (``fit(X)`` computes a graph of
-        ``graph_neighbors(n)`` = max(n_neighbors, this) columns). A measured cap: with a global ε
-        the whole Gaussian tail over-smooths densely sampled regions and reaches across a
-        manifold's folds; 40 keeps rows local (docs/MANIFOLD.md §1).
+        what it reached), within ``n_neighbors``.
     eigen_solver : {"auto", "scipy", "torch"}, default="auto"
         "scipy": ARPACK on the host. "torch": thick-restart Lanczos on the device (GPU or CPU).
         "auto": torch on a CUDA device, SciPy on the CPU. Tiny sets are solved densely.
@@ -1106,7 +1100,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     epsilon_ : float or None
         The bandwidth used (None with "self_tuning").
     n_neighbors_ : int
-        Neighbours actually used (n_neighbors, or n − 1 on smaller sets).
+        The most neighbours a kernel row could take: ``n_neighbors`` (its default: 40, or the
+        columns of a graph passed to :meth:`fit`), at most n − 1.
     n_iter_ : int
         Products with the sparse conjugate the eigensolver ran (1 for a dense solve).
     report_ : DiffusionReport
@@ -1127,10 +1122,9 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     (200, 2)
     """
 
-    def __init__(self, n_components: int = 2, *, n_neighbors: int = 15, metric: str = "euclidean",
+    def __init__(self, n_components: int = 2, *, n_neighbors: int | None = None, metric: str = "euclidean",
                  epsilon: float | str = "auto", alpha: float = 1.0, t: float = 1.0, sigma_neighbor: int = 7,
-                 kernel_tol: float = DEFAULT_KERNEL_TOL, max_kernel_neighbors: int = DEFAULT_MAX_KERNEL_NEIGHBORS,
-                 eigen_solver: str = "auto", eigen_tol: float = DEFAULT_EIGEN_TOL, max_iter: int = DEFAULT_MAX_ITER,
+                 kernel_tol: float = DEFAULT_KERNEL_TOL, eigen_solver: str = "auto", eigen_tol: float = DEFAULT_EIGEN_TOL, max_iter: int = DEFAULT_MAX_ITER,
                  device: str | torch.device = "auto", progress: bool = False) -> None:
         self.n_components = n_components
         self.n_neighbors = n_neighbors
@@ -1140,7 +1134,6 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         self.t = t
         self.sigma_neighbor = sigma_neighbor
         self.kernel_tol = kernel_tol
-        self.max_kernel_neighbors = max_kernel_neighbors
         self.eigen_solver = eigen_solver
         self.eigen_tol = eigen_tol
         self.max_iter = max_iter
@@ -1151,14 +1144,14 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
 
     def _check_params(self) -> None:
         _check_int(self.n_components, "n_components", 1)
-        _check_int(self.n_neighbors, "n_neighbors", 1)
+        if self.n_neighbors is not None:
+            _check_int(self.n_neighbors, "n_neighbors", 1)
         check_metric(self.metric)
         check_epsilon(self.epsilon)
         _check_real(self.alpha, "alpha", lower=0.0, lower_open=False, upper=1.0)
         _check_real(self.t, "t", lower=0.0, lower_open=False)
         _check_int(self.sigma_neighbor, "sigma_neighbor", 1)
         _check_real(self.kernel_tol, "kernel_tol", lower=0.0, lower_open=True, upper=1.0)
-        _check_int(self.max_kernel_neighbors, "max_kernel_neighbors", 1)
         if self.eigen_solver not in EIGEN_SOLVERS:
             raise ValueError(f"eigen_solver must be one of {', '.join(EIGEN_SOLVERS)}, got {self.eigen_solver!r}")
         _check_real(self.eigen_tol, "eigen_tol", lower=0.0, lower_open=True)
@@ -1170,14 +1163,17 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
             return X.device
         return resolve_device(self.device)
 
-    def _n_neighbors_for(self, n: int) -> int:
-        return min(self.n_neighbors, n - 1)
+    def _n_neighbors_for(self, n: int, graph_k: int | None = None) -> int:
+        """``n_neighbors``, or its default (all of a graph's ``graph_k`` columns up to 40), at most n − 1."""
+        if self.n_neighbors is not None:
+            return min(self.n_neighbors, n - 1)
+        default = DEFAULT_N_NEIGHBORS if graph_k is None else min(DEFAULT_N_NEIGHBORS, graph_k)
+        return min(default, n - 1)
 
     def graph_neighbors(self, n_samples: int) -> int:
         """The k of the k-NN graph :meth:`fit` computes for ``n_samples`` points.
 
-        ``n_neighbors``, widened to ``max_kernel_neighbors`` for the kernel's reserve (the columns
-        ``kernel_tol`` may ask for; self-tuning takes ``n_neighbors``), at most ``n_samples − 1``.
+        ``n_neighbors`` (default 40), at most ``n_samples − 1``.
         A graph you pass to :meth:`fit` gives the same result when it has at least this k.
 
         Parameters
@@ -1190,8 +1186,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         int
         """
         self._check_params()
-        k = min(self.n_neighbors, n_samples - 1)
-        return k if self.epsilon == "self_tuning" else min(n_samples - 1, max(k, self.max_kernel_neighbors))
+        return self._n_neighbors_for(n_samples)
 
     def _check_n_components(self, n: int) -> None:
         if self.n_components > n - 1:
@@ -1238,7 +1233,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
             dev = self._device(X)
             self._fit_X = X
         self._check_n_components(n)
-        k = self._n_neighbors_for(n)
+        k = self._n_neighbors_for(n, None if graph is None else graph.k)
         if graph is None:
             graph = knng_graph(X, self.graph_neighbors(n), metric=self.metric, device=dev,
                                progress=bool(self.progress))
@@ -1249,8 +1244,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
 
         t1 = time.perf_counter()
         kernel = diffusion_kernel(graph, n_neighbors=k, epsilon=self.epsilon, alpha=self.alpha,
-                                  sigma_neighbor=self.sigma_neighbor, kernel_tol=self.kernel_tol,
-                                  max_width=self.max_kernel_neighbors, device=dev)
+                                  sigma_neighbor=self.sigma_neighbor, kernel_tol=self.kernel_tol, device=dev)
         count, labels = connected_components(kernel)
         notes: list[str] = []
         graph_count = count

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     data = open_input(args.data)
     metric = check_metric(metric_for(args, data))
     n = data.shape[0]
-    if args.k > n - 1:
+    if args.k is not None and args.k > n - 1:
         raise ValueError(f"-k {args.k} must be less than the number of points ({n:,}): each point's neighbours "
                          "are the others")
     if args.components > n - 1:
@@ -76,7 +76,7 @@ def _embed_one_process(args: argparse.Namespace, argv: Sequence[str], data: Inpu
                       alpha=args.alpha, t=args.t, sigma_neighbor=args.sigma_neighbor, eigen_solver=args.eigen_solver,
                       device=args.device, progress=progress_wanted(args))
     # The graph streams DATA from its file; the diffusion map then needs only the graph, with as
-    # many columns as DiffusionMap.fit(X) would compute (the kernel's reserve beyond -k).
+    # many columns as DiffusionMap.fit(X) would compute.
     graph = knng.graph(data.array, dm.graph_neighbors(data.shape[0]), metric=metric, device=args.device,
                        memory_budget=args.memory_budget, progress=progress_wanted(args))
     graph_s = time.perf_counter() - t0
@@ -87,7 +87,7 @@ def _embed_one_process(args: argparse.Namespace, argv: Sequence[str], data: Inpu
     report = dm.report_
     report.seconds["graph"] = graph_s
     n = graph.n_points
-    meta = metadata("embed", argv, {"data": data}, k=args.k, components=args.components, metric=metric,
+    meta = metadata("embed", argv, {"data": data}, k=report.n_neighbors, components=args.components, metric=metric,
                     device=str(dev), timings_s=dict(report.seconds), diffusion=report.as_dict(),
                     graph_report=report_dict(graph_report))
     results = ResultSet(folder)
@@ -97,7 +97,7 @@ def _embed_one_process(args: argparse.Namespace, argv: Sequence[str], data: Inpu
     meta["plot"] = plot_note or "embedding.png"
     out = results.commit(meta)
 
-    say(f"knng embed: {n:,} points, d={data.shape[1]}, k={args.k}, metric {metric}: diffusion map, "
+    say(f"knng embed: {n:,} points, d={data.shape[1]}, k={report.n_neighbors}, metric {metric}: diffusion map, "
         f"{args.components} coordinates")
     eps = "self-tuning σᵢσⱼ" if report.epsilon is None else f"ε = {report.epsilon:.4g} ({report.epsilon_rule})"
     parts = ("one connected component" if report.components == 1 else
@@ -134,7 +134,7 @@ def _embed_plot(results: ResultSet, dm: Any, labels: np.ndarray | None, args: ar
     else:
         j = args.color_by or min(3, dm.embedding_.shape[1])
         colour, label = dm.embedding_[:, j - 1], f"ψ{j}"
-    title = (f"knng embed {Path(args.data).name}: diffusion map, k = {args.k}, α = {args.alpha:g}, "
+    title = (f"knng embed {Path(args.data).name}: diffusion map, k = {dm.n_neighbors_}, α = {args.alpha:g}, "
              f"t = {args.t:g}")
     fig = embedding_figure(dm.embedding_, colour, title=title, colour_label=label, names=names)
     results.add_file("embedding.png", lambda path: fig.savefig(path, format="png", dpi=110))

@@ -101,8 +101,9 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
 
 def _add_embed_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("data", metavar="DATA", help="the points (FILE or FILE.hdf5:DATASET)")
-    p.add_argument("-k", "--k", type=argument_type(positive_int), required=True, metavar="K",
-                   help="neighbours per point in the k-NN graph (required)")
+    p.add_argument("-k", "--k", type=argument_type(positive_int), default=None, metavar="K",
+                   help="the most neighbours a point's kernel row takes: the k of the k-NN graph (default: 40; "
+                        "fewer keep the kernel more local)")
     p.add_argument("--components", type=argument_type(positive_int), default=2, metavar="M",
                    help="coordinates ψ₁ … ψ_M (the trivial constant one is left out; default: 2)")
     p.add_argument("--metric", choices=EMBED_METRICS, default=None, metavar="M",
