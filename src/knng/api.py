@@ -26,7 +26,7 @@ from knng._options import get_options, options
 from knng.arguments import check_checkpoint_arguments, check_k, check_select, graph_arguments
 from knng.engine import duplicates
 from knng.engine.checkpoint import DEFAULT_INTERVAL, STATE_FORMAT, Checkpoint, input_fingerprint
-from knng.engine.common import integer_extent_of, is_out_of_memory, place_input, resolve_device
+from knng.engine.common import DevicePeak, EngineReport, integer_extent_of, is_out_of_memory, place_input, resolve_device
 from knng.engine.exact import ExactStats, exact_pairs_of, round_as_exact
 from knng.engine.graph import GraphReport, exact_graph, slab_gain_of
 from knng.engine.kernels import compile_in_background, mark_ready, wait_for_kernels
@@ -98,6 +98,7 @@ _USER_FRAME = 4
 MIN_REPLAN_BUDGET = 16 << 20
 
 Result = TypeVar("Result", Neighbors, Graph, RadiusNeighbors)
+ReportT = TypeVar("ReportT", bound=EngineReport)
 
 
 def _first_calls_compile(kind: tuple, scores: int, dev: torch.device, recorded: bool,
@@ -231,6 +232,7 @@ def search(
     dev = resolve_device(device, q, c)
 
     def run(replay: bool) -> Neighbors:  # replay: again in the background, to compile its kernels
+        peak = DevicePeak.begin(dev)  # before the input's copy to the device, which the budget holds too
         budget = resolve_budget(memory_budget, dev)
         host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
         rows, budget = place_input(c, dev, budget, host_budget)  # rows: what the engine reads
@@ -262,6 +264,7 @@ def search(
             report = replace(report, duplicates_folded=c.n - reps.n)
         round_as_exact(m, q, torch.arange(q.n, device=idx.device), rows, idx, dist)
         _close_checkpoint(ckpt, keep_checkpoint)
+        report = _with_device_peak(report, peak)
         out_idx, out_dist = as_output(q, idx, dist)
         return Neighbors(indices=out_idx, distances=out_dist, metric=m.name, report=report)
 
@@ -269,6 +272,14 @@ def search(
                                  checkpoint is not None, run)
     set_last_report(found.report)
     return found
+
+
+def _with_device_peak(report: ReportT, peak: DevicePeak | None) -> ReportT:
+    """``report`` with the call's device peak (:class:`~knng.engine.common.DevicePeak`) on a GPU."""
+    if peak is None:
+        return report
+    used, is_bound = peak.end()
+    return replace(report, device_peak=used, device_peak_is_bound=is_bound)
 
 
 def _source_of_budget(memory_budget: Any, dev: torch.device, given: InputArray, rows: InputArray) -> str:
@@ -365,6 +376,7 @@ def graph(
     dev = resolve_device(device, x)
 
     def run(replay: bool) -> Graph:  # replay: again in the background, to compile its kernels
+        peak = DevicePeak.begin(dev)  # before the input's copy to the device, which the budget holds too
         budget = resolve_budget(memory_budget, dev)
         host_budget = resolve_host_budget(host_memory_budget)  # read once: the default reads /proc/meminfo
         rows, budget = place_input(x, dev, budget, host_budget)  # rows: what the engine reads
@@ -435,6 +447,7 @@ def graph(
             report = replace(report, duplicates_folded=x.n - reps.n)
         round_as_exact(m, rows, torch.arange(x.n, device=idx.device), rows, idx, dist)
         _close_checkpoint(ckpt, keep_checkpoint)
+        report = _with_device_peak(report, peak)
         out_idx, out_dist = as_output(x, idx, dist)
         return Graph(indices=out_idx, distances=out_dist, metric=m.name, include_self=include_self, report=report)
 

@@ -574,3 +574,33 @@ def test_calls_complete_with_most_of_the_card_held_by_the_caller(seed):
         assert_radius_exact(knng.radius(few, part, radius), few, part, radius, context=f"seed={seed}")
     finally:
         del hold
+
+
+def test_the_report_states_the_device_peak(seed):
+    """The report's ``device_peak``: exactly the call's peak above its start where the call set
+    the process's peak, a bound where the process had held more before; never a reset of the
+    caller's own peak statistics."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.skip("the allocator's peak is per process but the GPU's memory is shared: run with -n 0")
+    x = _randn((100_000, 64), seed)
+    torch.cuda.synchronize()
+    # The process held 4 GiB before the call: the call's peak stays below it, so it is a bound.
+    hog = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+    del hog
+    peak_before = torch.cuda.max_memory_allocated()
+    g = knng.graph(x, 10, memory_budget="1GB")
+    knng.wait_for_kernels()  # a first call's kernels compile in the background, allocating too
+    assert torch.cuda.max_memory_allocated() == peak_before  # not reset by knng
+    assert g.report.device_peak_is_bound
+    assert (4 << 30) - (1 << 20) <= g.report.device_peak <= peak_before - x.numel() * 4
+    # A fresh peak (the caller resets it): the call's own, exactly, and within its budget.
+    del g
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    g = knng.graph(x, 10, memory_budget="1GB")
+    report = g.report
+    assert not report.device_peak_is_bound
+    assert report.device_peak == torch.cuda.max_memory_allocated() - start
+    assert report.device_peak > x.numel() // 8  # at least the graph's own lists
+    found = knng.search(x[:1000], x, 10)
+    assert found.report.device_peak is not None and found.report.device_peak > 0

@@ -554,3 +554,11 @@ def test_graph_survivors_from_each_rows_smallest_is_exact(data, name, monkeypatc
         assert_exact(g, oracle_graph(x, k), context=f"seed={seed} {data} {name} k={k} budget={budget}")
         if data == "shell" and k == 40 and budget is None:
             assert max(widest) > 0  # the origin's row went through the store's merge
+
+
+def test_the_device_peak_is_stated_on_gpus_only(rng):
+    # torch does not count host memory: a CPU run states no device peak rather than a wrong one
+    # (the GPU's figure: tests/engine/test_gpu.py).
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    for result in (knng.graph(x, 5, device="cpu"), knng.search(x[:20], x, 5, device="cpu")):
+        assert result.report.device_peak is None and not result.report.device_peak_is_bound

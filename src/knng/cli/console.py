@@ -59,4 +59,10 @@ def exact_line(report: Any) -> str:
                 or isinstance(report, DistributedGraphReport) else "queries")
         text += (f"\n  resumed from a checkpoint with {checkpoints['resumed_from']:,} {unit} done; "
                  f"{checkpoints['saves']} checkpoints saved since ({checkpoints['seconds']:.2f} s)")
+    peak = getattr(report, "device_peak", None)
+    plan = getattr(report, "plan", None)
+    if peak is not None and plan is not None:  # a GPU's: torch does not count host memory
+        text += (f"\n  device memory: {'at most ' if report.device_peak_is_bound else ''}{peak / 2**30:.2f} GiB at "
+                 f"the peak beyond what was allocated before (a copy of the input included); the plan's budget "
+                 f"{plan.budget / 2**30:.2f} GiB")
     return text

@@ -23,7 +23,7 @@ from knng.engine.kernels import finite_column_sums, in_background, lattice_exten
 __all__ = [
     "resolve_device", "place_input", "on_device", "device_block_rows", "full_precision", "CorpusStats", "corpus_stats",
     "integer_extent_of",
-    "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "TF32_EXACT_SAMPLES", "tf32_products",
+    "PreparedCorpus", "is_out_of_memory", "Progress", "EngineReport", "DevicePeak", "TF32_EXACT_SAMPLES", "tf32_products",
     "LATTICE_UNITS", "LATTICE_TOLERANCE", "LatticeExtent",
 ]
 
@@ -604,6 +604,45 @@ class Progress:
             self.bar.close()
 
 
+@dataclass(frozen=True)
+class DevicePeak:
+    """The peak of torch's allocations on a CUDA device during a call, read without resetting
+    the caller's statistics (``torch.cuda.reset_peak_memory_stats`` would lose the peak a
+    training loop or a profiler is keeping).
+
+    :meth:`begin` notes what was allocated when the call started and the process's peak until
+    then; :meth:`end` reads the peak again. Where it rose, the call reached a new peak and
+    ``peak − start`` is exactly the most the call held at once beyond what was allocated before
+    it (allocations of other threads meanwhile included: the allocator counts per device). Where
+    it did not, the process had held more before, and ``peak before − start`` is only a bound.
+    """
+
+    device: torch.device
+    allocated_at_start: int
+    peak_before: int
+
+    @classmethod
+    def begin(cls, device: torch.device) -> "DevicePeak | None":
+        """Start measuring on ``device``; None on a CPU (host memory is not counted by torch)."""
+        if device.type != "cuda":
+            return None
+        allocated, peak = _allocated_bytes(device)
+        return cls(device, allocated, peak)
+
+    def end(self) -> tuple[int, bool]:
+        """(bytes, is_bound): the call's peak above its start, and whether that is only a bound."""
+        _, peak = _allocated_bytes(self.device)
+        if peak > self.peak_before:
+            return peak - self.allocated_at_start, False
+        return self.peak_before - self.allocated_at_start, True
+
+
+def _allocated_bytes(device: torch.device) -> tuple[int, int]:
+    """(current, peak) bytes torch's caching allocator has handed out on ``device``."""
+    stats = torch.cuda.memory_stats_as_nested_dict(device).get("allocated_bytes", {}).get("all", {})
+    return int(stats.get("current", 0)), int(stats.get("peak", 0))
+
+
 @dataclass
 class EngineReport:
     """How a run went: the plan it ran, out-of-memory retries and the exactness counters."""
@@ -629,6 +668,13 @@ class EngineReport:
     #: first, as ``knng info`` prints it; the run finished on the last of these). A graph by
     #: rows lists its search's plans.
     replans: list[EnginePlan] = field(default_factory=list)
+    #: On a GPU: the most device memory the call held at once beyond what was allocated when it
+    #: started (torch's allocations, :class:`DevicePeak`), a host input's copy to the device
+    #: included, so to set against the budget the call was given (``plan.budget`` is what the
+    #: copy left of it); None on a CPU. ``device_peak_is_bound``: the process had held more before the call than at
+    #: any time during it, so ``device_peak`` is only an upper bound of the call's own.
+    device_peak: int | None = None
+    device_peak_is_bound: bool = False
 
     @property
     def screen_dtype(self) -> str:
