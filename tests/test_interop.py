@@ -109,6 +109,25 @@ def test_diffusion_map_on_scanpys_neighbours(cells: np.ndarray) -> None:
 # --- UMAP -------------------------------------------------------------------------------------
 
 
+def test_the_readmes_scanpy_recipe_on_pbmc68k_reduced() -> None:
+    # The README's recipe, as a new user runs it on scanpy's bundled data set (its stored graph
+    # has 9 neighbours a cell): a diffusion map on those neighbours, with no failure, no warning,
+    # no eigenvalue at 1 (a degenerate spectrum must never come back silently), 2 and 10
+    # coordinates.
+    sc = pytest.importorskip("scanpy", reason="pip install 'knng[interop]'")
+    import warnings
+
+    adata = sc.datasets.pbmc68k_reduced()
+    graph = knng.Graph.from_scipy(adata.obsp["distances"])
+    for m in (2, 10):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            dm = knng.DiffusionMap(n_components=m).fit(graph)
+        assert dm.n_neighbors_ == graph.k and dm.report_.components == 1
+        assert np.all(np.isfinite(dm.embedding_)) and dm.embedding_.shape == (adata.n_obs, m)
+        assert 1.0 - dm.eigenvalues_[0] > 1e-3 and np.all(np.diff(dm.eigenvalues_) <= 0)
+
+
 def test_umap_from_a_knng_graph_equals_umap_with_exact_neighbours(cells: np.ndarray) -> None:
     umap = pytest.importorskip("umap", reason="pip install 'knng[interop]'")
 
