@@ -1386,9 +1386,10 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         """Embed new points by the Nyström extension of the eigenvectors.
 
         A new point x gets the kernel row a training point at its place would have: its
-        ``n_neighbors_ + 1`` nearest training points (found with :func:`knng.search`; a training
-        point finds itself first, at distance 0), plus the training points j that would count x
-        among their own ``n_neighbors_`` (d(x, j) ≤ j's k-th neighbour distance: the union rule),
+        ``kernel_neighbors_ + 1`` nearest training points (found with :func:`knng.search`; a
+        training point finds itself first, at distance 0), plus the training points j that would
+        count x among their own ``kernel_neighbors_`` (d(x, j) ≤ j's distance to its last kernel
+        column: the union rule),
         looked for among the points that count x's nearest training point among theirs. The row is
         normalised with the training densities, ``p(x, j) = K⁽ᵅ⁾(x, j) / Σ_j K⁽ᵅ⁾(x, j)``, and
         ``ψ_k(x) = λ_k⁻¹ Σ_j p(x, j) ψ_k(j)``. For a training point that row is its row of P, so
