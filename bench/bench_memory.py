@@ -75,7 +75,10 @@ def measure(x: torch.Tensor, k: int, budget: str | None, sites: int) -> tuple[di
         found = peak_sites(torch.cuda.memory._snapshot(), sites)
         torch.cuda.memory._record_memory_history(enabled=None)
     plan = graph.report.plan
+    # The report's own figure (None from trees before it had one), which should equal ``peak``.
+    report_peak = getattr(graph.report, "device_peak", None)
     row = dict(budget=budget or "default", planned_budget=plan.budget, seconds=seconds, peak=peak,
+               report_peak=report_peak,
                method=plan.graph_method, parts=plan.parts, part_size=plan.part_size,
                bytes_expected=plan.bytes_expected, oom_retries=graph.report.oom_retries,
                sites=[dict(gib=g, blocks=b, site=s) for g, b, s in found])
@@ -126,7 +129,9 @@ def run_budgets(args: argparse.Namespace, x: torch.Tensor, rows: list[dict]) -> 
             row.update(data=args.data, n=x.shape[0], d=x.shape[1], k=args.k, held_gb=args.held, options=args.options)
             rows.append(row)
             print(f"MEM {args.data} k={args.k} budget={row['budget']} ({row['planned_budget'] / 2**30:.1f} GiB planned)"
-                  f": {row['seconds']:.3f} s, peak {row['peak'] / 2**30:.2f} GiB; {row['method']}, {row['parts']} parts"
+                  f": {row['seconds']:.3f} s, peak {row['peak'] / 2**30:.2f} GiB"
+                  + ("" if row["report_peak"] is None else f" (report: {row['report_peak'] / 2**30:.2f})")
+                  + f"; {row['method']}, {row['parts']} parts"
                   f" of {row['part_size']}, expected {row['bytes_expected'] / 2**30:.2f} GiB, "
                   f"retries {row['oom_retries']}, same as the first: {row['same_as_first']}", flush=True)
             for site in row["sites"]:
