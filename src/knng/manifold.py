@@ -983,7 +983,9 @@ class DiffusionReport:
     graph_components: int
     eigenvalues: list[float]
     residuals: list[float]
-    #: |λ₀ − 1| and max_i |ψ₀(i) − 1|: how exactly the trivial pair came out.
+    #: |λ₀ − 1| and max_i |ψ₀(i) − 1|: how exactly the trivial pair came out. The iterative
+    #: solvers take ψ₀ as known (:func:`solve_eigenproblem`), so there its error is rounding and
+    #: λ₀ = √πᵀ A √π checks the kernel's normalisation.
     trivial_eigenvalue_error: float
     trivial_vector_error: float
     #: 1 − λ₁: how fast the diffusion mixes; small means slow, well-separated structure.
