@@ -600,7 +600,8 @@ def test_the_report_states_the_device_peak(seed):
     g = knng.graph(x, 10, memory_budget="1GB")
     report = g.report
     assert not report.device_peak_is_bound
-    assert report.device_peak == torch.cuda.max_memory_allocated() - start
+    # Read before the answer takes the caller's form, which may allocate its copy after.
+    assert 0 <= torch.cuda.max_memory_allocated() - start - report.device_peak <= x.shape[0] * 10 * 12
     assert report.device_peak > x.numel() // 8  # at least the graph's own lists
     found = knng.search(x[:1000], x, 10)
     assert found.report.device_peak is not None and found.report.device_peak > 0
