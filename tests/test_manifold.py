@@ -393,6 +393,24 @@ def test_n_neighbors_decides_how_local_the_kernel_is(rng) -> None:
     assert concentration(2 * theta, wide.embedding_) >= 0.99
 
 
+def test_kernel_tol_never_cuts_the_data_into_pieces(rng) -> None:
+    # Two rings of 20 points (spacing 1) stacked 4.5 apart: every point's 25-NN reach the other
+    # ring (its twin at s = 20.25 is its 9th), but with ε = 1.2 a row's entries fall below
+    # kernel_tol at its 7th neighbour (s = 14.4), so the fewest columns kernel_tol allows leave
+    # the rings apart. A truncation must not cut the data into pieces: the kernel takes all 25,
+    # one component (joined by entries of ~1e-7, no degenerate spectrum), no warning.
+    angles = 2 * np.pi * np.arange(20) / 20
+    ring = np.c_[np.cos(angles), np.sin(angles), np.zeros(20)] * (20 / (2 * np.pi))
+    x = np.r_[ring, ring + np.array([0, 0, 4.5])] + rng.normal(0, 1e-3, (40, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dm = DiffusionMap(n_neighbors=25, epsilon=1.2, device="cpu").fit(x)
+    assert dm.kernel_neighbors_ == 25 and dm.report_.components == 1
+    assert "ARPACK" in dm.report_.solver  # 40 points: iterative, not the dense solve
+    narrower = manifold.diffusion_kernel(dm.graph_, n_neighbors=25, epsilon=1.2)
+    assert narrower.width < 9 and manifold.connected_components(narrower)[0] == 2
+
+
 @pytest.mark.parametrize("k", [3, 12, 40, 55])
 def test_a_wider_graph_gives_the_kernel_its_first_n_neighbors(k, rng) -> None:
     # fit(graph) with more columns than n_neighbors equals fit(X): the kernel, ε and the width

@@ -397,15 +397,16 @@ def default_epsilon(sq_graph: torch.Tensor, n_neighbors: int) -> float:
                reach_epsilon(sq_graph[:, :min(n_neighbors, DEFAULT_N_NEIGHBORS)]))
 
 
-def kernel_width(sq_graph: torch.Tensor, epsilon: float, tol: float, complete: bool) -> tuple[int, float, int]:
+def kernel_width(sq_graph: torch.Tensor, epsilon: float, tol: float, complete: bool,
+                 fewest: int = 1) -> tuple[int, float, int]:
     """How many graph columns the kernel needs so that what it leaves out is below ``tol``.
 
     Row i leaves out neighbours beyond its ``w``-th, each of kernel value at most
     ``exp(−(s_iw − s_i1)/ε)`` times the row's largest off-diagonal entry ``exp(−s_i1/ε)`` (s_i1
     its nearest neighbour's squared distance: on noisy data every distance carries the noise
     floor, which the normalisation divides out, so the bound is relative to it). The width is
-    the smallest ``w`` for which every row's bound is at most ``tol``, or all the columns of
-    ``sq_graph`` (the ``n_neighbors`` the kernel may take) when no width does.
+    the smallest ``w ≥ fewest`` for which every row's bound is at most ``tol``, or all the
+    columns of ``sq_graph`` (the ``n_neighbors`` the kernel may take) when no width does.
 
     Returns
     -------
@@ -419,6 +420,7 @@ def kernel_width(sq_graph: torch.Tensor, epsilon: float, tol: float, complete: b
     excess = (sq_graph - sq_graph[:, :1]) / epsilon
     threshold = math.log(1.0 / tol)
     reached = excess >= threshold
+    reached[:, : fewest - 1] = False
     found = reached.any(dim=1)
     if bool(found.all()):
         width = int(reached.to(torch.int8).argmax(dim=1).max()) + 1
@@ -430,7 +432,7 @@ def kernel_width(sq_graph: torch.Tensor, epsilon: float, tol: float, complete: b
 
 def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: float | str = "auto",
                      alpha: float = 1.0, sigma_neighbor: int = 7, kernel_tol: float | None = DEFAULT_KERNEL_TOL,
-                     device: str | torch.device = "cpu") -> DiffusionKernel:
+                     min_width: int = 1, device: str | torch.device = "cpu") -> DiffusionKernel:
     """The diffusion kernel of a k-NN graph (see the module docstring and ``docs/MANIFOLD.md``).
 
     Parameters
@@ -452,6 +454,9 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
         The kernel takes the fewest of those columns for which every entry left out of a row is
         below ``kernel_tol`` times the row's largest off-diagonal entry (:func:`kernel_width`);
         None: all ``n_neighbors``. Self-tuning always takes ``n_neighbors``.
+    min_width : int
+        The fewest columns the kernel takes whatever ``kernel_tol`` allows (:class:`DiffusionMap`
+        asks for all ``n_neighbors`` where fewer leave the kernel in more pieces than the graph).
     device : str or torch.device
         Where to build it.
 
@@ -479,7 +484,8 @@ def diffusion_kernel(graph: Graph, *, n_neighbors: int | None = None, epsilon: f
         else:
             eps = float(epsilon)
         if kernel_tol is not None:
-            width, tail, rows_over = kernel_width(sq_graph[:, :k], eps, kernel_tol, complete=k >= n - 1)
+            width, tail, rows_over = kernel_width(sq_graph[:, :k], eps, kernel_tol, complete=k >= n - 1,
+                                                  fewest=min(min_width, k))
     rows, cols, sq = union_edges(indices[:, :width], sq_graph[:, :width], n)
     if sigma is not None:
         kernel = torch.exp(-sq / (sigma[rows] * sigma[cols]))
@@ -1067,7 +1073,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
     kernel_tol : float in (0, 1], default=1e-4
         The kernel takes graph columns until every entry it leaves out of a row is below
         ``kernel_tol`` times the row's largest off-diagonal entry (``report_.kernel_tail`` says
-        what it reached), within ``n_neighbors``.
+        what it reached), within ``n_neighbors``; all ``n_neighbors`` where fewer would leave
+        the kernel in more connected pieces than the k-NN graph.
     eigen_solver : {"auto", "scipy", "torch"}, default="auto"
         "scipy": ARPACK on the host. "torch": thick-restart Lanczos on the device (GPU or CPU).
         "auto": torch on a CUDA device, SciPy on the CPU. Tiny sets are solved densely.
@@ -1245,9 +1252,19 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         seconds["graph"] = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        kernel = diffusion_kernel(graph, n_neighbors=k, epsilon=self.epsilon, alpha=self.alpha,
-                                  sigma_neighbor=self.sigma_neighbor, kernel_tol=self.kernel_tol, device=dev)
+        def kernel_of(min_width: int) -> DiffusionKernel:
+            return diffusion_kernel(graph, n_neighbors=k, epsilon=self.epsilon, alpha=self.alpha,
+                                    sigma_neighbor=self.sigma_neighbor, kernel_tol=self.kernel_tol,
+                                    min_width=min_width, device=dev)
+
+        kernel = kernel_of(1)
         count, labels = connected_components(kernel)
+        if count > 1 and kernel.width < k and graph_components(graph, k) < count:
+            # The columns kernel_tol left out (each below it relative to its row) joined what the
+            # narrower kernel leaves apart: a truncation must not cut the data into pieces, so
+            # the kernel takes all n_neighbors.
+            kernel = kernel_of(k)
+            count, labels = connected_components(kernel)
         notes: list[str] = []
         graph_count = count
         if count > 1:
