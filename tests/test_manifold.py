@@ -466,9 +466,12 @@ def test_shift_invert_takes_over_where_arpack_stalls(rng) -> None:
     # the dense answer.
     n = 400
     x = np.c_[rng.uniform(0, 30, n), rng.uniform(0, 0.3, n), rng.uniform(0, 0.1, n)]
-    ref = DiffusionMap(n_components=3, n_neighbors=10, eigen_tol=1e-13, device="cpu").fit(x)
+    # 40 neighbours: the strip's 10-NN graph falls apart at its random gaps in some draws.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", manifold.DisconnectedWarning)
+        ref = DiffusionMap(n_components=3, n_neighbors=40, eigen_tol=1e-13, device="cpu").fit(x)
     for solver in ("scipy", "torch"):
-        dm = DiffusionMap(n_components=3, n_neighbors=10, eigen_solver=solver, max_iter=1, eigen_tol=1e-12,
+        dm = DiffusionMap(n_components=3, n_neighbors=40, eigen_solver=solver, max_iter=1, eigen_tol=1e-12,
                           device="cpu").fit(x)
         assert "shift-invert" in dm.report_.solver, dm.report_.solver
         np.testing.assert_allclose(dm.eigenvalues_, ref.eigenvalues_, rtol=0, atol=1e-10)
