@@ -1259,17 +1259,16 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
 
         kernel = kernel_of(1)
         count, labels = connected_components(kernel)
-        if count > 1 and kernel.width < k and graph_components(graph, k) < count:
+        graph_count = count if count == 1 else graph_components(graph, k)
+        if graph_count < count and kernel.width < k:
             # The columns kernel_tol left out (each below it relative to its row) joined what the
             # narrower kernel leaves apart: a truncation must not cut the data into pieces, so
             # the kernel takes all n_neighbors.
             kernel = kernel_of(k)
             count, labels = connected_components(kernel)
         notes: list[str] = []
-        graph_count = count
         if count > 1:
             labels = _relabel_by_size(labels)
-            graph_count = graph_components(graph, k)
             notes.append(_disconnected_message(count, labels, graph_count, k, kernel, graph))
             warnings.warn(notes[-1], DisconnectedWarning, stacklevel=2)
         _sync(dev)

@@ -12,7 +12,7 @@ import torch
 
 from knng._inputs import READ_AHEAD, READ_CHUNK_BYTES, READ_THREADS, InputArray, check_finite
 from knng.engine.exact import ExactStats
-from knng.engine.plan import EnginePlan, copies_input
+from knng.engine.plan import EnginePlan, allocator_stat, copies_input
 from knng.engine.store import StoreStats
 from knng.metrics import (
     INTEGER_MAX_D, IntegerExtent, Metric, Prepared, ScreenPrecision, integer_centre, integer_rows_fit,
@@ -639,8 +639,8 @@ class DevicePeak:
 
 def _allocated_bytes(device: torch.device) -> tuple[int, int]:
     """(current, peak) bytes torch's caching allocator has handed out on ``device``."""
-    stats = torch.cuda.memory_stats_as_nested_dict(device).get("allocated_bytes", {}).get("all", {})
-    return int(stats.get("current", 0)), int(stats.get("peak", 0))
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+    return allocator_stat(stats, "allocated_bytes"), allocator_stat(stats, "allocated_bytes", "peak")
 
 
 @dataclass

@@ -30,7 +30,7 @@ __all__ = [
     "RadiusPlan", "make_radius_plan",
     "choose_screen_precision", "budget_source",
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
-    "available_ram", "INPUT_COPY_SHARE", "copies_input",
+    "available_ram", "allocator_stat", "INPUT_COPY_SHARE", "copies_input",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
     "SEED_STRIPS_PER_K", "strip_seed_count", "held_pairs_limit",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
@@ -127,7 +127,7 @@ def default_budget(device: torch.device) -> int:
         # allocator's nested statistics: memory_reserved and memory_allocated flatten all of
         # them each, in Python (0.6 ms of every GPU call's host time, H200).
         stats = torch.cuda.memory_stats_as_nested_dict(device)
-        cached = _current(stats, "reserved_bytes") - _current(stats, "allocated_bytes")
+        cached = allocator_stat(stats, "reserved_bytes") - allocator_stat(stats, "allocated_bytes")
         return int((free + max(0, cached)) * GPU_FREE_SHARE)
     return int(min(CPU_BUDGET_CAP, available_ram() * CPU_AVAILABLE_SHARE))
 
@@ -152,9 +152,10 @@ def copies_input(*, nbytes: int, on_device: bool, device: torch.device, budget: 
     return nbytes * INPUT_COPY_SHARE <= budget
 
 
-def _current(stats: dict, name: str) -> int:
-    """The current bytes of one of the caching allocator's nested statistics (0 before any use)."""
-    return int(stats.get(name, {}).get("all", {}).get("current", 0))
+def allocator_stat(stats: dict, name: str, which: str = "current") -> int:
+    """``which`` ("current" or "peak") bytes of one of the caching allocator's nested statistics
+    (``torch.cuda.memory_stats_as_nested_dict``; 0 before any use)."""
+    return int(stats.get(name, {}).get("all", {}).get(which, 0))
 
 
 def resolve_budget(memory_budget: int | float | str | None, device: torch.device) -> int:
