@@ -269,8 +269,8 @@ def test_graph_image_patches(fused_precision, method, seed, set_options):
 
     set_options(graph_rows_min_k=1 if method == "rows" else 10**9)
     set_options(graph_rows_tiles_first=method == "rows")
-    if method == "rows":  # around one centre: no principal frames, whatever the data's slabs
-        set_options(principal_min_gain=float("inf"))
+    if method == "rows":  # around one centre (no principal frames) and by rows, whatever the data's slabs
+        set_options(principal_min_gain=float("inf"), local_centre_gain=float("inf"))
     set_options(kernel_search_rows=16384)
     rng = np.random.default_rng(seed)
     x = torch.from_numpy(smooth_image_patches(rng, 80_000)).cuda()
