@@ -66,18 +66,6 @@ import knng  # noqa: E402
 from knng.manifold import DiffusionMap  # noqa: E402
 
 
-def manifold_data(n: int, d: int, seed: int = 0, noise: float = 0.01) -> np.ndarray:
-    """n points of a 3-D manifold in d dimensions (random Fourier features), float32."""
-    rng = np.random.default_rng(seed)
-    weights = rng.normal(0.0, 2.0, (3, d))
-    phases = rng.uniform(0.0, 2 * np.pi, d)
-    out = np.empty((n, d), dtype=np.float32)
-    for r0 in range(0, n, 1 << 18):  # in blocks: 1M × 64 float64 intermediates would be 0.5 GB
-        u = rng.uniform(size=(min(n, r0 + (1 << 18)) - r0, 3))
-        out[r0:r0 + len(u)] = np.cos(u @ weights + phases) + rng.normal(0.0, noise, (len(u), d))
-    return out
-
-
 def knng_run(x: np.ndarray, k: int, m: int, device: str, solver: str) -> dict[str, Any]:
     """One DiffusionMap fit, timed whole and by the report's stages."""
     timing = harness.time_call(lambda: DiffusionMap(n_components=m, n_neighbors=k, device=device,
@@ -441,12 +429,12 @@ def main() -> None:
             "date": datetime.date.today().isoformat(), "args": vars(args)}
     print(f"# diffusion maps: n={args.n:,}, d={args.d}, k={args.k}, {args.components} components on {info['device']}")
     if device.startswith("cuda"):
-        knng_run(manifold_data(2000, args.d, seed=1), args.k, args.components, device, args.eigen_solver)
+        knng_run(harness.manifold(2000, args.d, seed=1), args.k, args.components, device, args.eigen_solver)
 
-    rows = [knng_run(manifold_data(args.n, args.d), args.k, args.components, device, args.eigen_solver)]
+    rows = [knng_run(harness.manifold(args.n, args.d), args.k, args.components, device, args.eigen_solver)]
     print(table(rows), flush=True)
     if args.compare_n:
-        x = manifold_data(args.compare_n, args.d)
+        x = harness.manifold(args.compare_n, args.d)
         rows.append(knng_run(x, args.k, args.components, device, args.eigen_solver))
         if device != "cpu":
             rows.append(knng_run(x, args.k, args.components, "cpu", "scipy"))

@@ -70,7 +70,7 @@ import knng  # noqa: E402
 __all__ = [
     "ROOT", "Timing", "time_call", "resolve_device", "synchronize", "release", "gpu_or_exit",
     "PICTURES", "PATCH_SHAPES", "DEFAULT_PICTURES", "save_pictures", "load_pictures", "patches",
-    "gaussian", "dense_descriptors", "embeddings", "point_cloud", "photon_counts", "camera_patches",
+    "gaussian", "dense_descriptors", "embeddings", "point_cloud", "manifold", "photon_counts", "camera_patches",
     "DataSet", "DATASETS", "load_dataset", "dataset_on", "flat_rows",
     "Peer", "peers", "peer_graph", "recall", "torch_search",
     "oracle_rows", "check_exact",
@@ -426,6 +426,20 @@ def embeddings(n: int, d: int = 384, seed: int = 0, clusters: int = 64, rank: in
     return out
 
 
+def manifold(n: int, d: int = 64, seed: int = 0, noise: float = 0.01) -> np.ndarray:
+    """``n`` points of a smooth 3-D manifold in ``d`` dimensions (random Fourier features of
+    uniform points in the unit cube, plus N(0, noise²) in every coordinate), float32: the data
+    ``bench_diffusion.py`` embeds, and a point cloud whose k-NN radii are all about equal."""
+    rng = np.random.default_rng(seed)
+    weights = rng.normal(0.0, 2.0, (3, d))
+    phases = rng.uniform(0.0, 2 * np.pi, d)
+    out = np.empty((n, d), dtype=np.float32)
+    for r0 in range(0, n, 1 << 18):  # in blocks: 1M × 64 float64 intermediates would be 0.5 GB
+        u = rng.uniform(size=(min(n, r0 + (1 << 18)) - r0, 3))
+        out[r0:r0 + len(u)] = np.cos(u @ weights + phases) + rng.normal(0.0, noise, (len(u), d))
+    return out
+
+
 def point_cloud(n: int, seed: int = 0, noise: float = 0.002, quantum: float = 0.001,
                 origin: tuple[float, float, float] = (1000.0, 2000.0, 50.0)) -> np.ndarray:
     """A scanned scene's 3-D points: 40 planes, spheres and cylinders in a 100 m × 100 m × 20 m
@@ -591,6 +605,8 @@ DATASETS: dict[str, DataSet] = {s.name: s for s in (
             lambda n, d, seed, pictures: embeddings(n, d or 384, seed), 200_000),
     DataSet("points", "euclidean", "3-D points of a scanned scene about 2 km from the origin, millimetre steps",
             lambda n, d, seed, pictures: point_cloud(n, seed), 1_000_000),
+    DataSet("manifold", "euclidean", "a smooth 3-D manifold in d dimensions (d = 64 unless asked; bench_diffusion's data)",
+            lambda n, d, seed, pictures: manifold(n, d or 64, seed), 1_000_000),
     DataSet("far", "euclidean", "N(1000, 1) points, float32 (n × d): far from the origin (the README's example)",
             lambda n, d, seed, pictures: _far(n, d or 128, seed), 100_000),
     DataSet("far_cosine", "cosine", "the same points compared by cosine (the README's first example)",

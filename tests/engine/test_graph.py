@@ -315,16 +315,18 @@ def test_a_graph_out_of_memory_after_its_retries_is_planned_again_smaller(monkey
         knng.graph(x, 9, device="cpu")
 
 
+@pytest.mark.parametrize("held_limit", [0, 500])
 @pytest.mark.parametrize("fail", [1, 2, 5])
 def test_held_survivors_taken_in_after_an_out_of_memory_error_are_not_lost(monkeypatch, rng, seed, fail,
-                                                                          set_options):
-    # A holding store over its limit takes its held survivors in a flush's worth at a time
-    # (HoldingStore._take_held); an out-of-memory error in one of those updates leaves what was
-    # not taken in pending, the block is retried, and the graph is exact.
+                                                                          held_limit, set_options):
+    # A holding store over its limit takes its held survivors in a step at a time (a flush's
+    # worth, 200, where the limit is 0; the limit, 500, where it is more: HoldingStore._take_held);
+    # an out-of-memory error in one of those updates leaves what was not taken in pending, the
+    # block is retried, and the graph is exact.
     from knng.engine.store import CandidateStore
 
     set_options(hold_on=frozenset({"cpu", "cuda"}), screen_precision="tf32", cpu_max_part=70,
-                pending_cpu=200, held_limit=0)
+                pending_cpu=200, held_limit=held_limit)
     x = rng.standard_normal((333, 6))
     x[100:150] = x[:50]
     real_take = CandidateStore._take
@@ -340,6 +342,17 @@ def test_held_survivors_taken_in_after_an_out_of_memory_error_are_not_lost(monke
     g = knng.graph(x, 7, device="cpu")
     assert g.report.oom_retries == 1 and "store.take_held" in g.report.stages, g.report.stages
     assert_exact(g, oracle_graph(x, 7), context=f"seed={seed} fail={fail}")
+
+
+def test_held_survivors_are_taken_in_by_the_limit_where_the_budget_holds_them():
+    from knng.engine.plan import TAKE_IN_PAIR_BYTES, held_take_in_step
+
+    limit, pending = 40_000_000, 4_194_304
+    assert held_take_in_step(limit, pending, 83 * 2**30) == limit  # one merge of the tables
+    four = held_take_in_step(limit, pending, 4 * 2**30)  # an eighth of the budget's worth
+    assert pending < four < limit and four * TAKE_IN_PAIR_BYTES <= 4 * 2**30 // 8
+    assert held_take_in_step(limit, pending, 2**20) == pending  # never less than a flush
+    assert held_take_in_step(0, 200, 2**40) == 200
 
 
 def test_graph_parts_use_the_budget():

@@ -32,7 +32,7 @@ __all__ = [
     "TilePlan", "plan_tiles", "default_budget", "resolve_budget", "store_capacity", "search_capacity",
     "available_ram", "allocator_stat", "INPUT_COPY_SHARE", "copies_input",
     "resolve_precision", "pending_pairs", "PRINCIPAL_FRAMES", "GLOBAL_FRAMES", "resolve_host_budget",
-    "SEED_STRIPS_PER_K", "strip_seed_count", "held_pairs_limit",
+    "SEED_STRIPS_PER_K", "strip_seed_count", "held_pairs_limit", "held_take_in_step",
     "host_budget_source", "LISTS_ON_DEVICE", "LISTS_IN_HOST", "LISTS_ON_DISK", "READ_AHEAD", "GRAPH_SYMMETRIC",
     "GRAPH_ROWS", "graph_search_k", "KnngPerformanceWarning", "HOST_BUDGET_SLOWDOWN", "HOST_BUDGET_WITHIN",
     "PlanWork", "plan_work", "estimated_seconds", "host_budget_note", "budget_text", "share_rows",
@@ -673,6 +673,25 @@ def held_pairs_limit(n: int, capacity: int, pending: int) -> int:
     against 6.0 GB in 0.32–0.36 s; 1M × 128 Gaussian points at k = 10 under 1 GB 3.3 GB in
     1.15 s against 2.7 GB in 0.70 s."""
     return int(max(4 * pending, n * capacity))
+
+
+#: Bytes a held survivor costs while it is taken into the tables (its float64 key, the update's
+#: sorted copies and the merge): 1M points of a 3-D manifold in 64 dimensions at k = 32 (40M held
+#: survivors over the limit) peaked 3.7 GiB higher taking them in at once than a flush's 4.2M at
+#: a time (one H200, ``bench/bench_memory.py --data manifold``).
+TAKE_IN_PAIR_BYTES = 100
+
+
+def held_take_in_step(limit: int, pending: int, budget: int) -> int:
+    """Held survivors a graph's holding store takes into its tables at a time: its ``limit`` (the
+    store's own entries, :func:`held_pairs_limit`) where an eighth of the ``budget`` holds them at
+    :data:`TAKE_IN_PAIR_BYTES` each, else what it holds, and never less than a flush's worth
+    (``pending``).
+
+    Every update merges the whole table, so steps of a flush cost time: the manifold graph above
+    took 1.55 s in steps of its limit and 1.88 s in flushes (−18 %; at k = 10 1.08 against 1.21 s),
+    peaking at 11.8 against 8.1 GiB; under a 4 GB budget the step is a flush's worth again."""
+    return int(max(pending, min(limit, budget // 8 // TAKE_IN_PAIR_BYTES)))
 
 
 #: Bytes a held survivor takes while the held lists tighten (the joined lists, 28 bytes; the

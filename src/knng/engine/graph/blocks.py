@@ -29,7 +29,7 @@ from knng.engine.exact import ExactStats
 from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
 from knng.engine.graph.report import GraphReport
 from knng.engine.plan import (
-    EnginePlan, held_pairs_limit, strip_seed_count,
+    EnginePlan, held_pairs_limit, held_take_in_step, strip_seed_count,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
@@ -85,24 +85,26 @@ SCATTER_RATIO = (1 + 5**0.5) / 2
 
 
 def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: torch.Tensor | None,
-                device: torch.device, *, n: int, capacity: int, pending: int) -> Holding | None:
+                device: torch.device, *, n: int, capacity: int, pending: int, budget: int) -> Holding | None:
     """How the graph's store holds its survivors back (``Options.hold_on``), or None: blocks screened
     in a low precision. With one centre (``norms``: every point's prepared norm in it) the held
     pairs tighten against the corpus's largest norm and term; with blocks centred on their own
     parts (``norms`` None: principal slabs of image-like data) every survivor brings its
     block's norms and the held pairs tighten with their own radii. Beyond the store's own size
     (or four flushes' worth: :func:`~knng.engine.plan.held_pairs_limit`) they are
-    taken in, whose capacity bounds near-ties. ``n``, ``capacity``, ``pending``: the store's
+    taken in, whose capacity bounds near-ties, as many at a time as the ``budget`` allows
+    (:func:`~knng.engine.plan.held_take_in_step`). ``n``, ``capacity``, ``pending``: the store's
     rows, candidates a row keeps, and survivors it takes in at a time."""
     if device.type not in get_options().hold_on or not precision.kernel:
         return None
     limit = get_options().held_limit
     if limit is None:
         limit = held_pairs_limit(n, capacity, pending)
+    step = held_take_in_step(limit, pending, budget)
     if norms is None:
-        return Holding(limit=limit, pairs=True) if get_options().hold_pairs else None
+        return Holding(limit=limit, pairs=True, step=step) if get_options().hold_pairs else None
     maxima = (float(norms.max()), 0.0 if terms is None else float(terms.abs().max()))
-    return Holding(maxima=maxima, limit=limit)
+    return Holding(maxima=maxima, limit=limit, step=step)
 
 
 def finish_rows(plan: EnginePlan, device: torch.device) -> int:

@@ -154,7 +154,7 @@ def exact_graph(
             return frames.evaluate(metric, rows, cols, device, plan.work_bytes)
 
         holding = holding_for(plan.precision, norms, terms, device, n=plan.n_corpus, capacity=plan.capacity,
-                              pending=plan.pending_pairs)
+                              pending=plan.pending_pairs, budget=plan.budget)
         # A store that takes its survivors in as it goes waits for more of them at a time.
         pending = plan.pending_pairs if holding is not None else pending_pairs(device, plan.budget, updates=True)
         store = candidate_store(n, k, plan.capacity, errors, evaluate, device, pending=pending,

@@ -35,7 +35,8 @@ class Holding:
     them the caller does, :meth:`HoldingStore.tighten_held`, with the maxima of the columns
     screened so far). ``limit``: held survivors beyond which they are taken into the store,
     whose capacity and exact evaluation of near-ties bound its memory (thousands of duplicates
-    per row); None for no limit. ``pairs``: every survivor comes with the norms its block was
+    per row); None for no limit. ``step``: held survivors taken in at a time (at least the
+    store's ``pending``; None: ``pending``). ``pairs``: every survivor comes with the norms its block was
     prepared with (:class:`~knng.engine.graph.frames.PrincipalFrames`, blocks centred on their own
     parts; :meth:`CandidateStore.add`'s ``norms``); each is held with its error radius,
     computed from them as it comes, and the held pairs tighten with their own radii, not
@@ -45,6 +46,7 @@ class Holding:
     maxima: tuple[float, float] | None = None
     limit: int | None = None
     pairs: bool = False
+    step: int | None = None
 
     @property
     def tightens(self) -> bool:
@@ -251,16 +253,20 @@ class HoldingStore(CandidateStore):
             self._take_held()
 
     def _take_held(self) -> None:
-        """Take every held survivor into the store (as :meth:`add` does without holding), one
-        flush's worth (``pending``) at a time: an update copies what it takes in several times,
-        and tens of millions of held pairs taken in at once made an 8×8 patch graph's peak
-        (k = 100, 31M pairs under an 8 GB budget: 14.6 GB, one H200)."""
+        """Take every held survivor into the store (as :meth:`add` does without holding), the
+        holding's ``step`` at a time (at least a flush's worth, ``pending``).
+
+        Not all at once where the budget is short: an update copies what it takes in several
+        times, and tens of millions of held pairs taken in at once made an 8×8 patch graph's peak
+        (k = 100, 31M pairs under an 8 GB budget: 14.6 GB, one H200). Not a flush's worth at a time
+        where it is not: every update merges the whole table
+        (:func:`~knng.engine.plan.held_take_in_step`)."""
         stages.count("store.take_held")
         self._settle_held()
         held, self._held = self._held, []
         self._held_size = self._held_fresh = self._held_kept = 0
         self._taken_in = True
-        step = self.flush_size
+        step = max(self.flush_size, self.holding.step or 0)
         # A flush's worth of each list at a time (views: nothing is copied until taken in).
         parts = [(rows[a:a + step], cols[a:a + step], keys[a:a + step], None if rad is None else rad[a:a + step])
                  for rows, cols, keys, rad in held for a in range(0, rows.numel(), step)]
