@@ -417,8 +417,10 @@ def test_a_wider_graph_gives_the_kernel_its_first_n_neighbors(k, rng) -> None:
     # are read from the first n_neighbors columns only; by default from all, up to 40.
     x = blob(rng, int(rng.integers(150, 250)), 3) + rng.normal(0, 0.01, (1, 3))
     graph = knng.graph(x, 60, device="cpu")
+    # (saturation=None: fit(X) may stop the kernel's columns where a blob's 55th neighbour is
+    # nearly as far as unrelated points, which a Graph alone has no vectors to tell.)
     on_graph = DiffusionMap(n_components=3, n_neighbors=k, device="cpu").fit(graph)
-    on_points = DiffusionMap(n_components=3, n_neighbors=k, device="cpu").fit(x)
+    on_points = DiffusionMap(n_components=3, n_neighbors=k, saturation=None, device="cpu").fit(x)
     assert on_points.graph_.k == k and on_graph.kernel_neighbors_ == on_points.kernel_neighbors_ <= k
     assert on_graph.epsilon_ == on_points.epsilon_
     assert_close_relative(on_graph.embedding_, on_points.embedding_, rtol=1e-9, what="graph of 60 against fit(X)")
@@ -426,6 +428,51 @@ def test_a_wider_graph_gives_the_kernel_its_first_n_neighbors(k, rng) -> None:
         default = DiffusionMap(n_components=3, device="cpu").fit(graph)
         assert default.n_neighbors_ == 40 and default.epsilon_ == on_graph.epsilon_
         np.testing.assert_array_equal(default.embedding_, on_graph.embedding_)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "sqeuclidean", "cosine", "pearson"])
+def test_unrelated_distance_of_equidistant_points(metric, rng) -> None:
+    # Scaled unit vectors (shuffled): every pair is √2·c apart, and orthogonal (cos 0); Pearson's
+    # centred rows of a scaled identity have correlation −1/(d − 1) for every pair.
+    d, c = int(rng.integers(20, 60)), float(rng.uniform(0.5, 3.0))
+    x = c * np.eye(d)[rng.permutation(d)]
+    expected = {"euclidean": 2 * c * c, "sqeuclidean": 2 * c * c, "cosine": 2.0,
+                "pearson": 2.0 * (1.0 + 1.0 / (d - 1))}[metric]
+    assert manifold.unrelated_distance(x, metric) == pytest.approx(expected, rel=1e-12)
+    assert manifold.unrelated_distance(torch.from_numpy(x), metric) == pytest.approx(expected, rel=1e-12)
+
+
+def test_saturation_width_reads_the_median_row() -> None:
+    sq = torch.tensor([[1.0, 2.0, 3.0, 9.0, 9.5, 9.9],
+                       [1.0, 2.0, 4.0, 4.5, 9.5, 9.9],
+                       [0.5, 3.0, 4.9, 5.5, 9.0, 9.9]], dtype=torch.float64)
+    # Column medians 1, 2, 4, 5.5, 9.5, 9.9 against half of 10: the first three.
+    assert manifold.saturation_width(sq, 10.0, 0.5, fewest=1) == 3
+    assert manifold.saturation_width(sq, 10.0, 0.5, fewest=5) == 5  # at least the fewest
+    assert manifold.saturation_width(sq, 100.0, 0.5) == 6  # nothing saturates: every column
+    assert manifold.saturation_width(sq, 0.0, 0.5) == 6  # no scale (one point repeated)
+
+
+def _concentration(truth: np.ndarray, embedding: np.ndarray) -> float:
+    angle = np.arctan2(embedding[:, 1], embedding[:, 0])
+    return float(max(abs(np.mean(np.exp(1j * (angle - truth)))), abs(np.mean(np.exp(1j * (angle + truth))))))
+
+
+def test_a_sparsely_sampled_curve_whose_distances_saturate(rng) -> None:
+    # A closed curve of random Fourier features (frequencies 1–16 in 300 dimensions), 500 random
+    # angles: the 40th neighbour is nearly as far as unrelated points, and a 40-column kernel
+    # mixes the angle with other modes (in about half of the draws, concentration 0.07–0.8);
+    # the kernel stops where the distances saturate and recovers it (24 draws: 0.985–0.9997).
+    for _ in range(3):
+        n, d = 500, 300
+        theta = rng.uniform(0, 2 * np.pi, n)
+        x = np.cos(np.outer(theta, rng.integers(1, 17, d)) + rng.uniform(0, 2 * np.pi, d))
+        x += rng.normal(0, 0.05, (n, d))
+        dm = DiffusionMap(n_components=2, device="cpu").fit(x)
+        assert dm.report_.saturation_columns < 40 and dm.kernel_neighbors_ <= dm.report_.saturation_columns
+        assert _concentration(theta, dm.embedding_) >= 0.97, dm.report_
+    unlimited = DiffusionMap(n_components=2, saturation=None, device="cpu").fit(x)
+    assert unlimited.report_.saturation_columns is None and unlimited.kernel_neighbors_ == 40
 
 
 def test_auto_epsilon_is_the_quantile_of_the_fifth_neighbour(rng) -> None:
@@ -451,7 +498,10 @@ def test_kernel_width_leaves_out_only_what_kernel_tol_allows(tol, rng) -> None:
     bound = np.exp(-(sq[:, w - 1] - sq[:, 0]) / eps)  # what row i leaves out, relative to its nearest
     assert dm.report_.kernel_tail == pytest.approx(bound.max(), rel=1e-9)
     assert dm.report_.kernel_rows_over_tol == int((bound > tol).sum())
-    if w < cap:  # the tolerance was reached, and not one column earlier
+    # The columns the kernel could take: n_neighbors, or fewer where the blob's far neighbours
+    # are nearly as far apart as unrelated points (``saturation``).
+    limit = min(cap, dm.report_.saturation_columns)
+    if w < limit:  # the tolerance was reached, and not one column earlier
         assert bound.max() <= tol
         earlier = np.exp(-(sq[:, w - 2] - sq[:, 0]) / eps)
         assert w == 1 or earlier.max() > tol

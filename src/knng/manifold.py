@@ -89,6 +89,18 @@ DEFAULT_KERNEL_TOL = 1e-4
 #: ``hubble_deep_field`` 64 columns reach across to other angles (0.991, against 0.9994 at
 #: 24–48). Also the widest column :data:`EPSILON_REACH` is read at when ``n_neighbors`` is larger.
 DEFAULT_N_NEIGHBORS = 40
+#: Default ``saturation``: the kernel's columns stop where a typical row's squared distance passes
+#: this fraction of the median squared distance between unrelated points (random pairs). A
+#: picture whose fine detail decorrelates within a few degrees of rotation has its neighbours'
+#: distances near those of unrelated rotations long before the 40th column (500 rotations of
+#: ``hubble_deep_field``: the median row's 40th at 90 % of them), and such columns say nothing of
+#: where along the manifold a point lies: the leading coordinates mixed the angle with other
+#: modes (0.08–0.17), and stopping at half gave 0.996–0.999 (docs/MANIFOLD.md §1). Where the
+#: distances grow slowly (the rolls, the torus, smooth pictures: the 40th column at 2–50 % of
+#: unrelated pairs) nothing changes.
+DEFAULT_SATURATION = 0.5
+#: Random pairs :func:`unrelated_distance` measures.
+UNRELATED_PAIRS = 4096
 #: Eigenvalues within this distance of 1 beyond the trivial one mean a kernel that is
 #: numerically disconnected (parts joined by weights at the rounding level): never returned silently.
 DEGENERATE_GAP = 1e-9
@@ -385,6 +397,44 @@ def reach_epsilon(sq_graph: torch.Tensor, reach: float = EPSILON_REACH) -> float
         return 0.0
     spread = (sq_graph[:, -1] - sq_graph[:, 0]).to(torch.float64)
     return float(spread.median()) / reach
+
+
+def unrelated_distance(X: np.ndarray | torch.Tensor, metric: str, pairs: int = UNRELATED_PAIRS) -> float:
+    """The median squared distance (the kernel's ``s``: :func:`squared_distances`) between
+    ``pairs`` random pairs of distinct rows of ``X``: how far apart unrelated points are. The
+    pairs are drawn with a fixed seed, so a fit is reproducible; rows whose distance is not
+    finite (a zero vector under cosine) are left out; 0 where none is left."""
+    n = int(X.shape[0])
+    rng = np.random.default_rng(0)
+    first, second = rng.integers(0, n, (2, pairs))
+    keep = first != second
+    first, second = first[keep], second[keep]
+    if isinstance(X, torch.Tensor):
+        a = X[torch.as_tensor(first, device=X.device)].to(torch.float64)
+        b = X[torch.as_tensor(second, device=X.device)].to(torch.float64)
+    else:
+        a = torch.from_numpy(np.asarray(X[first], dtype=np.float64))
+        b = torch.from_numpy(np.asarray(X[second], dtype=np.float64))
+    if metric == "pearson":
+        a, b = a - a.mean(dim=1, keepdim=True), b - b.mean(dim=1, keepdim=True)
+    if metric in ("cosine", "pearson"):  # the squared chord of the unit vectors, 2 (1 − cos)
+        a, b = a / a.norm(dim=1, keepdim=True), b / b.norm(dim=1, keepdim=True)
+    sq = ((a - b) ** 2).sum(dim=1)
+    sq = sq[torch.isfinite(sq)]
+    return float(sq.median()) if sq.numel() else 0.0
+
+
+def saturation_width(sq_graph: torch.Tensor, unrelated: float, saturation: float,
+                     fewest: int = EPSILON_NEIGHBOR) -> int:
+    """The leading graph columns a kernel may take before a typical row saturates: those whose
+    median squared distance over the rows is at most ``saturation`` times ``unrelated``
+    (:func:`unrelated_distance`), and at least ``fewest`` (at most all of ``sq_graph``'s)."""
+    k = sq_graph.shape[1]
+    if k == 0 or unrelated <= 0:
+        return k
+    medians = sq_graph.median(dim=0).values  # non-decreasing: every row is
+    within = int((medians <= saturation * unrelated).sum())
+    return max(min(fewest, k), within)
 
 
 def default_epsilon(sq_graph: torch.Tensor, n_neighbors: int) -> float:
@@ -986,6 +1036,8 @@ class DiffusionReport:
     kernel_neighbors: int
     kernel_tail: float | None
     kernel_rows_over_tol: int
+    #: Graph columns the ``saturation`` rule allowed the kernel (None: not applied).
+    saturation_columns: int | None
     #: Connected components of the kernel graph (each embedded on its own), their sizes
     #: (largest first; ``component_labels_`` numbers them so), and of the k-NN graph alone.
     components: int
@@ -1079,6 +1131,14 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         ``kernel_tol`` times the row's largest off-diagonal entry (``report_.kernel_tail`` says
         what it reached), within ``n_neighbors``; all ``n_neighbors`` where fewer would leave
         the kernel in more connected pieces than the k-NN graph.
+    saturation : float in (0, 1] or None, default=0.5
+        The kernel takes only the leading graph columns whose squared distance, for the median
+        row, is at most this fraction of the median squared distance between random pairs of the
+        training points: neighbours nearly as far apart as unrelated points say nothing of where
+        along the manifold a point lies (sparsely sampled data with fine detail: rotations of a
+        textured picture). ``report_.saturation_columns`` says how many it allowed; the kernel
+        still takes all ``n_neighbors`` where fewer would cut it into more pieces than the k-NN
+        graph. None: no such limit. Not applied when fitting on a Graph alone (no vectors).
     eigen_solver : {"auto", "scipy", "torch"}, default="auto"
         "scipy": ARPACK on the host. "torch": thick-restart Lanczos on the device (GPU or CPU).
         "auto": torch on a CUDA device, SciPy on the CPU. Tiny sets are solved densely.
@@ -1137,7 +1197,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
 
     def __init__(self, n_components: int = 2, *, n_neighbors: int | None = None, metric: str = "euclidean",
                  epsilon: float | str = "auto", alpha: float = 1.0, t: float = 1.0, sigma_neighbor: int = 7,
-                 kernel_tol: float = DEFAULT_KERNEL_TOL, eigen_solver: str = "auto", eigen_tol: float = DEFAULT_EIGEN_TOL, max_iter: int = DEFAULT_MAX_ITER,
+                 kernel_tol: float = DEFAULT_KERNEL_TOL, saturation: float | None = DEFAULT_SATURATION,
+                 eigen_solver: str = "auto", eigen_tol: float = DEFAULT_EIGEN_TOL, max_iter: int = DEFAULT_MAX_ITER,
                  device: str | torch.device = "auto", progress: bool = False) -> None:
         self.n_components = n_components
         self.n_neighbors = n_neighbors
@@ -1147,6 +1208,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         self.t = t
         self.sigma_neighbor = sigma_neighbor
         self.kernel_tol = kernel_tol
+        self.saturation = saturation
         self.eigen_solver = eigen_solver
         self.eigen_tol = eigen_tol
         self.max_iter = max_iter
@@ -1165,6 +1227,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         _check_real(self.t, "t", lower=0.0, lower_open=False)
         _check_int(self.sigma_neighbor, "sigma_neighbor", 1)
         _check_real(self.kernel_tol, "kernel_tol", lower=0.0, lower_open=True, upper=1.0)
+        if self.saturation is not None:
+            _check_real(self.saturation, "saturation", lower=0.0, lower_open=True, upper=1.0)
         if self.eigen_solver not in EIGEN_SOLVERS:
             raise ValueError(f"eigen_solver must be one of {', '.join(EIGEN_SOLVERS)}, got {self.eigen_solver!r}")
         _check_real(self.eigen_tol, "eigen_tol", lower=0.0, lower_open=True)
@@ -1187,7 +1251,8 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         """The k of the k-NN graph :meth:`fit` computes for ``n_samples`` points.
 
         ``n_neighbors`` (default 40), at most ``n_samples − 1``.
-        A graph you pass to :meth:`fit` gives the same result when it has at least this k.
+        A graph you pass to :meth:`fit` with ``X`` gives the same result when it has at least
+        this k (a Graph alone too, but for the ``saturation`` limit, which needs the vectors).
 
         Parameters
         ----------
@@ -1256,19 +1321,21 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         seconds["graph"] = time.perf_counter() - t0
 
         t1 = time.perf_counter()
-        def kernel_of(min_width: int) -> DiffusionKernel:
-            return diffusion_kernel(graph, n_neighbors=k, epsilon=self.epsilon, alpha=self.alpha,
+        columns = self._unsaturated_columns(graph, k, dev)
+
+        def kernel_of(n_columns: int, min_width: int) -> DiffusionKernel:
+            return diffusion_kernel(graph, n_neighbors=n_columns, epsilon=self.epsilon, alpha=self.alpha,
                                     sigma_neighbor=self.sigma_neighbor, kernel_tol=self.kernel_tol,
                                     min_width=min_width, device=dev)
 
-        kernel = kernel_of(1)
+        kernel = kernel_of(columns, 1)
         count, labels = connected_components(kernel)
         graph_count = count if count == 1 else graph_components(graph, k)
         if graph_count < count and kernel.width < k:
-            # The columns kernel_tol left out (each below it relative to its row) joined what the
-            # narrower kernel leaves apart: a truncation must not cut the data into pieces, so
-            # the kernel takes all n_neighbors.
-            kernel = kernel_of(k)
+            # The columns kernel_tol or the saturation left out joined what the narrower kernel
+            # leaves apart: a truncation must not cut the data into pieces, so the kernel takes
+            # all n_neighbors.
+            kernel = kernel_of(k, k)
             count, labels = connected_components(kernel)
         notes: list[str] = []
         if count > 1:
@@ -1292,6 +1359,21 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         seconds["eigensolver"] = time.perf_counter() - t2
         self._set_embedding(graph, kernel, parts, labels, graph_count, k, seconds, str(dev), notes)
         return self
+
+    def _unsaturated_columns(self, graph: Graph, k: int, device: torch.device) -> int:
+        """The graph columns the kernel may take: ``k``, or fewer where a typical row's squared
+        distance passes ``saturation`` of that between unrelated training points
+        (:func:`saturation_width`, read on at most 65,536 evenly spaced rows); ``k`` when fitted
+        on a Graph alone (no vectors to draw pairs from) or with ``saturation=None``."""
+        if self._fit_X is None or self.saturation is None:
+            self._saturation_columns = None
+            return k
+        unrelated = unrelated_distance(self._fit_X, graph.metric)
+        step = max(1, graph.n_points // 65536)
+        sample = torch.as_tensor(graph.distances)[::step, :k].to(device)
+        columns = saturation_width(squared_distances(sample, graph.metric), unrelated, self.saturation)
+        self._saturation_columns = columns
+        return columns
 
     def _check_graph(self, graph: Graph, n: int) -> None:
         if not isinstance(graph, Graph):
@@ -1375,6 +1457,7 @@ class DiffusionMap(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
             sigma_neighbor=min(self.sigma_neighbor, k) if kernel.sigma is not None else None,
             alpha=float(self.alpha), t=t, kernel_entries=kernel.nnz, kernel_entries_underflowed=kernel.dropped,
             kernel_neighbors=kernel.width, kernel_tail=kernel.tail, kernel_rows_over_tol=kernel.rows_over_tol,
+            saturation_columns=self._saturation_columns,
             components=len(parts), component_sizes=[int(v) for v in sizes], graph_components=int(graph_count),
             eigenvalues=[float(v) for v in values], residuals=[float(r) for r in first_eig.residuals],
             trivial_eigenvalue_error=abs(float(values[0]) - 1.0),
