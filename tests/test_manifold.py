@@ -318,8 +318,8 @@ def test_held_out_rotations_at_any_n_neighbors(rng) -> None:
     from sklearn.manifold import SpectralEmbedding
 
     name = HELD_OUT_PICTURES[int(rng.integers(len(HELD_OUT_PICTURES)))]
-    # 900 rotations, the sampling: at 500 the default epsilon mixes the first modes of
-    # hubble_deep_field (docs/MANIFOLD.md, known limits).
+    # 900 rotations, the sampling (sparser sets are the benchmark's: at 500 rotations
+    # `saturation` is what keeps hubble_deep_field's first modes apart, docs/MANIFOLD.md §1).
     x, angles = picture_rotations(name, 900, rng)
     k = int(rng.integers(10, 41))
     spectral = concentration(angles, SpectralEmbedding(n_components=2, n_neighbors=k, random_state=0).fit_transform(x))
