@@ -48,6 +48,7 @@ from knng.api import graph as knng_graph
 from knng.api import search as knng_search
 from knng.engine.common import resolve_device
 from knng.estimators import check_tensor
+from knng.metrics import get_metric
 from knng.results import Graph
 
 __all__ = [
@@ -99,8 +100,9 @@ DEFAULT_N_NEIGHBORS = 40
 #: distances grow slowly (the rolls, the torus, smooth pictures: the 40th column at 2–50 % of
 #: unrelated pairs) nothing changes.
 DEFAULT_SATURATION = 0.5
-#: Random pairs :func:`unrelated_distance` measures.
+#: Random pairs :func:`unrelated_distance` measures, and the values it copies at a time.
 UNRELATED_PAIRS = 4096
+UNRELATED_CHUNK_VALUES = 1 << 22
 #: Eigenvalues within this distance of 1 beyond the trivial one mean a kernel that is
 #: numerically disconnected (parts joined by weights at the rounding level): never returned silently.
 DEGENERATE_GAP = 1e-9
@@ -402,26 +404,33 @@ def reach_epsilon(sq_graph: torch.Tensor, reach: float = EPSILON_REACH) -> float
 def unrelated_distance(X: np.ndarray | torch.Tensor, metric: str, pairs: int = UNRELATED_PAIRS) -> float:
     """The median squared distance (the kernel's ``s``: :func:`squared_distances`) between
     ``pairs`` random pairs of distinct rows of ``X``: how far apart unrelated points are. The
-    pairs are drawn with a fixed seed, so a fit is reproducible; rows whose distance is not
-    finite (a zero vector under cosine) are left out; 0 where none is left."""
-    n = int(X.shape[0])
+    pairs are drawn with a fixed seed, so a fit is reproducible; rows without a direction (zero
+    under cosine, constant under Pearson) are left out; 0 where none is left."""
+    n, d = int(X.shape[0]), int(X.shape[1])
     rng = np.random.default_rng(0)
     first, second = rng.integers(0, n, (2, pairs))
     keep = first != second
     first, second = first[keep], second[keep]
-    if isinstance(X, torch.Tensor):
-        a = X[torch.as_tensor(first, device=X.device)].to(torch.float64)
-        b = X[torch.as_tensor(second, device=X.device)].to(torch.float64)
-    else:
-        a = torch.from_numpy(np.asarray(X[first], dtype=np.float64))
-        b = torch.from_numpy(np.asarray(X[second], dtype=np.float64))
-    if metric == "pearson":
-        a, b = a - a.mean(dim=1, keepdim=True), b - b.mean(dim=1, keepdim=True)
-    if metric in ("cosine", "pearson"):  # the squared chord of the unit vectors, 2 (1 − cos)
-        a, b = a / a.norm(dim=1, keepdim=True), b / b.norm(dim=1, keepdim=True)
-    sq = ((a - b) ** 2).sum(dim=1)
-    sq = sq[torch.isfinite(sq)]
+    rule = get_metric(metric)
+    # In chunks: float64 copies of 4,096 of the papers' 15,876-pixel images take 0.5 GB a side.
+    chunk = max(1, UNRELATED_CHUNK_VALUES // max(1, d))
+    found = []
+    for at in range(0, len(first), chunk):
+        a, b = (rule.unit_rows(_rows64(X, index[at:at + chunk])) for index in (first, second))
+        sq = ((a - b) ** 2).sum(dim=1)
+        zero = rule.zero_rows(a)  # the squared chord of the unit vectors, 2 (1 − cos), needs both
+        if zero is not None:
+            sq = sq[(zero + rule.zero_rows(b)) == 0]
+        found.append(sq)
+    sq = torch.cat(found) if found else torch.zeros(0, dtype=torch.float64)
     return float(sq.median()) if sq.numel() else 0.0
+
+
+def _rows64(X: np.ndarray | torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    """Rows ``index`` of ``X`` as a float64 tensor (on ``X``'s device for a tensor)."""
+    if isinstance(X, torch.Tensor):
+        return X[torch.as_tensor(index, device=X.device)].to(torch.float64)
+    return torch.from_numpy(np.asarray(X[index], dtype=np.float64))
 
 
 def saturation_width(sq_graph: torch.Tensor, unrelated: float, saturation: float,
