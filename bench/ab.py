@@ -4,7 +4,7 @@ Every answer is checked against the float64 oracle by differences (``tests/oracl
 rows of a graph (128 random, 64 of flat patches where there are) or 128 of a search, and every
 variant prints one line::
 
-    AB <variant> <case> k=<k>: min <ms> ms all [<ms>, ...] exact on <rows> rows; screened/row <median>/<p99>/<max>, evaluated p99 <p99>
+    AB <variant> <case> k=<k>: min <ms> ms all [<ms>, ...] exact on <rows> rows; screened/row <median>/<p99>/<max>, evaluated p99 <p99>, escalated <rows>
 
 **Option sets of this tree, in one process** (the way to compare settings: fresh processes of
 the same code have run at one of two speeds, steady within a process). A TAG of names joined by
@@ -203,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     which = (args.cases or (QUICK_CASES if args.quick else DEFAULT_CASES)).split(",")
     records = []
     for name in which:
+        # Each case from an empty allocator cache: the default budget is a share of the free
+        # memory, so a case run after a larger one would be planned for less.
+        x = q = call = runs = timing = result = report = None  # noqa: F841 - the last case's tensors go
+        harness.release(device)
         for k, x, q, metric in case_inputs(name, device, args.pictures, args.queries):
             if q is None:
                 call = lambda x=x, k=k, metric=metric: knng.graph(x, k, metric=metric)  # noqa: E731
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"AB {variant} {name} k={k}: min {min(times) * 1e3:.1f} ms all "
                       f"{[round(t * 1e3, 1) for t in times]} exact on {rows.numel()} rows; screened/row "
                       f"{screened.get('median')}/{screened.get('p99')}/{screened.get('max')}, evaluated p99 "
-                      f"{evaluated.get('p99')}", flush=True)
+                      f"{evaluated.get('p99')}, escalated {getattr(report, 'rows_escalated', 0)}", flush=True)
                 record = {"variant": variant, "options": variants[variant], "case": name, "k": k,
                           "shape": list(x.shape), "queries": None if q is None else q.shape[0], "metric": metric,
                           **timing.as_dict(), "exact_rows": rows.numel(), **harness.report_summary(result)}

@@ -1136,8 +1136,8 @@ def report_summary(result: Any) -> dict[str, Any]:
     -------
     dict
         ``screened_per_row`` and ``evaluations_per_row`` (median, p99, max), ``screen_dtype``,
-        ``graph_method``, ``parts``, ``duplicates_folded``, ``exact_products``, ``stages``, and
-        the plan (``plan``).
+        ``graph_method``, ``parts``, ``duplicates_folded``, ``exact_products``, ``rows_escalated``,
+        ``stages``, and the plan (``plan``).
     """
     report = getattr(result, "report", None)
     if report is None:
@@ -1147,7 +1147,8 @@ def report_summary(result: Any) -> dict[str, Any]:
         value = getattr(report, name, None)
         if isinstance(value, dict):
             out[name] = dict(value)
-    for name in ("screen_dtype", "parts", "duplicates_folded", "exact_products", "blocks_skipped", "oom_retries"):
+    for name in ("screen_dtype", "parts", "duplicates_folded", "exact_products", "blocks_skipped", "oom_retries",
+                 "rows_escalated"):
         with contextlib.suppress(Exception):
             value = getattr(report, name)
             if isinstance(value, (bool, int, float, str)):

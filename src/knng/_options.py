@@ -206,6 +206,12 @@ class Options:
     held_limit : int or None, default None
         Survivors a holding store holds back before it takes them in (None: the planner's,
         as many as the store's own entries for a graph, no limit for a search).
+    escalate_pairs : int or None, default None
+        Held survivors above which a graph's row stops being screened in the blocks and is
+        searched again with a float64 screen at the end (None: the planner's rule,
+        :func:`knng.engine.plan.escalate_pairs`; 0: never). Rows whose low-precision bound is
+        wider than the gaps between their neighbours (near-duplicates off a lattice) let
+        thousands of pairs through; one float64 search of such a row costs 2·n·d products.
     duplicate_list_entries, duplicate_sort_entries : int, default 2²², 2²⁵
         Entries of one chunk's (rows × lists) arrays, and candidates one sort expands, at
         most, when a graph's folded duplicates are unfolded.
@@ -300,6 +306,7 @@ class Options:
     # stores' sizes, where a test forces them
     store_extra: int | None = None
     held_limit: int | None = None
+    escalate_pairs: int | None = None
     # duplicates
     duplicate_list_entries: int = 1 << 22
     duplicate_sort_entries: int = 1 << 25

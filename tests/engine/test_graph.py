@@ -410,7 +410,7 @@ def test_graph_batch_sort_matches_oracle(metric, data, n, k, budget, rng, seed, 
         np.testing.assert_array_equal(g.indices, oracle.indices, err_msg=f"seed={seed} {data}")
 
 
-@pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint", "finish tightens"])
+@pytest.mark.parametrize("how", ["held", "flat", "taken", "checkpoint", "finish tightens", "escalated"])
 @pytest.mark.parametrize("data,k", [("gaussian", 1), ("gaussian", 9), ("duplicates", 6), ("offset", 5),
                                     ("integers", 12), ("all", 299), ("patches", 7), ("flat patches", 10)])
 def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path, set_options):
@@ -419,9 +419,11 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path,
     # holding's limit (or for a checkpoint) the store takes them in. Blocks of one centre
     # tighten against the corpus's maxima; image patches, whose principal slabs centre each
     # block on its own part, hold every survivor with its block's norms (Holding.pairs) and
-    # tighten with their own radii. Here on the CPU with the reference screen of a fused
-    # precision, across parts of sizes that are not multiples of anything: ties, duplicates,
-    # huge offsets, integer data, flat image regions, k = 1 and k = n - 1.
+    # tighten with their own radii. Rows that hold more than Options.escalate_pairs are
+    # escalated: τ = −∞, their pairs dropped, their rows searched again in float64 at the end
+    # (a checkpointed run takes its survivors in and escalates none). Here on the CPU with the reference screen of
+    # a fused precision, across parts of sizes that are not multiples of anything: ties,
+    # duplicates, huge offsets, integer data, flat image regions, k = 1 and k = n - 1.
     from oracle import smooth_image_patches
 
     set_options(hold_on=frozenset({"cpu", "cuda"}))
@@ -434,6 +436,7 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path,
         set_options(finish_untightened_pairs=0)
     if how == "flat":  # the finish orders the flat lists, no row padded
         set_options(finish_padded_entries=0, finish_padding=0)
+    set_options(escalate_pairs=k + 2 if how == "escalated" else 0)
     x = rng.standard_normal((300 if data == "all" else 333, 6))
     if data == "duplicates":
         x[100:200] = x[:100]
@@ -448,10 +451,16 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path,
             x[40:70] = x[40] + 1e-3 * rng.standard_normal((30, x.shape[1]))  # near-ties, not folded
     options = dict(checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True) if how == "checkpoint" else {}
     g = knng.graph(x, k, device="cpu", **options)
-    assert (last_report().parts > 1 or data == "all") and last_report().screen_dtype == "tf32"
-    calls = last_report().stages
+    report = last_report()
+    assert (report.parts > 1 or data == "all") and report.screen_dtype == "tf32"
+    calls = report.stages
     assert calls.get("store.hold", 0) + calls.get("store.hold_pairs", 0) > 0, calls
-    held = how in ("held", "flat", "finish tightens")
+    assert ("graph.escalated_rows" in calls) == (report.rows_escalated > 0), (calls, report.rows_escalated)
+    # Near-ties and duplicates hold more than k + 2 pairs a row; nothing escalates otherwise.
+    assert report.rows_escalated == 0 or how == "escalated", report.rows_escalated
+    assert report.rows_escalated > 0 or not (how == "escalated" and data in ("duplicates", "integers", "flat patches")), \
+        report.rows_escalated
+    held = how in ("held", "flat", "finish tightens", "escalated")
     assert ("store.finish_held" in calls) == held and ("store.take_held" in calls) != held, calls
     if data.endswith("patches"):  # blocks centred on their own parts: pairs with their norms
         assert knng.get_options().hold_pairs and last_report().plan.frames == "principal"

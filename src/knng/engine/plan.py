@@ -346,6 +346,13 @@ class EnginePlan:
         On a GPU, the run uses torch's operations only, none of knng's compiled kernels
         (``Options.compiled_kernels`` off): the first call of its kind in the process, whose
         kernels compile in the background meanwhile (:func:`first_call_uncompiled`).
+    escalate_pairs : int
+        A symmetric graph whose store holds its survivors back: a row holding more than this
+        many after a tightening stops taking survivors from the blocks and is searched again
+        by ``escalation`` at the end (:func:`escalate_pairs`); 0: never.
+    escalation : EnginePlan or None
+        The float64-screened search of the escalated rows against the data (for k + 1
+        neighbours, the point then dropped, as a graph by rows does).
     """
 
     operation: str
@@ -386,6 +393,8 @@ class EnginePlan:
     share_count: int = 1
     direct: bool = False
     uncompiled: bool = False
+    escalate_pairs: int = 0
+    escalation: "EnginePlan | None" = None
 
     @property
     def work_bytes(self) -> int:
@@ -418,9 +427,10 @@ class EnginePlan:
 
     @classmethod
     def from_dict(cls, values: dict) -> "EnginePlan":
-        """The plan :meth:`as_dict` recorded (a checkpoint's), its graph's search included."""
-        search = values.get("search")
-        return cls(**{**values, "search": None if search is None else cls.from_dict(search)})
+        """The plan :meth:`as_dict` recorded (a checkpoint's), its graph's searches included."""
+        nested = {name: None if values.get(name) is None else cls.from_dict(values[name])
+                  for name in ("search", "escalation")}
+        return cls(**{**values, **nested})
 
 
 #: Below FLOAT16_SEARCH_MIN_D a search screens in TF32 (the fused kernel) when k ≤
@@ -692,6 +702,30 @@ def held_take_in_step(limit: int, pending: int, budget: int) -> int:
     took 1.55 s in steps of its limit and 1.88 s in flushes (−18 %; at k = 10 1.08 against 1.21 s),
     peaking at 11.8 against 8.1 GiB; under a 4 GB budget the step is a flush's worth again."""
     return int(max(pending, min(limit, budget // 8 // TAKE_IN_PAIR_BYTES)))
+
+
+#: Held survivors of one row above which a graph escalates it, at least, per candidate its
+#: store keeps (:func:`escalate_pairs`): a row at k = 100 holds hundreds by itself.
+ESCALATE_PER_CAPACITY = 16
+#: Values of the data (n · d) per held survivor at which a row's float64 search costs about as
+#: much as keeping its survivors (:func:`escalate_pairs`).
+ESCALATE_VALUES_PER_PAIR = 32768
+
+
+def escalate_pairs(n: int, d: int, capacity: int) -> int:
+    """Held survivors above which a graph's row is escalated: searched again at the end with a
+    float64 screen (``EnginePlan.escalation``) instead of taking every survivor of every block.
+
+    A row of near-duplicates off a lattice (dark image patches in linear light) passes a
+    float16 screen with thousands of neighbours, each held, tightened, taken into the tables and
+    evaluated; its float64 search costs 2·n·d products on the float64 units and leaves it a
+    few. The count is the larger of :data:`ESCALATE_PER_CAPACITY` times the store's
+    ``capacity`` and n·d / :data:`ESCALATE_VALUES_PER_PAIR`; ``Options.escalate_pairs``
+    overrides (0: never)."""
+    given = get_options().escalate_pairs
+    if given is not None:
+        return max(0, int(given))
+    return int(max(ESCALATE_PER_CAPACITY * capacity, n * d // ESCALATE_VALUES_PER_PAIR))
 
 
 #: Bytes a held survivor takes while the held lists tighten (the joined lists, 28 bytes; the
@@ -1177,6 +1211,16 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
         host_bytes_expected=int(host),
         group_parts=group_parts(kernel=kernel, resident=resident, lists=lists, parts=parts, part_size=b),
         uncompiled=_uncompiled(device))
+    # Held survivors (a kernel's screen, stores on the device: ``holding_for``) of a bound that
+    # is not exact: rows that hold too many are searched again in float64 (``escalate_pairs``).
+    holds = device.type in get_options().hold_on and PRECISIONS[precision].kernel and lists == LISTS_ON_DEVICE
+    escalate = escalate_pairs(n, d, capacity) if holds and not PRECISIONS[precision].integers else 0
+    if escalate:
+        escalation = replace(_search_plan(capabilities=caps, n_queries=n, n_corpus=n, d=d,
+                                          k=graph_search_k(k, include_self), metric=metric, device=device,
+                                          budget=budget, source=source, screen_dtype="float64",
+                                          host_budget=given_host, host_source=host_source), direct=False)
+        symmetric = replace(symmetric, escalate_pairs=escalate, escalation=escalation)
     # A metric that centres one side only (the inner product) cannot prepare a symmetric block's
     # two sides alike but uncentred, whose bound then grows with the data's distance from the
     # origin (N(1000, 1) points at k = 15: 81 evaluations a row against 8 by rows); by rows, its

@@ -85,7 +85,8 @@ SCATTER_RATIO = (1 + 5**0.5) / 2
 
 
 def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: torch.Tensor | None,
-                device: torch.device, *, n: int, capacity: int, pending: int, budget: int) -> Holding | None:
+                device: torch.device, *, n: int, capacity: int, pending: int, budget: int,
+                escalate: int = 0) -> Holding | None:
     """How the graph's store holds its survivors back (``Options.hold_on``), or None: blocks screened
     in a low precision. With one centre (``norms``: every point's prepared norm in it) the held
     pairs tighten against the corpus's largest norm and term; with blocks centred on their own
@@ -94,7 +95,8 @@ def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: t
     (or four flushes' worth: :func:`~knng.engine.plan.held_pairs_limit`) they are
     taken in, whose capacity bounds near-ties, as many at a time as the ``budget`` allows
     (:func:`~knng.engine.plan.held_take_in_step`). ``n``, ``capacity``, ``pending``: the store's
-    rows, candidates a row keeps, and survivors it takes in at a time."""
+    rows, candidates a row keeps, and survivors it takes in at a time; ``escalate``: held
+    survivors above which a row is escalated (the plan's ``escalate_pairs``; 0: never)."""
     if device.type not in get_options().hold_on or not precision.kernel:
         return None
     limit = get_options().held_limit
@@ -102,9 +104,9 @@ def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: t
         limit = held_pairs_limit(n, capacity, pending)
     step = held_take_in_step(limit, pending, budget)
     if norms is None:
-        return Holding(limit=limit, pairs=True, step=step) if get_options().hold_pairs else None
+        return Holding(limit=limit, pairs=True, step=step, escalate=escalate) if get_options().hold_pairs else None
     maxima = (float(norms.max()), 0.0 if terms is None else float(terms.abs().max()))
-    return Holding(maxima=maxima, limit=limit, step=step)
+    return Holding(maxima=maxima, limit=limit, step=step, escalate=escalate)
 
 
 def finish_rows(plan: EnginePlan, device: torch.device) -> int:

@@ -16,12 +16,15 @@ class GraphReport(EngineReport):
     ``blocks_skipped``: blocks S(I, J), I < J, that no row or column could need (principal
     frames); ``pairs_screened``: score entries the screen computed, both triangles counted;
     ``exact_products``: integer data screened with exact products (no input rounding in the
-    bound: :func:`knng.metrics.with_exact_products`).
+    bound: :func:`knng.metrics.with_exact_products`); ``rows_escalated``: rows whose held
+    survivors outgrew the plan's ``escalate_pairs``, answered by a float64-screened search of
+    their own (their screened counts are those they took before).
     """
 
     blocks_skipped: int = 0
     pairs_screened: int = 0
     exact_products: bool = False
+    rows_escalated: int = 0
 
     @property
     def parts(self) -> int:

@@ -9,17 +9,19 @@ A small graph (``plan.direct``) goes by rows too, on the direct path (:func:`dir
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from knng._inputs import InputArray, rows_on, rows_subset
 from knng.engine.checkpoint import Checkpoint
 from knng.engine.common import Progress, full_precision, on_device
 from knng.engine.plan import EnginePlan, graph_search_k, share_rows
-from knng.engine.search import direct_neighbours, exact_search
+from knng.engine.search import SearchReport, direct_neighbours, exact_search
 from knng.engine.graph.report import GraphReport
 from knng.metrics import Metric
 
-__all__ = ["direct_graph", "graph_by_rows", "without_self"]
+__all__ = ["direct_graph", "graph_by_rows", "search_points", "without_self"]
 
 
 def graph_by_rows(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
@@ -73,12 +75,8 @@ def direct_graph(data: InputArray, k: int, metric: Metric, device: torch.device,
     if found.failed.numel():
         points = found.failed
         assert plan.search is not None, "a direct graph is planned with the search of its uncertified rows"
-        k_search = graph_search_k(k, include_self)
-        rows_idx, rows_dist, report = exact_search(rows_on(data, device, points), data, k_search, metric, device, select, plan.budget,
-                                                   progress=progress, plan=plan.search)
-        if not include_self:
-            rows_idx, rows_dist = without_self(rows_idx, rows_dist, k, points=points)
-        idx[points], dist[points] = rows_idx.to(device), rows_dist.to(device)
+        idx[points], dist[points], report = search_points(data, points, k, metric, device, select, plan.search,
+                                                          include_self, progress)
         exact.add(report.exact)
         store, replans, retries = report.store, report.replans, report.oom_retries
     extra = {} if store is None else {"store": store}
@@ -86,6 +84,23 @@ def direct_graph(data: InputArray, k: int, metric: Metric, device: torch.device,
     return idx, dist, GraphReport(plan=plan, oom_retries=retries, exact=exact, replans=replans,
                                   evaluations_per_row=per_row, screened_per_row=per_row,
                                   pairs_screened=2 * data.n * data.n, **extra)
+
+
+def search_points(data: InputArray, points: torch.Tensor, k: int, metric: Metric, device: torch.device, select: str,
+                  search: EnginePlan, include_self: bool, progress: "bool | Progress" = False
+                  ) -> tuple[torch.Tensor, torch.Tensor, SearchReport]:
+    """The graph's rows of ``points`` (int64, on ``device``): those points searched against the
+    data by ``search`` (a plan for k + 1 neighbours, or k with ``include_self``), each point
+    then dropped from its own row, as :func:`graph_by_rows` does. Returns (indices, float64
+    distances) on ``device`` and the search's report. What a direct graph's uncertified rows
+    and a symmetric graph's escalated rows (``EnginePlan.escalation``) run."""
+    assert search.k == graph_search_k(k, include_self), "the rows' search is planned for k + 1 neighbours"
+    idx, dist, report = exact_search(rows_on(data, device, points), data, search.k, metric, device, select,
+                                     search.budget, progress=progress,
+                                     plan=replace(search, n_queries=points.numel()))
+    if not include_self:
+        idx, dist = without_self(idx, dist, k, points=points)
+    return idx.to(device), dist.to(device), report
 
 
 def without_self(idx: torch.Tensor, dist: torch.Tensor, k: int, first: int = 0,

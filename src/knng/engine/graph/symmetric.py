@@ -27,7 +27,7 @@ from knng.engine.common import (
 )
 from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, slab_gain_of
 from knng.engine.graph.report import GraphReport
-from knng.engine.graph.rows import direct_graph, graph_by_rows
+from knng.engine.graph.rows import direct_graph, graph_by_rows, search_points
 from knng.engine.plan import (
     GRAPH_ROWS, LISTS_ON_DEVICE, PRINCIPAL_FRAMES, EnginePlan, make_graph_plan,
     pending_pairs,
@@ -109,6 +109,30 @@ def exact_graph(
     if plan.graph_method == GRAPH_ROWS:
         return graph_by_rows(data, k, metric, device, select, plan, include_self, progress, checkpoint,
                               keep_checkpoint)
+    out_idx, out_dist, report, escalated = _symmetric_blocks(
+        data, k, metric, device, select, plan, include_self, progress, checkpoint, keep_checkpoint, lists_folder,
+        share_thresholds)
+    # (The blocks' frames and stores are gone: the escalated rows' search prepares the data again.)
+    if escalated is not None and escalated.numel():
+        # Rows whose survivors outgrew plan.escalate_pairs took nothing more from the blocks:
+        # their answer is a float64-screened search of their own.
+        assert plan.escalation is not None, "rows escalated by a plan without an escalation search"
+        stages.count("graph.escalated_rows")
+        out_idx[escalated], out_dist[escalated], found = search_points(
+            data, escalated, k, metric, device, select, plan.escalation, include_self)
+        report.exact.exact_evaluations += found.exact.exact_evaluations
+        report.rows_escalated = escalated.numel()
+    return out_idx, out_dist, report
+
+
+def _symmetric_blocks(data: InputArray, k: int, metric: Metric, device: torch.device, select: str, plan: EnginePlan,
+                      include_self: bool, progress: "bool | Progress", checkpoint: Checkpoint | None,
+                      keep_checkpoint: bool, lists_folder: str | None,
+                      share_thresholds: "Callable[[torch.Tensor], torch.Tensor] | None"
+                      ) -> tuple[torch.Tensor, torch.Tensor, GraphReport, torch.Tensor | None]:
+    """:func:`exact_graph`'s symmetric blocks: (indices, distances, report, the store rows it
+    escalated, or None for a run in bands). Its frames and stores live only here."""
+    n, d = data.n, data.d
     b = plan.part_size
     parts = [(s, min(n, s + b)) for s in range(0, n, b)]
     with on_device(device), full_precision():
@@ -141,7 +165,7 @@ def exact_graph(
             out_idx, out_dist, store, counts, done = graph_in_bands(
                 frames, plan, metric, precision, centre, include_self, select, device, progress, checkpoint,
                 keep_checkpoint, lists_folder)
-            return out_idx, out_dist, graph_report(plan, store, counts, checkpoint, done, precision)
+            return out_idx, out_dist, graph_report(plan, store, counts, checkpoint, done, precision), None
         # One centre for every block: the store's norms give every pair's radius. Blocks centred
         # on their row part: every survivor brings the norms of its block (PairNorms).
         shared = frames.shared_norms()
@@ -154,7 +178,8 @@ def exact_graph(
             return frames.evaluate(metric, rows, cols, device, plan.work_bytes)
 
         holding = holding_for(plan.precision, norms, terms, device, n=plan.n_corpus, capacity=plan.capacity,
-                              pending=plan.pending_pairs, budget=plan.budget)
+                              pending=plan.pending_pairs, budget=plan.budget,
+                              escalate=plan.escalate_pairs if plan.escalation is not None else 0)
         # A store that takes its survivors in as it goes waits for more of them at a time.
         pending = plan.pending_pairs if holding is not None else pending_pairs(device, plan.budget, updates=True)
         store = candidate_store(n, k, plan.capacity, errors, evaluate, device, pending=pending,
@@ -222,4 +247,4 @@ def exact_graph(
         for r0 in range(0, n, chunk):
             r1 = min(n, r0 + chunk)
             out_idx[r0:r1], out_dist[r0:r1] = store.finish(torch.arange(r0, r1, device=device))
-    return out_idx, out_dist, graph_report(plan, store, counts, checkpoint, done, precision)
+        return out_idx, out_dist, graph_report(plan, store, counts, checkpoint, done, precision), store.escalated_rows()

@@ -789,6 +789,11 @@ class CandidateStore:
             out[r, c] = self.evaluate(rows[r], idx[r, c])
         return out
 
+    def escalated_rows(self) -> torch.Tensor:
+        """Store rows escalated by a holding store (τ = −∞: nothing screened reaches them; see
+        :meth:`~knng.engine.store.held.HoldingStore._escalate`), int64 on the store's device."""
+        return torch.nonzero(self.tau == -torch.inf).flatten()
+
     def screened_per_row(self) -> torch.Tensor:
         """Pairs the screen let through for each row (int64, (n,))."""
         self.flush()

@@ -40,13 +40,15 @@ class Holding:
     prepared with (:class:`~knng.engine.graph.frames.PrincipalFrames`, blocks centred on their own
     parts; :meth:`CandidateStore.add`'s ``norms``); each is held with its error radius,
     computed from them as it comes, and the held pairs tighten with their own radii, not
-    against maxima.
+    against maxima. ``escalate``: a row that keeps more held survivors than this after a
+    tightening is escalated (:meth:`HoldingStore.escalated_rows`); None or 0: never.
     """
 
     maxima: tuple[float, float] | None = None
     limit: int | None = None
     pairs: bool = False
     step: int | None = None
+    escalate: int | None = None
 
     @property
     def tightens(self) -> bool:
@@ -198,7 +200,9 @@ class HoldingStore(CandidateStore):
         self.tighten(rows, keys, *maxima)
         if self._every is None or self._every.device != rows.device:
             self._every = torch.arange(self.n, device=rows.device)
-        self._held_keep = keys <= self.screen_thresholds(self._every, *maxima)[rows]
+        keep = keys <= self.screen_thresholds(self._every, *maxima)[rows]
+        self._escalate(rows, keep)
+        self._held_keep = keep
         self._held_fresh = 0
 
     def _tighten_held_pairs(self) -> None:
@@ -222,8 +226,27 @@ class HoldingStore(CandidateStore):
             upper = torch.where((counts >= self.k) & ~upper.isnan(), upper, torch.inf)
             torch.minimum(self.tau, upper, out=self.tau)
             self.updates += 1
-        self._held_keep = keys.to(torch.float64).sub_(rad) <= self.tau[rows]
+        keep = keys.to(torch.float64).sub_(rad) <= self.tau[rows]
+        self._escalate(rows, keep)
+        self._held_keep = keep
         self._held_fresh = 0
+
+    def _escalate(self, rows: torch.Tensor, keep: torch.Tensor) -> None:
+        """Escalate the rows that keep more than ``Holding.escalate`` held pairs (``keep``: which
+        of the held pairs, of store ``rows``, the tightening keeps; updated in place).
+
+        An escalated row's τ becomes −∞: no screen lets a pair through for it again, its held
+        pairs are dropped here, and pairs a block finds for its partner still go to the
+        partner. Its answer comes from a search of its own at the end (the graph's
+        ``EnginePlan.escalation``, :meth:`escalated_rows`); τ = −∞ is how a checkpoint or a
+        share's merged thresholds carry that. Nothing is read back from the device."""
+        limit = self.holding.escalate
+        if not limit or rows.numel() <= limit:
+            return
+        kept = torch.zeros(self.n, dtype=torch.int64, device=rows.device).index_add_(0, rows, keep.to(torch.int64))
+        hard = kept > limit
+        self.tau.masked_fill_(hard, -torch.inf)
+        keep &= ~hard[rows]
 
     def _settle_held(self) -> None:
         """Compact the held pairs the last tightening kept, if not yet done (then take them in
