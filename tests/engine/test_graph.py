@@ -355,6 +355,41 @@ def test_held_survivors_are_taken_in_by_the_limit_where_the_budget_holds_them():
     assert held_take_in_step(0, 200, 2**40) == 200
 
 
+def test_graphs_that_hold_their_survivors_plan_a_float64_search_for_escalated_rows(set_options):
+    # Planning only: a GPU graph screened by a kernel with its stores on the device holds its
+    # survivors, so rows that hold too many are escalated (n·d / 32,768 pairs, at least 16 × the
+    # store's capacity) and searched in float64 for k + 1 neighbours; integer rows (exact keys),
+    # stores off the device and graphs by rows plan none; Options.escalate_pairs overrides.
+    from knng.engine.kernels.capabilities import DeviceCapabilities
+    from knng.engine.plan import ESCALATE_PER_CAPACITY, ESCALATE_VALUES_PER_PAIR, make_graph_plan
+
+    hopper = DeviceCapabilities("cuda", (9, 0), triton=True, cupy=True, wgmma=True)
+
+    def plan(n=582_150, d=64, k=10, **changes):
+        return make_graph_plan(n=n, d=d, k=k, metric="euclidean", device=torch.device("cuda"), budget=80 * 2**30,
+                               include_self=False, capabilities=hopper, method="symmetric", **changes)
+
+    for k in (10, 100):
+        p = plan(k=k)
+        assert p.screen_precision == "float16" and p.escalation is not None
+        assert p.escalate_pairs == max(ESCALATE_PER_CAPACITY * p.capacity, 582_150 * 64 // ESCALATE_VALUES_PER_PAIR)
+        assert p.escalation.screen_precision == "float64" and p.escalation.k == k + 1
+        assert not p.escalation.direct and p.escalation.operation == "search"
+    assert plan(k=10).escalate_pairs == 582_150 * 64 // ESCALATE_VALUES_PER_PAIR  # 1,137 > 16 × 18
+    assert plan(k=100).escalate_pairs == ESCALATE_PER_CAPACITY * plan(k=100).capacity
+    assert plan(screen_dtype="int8").escalation is None
+    assert plan(n=20_000, d=8, screen_dtype="float64").escalation is None  # no kernel screen: nothing held
+    cpu = make_graph_plan(n=5_000, d=8, k=10, metric="euclidean", device=torch.device("cpu"), budget=2**30,
+                          include_self=False)
+    assert cpu.escalation is None and cpu.escalate_pairs == 0  # a CPU does not hold (Options.hold_on)
+    set_options(escalate_pairs=0)
+    assert plan().escalation is None and plan().escalate_pairs == 0
+    set_options(escalate_pairs=77)
+    assert plan().escalate_pairs == 77
+    again = type(plan()).from_dict(plan().as_dict())  # a checkpoint's record keeps the escalation's plan
+    assert again == plan() and again.escalation == plan().escalation
+
+
 def test_graph_parts_use_the_budget():
     # Planning only (no GPU needed): what exact_graph would do on a GPU.
     from knng.engine.plan import make_graph_plan
