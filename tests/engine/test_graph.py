@@ -495,6 +495,10 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path,
     assert report.rows_escalated == 0 or how == "escalated", report.rows_escalated
     assert report.rows_escalated > 0 or not (how == "escalated" and data in ("duplicates", "integers", "flat patches")), \
         report.rows_escalated
+    if report.rows_escalated:  # the command line's summary says so
+        from knng.cli.console import exact_line
+
+        assert f"{report.rows_escalated:,} rows of near-ties searched again" in exact_line(report)
     held = how in ("held", "flat", "finish tightens", "escalated")
     assert ("store.finish_held" in calls) == held and ("store.take_held" in calls) != held, calls
     if data.endswith("patches"):  # blocks centred on their own parts: pairs with their norms

@@ -49,6 +49,9 @@ def exact_line(report: Any) -> str:
     exact_products = " with exact products (integer data)" if getattr(report, "exact_products", False) else ""
     text = (text + (f"; {screen} screen{exact_products}" if screen else "")
             + (f"; {report.oom_retries} out-of-memory retries" if getattr(report, "oom_retries", 0) else ""))
+    escalated = getattr(report, "rows_escalated", 0)
+    if escalated:
+        text += f"\n  {escalated:,} rows of near-ties searched again with a float64 screen (escalated)"
     checkpoints = getattr(report, "checkpoints", None) or {}
     if checkpoints.get("resumed_from"):
         from knng.distributed.graph_shares import DistributedGraphReport
