@@ -101,6 +101,11 @@ CASES: dict[str, dict[str, Any]] = {
     # Grey levels / 255 under the scaled float16 screen: exact products around a lattice point.
     "graph-lattice": {**_graph_case("grey", 8, "euclidean"), "precision": "float16"},
     "graph-lattice-sq": {**_graph_case("grey", 30, "sqeuclidean", memory_budget="64KB"), "precision": "float16"},
+    # Rows of 120 and 40 identical points, not folded, hold more survivors than escalate_pairs:
+    # escalated (τ = −∞ merged across the ranks) and searched again, as a GPU's hard rows are.
+    "graph-escalated": {**_graph_case("flat", 10, "euclidean"), "precision": "tf32",
+                        "options": {"hold_on": frozenset({"cpu", "cuda"}), "cpu_max_part": 70, "pending_cpu": 300,
+                                    "escalate_pairs": 12, "fold_duplicates": False}},
     # uint8 data of d = 128: integer rows, chosen by rank 0's planner (on a CPU from d = 128).
     "graph-integer-rows": _graph_case("pixels", 10, "euclidean", memory_budget="64KB"),
     "search-flat": {"kind": "search", "k": 15, "metric": "euclidean", "data": "search-flat"},

@@ -201,6 +201,18 @@ def test_a_lattice_is_screened_with_exact_products_on_every_rank(battery, world,
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_hard_rows_escalate_on_the_ranks(battery, world):
+    """Rows that hold more survivors than escalate_pairs are escalated on a rank (τ = −∞, which
+    the ranks' merged thresholds carry) and searched again; the graph is one device's, bit for
+    bit (answers: see test_identical_to_one_process)."""
+    seed, ranks, _ = battery[world]
+    for r, results in enumerate(ranks):
+        assert "error" not in results["graph-escalated"], f"seed={seed} rank {r}: {results['graph-escalated']}"
+    assert any("graph.escalated_rows" in results["graph-escalated"]["stages"] for results in ranks), \
+        [results["graph-escalated"]["stages"] for results in ranks]
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_integer_rows_on_every_rank(battery, world):
     """uint8 data are screened as integer rows on every rank, the plan rank 0 made knowing their
     type (answers: see test_identical_to_one_process)."""
