@@ -1113,6 +1113,11 @@ def alternate(variants: Mapping[str, Mapping[str, Any]], call: Callable[[], Any]
         with option_context(changes):
             for _ in range(warmup):
                 call()
+    if warmup:
+        # As time_call: a first call of its kind ran without compiled kernels (a graph of at most
+        # Options.uncompiled_max_scores scores), which compile in the background; without this
+        # wait every timed call of a 250k × 256 patch graph ran on torch's products.
+        getattr(knng, "wait_for_kernels", lambda: True)()
     for _ in range(repeats):
         for label, changes in variants.items():
             with option_context(changes):
