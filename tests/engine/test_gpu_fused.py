@@ -282,6 +282,37 @@ def test_graph_image_patches(fused_precision, method, seed, set_options):
     _check(x, x, res, exclude_self=True, rows=torch.arange(0, 80_000, 97, device="cuda"))
 
 
+@pytest.mark.parametrize("frames", ["principal", "one centre"])
+def test_graph_rows_escalated_on_the_kernels(fused_precision, frames, seed, set_options):
+    """Hard rows escalated on a GPU (``Options.escalate_pairs`` low, so that the near-ties of
+    flat patches and of a few hundred unfolded copies outgrow it): τ = −∞ reaches the screen
+    kernels, the held pairs and the windows of principal frames; the escalated rows are searched
+    again in float64. Every answer exact, and the same bit for bit as without escalation."""
+
+    set_options(fold_duplicates=False)  # copies that stay rows of their own: thousands of near-ties
+    set_options(graph_method="symmetric")  # (small data would run by rows: a search, which holds no pairs)
+    set_options(gpu_max_part=16384, gpu_kernel_max_part=16384, gpu_triangle_max_part=16384,
+                gpu_triangle_max_part_small_k=16384)  # several parts: slabs for principal frames
+    if frames == "one centre":
+        set_options(principal_min_gain=float("inf"), local_centre_gain=float("inf"))
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(smooth_image_patches(rng, 60_000)).cuda()
+    x[50_000:50_300] = x[11]
+    runs = {}
+    for escalate in (0, 64):
+        set_options(escalate_pairs=escalate)
+        runs[escalate] = [knng.graph(x, k) for k in (10, 40)]
+        rep = last_report()
+        assert (rep.rows_escalated > 0) == (escalate > 0 and rep.plan.escalation is not None), rep.rows_escalated
+        if escalate and fused_precision == "float16":  # the planner's precision for patches holds and escalates
+            assert rep.rows_escalated >= 300, (rep.rows_escalated, rep.plan.graph_method, rep.plan.frames)
+    for a, b in zip(runs[0], runs[64]):
+        torch.testing.assert_close(a.indices, b.indices, rtol=0, atol=0)
+        torch.testing.assert_close(a.distances, b.distances, rtol=0, atol=0)
+    rows = torch.cat([torch.arange(0, 60_000, 113, device="cuda"), torch.arange(50_000, 50_300, 7, device="cuda")])
+    _check(x, x, runs[64], exclude_self=True, rows=rows)
+
+
 def test_graph_high_dimension_large_k(fused_precision, seed):
     g = _gen(seed)
     x = torch.randn((6000, 2048), generator=g, device="cuda")
