@@ -111,6 +111,18 @@ def case_inputs(name: str, device: torch.device, pictures: str | None, queries: 
     return [(10, x, q, "euclidean"), (100, x, q, "euclidean")]
 
 
+def split_cases(text: str) -> list[str]:
+    """The comma-separated case names, a data set's further k joined to it
+    (``descriptors:10,100,p8`` → ``["descriptors:10,100", "p8"]``)."""
+    cases: list[str] = []
+    for item in text.split(","):
+        if item.isdigit() and cases and ":" in cases[-1]:
+            cases[-1] += f",{item}"
+        else:
+            cases.append(item)
+    return cases
+
+
 def checksum(result: Any) -> str:
     """A hash of an answer's indices and distances (equal answers, equal hashes)."""
     h = hashlib.sha1(torch.as_tensor(result.indices).cpu().numpy().tobytes())
@@ -200,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"unknown option set {item!r} (--list shows them; a label that changes nothing runs alone, "
                          "or as new/old)")
     variants = {name: harness.parse_option_set(name) for name in names}
-    which = (args.cases or (QUICK_CASES if args.quick else DEFAULT_CASES)).split(",")
+    which = split_cases(args.cases or (QUICK_CASES if args.quick else DEFAULT_CASES))
     records = []
     for name in which:
         # Each case from an empty allocator cache: the default budget is a share of the free
