@@ -135,9 +135,28 @@ def default_cases(args: argparse.Namespace, device: torch.device) -> list[Case]:
     return cases
 
 
+def knng_variants(precisions: str, options: str) -> dict[str, dict[str, Any]]:
+    """knng's variants of a run: label → ``knng.options`` changes, every screen precision of
+    ``precisions`` (comma-separated; ``auto`` the planner's) under every option set of
+    ``options`` (``/``-separated, :func:`harness.parse_option_set`; e.g. ``escalate_pairs=0/new``
+    times knng with and without a change beside the peers, in one process). A label is the
+    precision, the option set, or both joined by ``+`` where both vary."""
+    sets = options.split("/") if options else [""]
+    out: dict[str, dict[str, Any]] = {}
+    for precision in precisions.split(","):
+        for text in sets:
+            changes = harness.parse_option_set(text) if text else {}
+            if precision != "auto":
+                changes["screen_precision"] = precision
+            label = precision if len(sets) == 1 else text if precision == "auto" else f"{precision}+{text}"
+            out[label] = changes
+    return out
+
+
 def run_case(case: Case, args: argparse.Namespace, device: torch.device, peers: list[harness.Peer],
-             base_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every k of one case: knng per precision, then every peer; one row per k."""
+             variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every k of one case: every knng variant (:func:`knng_variants`), then every peer; one row
+    per k."""
     x, q = case.make()
     rows_out = []
     graph = q is None
@@ -156,10 +175,7 @@ def run_case(case: Case, args: argparse.Namespace, device: torch.device, peers: 
             continue
         check = harness.oracle_rows(n if graph else q.shape[0], args.check_rows, seed=k, flat=flat)
         best = None
-        for precision in args.precisions.split(","):
-            changes = dict(base_options)
-            if precision != "auto":
-                changes["screen_precision"] = precision
+        for precision, changes in variants.items():
             if graph:
                 call = lambda x=x, k=k: knng.graph(x, k, metric=case.metric, select=args.select)  # noqa: E731
             else:
@@ -253,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ks", default=None, help="k values for every case (default: the grid's)")
     ap.add_argument("--precisions", default="auto",
                     help="knng's screen precisions, each forced in turn (auto: the planner's; default auto)")
-    ap.add_argument("--options", default="", help="a knng option set for every knng call (harness.OPTION_SETS "
-                    "names or option=value items joined by '+')")
+    ap.add_argument("--options", default="", help="knng option sets, each a variant of every knng call, separated "
+                    "by '/' (harness.OPTION_SETS names or option=value items joined by '+'; e.g. "
+                    "escalate_pairs=0/new: with and without a change, beside the peers)")
     ap.add_argument("--select", default="auto", help="knng's select= (default auto)")
     ap.add_argument("--peers", default=None, help="peers to run (default: faiss,cuvs,torch on a GPU; faiss-cpu,"
                     "sklearn on a CPU; none: no peers)")
@@ -280,16 +297,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{', '.join(p.name for p in peers) or 'none'}", flush=True)
     for note in notes:
         print(f"# {note}", flush=True)
-    base_options = harness.parse_option_set(args.options) if args.options else {}
+    variants = knng_variants(args.precisions, args.options)
     rows: list[dict[str, Any]] = []
     for case in default_cases(args, device):
         try:
-            rows += run_case(case, args, device, peers, base_options)
+            rows += run_case(case, args, device, peers, variants)
         except SystemExit as exc:  # a data set whose pictures are not at hand
             print(f"# {case.task} {case.data}: skipped ({exc})", flush=True)
     print()
-    print(table(rows, args.precisions.split(","), [p.name for p in peers]))
-    harness.write_json(args.out, {**env, "peer_notes": notes, "options": base_options, "results": rows})
+    print(table(rows, list(variants), [p.name for p in peers]))
+    harness.write_json(args.out, {**env, "peer_notes": notes, "options": variants, "results": rows})
     return 0
 
 
