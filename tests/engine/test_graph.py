@@ -511,6 +511,29 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path,
         np.testing.assert_array_equal(again.distances, g.distances)
 
 
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("include_self", [False, True])
+@pytest.mark.parametrize("k", [1, 7, "all"])
+def test_escalated_rows_are_exact_in_every_metric(metric, include_self, k, rng, seed, set_options):
+    # Escalation with most rows over a tiny escalate_pairs: every metric (the inner product runs
+    # by rows, which escalates nothing), the point itself kept or not, k = 1 to every point;
+    # near-ties of a flat region, unfolded copies and data far from the origin.
+    from oracle import smooth_image_patches
+
+    set_options(hold_on=frozenset({"cpu", "cuda"}), screen_precision="tf32", cpu_max_part=60, pending_cpu=200,
+                fold_duplicates=False)
+    n = 257
+    x = smooth_image_patches(rng, n, side=3).astype(np.float64)
+    x[30:90] = x[30] + 1e-4 * rng.standard_normal((60, x.shape[1]))
+    x[200:230] = x[:30]
+    x[230:] += 1e3
+    k = (n if include_self else n - 1) if k == "all" else k
+    set_options(escalate_pairs=max(1, k // 2))
+    g = knng.graph(x, k, metric=metric, include_self=include_self, device="cpu")
+    assert (last_report().rows_escalated > 0) == (last_report().plan.graph_method == "symmetric"), last_report()
+    assert_exact(g, oracle_graph(x, k, metric, include_self=include_self), context=f"seed={seed} {metric} k={k}")
+
+
 def test_own_part_seed_positions_are_distinct_and_span_the_part():
     # The own parts' sample columns: evenly spaced, first and last included, distinct without a
     # ``unique`` (integer steps of at least one), all of a part smaller than the sample.
