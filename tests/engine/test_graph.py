@@ -386,8 +386,9 @@ def test_graphs_that_hold_their_survivors_plan_a_float64_search_for_escalated_ro
     assert plan().escalation is None and plan().escalate_pairs == 0
     set_options(escalate_pairs=77)
     assert plan().escalate_pairs == 77
-    again = type(plan()).from_dict(plan().as_dict())  # a checkpoint's record keeps the escalation's plan
-    assert again == plan() and again.escalation == plan().escalation
+    made = plan()  # (one plan: two calls may see different free host memory)
+    again = type(made).from_dict(made.as_dict())  # a checkpoint's record keeps the escalation's plan
+    assert again == made and again.escalation == made.escalation
 
 
 def test_graph_parts_use_the_budget():
