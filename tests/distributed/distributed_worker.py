@@ -188,6 +188,7 @@ def _run_case(name: str, case: dict[str, Any], rank: int, world: int, seed: int,
                 "stages": sorted(report.stages),
                 "precision": getattr(report.screen_dtype, "name", report.screen_dtype),
                 "tightenings": report.store.tightenings, "overflow": report.store.overflow_rows,
+                "rows_escalated": report.rows_escalated,
                 "per_rank_blocks": [r["blocks"] for r in report.per_rank]}
     if kind == "search":
         queries, corpus = make_data(case.get("data", "search"), seed)

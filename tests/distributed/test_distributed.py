@@ -210,6 +210,10 @@ def test_hard_rows_escalate_on_the_ranks(battery, world):
         assert "error" not in results["graph-escalated"], f"seed={seed} rank {r}: {results['graph-escalated']}"
     assert any("graph.escalated_rows" in results["graph-escalated"]["stages"] for results in ranks), \
         [results["graph-escalated"]["stages"] for results in ranks]
+    # The report (the same on every rank) counts them, and no other graph of the battery escalates.
+    assert all(results["graph-escalated"]["rows_escalated"] > 0 for results in ranks)
+    assert all(got.get("rows_escalated", 0) == 0 for results in ranks for name, got in results.items()
+               if name != "graph-escalated")
 
 
 @pytest.mark.parametrize("world", WORLDS)

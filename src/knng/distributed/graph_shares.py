@@ -105,6 +105,9 @@ class DistributedGraphReport:
     duplicates_folded: int = 0
     #: Data on a lattice screened with exact products (:func:`knng.metrics.with_exact_products`).
     exact_products: bool = False
+    #: Rows searched again in float64 by the rank that escalated most (each rank's in
+    #: ``per_rank``; a row escalated on one rank is escalated on all that take its τ = −∞).
+    rows_escalated: int = 0
 
     @property
     def pairs_saving(self) -> float:
@@ -284,12 +287,14 @@ def _report(comm: Comm, plan: EnginePlan, report, seconds: float, device: torch.
     store = report.store
     local = torch.tensor([seconds, comm.stats.wait_seconds, comm.stats.bytes, off_diagonal + own, rows,
                           store.survivors, report.exact.exact_evaluations, store.tightenings, report.oom_retries,
-                          store.overflow_rows], dtype=torch.float64, device=device)
+                          store.overflow_rows, report.rows_escalated], dtype=torch.float64,
+                         device=device)
     out = torch.empty(comm.world * local.numel(), dtype=torch.float64, device=device)
     comm.wait(comm.all_gather(out, local, "the gather of the run's figures"))
     table = out.view(comm.world, -1).cpu().tolist()
     per_rank = [{"rank": r, "seconds": row[0], "wait_s": row[1], "bytes": int(row[2]),
-                 "blocks": int(row[3]), "rows": int(row[4])} for r, row in enumerate(table)]
+                 "blocks": int(row[3]), "rows": int(row[4]), "rows_escalated": int(row[10])}
+                for r, row in enumerate(table)]
     own_once = plan.parts if symmetric else 0
     off_diagonal_all = int(sum(r[3] for r in table)) - (own_once if split else comm.world * own_once)
     exact = ExactStats(rows=plan.n_corpus, exact_evaluations=int(sum(r[6] for r in table)))
@@ -301,7 +306,7 @@ def _report(comm: Comm, plan: EnginePlan, report, seconds: float, device: torch.
         screen_dtype=plan.screen_precision, method=plan.graph_method, exact=exact, store=stores,
         oom_retries=int(sum(r[8] for r in table)), seconds=max(r[0] for r in table), plan=plan, per_rank=per_rank,
         comm_ops=list(comm.stats.ops), waits=sorted(comm.stats.waits, key=lambda w: -w[1])[:8],
-        exact_products=report.exact_products)
+        exact_products=report.exact_products, rows_escalated=max(int(r[10]) for r in table))
 
 
 def gather_rows(rows: RankRows, n: int, k: int, comm: Comm, device: torch.device
