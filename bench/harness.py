@@ -164,6 +164,13 @@ class Timing:
         return {"min_ms": self.min * 1e3, "median_ms": self.median * 1e3, "times_ms": self.ms(), "timer": self.timer}
 
 
+def _wait_for_kernels() -> None:
+    """After warm-ups: a first call of its kind on a GPU (a graph of at most
+    ``Options.uncompiled_max_scores`` scores) ran without compiled kernels, which compile in the
+    background; the timed calls run with them (an older tree has no such wait)."""
+    getattr(knng, "wait_for_kernels", lambda: True)()
+
+
 def time_call(call: Callable[[], Any], *, device: torch.device | str | None = "auto", warmup: int = 1,
               repeats: int = 3, before: Callable[[], Any] | None = None) -> Timing:
     """Time ``call``: ``warmup`` untimed calls, then ``repeats`` timed ones.
@@ -198,9 +205,7 @@ def time_call(call: Callable[[], Any], *, device: torch.device | str | None = "a
             before()
         result = call()
     if warmup:
-        # A warm-up that was the first call of its kind on a GPU ran without compiled kernels, which
-        # compile in the background: the timed calls run with them (an older tree has no such wait).
-        getattr(knng, "wait_for_kernels", lambda: True)()
+        _wait_for_kernels()
     synchronize(dev)
     times: list[float] = []
     cuda = dev.type == "cuda"
@@ -1114,10 +1119,7 @@ def alternate(variants: Mapping[str, Mapping[str, Any]], call: Callable[[], Any]
             for _ in range(warmup):
                 call()
     if warmup:
-        # As time_call: a first call of its kind ran without compiled kernels (a graph of at most
-        # Options.uncompiled_max_scores scores), which compile in the background; without this
-        # wait every timed call of a 250k × 256 patch graph ran on torch's products.
-        getattr(knng, "wait_for_kernels", lambda: True)()
+        _wait_for_kernels()  # (without it every timed call of a 250k × 256 patch graph ran on torch's products)
     for _ in range(repeats):
         for label, changes in variants.items():
             with option_context(changes):

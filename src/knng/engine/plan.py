@@ -669,6 +669,13 @@ def pending_pairs(device: torch.device, budget: int, search: bool = False, updat
 HELD_SHARE = 4
 
 
+def holds_survivors(device: torch.device, precision: ScreenPrecision) -> bool:
+    """Whether a graph's store on ``device`` holds its survivors back: a kernel's screen
+    (``precision.kernel``) on a device of ``Options.hold_on``
+    (:func:`knng.engine.graph.holding_for`; the planner's escalation reads the same rule)."""
+    return device.type in get_options().hold_on and precision.kernel
+
+
 def held_pairs_limit(n: int, capacity: int, pending: int) -> int:
     """Held survivors beyond which a graph's holding store takes them in: as many as its own
     entries (``n`` rows of ``capacity``), and never fewer than four flushes' worth (``pending``
@@ -1213,13 +1220,12 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
         uncompiled=_uncompiled(device))
     # Held survivors (a kernel's screen, stores on the device: ``holding_for``) of a bound that
     # is not exact: rows that hold too many are searched again in float64 (``escalate_pairs``).
-    holds = device.type in get_options().hold_on and PRECISIONS[precision].kernel and lists == LISTS_ON_DEVICE
+    holds = lists == LISTS_ON_DEVICE and holds_survivors(device, PRECISIONS[precision])
     escalate = escalate_pairs(n, d, capacity) if holds and not PRECISIONS[precision].integers else 0
     if escalate:
-        escalation = replace(_search_plan(capabilities=caps, n_queries=n, n_corpus=n, d=d,
-                                          k=graph_search_k(k, include_self), metric=metric, device=device,
-                                          budget=budget, source=source, screen_dtype="float64",
-                                          host_budget=given_host, host_source=host_source), direct=False)
+        escalation = _search_plan(capabilities=caps, n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self),
+                                  metric=metric, device=device, budget=budget, source=source, screen_dtype="float64",
+                                  host_budget=given_host, host_source=host_source)
         symmetric = replace(symmetric, escalate_pairs=escalate, escalation=escalation)
     # A metric that centres one side only (the inner product) cannot prepare a symmetric block's
     # two sides alike but uncentred, whose bound then grows with the data's distance from the

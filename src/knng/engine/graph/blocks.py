@@ -29,7 +29,7 @@ from knng.engine.exact import ExactStats
 from knng.engine.graph.frames import GlobalFrames, PrincipalFrames, Tile, Window, span_window
 from knng.engine.graph.report import GraphReport
 from knng.engine.plan import (
-    EnginePlan, held_pairs_limit, held_take_in_step, strip_seed_count,
+    EnginePlan, held_pairs_limit, held_take_in_step, holds_survivors, strip_seed_count,
 )
 from knng.engine.screen import (
     ScoreBuffer, Survivors, block_scores, pair_scores, row_survivors, screen_pairs, screen_pairs_later, screen_rows,
@@ -97,7 +97,7 @@ def holding_for(precision: ScreenPrecision, norms: torch.Tensor | None, terms: t
     (:func:`~knng.engine.plan.held_take_in_step`). ``n``, ``capacity``, ``pending``: the store's
     rows, candidates a row keeps, and survivors it takes in at a time; ``escalate``: held
     survivors above which a row is escalated (the plan's ``escalate_pairs``; 0: never)."""
-    if device.type not in get_options().hold_on or not precision.kernel:
+    if not holds_survivors(device, precision):
         return None
     limit = get_options().held_limit
     if limit is None:
