@@ -9,13 +9,18 @@ nothing but the time.
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
 
 import knng
+from knng._inputs import as_input
 from knng.engine import search as engine_search
 from knng.engine.plan import direct_applies, make_graph_plan, make_search_plan
+from knng.metrics import get_metric
 from oracle import assert_exact, oracle_graph, oracle_search
 
 pytestmark = pytest.mark.direct
@@ -182,19 +187,22 @@ def test_scores_that_could_overflow_go_through_the_pipeline(rng, device):
 
 def test_the_certificate_bounds_the_rounding(rng):
     """Scores computed as the direct path computes them (rows centred on the corpus's mean in
-    float32, then the float32 expansion), plus the row's own squared norm, against the float64
-    squared distances of the original rows: every error is within the certificate's bound, on
-    points far from the origin and near it."""
-    for offset in (1e4, 0.0):
+    float32, or as they are, then the float32 expansion), plus the row's own squared norm,
+    against the float64 squared distances of the original rows: every error is within the
+    certificate's bound, on points far from the origin and near it."""
+    for offset, centred in ((1e4, True), (0.0, True), (0.0, False), (0.2, False)):
         c = torch.from_numpy((rng.standard_normal((500, 16)) + offset).astype(np.float32))
         q = c[:60] + torch.from_numpy(rng.standard_normal((60, 16)).astype(np.float32)) * 1e-3
-        mean = c.mean(dim=0)
+        mean = c.mean(dim=0) if centred else torch.zeros(16)
         cc, qc = c - mean, q - mean
         c_norms, q_norms = torch.linalg.vector_norm(cc, dim=1), torch.linalg.vector_norm(qc, dim=1)
         scores = torch.addmm((c_norms ** 2)[None, :], qc, cc.T, beta=1, alpha=-2).double()
         got = scores + (qc.double() ** 2).sum(1)[:, None]
         exact = ((q.double()[:, None, :] - c.double()[None, :, :]) ** 2).sum(-1)  # by differences
         bound = engine_search.direct_rounding_bound(float(c_norms.max()), q_norms.double(), 16, torch.float32)
+        # The direct path computes it on the device from the largest norm as a tensor: the same.
+        on_device = engine_search.direct_rounding_bound(c_norms.max().double(), q_norms.double(), 16, torch.float32)
+        torch.testing.assert_close(on_device, bound, rtol=1e-15, atol=0)
         assert ((got - exact).abs() <= bound[:, None]).all(), offset
         assert ((got - exact).abs().amax(dim=1) > bound / 1000).any(), offset  # not loose by 1000×
 
@@ -254,3 +262,51 @@ def test_rows_in_chunks(rng, include_self):
     np.testing.assert_array_equal(got.indices, ref.indices)
     np.testing.assert_array_equal(got.distances, ref.distances)
     assert_exact(got, oracle_graph(x, 6, include_self=include_self))
+
+
+@pytest.mark.parametrize("offset, centred", [(0.0, False), (0.1, False), (0.5, True), (3.0, True), (1e4, True)])
+def test_rows_are_centred_only_far_from_the_origin(rng, offset, centred, device):
+    """The direct path centres the rows where a sample's mean lies far from the origin next to
+    its spread (``DIRECT_CENTRE_FAR``: N(offset, 1) in 16 dimensions passes at offset 0.25) and
+    multiplies them as they are near it; exact either way, and the pipeline's answer bit for bit,
+    near the rule's edge too."""
+    x = (rng.standard_normal((700, 16)) + offset).astype(np.float32)
+    q = x[:40] + (rng.standard_normal((40, 16)) * 0.3).astype(np.float32)
+    got, ref, report = _both(lambda: knng.graph(x, 6, device=device))
+    assert report.plan.direct and (report.stages.get("direct.centred") == 1) == centred, report.stages
+    assert_exact(got, oracle_graph(x, 6))
+    np.testing.assert_array_equal(got.indices, ref.indices)
+    np.testing.assert_array_equal(got.distances, ref.distances)
+    found, ref, report = _both(lambda: knng.search(q, x, 9, device=device))
+    assert report.plan.direct and (report.stages.get("direct.centred") == 1) == centred, report.stages
+    assert_exact(found, oracle_search(q, x, 9))
+    np.testing.assert_array_equal(found.indices, ref.indices)
+
+
+@pytest.mark.gpu
+def test_the_direct_path_waits_for_the_gpu_only_before_its_product_and_at_its_end(rng):
+    """On a GPU the direct path synchronises with the host twice: on the centring's sample,
+    before any large work is queued, and at the end (finite inputs, failed rows). A third in
+    between leaves the GPU idle while the host issues the rest of the call."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    x = torch.from_numpy(_cases(rng, "gauss", 3000, 32)).cuda()
+    knng.graph(x, 10)  # warm: kernels and the allocator
+    sites: Counter = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with knng.options(background_compile=False):
+                data = as_input(x, "x")
+                found = engine_search.direct_neighbours(data, data, 10, get_metric("euclidean"),
+                                                        torch.device("cuda"), 1 << 30, exclude_self=True)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for w in caught:
+        if "synchroniz" in str(w.message).lower():
+            sites[str(w.filename)] += 1
+    assert found is not None and found.failed.numel() == 0
+    # Turning the debug mode off warns of itself, from torch.cuda; every other site is knng's.
+    ours = {site: count for site, count in sites.items() if "/knng/" in site}
+    assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), sites

@@ -20,7 +20,7 @@ from knng.metrics import Metric
 from knng.select import resolve as resolve_select
 
 __all__ = ["DirectRows", "direct_neighbours", "direct_rounding_bound", "product_dtype", "DIRECT_MARGIN",
-           "DIRECT_SLACK", "DIRECT_WIDER", "DIRECT_CENTRE_SAMPLE"]
+           "DIRECT_SLACK", "DIRECT_WIDER", "DIRECT_CENTRE_SAMPLE", "DIRECT_CENTRE_FAR"]
 
 
 # ---------------------------------------------------------------------------- the direct path
@@ -45,13 +45,21 @@ __all__ = ["DirectRows", "direct_neighbours", "direct_rounding_bound", "product_
 #
 # Rows whose certificate fails (more than ``m`` near-ties at the k-th score: duplicates, integer
 # ties) are returned for the rest of the plan to answer. Non-finite inputs are left to the
-# pipeline too, which names the first bad row. A call synchronises twice with the host: for the
-# largest norm (and whether the inputs are finite) and for the rows that failed.
+# pipeline too, which names the first bad row. A call synchronises with the host twice: on a
+# sample of the corpus, before any large work is queued (whether to centre, below), and at the
+# end, for whether the inputs were finite and which rows failed. Nothing in between waits for
+# the GPU: the bound is computed there from the largest norm, so the host queues the product,
+# the selection and the finish while the GPU runs them (a small call's host time, its launches,
+# is longer than its GPU time: a synchronisation in the middle left the GPU idle meanwhile).
 #
 # The rows are centred first, on the mean of a sample of the corpus (:data:`DIRECT_CENTRE_SAMPLE`
-# rows, in the product's type: one more rounding of each coordinate, in the bound): the
+# rows, in the product's type: one more rounding of each coordinate, in the bound), where that
+# mean is far from the origin next to the sample's spread (:data:`DIRECT_CENTRE_FAR`): the
 # rounding bound grows with the norms, and data far from the origin (3-d points 2 km away) would
-# otherwise certify no row. Any centre serves the bound, which takes the centred norms.
+# otherwise certify no row. Near the origin centring widens nothing much and costs a pass over
+# the corpus and its copy (0.38 ms of a 100 × 1M × 128 search on an H200), so the rows are
+# multiplied as they are. Any centre serves the bound, which takes the norms of the rows
+# multiplied.
 #
 # The rounding bound. With ``u`` the unit roundoff of the product's type and ``γ_d = d·u / (1 −
 # d·u)``, a product's dot product is within ``γ_d ‖q‖ ‖c‖`` of the exact one in any order of
@@ -83,8 +91,16 @@ DIRECT_CHUNK_SCORES_DEVICE = 1 << 27
 #: whole corpus's mean took 1 ms of a 13 ms search of 200 queries in 10,000 × 128 on a 2-core CPU,
 #: 0.3 ms of a 100 × 1M × 128 search on an H200; any centre serves the bound.
 DIRECT_CENTRE_SAMPLE = 4096
+#: The rows are centred where the sample's mean has a squared norm above this share of the
+#: sample's mean squared distance from it: below, the largest norm the bound takes grows by at
+#: most about a quarter of the spread (the bound by about 1.6×), less than a pass over the corpus
+#: costs a small call.
+DIRECT_CENTRE_FAR = 1 / 16
 
 _SMALL_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+#: Half the square root of float64's largest value: rows of norms below it give finite squares of
+#: every score's magnitude, (‖q‖ + ‖c‖)².
+_HALF_ROOT_OF_LARGEST = math.sqrt(torch.finfo(torch.float64).max) / 2
 
 
 def product_dtype(queries: InputArray, corpus: InputArray) -> torch.dtype:
@@ -93,22 +109,31 @@ def product_dtype(queries: InputArray, corpus: InputArray) -> torch.dtype:
     return torch.float32 if queries.dtype in _SMALL_FLOATS and corpus.dtype in _SMALL_FLOATS else torch.float64
 
 
-def direct_rounding_bound(c_max: float, q_norms: torch.Tensor, d: int, dtype: torch.dtype) -> torch.Tensor:
+def direct_rounding_bound(c_max: "float | torch.Tensor", q_norms: torch.Tensor, d: int, dtype: torch.dtype,
+                          times: float = 1.0) -> torch.Tensor:
     """Each row's bound E on ``|fl(s) + ‖q‖² − ‖q − c‖²|`` for the direct path's scores of
-    centred rows (the section's comment): ``c_max`` the largest norm of the centred corpus,
-    ``q_norms`` the centred rows' (float64), ``dtype`` the product's.
+    centred rows (the section's comment), multiplied by ``times``: ``c_max`` the largest norm of
+    the centred corpus (a number, or a float64 tensor of one on the rows' device), ``q_norms``
+    the centred rows' (float64), ``dtype`` the product's. Rows multiplied as they are take the
+    same bound with their own norms (it then counts a centring's rounding that did not happen).
 
     The product's rounding: ``‖c‖²`` is its norm in ``dtype``, squared (within ``(γ_d + 4u)
     ‖c‖²``), the dot product within ``γ_d ‖q‖ ‖c‖``, the sum rounded once. The centring's: each
     coordinate of ``q − μ`` and ``c − μ`` is rounded once, which moves a distance by at most
-    ``η = u (‖q‖ + ‖c‖) / (1 − u)`` and its square by ``η (2 (‖q‖ + ‖c‖) + η)``.
+    ``η = u (‖q‖ + ‖c‖) / (1 − u)`` and its square by ``η (2 (‖q‖ + ‖c‖) + η) = κ (‖q‖ +
+    ‖c‖)²`` with ``κ = u/(1 − u) · (2 + u/(1 − u))``. The sum, ``‖q‖ (κ ‖q‖ + b ‖c‖) + a ‖c‖²``,
+    takes a few operations on the rows' device (each a launch on a GPU, where a small call's
+    host time is its launches).
     """
     unit = torch.finfo(dtype).eps / 2
     gamma = d * unit / (1 - d * unit)
-    product = (gamma + 5 * unit) * c_max ** 2 + 2 * (gamma + unit) * c_max * q_norms
-    reach = q_norms + c_max
-    moved = unit / (1 - unit) * reach
-    return DIRECT_SLACK * (product + moved * (2 * reach + moved))
+    shift = unit / (1 - unit)
+    kappa = shift * (2 + shift)
+    scale = DIRECT_SLACK * times
+    bound = torch.add(q_norms * (scale * kappa), c_max, alpha=scale * 2 * (gamma + unit + kappa))
+    bound *= q_norms
+    bound += c_max * c_max * (scale * (gamma + 5 * unit + kappa))
+    return bound
 
 
 class DirectRows:
@@ -152,16 +177,28 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     if n == 0:
         return None
     c = corpus.tensor.to(dtype)
-    mean = c[::max(1, n // DIRECT_CENTRE_SAMPLE)].mean(dim=0)
-    c = c - mean
-    q = c if exclude_self else queries.tensor.to(dtype) - mean
+    q = c if exclude_self else queries.tensor.to(dtype)
+    sample = c[::max(1, n // DIRECT_CENTRE_SAMPLE)]
+    mean = sample.mean(dim=0)
+    # The first synchronisation: the sample's root sum of squares and its mean's norm (whose
+    # difference of squares, the spread, may cancel far from the origin: a rule's input, not a
+    # bound's).
+    total, offset = torch.stack([torch.linalg.vector_norm(sample), torch.linalg.vector_norm(mean)]).tolist()
+    if offset ** 2 > DIRECT_CENTRE_FAR * (total ** 2 / sample.shape[0] - offset ** 2):
+        stages.count("direct.centred")
+        c = c - mean
+        q = c if exclude_self else q - mean
     c_norms = torch.linalg.vector_norm(c, dim=1)  # in the product's type (float64's took 11 ms of 100k × 64)
     q_norms = c_norms if exclude_self else torch.linalg.vector_norm(q, dim=1)
+    c_max = c_norms.max()
+    largest = c_max if exclude_self else torch.maximum(c_max, q_norms.max())
     # Non-finite inputs (or a centre that overflows), and scores that could overflow, go to the
-    # pipeline: every score is at most (‖q‖ + ‖c‖)² in magnitude. The first synchronisation.
-    c_max, q_max = torch.stack([c_norms.max(), q_norms.max()]).double().tolist()
-    if not math.isfinite((c_max + q_max) ** 2):
-        return None
+    # pipeline: every score is at most (‖q‖ + ‖c‖)² ≤ (2 max(‖q‖, ‖c‖))² in magnitude (compared
+    # in the norms' type: float32's limit is infinite there, and NaN compares false). Read with
+    # the certificate, at the end: such inputs cost a small call's work for nothing, the others
+    # wait for nothing.
+    finite = largest < _HALF_ROOT_OF_LARGEST
+    c_max = c_max.double()  # a tensor: the bound is computed on the device
     # The scores come out of one product with the squares as its bias, the rows scaled by −2
     # (exactly: a power of two): a 1-D bias with unit factors is added in the product's epilogue
     # (cuBLASLt), where a broadcast one is first copied into the output (0.24 ms of a 100 × 1M
@@ -174,11 +211,13 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     most = DIRECT_CHUNK_SCORES.get(device.type, DIRECT_CHUNK_SCORES_DEVICE)
     chunk = max(1, min(nq, most // max(1, n), work_bytes // max(1, 3 * n * c.element_size())))
 
-    def certified(rows: torch.Tensor | None, w: int) -> torch.Tensor:
+    def certified(rows: torch.Tensor | None, w: int) -> torch.Tensor | None:
         """One pass over ``rows`` (all where None) keeping ``w`` candidates a row: their k
-        nearest written out, and the rows of ``rows`` it could not certify (a synchronisation)."""
+        nearest written out, and the rows of ``rows`` it could not certify (a synchronisation);
+        None where the inputs are not finite."""
         count = nq if rows is None else rows.numel()
-        bound = direct_rounding_bound(c_max, q_norms64 if rows is None else q_norms64[rows], corpus.d, dtype)
+        twice_bound = direct_rounding_bound(c_max, q_norms64 if rows is None else q_norms64[rows], corpus.d, dtype,
+                                            times=2.0)
         sure = torch.ones(count, dtype=torch.bool, device=device)
         # qms and the grouped filter select float32 keys (float64 scores go to torch.topk),
         # and a small call's selection must not wait for the host (qms reads back the rows it
@@ -193,15 +232,19 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
                 scores.scatter_(1, ids[:, None], torch.inf)
             values, cand = pick(scores, w, sorted=True)
             del scores
-            if w < available:
-                sure[r0:r1] = (values[:, w - 1].double() - values[:, k - 1].double()) > 2 * bound[r0:r1]
+            if w < available:  # the w-th and k-th scores' difference, exact in float64
+                sure[r0:r1] = (values[:, w - 1].double() - values[:, k - 1].double()) > twice_bound[r0:r1]
             exact = exact_pairs_of(metric, queries, ids, corpus, cand, device)
             stats.exact_evaluations += exact.numel()
             if rows is None:
                 out_idx[r0:r1], out_dist[r0:r1] = sort_by_distance_then_index(exact, cand, k)
             else:
                 out_idx[ids], out_dist[ids] = sort_by_distance_then_index(exact, cand, k)
-        if w >= available or bool(sure.all()):
+        # The last synchronisation: whether the inputs were finite, and whether every row holds.
+        inputs_finite, all_sure = torch.stack([finite, sure.all()]).tolist()
+        if not inputs_finite:
+            return None
+        if w >= available or all_sure:
             return torch.empty(0, dtype=torch.int64, device=device)
         bad = torch.nonzero(~sure).flatten()
         return bad if rows is None else rows[bad]
@@ -212,13 +255,18 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     # rows it cannot certify either go to the rest of the plan.
     w = min(available, k + DIRECT_MARGIN + k // 8)
     bad = certified(None, w)
+    if bad is None:
+        return None
     widths, widened = [w], int(bad.numel())
     if widened:
         widths.append(min(available, DIRECT_WIDER * w))
         stages.count("direct.wider")
         bad = certified(bad, widths[-1])
+        assert bad is not None, "the inputs were finite in the first pass"
     if bad.numel():
         out_idx[bad], out_dist[bad] = -1, torch.inf
         stages.count("direct.uncertified")
     stats.rows = nq - int(bad.numel())
     return DirectRows(out_idx, out_dist, bad, stats, widths, widened)
+
+
