@@ -41,10 +41,11 @@ def _float32_of(value: Fraction, root: bool) -> np.float32:
 
 def _rounded(metric: str, data, pairs: np.ndarray, dist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The answer of ``pairs`` (row i's columns) at float64 distances ``dist``, ordered by
-    distance, after :func:`round_as_exact`."""
+    distance, after :func:`round_as_exact` (rows given as None: the data's first rows, as the
+    API passes them; the tests below give rows by id)."""
     order = torch.argsort(dist, dim=1, stable=True)
     idx, dist = torch.from_numpy(pairs).gather(1, order), dist.gather(1, order)
-    round_as_exact(get_metric(metric), data, torch.arange(pairs.shape[0]), data, idx, dist)
+    round_as_exact(get_metric(metric), data, None, data, idx, dist)
     return idx, dist
 
 

@@ -293,7 +293,7 @@ def search(queries: Any, corpus: Any, k: int, *, metric: str = "euclidean", devi
             if folding is not None:
                 idx, dist_ = unfold_search(idx, dist_, folding, k, dev)
                 report = replace(report, duplicates_folded=folding.folded_away)
-            round_as_exact(m, q, torch.arange(q.n, device=idx.device), c, idx, dist_)
+            round_as_exact(m, q, None, c, idx, dist_)
         if ckpt is not None:
             ckpt.close(keep_checkpoint)
     set_last_report(report)

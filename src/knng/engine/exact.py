@@ -181,12 +181,24 @@ SPLIT_LIMIT = 2.0**995
 SQUARE_EXACT_LIMIT = 2.0**-480
 
 
+#: The tolerance's margin in :func:`near_midpoints`: a sixteenth more than twice the evaluation's
+#: bound, which covers the rounding of the interval's float64 ends (at most half an ulp of the
+#: value, under a sixteenth of a tolerance of at least 36 ulps).
+NEAR_MIDPOINT_MARGIN = 1 + 1 / 16
+
+
 def near_midpoints(dist: torch.Tensor, d: int) -> torch.Tensor:
     """Where float64 distances ``dist`` lie so near a float32 rounding midpoint that another
     float64 evaluation of the same exact value (a sum of ``d`` squares in another order) may
-    round to the other float32: within 2·γ_{d+8}·|value| of it (twice the evaluation's bound)."""
-    tolerance = 4.0 * (d + 8) * 2.0**-53 * dist.abs()
-    return torch.isfinite(dist) & ((dist - _float32_midpoints(dist)).abs() <= tolerance)
+    round to the other float32: within 2·γ_{d+8}·|value| of it (twice the evaluation's bound).
+
+    Every such distance is flagged, and a few a little farther: the interval around the value,
+    widened by :data:`NEAR_MIDPOINT_MARGIN` so that its float64 ends hold the unwidened
+    interval, rounds to two float32 values exactly where it holds a midpoint. Seven operations
+    (each a launch on a GPU: small calls' host time), where finding each value's midpoint took
+    eighteen. Not finite distances compare false (NaN ends)."""
+    tolerance = dist.abs() * (4.0 * (d + 8) * 2.0**-53 * NEAR_MIDPOINT_MARGIN)
+    return (dist - tolerance).to(torch.float32) < (dist + tolerance).to(torch.float32)
 
 
 def _float32_midpoints(values: torch.Tensor) -> torch.Tensor:
@@ -198,10 +210,11 @@ def _float32_midpoints(values: torch.Tensor) -> torch.Tensor:
     return (v32.to(torch.float64) + torch.nextafter(v32, toward).to(torch.float64)) / 2
 
 
-def round_as_exact(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, idx: torch.Tensor,
-                   dist: torch.Tensor, chunk_entries: int = 1 << 22) -> None:
+def round_as_exact(metric: Metric, left: InputArray, rows: torch.Tensor | None, right: InputArray,
+                   idx: torch.Tensor, dist: torch.Tensor, chunk_entries: int = 1 << 22) -> None:
     """Put an answer's distances on their exact values' sides, in place: ``idx``/``dist`` (m, k)
-    of rows ``left[rows]`` against ``right`` (−1: none), ascending by (distance, index); every
+    of rows ``left[rows]`` (None: ``left``'s first m rows) against ``right`` (−1: none),
+    ascending by (distance, index); every
     distance near a float32 midpoint goes to the side of its exact value (see the module's
     docstring) and its row is ordered again. Rows are looked at ``chunk_entries`` entries at a
     time (an answer kept on disk stays there)."""
@@ -210,12 +223,13 @@ def round_as_exact(metric: Metric, left: InputArray, rows: torch.Tensor, right: 
     step = max(1, chunk_entries // max(1, dist.shape[1]))
     for r0 in range(0, dist.shape[0], step):
         r1 = min(dist.shape[0], r0 + step)
-        _round_rows(metric, left, rows[r0:r1], right, idx[r0:r1], dist[r0:r1])
+        _round_rows(metric, left, r0 if rows is None else rows[r0:r1], right, idx[r0:r1], dist[r0:r1])
 
 
-def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: InputArray, idx: torch.Tensor,
+def _round_rows(metric: Metric, left: InputArray, rows: "torch.Tensor | int", right: InputArray, idx: torch.Tensor,
                 dist: torch.Tensor) -> None:
-    """:func:`round_as_exact` of one chunk of rows (views of the answer, written in place)."""
+    """:func:`round_as_exact` of one chunk of rows (views of the answer, written in place):
+    rows ``left[rows]``, or ``left``'s rows from ``rows`` on where it is a number."""
     near = near_midpoints(dist, left.d) & (idx >= 0)
     if not bool(near.any()):  # the one synchronisation of most chunks
         return
@@ -226,7 +240,8 @@ def _round_rows(metric: Metric, left: InputArray, rows: torch.Tensor, right: Inp
     step = max(1, PAIR_VALUES // max(1, left.d))
     for p0 in range(0, mid.numel(), step):
         p1 = min(mid.numel(), p0 + step)
-        x = left.take(rows[r[p0:p1]].to(torch.int64)).to(device)
+        chunk_rows = r[p0:p1] + rows if isinstance(rows, int) else rows[r[p0:p1]].to(torch.int64)
+        x = left.take(chunk_rows).to(device)
         y = right.take(idx[r[p0:p1], c[p0:p1]]).to(device)
         nearest, side, decided = _settled_double_double(metric.name, x, y, mid[p0:p1])
         undecided = torch.nonzero(~decided).flatten()
