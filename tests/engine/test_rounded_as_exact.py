@@ -55,6 +55,31 @@ def _grey_flat_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
     return np.repeat(levels / 255, d, axis=1).astype(np.float32)
 
 
+@pytest.mark.parametrize("d", [1, 16, 960])
+def test_near_midpoints_flags_every_value_within_the_tolerance(rng, d):
+    """Values at random offsets from float32 midpoints (of magnitudes from 10⁻³⁰ to 10³⁰, the
+    offsets up to 1.3 tolerances, and exactly one tolerance away): every value within the
+    tolerance 2·γ_{d+8}·|value| of its nearest midpoint is flagged, and none beyond 1.0625 of it
+    and an ulp (the widened interval whose float64 ends are rounded); infinities and NaN never."""
+    count = 20_000
+    v32 = torch.from_numpy((rng.random(count) * 10.0 ** rng.integers(-30, 30, count)).astype(np.float32))
+    mid = (v32.double() + torch.nextafter(v32, torch.full_like(v32, torch.inf)).double()) / 2
+    tol = 4.0 * (d + 8) * 2.0**-53 * mid.abs()
+    offsets = torch.from_numpy(rng.uniform(-1.3, 1.3, count)) * tol
+    dist = torch.cat([mid + offsets, mid + tol, mid - tol, mid])
+    centre = torch.cat([mid, mid, mid, mid])
+    gap = (dist - centre).abs()
+    flagged = near_midpoints(dist, d)
+    within = gap <= 4.0 * (d + 8) * 2.0**-53 * dist.abs()
+    assert bool(flagged[within].all()), int((within & ~flagged).sum())
+    beyond = gap > 4.0 * (d + 8) * 2.0**-53 * dist.abs() * (1 + 1 / 16) + 2.0**-52 * dist.abs()
+    # Another midpoint may lie within the tolerance of a value only where float32's spacing is
+    # that small: subnormal float32 values, which the magnitudes above reach.
+    normal = dist.abs() > 1e-37
+    assert not bool(flagged[beyond & normal].any()), int((flagged & beyond & normal).sum())
+    assert not near_midpoints(torch.tensor([torch.inf, -torch.inf, torch.nan], dtype=torch.float64), d).any()
+
+
 def test_a_flat_pair_on_a_float32_midpoint_rounds_to_even():
     # 0.16470589 and 0.04705882 (grey levels 42 and 12, float32) lie 4·Δ = 0.47058825194835663
     # apart: exactly the midpoint of 0.47058824 and 0.47058827; IEEE takes the even one.
