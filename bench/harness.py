@@ -558,7 +558,7 @@ class DataSet:
     name : str
         Its name on the command lines.
     metric : str
-        The metric it is compared by (``"euclidean"`` or ``"cosine"``).
+        The metric it is compared by (a name of ``knng.metrics.METRICS``).
     description : str
         What it is, in a line.
     make : callable
@@ -615,6 +615,10 @@ DATASETS: dict[str, DataSet] = {s.name: s for s in (
     DataSet("far", "euclidean", "N(1000, 1) points, float32 (n × d): far from the origin (the README's example)",
             lambda n, d, seed, pictures: _far(n, d or 128, seed), 100_000),
     DataSet("far_cosine", "cosine", "the same points compared by cosine (the README's first example)",
+            lambda n, d, seed, pictures: _far(n, d or 128, seed), 100_000),
+    DataSet("far_pearson", "pearson", "the same points compared by Pearson's correlation",
+            lambda n, d, seed, pictures: _far(n, d or 128, seed), 100_000),
+    DataSet("far_inner", "inner_product", "the same points compared by inner product (the largest first)",
             lambda n, d, seed, pictures: _far(n, d or 128, seed), 100_000),
     DataSet("photons", "euclidean", "photon counts of diffraction snapshots on a 126 × 126 detector (15,876-d)",
             lambda n, d, seed, pictures: photon_counts(n, seed), 20_000,
