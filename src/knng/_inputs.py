@@ -93,18 +93,36 @@ class InputArray:
         block = np.ascontiguousarray(self.source[start:stop])
         return self._from_numpy(block)
 
-    def take(self, index: torch.Tensor) -> torch.Tensor:
-        """Rows at ``index`` (any order, repeats allowed) on the input's own device."""
+    def take(self, index: torch.Tensor, *, pin: bool = False) -> torch.Tensor:
+        """Rows at ``index`` (any order, repeats allowed; negative ids count from the end) on
+        the input's own device.
+
+        ``pin``: rows read from host memory or a file come in pinned memory (where CUDA is
+        available), so that their copy to a GPU does not wait for the host. Rows of an array or
+        a memory map are gathered straight into the result (into pinned memory, one copy),
+        not gathered and then pinned.
+        """
         if self.tensor is not None:
             return self.tensor[index.to(self.tensor.device)]
-        idx = index.detach().cpu().numpy().astype(np.int64, copy=False)
-        flat = idx.ravel()
-        if isinstance(self.source, np.ndarray) or getattr(self.source, "any_rows", False):
-            block = np.asarray(self.source[flat])
+        flat = index.detach().reshape(-1).to("cpu", torch.int64)
+        flat = torch.where(flat < 0, flat + self.n, flat)
+        pin = pin and torch.cuda.is_available()
+        source = self.source
+        if isinstance(source, np.ndarray) and source.dtype.isnative and not self.bf16_view:
+            if flat.numel() and int(flat.max()) >= self.n:
+                raise IndexError(f"row {int(flat.max())} is out of range for {self.name} of {self.n} rows")
+            out = torch.empty((flat.numel(), self.d), dtype=self.dtype, pin_memory=pin)
+            # mode="wrap" (the ids are in range): "raise" would gather into a buffer first.
+            np.take(source, flat.numpy(), axis=0, out=out.numpy(), mode="wrap")
+            return out.view(*index.shape, self.d)
+        ids = flat.numpy()
+        if isinstance(source, np.ndarray) or getattr(source, "any_rows", False):
+            block = np.asarray(source[ids])
         else:  # h5py wants increasing, unique indices
-            unique, inverse = np.unique(flat, return_inverse=True)
-            block = np.asarray(self.source[unique])[inverse]
-        return self._from_numpy(np.ascontiguousarray(block)).reshape(*idx.shape, self.d)
+            unique, inverse = np.unique(ids, return_inverse=True)
+            block = np.asarray(source[unique])[inverse]
+        rows = self._from_numpy(np.ascontiguousarray(block))
+        return (rows.pin_memory() if pin else rows).view(*index.shape, self.d)
 
     def iter_blocks(self, block_rows: int, *, read_ahead: int = 0, pin: bool = False
                     ) -> Iterator[tuple[int, torch.Tensor]]:

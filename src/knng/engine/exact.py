@@ -126,8 +126,9 @@ def exact_pairs_of(metric: Metric, left: InputArray, rows: torch.Tensor, right: 
     by_kernel = pair_values(metric, left.tensor, rows, right.tensor, cols, device)
     if by_kernel is not None:
         return by_kernel
-    return _evaluate(metric, lambda r: left.take(r).to(device, non_blocking=True), rows, right, cols, device,
-                     chunk_bytes)
+    pin = device.type == "cuda"  # rows read from the host come pinned: their copies do not wait
+    return _evaluate(metric, lambda r: left.take(r, pin=pin).to(device, non_blocking=True), rows, right, cols,
+                     device, chunk_bytes)
 
 
 def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,
@@ -147,7 +148,8 @@ def _evaluate(metric: Metric, take_rows: Callable[[torch.Tensor], torch.Tensor],
     for p0 in range(0, rows.numel(), step):
         p1 = min(rows.numel(), p0 + step)
         x = take_rows(rows[p0:p1])
-        y = right.take(cols[p0:p1].reshape(-1)).to(device, non_blocking=True).view(p1 - p0, width, right.d)
+        y = right.take(cols[p0:p1].reshape(-1), pin=device.type == "cuda").to(device, non_blocking=True)
+        y = y.view(p1 - p0, width, right.d)
         values = None
         if by_kernel:
             pairs = torch.arange((p1 - p0) * width, device=device)
