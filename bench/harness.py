@@ -304,11 +304,13 @@ def patches(pictures: Mapping[str, np.ndarray], side: int, stride: int, count: i
         :func:`load_pictures`' grey levels.
     side, stride, count : int
         Patch side, step between patches, pictures used (of :data:`PICTURES`).
-    pixels : {"unit", "uint8", "linear"}
+    pixels : {"unit", "uint8", "linear", "standardised"}
         ``"unit"``: float32 grey levels divided by 255 (on the 1/255 lattice: knng screens
         them with exact products); ``"uint8"``: the grey levels themselves (integer images);
         ``"linear"``: float32 linear-light intensities (the sRGB curve undone), off every
-        lattice, with the flat regions' ties kept.
+        lattice, with the flat regions' ties kept; ``"standardised"``: each patch of grey
+        levels less its mean, divided by its standard deviation (as patch-based methods
+        prepare them: off every lattice, contrast removed; flat patches become zero rows).
 
     Returns
     -------
@@ -327,10 +329,37 @@ def patches(pictures: Mapping[str, np.ndarray], side: int, stride: int, count: i
         elif pixels == "linear":
             v = grey.astype(np.float64) / 255.0
             img = np.where(v <= 0.04045, v / 12.92, ((v + 0.055) / 1.055) ** 2.4).astype(np.float32)
+        elif pixels == "standardised":
+            img = grey.astype(np.float64)
         else:
-            raise ValueError(f"pixels must be 'unit', 'uint8' or 'linear', got {pixels!r}")
-        windows = sliding_window_view(img, (side, side))[::stride, ::stride]
-        out.append(windows.reshape(-1, side * side))
+            raise ValueError(f"pixels must be 'unit', 'uint8', 'linear' or 'standardised', got {pixels!r}")
+        rows = sliding_window_view(img, (side, side))[::stride, ::stride].reshape(-1, side * side)
+        if pixels == "standardised":
+            rows = rows - rows.mean(axis=1, keepdims=True)
+            spread = rows.std(axis=1, keepdims=True)
+            rows = np.divide(rows, spread, out=np.zeros_like(rows), where=spread > 0).astype(np.float32)
+        out.append(rows)
+    return np.ascontiguousarray(np.concatenate(out))
+
+
+def daisy_descriptors(pictures: Mapping[str, np.ndarray], step: int = 6) -> np.ndarray:
+    """Dense DAISY descriptors of the pictures (scikit-image's ``skimage.feature.daisy``,
+    radius 15, three rings of eight histograms of eight orientations: 200 values a row,
+    normalised per histogram), every ``step`` pixels of every picture of :data:`PICTURES`.
+    Float32, non-negative, un-centred; flat regions give zero histograms.
+
+    Returns
+    -------
+    numpy.ndarray
+        (points, 200) float32.
+    """
+    from skimage.feature import daisy
+
+    out = []
+    for name in PICTURES:
+        grid = daisy(pictures[name].astype(np.float64) / 255.0, step=step, radius=15, rings=3, histograms=8,
+                     orientations=8)
+        out.append(grid.reshape(-1, grid.shape[-1]).astype(np.float32))
     return np.ascontiguousarray(np.concatenate(out))
 
 
@@ -606,6 +635,10 @@ DATASETS: dict[str, DataSet] = {s.name: s for s in (
             _patch_set("p16", "linear"), None, True),
     DataSet("descriptors", "euclidean", "dense SIFT-like gradient descriptors of the 14 pictures (~162k × 128)",
             lambda n, d, seed, pictures: dense_descriptors(load_pictures(pictures)), None, True),
+    DataSet("daisy", "euclidean", "dense DAISY descriptors (scikit-image) of the 14 pictures, every 6 pixels (× 200)",
+            lambda n, d, seed, pictures: daisy_descriptors(load_pictures(pictures)), None, True),
+    DataSet("patches8_std", "euclidean", "the 8×8 patches standardised (each less its mean, over its spread)",
+            _patch_set("p8", "standardised"), None, True),
     DataSet("embeddings", "cosine", "clustered, un-centred embedding-like vectors (d = 384 unless asked), cosine",
             lambda n, d, seed, pictures: embeddings(n, d or 384, seed), 200_000),
     DataSet("points", "euclidean", "3-D points of a scanned scene about 2 km from the origin, millimetre steps",
