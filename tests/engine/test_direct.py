@@ -212,6 +212,12 @@ def test_the_planner_takes_the_direct_path_only_where_it_applies():
     common = dict(d=16, k=10, device=cpu, budget=1 << 30)
     assert make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", **common).direct
     assert make_graph_plan(n=2000, metric="euclidean", include_self=False, **common).direct
+    # The search of a direct graph's uncertified rows is planned under the graph's host budget,
+    # and says where it came from as the graph's plan does.
+    budgeted = make_graph_plan(n=2000, metric="euclidean", include_self=False, host_budget=1 << 30,
+                               host_source="the caller's host_memory_budget", **common)
+    assert budgeted.direct and budgeted.search.host_budget_source == budgeted.host_budget_source
+    assert budgeted.search.host_budget == budgeted.host_budget
     assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="cosine", **common).direct
     assert not make_search_plan(n_queries=100, n_corpus=10_000, metric="euclidean", screen_dtype="float64",
                                 **common).direct

@@ -1073,7 +1073,8 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
         # as the rows method does) by this plan.
         search = plan.search or replace(make_search_plan(
             n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self), metric=metric, device=device,
-            budget=budget, host_budget=host_budget, capabilities=capabilities), direct=False)
+            budget=budget, host_budget=host_budget, host_source=host_source, capabilities=capabilities),
+            direct=False)
         plan = replace(plan, direct=True, search=search)
     if host_budget is not None:
         # The plans it is compared with look at no sample of the data (frames change no estimate).
