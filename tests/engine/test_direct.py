@@ -316,3 +316,15 @@ def test_the_direct_path_waits_for_the_gpu_only_before_its_product_and_at_its_en
     # Turning the debug mode off warns of itself, from torch.cuda; every other site is knng's.
     ours = {site: count for site, count in sites.items() if "/knng/" in site}
     assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), sites
+
+
+def test_answers_are_contiguous_tensors(rng, device):
+    """A direct call's answer is each row's first k of its candidates: returned as tensors of
+    their own (contiguous), not views of the candidates' rows, for one chunk of rows and several."""
+    x = torch.from_numpy(_cases(rng, "gauss", 500, 8)).to(device)
+    for budget in (None, 1 << 20):  # 1 MB: chunks of a few rows (test_rows_in_chunks)
+        g = knng.graph(x, 7, memory_budget=budget)
+        s = knng.search(x[:33], x, 9, memory_budget=budget)
+        assert g.report.plan.direct and s.report.plan.direct
+        for t in (g.indices, g.distances, s.indices, s.distances):
+            assert isinstance(t, torch.Tensor) and t.is_contiguous() and t.device == x.device
