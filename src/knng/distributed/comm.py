@@ -60,9 +60,12 @@ class DistributedError(RuntimeError):
         The rank that failed (None when it could not be told).
     """
 
-    def __init__(self, message: str, rank: int | None = None) -> None:
+    def __init__(self, message: str, rank: int | None = None, *, relayed: bool = False) -> None:
         super().__init__(message)
         self.rank = rank
+        # Read from another rank's posted error: it is on the store already, and posting it
+        # again as this rank's would make it this rank's own failure when it names this rank.
+        self.relayed = relayed
 
 
 @dataclass
@@ -192,6 +195,8 @@ class Comm:
     def post_error(self, exc: BaseException) -> None:
         """Tell the other ranks that this one stopped, and why (and whose failure it saw, if it
         stopped because of another rank: the others then name that one, not this one)."""
+        if getattr(exc, "relayed", False):
+            return
         culprit = exc.rank if isinstance(exc, DistributedError) and exc.rank is not None else self.rank
         text = f"{type(exc).__name__}: {exc}" if culprit == self.rank else str(exc)
         try:
@@ -422,9 +427,9 @@ class Comm:
                 posted.append((r, culprit, message))
         for r, culprit, message in posted:  # a rank's own failure first
             if culprit == r:
-                raise DistributedError(f"rank {r} failed while {self._peer_status(r)}: {message}", r)
+                raise DistributedError(f"rank {r} failed while {self._peer_status(r)}: {message}", r, relayed=True)
         for r, culprit, message in posted:  # else what a rank that stopped because of it saw
-            raise DistributedError(f"{message} (as rank {r} reported)", culprit)
+            raise DistributedError(f"{message} (as rank {r} reported)", culprit, relayed=True)
 
     def _diagnose(self, what: str, waited: float) -> None:
         """After a collective broke: raise the most telling error the store can give."""
