@@ -143,6 +143,14 @@ class Options:
         graphs of 16,000 × 128 points (2.6 × 10⁸ scores) and searches of 1,000 queries in 200,000,
         and lost from graphs of 22,000 points and searches of 300 queries in 1M (3 × 10⁸)
         (``docs/BENCHMARKS.md``, "Small calls"). 0: never (the engine's tests).
+    direct_graphs : int, default 2
+        First passes of the direct path kept as CUDA graphs on a GPU: the second call of a kind
+        (shapes, the corpus's place in memory, k, metric, these options) captures its first
+        pass, later ones replay it in one launch instead of about a hundred
+        (``knng.engine.search.direct``, "the first pass, replayed"). Least recently used first
+        out; each holds its scores and prepared rows. 0: never.
+    direct_graph_max_bytes : int, default 512 MiB
+        Largest first pass captured: its scores and prepared copies of the corpus, in bytes.
     uncompiled_max_scores : int, default 2³⁶
         Calls of at most this many scores (queries × corpus rows; a graph: n²) may run their
         first call of a kind without compiled kernels (``background_compile``). Torch's
@@ -269,6 +277,8 @@ class Options:
     # graph parts and blocks
     direct_max_scores: int = 1 << 22
     direct_max_scores_gpu: int = 1 << 28
+    direct_graphs: int = 2
+    direct_graph_max_bytes: int = 512 << 20
     uncompiled_max_scores: int = 1 << 36
     cpu_max_part: int = 2048
     gpu_max_part: int = 16384

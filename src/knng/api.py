@@ -262,7 +262,8 @@ def search(
         if groups is not None:
             idx, dist = duplicates.unfold_search(groups.to(dev), idx.to(dev), dist.to(dev), k)
             report = replace(report, duplicates_folded=c.n - reps.n)
-        round_as_exact(m, q, None, rows, idx, dist)
+        if not report.rounded_as_exact:
+            round_as_exact(m, q, None, rows, idx, dist)
         _close_checkpoint(ckpt, keep_checkpoint)
         report = _with_device_peak(report, peak)
         out_idx, out_dist = as_output(q, idx, dist)
@@ -445,7 +446,8 @@ def graph(
             idx, dist = duplicates.unfold_graph(groups.to(dev), idx.to(dev), dist.to(dev), self_dist, k,
                                                 include_self)
             report = replace(report, duplicates_folded=x.n - reps.n)
-        round_as_exact(m, rows, None, rows, idx, dist)
+        if not report.rounded_as_exact:
+            round_as_exact(m, rows, None, rows, idx, dist)
         _close_checkpoint(ckpt, keep_checkpoint)
         report = _with_device_peak(report, peak)
         out_idx, out_dist = as_output(x, idx, dist)

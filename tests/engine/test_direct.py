@@ -328,3 +328,125 @@ def test_answers_are_contiguous_tensors(rng, device):
         assert g.report.plan.direct and s.report.plan.direct
         for t in (g.indices, g.distances, s.indices, s.distances):
             assert isinstance(t, torch.Tensor) and t.is_contiguous() and t.device == x.device
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gauss", "offset", "duplicates"])
+def test_repeated_calls_replay_the_first_pass_with_the_same_answers(rng, name):
+    """On a GPU a kind's second call captures its first pass as a CUDA graph and later calls
+    replay it (``Options.direct_graphs``): every answer equal bit for bit to the pass run as it
+    is, for new queries each call, a corpus changed in place between calls (a replay reads the
+    memory the capture read), centred rows (``offset``), rows the first pass cannot certify
+    (``duplicates``: the second pass runs on the replay's outputs) and on another stream."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    engine_search.direct.release_captured()
+    x = torch.from_numpy(_cases(rng, name, 2000, 24)).cuda()
+
+    def same_as_unreplayed(call):
+        got = call()
+        with knng.options(direct_graphs=0):
+            ref = call()
+        assert torch.equal(got.indices, ref.indices) and torch.equal(got.distances, ref.distances)
+        return got
+
+    def replayed(found) -> int:
+        return found.report.stages.get("direct.replayed", 0)
+
+    with knng.options(background_compile=False):  # one options object: one kind for every call
+        graphs = [same_as_unreplayed(lambda: knng.graph(x, 10)) for _ in range(4)]
+        # The first call runs the pass as it is, the second captures it and replays it.
+        assert [replayed(g) for g in graphs] == [0, 1, 1, 1], [g.report.stages for g in graphs]
+        stages = [{s: c for s, c in g.report.stages.items() if s != "direct.replayed"} for g in graphs]
+        assert all(s == stages[0] for s in stages), stages
+        assert_exact(graphs[-1], oracle_graph(x.cpu().numpy(), 10))
+        for i in range(5):
+            q = torch.from_numpy(_cases(rng, name, 37, 24)).cuda()
+            if i == 3:
+                x[::3] *= 1.5  # the corpus changed where it lies
+            found = same_as_unreplayed(lambda: knng.search(q, x, 9))
+            assert replayed(found) == (i >= 1), (i, found.report.stages)
+            assert_exact(found, oracle_search(q.cpu().numpy(), x.cpu().numpy(), 9))
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            found = same_as_unreplayed(lambda: knng.search(q, x, 9))
+        assert replayed(found) == 1
+        assert_exact(found, oracle_search(q.cpu().numpy(), x.cpu().numpy(), 9))
+
+
+@pytest.mark.gpu
+def test_captures_are_bounded(rng):
+    """At most ``Options.direct_graphs`` captures are kept (least recently used out), none of a
+    pass larger than ``Options.direct_graph_max_bytes``, none with 0."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    direct = engine_search.direct
+    direct.release_captured()
+    x = torch.from_numpy(_cases(rng, "gauss", 1000, 16)).cuda()
+    with knng.options(background_compile=False, direct_graphs=1):
+        for _ in range(3):
+            for k in (5, 6):
+                knng.graph(x, k)
+        assert len(direct._CAPTURED) == 1
+    direct.release_captured()
+    for limits in ({"direct_graph_max_bytes": 1000 * 1000 * 4 - 1}, {"direct_graphs": 0}):
+        with knng.options(background_compile=False, **limits):
+            reports = [knng.graph(x, 5).report for _ in range(3)]
+        assert not any(r.stages.get("direct.replayed") for r in reports) and not direct._CAPTURED
+
+
+def test_the_midpoint_check_is_read_with_the_certificate(rng, device):
+    """The direct path reads whether any answer lies near a float32 midpoint with its last
+    synchronisation: where none does, the report says the answer is settled already
+    (``rounded_as_exact``, the API's own check skipped) and it equals the pipeline's, which
+    checks; where one does (an integer distance on a midpoint: 4096² + 1 between the float32
+    values 2²⁴ and 2²⁴ + 2), the API settles it on the even float32, the exact value's."""
+    x = torch.from_numpy(_cases(rng, "gauss", 400, 16)).to(device)
+    found, ref, report = _both(lambda: knng.graph(x, 6))
+    assert report.plan.direct and report.rounded_as_exact
+    np.testing.assert_array_equal(found.distances.cpu(), ref.distances.cpu())
+    on_midpoint = torch.tensor([[4096, 1], [0, 0], [9000, 9000]], dtype=torch.float32, device=device)
+    g = knng.graph(on_midpoint, 1, metric="sqeuclidean")
+    assert g.report.plan.direct and not g.report.rounded_as_exact
+    assert g.distances[0, 0].item() == 16777216.0 and g.distances[1, 0].item() == 16777216.0
+
+
+@pytest.mark.gpu
+def test_threads_take_turns_on_a_capture(rng):
+    """Calls of one kind from several threads, each on its own stream, share one capture: each
+    gets its own queries' answer (the capture's buffers are used by one call at a time)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    import threading
+
+    from knng.engine.kernels.compiling import wait_for_kernels
+
+    direct = engine_search.direct
+    direct.release_captured()
+    x = torch.from_numpy(_cases(rng, "gauss", 3000, 32)).cuda()
+    queries = [torch.from_numpy(_cases(rng, "gauss", 50, 32)).cuda() for _ in range(6)]
+    with knng.options(direct_graphs=0):
+        want = [knng.search(q, x, 8) for q in queries]
+    failures: list[str] = []
+    as_it_is: list[int] = []
+
+    def work(t: int) -> None:  # a thread's options are the defaults: one kind for every thread
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for i in range(30):
+                j = (t + i) % len(queries)
+                got = knng.search(queries[j], x, 8)
+                if not torch.equal(got.indices, want[j].indices):
+                    failures.append(f"thread {t}, call {i}: {got.report.stages}")
+                if not got.report.stages.get("direct.replayed"):
+                    as_it_is.append(t)
+
+    knng.search(queries[0], x, 8)  # the kind's kernels compiled (this thread's options are the tests')
+    wait_for_kernels()
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert len(as_it_is) == 1, as_it_is  # the kind's first call in the threads' options; the next captures
+    assert len(direct._CAPTURED) == 1

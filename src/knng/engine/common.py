@@ -679,6 +679,10 @@ class EngineReport:
     #: any time during it, so ``device_peak`` is only an upper bound of the call's own.
     device_peak: int | None = None
     device_peak_is_bound: bool = False
+    #: The run put its distances on their exact values' sides itself (the direct path reads
+    #: whether any lies near a float32 midpoint with its certificate: none did), so the caller
+    #: need not look again (``knng.engine.exact.round_as_exact``, one synchronisation).
+    rounded_as_exact: bool = False
 
     @property
     def screen_dtype(self) -> str:

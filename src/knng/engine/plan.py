@@ -1087,6 +1087,9 @@ def with_share(plan: EnginePlan, index: int, count: int) -> EnginePlan:
     (:attr:`EnginePlan.share_index`): a graph by rows searches that share's rows only."""
     index, count = _checked_share((index, count))
     start, stop = share_rows(plan.n_corpus, index, count)
+    if ((index, count) == (plan.share_index, plan.share_count) and (count == 1 or not plan.direct)
+            and (plan.search is None or plan.search.n_queries == stop - start)):
+        return plan  # already so (every one-device plan: a copy costs a small call 30 µs)
     search = None if plan.search is None else replace(plan.search, n_queries=stop - start)
     # A share screens its part of the blocks: never the direct path's every pair.
     return replace(plan, share_index=index, share_count=count, search=search, direct=plan.direct and count == 1)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-__all__ = ["count", "recording", "recorded"]
+__all__ = ["count", "recording", "recorded", "uncounted"]
 
 Run = TypeVar("Run", bound=Callable[..., tuple])
 
@@ -52,6 +52,16 @@ def recording() -> Iterator["Counter[str]"]:
         _RUN.reset(token)
         if outer is not None:
             outer.update(stages)
+
+
+@contextlib.contextmanager
+def uncounted() -> Iterator[None]:
+    """Count nothing of the block's stages (work run only to set something up: a warm-up)."""
+    token = _RUN.set(None)
+    try:
+        yield
+    finally:
+        _RUN.reset(token)
 
 
 def recorded(run: Run) -> Run:

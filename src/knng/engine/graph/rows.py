@@ -83,7 +83,8 @@ def direct_graph(data: InputArray, k: int, metric: Metric, device: torch.device,
     per_row = found.per_row()
     return idx, dist, GraphReport(plan=plan, oom_retries=retries, exact=exact, replans=replans,
                                   evaluations_per_row=per_row, screened_per_row=per_row,
-                                  pairs_screened=2 * data.n * data.n, **extra)
+                                  pairs_screened=2 * data.n * data.n,
+                                  rounded_as_exact=found.rounded and not found.failed.numel(), **extra)
 
 
 def search_points(data: InputArray, points: torch.Tensor, k: int, metric: Metric, device: torch.device, select: str,

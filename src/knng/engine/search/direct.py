@@ -8,18 +8,31 @@ A search runs it from :func:`knng.engine.search.exact_search`, a small graph fro
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from knng._inputs import InputArray, rows_on
+from knng._options import get_options
 from knng.engine import stages
-from knng.engine.exact import ExactStats, exact_pairs_of, sort_by_distance_then_index
+from knng.engine.exact import (
+    ROUNDED_METRICS,
+    ExactStats,
+    exact_pairs_of,
+    near_midpoints,
+    sort_by_distance_then_index,
+)
+from knng.engine.kernels.compiling import in_background
 from knng.engine.store import summarize_levels
 from knng.metrics import Metric
 from knng.select import resolve as resolve_select
 
-__all__ = ["DirectRows", "direct_neighbours", "direct_rounding_bound", "product_dtype", "DIRECT_MARGIN",
+__all__ = ["DirectRows", "direct_neighbours", "release_captured", "direct_rounding_bound", "product_dtype", "DIRECT_MARGIN",
            "DIRECT_SLACK", "DIRECT_WIDER", "DIRECT_CENTRE_SAMPLE", "DIRECT_CENTRE_FAR"]
 
 
@@ -139,13 +152,15 @@ def direct_rounding_bound(c_max: "float | torch.Tensor", q_norms: torch.Tensor, 
 class DirectRows:
     """What :func:`direct_neighbours` found: every row's k nearest (−1 / +inf where a row failed
     its certificate), the rows that failed, the exact evaluations made, the candidates a row
-    kept in each pass (``widths``: the first pass's, and the wider second pass's where one ran)
-    and how many rows the second pass took (``widened``)."""
+    kept in each pass (``widths``: the first pass's, and the wider second pass's where one ran),
+    how many rows the second pass took (``widened``) and whether the distances are known to be
+    on their exact values' sides already (``rounded``: :func:`~knng.engine.exact.round_as_exact`
+    would move none)."""
 
     def __init__(self, indices: torch.Tensor, distances: torch.Tensor, failed: torch.Tensor, stats: ExactStats,
-                 widths: list[int], widened: int):
+                 widths: list[int], widened: int, rounded: bool = False):
         self.indices, self.distances, self.failed, self.stats = indices, distances, failed, stats
-        self.widths, self.widened = widths, widened
+        self.widths, self.widened, self.rounded = widths, widened, rounded
 
     def per_row(self) -> dict[str, float]:
         """The report's per-row summary (median, p99, max) of the candidates each row screened and
@@ -157,35 +172,27 @@ class DirectRows:
         return summarize_levels([(self.widths[0], rows - self.widened), (sum(self.widths), self.widened)])
 
 
-def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device,
-                      work_bytes: int, select: str = "auto", exclude_self: bool = False) -> DirectRows | None:
-    """Each query's exact k nearest corpus vectors by the direct path (the section's comment).
+@dataclass
+class _Prepared:
+    """What a pass multiplies and bounds with: the rows in the product's type (centred or not),
+    the corpus's squared norms (the product's bias), the rows' float64 norms, the corpus's
+    largest norm (float64, on the device) and whether the inputs are finite (a device flag)."""
 
-    ``exclude_self``: a graph (``queries`` is ``corpus``) without each point's own pair. Returns
-    None where an input is not finite (the pipeline reports it). ``work_bytes`` bounds a chunk's
-    scores (and :data:`DIRECT_CHUNK_SCORES`); ``select`` picks each row's candidates
-    (:func:`knng.select.resolve`).
-    """
-    stages.count("direct")
-    nq, n = queries.n, corpus.n
-    available = n - 1 if exclude_self else n
-    dtype = product_dtype(queries, corpus)
-    # The inputs as tensors on the device (views where they already are): the exact finish
-    # gathers its candidates' rows from them.
-    corpus = rows_on(corpus, device)
-    queries = corpus if exclude_self else rows_on(queries, device)
-    if n == 0:
-        return None
+    q: torch.Tensor
+    c: torch.Tensor
+    squares: torch.Tensor
+    q_norms64: torch.Tensor
+    c_max: torch.Tensor
+    finite: torch.Tensor
+
+
+def _prepare(queries: InputArray, corpus: InputArray, dtype: torch.dtype, centred: bool,
+             exclude_self: bool) -> _Prepared:
+    """The rows as the product takes them (the section's comment): no synchronisation."""
     c = corpus.tensor.to(dtype)
     q = c if exclude_self else queries.tensor.to(dtype)
-    sample = c[::max(1, n // DIRECT_CENTRE_SAMPLE)]
-    mean = sample.mean(dim=0)
-    # The first synchronisation: the sample's root sum of squares and its mean's norm (whose
-    # difference of squares, the spread, may cancel far from the origin: a rule's input, not a
-    # bound's).
-    total, offset = torch.stack([torch.linalg.vector_norm(sample), torch.linalg.vector_norm(mean)]).tolist()
-    if offset ** 2 > DIRECT_CENTRE_FAR * (total ** 2 / sample.shape[0] - offset ** 2):
-        stages.count("direct.centred")
+    if centred:
+        mean = c[::max(1, corpus.n // DIRECT_CENTRE_SAMPLE)].mean(dim=0)
         c = c - mean
         q = c if exclude_self else q - mean
     c_norms = torch.linalg.vector_norm(c, dim=1)  # in the product's type (float64's took 11 ms of 100k × 64)
@@ -198,75 +205,293 @@ def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: M
     # the certificate, at the end: such inputs cost a small call's work for nothing, the others
     # wait for nothing.
     finite = largest < _HALF_ROOT_OF_LARGEST
-    c_max = c_max.double()  # a tensor: the bound is computed on the device
     # The scores come out of one product with the squares as its bias, the rows scaled by −2
     # (exactly: a power of two): a 1-D bias with unit factors is added in the product's epilogue
     # (cuBLASLt), where a broadcast one is first copied into the output (0.24 ms of a 100 × 1M
     # search on an H200).
-    squares = c_norms ** 2
-    q_norms64 = q_norms.double()
-    out_idx = torch.empty((nq, k), dtype=torch.int64, device=device)
-    out_dist = torch.empty((nq, k), dtype=torch.float64, device=device)
-    stats = ExactStats()
-    most = DIRECT_CHUNK_SCORES.get(device.type, DIRECT_CHUNK_SCORES_DEVICE)
-    chunk = max(1, min(nq, most // max(1, n), work_bytes // max(1, 3 * n * c.element_size())))
+    return _Prepared(q, c, c_norms ** 2, q_norms.double(), c_max.double(), finite)
 
-    def certified(rows: torch.Tensor | None, w: int) -> torch.Tensor | None:
-        """One pass over ``rows`` (all where None) keeping ``w`` candidates a row: their k
-        nearest written out, and the rows of ``rows`` it could not certify (a synchronisation);
-        None where the inputs are not finite."""
-        count = nq if rows is None else rows.numel()
-        twice_bound = direct_rounding_bound(c_max, q_norms64 if rows is None else q_norms64[rows], corpus.d, dtype,
-                                            times=2.0)
-        sure = torch.ones(count, dtype=torch.bool, device=device)
-        # qms and the grouped filter select float32 keys (float64 scores go to torch.topk),
-        # and a small call's selection must not wait for the host (qms reads back the rows it
-        # failed).
-        pick = resolve_select(select if dtype == torch.float32 else "topk", rows=min(chunk, count), cols=n, k=w,
-                              device=device, without_sync=True)
-        for r0 in range(0, count, chunk):
-            r1 = min(count, r0 + chunk)
-            ids = torch.arange(r0, r1, device=device) if rows is None else rows[r0:r1]
-            scores = torch.addmm(squares, (q[r0:r1] if rows is None else q[ids]) * -2, c.T)
-            if exclude_self:
-                scores.scatter_(1, ids[:, None], torch.inf)
-            values, cand = pick(scores, w, sorted=True)
-            del scores
-            if w < available:  # the w-th and k-th scores' difference, exact in float64
-                sure[r0:r1] = (values[:, w - 1].double() - values[:, k - 1].double()) > twice_bound[r0:r1]
-            exact = exact_pairs_of(metric, queries, ids, corpus, cand, device)
-            stats.exact_evaluations += exact.numel()
-            if rows is None:
-                out_idx[r0:r1], out_dist[r0:r1] = sort_by_distance_then_index(exact, cand, k)
-            else:
-                out_idx[ids], out_dist[ids] = sort_by_distance_then_index(exact, cand, k)
-        # The last synchronisation: whether the inputs were finite, and whether every row holds.
-        inputs_finite, all_sure = torch.stack([finite, sure.all()]).tolist()
-        if not inputs_finite:
-            return None
-        if w >= available or all_sure:
-            return torch.empty(0, dtype=torch.int64, device=device)
-        bad = torch.nonzero(~sure).flatten()
-        return bad if rows is None else rows[bad]
 
-    # The second synchronisation: the rows that failed (most calls: none). They go through a
-    # second pass with :data:`DIRECT_WIDER` candidates, which settles the ties of real data
-    # (zero descriptors, integer photon counts, flat patches) short of the largest groups; the
-    # rows it cannot certify either go to the rest of the plan.
-    w = min(available, k + DIRECT_MARGIN + k // 8)
-    bad = certified(None, w)
-    if bad is None:
+def _certify(prep: _Prepared, queries: InputArray, corpus: InputArray, rows: torch.Tensor | None, w: int, k: int,
+             metric: Metric, device: torch.device, dtype: torch.dtype, chunk: int, select: str,
+             exclude_self: bool, out_idx: torch.Tensor, out_dist: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """One pass over ``rows`` (all where None) keeping ``w`` candidates a row: their k nearest
+    written into ``out_idx``/``out_dist``. Returns which of the rows it certified (a device
+    flag a row) and the exact evaluations it made; it does not wait for the device."""
+    count = queries.n if rows is None else rows.numel()
+    available = corpus.n - 1 if exclude_self else corpus.n
+    twice_bound = direct_rounding_bound(prep.c_max, prep.q_norms64 if rows is None else prep.q_norms64[rows],
+                                        corpus.d, dtype, times=2.0)
+    sure = torch.ones(count, dtype=torch.bool, device=device)
+    # qms and the grouped filter select float32 keys (float64 scores go to torch.topk),
+    # and a small call's selection must not wait for the host (qms reads back the rows it
+    # failed).
+    pick = resolve_select(select if dtype == torch.float32 else "topk", rows=min(chunk, count), cols=corpus.n, k=w,
+                          device=device, without_sync=True)
+    evaluations = 0
+    for r0 in range(0, count, chunk):
+        r1 = min(count, r0 + chunk)
+        ids = torch.arange(r0, r1, device=device) if rows is None else rows[r0:r1]
+        scores = torch.addmm(prep.squares, (prep.q[r0:r1] if rows is None else prep.q[ids]) * -2, prep.c.T)
+        if exclude_self:
+            scores.scatter_(1, ids[:, None], torch.inf)
+        values, cand = pick(scores, w, sorted=True)
+        del scores
+        if w < available:  # the w-th and k-th scores' difference, exact in float64
+            sure[r0:r1] = (values[:, w - 1].double() - values[:, k - 1].double()) > twice_bound[r0:r1]
+        exact = exact_pairs_of(metric, queries, ids, corpus, cand, device)
+        evaluations += exact.numel()
+        if rows is None:
+            out_idx[r0:r1], out_dist[r0:r1] = sort_by_distance_then_index(exact, cand, k)
+        else:
+            out_idx[ids], out_dist[ids] = sort_by_distance_then_index(exact, cand, k)
+    return sure, evaluations
+
+
+@dataclass
+class _FirstPass:
+    """The first pass's results: every row's k nearest, which rows it certified, the flags read
+    at its end (the inputs finite, every row certified, any distance near a float32 midpoint),
+    the prepared rows a second pass reuses, and the exact evaluations it made."""
+
+    prep: _Prepared
+    out_idx: torch.Tensor
+    out_dist: torch.Tensor
+    sure: torch.Tensor
+    flags: torch.Tensor
+    evaluations: int
+
+
+def _first_pass(queries: InputArray, corpus: InputArray, k: int, w: int, metric: Metric, device: torch.device,
+                dtype: torch.dtype, chunk: int, select: str, exclude_self: bool, centred: bool) -> _FirstPass:
+    prep = _prepare(queries, corpus, dtype, centred, exclude_self)
+    out_idx = torch.empty((queries.n, k), dtype=torch.int64, device=device)
+    out_dist = torch.empty((queries.n, k), dtype=torch.float64, device=device)
+    sure, evaluations = _certify(prep, queries, corpus, None, w, k, metric, device, dtype, chunk, select,
+                                 exclude_self, out_idx, out_dist)
+    # Whether any answer lies near a float32 midpoint (what :func:`round_as_exact` would settle),
+    # read with the certificate instead of by a synchronisation of its own.
+    near = near_midpoints(out_dist, corpus.d) if metric.name in ROUNDED_METRICS else torch.zeros_like(sure)
+    return _FirstPass(prep, out_idx, out_dist, sure, torch.stack([prep.finite, sure.all(), near.any()]), evaluations)
+
+
+# ------------------------------------------------------------------ the first pass, replayed
+# A small call's host work is its launches: about a hundred operations of ~10–20 µs each
+# (H200 host, torch 2.11), against 0.7 ms of GPU work for a 5,000 × 128 graph. Repeated calls
+# of one shape — a service's batches of queries against one corpus, a loop of small graphs —
+# replay the first pass as a CUDA graph instead: one launch.
+#
+# The second call of a kind (below) captures the pass (the first ran it as it is, so that
+# cuBLAS and the kernels are set up), later ones replay it. A capture reads the corpus where it
+# lies: its address, shape, strides and type are part of the kind, so a replay reads whatever
+# that memory holds then — the same tensor, changed in place or not, or another of the same
+# layout put there since; everything derived from it (centring, norms) is recomputed inside.
+# A search's queries are copied into the capture's own buffer (a few rows). The centring
+# decision (the first synchronisation, on a sample) is taken before, as always, and is part of
+# the kind. The options in force are too (the object: a new ``knng.options`` block is a new kind).
+#
+# A capture holds its memory (the scores, the prepared rows) in a private pool while it is
+# kept: at most ``Options.direct_graphs`` captures, least recently used first out, of at most
+# ``Options.direct_graph_max_bytes`` scores and copies each. Only on a GPU, never in the
+# background compilation's thread. Calls from several threads take turns on a capture (a
+# lock, and an event the next call's stream waits for). A capture that fails is not tried
+# again for its kind: the pass runs as it is.
+
+@dataclass
+class _Captured:
+    graph: "torch.cuda.CUDAGraph"
+    queries: torch.Tensor | None  # a search's queries are copied here before a replay
+    result: _FirstPass
+    stages: Counter
+    options: object  # the options the kind was captured under (kept alive: their id is in the kind)
+    # One call at a time uses a capture's tensors (calls from several threads): the host waits
+    # for the lock, the next call's stream for the event recorded where the last call's work on
+    # them ended.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: "torch.cuda.Event | None" = None
+
+
+_CAPTURED: "OrderedDict[tuple, _Captured | None]" = OrderedDict()
+_SEEN: "OrderedDict[tuple, None]" = OrderedDict()
+_SEEN_KEPT = 64
+_CAPTURING = threading.Lock()
+
+
+def release_captured() -> None:
+    """Drop every captured first pass and its memory (the next calls run as the first of their kind)."""
+    with _CAPTURING:
+        _CAPTURED.clear()
+        _SEEN.clear()
+
+
+def _capture_kind(queries: InputArray, corpus: InputArray, k: int, w: int, metric: Metric, device: torch.device,
+                  dtype: torch.dtype, chunk: int, select: str, exclude_self: bool, centred: bool) -> tuple | None:
+    """The kind of a first pass that may be captured, or None where it may not."""
+    options = get_options()
+    if device.type != "cuda" or options.direct_graphs <= 0 or in_background():
         return None
+    c = corpus.tensor
+    element = torch.finfo(dtype).bits // 8
+    held = queries.n * corpus.n * element + (corpus.n * corpus.d * element if centred or c.dtype != dtype else 0)
+    if held > options.direct_graph_max_bytes:
+        return None
+    q = queries.tensor
+    return (device.index, id(options), dtype, c.data_ptr(), tuple(c.shape), tuple(c.stride()), c.dtype,
+            None if exclude_self else (tuple(q.shape), q.dtype), k, w, metric.name, chunk, select, centred)
+
+
+def _captured(kind: tuple, queries: InputArray, corpus: InputArray, args: tuple,
+              exclude_self: bool) -> tuple[_Captured | None, bool]:
+    """The capture of ``kind`` (made now where the kind ran once before) and whether it was made
+    now; None where the pass runs as it is."""
+    with _CAPTURING:
+        if kind in _CAPTURED:
+            _CAPTURED.move_to_end(kind)
+            return _CAPTURED[kind], False
+        if kind not in _SEEN:
+            _SEEN[kind] = None
+            while len(_SEEN) > _SEEN_KEPT:
+                _SEEN.popitem(last=False)
+            return None, False
+        entry = _CAPTURED[kind] = _capture(queries, corpus, args, exclude_self)
+        while len(_CAPTURED) > get_options().direct_graphs:
+            _CAPTURED.popitem(last=False)
+        return entry, True
+
+
+@contextlib.contextmanager
+def _replayed(kind: tuple | None, queries: InputArray, corpus: InputArray, args: tuple,
+              exclude_self: bool) -> Iterator[_FirstPass | None]:
+    """The first pass replayed for ``kind``, its outputs copied out, for the block's use of it
+    (the prepared rows stay the capture's: the block holds the capture); None where the pass
+    runs as it is."""
+    entry, captured_now = (None, False) if kind is None else _captured(kind, queries, corpus, args, exclude_self)
+    if entry is None:
+        yield None
+        return
+    stream = torch.cuda.current_stream(args[3])
+    with entry.lock:
+        if entry.done is not None:
+            stream.wait_event(entry.done)
+        if entry.queries is not None:
+            entry.queries.copy_(queries.tensor)
+        entry.graph.replay()
+        if not captured_now:  # the capture counted its stages as it recorded them
+            for name, times in entry.stages.items():
+                stages.count(name, times)
+        stages.count("direct.replayed")
+        found = entry.result
+        try:
+            # The capture's outputs are rewritten by its next replay: the caller gets copies.
+            yield replace(found, out_idx=found.out_idx.clone(), out_dist=found.out_dist.clone(),
+                          sure=found.sure.clone(), flags=found.flags.clone())
+        finally:
+            entry.done = torch.cuda.Event()
+            entry.done.record(stream)
+
+
+def _capture(queries: InputArray, corpus: InputArray, args: tuple, exclude_self: bool) -> _Captured | None:
+    """The first pass captured as a CUDA graph (not yet run), or None where capturing failed."""
+    device = args[3]
+    static = None if exclude_self else queries.tensor.clone(memory_format=torch.contiguous_format)
+    rows = corpus if exclude_self else InputArray(queries.name, "torch", queries.shape, static.dtype, device,
+                                                 tensor=static)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    try:
+        with torch.cuda.stream(side):
+            # Once as it is on the capture's stream first: cuBLAS makes its handle for this thread
+            # and stream at the first product, which a capture may not (a thread's first capture
+            # failed so, where the kind's first call had run in another thread).
+            with stages.uncounted():
+                _first_pass(rows, corpus, *args)
+        with torch.cuda.stream(side), stages.recording() as counted:
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                result = _first_pass(rows, corpus, *args)
+            finally:
+                graph.capture_end()
+    except Exception:  # noqa: BLE001 - an operation that cannot be captured: the pass runs as it is
+        torch.cuda.current_stream(device).wait_stream(side)
+        return None
+    torch.cuda.current_stream(device).wait_stream(side)
+    return _Captured(graph, static, result, counted, get_options())
+
+
+def direct_neighbours(queries: InputArray, corpus: InputArray, k: int, metric: Metric, device: torch.device,
+                      work_bytes: int, select: str = "auto", exclude_self: bool = False) -> DirectRows | None:
+    """Each query's exact k nearest corpus vectors by the direct path (the section's comment).
+
+    ``exclude_self``: a graph (``queries`` is ``corpus``) without each point's own pair. Returns
+    None where an input is not finite (the pipeline reports it). ``work_bytes`` bounds a chunk's
+    scores (and :data:`DIRECT_CHUNK_SCORES`); ``select`` picks each row's candidates
+    (:func:`knng.select.resolve`). On a GPU, repeated calls of one kind replay their first pass
+    as a CUDA graph (the comment above :class:`_Captured`).
+    """
+    stages.count("direct")
+    nq, n = queries.n, corpus.n
+    available = n - 1 if exclude_self else n
+    dtype = product_dtype(queries, corpus)
+    # The inputs as tensors on the device (views where they already are): the exact finish
+    # gathers its candidates' rows from them.
+    corpus = rows_on(corpus, device)
+    queries = corpus if exclude_self else rows_on(queries, device)
+    if n == 0:
+        return None
+    sample = corpus.tensor[::max(1, n // DIRECT_CENTRE_SAMPLE)].to(dtype)
+    mean = sample.mean(dim=0)
+    # The first synchronisation: the sample's root sum of squares and its mean's norm (whose
+    # difference of squares, the spread, may cancel far from the origin: a rule's input, not a
+    # bound's).
+    total, offset = torch.stack([torch.linalg.vector_norm(sample), torch.linalg.vector_norm(mean)]).tolist()
+    centred = offset ** 2 > DIRECT_CENTRE_FAR * (total ** 2 / sample.shape[0] - offset ** 2)
+    if centred:
+        stages.count("direct.centred")
+    most = DIRECT_CHUNK_SCORES.get(device.type, DIRECT_CHUNK_SCORES_DEVICE)
+    chunk = max(1, min(nq, most // max(1, n), work_bytes // max(1, 3 * n * torch.finfo(dtype).bits // 8)))
+    w = min(available, k + DIRECT_MARGIN + k // 8)
+    args = (k, w, metric, device, dtype, chunk, select, exclude_self, centred)
+    with _replayed(_capture_kind(queries, corpus, *args), queries, corpus, args, exclude_self) as first:
+        return _finish(first or _first_pass(queries, corpus, *args), queries, corpus, args, available)
+
+
+def _finish(first: _FirstPass, queries: InputArray, corpus: InputArray, args: tuple, available: int
+            ) -> DirectRows | None:
+    """:func:`direct_neighbours` after its first pass: the flags read (the last synchronisation),
+    the rows it could not certify through a second, wider pass."""
+    k, w, metric, device, dtype, chunk, select, exclude_self, _ = args
+    nq = queries.n
+    stats = ExactStats()
+    prep, out_idx, out_dist = first.prep, first.out_idx, first.out_dist
+    stats.exact_evaluations += first.evaluations
+    # The last synchronisation: whether the inputs were finite, and whether every row holds.
+    inputs_finite, all_sure, near = first.flags.tolist()
+    if not inputs_finite:
+        return None
+    if w >= available or all_sure:
+        bad = torch.empty(0, dtype=torch.int64, device=device)
+    else:
+        bad = torch.nonzero(~first.sure).flatten()
+    # The rows that failed (most calls: none) go through a second pass with
+    # :data:`DIRECT_WIDER` candidates, which settles the ties of real data (zero descriptors,
+    # integer photon counts, flat patches) short of the largest groups; the rows it cannot
+    # certify either go to the rest of the plan.
     widths, widened = [w], int(bad.numel())
     if widened:
         widths.append(min(available, DIRECT_WIDER * w))
         stages.count("direct.wider")
-        bad = certified(bad, widths[-1])
-        assert bad is not None, "the inputs were finite in the first pass"
+        sure, evaluations = _certify(prep, queries, corpus, bad, widths[-1], k, metric, device, dtype, chunk, select,
+                                     exclude_self, out_idx, out_dist)
+        stats.exact_evaluations += evaluations
+        if widths[-1] < available and not bool(sure.all()):
+            bad = bad[torch.nonzero(~sure).flatten()]
+        else:
+            bad = torch.empty(0, dtype=torch.int64, device=device)
     if bad.numel():
         out_idx[bad], out_dist[bad] = -1, torch.inf
         stages.count("direct.uncertified")
     stats.rows = nq - int(bad.numel())
-    return DirectRows(out_idx, out_dist, bad, stats, widths, widened)
-
-
+    # Answers of the first pass alone, none near a midpoint, are on their exact values' sides
+    # already: the caller need not look again (:func:`round_as_exact`'s own synchronisation).
+    return DirectRows(out_idx, out_dist, bad, stats, widths, widened, rounded=not widened and not near)

@@ -184,7 +184,8 @@ def _direct_search(queries: InputArray, corpus: InputArray, k: int, metric: Metr
     if found is None:
         return None
     per_row = found.per_row()
-    report = SearchReport(plan, 0, found.stats, evaluations_per_row=per_row, screened_per_row=per_row)
+    report = SearchReport(plan, 0, found.stats, evaluations_per_row=per_row, screened_per_row=per_row,
+                          rounded_as_exact=found.rounded)
     if found.failed.numel():
         rows = found.failed
         idx, dist, rest = exact_search(rows_on(queries, device, rows), corpus, k, metric, device, select, plan.budget, progress,
