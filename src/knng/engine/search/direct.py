@@ -27,7 +27,7 @@ from knng.engine.exact import (
     near_midpoints,
     sort_by_distance_then_index,
 )
-from knng.engine.kernels.compiling import in_background
+from knng.engine.kernels import in_background
 from knng.engine.store import summarize_levels
 from knng.metrics import Metric
 from knng.select import resolve as resolve_select
