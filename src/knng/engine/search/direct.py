@@ -315,6 +315,10 @@ _CAPTURED: "OrderedDict[tuple, _Captured | None]" = OrderedDict()
 _SEEN: "OrderedDict[tuple, None]" = OrderedDict()
 _SEEN_KEPT = 64
 _CAPTURING = threading.Lock()
+#: The stream captures are made on, one per device (taken under ``_CAPTURING``): cuBLAS keeps a
+#: workspace for each stream it has run on (32 MB), so a new stream per capture would leave one
+#: behind each time.
+_CAPTURE_STREAMS: "dict[int, torch.cuda.Stream]" = {}
 
 
 def release_captured() -> None:
@@ -397,7 +401,10 @@ def _capture(queries: InputArray, corpus: InputArray, args: tuple, exclude_self:
     rows = corpus if exclude_self else InputArray(queries.name, "torch", queries.shape, static.dtype, device,
                                                  tensor=static)
     graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream(device)
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+    side = _CAPTURE_STREAMS[index]
     side.wait_stream(torch.cuda.current_stream(device))
     try:
         with torch.cuda.stream(side):
