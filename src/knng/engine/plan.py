@@ -1067,7 +1067,7 @@ def make_graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device
                                            screen_dtype=screen_dtype, part_size=part_size, method=method,
                                            recorded=recorded)
     # A direct graph's blocks never run: it takes no look at the data for principal frames.
-    plan = _graph_plan(host_budget=host_budget, slab_gain=None if direct else slab_gain, **same)
+    plan = _graph_plan(host_budget=host_budget, slab_gain=None if direct else slab_gain, direct=direct, **same)
     if direct:
         # The rows the direct path cannot certify are searched (k + 1, the point then dropped,
         # as the rows method does) by this plan.
@@ -1115,8 +1115,11 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
                 part_size: int | None = None, host_budget: int | None = None,
                 host_source: str = "", method: str | None = None,
                 slab_gain: Callable[[int], float] | None = None,
-                integers: IntegerExtent | None = None) -> EnginePlan:
-    """:func:`make_graph_plan` without its host budget's note."""
+                integers: IntegerExtent | None = None, direct: bool = False) -> EnginePlan:
+    """:func:`make_graph_plan` without its host budget's note. ``direct``: the blocks of a direct
+    graph's plan, which run only where the inputs are not finite (to name the first bad row):
+    the symmetric blocks, without an escalation search or a comparison with the rows method,
+    which would cost a small call two more plans of its host time."""
     if host_budget is None:
         host_budget, host_source = resolve_host_budget(None), host_budget_source(None)
     given_host, host_budget = host_budget, int(host_budget * HOST_PLAN_SHARE)
@@ -1226,6 +1229,8 @@ def _graph_plan(*, n: int, d: int, k: int, metric: str, device: torch.device, bu
     # is not exact: rows that hold too many are searched again in float64 (``escalate_pairs``).
     holds = lists == LISTS_ON_DEVICE and holds_survivors(device, PRECISIONS[precision])
     escalate = escalate_pairs(n, d, capacity) if holds and not PRECISIONS[precision].integers else 0
+    if direct:
+        return symmetric
     if escalate:
         escalation = _search_plan(capabilities=caps, n_queries=n, n_corpus=n, d=d, k=graph_search_k(k, include_self),
                                   metric=metric, device=device, budget=budget, source=source, screen_dtype="float64",
