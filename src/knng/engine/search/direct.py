@@ -386,9 +386,9 @@ def _replayed(kind: tuple | None, queries: InputArray, corpus: InputArray, args:
         stages.count("direct.replayed")
         found = entry.result
         try:
-            # The capture's outputs are rewritten by its next replay: the caller gets copies.
-            yield replace(found, out_idx=found.out_idx.clone(), out_dist=found.out_dist.clone(),
-                          sure=found.sure.clone(), flags=found.flags.clone())
+            # The capture's answers are rewritten by its next replay: the caller gets copies (its
+            # flags are read within the block, under the lock).
+            yield replace(found, out_idx=found.out_idx.clone(), out_dist=found.out_dist.clone())
         finally:
             entry.done = torch.cuda.Event()
             entry.done.record(stream)
