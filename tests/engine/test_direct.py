@@ -20,6 +20,7 @@ import knng
 from knng._inputs import as_input
 from knng.engine import search as engine_search
 from knng.engine.plan import direct_applies, make_graph_plan, make_search_plan
+from knng.engine.stages import recording as stages_recording
 from knng.metrics import get_metric
 from oracle import assert_exact, oracle_graph, oracle_search
 
@@ -314,6 +315,41 @@ def test_the_direct_path_waits_for_the_gpu_only_before_its_product_and_at_its_en
             sites[str(w.filename)] += 1
     assert found is not None and found.failed.numel() == 0
     # Turning the debug mode off warns of itself, from torch.cuda; every other site is knng's.
+    ours = {site: count for site, count in sites.items() if "/knng/" in site}
+    assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), sites
+
+
+@pytest.mark.gpu
+def test_a_replayed_pass_waits_for_the_gpu_as_often(rng):
+    """A call that replays its first pass (``Options.direct_graphs``) synchronises with the host
+    as a call that runs it: on the sample and at the end; the capture's lock, its event and the
+    copies out wait for nothing on the host."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    engine_search.direct.release_captured()
+    x = torch.from_numpy(_cases(rng, "gauss", 3000, 32)).cuda()
+    data = as_input(x, "x")
+
+    def call():
+        return engine_search.direct_neighbours(data, data, 10, get_metric("euclidean"), torch.device("cuda"),
+                                               1 << 30, exclude_self=True)
+
+    with knng.options(background_compile=False):
+        call(), call()  # run as it is, then captured
+        sites: Counter = Counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with stages_recording() as counted:
+                    found = call()
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+    assert counted.get("direct.replayed") == 1, counted
+    for w in caught:
+        if "synchroniz" in str(w.message).lower():
+            sites[str(w.filename)] += 1
+    assert found is not None and found.failed.numel() == 0
     ours = {site: count for site, count in sites.items() if "/knng/" in site}
     assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), sites
 
