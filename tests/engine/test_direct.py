@@ -290,6 +290,23 @@ def test_rows_are_centred_only_far_from_the_origin(rng, offset, centred, device)
     np.testing.assert_array_equal(found.indices, ref.indices)
 
 
+def _synchronisations(call):
+    """``call()``'s result and how often each of knng's sites made the host wait for the GPU
+    (torch's sync debug mode; turning it off warns of itself, from torch.cuda: not counted)."""
+    sites: Counter = Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            found = call()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    for w in caught:
+        if "synchroniz" in str(w.message).lower():
+            sites[str(w.filename)] += 1
+    return found, {site: count for site, count in sites.items() if "/knng/" in site}
+
+
 @pytest.mark.gpu
 def test_the_direct_path_waits_for_the_gpu_only_before_its_product_and_at_its_end(rng):
     """On a GPU the direct path synchronises with the host twice: on the centring's sample,
@@ -299,24 +316,12 @@ def test_the_direct_path_waits_for_the_gpu_only_before_its_product_and_at_its_en
         pytest.skip("needs a GPU")
     x = torch.from_numpy(_cases(rng, "gauss", 3000, 32)).cuda()
     knng.graph(x, 10)  # warm: kernels and the allocator
-    sites: Counter = Counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            with knng.options(background_compile=False):
-                data = as_input(x, "x")
-                found = engine_search.direct_neighbours(data, data, 10, get_metric("euclidean"),
-                                                        torch.device("cuda"), 1 << 30, exclude_self=True)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    for w in caught:
-        if "synchroniz" in str(w.message).lower():
-            sites[str(w.filename)] += 1
+    data = as_input(x, "x")
+    with knng.options(background_compile=False):
+        found, ours = _synchronisations(lambda: engine_search.direct_neighbours(
+            data, data, 10, get_metric("euclidean"), torch.device("cuda"), 1 << 30, exclude_self=True))
     assert found is not None and found.failed.numel() == 0
-    # Turning the debug mode off warns of itself, from torch.cuda; every other site is knng's.
-    ours = {site: count for site, count in sites.items() if "/knng/" in site}
-    assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), sites
+    assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), ours
 
 
 @pytest.mark.gpu
@@ -336,22 +341,11 @@ def test_a_replayed_pass_waits_for_the_gpu_as_often(rng):
 
     with knng.options(background_compile=False):
         call(), call()  # run as it is, then captured
-        sites: Counter = Counter()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                with stages_recording() as counted:
-                    found = call()
-            finally:
-                torch.cuda.set_sync_debug_mode(0)
+        with stages_recording() as counted:
+            found, ours = _synchronisations(call)
     assert counted.get("direct.replayed") == 1, counted
-    for w in caught:
-        if "synchroniz" in str(w.message).lower():
-            sites[str(w.filename)] += 1
     assert found is not None and found.failed.numel() == 0
-    ours = {site: count for site, count in sites.items() if "/knng/" in site}
-    assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), sites
+    assert sum(ours.values()) == 2 and all(site.endswith("direct.py") for site in ours), ours
 
 
 def test_answers_are_contiguous_tensors(rng, device):

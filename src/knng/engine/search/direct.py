@@ -192,6 +192,8 @@ def _prepare(queries: InputArray, corpus: InputArray, dtype: torch.dtype, centre
     c = corpus.tensor.to(dtype)
     q = c if exclude_self else queries.tensor.to(dtype)
     if centred:
+        # The sample's mean again (the decision's was read before): a capture recomputes it from
+        # the corpus where it lies, so a corpus changed in place is centred on its own mean.
         mean = c[::max(1, corpus.n // DIRECT_CENTRE_SAMPLE)].mean(dim=0)
         c = c - mean
         q = c if exclude_self else q - mean
@@ -420,9 +422,9 @@ def _capture(queries: InputArray, corpus: InputArray, args: tuple, exclude_self:
             finally:
                 graph.capture_end()
     except Exception:  # noqa: BLE001 - an operation that cannot be captured: the pass runs as it is
-        torch.cuda.current_stream(device).wait_stream(side)
         return None
-    torch.cuda.current_stream(device).wait_stream(side)
+    finally:
+        torch.cuda.current_stream(device).wait_stream(side)
     return _Captured(graph, static, result, counted, get_options())
 
 
