@@ -438,6 +438,41 @@ def test_a_holding_store_finishes_exactly(how, rng, set_options):
     assert torch.equal(part[0], idx[2:5]) and torch.equal(part[1], dist[2:5])
 
 
+@pytest.mark.parametrize("work_bytes", [None, 1 << 20, 2_000])
+def test_the_last_take_in_fits_the_work_bytes(work_bytes, rng):
+    # The finish takes its pending survivors in by one sort of every pending and held entry
+    # where their temporaries fit the store's work bytes; where they do not, it flushes them by
+    # ranges of rows without sorting any at once (a 40,000-point CPU graph under 32 MB peaked at
+    # 83 MB sorting them, then flushed anyway). The answers are the same, exact, ties by index.
+    from knng.engine import stages
+    from knng.engine.store import CandidateStore, PairErrors
+    from knng.metrics import PRECISIONS, get_metric
+
+    x = torch.from_numpy(rng.standard_normal((30, 4)))
+    y = torch.from_numpy(rng.standard_normal((60, 4)))
+    y[40:] = y[:20]  # ties
+    errors = PairErrors(metric=get_metric("sqeuclidean"), d=4, precision=PRECISIONS["float32"],
+                        row_norms=x.norm(dim=1), row_terms=None, row_offsets=torch.zeros(30, dtype=torch.float64),
+                        col_norms=y.norm(dim=1), col_terms=None, centre_norm=0.0)
+
+    def evaluate(rows, cols):
+        left = x[rows] if cols.dim() == 1 else x[rows][:, None]
+        return ((left - y[cols]) ** 2).sum(-1)
+
+    exact = ((x[:, None] - y[None]) ** 2).sum(-1)
+    keys = (exact - (x.norm(dim=1) ** 2)[:, None]).to(torch.float32)
+    store = CandidateStore(30, 4, 8, errors, evaluate, torch.device("cpu"), pending=10**6, work_bytes=work_bytes)
+    rows, cols = torch.arange(30).repeat_interleave(60), torch.arange(60).repeat(30)
+    store.add(rows, cols, keys[rows, cols])  # 1,800 pending entries: 100 KB of temporaries
+    with stages.recording() as counts:
+        idx, dist = store.finish()
+    want = torch.sort(exact, dim=1, stable=True)
+    assert torch.equal(idx, want.indices[:, :4]) and torch.equal(dist, want.values[:, :4])
+    sorted_at_once = work_bytes is None or work_bytes == 1 << 20
+    assert counts.get("store.finish_widened", 0) == int(sorted_at_once), dict(counts)
+    assert counts.get("store.finish_flushed", 0) == int(not sorted_at_once), dict(counts)
+
+
 @pytest.mark.parametrize("pairs", [False, True])
 def test_held_survivors_tighten_no_sooner_than_the_last_tightening_kept(pairs, rng, monkeypatch):
     # A holding store tightens every `pending` fresh pairs, and waits for as many fresh ones as
