@@ -236,6 +236,35 @@ def test_kernel_searches_take_larger_query_chunks(gpu_planner):
     assert search(10, screen_dtype="float32").query_rows <= 16384
 
 
+def test_an_escalation_search_under_a_budget_takes_tall_chunks(gpu_planner):
+    # A graph's escalated rows are searched in float64 with the plan made for every row of the
+    # graph. Each chunk pays a fixed price, so under a budget the columns narrow until a chunk
+    # holds GPU_SEARCH_MIN_ROWS rows: 582k 8×8 patches at k = 100 under 4 GB were planned 79
+    # rows a chunk (every row's candidate lists charged at once), 287k escalated rows 23 s.
+    def escalation(budget: int):
+        plan = plan_mod.make_graph_plan(n=582_150, d=64, k=100, metric="euclidean", device=torch.device("cuda", 0),
+                                        capabilities=HOPPER, budget=budget, include_self=False,
+                                        host_budget=64 * 2**30, slab_gain=lambda parts: 100.0)
+        assert plan.escalation is not None and plan.escalation.screen_precision == "float64"
+        return plan.escalation
+
+    roomy, tight = escalation(80 * 10**9), escalation(4 * 10**9)
+    assert roomy.corpus_cols == DEFAULTS.gpu_search_cols and roomy.query_rows > plan_mod.GPU_SEARCH_MIN_ROWS
+    assert tight.query_rows >= plan_mod.GPU_SEARCH_MIN_ROWS and tight.corpus_cols < roomy.corpus_cols
+    # Its score blocks (three float64 values an entry) and every row's answer within the budget.
+    blocks = tight.query_rows * tight.corpus_cols * 8 * 3
+    assert blocks + 582_150 * 101 * 16 <= tight.budget
+    # A search of fewer queries narrows its columns only until they fit one chunk; a CPU keeps
+    # its cache-sized chunks.
+    few = plan_mod.make_search_plan(n_queries=2_000, n_corpus=582_150, d=64, k=100, metric="euclidean",
+                                    device=torch.device("cuda", 0), capabilities=HOPPER, budget=4 * 10**9,
+                                    host_budget=64 * 2**30, screen_dtype="float64")
+    assert few.query_rows == 2_000 and few.corpus_cols < DEFAULTS.gpu_search_cols
+    cpu = plan_mod.make_search_plan(n_queries=10_000, n_corpus=100_000, d=64, k=10, metric="euclidean",
+                                    device=torch.device("cpu"), budget=2**31, host_budget=2**33)
+    assert cpu.query_rows == 1024 and cpu.corpus_cols == 8192
+
+
 def test_slab_gain_tells_image_patches_from_gaussian_points(rng):
     patches = as_input(smooth_image_patches(rng, 20_000, side=4).astype(np.float32), "data")
     gauss = as_input(rng.standard_normal((20_000, 16)).astype(np.float32), "data")

@@ -61,6 +61,11 @@ CPU_AVAILABLE_SHARE = 0.25
 CPU_BUDGET_CAP = 2 * 2**30
 #: Smallest tile edge the planner will shrink to before giving up.
 MIN_TILE = 8
+#: Query rows a GPU search's chunk should hold at least, its column tiles narrowed for them
+#: where the budget would leave fewer beside the widest tiles: a 582k-point graph's 287k rows
+#: escalated under a 4 GB budget (a float64 search, 6 MB of scores a row at 262,144 columns)
+#: ran in 3,641 chunks of 79 rows, 6 ms each, most of the call's 23 s.
+GPU_SEARCH_MIN_ROWS = 4096
 #: Share of available RAM the host-memory budget defaults to.
 HOST_AVAILABLE_SHARE = 0.75
 #: Share of the host budget the planner gives to what it models (stores, blocks, read buffers,
@@ -167,40 +172,42 @@ def resolve_budget(memory_budget: int | float | str | None, device: torch.device
 
 def plan_tiles(
     *, n_queries: int, n_corpus: int, d: int, k_cand: int, budget: int, device: torch.device,
-    symmetric: bool = False, element_bytes: int = 4, max_cols: int | None = None,
+    element_bytes: int = 4, max_cols: int | None = None, k: int | None = None,
 ) -> TilePlan:
-    """Choose tile sizes so that the working set stays inside ``budget`` bytes.
+    """Choose a search's tile sizes so that the working set stays inside ``budget`` bytes.
 
     The prepared corpus (plus norms) stays resident when it takes at most half the budget;
-    otherwise it streams in tiles. Running candidate lists (value and index per candidate) for
-    all rows are kept on the device too. Score blocks get what remains: for a search, rows of
-    up to a per-device number of columns (many on a GPU to amortise launches and merges,
-    cache-sized on a CPU); for a graph, square blocks b × b (``query_rows == corpus_cols == b``).
+    otherwise it streams in tiles. Every query's answer (``k`` neighbours, default ``k_cand``:
+    an int64 index and a float64 distance each) is held through the call; a chunk of queries
+    has its own store of ``k_cand`` candidates a row and its queries raw and prepared (a
+    streamed corpus is charged every query's lists and prepared row instead: below). Score
+    blocks get what remains: rows of up to a per-device number of columns (many on a GPU to
+    amortise launches and merges, cache-sized on a CPU), narrowed on a GPU where fewer than
+    :data:`GPU_SEARCH_MIN_ROWS` rows would fit beside them.
     """
     vector_bytes = d * element_bytes + 24
     block_bytes = BLOCK_BYTES_PER_ELEMENT * element_bytes // 4
     corpus_bytes = n_corpus * vector_bytes
-    # Running lists plus what waits to be merged into them (graphs merge lazily).
-    lists_bytes = n_queries * k_cand * (8 + element_bytes) * (4 if symmetric else 2)
-    query_bytes = 0 if symmetric else n_queries * vector_bytes
     resident = corpus_bytes <= budget // 2
-    remaining = budget - lists_bytes - query_bytes - (corpus_bytes if resident else 0)
-    remaining = max(remaining, budget // 8)
-    if device.type == "cuda":
-        max_rows, widest, max_side = 16384, 1 << 20, 1 << 16
+    if resident:
+        held = n_queries * (k_cand if k is None else k) * 16 + corpus_bytes
     else:
-        max_rows, widest, max_side = 1024, 8192, 2048
+        # A streamed corpus's reads, its tiles' preparation and the exact evaluation's gathers
+        # are not modelled: every query's candidate lists and prepared row are charged instead,
+        # which kept a 4 MB host budget's streamed search within it (each chunk's own charged
+        # below, it held 4.4 MB).
+        held = n_queries * (k_cand * (8 + element_bytes) * 2 + vector_bytes)
+    remaining = max(budget - held, budget // 8)
+    # A chunk's row besides its scores: its query raw and prepared, and (resident) its store.
+    row_bytes = 2 * vector_bytes + (_store_bytes(1, k_cand) if resident else 0)
+    if device.type == "cuda":
+        max_rows, widest, fewest_rows = 16384, 1 << 20, GPU_SEARCH_MIN_ROWS
+    else:
+        max_rows, widest, fewest_rows = 1024, 8192, MIN_TILE
     max_cols = min(widest, max_cols or widest)
-    if symmetric:
-        # Two parts' prepared vectors stream beside a block when the data are not resident.
-        side = math.isqrt(max(1, remaining // block_bytes))
-        if not resident:
-            side = min(side, max(MIN_TILE, remaining // 4 // vector_bytes))
-        side = int(min(n_corpus, max_side, max(side, MIN_TILE, min(n_corpus, k_cand))))
-        return TilePlan(query_rows=side, corpus_cols=side, corpus_resident=resident, budget=budget)
     min_cols = min(n_corpus, k_cand)  # a tile must offer at least the candidates it yields
-    # A chunk's queries (raw and prepared) take at most a quarter of what remains.
-    max_rows = int(min(max_rows, max(1, remaining // 4 // (2 * vector_bytes))))
+    # A chunk's queries and store take at most a quarter of what remains.
+    max_rows = int(min(max_rows, max(1, remaining // 4 // row_bytes)))
     if not resident:
         # Every query chunk re-reads the whole corpus, so chunks get as many rows as possible
         # and the streamed tiles are narrowed instead (three quarters of what remains for the
@@ -213,11 +220,17 @@ def plan_tiles(
         cols = int(min(cols, max_cols, max(min_cols, remaining // 4 // vector_bytes)))
         return TilePlan(query_rows=int(min(rows, n_queries)), corpus_cols=max(1, cols), corpus_resident=False,
                         budget=budget)
+
+    def rows_beside(cols: int) -> int:
+        return int(min(n_queries, max_rows, max(1, remaining // (cols * block_bytes + row_bytes))))
+
     cols = max(min(n_corpus, max_cols), min_cols)
-    rows = int(min(n_queries, max_rows, max(1, remaining // (cols * block_bytes))))
-    while rows < MIN_TILE and cols > max(MIN_TILE, k_cand) and rows < n_queries:
+    rows = rows_beside(cols)
+    # Every chunk pays a fixed price (its sample's seeds, its store's finish: ~6 ms on an H200)
+    # where a column tile pays a few launches: narrower tiles for taller chunks.
+    while rows < min(n_queries, fewest_rows) and cols > max(MIN_TILE, k_cand):
         cols = max(MIN_TILE, k_cand, cols // 2)
-        rows = int(min(n_queries, max_rows, max(1, remaining // (cols * block_bytes))))
+        rows = rows_beside(cols)
     return TilePlan(query_rows=max(1, rows), corpus_cols=max(1, cols), corpus_resident=True, budget=budget)
 
 
@@ -924,7 +937,7 @@ def _search_plan(*, n_queries: int, n_corpus: int, d: int, k: int, metric: str, 
         # A streamed corpus's tiles pass through pinned host buffers (READ_AHEAD + 1 of them).
         max_cols = max(MIN_TILE, min(max_cols, _read_rows(host_budget, d, max_cols)))
     tiles = plan_tiles(n_queries=n_queries, n_corpus=n_corpus, d=d, k_cand=capacity, budget=budget, device=device,
-                       element_bytes=element, max_cols=max_cols)
+                       element_bytes=element, max_cols=max_cols, k=k)
     kernel = device.type == "cuda" and (PRECISIONS[precision].fused or PRECISIONS[precision].integers) \
         and triton_runs(caps)
     base = min(get_options().gpu_sample, max(GPU_MIN_SAMPLE, GPU_SAMPLE_PER_K * k)) if device.type == "cuda" else get_options().cpu_sample
