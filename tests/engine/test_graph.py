@@ -484,7 +484,11 @@ def test_graph_holding_its_survivors_is_exact(data, k, how, rng, seed, tmp_path,
     elif data.endswith("patches"):
         x = smooth_image_patches(rng, 333, side=3)
         if data == "flat patches":
-            x[40:70] = x[40] + 1e-3 * rng.standard_normal((30, x.shape[1]))  # near-ties, not folded
+            # Near-ties, not folded. Escalated: 60 rows, so that some always escalate (30 left
+            # one draw in a dozen with none, their rows just over k + 2 held pairs); held: 30,
+            # which stay within the holding's limit (60 outgrow it, and are taken in).
+            tied = 60 if how == "escalated" else 30
+            x[40:40 + tied] = x[40] + 1e-3 * rng.standard_normal((tied, x.shape[1]))
     options = dict(checkpoint=tmp_path / "ck", checkpoint_interval=0, keep_checkpoint=True) if how == "checkpoint" else {}
     g = knng.graph(x, k, device="cpu", **options)
     report = last_report()

@@ -15,8 +15,13 @@ def _as_set(found: screen.Survivors) -> list[tuple[int, int, float]]:
 
 
 def _whole(scores: torch.Tensor, thr: torch.Tensor, by_rows: bool) -> list[tuple[int, int, float]]:
-    """The reference: every entry compared with its owner's threshold, in float64."""
-    mask = scores.double() <= (thr[:, None] if by_rows else thr[None, :])
+    """The reference: every entry compared with its owner's threshold rounded up to the block's
+    float32 (the screen's contract: a threshold's rounding never drops a survivor, so an entry
+    between it and its rounding up is kept; a quantile interpolated within one ulp of the next
+    score kept that score)."""
+    near = thr.to(torch.float32)
+    up = torch.where(near.double() < thr, torch.nextafter(near, torch.tensor(torch.inf)), near).double()
+    mask = scores.double() <= (up[:, None] if by_rows else up[None, :])
     r, c = torch.nonzero(mask, as_tuple=True)
     owner, other = (r, c) if by_rows else (c, r)
     return sorted(zip(owner.tolist(), other.tolist(), scores[r, c].tolist()))
